@@ -1,0 +1,39 @@
+// The pdserve CLI: one binary, one subcommand per apps/cmd_*.cc.
+#include <cstdio>
+#include <map>
+
+#include "apps/command.h"
+#include "common/log.h"
+
+namespace pd::apps {
+
+std::vector<Command>& Commands() {
+  static std::vector<Command> commands;
+  return commands;
+}
+
+bool RegisterCommand(Command command) {
+  Commands().push_back(std::move(command));
+  return true;
+}
+
+}  // namespace pd::apps
+
+int main(int argc, char** argv) {
+  CLI::App app{"pdserve: LLM serving with disaggregated prefill and decode"};
+  app.require_subcommand(1);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")
+      ->capture_default_str();
+  std::map<CLI::App*, pd::apps::CommandRunner> runners;
+  for (auto& command : pd::apps::Commands()) {
+    CLI::App* sub = app.add_subcommand(command.name, command.help);
+    runners[sub] = command.setup(sub);
+  }
+  CLI11_PARSE(app, argc, argv);
+  pd::SetLogLevel(log_level);
+  for (auto& [sub, runner] : runners) {
+    if (sub->parsed()) return runner();
+  }
+  return 2;
+}

@@ -1,0 +1,101 @@
+// The paged KV cache: one region per rank, pages of page_size tokens, layouts NHD and HND.
+//
+// A region holds, for every layer and every page, one contiguous block of page_bytes():
+//   region: (num_layers, num_pages, page_bytes)          offset = (layer*num_pages + page)*page_bytes
+//   HND page: (num_kv_heads, 2, page_size, head_dim)     2 = K then V: a head range is contiguous
+//   NHD page: (page_size, num_kv_heads, 2, head_dim)     a head range is strided per token
+// Page ids are shared by all layers (and by all ranks of an instance): a sequence's page table
+// names one id per page_size tokens.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace pd::engine {
+
+enum class KvLayout { kNHD, kHND };
+enum class KvDType { kF32, kBF16 };
+
+std::string_view KvLayoutName(KvLayout layout);  // "nhd" | "hnd"
+Result<KvLayout> ParseKvLayout(std::string_view name);
+std::string_view KvDTypeName(KvDType dtype);  // "f32" | "bf16"
+Result<KvDType> ParseKvDType(std::string_view name);
+
+struct KvCacheSpec {
+  int num_layers = 0;
+  int num_kv_heads = 0;  // heads this rank owns
+  int head_dim = 0;
+  int page_size = 16;
+  KvLayout layout = KvLayout::kHND;
+  KvDType dtype = KvDType::kF32;
+
+  size_t elem_bytes() const { return dtype == KvDType::kF32 ? 4 : 2; }
+  size_t page_bytes() const {
+    return static_cast<size_t>(page_size) * num_kv_heads * 2 * head_dim * elem_bytes();
+  }
+  // Element offset, inside one page block, of K (kv=0) or V (kv=1) for (token, head, dim 0).
+  size_t ElemOffset(int token, int head, int kv) const {
+    if (layout == KvLayout::kHND)
+      return ((static_cast<size_t>(head) * 2 + kv) * page_size + token) * head_dim;
+    return ((static_cast<size_t>(token) * num_kv_heads + head) * 2 + kv) * head_dim;
+  }
+};
+
+// One rank's KV memory: memfd-backed and page-aligned, so it can be mapped by another process
+// and registered with the fabric. Thread safety: the memory is written by the forward pass of
+// the owning rank and read by the transfer engine; callers order those accesses.
+class KvRegion {
+ public:
+  static Result<std::unique_ptr<KvRegion>> Create(const KvCacheSpec& spec, int num_pages);
+  ~KvRegion();
+  KvRegion(const KvRegion&) = delete;
+  KvRegion& operator=(const KvRegion&) = delete;
+
+  const KvCacheSpec& spec() const { return spec_; }
+  int num_pages() const { return num_pages_; }
+  uint8_t* base() { return base_; }
+  size_t size_bytes() const { return size_bytes_; }
+  int fd() const { return fd_; }  // the memfd, for sharing with another process
+  size_t BlockOffset(int layer, int page) const {
+    return (static_cast<size_t>(layer) * num_pages_ + page) * spec_.page_bytes();
+  }
+  uint8_t* Block(int layer, int page) { return base_ + BlockOffset(layer, page); }
+
+ private:
+  KvRegion() = default;
+  KvCacheSpec spec_;
+  int num_pages_ = 0;
+  int fd_ = -1;
+  uint8_t* base_ = nullptr;
+  size_t size_bytes_ = 0;
+};
+
+// Allocates page ids with reference counts. Thread safety: all methods lock mu_.
+class PagePool {
+ public:
+  explicit PagePool(int num_pages);
+
+  // n pages with refcount 1, or ResourceExhausted (and nothing allocated).
+  Result<std::vector<int32_t>> Allocate(int n);
+  void AddRef(std::span<const int32_t> pages);
+  // Drops one reference of each page; a page whose count reaches 0 is free again.
+  void Release(std::span<const int32_t> pages);
+  int num_free() const;
+  int num_total() const { return num_total_; }
+  int RefCount(int32_t page) const;
+
+ private:
+  const int num_total_;
+  mutable std::mutex mu_;
+  std::vector<int32_t> free_list_;  // GUARDED_BY(mu_)
+  std::vector<int32_t> refcount_;   // GUARDED_BY(mu_)
+};
+
+}  // namespace pd::engine

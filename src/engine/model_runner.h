@@ -1,0 +1,80 @@
+// The forward pass of one instance over a batch that mixes prefill chunks and decode tokens.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/kv_cache.h"
+#include "model/weights.h"
+
+namespace pd::engine {
+
+// One sequence's part of a step.
+struct SeqStep {
+  int64_t seq_id = 0;
+  int start_pos = 0;                    // position of token_ids[0] in the sequence
+  std::span<const int32_t> token_ids;   // tokens to run now: a prefill chunk or one decode token
+  std::span<const int32_t> page_table;  // the sequence's pages, covering start_pos+len tokens
+  bool compute_logits = false;          // logits of the last token of this step
+};
+
+struct ForwardBatch {
+  std::vector<SeqStep> seqs;
+};
+
+struct ForwardOutput {
+  // (vocab) logits per seq with compute_logits, in batch order; empty rows otherwise.
+  std::vector<std::vector<float>> logits;
+  // (hidden) final-norm hidden state of each seq's last token (the messenger's metadata).
+  std::vector<std::vector<float>> last_hidden;
+};
+
+// Counts finished layers across steps: after step s (0-based, counted by this runner) finishes
+// layer l's attention output projection, Value() >= s*num_layers + l + 1. Another thread waits on
+// it to stream that layer's KV pages. Thread safety: any thread.
+class LayerProgress {
+ public:
+  uint64_t Value() const { return value_.load(std::memory_order_acquire); }
+  void Bump();
+  // True once Value() >= target; false if timeout_ms passes first.
+  bool WaitAtLeast(uint64_t target, int64_t timeout_ms) const;
+
+ private:
+  std::atomic<uint64_t> value_{0};
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+};
+
+enum class KernelKind { kReference, kFast };
+
+struct ModelRunnerOptions {
+  KvCacheSpec kv;          // num_layers/num_kv_heads/head_dim are filled from the config
+  int num_pages = 0;       // pages in the region (0: from kv_cache_bytes)
+  size_t kv_cache_bytes = 256ull << 20;
+  int num_threads = 0;     // 0: all cores
+  KernelKind kernels = KernelKind::kFast;
+};
+
+// Thread safety: Forward is called by one thread at a time (the engine loop); progress() and
+// region() may be read from others.
+class ModelRunner {
+ public:
+  static Result<std::unique_ptr<ModelRunner>> Create(const model::ModelWeights& weights,
+                                                     const ModelRunnerOptions& options);
+  virtual ~ModelRunner() = default;
+
+  // Runs the batch, writing its KV into the region and the requested logits into `out`.
+  virtual Status Forward(const ForwardBatch& batch, ForwardOutput* out) = 0;
+  virtual const model::ModelConfig& config() const = 0;
+  virtual KvRegion& region() = 0;
+  virtual const LayerProgress& progress() const = 0;
+  virtual uint64_t steps_done() const = 0;
+};
+
+}  // namespace pd::engine
