@@ -1,0 +1,38 @@
+// Runs an Engine on its own thread. HTTP threads submit and abort through a bounded queue and
+// receive RequestOutputs through a callback; they never block the loop.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "engine/engine.h"
+
+namespace pd::engine {
+
+struct AsyncEngineOptions {
+  int max_pending_requests = 256;  // queued + running; beyond it Submit is ResourceExhausted
+};
+
+// Called on the engine thread for every RequestOutput of the request, the last one finished().
+// It must not block (hand the output to the HTTP thread through a queue).
+using OutputCallback = std::function<void(const RequestOutput&)>;
+
+// Thread safety: every public method may be called from any thread.
+class AsyncEngine {
+ public:
+  static Result<std::unique_ptr<AsyncEngine>> Create(std::unique_ptr<Engine> engine,
+                                                     const AsyncEngineOptions& options);
+  virtual ~AsyncEngine() = default;  // stops the loop; unfinished requests end with kAbort
+
+  // Queues the request (id assigned by the engine, returned). ResourceExhausted when
+  // max_pending_requests are already pending; InvalidArgument as Engine::AddRequest.
+  virtual Result<int64_t> Submit(std::vector<int32_t> prompt_ids, const SamplingParams& sampling,
+                                 OutputCallback on_output) = 0;
+  // Aborts a request: its callback gets a final kAbort output and its pages are freed.
+  virtual void Abort(int64_t request_id) = 0;
+  virtual EngineStats stats() const = 0;
+  virtual const model::ModelConfig& config() const = 0;
+  virtual void Shutdown() = 0;
+};
+
+}  // namespace pd::engine

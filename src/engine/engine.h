@@ -1,0 +1,60 @@
+// The engine's step API: requests in, one Step() = Schedule() -> Execute(batch) -> Update(batch,
+// outputs), RequestOutputs out. Single-threaded: AsyncEngine runs it on its own thread.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "engine/model_runner.h"
+#include "engine/request.h"
+#include "model/weights.h"
+
+namespace pd::engine {
+
+struct SchedulerOptions {
+  int max_num_seqs = 64;             // running sequences at once
+  int max_num_batched_tokens = 512;  // token budget per step (decodes first, then prefill chunks)
+  int max_model_len = 4096;          // prompt + generated tokens
+  bool enable_chunked_prefill = true;
+};
+
+struct EngineOptions {
+  ModelRunnerOptions runner;
+  SchedulerOptions scheduler;
+  Clock* clock = nullptr;  // nullptr: SystemClock
+};
+
+struct EngineStats {
+  int num_running = 0;
+  int num_waiting = 0;
+  int num_free_pages = 0;
+  int num_total_pages = 0;
+  int64_t num_preemptions = 0;
+  double kv_cache_usage() const {
+    return num_total_pages == 0 ? 0.0 : 1.0 - double(num_free_pages) / num_total_pages;
+  }
+};
+
+// Thread safety: not thread-safe; one thread (the engine loop) calls every method.
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> Create(const model::ModelWeights& weights,
+                                                const EngineOptions& options);
+  virtual ~Engine() = default;
+
+  // Validates (non-empty prompt, ids in vocab, prompt + max_tokens <= max_model_len, sampling
+  // ranges) and queues the request. InvalidArgument names what was wrong.
+  virtual Status AddRequest(Request request) = 0;
+  // Finishes the request with kAbort at the next Step and frees its pages at once.
+  virtual void Abort(int64_t request_id) = 0;
+  virtual bool HasWork() const = 0;
+  // Runs one step; returns news for every request that got tokens or finished.
+  virtual Result<std::vector<RequestOutput>> Step() = 0;
+  virtual EngineStats stats() const = 0;
+  virtual const model::ModelConfig& config() const = 0;
+  virtual ModelRunner& runner() = 0;
+};
+
+}  // namespace pd::engine
