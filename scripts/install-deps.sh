@@ -8,6 +8,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libcpp-httplib-dev
   libfabric-dev libfabric-bin libhwloc-dev libopenblas-dev
+  libssl-dev
   python3 python3-numpy
 )
 

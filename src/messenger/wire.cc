@@ -1,0 +1,222 @@
+#include "messenger/wire.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+
+#include "messenger/byte_io.h"
+
+namespace pd::messenger {
+namespace {
+
+void PutFormat(ByteWriter& w, const KvFormat& f) {
+  w.Put(f.model_hash);
+  w.Put(f.num_layers);
+  w.Put(f.head_dim);
+  w.Put(f.page_size);
+  w.Put(f.layout);
+  w.Put(f.kv_dtype);
+}
+
+Status GetFormat(ByteReader& r, KvFormat* f) {
+  RETURN_IF_ERROR(r.Get("format.model_hash", &f->model_hash));
+  RETURN_IF_ERROR(r.Get("format.num_layers", &f->num_layers));
+  RETURN_IF_ERROR(r.Get("format.head_dim", &f->head_dim));
+  RETURN_IF_ERROR(r.Get("format.page_size", &f->page_size));
+  RETURN_IF_ERROR(r.Get("format.layout", &f->layout));
+  RETURN_IF_ERROR(r.Get("format.kv_dtype", &f->kv_dtype));
+  if (f->layout > 1)
+    return InvalidArgument("format.layout " + std::to_string(f->layout) + " unknown");
+  if (f->kv_dtype > 1)
+    return InvalidArgument("format.kv_dtype " + std::to_string(f->kv_dtype) + " unknown");
+  return OkStatus();
+}
+
+void PutScheme(ByteWriter& w, const ShardScheme& s) {
+  w.Put(s.tp_size);
+  w.Put(s.num_kv_heads);
+}
+
+Status GetScheme(ByteReader& r, const char* field, ShardScheme* s) {
+  RETURN_IF_ERROR(r.Get(field, &s->tp_size));
+  RETURN_IF_ERROR(r.Get(field, &s->num_kv_heads));
+  if (s->tp_size == 0 || s->tp_size > kMaxRanks || s->num_kv_heads == 0)
+    return InvalidArgument(std::string(field) + ": tp_size " + std::to_string(s->tp_size) +
+                           " / num_kv_heads " + std::to_string(s->num_kv_heads) + " invalid");
+  return OkStatus();
+}
+
+struct BodyEncoder {
+  ByteWriter& w;
+  void operator()(const Hello& m) {
+    w.PutBytes(m.instance_name);
+    PutFormat(w, m.format);
+    PutScheme(w, m.scheme);
+    w.PutBytes(m.fabric_address);
+  }
+  void operator()(const HelloReply& m) {
+    w.Put<uint8_t>(m.accepted ? 1 : 0);
+    w.PutBytes(m.reason);
+    w.PutBytes(m.instance_name);
+    PutFormat(w, m.format);
+    PutScheme(w, m.scheme);
+    w.PutBytes(m.fabric_address);
+  }
+  void operator()(const PrefillRequest& m) {
+    w.Put(m.request_id);
+    w.Put(m.transfer_imm);
+    w.PutArray(m.token_ids);
+    PutScheme(w, m.decode_scheme);
+    w.Put<uint32_t>(static_cast<uint32_t>(m.rank_regions.size()));
+    for (const auto& region : m.rank_regions) w.PutBytes(region);
+    w.PutArray(m.dst_pages);
+    w.PutBytes(m.metadata_region);
+    w.Put(m.metadata_offset);
+    w.Put(m.metadata_bytes);
+    w.Put(m.deadline_ms);
+  }
+  void operator()(const PrefillDone& m) {
+    w.Put(m.request_id);
+    w.Put(m.status_code);
+    w.PutBytes(m.message);
+    w.Put(m.num_writes);
+  }
+  void operator()(const Cancel& m) { w.Put(m.request_id); }
+};
+
+Result<Message> DecodeHello(ByteReader& r) {
+  Hello m;
+  RETURN_IF_ERROR(r.GetBytes("instance_name", kMaxStringBytes, &m.instance_name));
+  RETURN_IF_ERROR(GetFormat(r, &m.format));
+  RETURN_IF_ERROR(GetScheme(r, "scheme", &m.scheme));
+  RETURN_IF_ERROR(r.GetBytes("fabric_address", kMaxStringBytes, &m.fabric_address));
+  return Message(std::move(m));
+}
+
+Result<Message> DecodeHelloReply(ByteReader& r) {
+  HelloReply m;
+  uint8_t accepted = 0;
+  RETURN_IF_ERROR(r.Get("accepted", &accepted));
+  m.accepted = accepted != 0;
+  RETURN_IF_ERROR(r.GetBytes("reason", kMaxStringBytes, &m.reason));
+  RETURN_IF_ERROR(r.GetBytes("instance_name", kMaxStringBytes, &m.instance_name));
+  RETURN_IF_ERROR(GetFormat(r, &m.format));
+  RETURN_IF_ERROR(GetScheme(r, "scheme", &m.scheme));
+  RETURN_IF_ERROR(r.GetBytes("fabric_address", kMaxStringBytes, &m.fabric_address));
+  return Message(std::move(m));
+}
+
+Result<Message> DecodePrefillRequest(ByteReader& r) {
+  PrefillRequest m;
+  RETURN_IF_ERROR(r.Get("request_id", &m.request_id));
+  RETURN_IF_ERROR(r.Get("transfer_imm", &m.transfer_imm));
+  RETURN_IF_ERROR(r.GetArray("token_ids", kMaxPromptTokens, &m.token_ids));
+  RETURN_IF_ERROR(GetScheme(r, "decode_scheme", &m.decode_scheme));
+  uint32_t num_regions = 0;
+  RETURN_IF_ERROR(r.Get("rank_regions", &num_regions));
+  if (num_regions != m.decode_scheme.tp_size)
+    return InvalidArgument("rank_regions has " + std::to_string(num_regions) +
+                           " entries for a decode tp_size of " +
+                           std::to_string(m.decode_scheme.tp_size));
+  m.rank_regions.resize(num_regions);
+  for (auto& region : m.rank_regions)
+    RETURN_IF_ERROR(r.GetBytes("rank_regions[]", kMaxStringBytes, &region));
+  RETURN_IF_ERROR(r.GetArray("dst_pages", kMaxPages, &m.dst_pages));
+  for (int32_t page : m.dst_pages)
+    if (page < 0)
+      return InvalidArgument("dst_pages has a negative page id " + std::to_string(page));
+  RETURN_IF_ERROR(r.GetBytes("metadata_region", kMaxStringBytes, &m.metadata_region));
+  RETURN_IF_ERROR(r.Get("metadata_offset", &m.metadata_offset));
+  RETURN_IF_ERROR(r.Get("metadata_bytes", &m.metadata_bytes));
+  RETURN_IF_ERROR(r.Get("deadline_ms", &m.deadline_ms));
+  return Message(std::move(m));
+}
+
+Result<Message> DecodePrefillDone(ByteReader& r) {
+  PrefillDone m;
+  RETURN_IF_ERROR(r.Get("request_id", &m.request_id));
+  RETURN_IF_ERROR(r.Get("status_code", &m.status_code));
+  if (m.status_code > static_cast<uint16_t>(StatusCode::kIoError))
+    return InvalidArgument("status_code " + std::to_string(m.status_code) + " unknown");
+  RETURN_IF_ERROR(r.GetBytes("message", kMaxStringBytes, &m.message));
+  RETURN_IF_ERROR(r.Get("num_writes", &m.num_writes));
+  return Message(std::move(m));
+}
+
+Result<Message> DecodeBody(MessageType type, ByteReader& r) {
+  switch (type) {
+    case MessageType::kHello:
+      return DecodeHello(r);
+    case MessageType::kHelloReply:
+      return DecodeHelloReply(r);
+    case MessageType::kPrefillRequest:
+      return DecodePrefillRequest(r);
+    case MessageType::kPrefillDone:
+      return DecodePrefillDone(r);
+    case MessageType::kCancel: {
+      Cancel m;
+      RETURN_IF_ERROR(r.Get("request_id", &m.request_id));
+      return Message(m);
+    }
+  }
+  return InvalidArgument("unknown message type " + std::to_string(static_cast<int>(type)));
+}
+
+}  // namespace
+
+std::array<uint8_t, kMacBytes> HmacSha256(const std::string& key, const uint8_t* data,
+                                          size_t size) {
+  std::array<uint8_t, kMacBytes> mac{};
+  size_t mac_len = 0;
+  // EVP_Q_mac with a NULL libctx uses the default provider; it fails only on allocation failure.
+  unsigned char* out = EVP_Q_mac(nullptr, "HMAC", nullptr, "SHA256", nullptr, key.data(),
+                                 key.size(), data, size, mac.data(), mac.size(), &mac_len);
+  PD_CHECK(out != nullptr && mac_len == kMacBytes) << "HMAC-SHA256 failed";
+  return mac;
+}
+
+std::vector<uint8_t> EncodeFrame(const Frame& frame, const std::string& secret) {
+  ByteWriter body;
+  std::visit(BodyEncoder{body}, frame.message);
+  ByteWriter w;
+  w.Put(kWireMagic);
+  w.Put(kWireVersion);
+  w.Put<uint16_t>(static_cast<uint16_t>(frame.message.index() + 1));
+  w.Put(frame.sender_seq);
+  w.Put<uint32_t>(static_cast<uint32_t>(body.bytes().size()));
+  auto& out = w.bytes();
+  out.insert(out.end(), body.bytes().begin(), body.bytes().end());
+  auto mac = HmacSha256(secret, out.data(), out.size());
+  out.insert(out.end(), mac.begin(), mac.end());
+  return std::move(out);
+}
+
+Result<Frame> DecodeFrame(const uint8_t* data, size_t size, const std::string& secret) {
+  if (size < kFrameHeaderBytes + kMacBytes)
+    return InvalidArgument("frame of " + std::to_string(size) + " bytes is shorter than a header");
+  ByteReader header(data, kFrameHeaderBytes);
+  uint32_t magic = 0, body_len = 0;
+  uint16_t version = 0, type = 0;
+  Frame frame;
+  RETURN_IF_ERROR(header.Get("magic", &magic));
+  RETURN_IF_ERROR(header.Get("version", &version));
+  RETURN_IF_ERROR(header.Get("type", &type));
+  RETURN_IF_ERROR(header.Get("sender_seq", &frame.sender_seq));
+  RETURN_IF_ERROR(header.Get("body_len", &body_len));
+  if (magic != kWireMagic) return InvalidArgument("bad frame magic (not a pdserve peer?)");
+  if (version != kWireVersion)
+    return InvalidArgument("wire protocol version " + std::to_string(version) +
+                           " is not supported (this build speaks " + std::to_string(kWireVersion) +
+                           ")");
+  if (body_len > kMaxBodyBytes || size != kFrameHeaderBytes + body_len + kMacBytes)
+    return InvalidArgument("frame body_len " + std::to_string(body_len) + " does not match the " +
+                           std::to_string(size) + " bytes received");
+  auto mac = HmacSha256(secret, data, kFrameHeaderBytes + body_len);
+  if (CRYPTO_memcmp(mac.data(), data + kFrameHeaderBytes + body_len, kMacBytes) != 0)
+    return FailedPrecondition("frame authentication failed (wrong cluster secret?)");
+  ByteReader body(data + kFrameHeaderBytes, body_len);
+  ASSIGN_OR_RETURN(frame.message, DecodeBody(static_cast<MessageType>(type), body));
+  RETURN_IF_ERROR(body.ExpectEnd("frame body"));
+  return frame;
+}
+
+}  // namespace pd::messenger
