@@ -1,0 +1,302 @@
+// DomainWorker's progress loop: run commands, post what the window allows, read the completion
+// queue, fail what is overdue, and block on the CQ's wait fd when there is nothing to do.
+#include <poll.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "transfer/domain_worker.h"
+
+namespace pd::transfer {
+namespace {
+
+constexpr int kCqBatch = 32;
+constexpr int kSpinPolls = 64;  // empty CQ reads before blocking
+constexpr double kDeadlineScanS = 0.005;
+
+double Now() { return SystemClock::Get().NowSeconds(); }
+
+}  // namespace
+
+void DomainWorker::Run() {
+  int idle = 0;
+  while (true) {
+    RunCommands();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) break;
+    }
+    PostPending();
+    int n = PollCq();
+    CheckDeadlines();
+    if (n > 0) {
+      idle = 0;
+      continue;
+    }
+    if (++idle < kSpinPolls) continue;
+    idle = 0;
+    Block(inflight_.empty() ? 200 : 10);
+  }
+  // Shutting down: every transfer still known fails, so no caller waits forever.
+  std::vector<Transfer*> open;
+  for (auto& [id, t] : transfers_) open.push_back(t.get());
+  for (Transfer* t : open) Finish(t, Cancelled("fabric domain closed"));
+}
+
+void DomainWorker::RunCommands() {
+  std::vector<std::function<void()>> commands;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    commands.swap(commands_);
+  }
+  for (auto& command : commands) command();
+}
+
+void DomainWorker::Block(int timeout_ms) {
+  pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {cq_fd_, POLLIN, 0}};
+  int nfds = 1;
+  if (cq_fd_ >= 0) {
+    fid* cq_fid = &cq_->fid;
+    if (fi_trywait(fabric_.get(), &cq_fid, 1) != FI_SUCCESS) return;  // progress needed first
+    nfds = 2;
+  } else {
+    timeout_ms = std::min(timeout_ms, 1);  // no wait object: nap briefly, then poll again
+  }
+  if (poll(fds, nfds, timeout_ms) > 0 && (fds[0].revents & POLLIN)) {
+    uint64_t value;
+    ssize_t n = read(wake_fd_, &value, sizeof(value));
+    (void)n;
+  }
+}
+
+void DomainWorker::DoSubmit(std::unique_ptr<Transfer> transfer) {
+  Transfer* t = transfer.get();
+  transfers_.emplace(t->id, std::move(transfer));
+  pending_.push_back(t->id);
+}
+
+void DomainWorker::DoCancel(TransferId id) {
+  auto it = transfers_.find(id);
+  if (it == transfers_.end()) return;
+  Finish(it->second.get(), Cancelled("transfer " + std::to_string(id) + " cancelled"));
+}
+
+void DomainWorker::PostPending() {
+  while (!pending_.empty() && live_inflight_ < options_.max_inflight) {
+    auto it = transfers_.find(pending_.front());
+    if (it == transfers_.end() || it->second->next == it->second->total) {
+      pending_.pop_front();  // finished, failed or cancelled meanwhile
+      continue;
+    }
+    Transfer* t = it->second.get();
+    ssize_t rc = PostNext(t);
+    if (rc == -FI_EAGAIN || rc == 1) return;  // read the CQ, then retry
+    if (rc < 0) {
+      Finish(t, FabricError(t->kind == Transfer::Kind::kWrite ? "fi_writemsg" : "fi_sendmsg", rc));
+    }
+  }
+}
+
+ssize_t DomainWorker::PostNext(Transfer* t) {
+  return t->kind == Transfer::Kind::kWrite ? PostWrite(t) : PostSend(t);
+}
+
+ssize_t DomainWorker::PostWrite(Transfer* t) {
+  const PagedWriteRequest& r = t->write;
+  auto region = regions_.find(r.src.id);
+  if (region == regions_.end()) {
+    Finish(t, FailedPrecondition("source region " + std::to_string(r.src.id) +
+                                 " was deregistered before the write was posted"));
+    return 0;
+  }
+  const size_t k = t->next;
+  iovec iov{region->second.data + r.src_offset + uint64_t{r.src_pages[k]} * r.src_stride,
+            r.bytes_per_page};
+  void* desc = region->second.desc;
+  fi_rma_iov rma{r.dst.descriptor.addr + r.dst_offset + uint64_t{r.dst_pages[k]} * r.dst_stride,
+                 r.bytes_per_page, r.dst.descriptor.rkey};
+  OpContext* ctx = NewContext(OpContext::Kind::kWrite, t);
+  ctx->region_id = r.src.id;
+  fi_msg_rma msg{};
+  msg.msg_iov = &iov;
+  msg.desc = &desc;
+  msg.iov_count = 1;
+  msg.addr = r.dst.fi_addr;
+  msg.rma_iov = &rma;
+  msg.rma_iov_count = 1;
+  msg.context = &ctx->fi_ctx;
+  msg.data = r.imm.value_or(0);
+  uint64_t flags = FI_COMPLETION | (r.imm ? FI_REMOTE_CQ_DATA : 0);
+  ssize_t rc = fi_writemsg(ep_.get(), &msg, flags);
+  if (rc != 0) {
+    FreeContext(ctx);
+    return rc;
+  }
+  ++region->second.users;
+  inflight_.insert(ctx);
+  ++live_inflight_;
+  ++t->inflight;
+  ++t->next;
+  return 0;
+}
+
+ssize_t DomainWorker::PostSend(Transfer* t) {
+  if (free_send_.empty()) return 1;
+  uint32_t index = free_send_.back();
+  char* buf = send_slab_.data() + size_t{index} * options_.message_bytes;
+  std::copy(t->message.begin(), t->message.end(), buf);
+  OpContext* ctx = NewContext(OpContext::Kind::kSend, t);
+  ctx->buffer = index;
+  iovec iov{buf, t->message.size()};
+  void* desc = fi_mr_desc(send_mr_.get());
+  fi_msg msg{};
+  msg.msg_iov = &iov;
+  msg.desc = &desc;
+  msg.iov_count = 1;
+  msg.addr = t->peer.fi_addr;
+  msg.context = &ctx->fi_ctx;
+  ssize_t rc = fi_sendmsg(ep_.get(), &msg, FI_COMPLETION);
+  if (rc != 0) {
+    FreeContext(ctx);
+    return rc;
+  }
+  free_send_.pop_back();
+  inflight_.insert(ctx);
+  ++live_inflight_;
+  ++t->inflight;
+  ++t->next;
+  return 0;
+}
+
+int DomainWorker::PollCq() {
+  fi_cq_data_entry entries[kCqBatch];
+  ssize_t n = fi_cq_read(cq_.get(), entries, kCqBatch);
+  if (n == -FI_EAVAIL) {
+    HandleCqError();
+    return 1;
+  }
+  if (n <= 0) {
+    if (n != -FI_EAGAIN) PD_LOG_WARN("{}", FabricError("fi_cq_read", n).ToString());
+    return 0;
+  }
+  for (ssize_t i = 0; i < n; ++i) HandleCompletion(entries[i]);
+  return static_cast<int>(n);
+}
+
+void DomainWorker::HandleCompletion(const fi_cq_data_entry& e) {
+  auto* ctx = static_cast<OpContext*>(e.op_context);
+  if (e.flags & FI_REMOTE_CQ_DATA) {
+    // A write carrying an immediate landed. With FI_RX_CQ_DATA it consumed a posted receive.
+    imm_->OnArrival(static_cast<uint32_t>(e.data));
+    if (ctx != nullptr && ctx->kind == OpContext::Kind::kRecv) {
+      Status s = PostRecv(ctx->buffer);
+      if (!s.ok()) PD_LOG_ERROR("reposting receive: {}", s.ToString());
+    }
+    return;
+  }
+  if (ctx == nullptr) return;  // a remote write without data, on providers that report those
+  if (ctx->kind == OpContext::Kind::kRecv) {
+    if (options_.on_message) {
+      const char* buf = recv_slab_.data() + size_t{ctx->buffer} * options_.message_bytes;
+      options_.on_message(std::string_view(buf, e.len));
+    }
+    Status s = PostRecv(ctx->buffer);
+    if (!s.ok()) PD_LOG_ERROR("reposting receive: {}", s.ToString());
+    return;
+  }
+  OnOpDone(ctx, OkStatus());
+}
+
+void DomainWorker::HandleCqError() {
+  fi_cq_err_entry err{};
+  ssize_t rc = fi_cq_readerr(cq_.get(), &err, 0);
+  if (rc < 0) return;
+  auto* ctx = static_cast<OpContext*>(err.op_context);
+  const char* prov = fi_cq_strerror(cq_.get(), err.prov_errno, err.err_data, nullptr, 0);
+  std::string text = std::string(fi_strerror(err.err)) + " (provider: " + (prov ? prov : "") + ")";
+  if (ctx == nullptr || ctx->kind == OpContext::Kind::kRecv) {
+    PD_LOG_WARN("receive completion error: {}", text);
+    if (ctx != nullptr && err.err != FI_ECANCELED) {
+      Status s = PostRecv(ctx->buffer);
+      if (!s.ok()) PD_LOG_ERROR("reposting receive: {}", s.ToString());
+    }
+    return;
+  }
+  const char* call = ctx->kind == OpContext::Kind::kWrite ? "fi_writemsg" : "fi_sendmsg";
+  OnOpDone(ctx, Status(FabricErrorCode(err.err), std::string(call) + " completion: -" +
+                                                     std::to_string(err.err) + " " + text));
+}
+
+void DomainWorker::OnOpDone(OpContext* ctx, const Status& status) {
+  inflight_.erase(ctx);
+  if (ctx->kind == OpContext::Kind::kWrite) {
+    auto region = regions_.find(ctx->region_id);
+    if (region != regions_.end()) --region->second.users;
+  } else {
+    free_send_.push_back(ctx->buffer);
+  }
+  Transfer* t = ctx->transfer;
+  FreeContext(ctx);
+  if (t == nullptr) return;  // abandoned: its transfer already failed or was cancelled
+  --live_inflight_;
+  --t->inflight;
+  if (!status.ok()) {
+    Finish(t, status);
+  } else if (t->next == t->total && t->inflight == 0) {
+    Finish(t, OkStatus());
+  }
+}
+
+void DomainWorker::Finish(Transfer* t, const Status& status) {
+  if (t->inflight > 0) {
+    for (OpContext* ctx : inflight_) {
+      if (ctx->transfer != t) continue;
+      ctx->transfer = nullptr;  // libfabric still owns it; its completion will be swallowed
+      --live_inflight_;
+    }
+  }
+  t->next = t->total;
+  auto owned = std::move(transfers_.at(t->id));
+  transfers_.erase(t->id);
+  num_pending_.fetch_sub(1, std::memory_order_acq_rel);
+  if (owned->done) owned->done(status);
+}
+
+void DomainWorker::CheckDeadlines() {
+  double now = Now();
+  if (now < next_deadline_check_ || inflight_.empty()) return;
+  next_deadline_check_ = now + kDeadlineScanS;
+  std::vector<TransferId> overdue;
+  for (OpContext* ctx : inflight_) {
+    if (ctx->transfer != nullptr && ctx->deadline < now) overdue.push_back(ctx->transfer->id);
+  }
+  for (TransferId id : overdue) {
+    auto it = transfers_.find(id);
+    if (it == transfers_.end()) continue;  // already failed through another op
+    Finish(it->second.get(),
+           DeadlineExceeded("transfer " + std::to_string(id) + ": no completion within " +
+                            std::to_string(options_.op_timeout_s) + " s (peer gone?)"));
+  }
+}
+
+OpContext* DomainWorker::NewContext(OpContext::Kind kind, Transfer* t) {
+  std::unique_ptr<OpContext> ctx;
+  if (free_ctx_.empty()) {
+    ctx = std::make_unique<OpContext>();
+  } else {
+    ctx = std::move(free_ctx_.back());
+    free_ctx_.pop_back();
+  }
+  *ctx = OpContext{};
+  ctx->kind = kind;
+  ctx->transfer = t;
+  ctx->deadline = Now() + options_.op_timeout_s;
+  return ctx.release();
+}
+
+void DomainWorker::FreeContext(OpContext* ctx) { free_ctx_.emplace_back(ctx); }
+
+}  // namespace pd::transfer

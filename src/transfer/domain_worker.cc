@@ -1,0 +1,259 @@
+// DomainWorker: opening and closing the libfabric objects, memory registration, addresses.
+// The progress loop (posting, completions, deadlines) is in domain_progress.cc.
+#include "transfer/domain_worker.h"
+
+#include <rdma/fi_cm.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "common/log.h"
+
+namespace pd::transfer {
+namespace {
+
+constexpr uint64_t kRegionAccess =
+    FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
+
+char* Dup(const std::string& s) { return s.empty() ? nullptr : strdup(s.c_str()); }
+
+Result<FiInfoPtr> GetInfo(const DomainOptions& options) {
+  FiInfoPtr hints(fi_allocinfo());
+  if (!hints) return ResourceExhausted("fi_allocinfo failed");
+  hints->caps = FI_MSG | FI_RMA | FI_WRITE | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
+  // Modes we can honour: every op carries an fi_context2, and remote CQ data landing in a posted
+  // receive is understood.
+  hints->mode = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->domain_attr->mr_mode = static_cast<int>(options.offered_mr_mode);
+  hints->domain_attr->threading = FI_THREAD_DOMAIN;  // only the worker touches the domain
+  hints->fabric_attr->prov_name = Dup(options.provider);
+  hints->domain_attr->name = Dup(options.domain_name);
+  fi_info* info = nullptr;
+  const char* node = options.node.empty() ? nullptr : options.node.c_str();
+  int rc = fi_getinfo(FI_VERSION(1, 17), node, nullptr, node ? FI_SOURCE : 0, hints.get(), &info);
+  if (rc != 0) {
+    return FabricError("fi_getinfo(provider '" + options.provider + "', domain '" +
+                           options.domain_name + "', node '" + options.node + "')",
+                       rc)
+        .WithContext("no matching fabric interface");
+  }
+  return FiInfoPtr(info);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<DomainWorker>> DomainWorker::Open(const DomainOptions& options,
+                                                         std::shared_ptr<ImmCounterTable> imm,
+                                                         DomainInfo* info) {
+  if (options.max_inflight == 0 || options.num_recv_buffers == 0 || options.num_send_buffers == 0 ||
+      options.message_bytes == 0) {
+    return InvalidArgument("DomainOptions: max_inflight and buffer counts/sizes must be positive");
+  }
+  std::unique_ptr<DomainWorker> w(new DomainWorker(options));
+  w->imm_ = std::move(imm);
+  RETURN_IF_ERROR(w->OpenFabric(info));
+  RETURN_IF_ERROR(w->OpenBuffers());
+  w->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (w->wake_fd_ < 0) return Internal(std::string("eventfd: ") + strerror(errno));
+  w->thread_ = std::thread([p = w.get()] { p->Run(); });
+  return w;
+}
+
+Status DomainWorker::OpenFabric(DomainInfo* out) {
+  ASSIGN_OR_RETURN(fi_, GetInfo(options_));
+  fi_info* info = fi_.get();
+  fid_fabric* fabric = nullptr;
+  int rc = fi_fabric(info->fabric_attr, &fabric, nullptr);
+  if (rc != 0) return FabricError("fi_fabric", rc);
+  fabric_.reset(fabric);
+  fid_domain* domain = nullptr;
+  rc = fi_domain(fabric_.get(), info, &domain, nullptr);
+  if (rc != 0) return FabricError("fi_domain", rc);
+  domain_.reset(domain);
+
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_DATA;
+  cq_attr.size = std::max<size_t>(1024, 2 * (options_.max_inflight + options_.num_recv_buffers));
+  cq_attr.wait_obj = FI_WAIT_FD;
+  fid_cq* cq = nullptr;
+  rc = fi_cq_open(domain_.get(), &cq_attr, &cq, nullptr);
+  if (rc != 0) {  // no wait fd: the worker polls and naps instead of blocking on the CQ
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    rc = fi_cq_open(domain_.get(), &cq_attr, &cq, nullptr);
+    if (rc != 0) return FabricError("fi_cq_open", rc);
+  }
+  cq_.reset(cq);
+  if (cq_attr.wait_obj == FI_WAIT_FD && fi_control(&cq_->fid, FI_GETWAIT, &cq_fd_) != 0) {
+    cq_fd_ = -1;
+  }
+
+  fi_av_attr av_attr{};
+  av_attr.type =
+      info->domain_attr->av_type == FI_AV_UNSPEC ? FI_AV_MAP : info->domain_attr->av_type;
+  fid_av* av = nullptr;
+  rc = fi_av_open(domain_.get(), &av_attr, &av, nullptr);
+  if (rc != 0) return FabricError("fi_av_open", rc);
+  av_.reset(av);
+
+  fid_ep* ep = nullptr;
+  rc = fi_endpoint(domain_.get(), info, &ep, nullptr);
+  if (rc != 0) return FabricError("fi_endpoint", rc);
+  ep_.reset(ep);
+  if ((rc = fi_ep_bind(ep_.get(), &cq_->fid, FI_TRANSMIT | FI_RECV)) != 0) {
+    return FabricError("fi_ep_bind(cq)", rc);
+  }
+  if ((rc = fi_ep_bind(ep_.get(), &av_->fid, 0)) != 0) return FabricError("fi_ep_bind(av)", rc);
+  if ((rc = fi_enable(ep_.get())) != 0) return FabricError("fi_enable", rc);
+
+  char name[256];
+  size_t name_len = sizeof(name);
+  if ((rc = fi_getname(&ep_->fid, name, &name_len)) != 0) return FabricError("fi_getname", rc);
+  address_.assign(name, name_len);
+
+  mr_mode_ = static_cast<uint64_t>(info->domain_attr->mr_mode);
+  max_msg_size_ = info->ep_attr->max_msg_size;
+  out->provider = info->fabric_attr->prov_name ? info->fabric_attr->prov_name : "";
+  out->fabric = info->fabric_attr->name ? info->fabric_attr->name : "";
+  out->domain = info->domain_attr->name ? info->domain_attr->name : "";
+  out->mode = info->mode;
+  out->mr_mode = mr_mode_;
+  out->cq_data_size = info->domain_attr->cq_data_size;
+  out->inject_size = info->tx_attr->inject_size;
+  out->max_msg_size = max_msg_size_;
+  out->rma_iov_limit = info->tx_attr->rma_iov_limit;
+  out->address = address_;
+  PD_LOG_DEBUG("fabric domain {} ({}): mode {} mr_mode {} cq_data_size {} wait_fd {}", out->domain,
+               out->provider, ModeToString(out->mode), MrModeToString(out->mr_mode),
+               out->cq_data_size, cq_fd_ >= 0);
+  return OkStatus();
+}
+
+Result<FidPtr<fid_mr>> DomainWorker::RegisterRaw(void* data, uint64_t size, uint64_t access) {
+  uint64_t requested_key = (mr_mode_ & FI_MR_PROV_KEY) ? 0 : next_key_++;
+  fid_mr* mr = nullptr;
+  int rc = fi_mr_reg(domain_.get(), data, size, access, 0, requested_key, 0, &mr, nullptr);
+  if (rc != 0) return FabricError("fi_mr_reg(" + std::to_string(size) + " bytes)", rc);
+  FidPtr<fid_mr> owned(mr);
+  if (mr_mode_ & FI_MR_ENDPOINT) {
+    if ((rc = fi_mr_bind(mr, &ep_->fid, 0)) != 0) return FabricError("fi_mr_bind", rc);
+    if ((rc = fi_mr_enable(mr)) != 0) return FabricError("fi_mr_enable", rc);
+  }
+  return owned;
+}
+
+Status DomainWorker::OpenBuffers() {
+  const size_t bytes = options_.message_bytes;
+  recv_slab_.assign(bytes * options_.num_recv_buffers, 0);
+  send_slab_.assign(bytes * options_.num_send_buffers, 0);
+  ASSIGN_OR_RETURN(recv_mr_, RegisterRaw(recv_slab_.data(), recv_slab_.size(), FI_RECV));
+  ASSIGN_OR_RETURN(send_mr_, RegisterRaw(send_slab_.data(), send_slab_.size(), FI_SEND));
+  recv_ctx_.resize(options_.num_recv_buffers);
+  for (uint32_t i = 0; i < options_.num_recv_buffers; ++i) {
+    recv_ctx_[i].kind = OpContext::Kind::kRecv;
+    recv_ctx_[i].buffer = i;
+    RETURN_IF_ERROR(PostRecv(i));
+  }
+  for (uint32_t i = 0; i < options_.num_send_buffers; ++i) free_send_.push_back(i);
+  return OkStatus();
+}
+
+Status DomainWorker::PostRecv(uint32_t index) {
+  char* buf = recv_slab_.data() + size_t{index} * options_.message_bytes;
+  void* desc = fi_mr_desc(recv_mr_.get());
+  while (true) {
+    ssize_t rc = fi_recv(ep_.get(), buf, options_.message_bytes, desc, FI_ADDR_UNSPEC,
+                         &recv_ctx_[index].fi_ctx);
+    if (rc == 0) return OkStatus();
+    if (rc != -FI_EAGAIN) return FabricError("fi_recv", rc);
+    fi_cq_data_entry entries[8];  // drive progress, then retry
+    ssize_t n = fi_cq_read(cq_.get(), entries, 8);
+    for (ssize_t i = 0; i < n; ++i) HandleCompletion(entries[i]);
+  }
+}
+
+Result<MemoryRegion> DomainWorker::DoRegister(void* data, uint64_t size) {
+  if (data == nullptr || size == 0) return InvalidArgument("RegisterMemory: empty region");
+  ASSIGN_OR_RETURN(FidPtr<fid_mr> mr, RegisterRaw(data, size, kRegionAccess));
+  MemoryRegion region;
+  region.id = next_region_id_++;
+  region.data = static_cast<char*>(data);
+  region.size = size;
+  region.descriptor.addr = (mr_mode_ & FI_MR_VIRT_ADDR) ? reinterpret_cast<uint64_t>(data) : 0;
+  region.descriptor.length = size;
+  region.descriptor.rkey = fi_mr_key(mr.get());
+  region.descriptor.has_key = true;
+  region.descriptor.fabric_addr = address_;
+  RegionState state;
+  state.desc = fi_mr_desc(mr.get());
+  state.mr = std::move(mr);
+  state.data = region.data;
+  state.size = size;
+  regions_.emplace(region.id, std::move(state));
+  return region;
+}
+
+Status DomainWorker::DoDeregister(uint64_t id) {
+  auto it = regions_.find(id);
+  if (it == regions_.end()) return NotFound("region " + std::to_string(id) + " is not registered");
+  if (it->second.users != 0) {
+    return FailedPrecondition("region " + std::to_string(id) + " still has " +
+                              std::to_string(it->second.users) + " operations in flight");
+  }
+  regions_.erase(it);  // closes the fid_mr: later writes with its key are rejected
+  return OkStatus();
+}
+
+Result<fi_addr_t> DomainWorker::DoInsertAddress(const std::string& fabric_addr) {
+  auto it = addresses_.find(fabric_addr);
+  if (it != addresses_.end()) return it->second;
+  if (fabric_addr.size() != address_.size()) {
+    return InvalidArgument("fabric address of " + std::to_string(fabric_addr.size()) +
+                           " bytes; this provider's addresses have " +
+                           std::to_string(address_.size()));
+  }
+  fi_addr_t fi_addr = FI_ADDR_UNSPEC;
+  int rc = fi_av_insert(av_.get(), fabric_addr.data(), 1, &fi_addr, 0, nullptr);
+  if (rc != 1)
+    return FabricError("fi_av_insert(" + HexBytes(fabric_addr) + ")", rc < 0 ? rc : -FI_EINVAL);
+  addresses_.emplace(fabric_addr, fi_addr);
+  return fi_addr;
+}
+
+void DomainWorker::Post(std::function<void()> command) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    commands_.push_back(std::move(command));
+  }
+  uint64_t one = 1;
+  ssize_t n = write(wake_fd_, &one, sizeof(one));
+  (void)n;  // a full eventfd counter still wakes the worker
+}
+
+DomainWorker::~DomainWorker() {
+  if (thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    Post([] {});
+    thread_.join();
+  }
+  // Close order: endpoint first (no more traffic), its CQ, then memory, AV, domain, fabric.
+  ep_.reset();
+  for (OpContext* ctx : inflight_) delete ctx;  // abandoned operations die with the endpoint
+  inflight_.clear();
+  cq_.reset();
+  regions_.clear();
+  recv_mr_.reset();
+  send_mr_.reset();
+  av_.reset();
+  domain_.reset();
+  fabric_.reset();
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+}  // namespace pd::transfer

@@ -1,0 +1,149 @@
+// Internal to the transfer engine: the thread that owns one domain's libfabric objects. Domain is
+// its public face; nothing outside src/transfer includes this header.
+//
+// Thread safety: Post/Call/num_pending may be called from any thread; every other member runs on
+// the worker thread only (the Do* methods are invoked through Post/Call).
+#pragma once
+
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "transfer/domain.h"
+#include "transfer/fabric_util.h"
+
+namespace pd::transfer {
+
+struct Transfer {
+  enum class Kind { kWrite, kSend };
+  TransferId id = 0;
+  Kind kind = Kind::kWrite;
+  PagedWriteRequest write;  // kWrite
+  PeerAddr peer;            // kSend
+  std::string message;      // kSend
+  size_t total = 0;         // operations to post
+  size_t next = 0;          // next operation to post
+  size_t inflight = 0;      // posted, not completed
+  Completion done;
+};
+
+// Per-operation context. fi_ctx comes first: libfabric hands back &fi_ctx as op_context, and
+// providers with FI_CONTEXT / FI_CONTEXT2 mode use it as scratch space while the op is in flight.
+struct OpContext {
+  enum class Kind { kWrite, kSend, kRecv };
+  fi_context2 fi_ctx;
+  Kind kind = Kind::kWrite;
+  Transfer* transfer = nullptr;  // null once abandoned
+  uint64_t region_id = 0;        // source region of a write
+  uint32_t buffer = 0;           // send or receive buffer index
+  double deadline = 0;           // monotonic seconds
+};
+
+struct RegionState {
+  FidPtr<fid_mr> mr;
+  void* desc = nullptr;  // fi_mr_desc, passed with local buffers (FI_MR_LOCAL)
+  char* data = nullptr;
+  uint64_t size = 0;
+  uint64_t users = 0;  // operations in flight (also abandoned ones) using it
+};
+
+class DomainWorker {
+ public:
+  static Result<std::unique_ptr<DomainWorker>> Open(const DomainOptions& options,
+                                                    std::shared_ptr<ImmCounterTable> imm,
+                                                    DomainInfo* info);
+  ~DomainWorker();
+
+  void Post(std::function<void()> command);
+  template <typename T>
+  T Call(std::function<T()> fn) {
+    auto promise = std::make_shared<std::promise<T>>();
+    std::future<T> future = promise->get_future();
+    Post([promise, fn = std::move(fn)] { promise->set_value(fn()); });
+    return future.get();
+  }
+  size_t num_pending() const { return num_pending_.load(std::memory_order_acquire); }
+  void AddPending() { num_pending_.fetch_add(1, std::memory_order_acq_rel); }
+
+  // Worker thread only.
+  Result<MemoryRegion> DoRegister(void* data, uint64_t size);
+  Status DoDeregister(uint64_t id);
+  Result<fi_addr_t> DoInsertAddress(const std::string& fabric_addr);
+  void DoSubmit(std::unique_ptr<Transfer> transfer);
+  void DoCancel(TransferId id);
+
+ private:
+  explicit DomainWorker(const DomainOptions& options) : options_(options) {}
+  Status OpenFabric(DomainInfo* info);
+  Status OpenBuffers();
+  Result<FidPtr<fid_mr>> RegisterRaw(void* data, uint64_t size, uint64_t access);
+  Status PostRecv(uint32_t index);
+
+  void Run();
+  void RunCommands();
+  void PostPending();
+  ssize_t PostNext(Transfer* t);  // 0, -FI_EAGAIN, 1 (send buffers exhausted) or another -errno
+  ssize_t PostWrite(Transfer* t);
+  ssize_t PostSend(Transfer* t);
+  int PollCq();
+  void HandleCompletion(const fi_cq_data_entry& entry);
+  void HandleCqError();
+  void OnOpDone(OpContext* ctx, const Status& status);
+  void Finish(Transfer* t, const Status& status);
+  void CheckDeadlines();
+  void Block(int timeout_ms);
+  OpContext* NewContext(OpContext::Kind kind, Transfer* t);
+  void FreeContext(OpContext* ctx);
+
+  DomainOptions options_;
+  std::shared_ptr<ImmCounterTable> imm_;
+  FiInfoPtr fi_;
+  uint64_t mr_mode_ = 0;
+  uint64_t max_msg_size_ = 0;
+  std::string address_;
+
+  // Declared in the order they are opened; ~DomainWorker closes them explicitly in the order
+  // libfabric requires (endpoint, then completion queue, regions, address vector, domain, fabric).
+  FidPtr<fid_fabric> fabric_;
+  FidPtr<fid_domain> domain_;
+  FidPtr<fid_cq> cq_;
+  FidPtr<fid_av> av_;
+  FidPtr<fid_ep> ep_;
+  int cq_fd_ = -1;  // the CQ's wait fd, -1 without one
+  int wake_fd_ = -1;
+
+  std::unordered_map<uint64_t, RegionState> regions_;
+  uint64_t next_region_id_ = 1;
+  uint64_t next_key_ = 1;
+  std::unordered_map<std::string, fi_addr_t> addresses_;
+
+  FidPtr<fid_mr> recv_mr_, send_mr_;
+  std::vector<char> recv_slab_, send_slab_;  // (num_buffers, message_bytes)
+  std::vector<OpContext> recv_ctx_;
+  std::vector<uint32_t> free_send_;
+
+  std::unordered_map<TransferId, std::unique_ptr<Transfer>> transfers_;
+  std::deque<TransferId> pending_;  // transfers with operations left to post
+  std::unordered_set<OpContext*> inflight_;
+  std::vector<std::unique_ptr<OpContext>> free_ctx_;
+  size_t live_inflight_ = 0;  // inflight operations whose transfer is still alive
+  double next_deadline_check_ = 0;
+
+  std::mutex mu_;
+  std::vector<std::function<void()>> commands_;  // GUARDED_BY(mu_)
+  bool stop_ = false;                            // GUARDED_BY(mu_)
+  std::atomic<size_t> num_pending_{0};
+  std::thread thread_;
+};
+
+}  // namespace pd::transfer
