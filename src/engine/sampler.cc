@@ -1,0 +1,161 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "common/check.h"
+
+namespace pd::engine {
+
+std::string_view FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kNone:
+      return "";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+    case FinishReason::kError:
+      return "error";
+  }
+  return "";
+}
+
+namespace {
+
+template <typename T>
+Status BadField(const char* field, T value, const char* want) {
+  std::ostringstream os;
+  os << field << " must be " << want << ", got " << value;
+  return InvalidArgument(os.str());
+}
+
+// log(sum(exp(x))) over logits, stable.
+double LogSumExp(std::span<const float> logits) {
+  float max = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;
+  for (float x : logits) sum += std::exp(static_cast<double>(x) - max);
+  return max + std::log(sum);
+}
+
+}  // namespace
+
+Status ValidateSamplingParams(const SamplingParams& p, int vocab_size) {
+  if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature)) {
+    return BadField("temperature", p.temperature, ">= 0");
+  }
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) return BadField("top_p", p.top_p, "in (0, 1]");
+  if (p.top_k < -1) return BadField("top_k", p.top_k, "-1, 0 (off) or positive");
+  if (p.max_tokens < 1) return BadField("max_tokens", p.max_tokens, ">= 1");
+  if (p.logprobs < -1 || p.logprobs > kMaxLogprobs) {
+    return BadField("logprobs", p.logprobs, "in [-1, 20]");
+  }
+  for (int32_t id : p.stop_token_ids) {
+    if (id < 0 || id >= vocab_size) {
+      return BadField("stop_token_ids", id, "token ids in [0, vocab_size)");
+    }
+  }
+  return OkStatus();
+}
+
+int32_t ArgMax(std::span<const float> logits) {
+  PD_CHECK(!logits.empty());
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+float LogSoftmaxAt(std::span<const float> logits, int32_t id) {
+  PD_CHECK(id >= 0 && static_cast<size_t>(id) < logits.size());
+  return static_cast<float>(logits[id] - LogSumExp(logits));
+}
+
+std::vector<std::pair<int32_t, float>> TopLogprobs(std::span<const float> logits, int n) {
+  n = std::min<int>(n, static_cast<int>(logits.size()));
+  if (n <= 0) return {};
+  std::vector<int32_t> ids(logits.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  auto better = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), better);
+  double lse = LogSumExp(logits);
+  std::vector<std::pair<int32_t, float>> top(n);
+  for (int i = 0; i < n; ++i) top[i] = {ids[i], static_cast<float>(logits[ids[i]] - lse)};
+  return top;
+}
+
+RequestSampler::RequestSampler(const SamplingParams& params, uint64_t default_seed)
+    : params_(params), rng_(params.seed.value_or(default_seed)) {}
+
+double RequestSampler::NextUniform() {
+  return static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0);  // 2^-53
+}
+
+SampleResult RequestSampler::Sample(std::span<const float> logits) {
+  SampleResult r;
+  r.token_id = params_.temperature == 0.0f ? ArgMax(logits) : SampleRandom(logits);
+  r.logprob = LogSoftmaxAt(logits, r.token_id);
+  if (params_.logprobs > 0) r.top = TopLogprobs(logits, params_.logprobs);
+  return r;
+}
+
+// Softmax over logits/temperature restricted to the top-k, then to the smallest prefix (best
+// first) whose mass reaches top_p; one uniform draw picks the token by inverse CDF.
+int32_t RequestSampler::SampleRandom(std::span<const float> logits) {
+  const int vocab = static_cast<int>(logits.size());
+  const double u = NextUniform();  // always exactly one draw per token
+  const float inv_t = 1.0f / params_.temperature;
+  scratch_.resize(vocab);
+  for (int i = 0; i < vocab; ++i) scratch_[i] = {logits[i] * inv_t, i};
+  auto better = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  int n = vocab;
+  if (params_.top_k > 0 && params_.top_k < vocab) {
+    n = params_.top_k;
+    std::partial_sort(scratch_.begin(), scratch_.begin() + n, scratch_.end(), better);
+  } else if (params_.top_p < 1.0f) {
+    std::sort(scratch_.begin(), scratch_.end(), better);
+  }
+  float max = scratch_[0].first;
+  for (int i = 1; i < n; ++i) max = std::max(max, scratch_[i].first);
+  std::vector<double>& probs = probs_;
+  probs.resize(n);
+  double sum = 0.0;
+  for (int i = 0; i < n; ++i)
+    sum += probs[i] = std::exp(static_cast<double>(scratch_[i].first) - max);
+  if (params_.top_p < 1.0f) {  // scratch_[0, n) is sorted best first here
+    double keep = params_.top_p * sum, cum = 0.0;
+    int m = 0;
+    while (m < n && cum < keep) cum += probs[m++];
+    n = std::max(m, 1);
+    sum = 0.0;
+    for (int i = 0; i < n; ++i) sum += probs[i];
+  }
+  double target = u * sum, cum = 0.0;
+  for (int i = 0; i < n; ++i) {
+    cum += probs[i];
+    if (target < cum) return scratch_[i].second;
+  }
+  return scratch_[n - 1].second;  // rounding: the last kept token
+}
+
+StopCheck CheckStop(const SamplingParams& params, const StopContext& ctx, int32_t token,
+                    int num_generated, int context_len) {
+  StopCheck check;
+  if (std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), token) !=
+          params.stop_token_ids.end() ||
+      (!params.ignore_eos && ctx.eos_token_id >= 0 && token == ctx.eos_token_id)) {
+    check.reason = FinishReason::kStop;
+    check.stop_token_id = token;
+  } else if (num_generated >= params.max_tokens ||
+             (ctx.max_model_len > 0 && context_len >= ctx.max_model_len)) {
+    check.reason = FinishReason::kLength;
+  }
+  return check;
+}
+
+}  // namespace pd::engine

@@ -1,0 +1,75 @@
+// Token sampling for one request: greedy, temperature, top-k, top-p, a per-request seed, logprobs,
+// and the stop rules that end a request.
+//
+// Each request owns one RequestSampler and so one random generator, which draws exactly one
+// number per sampled token: with a seed, a request's tokens depend only on its own logits, never
+// on which other requests share the batch.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/request.h"
+
+namespace pd::engine {
+
+inline constexpr int kMaxLogprobs = 20;
+
+struct SampleResult {
+  int32_t token_id = 0;
+  float logprob = 0.0f;  // log-softmax of the raw logits (before temperature, top-k, top-p)
+  std::vector<std::pair<int32_t, float>> top;  // the top `logprobs` (id, logprob), best first
+};
+
+// Checks sampling ranges; InvalidArgument names the field and value ("top_p must be in (0, 1],
+// got 1.5"). vocab_size bounds stop_token_ids.
+Status ValidateSamplingParams(const SamplingParams& params, int vocab_size);
+
+// Thread safety: not thread-safe; the engine loop owns each request's sampler.
+class RequestSampler {
+ public:
+  // `default_seed` is used when params.seed is unset (the engine draws one per request).
+  RequestSampler(const SamplingParams& params, uint64_t default_seed);
+
+  // logits: (vocab). Draws one random number unless greedy.
+  SampleResult Sample(std::span<const float> logits);
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  int32_t SampleRandom(std::span<const float> logits);
+  double NextUniform();  // [0, 1), 53 bits, identical on every platform
+
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::vector<std::pair<float, int32_t>> scratch_;  // (vocab): (scaled logit, id)
+  std::vector<double> probs_;                       // (kept tokens): unnormalised probabilities
+};
+
+// Index of the largest logit; the lowest id wins ties.
+int32_t ArgMax(std::span<const float> logits);
+// log_softmax(logits)[id].
+float LogSoftmaxAt(std::span<const float> logits, int32_t id);
+// The n best (id, logprob) of log_softmax(logits), best first, lower id first on ties.
+std::vector<std::pair<int32_t, float>> TopLogprobs(std::span<const float> logits, int n);
+
+struct StopCheck {
+  FinishReason reason = FinishReason::kNone;
+  int32_t stop_token_id = -1;  // the token that stopped it (kStop)
+};
+
+struct StopContext {
+  int eos_token_id = -1;  // -1: none
+  int max_model_len = 0;  // 0: unbounded
+};
+
+// Decides whether the request ends after generating `token` as its num_generated-th token, the
+// sequence now being context_len tokens long. Stop ids and EOS (unless ignore_eos) win over length.
+StopCheck CheckStop(const SamplingParams& params, const StopContext& ctx, int32_t token,
+                    int num_generated, int context_len);
+
+}  // namespace pd::engine

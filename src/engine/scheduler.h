@@ -1,0 +1,134 @@
+// The continuous-batching scheduler: a pure step function in the vLLM v1 style.
+//
+//   ScheduledBatch batch = scheduler.Schedule();   // which chunk of which sequence runs now
+//   ... run the batch (ModelRunner, or a simulator's cost model) ...
+//   scheduler.Update(batch, results);             // append sampled tokens, retire finished ones
+//
+// It knows sequences, token counts and a PagePool, nothing of the model: the engine drives it with
+// a ModelRunner, the planner's simulator with a SimClock and a fake executor.
+//
+// Policy, per step:
+//   1. running sequences that decode (one token each), oldest first;
+//   2. running sequences still prefilling (a chunk each), oldest first;
+//   3. waiting sequences, FCFS, while max_num_seqs and the token budget allow; a prompt larger
+//      than the remaining budget gets a chunk (enable_chunked_prefill) or waits.
+// Pages are allocated as positions grow. When a running sequence needs a page and the pool is
+// empty, the newest running sequence is preempted by recompute: its pages are released and it goes
+// back to the front of the waiting queue, to re-prefill its prompt and generated tokens. No
+// waiting sequence is admitted in a step that preempted.
+//
+// Callers guarantee progress: a sequence at its longest (prompt + max tokens) fits in the pool,
+// and, without chunked prefill, in one step's budget (the Engine checks both).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "engine/engine.h"
+#include "engine/kv_cache.h"
+
+namespace pd::engine {
+
+enum class SeqState { kWaiting, kRunning };
+
+// One sequence as the scheduler sees it.
+struct Sequence {
+  int64_t id = 0;
+  std::vector<int32_t> token_ids;  // prompt, then generated tokens
+  int num_prompt_tokens = 0;
+  int num_computed_tokens = 0;      // leading tokens whose KV is in the cache
+  std::vector<int32_t> page_table;  // covers num_computed_tokens (+ the scheduled chunk)
+  SeqState state = SeqState::kWaiting;
+  double arrival_time = 0.0;
+  double first_scheduled_time = -1.0;  // -1 until first scheduled
+  int num_preemptions = 0;
+
+  int num_tokens() const { return static_cast<int>(token_ids.size()); }
+  int num_generated_tokens() const { return num_tokens() - num_prompt_tokens; }
+};
+
+// One sequence's part of a step: tokens [start_pos, start_pos + num_tokens) of `seq`.
+struct ScheduledSeq {
+  const Sequence* seq = nullptr;  // valid until Update, Abort or the next Schedule
+  int64_t seq_id = 0;
+  int start_pos = 0;
+  int num_tokens = 0;
+  bool is_decode = false;  // one token after the prompt (and any re-prefill) was computed
+  bool samples = false;    // the chunk ends at the sequence's last token: the step yields a token
+  int context_len() const { return start_pos + num_tokens; }
+};
+
+struct ScheduledBatch {
+  std::vector<ScheduledSeq> seqs;  // decodes first, then prefill chunks
+  int num_prefill_tokens = 0;
+  int num_decode_tokens = 0;
+  std::vector<int64_t> preempted_seq_ids;  // preempted while building this batch
+  double time = 0.0;                       // clock seconds when scheduled
+  bool empty() const { return seqs.empty(); }
+  int num_tokens() const { return num_prefill_tokens + num_decode_tokens; }
+};
+
+// What the step produced for one scheduled sequence.
+struct SeqUpdate {
+  int64_t seq_id = 0;
+  int32_t new_token_id = -1;  // appended when the scheduled chunk `samples`; ignored otherwise
+  bool finished = false;      // release the sequence (only meaningful when it sampled)
+};
+
+// Thread safety: not thread-safe; one thread (the engine loop or the simulator) calls everything.
+class Scheduler {
+ public:
+  // `pool` and `clock` are borrowed and must outlive the scheduler.
+  Scheduler(const SchedulerOptions& options, PagePool* pool, int page_size, const Clock* clock);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a new sequence (waiting, FCFS by call order). AlreadyExists for a live id;
+  // InvalidArgument for an empty prompt.
+  Status AddSequence(int64_t id, std::vector<int32_t> prompt_ids, double arrival_time);
+  // Removes the sequence wherever it is and releases its pages now. False if unknown.
+  // Not to be called between Schedule and Update for a sequence of that batch.
+  bool Abort(int64_t id);
+
+  ScheduledBatch Schedule();
+  // Advances every scheduled sequence by its chunk, appends sampled tokens and releases finished
+  // sequences. Updates for ids no longer known (aborted) are ignored.
+  void Update(const ScheduledBatch& batch, std::span<const SeqUpdate> updates);
+
+  const Sequence* Find(int64_t id) const;
+  bool HasWork() const { return !waiting_.empty() || !running_.empty(); }
+  int num_waiting() const { return static_cast<int>(waiting_.size()); }
+  int num_running() const { return static_cast<int>(running_.size()); }
+  int64_t num_preemptions() const { return num_preemptions_; }
+  int page_size() const { return page_size_; }
+  // Pages a sequence of num_tokens tokens occupies.
+  int PagesFor(int num_tokens) const { return (num_tokens + page_size_ - 1) / page_size_; }
+  const SchedulerOptions& options() const { return options_; }
+  const PagePool& pool() const { return *pool_; }
+
+ private:
+  struct StepState;
+  bool GrowPages(Sequence* seq, int num_tokens);
+  void Preempt(Sequence* seq);
+  void ScheduleRunning(StepState* step, bool decodes);
+  void ScheduleWaiting(StepState* step);
+  Sequence* PickVictim();
+
+  const SchedulerOptions options_;
+  PagePool* const pool_;
+  const int page_size_;
+  const Clock* const clock_;
+  std::unordered_map<int64_t, std::unique_ptr<Sequence>> seqs_;
+  std::deque<Sequence*> waiting_;   // FCFS; preempted sequences go to the front
+  std::vector<Sequence*> running_;  // in admission order: back() is the newest
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace pd::engine
