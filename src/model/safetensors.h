@@ -5,6 +5,7 @@
 // Thread safety: immutable after Open; views stay valid while the Checkpoint lives.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -50,6 +51,7 @@ class Checkpoint {
 
  private:
   std::string dir_;
+  std::string source_;  // "model.safetensors" or "model.safetensors.index.json", for errors
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, std::pair<const SafetensorsFile*, TensorView>> index_;
 };
@@ -67,5 +69,13 @@ Status WriteSafetensors(const std::string& path, const std::vector<NamedTensor>&
 // model-0000i-of-0000n.safetensors plus model.safetensors.index.json into dir.
 Status WriteShardedSafetensors(const std::string& dir, const std::vector<NamedTensor>& tensors,
                                size_t max_shard_bytes);
+
+// Streaming form of the two writers above, for checkpoints too large to hold in memory:
+// `tensors` gives names, dtypes and shapes (bytes left empty); `fill(i, &bytes)` then produces
+// tensor i's bytes (exactly its size) just before they are written. max_shard_bytes == 0 writes
+// one model.safetensors; otherwise shards plus model.safetensors.index.json.
+using TensorFiller = std::function<Status(size_t index, std::vector<uint8_t>* bytes)>;
+Status WriteCheckpointStreaming(const std::string& dir, const std::vector<NamedTensor>& tensors,
+                                size_t max_shard_bytes, const TensorFiller& fill);
 
 }  // namespace pd::model
