@@ -4,16 +4,17 @@
 // Callers submit work (writes, paged writes, control messages, registrations) from any thread; the
 // worker posts it to the endpoint, drives progress by reading the completion queue, and reports
 // each transfer exactly once through its Completion. -FI_EAGAIN from a post means "read the CQ,
-// then retry". A transfer that has not completed `op_timeout_s` after its first post fails with
-// DeadlineExceeded; a completion error fails it with a Status naming the libfabric call and the
-// provider's error text. Once a transfer has failed or been cancelled its outstanding operations
-// are abandoned: their completions are swallowed, and the source region cannot be deregistered
-// until they come back.
+// then retry". A transfer that makes no progress (no operation posted or completed) for
+// `op_timeout_s` fails with DeadlineExceeded, so a dead or silent peer never hangs a caller; a
+// completion error fails it with a Status naming the libfabric call and the provider's error text.
+// Once a transfer has failed or been cancelled its outstanding operations are abandoned: their
+// completions are swallowed, and the source region cannot be deregistered until they come back.
 //
 // The domain honours what the provider asks for: mr_mode bits (FI_MR_LOCAL descriptors,
 // FI_MR_VIRT_ADDR vs offset addressing, FI_MR_PROV_KEY keys, FI_MR_ENDPOINT binding), mode bits
 // (FI_CONTEXT/FI_CONTEXT2 per-operation contexts, FI_RX_CQ_DATA receive buffers consumed by remote
-// CQ data), cq_data_size (immediates need 4 bytes), inject_size and max_msg_size.
+// CQ data), cq_data_size (immediates need 4 bytes) and max_msg_size. Every operation uses one
+// registered iov, so inject_size and rma_iov_limit are reported in DomainInfo but never limit it.
 //
 // Thread safety: all public methods are thread-safe. Completions, message handlers and imm
 // callbacks run on the worker thread and must not block or call blocking Domain methods
@@ -54,7 +55,11 @@ struct DomainOptions {
   uint32_t num_recv_buffers = 64;              // posted receives for control messages
   uint32_t num_send_buffers = 32;
   uint32_t message_bytes = 4096;  // largest control message
-  double op_timeout_s = 10.0;     // a transfer older than this fails with DeadlineExceeded
+  // Writes complete when the target has placed the data (FI_DELIVERY_COMPLETE) rather than when
+  // the source buffer may be reused: a key the target rejects then fails the write on the
+  // initiator, also on providers (tcp) that would otherwise report success.
+  bool delivery_complete = true;
+  double op_timeout_s = 10.0;  // a transfer without progress this long: DeadlineExceeded
   // Shared by the domains of a group so writes spread over NICs count together; null: own table.
   std::shared_ptr<ImmCounterTable> imm_counters;
   MessageHandler on_message;

@@ -38,7 +38,7 @@ void DomainWorker::Run() {
     }
     if (++idle < kSpinPolls) continue;
     idle = 0;
-    Block(inflight_.empty() ? 200 : 10);
+    Block(transfers_.empty() ? 200 : 10);  // short naps while deadlines run
   }
   // Shutting down: every transfer still known fails, so no caller waits forever.
   std::vector<Transfer*> open;
@@ -74,6 +74,7 @@ void DomainWorker::Block(int timeout_ms) {
 
 void DomainWorker::DoSubmit(std::unique_ptr<Transfer> transfer) {
   Transfer* t = transfer.get();
+  t->last_progress = Now();
   transfers_.emplace(t->id, std::move(transfer));
   pending_.push_back(t->id);
 }
@@ -129,13 +130,15 @@ ssize_t DomainWorker::PostWrite(Transfer* t) {
   msg.rma_iov_count = 1;
   msg.context = &ctx->fi_ctx;
   msg.data = r.imm.value_or(0);
-  uint64_t flags = FI_COMPLETION | (r.imm ? FI_REMOTE_CQ_DATA : 0);
+  uint64_t flags = FI_COMPLETION | (r.imm ? FI_REMOTE_CQ_DATA : 0) |
+                   (options_.delivery_complete ? FI_DELIVERY_COMPLETE : 0);
   ssize_t rc = fi_writemsg(ep_.get(), &msg, flags);
   if (rc != 0) {
     FreeContext(ctx);
     return rc;
   }
   ++region->second.users;
+  t->last_progress = Now();
   inflight_.insert(ctx);
   ++live_inflight_;
   ++t->inflight;
@@ -164,6 +167,7 @@ ssize_t DomainWorker::PostSend(Transfer* t) {
     return rc;
   }
   free_send_.pop_back();
+  t->last_progress = Now();
   inflight_.insert(ctx);
   ++live_inflight_;
   ++t->inflight;
@@ -240,7 +244,9 @@ void DomainWorker::OnOpDone(OpContext* ctx, const Status& status) {
   }
   Transfer* t = ctx->transfer;
   FreeContext(ctx);
+  last_completion_ = Now();
   if (t == nullptr) return;  // abandoned: its transfer already failed or was cancelled
+  t->last_progress = last_completion_;
   --live_inflight_;
   --t->inflight;
   if (!status.ok()) {
@@ -265,19 +271,25 @@ void DomainWorker::Finish(Transfer* t, const Status& status) {
   if (owned->done) owned->done(status);
 }
 
+// A transfer fails with DeadlineExceeded when it has made no progress for op_timeout_s: none of
+// its operations was posted or completed. One that has not started yet is only stuck when the
+// whole domain is (no completion of anything for that long), so a long transfer ahead of it in
+// the queue does not time it out.
 void DomainWorker::CheckDeadlines() {
   double now = Now();
-  if (now < next_deadline_check_ || inflight_.empty()) return;
+  if (now < next_deadline_check_ || transfers_.empty()) return;
   next_deadline_check_ = now + kDeadlineScanS;
   std::vector<TransferId> overdue;
-  for (OpContext* ctx : inflight_) {
-    if (ctx->transfer != nullptr && ctx->deadline < now) overdue.push_back(ctx->transfer->id);
+  for (auto& [id, t] : transfers_) {
+    bool started = t->next > 0;
+    double since = started ? t->last_progress : std::max(t->last_progress, last_completion_);
+    if (now - since > options_.op_timeout_s) overdue.push_back(id);
   }
   for (TransferId id : overdue) {
     auto it = transfers_.find(id);
-    if (it == transfers_.end()) continue;  // already failed through another op
+    if (it == transfers_.end()) continue;  // a callback failed it meanwhile
     Finish(it->second.get(),
-           DeadlineExceeded("transfer " + std::to_string(id) + ": no completion within " +
+           DeadlineExceeded("transfer " + std::to_string(id) + ": no progress for " +
                             std::to_string(options_.op_timeout_s) + " s (peer gone?)"));
   }
 }
@@ -293,7 +305,6 @@ OpContext* DomainWorker::NewContext(OpContext::Kind kind, Transfer* t) {
   *ctx = OpContext{};
   ctx->kind = kind;
   ctx->transfer = t;
-  ctx->deadline = Now() + options_.op_timeout_s;
   return ctx.release();
 }
 

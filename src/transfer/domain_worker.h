@@ -28,12 +28,13 @@ struct Transfer {
   enum class Kind { kWrite, kSend };
   TransferId id = 0;
   Kind kind = Kind::kWrite;
-  PagedWriteRequest write;  // kWrite
-  PeerAddr peer;            // kSend
-  std::string message;      // kSend
-  size_t total = 0;         // operations to post
-  size_t next = 0;          // next operation to post
-  size_t inflight = 0;      // posted, not completed
+  PagedWriteRequest write;   // kWrite
+  PeerAddr peer;             // kSend
+  std::string message;       // kSend
+  size_t total = 0;          // operations to post
+  size_t next = 0;           // next operation to post
+  size_t inflight = 0;       // posted, not completed
+  double last_progress = 0;  // submit, or the last post or completion of one of its operations
   Completion done;
 };
 
@@ -46,7 +47,6 @@ struct OpContext {
   Transfer* transfer = nullptr;  // null once abandoned
   uint64_t region_id = 0;        // source region of a write
   uint32_t buffer = 0;           // send or receive buffer index
-  double deadline = 0;           // monotonic seconds
 };
 
 struct RegionState {
@@ -138,6 +138,7 @@ class DomainWorker {
   std::vector<std::unique_ptr<OpContext>> free_ctx_;
   size_t live_inflight_ = 0;  // inflight operations whose transfer is still alive
   double next_deadline_check_ = 0;
+  double last_completion_ = 0;  // any write or send of this domain completed
 
   std::mutex mu_;
   std::vector<std::function<void()>> commands_;  // GUARDED_BY(mu_)

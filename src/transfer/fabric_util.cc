@@ -25,6 +25,7 @@ StatusCode FabricErrorCode(int err) {
     case FI_ESHUTDOWN:
     case FI_EADDRNOTAVAIL:
     case FI_EIO:
+    case FI_ECANCELED:  // we never fi_cancel writes: the provider aborted it (connection torn down)
       return StatusCode::kUnavailable;
     case FI_EINVAL:
     case FI_EACCES:
@@ -40,8 +41,6 @@ StatusCode FabricErrorCode(int err) {
     case FI_ENOMEM:
     case FI_ENOSPC:
       return StatusCode::kResourceExhausted;
-    case FI_ECANCELED:
-      return StatusCode::kCancelled;
     case FI_ETIMEDOUT:
       return StatusCode::kDeadlineExceeded;
     case FI_ENOSYS:
