@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config clang-format
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libcpp-httplib-dev
-  libfabric-dev libfabric-bin libhwloc-dev libopenblas-dev
+  libfabric-dev libfabric-bin libhwloc-dev libopenblas-dev libpcre2-dev
   libssl-dev
   python3 python3-numpy
 )
