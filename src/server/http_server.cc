@@ -1,0 +1,323 @@
+#include "server/http_server.h"
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+
+#include "common/log.h"
+#include "server/generation.h"
+#include "server/openai_response.h"
+
+namespace pd::server {
+
+using json = nlohmann::json;
+
+namespace {
+
+constexpr auto kPollInterval = std::chrono::milliseconds(50);
+
+// Holds one slot of the server-side in-flight cap for as long as it lives.
+class InflightSlot {
+ public:
+  explicit InflightSlot(std::atomic<int>* counter) : counter_(counter) { counter_->fetch_add(1); }
+  ~InflightSlot() { counter_->fetch_sub(1); }
+  InflightSlot(const InflightSlot&) = delete;
+  InflightSlot& operator=(const InflightSlot&) = delete;
+
+ private:
+  std::atomic<int>* counter_;
+};
+
+// What a streaming response keeps between calls of its content provider.
+struct StreamState {
+  std::unique_ptr<Generation> generation;
+  std::unique_ptr<ResponseBuilder> builder;
+  std::unique_ptr<InflightSlot> slot;
+  bool role_sent = false;
+  bool include_usage = false;
+};
+
+int64_t UnixSeconds() { return static_cast<int64_t>(std::time(nullptr)); }
+
+}  // namespace
+
+OpenAiServer::OpenAiServer(const ServerOptions& options, engine::AsyncEngine* engine,
+                           const model::Tokenizer* tokenizer)
+    : options_(options),
+      engine_(engine),
+      tokenizer_(tokenizer),
+      metrics_(options.served_model_name),
+      http_(options.http),
+      start_time_(UnixSeconds()) {
+  limits_.served_model_name = options.served_model_name;
+  limits_.max_model_len = options.max_model_len;
+  limits_.vocab_size = tokenizer->vocab_size();
+  limits_.max_logprobs = options.max_logprobs;
+}
+
+Result<std::unique_ptr<OpenAiServer>> OpenAiServer::Create(const ServerOptions& options,
+                                                           engine::AsyncEngine* engine,
+                                                           const model::Tokenizer* tokenizer) {
+  if (engine == nullptr || tokenizer == nullptr)
+    return InvalidArgument("server: engine and tokenizer are required");
+  if (options.served_model_name.empty())
+    return InvalidArgument("server: served model name is empty");
+  if (options.max_model_len < 2) return InvalidArgument("server: max_model_len must be at least 2");
+  if (options.http.num_threads < 1)
+    return InvalidArgument("server: at least one HTTP thread is required");
+  std::unique_ptr<OpenAiServer> server(new OpenAiServer(options, engine, tokenizer));
+  server->metrics_.registry.AddCollectHook([s = server.get()] {
+    const engine::EngineStats stats = s->engine_->stats();
+    const Labels labels = s->metrics_.model_labels();
+    s->metrics_.num_running->Set(labels, stats.num_running);
+    s->metrics_.num_waiting->Set(labels, stats.num_waiting);
+    s->metrics_.kv_cache_usage->Set(labels, stats.kv_cache_usage());
+  });
+  server->RegisterRoutes();
+  return server;
+}
+
+OpenAiServer::~OpenAiServer() { Stop(); }
+
+Status OpenAiServer::Start() {
+  if (options_.port == 0) {
+    port_ = http_.bind_to_any_port(options_.host);
+    if (port_ <= 0) return Unavailable("server: cannot bind " + options_.host + " to any port");
+  } else {
+    if (!http_.bind_to_port(options_.host, options_.port))
+      return Unavailable("server: cannot bind " + options_.host + ":" +
+                         std::to_string(options_.port));
+    port_ = options_.port;
+  }
+  http_.SetListenBacklog(1024);
+  listen_thread_ = std::thread([this] { http_.listen_after_bind(); });
+  PD_LOG_INFO("serving {} on http://{}:{}", options_.served_model_name, options_.host, port_);
+  return OkStatus();
+}
+
+void OpenAiServer::Stop() {
+  if (stopping_.exchange(true)) return;
+  http_.stop();
+  if (listen_thread_.joinable()) listen_thread_.join();
+}
+
+void OpenAiServer::SendError(httplib::Response& res, int http_status,
+                             const std::string& message) const {
+  res.status = http_status;
+  if (http_status == 429 || http_status == 503)
+    res.set_header("Retry-After", std::to_string(options_.http.retry_after_s));
+  res.set_content(ErrorBody(http_status, message), "application/json");
+}
+
+void OpenAiServer::SendStatus(httplib::Response& res, const Status& status) const {
+  SendError(res, HttpStatusFor(status), status.message());
+}
+
+bool OpenAiServer::Authorized(const httplib::Request& req, httplib::Response& res) const {
+  if (options_.api_key.empty()) return true;
+  if (req.get_header_value("Authorization") == "Bearer " + options_.api_key) return true;
+  SendError(res, 401,
+            req.has_header("Authorization") ? "invalid API key"
+                                            : "missing 'Authorization: Bearer <api key>' header");
+  return false;
+}
+
+void OpenAiServer::RegisterRoutes() {
+  http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (stopping_) return SendError(res, 503, "server is shutting down");
+    res.status = 200;
+  });
+  http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_.registry.Render(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  http_.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+    if (Authorized(req, res)) HandleModels(res);
+  });
+  http_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleGenerate(ApiKind::kCompletion, req, res);
+  });
+  http_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleGenerate(ApiKind::kChat, req, res);
+  });
+  http_.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleTokenize(req, res);
+  });
+  http_.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleDetokenize(req, res);
+  });
+}
+
+void OpenAiServer::HandleModels(httplib::Response& res) const {
+  json model = {{"id", options_.served_model_name},
+                {"object", "model"},
+                {"created", start_time_},
+                {"owned_by", "pdserve"},
+                {"root", options_.model_path},
+                {"parent", nullptr},
+                {"max_model_len", options_.max_model_len}};
+  res.set_content(DumpJson(json{{"object", "list"}, {"data", json::array({model})}}),
+                  "application/json");
+}
+
+std::vector<int32_t> OpenAiServer::EncodePrompt(const std::string& text,
+                                                bool add_special_tokens) const {
+  std::vector<int32_t> ids;
+  auto bos = tokenizer_->bos_token_id();
+  if (add_special_tokens && bos) ids.push_back(*bos);
+  std::vector<int32_t> body = tokenizer_->Encode(text);
+  if (!ids.empty() && !body.empty() && body.front() == ids.front())
+    ids.clear();  // BOS written in the text
+  ids.insert(ids.end(), body.begin(), body.end());
+  return ids;
+}
+
+Result<std::vector<int32_t>> OpenAiServer::Tokenize(const GenerateRequest& request) const {
+  if (request.kind == ApiKind::kChat) {
+    auto text = tokenizer_->ApplyChatTemplate(request.messages, request.add_generation_prompt);
+    if (!text.ok())
+      return InvalidArgument("cannot apply the chat template: " + text.status().message());
+    return tokenizer_->Encode(*text);
+  }
+  if (request.prompt_text) return EncodePrompt(*request.prompt_text, true);
+  return request.prompt_ids;
+}
+
+void OpenAiServer::HandleGenerate(ApiKind kind, const httplib::Request& req,
+                                  httplib::Response& res) {
+  if (!Authorized(req, res)) return;
+  if (req.body.size() > options_.http.max_body_bytes)
+    return SendError(res, 413,
+                     "request body exceeds the limit of " +
+                         std::to_string(options_.http.max_body_bytes) + " bytes");
+  auto parsed = ParseGenerateRequest(kind, req.body, limits_);
+  if (!parsed.ok()) return SendStatus(res, parsed.status());
+  GenerateRequest request = std::move(parsed).value();
+  auto ids = Tokenize(request);
+  if (!ids.ok()) return SendStatus(res, ids.status());
+  if (Status st = FinalizeGenerateRequest(*ids, limits_, &request); !st.ok())
+    return SendStatus(res, st);
+  if (stopping_) return SendError(res, 503, "server is shutting down");
+  if (options_.max_inflight_requests > 0 && inflight_.load() >= options_.max_inflight_requests)
+    return SendError(res, 503,
+                     "server overloaded: " + std::to_string(options_.max_inflight_requests) +
+                         " requests in flight; retry later");
+  auto slot = std::make_unique<InflightSlot>(&inflight_);
+  const int num_prompt = static_cast<int>(ids->size());
+  auto started =
+      Generation::Start(*engine_, *tokenizer_, metrics_, std::move(ids).value(), request);
+  if (!started.ok()) {
+    const Status& st = started.status();
+    if (st.code() == StatusCode::kResourceExhausted)
+      return SendError(res, 429, "server overloaded: " + st.message() + "; retry later");
+    return SendStatus(res, st);
+  }
+  ResponseFormat format;
+  format.kind = kind;
+  char id[40];
+  std::snprintf(id, sizeof(id), "%s-%016llx%08llx", kind == ApiKind::kChat ? "chatcmpl" : "cmpl",
+                static_cast<unsigned long long>(next_id_.fetch_add(1)),
+                static_cast<unsigned long long>(start_time_ & 0xffffffff));
+  format.id = id;
+  format.created = UnixSeconds();
+  format.model = options_.served_model_name;
+  format.num_logprobs = request.num_logprobs;
+  format.return_tokens_as_token_ids = request.return_tokens_as_token_ids;
+  format.include_usage = request.include_usage;
+  (void)num_prompt;
+
+  auto state = std::make_shared<StreamState>();
+  state->generation = std::move(started).value();
+  state->builder = std::make_unique<ResponseBuilder>(format, *tokenizer_);
+  state->slot = std::move(slot);
+  state->include_usage = request.include_usage;
+  state->role_sent = kind != ApiKind::kChat;
+
+  if (!request.stream) {
+    Generation& gen = *state->generation;
+    while (!gen.finished()) {
+      if (stopping_ || LimitedHttpServer::CurrentPeerClosed()) {
+        gen.Abort();
+        return SendError(res, 503, "request aborted");
+      }
+      for (const TextDelta& delta : gen.Next(kPollInterval)) {
+        if (delta.finished && delta.finish_reason == "error")
+          return SendError(res, 500, "generation failed: " + delta.error.message());
+        state->builder->Accumulate(delta);
+      }
+    }
+    const auto stats = gen.stats();
+    res.set_content(state->builder->Final(stats.prompt_tokens, stats.completion_tokens),
+                    "application/json");
+    return;
+  }
+
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, state](size_t, httplib::DataSink& sink) -> bool {
+        auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
+        if (!state->role_sent) {
+          state->role_sent = true;
+          return write(state->builder->RoleChunk());
+        }
+        Generation& gen = *state->generation;
+        for (;;) {
+          if (stopping_ || !sink.is_writable()) {
+            gen.Abort();
+            return false;  // closes the connection
+          }
+          std::vector<TextDelta> deltas = gen.Next(kPollInterval);
+          for (const TextDelta& delta : deltas) {
+            std::string event =
+                delta.finish_reason == "error"
+                    ? "data: " + ErrorBody(500, "generation failed: " + delta.error.message()) +
+                          "\n\n"
+                    : state->builder->Chunk(delta);
+            if (!write(event)) {
+              gen.Abort();
+              return false;
+            }
+            if (!delta.finished) continue;
+            const auto stats = gen.stats();
+            if (state->include_usage &&
+                !write(state->builder->UsageChunk(stats.prompt_tokens, stats.completion_tokens)))
+              return false;
+            if (!write(ResponseBuilder::DoneEvent())) return false;
+            sink.done();
+            return true;
+          }
+          if (!deltas.empty()) return true;
+        }
+      },
+      [state](bool /*success*/) {
+        // Destroying the generation aborts its engine request if it has not finished.
+        state->generation.reset();
+        state->slot.reset();
+      });
+}
+
+void OpenAiServer::HandleTokenize(const httplib::Request& req, httplib::Response& res) {
+  auto parsed = ParseTokenizeRequest(req.body, limits_);
+  if (!parsed.ok()) return SendStatus(res, parsed.status());
+  std::vector<int32_t> ids;
+  if (parsed->prompt) {
+    ids = EncodePrompt(*parsed->prompt, parsed->add_special_tokens);
+  } else {
+    auto text = tokenizer_->ApplyChatTemplate(parsed->messages, parsed->add_generation_prompt);
+    if (!text.ok())
+      return SendError(res, 400, "cannot apply the chat template: " + text.status().message());
+    ids = tokenizer_->Encode(*text);
+  }
+  json body = {{"count", ids.size()}, {"max_model_len", options_.max_model_len}, {"tokens", ids}};
+  res.set_content(DumpJson(body), "application/json");
+}
+
+void OpenAiServer::HandleDetokenize(const httplib::Request& req, httplib::Response& res) {
+  auto ids = ParseDetokenizeRequest(req.body, limits_);
+  if (!ids.ok()) return SendStatus(res, ids.status());
+  auto text = tokenizer_->Decode(*ids);
+  if (!text.ok()) return SendStatus(res, text.status());
+  res.set_content(DumpJson(json{{"prompt", *text}}), "application/json");
+}
+
+}  // namespace pd::server

@@ -1,0 +1,79 @@
+// The OpenAI-compatible HTTP server of one colocated instance:
+//   POST /v1/completions, POST /v1/chat/completions (JSON or SSE streams ending "data: [DONE]"),
+//   GET /v1/models, GET /health, GET /metrics, POST /tokenize, POST /detokenize.
+// HTTP threads submit to the AsyncEngine and wait on a per-request channel fed by the engine's
+// callback; a client that disconnects has its request aborted at once.
+//
+// Thread safety: Start/Stop from one thread; handlers run on the HTTP pool's threads.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "common/status.h"
+#include "engine/async_engine.h"
+#include "model/tokenizer.h"
+#include "server/http_transport.h"
+#include "server/metrics.h"
+#include "server/openai_protocol.h"
+
+namespace pd::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;  // 0: any free port (see port())
+  std::string served_model_name;
+  std::string model_path;  // reported by /v1/models
+  std::string api_key;     // non-empty: /v1/* need "Authorization: Bearer <api_key>"
+  int max_model_len = 4096;
+  int max_inflight_requests = 0;  // generation requests in flight; 0: limited by the engine only
+  int max_logprobs = 20;
+  HttpLimits http;
+};
+
+class OpenAiServer {
+ public:
+  // engine and tokenizer are borrowed and must outlive the server.
+  static Result<std::unique_ptr<OpenAiServer>> Create(const ServerOptions& options,
+                                                      engine::AsyncEngine* engine,
+                                                      const model::Tokenizer* tokenizer);
+  ~OpenAiServer();
+
+  // Binds and serves on a background thread. Unavailable when the address cannot be bound.
+  Status Start();
+  // Stops accepting, aborts in-flight requests and joins the HTTP threads. Idempotent.
+  void Stop();
+  int port() const { return port_; }
+  ServingMetrics& metrics() { return metrics_; }
+
+ private:
+  OpenAiServer(const ServerOptions& options, engine::AsyncEngine* engine,
+               const model::Tokenizer* tokenizer);
+  void RegisterRoutes();
+  bool Authorized(const httplib::Request& req, httplib::Response& res) const;
+  void HandleGenerate(ApiKind kind, const httplib::Request& req, httplib::Response& res);
+  void HandleTokenize(const httplib::Request& req, httplib::Response& res);
+  void HandleDetokenize(const httplib::Request& req, httplib::Response& res);
+  void HandleModels(httplib::Response& res) const;
+  Result<std::vector<int32_t>> Tokenize(const struct GenerateRequest& request) const;
+  std::vector<int32_t> EncodePrompt(const std::string& text, bool add_special_tokens) const;
+  void SendError(httplib::Response& res, int http_status, const std::string& message) const;
+  void SendStatus(httplib::Response& res, const Status& status) const;
+
+  const ServerOptions options_;
+  engine::AsyncEngine* const engine_;
+  const model::Tokenizer* const tokenizer_;
+  ProtocolLimits limits_;
+  ServingMetrics metrics_;
+  LimitedHttpServer http_;
+  std::thread listen_thread_;
+  int port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> inflight_{0};
+  std::atomic<uint64_t> next_id_{0};
+  const int64_t start_time_;
+};
+
+}  // namespace pd::server

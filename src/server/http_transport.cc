@@ -1,0 +1,371 @@
+#include "server/http_transport.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/log.h"
+#include "server/openai_protocol.h"
+
+namespace pd::server {
+
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+int64_t MillisUntil(SteadyClock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+  return std::max<int64_t>(0, left.count());
+}
+
+// poll() for `events`, retrying on EINTR. True when ready (or the peer hung up).
+bool PollFor(int fd, short events, int64_t timeout_ms) {
+  pollfd p{fd, events, 0};
+  auto deadline = SteadyClock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    int rc = ::poll(&p, 1, static_cast<int>(MillisUntil(deadline)));
+    if (rc > 0) return true;
+    if (rc == 0) return false;
+    if (errno != EINTR) return false;
+  }
+}
+
+void AddrToString(const sockaddr_storage& addr, std::string& ip, int& port) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (addr.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&addr);
+    ::inet_ntop(AF_INET, &a->sin_addr, buf, sizeof(buf));
+    port = ntohs(a->sin_port);
+  } else if (addr.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&addr);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, buf, sizeof(buf));
+    port = ntohs(a->sin6_port);
+  }
+  ip = buf;
+}
+
+}  // namespace
+
+// A socket stream that reads through a buffer and enforces the per-request byte budget.
+class BudgetedSocketStream final : public httplib::Stream {
+ public:
+  BudgetedSocketStream(int fd, const HttpLimits& limits) : fd_(fd), limits_(limits) {}
+
+  void BeginRequest() {
+    phase_ = LimitHit::kHeaders;
+    hit_ = LimitHit::kNone;
+    remaining_ = limits_.max_header_bytes;
+    head_deadline_ = SteadyClock::now() + std::chrono::milliseconds(limits_.read_timeout_ms);
+  }
+  void HeadersDone() {
+    phase_ = LimitHit::kBody;
+    // Chunk-size lines and CRLFs travel with a chunked body; allow them on top of the body.
+    remaining_ = limits_.max_body_bytes + limits_.max_body_bytes / 8 + 4096;
+  }
+  LimitHit hit() const { return hit_; }
+  bool must_close() const { return must_close_; }
+  void set_must_close() { must_close_ = true; }
+  bool HasBuffered() const { return buf_off_ < buf_len_; }
+
+  bool PeerClosed() const {
+    if (HasBuffered()) return false;
+    char c;
+    ssize_t n = ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0) return true;
+    return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+  }
+
+  bool is_readable() const override {
+    return HasBuffered() || PollFor(fd_, POLLIN, ReadTimeoutMs());
+  }
+  bool is_writable() const override {
+    return PollFor(fd_, POLLOUT, limits_.write_timeout_ms) && !PeerClosed();
+  }
+
+  ssize_t read(char* ptr, size_t size) override {
+    if (remaining_ == 0) {
+      hit_ = phase_;
+      must_close_ = true;
+      return -1;
+    }
+    size = std::min(size, remaining_);
+    if (!HasBuffered()) {
+      if (!PollFor(fd_, POLLIN, ReadTimeoutMs())) return -1;
+      ssize_t n;
+      do {
+        n = ::recv(fd_, buf_, sizeof(buf_), 0);
+      } while (n < 0 && errno == EINTR);
+      if (n <= 0) return n;
+      buf_off_ = 0;
+      buf_len_ = static_cast<size_t>(n);
+    }
+    size_t n = std::min(size, buf_len_ - buf_off_);
+    std::memcpy(ptr, buf_ + buf_off_, n);
+    buf_off_ += n;
+    remaining_ -= n;
+    return static_cast<ssize_t>(n);
+  }
+
+  ssize_t write(const char* ptr, size_t size) override {
+    if (!PollFor(fd_, POLLOUT, limits_.write_timeout_ms)) return -1;
+    ssize_t n;
+    do {
+      n = ::send(fd_, ptr, size, MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    return n;
+  }
+
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    if (::getpeername(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+      AddrToString(addr, ip, port);
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    if (::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+      AddrToString(addr, ip, port);
+  }
+  socket_t socket() const override { return fd_; }
+
+ private:
+  // The request head must arrive within read_timeout_ms in total (no slow-header trickle).
+  int64_t ReadTimeoutMs() const {
+    if (phase_ == LimitHit::kHeaders)
+      return std::min<int64_t>(limits_.read_timeout_ms, MillisUntil(head_deadline_));
+    return limits_.read_timeout_ms;
+  }
+
+  const int fd_;
+  const HttpLimits& limits_;
+  LimitHit phase_ = LimitHit::kHeaders;
+  LimitHit hit_ = LimitHit::kNone;
+  size_t remaining_ = 0;
+  SteadyClock::time_point head_deadline_;
+  bool must_close_ = false;
+  char buf_[4096];
+  size_t buf_off_ = 0;
+  size_t buf_len_ = 0;
+};
+
+namespace {
+
+thread_local BudgetedSocketStream* tl_stream = nullptr;
+thread_local bool tl_reject = false;
+
+// A fixed pool of threads and a bounded queue of accepted connections. When the queue is full
+// the connection's task runs at once on the accepting thread with tl_reject set, which answers
+// 503 without reading the request.
+class BoundedThreadPool final : public httplib::TaskQueue {
+ public:
+  BoundedThreadPool(int num_threads, int max_queued)
+      : max_queued_(static_cast<size_t>(max_queued)) {
+    for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this] { Work(); });
+  }
+
+  void enqueue(std::function<void()> fn) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!shutdown_ && jobs_.size() < max_queued_) {
+        jobs_.push_back(std::move(fn));
+        cv_.notify_one();
+        return;
+      }
+    }
+    tl_reject = true;
+    fn();
+    tl_reject = false;
+  }
+
+  void shutdown() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      shutdown_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+
+ private:
+  void Work() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return shutdown_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // shutting down and drained
+        fn = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      fn();
+    }
+  }
+
+  const size_t max_queued_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;  // GUARDED_BY(mu_)
+  bool shutdown_ = false;                   // GUARDED_BY(mu_)
+  std::vector<std::thread> threads_;
+};
+
+std::string LimitMessage(LimitHit hit, const HttpLimits& limits) {
+  if (hit == LimitHit::kHeaders)
+    return "request headers exceed the limit of " + std::to_string(limits.max_header_bytes) +
+           " bytes";
+  return "request body exceeds the limit of " + std::to_string(limits.max_body_bytes) + " bytes";
+}
+
+}  // namespace
+
+LimitedHttpServer::LimitedHttpServer(const HttpLimits& limits) : limits_(limits) {
+  set_payload_max_length(limits_.max_body_bytes);
+  set_read_timeout(limits_.read_timeout_ms / 1000, (limits_.read_timeout_ms % 1000) * 1000);
+  set_write_timeout(limits_.write_timeout_ms / 1000, (limits_.write_timeout_ms % 1000) * 1000);
+  set_keep_alive_max_count(static_cast<size_t>(std::max(1, limits_.keep_alive_max_requests)));
+  set_keep_alive_timeout(std::max(1, limits_.keep_alive_timeout_ms / 1000));
+  new_task_queue = [this] {
+    return new BoundedThreadPool(limits_.num_threads, limits_.max_queued_connections);
+  };
+  // Runs after the headers are read and before the body is.
+  set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    BudgetedSocketStream* stream = tl_stream;
+    if (stream != nullptr) stream->HeadersDone();
+    std::string message;
+    int status = 0;
+    if (req.headers.size() > static_cast<size_t>(limits_.max_header_count)) {
+      status = 431;
+      message = "too many request headers: " + std::to_string(req.headers.size()) + " (limit " +
+                std::to_string(limits_.max_header_count) + ")";
+    } else if (req.has_header("Content-Length")) {
+      const std::string value = req.get_header_value("Content-Length");
+      char* end = nullptr;
+      errno = 0;
+      unsigned long long length = std::strtoull(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || errno != 0) {
+        status = 400;
+        message = "invalid Content-Length: " + value;
+      } else if (length > limits_.max_body_bytes) {
+        status = 413;
+        message = "request body of " + value + " bytes exceeds the limit of " +
+                  std::to_string(limits_.max_body_bytes) + " bytes";
+      }
+    }
+    if (status == 0) return httplib::Server::HandlerResponse::Unhandled;
+    if (stream != nullptr) stream->set_must_close();  // the body stays unread
+    res.status = status;
+    res.set_header("Connection", "close");
+    res.set_content(ErrorBody(status, message), "application/json");
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  // Every error response without a body gets one in OpenAI's shape.
+  set_error_handler(httplib::Server::HandlerWithResponse(
+      [this](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty() || res.is_chunked_content_provider_)
+          return httplib::Server::HandlerResponse::Unhandled;
+        BudgetedSocketStream* stream = tl_stream;
+        const LimitHit hit = stream != nullptr ? stream->hit() : LimitHit::kNone;
+        std::string message;
+        if (hit != LimitHit::kNone) {
+          res.status = hit == LimitHit::kHeaders ? 431 : 413;
+          message = LimitMessage(hit, limits_);
+          res.set_header("Connection", "close");
+        } else if (res.status == 413) {
+          message = LimitMessage(LimitHit::kBody, limits_);
+        } else if (res.status == 404) {
+          message = "no route for " + req.method + " " + req.path;
+        } else if (res.status == 400) {
+          message = "malformed HTTP request";
+        } else {
+          message = "HTTP error " + std::to_string(res.status);
+        }
+        res.set_content(ErrorBody(res.status, message), "application/json");
+        return httplib::Server::HandlerResponse::Handled;
+      }));
+}
+
+LimitedHttpServer::~LimitedHttpServer() = default;
+
+bool LimitedHttpServer::CurrentPeerClosed() {
+  return tl_stream != nullptr && tl_stream->PeerClosed();
+}
+
+void LimitedHttpServer::SetListenBacklog(int backlog) {
+  socket_t sock = svr_sock_;
+  if (sock != INVALID_SOCKET) ::listen(sock, backlog);  // Linux updates the backlog in place
+}
+
+bool LimitedHttpServer::WaitForRequest(BudgetedSocketStream& stream) {
+  if (stream.HasBuffered()) return true;
+  auto deadline = SteadyClock::now() + std::chrono::milliseconds(limits_.keep_alive_timeout_ms);
+  while (svr_sock_ != INVALID_SOCKET && is_running()) {
+    int64_t left = MillisUntil(deadline);
+    if (left == 0) return false;
+    if (PollFor(stream.socket(), POLLIN, std::min<int64_t>(left, 100))) return true;
+  }
+  return false;
+}
+
+void LimitedHttpServer::RejectOverloaded(socket_t sock) {
+  rejected_.fetch_add(1);
+  const std::string body = ErrorBody(503, "server overloaded: too many connections; retry later");
+  const std::string response =
+      "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+      "Retry-After: " +
+      std::to_string(limits_.retry_after_s) +
+      "\r\nConnection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  // The response fits in the socket buffer of a new connection; never block the accept loop.
+  (void)::send(sock, response.data(), response.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  ::shutdown(sock, SHUT_WR);
+  ::close(sock);
+}
+
+bool LimitedHttpServer::process_and_close_socket(socket_t sock) {
+  if (tl_reject) {
+    RejectOverloaded(sock);
+    return false;
+  }
+  BudgetedSocketStream stream(sock, limits_);
+  tl_stream = &stream;
+  bool ret = false;
+  for (int left = std::max(1, limits_.keep_alive_max_requests); left > 0; --left) {
+    if (!WaitForRequest(stream)) break;
+    stream.BeginRequest();
+    bool connection_closed = false;
+    ret = process_request(stream, left == 1, connection_closed, nullptr);
+    if (!ret || connection_closed || stream.must_close()) break;
+  }
+  tl_stream = nullptr;
+  if (stream.must_close()) {
+    // Lingering close: stop writing, then drain briefly so the client reads our error response
+    // instead of a reset caused by the body it is still sending.
+    ::shutdown(sock, SHUT_WR);
+    char drain[4096];
+    auto deadline = SteadyClock::now() + std::chrono::milliseconds(200);
+    size_t drained = 0;
+    while (drained < (1u << 20) && PollFor(sock, POLLIN, MillisUntil(deadline))) {
+      ssize_t n = ::recv(sock, drain, sizeof(drain), 0);
+      if (n <= 0) break;
+      drained += static_cast<size_t>(n);
+    }
+  }
+  ::shutdown(sock, SHUT_RDWR);
+  ::close(sock);
+  return ret;
+}
+
+}  // namespace pd::server

@@ -1,0 +1,66 @@
+// cpp-httplib with explicit limits. Debian's cpp-httplib 0.11 is a compiled library: its
+// compile-time limits (CPPHTTPLIB_HEADER_MAX_LENGTH = 8192 bytes per header line, no limit on
+// the number of headers, no limit on chunked or length-less bodies, an unbounded connection
+// queue) cannot be changed by defining macros in our code. So LimitedHttpServer replaces the
+// per-connection loop and the socket stream:
+//  - every request gets a byte budget: max_header_bytes for the request line and headers
+//    (too many or too large headers -> 431), then max_body_bytes (+ chunk framing) for the body
+//    whatever its framing (Content-Length over the limit -> 413 before reading it; chunked or
+//    length-less bodies are cut off at the budget -> 413) and the connection is closed;
+//  - at most max_header_count headers (431);
+//  - read / write timeouts per socket operation, a keep-alive timeout and request count;
+//  - a fixed pool of num_threads HTTP threads and at most max_queued_connections accepted
+//    connections waiting for one; beyond that a connection is answered 503 + Retry-After at once.
+// Error responses of these limits use OpenAI's error shape.
+//
+// Thread safety: configure before Listen; the handlers run on the pool's threads.
+#pragma once
+
+#include <httplib.h>
+
+#include <atomic>
+#include <cstddef>
+#include <string>
+
+namespace pd::server {
+
+struct HttpLimits {
+  size_t max_body_bytes = 4u << 20;     // decoded request body
+  size_t max_header_bytes = 16u << 10;  // request line + all header lines
+  int max_header_count = 100;
+  int read_timeout_ms = 30000;       // per read of a request
+  int write_timeout_ms = 30000;      // per write of a response
+  int keep_alive_timeout_ms = 5000;  // idle time between requests on one connection
+  int keep_alive_max_requests = 100;
+  int num_threads = 64;              // HTTP threads (one per in-flight request)
+  int max_queued_connections = 256;  // accepted, waiting for a thread
+  int retry_after_s = 1;             // Retry-After on 429/503
+};
+
+// Which limit a connection ran into.
+enum class LimitHit { kNone, kHeaders, kBody };
+
+class LimitedHttpServer : public httplib::Server {
+ public:
+  explicit LimitedHttpServer(const HttpLimits& limits);
+  ~LimitedHttpServer() override;
+
+  const HttpLimits& limits() const { return limits_; }
+  int64_t num_rejected_connections() const { return rejected_.load(); }
+
+  // For handlers: true when the client of the request this thread is serving has closed its
+  // connection (checked without blocking). False outside a handler.
+  static bool CurrentPeerClosed();
+  // After bind: the listen backlog (the library's is 5, too small for a burst of clients).
+  void SetListenBacklog(int backlog);
+
+ private:
+  bool process_and_close_socket(socket_t sock) override;
+  void RejectOverloaded(socket_t sock);
+  bool WaitForRequest(class BudgetedSocketStream& stream);
+
+  const HttpLimits limits_;
+  std::atomic<int64_t> rejected_{0};
+};
+
+}  // namespace pd::server

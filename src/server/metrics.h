@@ -1,0 +1,105 @@
+// A small Prometheus registry (text exposition format 0.0.4) and the serving metrics of pdserve,
+// named as vLLM names them ("vllm:time_to_first_token_seconds") under the "pdserve:" prefix.
+//
+// Thread safety: every method of Counter, Gauge, Histogram, Registry and ServingMetrics may be
+// called from any thread; each metric family has its own mutex.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace pd::server {
+
+// Label pairs in the order they are written, e.g. {{"model_name", "m"}, {"finished_reason",
+// "stop"}}.
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
+// Escapes a label value: backslash, double quote and newline (Prometheus text format).
+std::string EscapeLabelValue(const std::string& value);
+// Formats a sample value the way Prometheus clients do: integers without a fraction, +Inf, NaN.
+std::string FormatSampleValue(double value);
+
+enum class MetricType { kCounter, kGauge, kHistogram };
+
+// One metric family: a name, help text, type and one series per label set.
+class MetricFamily {
+ public:
+  MetricFamily(std::string name, std::string help, MetricType type,
+               std::vector<double> buckets = {});
+
+  // Counter: adds delta (>= 0). Gauge: sets or adds. Histogram: observes.
+  void Increment(const Labels& labels, double delta = 1.0);
+  void Set(const Labels& labels, double value);
+  void Observe(const Labels& labels, double value);
+  // Creates the series with value 0 so it is exported before its first event.
+  void Touch(const Labels& labels);
+  double Value(const Labels& labels) const;          // counter / gauge value (0 when absent)
+  uint64_t SampleCount(const Labels& labels) const;  // histogram count (0 when absent)
+
+  const std::string& name() const { return name_; }
+  void AppendText(std::string* out) const;
+
+ private:
+  struct Series {
+    double value = 0.0;                   // counter / gauge; histogram sum
+    uint64_t count = 0;                   // histogram
+    std::vector<uint64_t> bucket_counts;  // histogram, non-cumulative, one per bucket
+  };
+  Series& GetSeries(const Labels& labels);  // requires mu_
+
+  const std::string name_;
+  const std::string help_;
+  const MetricType type_;
+  const std::vector<double> buckets_;  // upper bounds, ascending; +Inf implied
+  mutable std::mutex mu_;
+  std::map<Labels, Series> series_;  // GUARDED_BY(mu_)
+};
+
+class Registry {
+ public:
+  MetricFamily* AddCounter(const std::string& name, const std::string& help);
+  MetricFamily* AddGauge(const std::string& name, const std::string& help);
+  MetricFamily* AddHistogram(const std::string& name, const std::string& help,
+                             std::vector<double> buckets);
+  // Called before each scrape, e.g. to read gauges from the engine.
+  void AddCollectHook(std::function<void()> hook);
+  // The whole registry in Prometheus text format, families in registration order.
+  std::string Render() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<MetricFamily>> families_;  // GUARDED_BY(mu_)
+  std::vector<std::function<void()>> hooks_;             // GUARDED_BY(mu_)
+};
+
+// vLLM's bucket boundaries (vllm/v1/metrics/loggers.py).
+const std::vector<double>& TtftBuckets();
+const std::vector<double>& InterTokenLatencyBuckets();
+const std::vector<double>& RequestLatencyBuckets();
+
+// The metrics a colocated server exports, each labelled model_name=<served model name>.
+struct ServingMetrics {
+  explicit ServingMetrics(std::string model_name);
+
+  Labels model_labels() const { return {{"model_name", model_name}}; }
+  void RecordFinished(const std::string& finished_reason);
+
+  std::string model_name;
+  Registry registry;
+  MetricFamily* ttft;                 // pdserve:time_to_first_token_seconds
+  MetricFamily* inter_token_latency;  // pdserve:inter_token_latency_seconds
+  MetricFamily* e2e_latency;          // pdserve:e2e_request_latency_seconds
+  MetricFamily* queue_time;           // pdserve:request_queue_time_seconds
+  MetricFamily* num_running;          // pdserve:num_requests_running
+  MetricFamily* num_waiting;          // pdserve:num_requests_waiting
+  MetricFamily* kv_cache_usage;       // pdserve:kv_cache_usage_perc (0..1)
+  MetricFamily* prompt_tokens;        // pdserve:prompt_tokens_total
+  MetricFamily* generation_tokens;    // pdserve:generation_tokens_total
+  MetricFamily* request_success;      // pdserve:request_success_total{finished_reason}
+};
+
+}  // namespace pd::server

@@ -1,0 +1,254 @@
+#include "server/openai_protocol.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace pd::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+ProtocolLimits Limits() {
+  ProtocolLimits l;
+  l.served_model_name = "tiny";
+  l.max_model_len = 64;
+  l.vocab_size = 100;
+  return l;
+}
+
+Result<GenerateRequest> Completion(std::string_view body) {
+  return ParseGenerateRequest(ApiKind::kCompletion, body, Limits());
+}
+Result<GenerateRequest> Chat(std::string_view body) {
+  return ParseGenerateRequest(ApiKind::kChat, body, Limits());
+}
+
+void ExpectError(const Result<GenerateRequest>& r, StatusCode code, const std::string& needle) {
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), code) << r.status().ToString();
+  EXPECT_THAT(r.status().message(), HasSubstr(needle));
+}
+
+TEST(OpenAiProtocolTest, ParsesAllCompletionFields) {
+  auto r = Completion(R"({"model":"tiny","prompt":"hi","max_tokens":5,"temperature":0.5,"top_p":0.9,
+    "top_k":7,"seed":42,"stop":["a","bc"],"logprobs":3,"stream":true,
+    "stream_options":{"include_usage":true},"ignore_eos":true,"return_tokens_as_token_ids":true})");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r->prompt_text, "hi");
+  EXPECT_EQ(*r->max_tokens, 5);
+  EXPECT_FLOAT_EQ(r->sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r->sampling.top_p, 0.9f);
+  EXPECT_EQ(r->sampling.top_k, 7);
+  EXPECT_EQ(*r->sampling.seed, 42u);
+  EXPECT_EQ(r->stop, (std::vector<std::string>{"a", "bc"}));
+  EXPECT_EQ(r->num_logprobs, 3);
+  EXPECT_TRUE(r->stream);
+  EXPECT_TRUE(r->include_usage);
+  EXPECT_TRUE(r->sampling.ignore_eos);
+  EXPECT_TRUE(r->return_tokens_as_token_ids);
+}
+
+TEST(OpenAiProtocolTest, PromptForms) {
+  auto list1 = Completion(R"({"prompt":["one"]})");
+  ASSERT_TRUE(list1.ok());
+  EXPECT_EQ(*list1->prompt_text, "one");
+  auto ids = Completion(R"({"prompt":[1,2,99]})");
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(ids->prompt_ids, (std::vector<int32_t>{1, 2, 99}));
+  auto nested = Completion(R"({"prompt":[[3,4]]})");
+  ASSERT_TRUE(nested.ok());
+  EXPECT_EQ(nested->prompt_ids, (std::vector<int32_t>{3, 4}));
+  auto stop = Completion(R"({"prompt":"x","stop":"end"})");
+  ASSERT_TRUE(stop.ok());
+  EXPECT_EQ(stop->stop, (std::vector<std::string>{"end"}));
+  auto nulls = Completion(R"({"prompt":"x","max_tokens":null,"stop":null,"seed":null})");
+  ASSERT_TRUE(nulls.ok());
+  EXPECT_FALSE(nulls->max_tokens.has_value());
+}
+
+TEST(OpenAiProtocolTest, MalformedBodies) {
+  ExpectError(Completion("{not json"), StatusCode::kInvalidArgument, "not valid JSON");
+  ExpectError(Completion(""), StatusCode::kInvalidArgument, "not valid JSON");
+  ExpectError(Completion("[1,2]"), StatusCode::kInvalidArgument, "must be a JSON object");
+  ExpectError(Completion("\"prompt\""), StatusCode::kInvalidArgument, "must be a JSON object");
+  ExpectError(Completion("{\"prompt\":\"\xff\xfe\"}"), StatusCode::kInvalidArgument,
+              "not valid JSON");
+}
+
+TEST(OpenAiProtocolTest, WrongTypesNameTheField) {
+  ExpectError(Completion(R"({"prompt":"x","max_tokens":"5"})"), StatusCode::kInvalidArgument,
+              "'max_tokens' must be an integer, got string");
+  ExpectError(Completion(R"({"prompt":"x","max_tokens":2.5})"), StatusCode::kInvalidArgument,
+              "'max_tokens' must be an integer, got number");
+  ExpectError(Completion(R"({"prompt":"x","temperature":"hot"})"), StatusCode::kInvalidArgument,
+              "'temperature' must be a number");
+  ExpectError(Completion(R"({"prompt":"x","stream":1})"), StatusCode::kInvalidArgument,
+              "'stream' must be a boolean");
+  ExpectError(Completion(R"({"prompt":5})"), StatusCode::kInvalidArgument, "'prompt' must be");
+  ExpectError(Completion(R"({"prompt":[1,"a"]})"), StatusCode::kInvalidArgument,
+              "'prompt[1]' must be a token id");
+  ExpectError(Completion(R"({"prompt":"x","stop":[1]})"), StatusCode::kInvalidArgument,
+              "'stop[0]' must be a string");
+  ExpectError(Completion(R"({"prompt":"x","stop":7})"), StatusCode::kInvalidArgument,
+              "'stop' must be");
+  ExpectError(Completion(R"({"prompt":"x","model":3})"), StatusCode::kInvalidArgument,
+              "'model' must be a string");
+  ExpectError(Completion(R"({"prompt":"x","logprobs":true})"), StatusCode::kInvalidArgument,
+              "'logprobs' must be an integer");
+  ExpectError(Completion(R"({"prompt":"x","stream":true,"stream_options":[]})"),
+              StatusCode::kInvalidArgument, "'stream_options' must be an object");
+}
+
+TEST(OpenAiProtocolTest, UnknownModelIsNotFound) {
+  ExpectError(Completion(R"({"model":"gpt-4","prompt":"x"})"), StatusCode::kNotFound,
+              "`gpt-4` does not exist");
+}
+
+TEST(OpenAiProtocolTest, EmptyPrompts) {
+  ExpectError(Completion(R"({"prompt":""})"), StatusCode::kInvalidArgument,
+              "'prompt' must not be empty");
+  ExpectError(Completion(R"({"prompt":[]})"), StatusCode::kInvalidArgument,
+              "'prompt' must not be empty");
+  ExpectError(Completion(R"({"prompt":[""]})"), StatusCode::kInvalidArgument,
+              "'prompt' must not be empty");
+  ExpectError(Completion(R"({"prompt":[[]]})"), StatusCode::kInvalidArgument,
+              "'prompt' must not be empty");
+  ExpectError(Completion(R"({"max_tokens":3})"), StatusCode::kInvalidArgument,
+              "'prompt' is required");
+}
+
+TEST(OpenAiProtocolTest, TokenIdsOutsideVocabulary) {
+  ExpectError(Completion(R"({"prompt":[1,100]})"), StatusCode::kInvalidArgument,
+              "'prompt[1]' = 100 is outside the vocabulary [0, 100)");
+  ExpectError(Completion(R"({"prompt":[-1]})"), StatusCode::kInvalidArgument,
+              "outside the vocabulary");
+  ExpectError(Completion(R"({"prompt":[18446744073709551615]})"), StatusCode::kInvalidArgument,
+              "outside the vocabulary");
+  ExpectError(Completion(R"({"prompt":"x","stop_token_ids":[100]})"), StatusCode::kInvalidArgument,
+              "'stop_token_ids[0]' = 100");
+}
+
+TEST(OpenAiProtocolTest, UnsupportedValues) {
+  ExpectError(Completion(R"({"prompt":"x","n":2})"), StatusCode::kInvalidArgument,
+              "'n' = 2 is not supported");
+  ExpectError(Completion(R"({"prompt":"x","best_of":3})"), StatusCode::kInvalidArgument,
+              "'best_of'");
+  ExpectError(Completion(R"({"prompt":"x","echo":true})"), StatusCode::kInvalidArgument, "'echo'");
+  ExpectError(Completion(R"({"prompt":["a","b"]})"), StatusCode::kInvalidArgument,
+              "2 strings is not supported");
+  ExpectError(Completion(R"({"prompt":"x","presence_penalty":0.5})"), StatusCode::kInvalidArgument,
+              "'presence_penalty'");
+  ExpectError(Chat(R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})"),
+              StatusCode::kInvalidArgument, "'tools'");
+  auto n1 = Completion(R"({"prompt":"x","n":1,"best_of":1,"echo":false})");
+  EXPECT_TRUE(n1.ok()) << n1.status().ToString();
+}
+
+TEST(OpenAiProtocolTest, OutOfRangeValues) {
+  ExpectError(Completion(R"({"prompt":"x","max_tokens":0})"), StatusCode::kInvalidArgument,
+              "'max_tokens' must be at least 1");
+  ExpectError(Completion(R"({"prompt":"x","temperature":-1})"), StatusCode::kInvalidArgument,
+              "'temperature'");
+  ExpectError(Completion(R"({"prompt":"x","top_p":0})"), StatusCode::kInvalidArgument, "'top_p'");
+  ExpectError(Completion(R"({"prompt":"x","top_p":1.5})"), StatusCode::kInvalidArgument, "'top_p'");
+  ExpectError(Completion(R"({"prompt":"x","top_k":-2})"), StatusCode::kInvalidArgument, "'top_k'");
+  ExpectError(Completion(R"({"prompt":"x","logprobs":21})"), StatusCode::kInvalidArgument,
+              "'logprobs' must be in [0, 20]");
+  ExpectError(Completion(R"({"prompt":"x","stop":[""]})"), StatusCode::kInvalidArgument,
+              "must not be empty");
+  ExpectError(Completion(R"({"prompt":"x","stream_options":{"include_usage":true}})"),
+              StatusCode::kInvalidArgument,
+              "'stream_options' can only be set when 'stream' is true");
+}
+
+TEST(OpenAiProtocolTest, ChatMessages) {
+  auto r = Chat(R"({"messages":[{"role":"system","content":"be brief"},
+    {"role":"user","content":[{"type":"text","text":"hel"},{"type":"text","text":"lo"}]}],
+    "logprobs":true,"top_logprobs":2,"max_completion_tokens":4})");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->messages.size(), 2u);
+  EXPECT_EQ(r->messages[1].content, "hello");
+  EXPECT_EQ(r->num_logprobs, 2);
+  EXPECT_EQ(*r->max_tokens, 4);
+  ExpectError(Chat(R"({"messages":[]})"), StatusCode::kInvalidArgument,
+              "'messages' must not be empty");
+  ExpectError(Chat(R"({})"), StatusCode::kInvalidArgument, "'messages' is required");
+  ExpectError(Chat(R"({"messages":"hi"})"), StatusCode::kInvalidArgument,
+              "'messages' must be a list");
+  ExpectError(Chat(R"({"messages":[{"role":"wizard","content":"x"}]})"),
+              StatusCode::kInvalidArgument, "'messages[0].role' = \"wizard\"");
+  ExpectError(Chat(R"({"messages":[{"content":"x"}]})"), StatusCode::kInvalidArgument,
+              "'messages[0].role'");
+  ExpectError(Chat(R"({"messages":[{"role":"user"}]})"), StatusCode::kInvalidArgument,
+              "'messages[0].content' is required");
+  ExpectError(Chat(R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})"),
+              StatusCode::kInvalidArgument, "is not supported");
+  ExpectError(Chat(R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})"),
+              StatusCode::kInvalidArgument, "requires 'logprobs'");
+}
+
+TEST(OpenAiProtocolTest, FinalizeChecksContextAndVocabulary) {
+  auto r = Completion(R"({"prompt":"x","max_tokens":60})");
+  ASSERT_TRUE(r.ok());
+  GenerateRequest req = *r;
+  Status st = FinalizeGenerateRequest(std::vector<int32_t>(5, 1), Limits(), &req);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("maximum context length is 64 tokens"));
+  EXPECT_THAT(st.message(),
+              HasSubstr("you requested 65 tokens (5 in the prompt, 60 for 'max_tokens')"));
+  req = *r;
+  EXPECT_TRUE(FinalizeGenerateRequest(std::vector<int32_t>(4, 1), Limits(), &req).ok());
+  EXPECT_EQ(req.sampling.max_tokens, 60);
+  req = *r;
+  EXPECT_THAT(FinalizeGenerateRequest({}, Limits(), &req).message(), HasSubstr("empty"));
+  req = *r;
+  EXPECT_THAT(FinalizeGenerateRequest({1, 150}, Limits(), &req).message(),
+              HasSubstr("outside the vocabulary"));
+
+  auto defaults = Completion(R"({"prompt":"x","logprobs":0})");
+  ASSERT_TRUE(defaults.ok());
+  req = *defaults;
+  ASSERT_TRUE(FinalizeGenerateRequest({1, 2}, Limits(), &req).ok());
+  EXPECT_EQ(req.sampling.max_tokens, 16);
+  EXPECT_EQ(req.sampling.logprobs, 0);
+  auto chat = Chat(R"({"messages":[{"role":"user","content":"x"}]})");
+  ASSERT_TRUE(chat.ok());
+  req = *chat;
+  ASSERT_TRUE(FinalizeGenerateRequest({1, 2, 3}, Limits(), &req).ok());
+  EXPECT_EQ(req.sampling.max_tokens, 61);  // the rest of the context
+  EXPECT_EQ(req.sampling.logprobs, -1);
+}
+
+TEST(OpenAiProtocolTest, TokenizeAndDetokenize) {
+  auto t = ParseTokenizeRequest(R"({"prompt":"abc","add_special_tokens":false})", Limits());
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(*t->prompt, "abc");
+  EXPECT_FALSE(t->add_special_tokens);
+  EXPECT_FALSE(ParseTokenizeRequest(R"({})", Limits()).ok());
+  EXPECT_FALSE(ParseTokenizeRequest(R"({"prompt":"a","messages":[]})", Limits()).ok());
+  auto d = ParseDetokenizeRequest(R"({"tokens":[1,2]})", Limits());
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(*d, (std::vector<int32_t>{1, 2}));
+  EXPECT_THAT(ParseDetokenizeRequest(R"({"tokens":[100]})", Limits()).status().message(),
+              HasSubstr("outside the vocabulary"));
+  EXPECT_THAT(ParseDetokenizeRequest(R"({"tokens":"1"})", Limits()).status().message(),
+              HasSubstr("'tokens' must be a list"));
+}
+
+TEST(OpenAiProtocolTest, ErrorShapeAndStatusMapping) {
+  auto body = nlohmann::json::parse(ErrorBody(400, "'n' = 2 is not supported"));
+  EXPECT_EQ(body["error"]["message"], "'n' = 2 is not supported");
+  EXPECT_EQ(body["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(body["error"]["code"], 400);
+  EXPECT_EQ(nlohmann::json::parse(ErrorBody(401, "x"))["error"]["type"], "authentication_error");
+  EXPECT_EQ(HttpStatusFor(InvalidArgument("x")), 400);
+  EXPECT_EQ(HttpStatusFor(NotFound("x")), 404);
+  EXPECT_EQ(HttpStatusFor(ResourceExhausted("x")), 429);
+  EXPECT_EQ(HttpStatusFor(Unavailable("x")), 503);
+  EXPECT_EQ(HttpStatusFor(Internal("x")), 500);
+  // Invalid UTF-8 never makes serialisation throw.
+  EXPECT_EQ(DumpJson(nlohmann::json(std::string("a\xff"))), "\"a\xEF\xBF\xBD\"");
+}
+
+}  // namespace
+}  // namespace pd::server

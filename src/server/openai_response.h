@@ -1,0 +1,55 @@
+// OpenAI response bodies: completions, chat completions, their streamed chunks (SSE) and the
+// logprobs objects of both APIs.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "model/tokenizer.h"
+#include "server/openai_protocol.h"
+#include "server/text_stream.h"
+
+namespace pd::server {
+
+struct ResponseFormat {
+  ApiKind kind = ApiKind::kCompletion;
+  std::string id;       // "cmpl-..." or "chatcmpl-..."
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+  int num_logprobs = -1;  // -1: no logprobs
+  bool return_tokens_as_token_ids = false;
+  bool include_usage = false;
+};
+
+nlohmann::json UsageJson(int prompt_tokens, int completion_tokens);
+
+// Thread safety: not thread-safe; one HTTP thread owns it.
+class ResponseBuilder {
+ public:
+  ResponseBuilder(ResponseFormat format, const model::Tokenizer& tokenizer);
+
+  // Streaming: each returns one SSE event "data: {...}\n\n".
+  std::string RoleChunk() const;              // chat only: the assistant role delta
+  std::string Chunk(const TextDelta& delta);  // text, logprobs and finish reason
+  std::string UsageChunk(int prompt_tokens, int completion_tokens) const;
+  static std::string DoneEvent() { return "data: [DONE]\n\n"; }
+
+  // Non-streaming: accumulate every delta, then render the whole response.
+  void Accumulate(const TextDelta& delta);
+  std::string Final(int prompt_tokens, int completion_tokens) const;
+
+ private:
+  nlohmann::json Logprobs(const TextDelta& delta);  // null when logprobs were not asked for
+  nlohmann::json Base(const char* object) const;
+  static nlohmann::json StopReason(const TextDelta& delta);
+
+  const ResponseFormat format_;
+  const model::Tokenizer& tokenizer_;
+  size_t text_offset_ = 0;   // completions logprobs: text_offset of the next token
+  std::string text_;         // accumulated (non-streaming)
+  nlohmann::json logprobs_;  // accumulated (non-streaming)
+  std::string finish_reason_;
+  nlohmann::json stop_reason_;
+};
+
+}  // namespace pd::server
