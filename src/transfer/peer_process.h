@@ -202,3 +202,71 @@ class PeerProcess {
 };
 
 }  // namespace pd::transfer::testing
+
+namespace pd::transfer::testing {
+
+// Two network namespaces joined by a veth pair (10.231.x.1 <-> 10.231.x.2), standing in for two
+// hosts. Needs root; Create explains why when it cannot build them. Removed on destruction.
+class NetnsPair {
+ public:
+  static std::unique_ptr<NetnsPair> Create(std::string* why_not) {
+    if (geteuid() != 0) {
+      *why_not = "needs root to create network namespaces and a veth pair";
+      return nullptr;
+    }
+    auto p = std::unique_ptr<NetnsPair>(new NetnsPair());
+    std::string id = std::to_string(getpid() % 100000);
+    p->a_ = "pdtA" + id;
+    p->b_ = "pdtB" + id;
+    std::string subnet = "10.231." + std::to_string(getpid() % 250) + ".";
+    p->addr_a_ = subnet + "1";
+    p->addr_b_ = subnet + "2";
+    std::string va = "pdva" + id, vb = "pdvb" + id;
+    const std::string cmds[] = {
+        "ip netns add " + p->a_,
+        "ip netns add " + p->b_,
+        "ip link add " + va + " netns " + p->a_ + " type veth peer name " + vb + " netns " + p->b_,
+        "ip -n " + p->a_ + " addr add " + p->addr_a_ + "/24 dev " + va,
+        "ip -n " + p->b_ + " addr add " + p->addr_b_ + "/24 dev " + vb,
+        "ip -n " + p->a_ + " link set " + va + " up",
+        "ip -n " + p->b_ + " link set " + vb + " up",
+        "ip -n " + p->a_ + " link set lo up",
+        "ip -n " + p->b_ + " link set lo up",
+    };
+    for (const std::string& cmd : cmds) {
+      if (system((cmd + " 2>/dev/null").c_str()) != 0) {
+        *why_not = "cannot set up network namespaces (`" + cmd + "` failed)";
+        return nullptr;
+      }
+    }
+    return p;
+  }
+  ~NetnsPair() {
+    system(("ip netns del " + a_ + " 2>/dev/null").c_str());
+    system(("ip netns del " + b_ + " 2>/dev/null").c_str());
+  }
+  std::string path_a() const { return "/var/run/netns/" + a_; }
+  std::string path_b() const { return "/var/run/netns/" + b_; }
+  const std::string& addr_a() const { return addr_a_; }
+  const std::string& addr_b() const { return addr_b_; }
+
+  // Runs fn with the calling thread in namespace A; threads it starts (a domain's worker) stay
+  // there. The thread returns to its own namespace afterwards.
+  template <typename Fn>
+  bool InNamespaceA(Fn&& fn) {
+    int self = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+    int ns = open(path_a().c_str(), O_RDONLY | O_CLOEXEC);
+    bool ok = self >= 0 && ns >= 0 && setns(ns, CLONE_NEWNET) == 0;
+    if (ok) fn();
+    if (self >= 0) ok = setns(self, CLONE_NEWNET) == 0 && ok;
+    if (self >= 0) close(self);
+    if (ns >= 0) close(ns);
+    return ok;
+  }
+
+ private:
+  NetnsPair() = default;
+  std::string a_, b_, addr_a_, addr_b_;
+};
+
+}  // namespace pd::transfer::testing

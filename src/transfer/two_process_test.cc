@@ -1,5 +1,6 @@
-// The transfer engine between two OS processes over real libfabric (tcp;ofi_rxm on loopback): the
-// test binary forks and re-executes itself as the peer (see peer_process.h).
+// The transfer engine between two OS processes over real libfabric (tcp;ofi_rxm): the test binary
+// forks and re-executes itself as the peer (see peer_process.h). Every test runs on loopback and
+// again between two network namespaces joined by a veth pair (as two hosts) when run as root.
 #include <gtest/gtest.h>
 
 #include "transfer/domain.h"
@@ -15,16 +16,30 @@ using testing::PeerProcess;
 
 const bool kIsPeer = testing::RunPeerIfRequested();
 
+enum class Network { kLoopback, kVeth };
+
 // The parent's side: a domain, the peer process and the peer's region.
-class TwoProcessTest : public ::testing::Test {
+class TwoProcessTest : public ::testing::TestWithParam<Network> {
  protected:
   void SetUp() override {
     DomainOptions o = testing::LoopbackOptions();
     o.op_timeout_s = 2.0;
-    auto d = Domain::Create(o);
+    std::map<std::string, std::string> env;
+    Result<std::unique_ptr<Domain>> d = Unavailable("not created");
+    if (GetParam() == Network::kVeth) {
+      std::string why;
+      netns_ = testing::NetnsPair::Create(&why);
+      if (!netns_) GTEST_SKIP() << "two-namespace run skipped: " << why;
+      o.node = netns_->addr_a();
+      ASSERT_TRUE(netns_->InNamespaceA([&] { d = Domain::Create(o); }));
+      env["PD_TRANSFER_PEER_NETNS"] = netns_->path_b();
+      env["PD_TRANSFER_PEER_NODE"] = netns_->addr_b();
+    } else {
+      d = Domain::Create(o);
+    }
     if (!d.ok()) GTEST_SKIP() << "libfabric provider unavailable: " << d.status().ToString();
     domain_ = std::move(d).value();
-    peer_ = PeerProcess::Spawn();
+    peer_ = PeerProcess::Spawn(env);
     ASSERT_NE(peer_, nullptr);
     auto frame = peer_->Receive();
     ASSERT_TRUE(frame.has_value()) << "the peer process did not start";
@@ -44,12 +59,25 @@ class TwoProcessTest : public ::testing::Test {
     return frame->payload;
   }
 
+  // Creates another domain of ours on the same network as domain_.
+  Result<std::unique_ptr<Domain>> SecondDomain(DomainOptions o) {
+    Result<std::unique_ptr<Domain>> d = Unavailable("not created");
+    if (netns_) {
+      o.node = netns_->addr_a();
+      if (!netns_->InNamespaceA([&] { d = Domain::Create(o); })) return Internal("setns failed");
+    } else {
+      d = Domain::Create(o);
+    }
+    return d;
+  }
+
+  std::unique_ptr<testing::NetnsPair> netns_;  // outlives the domain and the peer below
   std::unique_ptr<Domain> domain_;
   std::unique_ptr<PeerProcess> peer_;
   RemoteRegion remote_;
 };
 
-TEST_F(TwoProcessTest, PagedWritesOfRandomDataLandBitExactWithStridedSlices) {
+TEST_P(TwoProcessTest, PagedWritesOfRandomDataLandBitExactWithStridedSlices) {
   // Source: 64 HND pages of (H=8, T=16, D=64) bf16 = 16 KiB each; ship heads [3, 6) of 40 pages
   // into destination pages of (H=3, ...) laid out with a 512-byte gap after every page.
   constexpr uint64_t kHeadBytes = 16 * 64 * 2;
@@ -99,7 +127,7 @@ TEST_F(TwoProcessTest, PagedWritesOfRandomDataLandBitExactWithStridedSlices) {
   EXPECT_EQ(peer_->Exit(), 0);
 }
 
-TEST_F(TwoProcessTest, ControlMessagesRoundTrip) {
+TEST_P(TwoProcessTest, ControlMessagesRoundTrip) {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<std::string> got;
@@ -110,8 +138,8 @@ TEST_F(TwoProcessTest, ControlMessagesRoundTrip) {
     cv.notify_all();
   };
   // A second domain of ours with a handler; the peer echoes to whoever it was told about.
-  auto d = Domain::Create(o);
-  ASSERT_TRUE(d.ok());
+  auto d = SecondDomain(o);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
   ASSERT_TRUE(peer_->Send("peer", (*d)->info().address));
   auto to_peer = (*d)->AddPeer(remote_.descriptor.fabric_addr);
   ASSERT_TRUE(to_peer.ok());
@@ -126,7 +154,7 @@ TEST_F(TwoProcessTest, ControlMessagesRoundTrip) {
   d->reset();
 }
 
-TEST_F(TwoProcessTest, CancellingAStalledTransferGivesCancelled) {
+TEST_P(TwoProcessTest, CancellingAStalledTransferGivesCancelled) {
   Mapping src(8 << 20);
   auto mr = domain_->RegisterMemory(src.data(), src.size());
   ASSERT_TRUE(mr.ok());
@@ -147,7 +175,7 @@ TEST_F(TwoProcessTest, CancellingAStalledTransferGivesCancelled) {
   peer_->Continue();
 }
 
-TEST_F(TwoProcessTest, KilledPeerFailsPendingWritesWithinTheDeadline) {
+TEST_P(TwoProcessTest, KilledPeerFailsPendingWritesWithinTheDeadline) {
   Mapping src(8 << 20);
   auto mr = domain_->RegisterMemory(src.data(), src.size());
   ASSERT_TRUE(mr.ok());
@@ -174,6 +202,12 @@ TEST_F(TwoProcessTest, KilledPeerFailsPendingWritesWithinTheDeadline) {
   }
   EXPECT_EQ(domain_->num_pending(), 0u);
 }
+
+INSTANTIATE_TEST_SUITE_P(Networks, TwoProcessTest,
+                         ::testing::Values(Network::kLoopback, Network::kVeth),
+                         [](const ::testing::TestParamInfo<Network>& info) {
+                           return info.param == Network::kLoopback ? "Loopback" : "VethNamespaces";
+                         });
 
 }  // namespace
 }  // namespace pd::transfer
