@@ -1,0 +1,26 @@
+// Which instruction sets this CPU offers, detected once at run time, and which fast-kernel level
+// pdserve uses (the best the CPU has, or a lower one forced for tests and comparisons).
+#pragma once
+
+#include <string_view>
+
+#include "common/status.h"
+
+namespace pd::engine {
+
+struct CpuFeatures {
+  bool avx2 = false;    // with fma and f16c
+  bool avx512 = false;  // f, bw, vl, dq
+  bool avx512_bf16 = false;
+};
+
+const CpuFeatures& DetectCpuFeatures();
+
+enum class IsaLevel { kScalar, kAvx2, kAvx512 };
+std::string_view IsaLevelName(IsaLevel level);  // "scalar" | "avx2" | "avx512"
+Result<IsaLevel> ParseIsaLevel(std::string_view name);
+// The best level the CPU supports.
+IsaLevel BestIsaLevel();
+bool IsaSupported(IsaLevel level);
+
+}  // namespace pd::engine

@@ -1,0 +1,114 @@
+// Kernel dispatch (which ISA table), the scalar fast-kernel table and the parallel drivers.
+#include "engine/kernels.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/check.h"
+#include "engine/cpu_features.h"
+#include "engine/kernels_ref.h"
+#include "engine/thread_pool.h"
+
+namespace pd::engine::kernels {
+namespace {
+
+// Online-softmax attention for one (token, kv_head), the algorithm the SIMD kernels vectorise:
+// positions in blocks of kAttnBlock; per query head a running max m, sum l and accumulator acc.
+void ScalarAttentionItem(const AttentionArgs& a, int token, int kv_head, float* scratch) {
+  const PagedKv& kv = a.kv;
+  const AttnSeq& seq = a.seqs[a.token_seq[token]];
+  const int pos = seq.start_pos + (token - seq.token_begin);
+  const int group = a.num_heads / kv.num_kv_heads;
+  const int d = kv.head_dim;
+  float* scores = scratch;                   // (group, kAttnBlock)
+  float* acc = scores + group * kAttnBlock;  // (group, head_dim)
+  float* m = acc + group * d;                // (group)
+  float* l = m + group;                      // (group)
+  std::fill(acc, acc + group * d, 0.0f);
+  std::fill(m, m + group, -INFINITY);
+  std::fill(l, l + group, 0.0f);
+  const float* q0 =
+      a.q + static_cast<int64_t>(token) * a.ldq + static_cast<int64_t>(kv_head) * group * d;
+  for (int b0 = 0; b0 <= pos; b0 += kAttnBlock) {
+    const int nb = std::min(kAttnBlock, pos + 1 - b0);
+    for (int j = 0; j < nb; ++j) {
+      const int p = b0 + j;
+      const uint8_t* k =
+          ref::KvElemPtr(kv, seq.page_table[p / kv.page_size], p % kv.page_size, kv_head, 0);
+      for (int h = 0; h < group; ++h) {
+        float dot = 0;
+        for (int i = 0; i < d; ++i) dot += q0[h * d + i] * ref::LoadKv(kv, k, i);
+        scores[h * kAttnBlock + j] = dot * a.scale;
+      }
+    }
+    for (int h = 0; h < group; ++h) {
+      float* s = scores + h * kAttnBlock;
+      float block_max = m[h];
+      for (int j = 0; j < nb; ++j) block_max = std::max(block_max, s[j]);
+      const float correction = std::exp(m[h] - block_max);
+      m[h] = block_max;
+      l[h] *= correction;
+      for (int i = 0; i < d; ++i) acc[h * d + i] *= correction;
+      for (int j = 0; j < nb; ++j) {
+        s[j] = std::exp(s[j] - block_max);
+        l[h] += s[j];
+      }
+    }
+    for (int j = 0; j < nb; ++j) {
+      const int p = b0 + j;
+      const uint8_t* v =
+          ref::KvElemPtr(kv, seq.page_table[p / kv.page_size], p % kv.page_size, kv_head, 1);
+      for (int i = 0; i < d; ++i) {
+        const float vi = ref::LoadKv(kv, v, i);
+        for (int h = 0; h < group; ++h) acc[h * d + i] += scores[h * kAttnBlock + j] * vi;
+      }
+    }
+  }
+  for (int h = 0; h < group; ++h) {
+    float* out = a.out + static_cast<int64_t>(token) * a.ldo +
+                 (static_cast<int64_t>(kv_head) * group + h) * d;
+    for (int i = 0; i < d; ++i) out[i] = acc[h * d + i] / l[h];
+  }
+}
+
+const IsaKernels kScalar = {"scalar", &ref::MatmulSlice, &ScalarAttentionItem};
+
+}  // namespace
+
+const IsaKernels& ScalarKernels() { return kScalar; }
+
+const IsaKernels& KernelsFor(IsaLevel level) {
+  PD_CHECK(IsaSupported(level)) << "CPU lacks " << IsaLevelName(level);
+  switch (level) {
+    case IsaLevel::kAvx512:
+      return Avx512Kernels();
+    case IsaLevel::kAvx2:
+      return Avx2Kernels();
+    case IsaLevel::kScalar:
+      break;
+  }
+  return kScalar;
+}
+
+void ParallelMatmul(ThreadPool& pool, const IsaKernels& isa, const float* x, int64_t num_rows,
+                    int64_t ldx, const WeightMatrix& w, float* out, int64_t ldo) {
+  constexpr int64_t kRowsPerBlock = 16;  // chunks of W rows stay aligned for the micro-kernels
+  const int64_t blocks = (w.n + kRowsPerBlock - 1) / kRowsPerBlock;
+  pool.ParallelFor(blocks, [&](int64_t begin, int64_t end) {
+    isa.matmul(x, num_rows, ldx, w, begin * kRowsPerBlock, std::min(w.n, end * kRowsPerBlock), out,
+               ldo);
+  });
+}
+
+void ParallelAttention(ThreadPool& pool, const IsaKernels& isa, const AttentionArgs& args,
+                       float* scratch, size_t scratch_stride) {
+  const int heads = args.kv.num_kv_heads;
+  pool.ParallelFor(
+      static_cast<int64_t>(args.num_tokens) * heads, [&](int64_t begin, int64_t end, int thread) {
+        float* s = scratch + scratch_stride * thread;
+        for (int64_t i = begin; i < end; ++i)
+          isa.attention_item(args, static_cast<int>(i / heads), static_cast<int>(i % heads), s);
+      });
+}
+
+}  // namespace pd::engine::kernels

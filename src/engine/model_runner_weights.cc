@@ -1,0 +1,134 @@
+#include "engine/model_runner_weights.h"
+
+#include <cstring>
+#include <string>
+
+namespace pd::engine {
+namespace {
+
+using model::DType;
+using model::TensorView;
+
+Status CheckShape(const TensorView& t, const std::vector<int64_t>& shape, const std::string& name) {
+  if (t.data == nullptr) return InvalidArgument("weights: " + name + " is missing");
+  if (t.shape != shape)
+    return InvalidArgument("weights: " + name + ": expected shape " + model::ShapeToString(shape) +
+                           ", found " + model::ShapeToString(t.shape));
+  return OkStatus();
+}
+
+Result<std::vector<float>> ToF32Vector(const TensorView& t, int64_t n, const std::string& name) {
+  RETURN_IF_ERROR(CheckShape(t, {n}, name));
+  std::vector<float> out(n);
+  for (int64_t i = 0; i < n; ++i) out[i] = t.At(i);
+  return out;
+}
+
+Result<std::vector<float>> OptionalVector(const std::optional<TensorView>& t, bool wanted,
+                                          int64_t n, const std::string& name) {
+  if (!wanted) return std::vector<float>();
+  if (!t.has_value()) return InvalidArgument("weights: " + name + " is missing");
+  return ToF32Vector(*t, n, name);
+}
+
+Status MakeLinear(const TensorView& t, int64_t n, int64_t k, DType dtype, const std::string& name,
+                  LinearWeight* out) {
+  RETURN_IF_ERROR(CheckShape(t, {n, k}, name));
+  if (t.dtype != dtype)
+    return InvalidArgument("weights: " + name + ": expected dtype " +
+                           std::string(model::DTypeName(dtype)) + ", found " +
+                           std::string(model::DTypeName(t.dtype)));
+  out->w.n = n;
+  out->w.k = k;
+  if (t.dtype == DType::kF16) {
+    out->owned.resize(static_cast<size_t>(n) * k);
+    for (int64_t i = 0; i < n * k; ++i) out->owned[i] = t.At(i);
+    out->w.data = out->owned.data();
+    out->w.bf16 = false;
+  } else {
+    out->w.data = t.data;
+    out->w.bf16 = t.dtype == DType::kBF16;
+  }
+  return OkStatus();
+}
+
+Status CheckConfig(const model::ModelConfig& c, size_t num_layer_weights) {
+  if (c.vocab_size <= 0 || c.hidden_size <= 0 || c.intermediate_size <= 0 || c.num_layers <= 0 ||
+      c.num_heads <= 0 || c.num_kv_heads <= 0 || c.head_dim <= 0)
+    return InvalidArgument("model config: sizes must be positive");
+  if (c.num_heads % c.num_kv_heads != 0)
+    return InvalidArgument("model config: num_attention_heads " + std::to_string(c.num_heads) +
+                           " is not a multiple of num_key_value_heads " +
+                           std::to_string(c.num_kv_heads));
+  if (c.head_dim % 2 != 0)
+    return InvalidArgument("model config: head_dim " + std::to_string(c.head_dim) +
+                           " must be even for RoPE");
+  if (num_layer_weights != static_cast<size_t>(c.num_layers))
+    return InvalidArgument("weights: " + std::to_string(num_layer_weights) +
+                           " layers given, config has " + std::to_string(c.num_layers));
+  return OkStatus();
+}
+
+Status PrepareLayer(const model::LayerWeights& lw, const model::ModelConfig& c, DType dtype,
+                    int index, RunnerLayerWeights* out) {
+  const std::string p = "model.layers." + std::to_string(index) + ".";
+  const int64_t h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), inter = c.intermediate_size;
+  ASSIGN_OR_RETURN(out->input_norm, ToF32Vector(lw.input_norm, h, p + "input_layernorm.weight"));
+  ASSIGN_OR_RETURN(out->post_norm,
+                   ToF32Vector(lw.post_norm, h, p + "post_attention_layernorm.weight"));
+  ASSIGN_OR_RETURN(out->q_norm,
+                   OptionalVector(lw.q_norm, c.qk_norm, c.head_dim, p + "self_attn.q_norm.weight"));
+  ASSIGN_OR_RETURN(out->k_norm,
+                   OptionalVector(lw.k_norm, c.qk_norm, c.head_dim, p + "self_attn.k_norm.weight"));
+  ASSIGN_OR_RETURN(out->q_bias,
+                   OptionalVector(lw.q_bias, c.attention_bias, q, p + "self_attn.q_proj.bias"));
+  ASSIGN_OR_RETURN(out->k_bias,
+                   OptionalVector(lw.k_bias, c.attention_bias, kv, p + "self_attn.k_proj.bias"));
+  ASSIGN_OR_RETURN(out->v_bias,
+                   OptionalVector(lw.v_bias, c.attention_bias, kv, p + "self_attn.v_proj.bias"));
+  RETURN_IF_ERROR(MakeLinear(lw.q_proj, q, h, dtype, p + "self_attn.q_proj.weight", &out->q));
+  RETURN_IF_ERROR(MakeLinear(lw.k_proj, kv, h, dtype, p + "self_attn.k_proj.weight", &out->k));
+  RETURN_IF_ERROR(MakeLinear(lw.v_proj, kv, h, dtype, p + "self_attn.v_proj.weight", &out->v));
+  RETURN_IF_ERROR(MakeLinear(lw.o_proj, h, q, dtype, p + "self_attn.o_proj.weight", &out->o));
+  RETURN_IF_ERROR(
+      MakeLinear(lw.gate_proj, inter, h, dtype, p + "mlp.gate_proj.weight", &out->gate));
+  RETURN_IF_ERROR(MakeLinear(lw.up_proj, inter, h, dtype, p + "mlp.up_proj.weight", &out->up));
+  RETURN_IF_ERROR(
+      MakeLinear(lw.down_proj, h, inter, dtype, p + "mlp.down_proj.weight", &out->down));
+  return OkStatus();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<RunnerWeights>> PrepareRunnerWeights(const model::ModelWeights& weights) {
+  const model::ModelConfig& c = weights.config;
+  RETURN_IF_ERROR(CheckConfig(c, weights.layers.size()));
+  auto out = std::make_unique<RunnerWeights>();
+  out->config = c;
+  const DType dtype = weights.dtype;
+  RETURN_IF_ERROR(MakeLinear(weights.embed_tokens, c.vocab_size, c.hidden_size, dtype,
+                             "model.embed_tokens.weight", &out->embed));
+  if (weights.lm_head.data == weights.embed_tokens.data && weights.lm_head.data != nullptr) {
+    out->lm_head.w = out->embed.w;  // tied: share the (possibly converted) embedding
+  } else {
+    RETURN_IF_ERROR(MakeLinear(weights.lm_head, c.vocab_size, c.hidden_size, dtype,
+                               "lm_head.weight", &out->lm_head));
+  }
+  ASSIGN_OR_RETURN(out->final_norm,
+                   ToF32Vector(weights.final_norm, c.hidden_size, "model.norm.weight"));
+  out->layers.resize(c.num_layers);
+  for (int i = 0; i < c.num_layers; ++i)
+    RETURN_IF_ERROR(PrepareLayer(weights.layers[i], c, dtype, i, &out->layers[i]));
+  return out;
+}
+
+void LoadWeightRow(const kernels::WeightMatrix& w, int64_t row, float* out) {
+  if (w.bf16) {
+    const uint16_t* src = static_cast<const uint16_t*>(w.data) + row * w.k;
+    for (int64_t i = 0; i < w.k; ++i) out[i] = model::Bf16ToF32(src[i]);
+  } else {
+    std::memcpy(out, static_cast<const float*>(w.data) + row * w.k, sizeof(float) * w.k);
+  }
+}
+
+}  // namespace pd::engine
