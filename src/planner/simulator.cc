@@ -1,0 +1,307 @@
+#include "planner/simulator.h"
+
+#include <algorithm>
+#include <deque>
+#include <queue>
+#include <string>
+
+namespace pd::planner {
+namespace {
+
+enum class EventKind { kArrival, kStageFree, kStepDone, kKvArrived };
+
+struct Event {
+  double time = 0.0;
+  int64_t seq = 0;  // insertion order: ties resolve FIFO, so runs are deterministic
+  EventKind kind = EventKind::kArrival;
+  int instance = -1;
+  int64_t request = -1;
+  bool operator>(const Event& o) const { return time != o.time ? time > o.time : seq > o.seq; }
+};
+
+struct Instance {
+  InstanceConfig cfg;
+  std::unique_ptr<StepScheduler> sched;
+  double stage_free_at = 0.0;
+  double last_done = 0.0;
+  int in_flight = 0;
+  int incoming = 0;    // KV transfers on their way here
+  bool dirty = false;  // may be able to start a step at the current instant
+  std::deque<SimBatch> batches;
+  int load() const { return sched->num_unfinished() + incoming; }
+};
+
+class Cluster {
+ public:
+  Cluster(const ClusterLinks& links, std::span<const SimRequest> requests, const SimOptions& opts)
+      : links_(links), requests_(requests), opts_(opts) {}
+
+  Status Init(std::span<const InstanceConfig> configs);
+  SimResult Run();
+
+ private:
+  void Push(double time, EventKind kind, int instance, int64_t request) {
+    events_.push({time, next_seq_++, kind, instance, request});
+  }
+  int PickLeastLoaded(Role role) const;
+  void OnArrival(double now, int64_t req);
+  void OnStepDone(double now, int inst);
+  void OnKvArrived(double now, int inst, int64_t req);
+  void TryStart(double now, int inst);
+  void MarkDirty(int inst) {
+    if (!instances_[inst].dirty) {
+      instances_[inst].dirty = true;
+      dirty_.push_back(inst);
+    }
+  }
+  StepShape ShapeOf(const Instance& inst, const SimBatch& batch) const;
+  // Handles one sampled token of `req` on `inst`; returns true when the sequence leaves `inst`.
+  bool OnToken(double now, Instance& inst, int64_t req);
+  void Fail(int64_t req);
+  void CountMiss(int64_t req);
+
+  const ClusterLinks links_;
+  std::span<const SimRequest> requests_;
+  const SimOptions& opts_;
+  std::vector<Instance> instances_;
+  std::vector<int> dirty_;
+  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
+  int64_t next_seq_ = 0;
+  std::vector<int> generated_;
+  std::vector<char> missed_;
+  SimResult result_;
+  int misses_ = 0;
+  bool colocated_ = false;
+};
+
+Status Cluster::Init(std::span<const InstanceConfig> configs) {
+  if (configs.empty()) return InvalidArgument("deployment has no instances");
+  int colocated = 0, prefill = 0, decode = 0;
+  SchedulerFactory factory = opts_.make_scheduler ? opts_.make_scheduler : NativeSchedulerFactory();
+  for (const auto& c : configs) {
+    if (c.tp < 1 || c.pp < 1) return InvalidArgument("instance TP and PP must be >= 1");
+    colocated += c.role == Role::kColocated;
+    prefill += c.role == Role::kPrefill;
+    decode += c.role == Role::kDecode;
+    Instance inst;
+    inst.cfg = c;
+    inst.sched = factory(c.policy, c.role);
+    if (!inst.sched) return InvalidArgument("scheduler factory returned no scheduler");
+    instances_.push_back(std::move(inst));
+  }
+  if (colocated > 0 && (prefill > 0 || decode > 0)) {
+    return InvalidArgument("a deployment is either colocated or disaggregated, not both");
+  }
+  if (colocated == 0 && (prefill == 0 || decode == 0)) {
+    return InvalidArgument("a disaggregated deployment needs prefill and decode instances");
+  }
+  colocated_ = colocated > 0;
+  result_.requests.resize(requests_.size());
+  generated_.assign(requests_.size(), 0);
+  missed_.assign(requests_.size(), 0);
+  for (size_t i = 0; i < requests_.size(); ++i) {
+    const SimRequest& r = requests_[i];
+    if (r.prompt_len < 1 || r.output_len < 1) {
+      return InvalidArgument("request " + std::to_string(r.id) + ": lengths must be >= 1");
+    }
+    auto& out = result_.requests[i];
+    out.id = r.id;
+    out.prompt_len = r.prompt_len;
+    out.output_len = r.output_len;
+    out.arrival_s = r.arrival_s;
+    Push(r.arrival_s, EventKind::kArrival, -1, static_cast<int64_t>(i));
+  }
+  return OkStatus();
+}
+
+SimResult Cluster::Run() {
+  double now = 0.0;
+  while (!events_.empty()) {
+    if (opts_.max_misses >= 0 && misses_ > opts_.max_misses) {
+      result_.stopped_early = true;
+      break;
+    }
+    Event e = events_.top();
+    events_.pop();
+    now = e.time;
+    switch (e.kind) {
+      case EventKind::kArrival:
+        OnArrival(now, e.request);
+        break;
+      case EventKind::kStageFree:
+        MarkDirty(e.instance);
+        break;
+      case EventKind::kStepDone:
+        OnStepDone(now, e.instance);
+        break;
+      case EventKind::kKvArrived:
+        OnKvArrived(now, e.instance, e.request);
+        break;
+    }
+    // Steps start once every event of this instant is in, so simultaneous arrivals batch.
+    if (events_.empty() || events_.top().time > now) {
+      for (int i : dirty_) {
+        instances_[i].dirty = false;
+        TryStart(now, i);
+      }
+      dirty_.clear();
+    }
+  }
+  // Anything left unfinished (a scheduler that could not place it) is a failure.
+  if (!result_.stopped_early) {
+    for (size_t i = 0; i < result_.requests.size(); ++i)
+      if (!result_.requests[i].done() && !result_.requests[i].failed) Fail(i);
+  }
+  for (const auto& inst : instances_) result_.num_preemptions += inst.sched->num_preemptions();
+  result_.end_time_s = now;
+  return std::move(result_);
+}
+
+int Cluster::PickLeastLoaded(Role role) const {
+  int best = -1;
+  for (size_t i = 0; i < instances_.size(); ++i) {
+    if (instances_[i].cfg.role != role) continue;
+    if (best < 0 || instances_[i].load() < instances_[best].load()) best = static_cast<int>(i);
+  }
+  return best;
+}
+
+void Cluster::Fail(int64_t req) {
+  result_.requests[req].failed = true;
+  CountMiss(req);
+}
+
+void Cluster::CountMiss(int64_t req) {
+  if (!missed_[req]) {
+    missed_[req] = 1;
+    ++misses_;
+  }
+}
+
+void Cluster::OnArrival(double now, int64_t req) {
+  const int inst = PickLeastLoaded(colocated_ ? Role::kColocated : Role::kPrefill);
+  if (!instances_[inst].sched->Add(req, requests_[req].prompt_len, 0, now).ok()) {
+    Fail(req);
+    return;
+  }
+  MarkDirty(inst);
+}
+
+void Cluster::OnKvArrived(double now, int inst, int64_t req) {
+  Instance& in = instances_[inst];
+  --in.incoming;
+  const int prompt = requests_[req].prompt_len;
+  if (!in.sched->Add(req, prompt + 1, prompt, now).ok()) {
+    Fail(req);
+    return;
+  }
+  MarkDirty(inst);
+}
+
+StepShape Cluster::ShapeOf(const Instance& inst, const SimBatch& batch) const {
+  StepShape shape;
+  for (const BatchItem& item : batch.items) {
+    // A decode instance's first step of a migrated sequence computes only its last token: the
+    // rest of the prompt's KV arrived by transfer (an engine scheduler shows it as one chunk).
+    if (item.decode || inst.cfg.role == Role::kDecode) {
+      ++shape.decode_seqs;
+      shape.decode_context += item.start + item.num_tokens;
+    } else {
+      shape.prefill_tokens += item.num_tokens;
+      shape.prefill_sq += static_cast<double>(item.num_tokens) * (item.start + item.num_tokens);
+    }
+  }
+  return shape;
+}
+
+void Cluster::TryStart(double now, int i) {
+  Instance& inst = instances_[i];
+  const int max_in_flight = std::min(inst.cfg.pp, inst.sched->max_in_flight());
+  if (now < inst.stage_free_at || inst.in_flight >= max_in_flight) return;
+  SimBatch batch = inst.sched->Schedule(now);
+  if (batch.empty()) return;
+  const StageTimes t = PipelineTimes(inst.cfg.coeffs, ShapeOf(inst, batch), inst.cfg.pp);
+  inst.stage_free_at = now + t.stage_s;
+  // Batches leave the pipeline in the order they entered it.
+  inst.last_done = std::max(now + t.step_s, inst.last_done);
+  ++inst.in_flight;
+  ++result_.num_steps;
+  inst.batches.push_back(std::move(batch));
+  Push(inst.last_done, EventKind::kStepDone, i, -1);
+  if (inst.cfg.pp > 1) Push(inst.stage_free_at, EventKind::kStageFree, i, -1);
+}
+
+bool Cluster::OnToken(double now, Instance& inst, int64_t req) {
+  RequestResult& out = result_.requests[req];
+  const int n = ++generated_[req];
+  if (n == 1) {
+    out.first_token_s = now;
+    if (out.ttft_s() > opts_.slo.ttft_s) CountMiss(req);
+  }
+  const bool last = n >= out.output_len;
+  if (last) {
+    out.finish_s = now;
+    if (out.tpot_s() > opts_.slo.tpot_s) CountMiss(req);
+  }
+  if (inst.cfg.role != Role::kPrefill) return last;
+  if (!last) {
+    const int dest = PickLeastLoaded(Role::kDecode);
+    ++instances_[dest].incoming;
+    const double xfer = KvTransferSeconds(inst.cfg, instances_[dest].cfg, links_, out.prompt_len);
+    Push(now + xfer, EventKind::kKvArrived, dest, req);
+  }
+  return true;  // a prefill instance is done with the sequence after its first token
+}
+
+void Cluster::OnStepDone(double now, int i) {
+  Instance& inst = instances_[i];
+  SimBatch batch = std::move(inst.batches.front());
+  inst.batches.pop_front();
+  --inst.in_flight;
+  std::vector<int64_t> finished;
+  for (const BatchItem& item : batch.items) {
+    if (item.samples && OnToken(now, inst, item.seq_id)) finished.push_back(item.seq_id);
+  }
+  inst.sched->Update(batch, finished);
+  MarkDirty(i);
+}
+
+}  // namespace
+
+std::string_view RoleName(Role role) {
+  switch (role) {
+    case Role::kColocated:
+      return "colocated";
+    case Role::kPrefill:
+      return "prefill";
+    case Role::kDecode:
+      return "decode";
+  }
+  return "?";
+}
+
+SchedulerFactory NativeSchedulerFactory() {
+  return [](const SchedPolicy& policy, Role) -> std::unique_ptr<StepScheduler> {
+    return std::make_unique<NativeStepScheduler>(policy);
+  };
+}
+
+double KvTransferSeconds(const InstanceConfig& from, const InstanceConfig& to,
+                         const ClusterLinks& links, int tokens) {
+  const double bytes = links.kv_bytes_per_token * tokens;
+  if (bytes <= 0) return 0.0;
+  if (from.node == to.node) {
+    const int shards = std::min(from.tp * from.pp, to.tp * to.pp);
+    return bytes / (links.intra_node_bw * shards);
+  }
+  return bytes / links.inter_node_bw;
+}
+
+Result<SimResult> Simulate(std::span<const InstanceConfig> instances, const ClusterLinks& links,
+                           std::span<const SimRequest> requests, const SimOptions& options) {
+  Cluster cluster(links, requests, options);
+  RETURN_IF_ERROR(cluster.Init(instances));
+  return cluster.Run();
+}
+
+}  // namespace pd::planner

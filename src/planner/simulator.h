@@ -1,0 +1,75 @@
+// A discrete-event simulator of a serving cluster on a simulated clock.
+//
+// Instances are colocated (prefill and decode in one batch scheduler; chunked prefill when the
+// policy enables it) or disaggregated (prefill instances hand each prompt's KV to a decode
+// instance after a transfer of prompt_len × kv_bytes_per_token bytes over the link between the
+// two instances' nodes). Every instance runs a StepScheduler — pdserve's own engine scheduler or
+// the native one with the same policy — and each step takes the latency model's time.
+//
+// Latency accounting follows DistServe: the first token is produced by the prefill step (TTFT
+// ends there); the KV transfer and the decode queueing count toward TPOT.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "planner/latency_model.h"
+#include "planner/metrics.h"
+#include "planner/step_scheduler.h"
+#include "planner/workload.h"
+
+namespace pd::planner {
+
+enum class Role { kColocated, kPrefill, kDecode };
+std::string_view RoleName(Role role);  // "colocated" | "prefill" | "decode"
+
+struct InstanceConfig {
+  Role role = Role::kColocated;
+  int tp = 1;
+  int pp = 1;
+  int node = 0;  // node of its first device: KV between instances on one node uses NVLink
+  StepCoeffs coeffs;
+  SchedPolicy policy;
+};
+
+struct ClusterLinks {
+  double intra_node_bw = 240e9;    // bytes/s per device (every shard moves its slice in parallel)
+  double inter_node_bw = 3.125e9;  // bytes/s between two nodes (25 Gbps)
+  double kv_bytes_per_token = 0;   // whole model, all layers
+};
+
+using SchedulerFactory =
+    std::function<std::unique_ptr<StepScheduler>(const SchedPolicy& policy, Role role)>;
+// The native scheduler, for every role.
+SchedulerFactory NativeSchedulerFactory();
+
+struct SimOptions {
+  SchedulerFactory make_scheduler;  // empty: NativeSchedulerFactory()
+  // Stop as soon as more than max_misses requests missed the SLO (-1: never). A goodput search
+  // uses it to give up on a rate early.
+  int max_misses = -1;
+  Slo slo;
+};
+
+struct SimResult {
+  std::vector<RequestResult> requests;  // in the workload's order
+  bool stopped_early = false;
+  int64_t num_steps = 0;
+  int64_t num_preemptions = 0;
+  double end_time_s = 0.0;
+};
+
+// Seconds to move `tokens` tokens of KV between a prefill and a decode instance.
+double KvTransferSeconds(const InstanceConfig& from, const InstanceConfig& to,
+                         const ClusterLinks& links, int tokens);
+
+// InvalidArgument for an empty or inconsistent deployment (colocated mixed with disaggregated
+// roles, prefill without decode, non-positive TP/PP).
+Result<SimResult> Simulate(std::span<const InstanceConfig> instances, const ClusterLinks& links,
+                           std::span<const SimRequest> requests, const SimOptions& options);
+
+}  // namespace pd::planner

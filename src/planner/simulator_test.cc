@@ -1,0 +1,181 @@
+#include "planner/simulator.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "planner/goodput.h"
+#include "planner/test_data.h"
+
+namespace pd::planner {
+namespace {
+
+StepCoeffs ConstantPrefill(double ms) {
+  StepCoeffs c;
+  c.prefill = {ms, 0, 0};
+  return c;
+}
+
+// M/D/1: Poisson arrivals, one server, deterministic service D. Mean wait W = ρ·D / (2(1 − ρ)).
+TEST(Simulator, PrefillQueueMatchesMD1MeanWait) {
+  const double d = 0.1;  // seconds per prompt
+  for (double rho : {0.5, 0.8}) {
+    InstanceConfig inst;
+    inst.coeffs = ConstantPrefill(d * 1e3);
+    inst.policy.max_num_batched_tokens = 100;  // one 100-token prompt per step
+    std::vector<LengthPair> lengths = {{100, 1}};
+    ArrivalOptions arrivals;
+    arrivals.num_requests = 200000;
+    arrivals.seed = 42;
+    auto reqs = AtRate(MakeUnitRateWorkload(lengths, arrivals), rho / d);
+    auto r = Simulate({&inst, 1}, ClusterLinks{}, reqs, SimOptions{});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    double wait = 0;
+    for (const auto& q : r->requests) {
+      ASSERT_TRUE(q.done());
+      wait += q.ttft_s() - d;
+    }
+    wait /= r->requests.size();
+    const double expected = rho * d / (2 * (1 - rho));
+    EXPECT_NEAR(wait, expected, 0.04 * expected) << "rho " << rho;
+  }
+}
+
+// B sequences decode together from t = 0: each step costs a + b·B·(L + k + 1) + c·B.
+TEST(Simulator, FixedBatchDecodeStepTime) {
+  const int batch = 8, prompt = 100, output = 21;
+  InstanceConfig prefill;
+  prefill.role = Role::kPrefill;
+  prefill.policy.max_num_batched_tokens = 1 << 20;  // all prompts in one zero-cost step
+  InstanceConfig decode;
+  decode.role = Role::kDecode;
+  decode.coeffs.decode_small = {5.0, 0.01, 0.5};
+  decode.coeffs.decode_large = {1000, 1000, 1000};  // must not be used: batch < threshold
+  decode.coeffs.decode_threshold = 95;
+  std::vector<InstanceConfig> insts = {prefill, decode};
+  std::vector<SimRequest> reqs;
+  for (int i = 0; i < batch; ++i) reqs.push_back({i, 0.0, prompt, output});
+  auto r = Simulate(insts, ClusterLinks{}, reqs, SimOptions{});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  double total_ms = 0;
+  for (int k = 0; k < output - 1; ++k)
+    total_ms += 5.0 + 0.01 * batch * (prompt + k + 1) + 0.5 * batch;
+  for (const auto& q : r->requests) {
+    EXPECT_DOUBLE_EQ(q.ttft_s(), 0.0);
+    EXPECT_NEAR(q.tpot_s(), total_ms / (output - 1) * 1e-3, 1e-12);
+  }
+  EXPECT_EQ(r->num_steps, 1 + (output - 1));
+}
+
+TEST(Simulator, KvTransferDelaysDecodeByBytesOverBandwidth) {
+  InstanceConfig prefill, decode;
+  prefill.role = Role::kPrefill;
+  decode.role = Role::kDecode;
+  decode.node = 1;
+  ClusterLinks links;
+  links.kv_bytes_per_token = 1e6;
+  links.inter_node_bw = 1e9;  // 1000 tokens → 1 s
+  std::vector<InstanceConfig> insts = {prefill, decode};
+  std::vector<SimRequest> reqs = {{0, 0.0, 1000, 3}};
+  auto r = Simulate(insts, links, reqs, SimOptions{});
+  ASSERT_TRUE(r.ok());
+  EXPECT_NEAR(r->requests[0].finish_s - r->requests[0].first_token_s, 1.0, 1e-12);
+  decode.node = 0;  // same node: per-shard NVLink bandwidth
+  EXPECT_NEAR(KvTransferSeconds(prefill, decode, links, 1000), 1e9 / links.intra_node_bw, 1e-12);
+}
+
+TEST(Simulator, PipelineKeepsSeveralBatchesInFlight) {
+  InstanceConfig inst;
+  inst.coeffs = ConstantPrefill(100);
+  inst.policy.max_num_batched_tokens = 10;
+  std::vector<SimRequest> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back({i, 0.0, 10, 1});
+  auto serial = Simulate({&inst, 1}, ClusterLinks{}, reqs, SimOptions{});
+  inst.pp = 2;
+  auto piped = Simulate({&inst, 1}, ClusterLinks{}, reqs, SimOptions{});
+  ASSERT_TRUE(serial.ok() && piped.ok());
+  EXPECT_NEAR(serial->end_time_s, 0.4, 1e-9);
+  // Stages of 51 ms: four batches leave at 102, 153, 204, 255 ms.
+  EXPECT_NEAR(piped->end_time_s, 0.255, 1e-9);
+}
+
+TEST(Simulator, RejectsBadDeployments) {
+  InstanceConfig c, p, d;
+  p.role = Role::kPrefill;
+  d.role = Role::kDecode;
+  std::vector<SimRequest> reqs = {{0, 0.0, 10, 2}};
+  EXPECT_EQ(Simulate({}, ClusterLinks{}, reqs, {}).status().code(), StatusCode::kInvalidArgument);
+  std::vector<InstanceConfig> mixed = {c, p, d};
+  EXPECT_EQ(Simulate(mixed, ClusterLinks{}, reqs, {}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(Simulate({&p, 1}, ClusterLinks{}, reqs, {}).status().code(),
+            StatusCode::kInvalidArgument);
+  c.tp = 0;
+  EXPECT_EQ(Simulate({&c, 1}, ClusterLinks{}, reqs, {}).status().code(),
+            StatusCode::kInvalidArgument);
+  c.tp = 1;
+  std::vector<SimRequest> bad = {{0, 0.0, 0, 2}};
+  EXPECT_EQ(Simulate({&c, 1}, ClusterLinks{}, bad, {}).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(Simulator, RequestLargerThanKvCacheFailsInsteadOfHanging) {
+  InstanceConfig c;
+  c.coeffs = ConstantPrefill(1);
+  c.policy.kv_capacity_tokens = 256;
+  std::vector<SimRequest> reqs = {{0, 0.0, 1000, 2}, {1, 0.0, 10, 2}};
+  auto r = Simulate({&c, 1}, ClusterLinks{}, reqs, {});
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->requests[0].failed);
+  EXPECT_TRUE(r->requests[1].done());
+  EXPECT_EQ(Summarize(r->requests, Slo{10, 10}).attainment, 0.5);
+}
+
+TEST(Simulator, KvPressurePreemptsAndStillFinishes) {
+  InstanceConfig c;
+  c.coeffs = ConstantPrefill(1);
+  c.coeffs.decode_small = c.coeffs.decode_large = {1, 0, 0};
+  c.policy.kv_capacity_tokens = 16 * 20;  // 20 pages
+  std::vector<SimRequest> reqs;
+  for (int i = 0; i < 6; ++i) reqs.push_back({i, 0.0, 30, 40});  // each grows to 5 pages
+  auto r = Simulate({&c, 1}, ClusterLinks{}, reqs, {});
+  ASSERT_TRUE(r.ok());
+  for (const auto& q : r->requests) EXPECT_TRUE(q.done());
+  EXPECT_GT(r->num_preemptions, 0);
+}
+
+TEST(Simulator, ReplayOfRealA100TraceLandsNearMeasuredAttainment) {
+  PD_REQUIRE_DISTSERVE_DATA();
+  auto model = LoadProfile(testing::DistServePath("a100-profile/profiler-a100-80g.vllm.json"),
+                           "facebook/opt-13b");
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const std::string name = "vllm-300-3.json";
+  auto trace = LoadTraceJson(testing::DistServePath("real-a100-opt13b-sharegpt/workloads/" + name));
+  auto measured =
+      LoadMeasuredJson(testing::DistServePath("real-a100-opt13b-sharegpt/measured/" + name));
+  ASSERT_TRUE(trace.ok() && measured.ok());
+  InstanceConfig inst;
+  inst.coeffs = *(*model)->Coeffs(1);
+  inst.policy.kv_capacity_tokens = 66144;
+  auto r = Simulate({&inst, 1}, ClusterLinks{}, *trace, {});
+  ASSERT_TRUE(r.ok());
+  const Slo slo{0.25, 0.1};
+  const Summary sim = Summarize(r->requests, slo);
+  std::vector<RequestResult> real;
+  for (const auto& m : *measured) {
+    RequestResult q;
+    q.output_len = m.output_len;
+    q.first_token_s = m.ttft_s;
+    q.finish_s = m.ttft_s + m.tpot_s * std::max(0, m.output_len - 1);
+    real.push_back(q);
+  }
+  const Summary meas = Summarize(real, slo);
+  RecordProperty("sim_attainment", std::to_string(sim.attainment));
+  RecordProperty("real_attainment", std::to_string(meas.attainment));
+  std::printf("%s: attainment sim %.3f real %.3f; TTFT p50 sim %.3f real %.3f s\n", name.c_str(),
+              sim.attainment, meas.attainment, sim.ttft_p50_s, meas.ttft_p50_s);
+  EXPECT_NEAR(sim.attainment, meas.attainment, 0.25);
+}
+
+}  // namespace
+}  // namespace pd::planner
