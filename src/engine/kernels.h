@@ -58,10 +58,10 @@ struct AttentionArgs {
 // Positions processed per block by the online-softmax attention kernels.
 constexpr int kAttnBlock = 32;
 
-// Scratch floats one attention work item needs (fast kernels): scores and accumulators for the
-// group of query heads sharing one KV head, plus one converted K/V row.
+// Scratch floats one attention work item needs (fast kernels): for each query head sharing the
+// KV head, a block of scores, an accumulator padded to whole vectors, a running max and sum.
 inline size_t AttentionItemScratchFloats(int group, int head_dim) {
-  return static_cast<size_t>(group) * (kAttnBlock + head_dim + 16) + head_dim + 64;
+  return static_cast<size_t>(group) * (kAttnBlock + head_dim + 32) + 64;
 }
 
 // The fast kernels of one instruction set. Each computes a slice so callers can split work

@@ -1,8 +1,250 @@
-// Fast kernels for avx512 (placeholder: the scalar table until the SIMD kernels land).
+// Fast kernels for AVX-512 (F/BW/VL/DQ; this file is compiled with -mavx512*). Only intrinsics and
+// file-local helpers here: see kernels.h for why no other header's inline code may be compiled
+// with these flags.
+// GCC 12's AVX-512 intrinsics (reduce_add, cvtepu16) start from _mm512_undefined_*, which
+// -Wuninitialized reports falsely once inlined.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
 #include "engine/kernels.h"
 
 namespace pd::engine::kernels {
+namespace {
 
-const IsaKernels& Avx512Kernels() { return ScalarKernels(); }
+inline int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
+inline __mmask16 TailMask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
+
+// 16 bf16 -> 16 f32 (exact: bf16 is the top half of an f32).
+inline __m512 Bf16x16(__m256i v) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+inline __m512 LoadBf16(const uint16_t* p) {
+  return Bf16x16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 LoadBf16(const uint16_t* p, __mmask16 m) {
+  return Bf16x16(_mm256_maskz_loadu_epi16(m, p));
+}
+
+template <bool kBf16>
+inline __m512 LoadW(const void* row, int64_t k) {
+  if constexpr (kBf16) return LoadBf16(static_cast<const uint16_t*>(row) + k);
+  return _mm512_loadu_ps(static_cast<const float*>(row) + k);
+}
+template <bool kBf16>
+inline __m512 LoadW(const void* row, int64_t k, __mmask16 m) {
+  if constexpr (kBf16) return LoadBf16(static_cast<const uint16_t*>(row) + k, m);
+  return _mm512_maskz_loadu_ps(m, static_cast<const float*>(row) + k);
+}
+
+// out (MR, NR) tile = x (MR rows, K) . W (NR rows from n0, K)^T: MR*NR accumulators in registers,
+// each weight vector loaded once per K step and used by MR rows of x.
+template <int MR, int NR, bool kBf16>
+void Tile(const float* x, int64_t ldx, const WeightMatrix& w, int64_t n0, float* out, int64_t ldo) {
+  const int64_t K = w.k;
+  const size_t elem = kBf16 ? 2 : 4;
+  const uint8_t* wbase = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(n0) * K * elem;
+  const void* wrow[NR];
+#pragma GCC unroll 8
+  for (int j = 0; j < NR; ++j) wrow[j] = wbase + static_cast<size_t>(j) * K * elem;
+  __m512 acc[MR][NR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 wv[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) wv[j] = LoadW<kBf16>(wrow[j], k);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_loadu_ps(x + i * ldx + k);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  if (k < K) {
+    const __mmask16 m = TailMask(K - k);
+    __m512 wv[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) wv[j] = LoadW<kBf16>(wrow[j], k, m);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) out[i * ldo + n0 + j] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+template <int MR, bool kBf16>
+void RowBlock(const float* x, int64_t ldx, const WeightMatrix& w, int64_t n_begin, int64_t n_end,
+              float* out, int64_t ldo) {
+  int64_t n = n_begin;
+  if constexpr (MR == 1) {  // decode: more independent accumulators hide the FMA latency
+    for (; n + 8 <= n_end; n += 8) Tile<1, 8, kBf16>(x, ldx, w, n, out, ldo);
+  }
+  for (; n + 4 <= n_end; n += 4) Tile<MR, 4, kBf16>(x, ldx, w, n, out, ldo);
+  for (; n < n_end; ++n) Tile<MR, 1, kBf16>(x, ldx, w, n, out, ldo);
+}
+
+template <bool kBf16>
+void MatmulT(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, int64_t n_begin,
+             int64_t n_end, float* out, int64_t ldo) {
+  // Panels of W rows small enough to stay in L2 while every block of x rows passes over them.
+  const int64_t panel = kBf16 ? 128 : 64;
+  for (int64_t nc = n_begin; nc < n_end; nc += panel) {
+    const int64_t nce = Min(nc + panel, n_end);
+    int64_t m = 0;
+    for (; m + 4 <= rows; m += 4)
+      RowBlock<4, kBf16>(x + m * ldx, ldx, w, nc, nce, out + m * ldo, ldo);
+    switch (rows - m) {
+      case 3:
+        RowBlock<3, kBf16>(x + m * ldx, ldx, w, nc, nce, out + m * ldo, ldo);
+        break;
+      case 2:
+        RowBlock<2, kBf16>(x + m * ldx, ldx, w, nc, nce, out + m * ldo, ldo);
+        break;
+      case 1:
+        RowBlock<1, kBf16>(x + m * ldx, ldx, w, nc, nce, out + m * ldo, ldo);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+void Matmul(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, int64_t n_begin,
+            int64_t n_end, float* out, int64_t ldo) {
+  if (w.bf16) {
+    MatmulT<true>(x, rows, ldx, w, n_begin, n_end, out, ldo);
+  } else {
+    MatmulT<false>(x, rows, ldx, w, n_begin, n_end, out, ldo);
+  }
+}
+
+// exp(x) for x <= 0 (softmax arguments): Cody-Waite range reduction and a degree-6 polynomial,
+// about 2 ulp; exp(-inf) = 0.
+inline __m512 Exp(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline const uint8_t* KvRow(const PagedKv& kv, const int32_t* table, int pos, int head, int which) {
+  const int slot = pos % kv.page_size;
+  const int64_t off =
+      kv.hnd ? ((static_cast<int64_t>(head) * 2 + which) * kv.page_size + slot) * kv.head_dim
+             : ((static_cast<int64_t>(slot) * kv.num_kv_heads + head) * 2 + which) * kv.head_dim;
+  return kv.base + static_cast<int64_t>(table[pos / kv.page_size]) * kv.page_bytes +
+         off * (kv.bf16 ? 2 : 4);
+}
+
+inline __m512 LoadKv(const uint8_t* row, bool bf16, int i, __mmask16 m) {
+  if (bf16) return LoadBf16(reinterpret_cast<const uint16_t*>(row) + i, m);
+  return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(row) + i);
+}
+
+// Online softmax over blocks of kAttnBlock positions (see ScalarAttentionItem in kernels.cc).
+void AttentionItem(const AttentionArgs& a, int token, int kv_head, float* scratch) {
+  const PagedKv& kv = a.kv;
+  const AttnSeq& seq = a.seqs[a.token_seq[token]];
+  const int pos = seq.start_pos + (token - seq.token_begin);
+  const int group = a.num_heads / kv.num_kv_heads;
+  const int d = kv.head_dim;
+  const int dv = (d + 15) / 16 * 16;         // acc rows padded to whole vectors
+  float* scores = scratch;                   // (group, kAttnBlock)
+  float* acc = scores + group * kAttnBlock;  // (group, dv)
+  float* m = acc + group * dv;               // (group) running max
+  float* l = m + group;                      // (group) running sum
+  for (int i = 0; i < group * dv; i += 16) _mm512_storeu_ps(acc + i, _mm512_setzero_ps());
+  for (int h = 0; h < group; ++h) {
+    m[h] = -__builtin_inff();
+    l[h] = 0;
+  }
+  const float* q0 =
+      a.q + static_cast<int64_t>(token) * a.ldq + static_cast<int64_t>(kv_head) * group * d;
+  for (int b0 = 0; b0 <= pos; b0 += kAttnBlock) {
+    const int nb = static_cast<int>(Min(kAttnBlock, pos + 1 - b0));
+    for (int j = 0; j < nb; ++j) {
+      const uint8_t* k = KvRow(kv, seq.page_table, b0 + j, kv_head, 0);
+      for (int h = 0; h < group; ++h) {
+        const float* q = q0 + h * d;
+        __m512 dot = _mm512_setzero_ps();
+        for (int i = 0; i < d; i += 16) {
+          const __mmask16 mk = TailMask(Min(16, d - i));
+          dot = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, q + i), LoadKv(k, kv.bf16, i, mk), dot);
+        }
+        scores[h * kAttnBlock + j] = _mm512_reduce_add_ps(dot) * a.scale;
+      }
+    }
+    for (int h = 0; h < group; ++h) {
+      float* s = scores + h * kAttnBlock;
+      __m512 vmax = _mm512_set1_ps(m[h]);
+      for (int j = 0; j < nb; j += 16)
+        vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(vmax, TailMask(Min(16, nb - j)), s + j));
+      const float block_max = _mm512_reduce_max_ps(vmax);
+      const float corr = __builtin_expf(m[h] - block_max);
+      m[h] = block_max;
+      __m512 sum = _mm512_setzero_ps();
+      for (int j = 0; j < nb; j += 16) {
+        const __mmask16 mk = TailMask(Min(16, nb - j));
+        const __m512 e =
+            Exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), _mm512_set1_ps(block_max)));
+        _mm512_mask_storeu_ps(s + j, mk, e);
+        sum = _mm512_mask_add_ps(sum, mk, sum, e);
+      }
+      l[h] = l[h] * corr + _mm512_reduce_add_ps(sum);
+      if (corr != 1.0f) {
+        const __m512 c = _mm512_set1_ps(corr);
+        for (int i = 0; i < dv; i += 16)
+          _mm512_storeu_ps(acc + h * dv + i, _mm512_mul_ps(c, _mm512_loadu_ps(acc + h * dv + i)));
+      }
+    }
+    for (int j = 0; j < nb; ++j) {
+      const uint8_t* v = KvRow(kv, seq.page_table, b0 + j, kv_head, 1);
+      for (int i = 0; i < d; i += 16) {
+        const __m512 vv = LoadKv(v, kv.bf16, i, TailMask(Min(16, d - i)));
+        for (int h = 0; h < group; ++h) {
+          float* ah = acc + h * dv + i;
+          _mm512_storeu_ps(ah, _mm512_fmadd_ps(_mm512_set1_ps(scores[h * kAttnBlock + j]), vv,
+                                               _mm512_loadu_ps(ah)));
+        }
+      }
+    }
+  }
+  for (int h = 0; h < group; ++h) {
+    float* out = a.out + static_cast<int64_t>(token) * a.ldo +
+                 (static_cast<int64_t>(kv_head) * group + h) * d;
+    const __m512 inv = _mm512_set1_ps(1.0f / l[h]);
+    for (int i = 0; i < d; i += 16)
+      _mm512_mask_storeu_ps(out + i, TailMask(Min(16, d - i)),
+                            _mm512_mul_ps(inv, _mm512_loadu_ps(acc + h * dv + i)));
+  }
+}
+
+const IsaKernels kAvx512 = {"avx512", &Matmul, &AttentionItem};
+
+}  // namespace
+
+const IsaKernels& Avx512Kernels() { return kAvx512; }
 
 }  // namespace pd::engine::kernels

@@ -101,6 +101,9 @@ TEST_P(RunnerTest, FastMatchesReferenceOnMixedBatches) {
   const int vocab = model_->weights.config.vocab_size;
   const std::vector<int32_t> a = Tokens(12, 1, vocab), b = Tokens(13, 2, vocab);
   const std::vector<int32_t> pa = Pages(0, PagesFor(12)), pb = Pages(100, PagesFor(13));
+  // With a bf16 cache, a last-bit difference in a projection (summation order) can round a K/V
+  // element to the neighbouring bf16 value (2^-8 relative), so the bound is looser there.
+  const double tol = GetParam().kv_dtype == KvDType::kF32 ? 1e-4 : 1e-3;
   // step 0: a prefills 9, b prefills 7; step 1: a decodes, b prefills 5; step 2: both decode.
   const int plan[3][4] = {{0, 9, 0, 7}, {9, 10, 7, 12}, {10, 11, 12, 13}};
   for (int step = 0; step < 3; ++step) {
@@ -116,8 +119,8 @@ TEST_P(RunnerTest, FastMatchesReferenceOnMixedBatches) {
     ASSERT_EQ(out_fast.logits.size(), 2u);
     for (int s = 0; s < 2; ++s) {
       EXPECT_EQ(out_ref.logits[s].size(), batch.seqs[s].compute_logits ? vocab : 0u);
-      EXPECT_LT(RelError(out_fast.logits[s], out_ref.logits[s]), 1e-4) << "step " << step;
-      EXPECT_LT(RelError(out_fast.last_hidden[s], out_ref.last_hidden[s]), 1e-4);
+      EXPECT_LT(RelError(out_fast.logits[s], out_ref.logits[s]), tol) << "step " << step;
+      EXPECT_LT(RelError(out_fast.last_hidden[s], out_ref.last_hidden[s]), tol);
     }
   }
   EXPECT_EQ(fast->steps_done(), 3u);

@@ -1,0 +1,283 @@
+// Every fast kernel against its reference kernel, on random inputs and odd shapes, for every
+// instruction set this CPU has; plus hand-computed checks of the reference kernels themselves.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "engine/cpu_features.h"
+#include "engine/kernels.h"
+#include "engine/kernels_ref.h"
+#include "engine/kv_cache.h"
+#include "engine/thread_pool.h"
+#include "model/dtype.h"
+
+namespace pd::engine::kernels {
+namespace {
+
+std::vector<float> Random(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+struct Weights {
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+  WeightMatrix w;
+};
+
+Weights MakeWeights(int64_t n, int64_t k, bool bf16, uint64_t seed) {
+  Weights r;
+  r.f32 = Random(n * k, seed);
+  if (bf16) {
+    for (float v : r.f32) r.bf16.push_back(model::F32ToBf16(v));
+    r.w.data = r.bf16.data();
+  } else {
+    r.w.data = r.f32.data();
+  }
+  r.w.bf16 = bf16;
+  r.w.n = n;
+  r.w.k = k;
+  return r;
+}
+
+class IsaTest : public ::testing::TestWithParam<IsaLevel> {
+ protected:
+  void SetUp() override {
+    if (!IsaSupported(GetParam())) GTEST_SKIP() << "this CPU lacks " << IsaLevelName(GetParam());
+    isa_ = &KernelsFor(GetParam());
+  }
+  const IsaKernels* isa_ = nullptr;
+};
+
+TEST_P(IsaTest, MatmulMatchesReferenceOnOddShapes) {
+  for (bool bf16 : {false, true})
+    for (int64_t m : {1, 2, 3, 4, 5, 13})
+      for (int64_t n : {1, 5, 8, 13, 33})
+        for (int64_t k : {1, 7, 15, 16, 17, 40, 100, 129}) {
+          Weights w = MakeWeights(n, k, bf16, n * 1000 + k);
+          const int64_t ldx = k + 3, ldo = n + 2;
+          std::vector<float> x = Random(m * ldx, m + k);
+          std::vector<float> want(m * ldo, -7.0f), got(m * ldo, -7.0f);
+          ref::Matmul(x.data(), m, ldx, w.w, want.data(), ldo);
+          isa_->matmul(x.data(), m, ldx, w.w, 0, n, got.data(), ldo);
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < ldo; ++j) {
+              double bound = 1e-6;
+              for (int64_t kk = 0; j < n && kk < k; ++kk)
+                bound += 2e-6 * std::fabs(x[i * ldx + kk] * w.f32[j * k + kk]);
+              ASSERT_NEAR(got[i * ldo + j], want[i * ldo + j], bound)
+                  << "bf16=" << bf16 << " m=" << m << " n=" << n << " k=" << k << " at " << i << ","
+                  << j;
+            }
+        }
+}
+
+TEST_P(IsaTest, MatmulSliceWritesOnlyItsColumns) {
+  Weights w = MakeWeights(37, 24, true, 5);
+  std::vector<float> x = Random(3 * 24, 6);
+  std::vector<float> want(3 * 37, 0.0f), got(3 * 37, 123.0f);
+  ref::Matmul(x.data(), 3, 24, w.w, want.data(), 37);
+  isa_->matmul(x.data(), 3, 24, w.w, 9, 30, got.data(), 37);
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 37; ++j) {
+      if (j >= 9 && j < 30) {
+        EXPECT_NEAR(got[i * 37 + j], want[i * 37 + j], 1e-4);
+      } else {
+        EXPECT_EQ(got[i * 37 + j], 123.0f);
+      }
+    }
+}
+
+TEST_P(IsaTest, ParallelMatmulMatchesReference) {
+  ThreadPool pool(3);
+  Weights w = MakeWeights(101, 64, false, 8);
+  std::vector<float> x = Random(13 * 64, 9);
+  std::vector<float> want(13 * 101), got(13 * 101);
+  ref::Matmul(x.data(), 13, 64, w.w, want.data(), 101);
+  ParallelMatmul(pool, *isa_, x.data(), 13, 64, w.w, got.data(), 101);
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4) << i;
+}
+
+// A paged KV region in plain memory with three sequences: 5 cached + 7 new tokens (a prefill
+// chunk), 40 cached + 1 new (a decode crossing attention blocks), and a 1-token prompt.
+struct AttnFixture {
+  std::vector<uint8_t> region;
+  PagedKv kv;
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<AttnSeq> seqs;
+  std::vector<int32_t> token_seq;
+  std::vector<float> q, want, got;
+  AttentionArgs args;
+
+  AttnFixture(bool hnd, bool bf16, int head_dim, int page_size, int group) {
+    const int kv_heads = 2, heads = kv_heads * group;
+    const int starts[3] = {5, 40, 0}, lens[3] = {7, 1, 1};
+    kv.num_kv_heads = kv_heads;
+    kv.head_dim = head_dim;
+    kv.page_size = page_size;
+    kv.hnd = hnd;
+    kv.bf16 = bf16;
+    kv.page_bytes = static_cast<int64_t>(page_size) * kv_heads * 2 * head_dim * (bf16 ? 2 : 4);
+    int next_page = 0, tokens = 0;
+    for (int s = 0; s < 3; ++s) {
+      const int end = starts[s] + lens[s];
+      std::vector<int32_t> t;
+      for (int p = 0; p < (end + page_size - 1) / page_size; ++p) t.push_back(next_page++);
+      std::reverse(t.begin(), t.end());
+      tables.push_back(t);
+    }
+    region.assign(next_page * kv.page_bytes, 0xff);  // garbage outside written slots
+    kv.base = region.data();
+    for (int s = 0; s < 3; ++s) {
+      const int end = starts[s] + lens[s];
+      // Every position's K/V, written as earlier steps (and this one) would have.
+      const std::vector<float> k = Random(end * kv_heads * head_dim, 100 + s);
+      const std::vector<float> v = Random(end * kv_heads * head_dim, 200 + s);
+      AttnSeq all{0, end, 0, tables[s].data()};
+      ref::AppendKv(kv, all, k.data(), kv_heads * head_dim, v.data(), kv_heads * head_dim);
+      seqs.push_back(AttnSeq{tokens, lens[s], starts[s], tables[s].data()});
+      for (int i = 0; i < lens[s]; ++i) token_seq.push_back(s);
+      tokens += lens[s];
+    }
+    const int64_t ld = heads * head_dim + 5;
+    q = Random(tokens * ld, 7, 0.5f);
+    want.assign(tokens * heads * head_dim, 0.0f);
+    got.assign(want.size(), 0.0f);
+    args.kv = kv;
+    args.num_heads = heads;
+    args.q = q.data();
+    args.ldq = ld;
+    args.ldo = heads * head_dim;
+    args.seqs = seqs.data();
+    args.num_seqs = 3;
+    args.token_seq = token_seq.data();
+    args.num_tokens = tokens;
+    args.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    std::vector<float> scratch(64);
+    args.out = want.data();
+    ref::PagedAttention(args, scratch.data());
+    args.out = got.data();
+  }
+};
+
+TEST_P(IsaTest, AttentionMatchesReferenceForLayoutsAndDtypes) {
+  for (bool hnd : {true, false})
+    for (bool bf16 : {false, true})
+      for (int head_dim : {40, 64, 10})
+        for (int page_size : {1, 3, 16})
+          for (int group : {1, 3}) {
+            AttnFixture f(hnd, bf16, head_dim, page_size, group);
+            std::vector<float> scratch(AttentionItemScratchFloats(group, head_dim), -1.0f);
+            for (int t = 0; t < f.args.num_tokens; ++t)
+              for (int g = 0; g < 2; ++g) isa_->attention_item(f.args, t, g, scratch.data());
+            for (size_t i = 0; i < f.want.size(); ++i)
+              ASSERT_NEAR(f.got[i], f.want[i], 2e-5)
+                  << "hnd=" << hnd << " bf16=" << bf16 << " d=" << head_dim << " page=" << page_size
+                  << " group=" << group << " at " << i;
+          }
+}
+
+TEST_P(IsaTest, ParallelAttentionMatchesReference) {
+  ThreadPool pool(3);
+  AttnFixture f(true, true, 40, 3, 4);
+  const size_t stride = AttentionItemScratchFloats(4, 40);
+  std::vector<float> scratch(stride * 3);
+  ParallelAttention(pool, *isa_, f.args, scratch.data(), stride);
+  for (size_t i = 0; i < f.want.size(); ++i) ASSERT_NEAR(f.got[i], f.want[i], 2e-5) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, IsaTest,
+                         ::testing::Values(IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvx512),
+                         [](const auto& info) { return std::string(IsaLevelName(info.param)); });
+
+TEST(RefKernelsTest, AppendKvMatchesTheSpecLayout) {
+  for (KvLayout layout : {KvLayout::kHND, KvLayout::kNHD}) {
+    KvCacheSpec spec;
+    spec.num_layers = 2;
+    spec.num_kv_heads = 3;
+    spec.head_dim = 4;
+    spec.page_size = 3;
+    spec.layout = layout;
+    auto region = KvRegion::Create(spec, 4);
+    ASSERT_TRUE(region.ok());
+    PagedKv kv{(*region)->Block(1, 0),
+               static_cast<int64_t>(spec.page_bytes()),
+               3,
+               3,
+               4,
+               layout == KvLayout::kHND,
+               false};
+    const int32_t table[2] = {2, 0};
+    std::vector<float> k(5 * 12), v(5 * 12);
+    for (int i = 0; i < 60; ++i) k[i] = i, v[i] = 1000 + i;
+    ref::AppendKv(kv, AttnSeq{0, 5, 0, table}, k.data(), 12, v.data(), 12);
+    const float* base = reinterpret_cast<const float*>((*region)->base());
+    for (int pos = 0; pos < 5; ++pos)
+      for (int h = 0; h < 3; ++h)
+        for (int which = 0; which < 2; ++which) {
+          const size_t block = (*region)->BlockOffset(1, table[pos / 3]) / 4;
+          const float* p = base + block + spec.ElemOffset(pos % 3, h, which);
+          for (int i = 0; i < 4; ++i) EXPECT_EQ(p[i], (which ? 1000 : 0) + pos * 12 + h * 4 + i);
+        }
+    // Layer 0 untouched.
+    for (size_t i = 0; i < (*region)->BlockOffset(1, 0); ++i) ASSERT_EQ((*region)->base()[i], 0);
+  }
+}
+
+TEST(RefKernelsTest, HandComputedValues) {
+  const float x[2] = {3, 4}, w[2] = {1, 2};
+  float out[2];
+  ref::RmsNorm(x, 1, 2, 2, w, 0.0f, out, 2);
+  EXPECT_NEAR(out[0], 3 / std::sqrt(12.5f), 1e-6);
+  EXPECT_NEAR(out[1], 8 / std::sqrt(12.5f), 1e-6);
+  // RoPE, head_dim 4, pos 1: angles 1 and 10000^-0.5 = 0.01; pairs (0, 2) and (1, 3).
+  const int32_t pos[2] = {0, 1};
+  float cs[4], sn[4];
+  ref::RopeTable(pos, 2, 4, 10000.0, cs, sn);
+  float q[8] = {1, 2, 3, 4, 1, 0, 0, 1};
+  ref::ApplyRope(q, 2, 1, 4, 4, cs, sn);
+  EXPECT_FLOAT_EQ(q[0], 1);  // position 0 is the identity
+  EXPECT_FLOAT_EQ(q[3], 4);
+  EXPECT_NEAR(q[4], std::cos(1.0), 1e-6);
+  EXPECT_NEAR(q[6], std::sin(1.0), 1e-6);
+  EXPECT_NEAR(q[5], -std::sin(0.01), 1e-6);
+  EXPECT_NEAR(q[7], std::cos(0.01), 1e-6);
+  const float g[2] = {1, -2}, u[2] = {2, 3};
+  float act[2];
+  ref::SiluMul(g, 2, u, 2, 1, 2, act, 2);
+  EXPECT_NEAR(act[0], 2 / (1 + std::exp(-1.0)), 1e-6);
+  EXPECT_NEAR(act[1], -2 / (1 + std::exp(2.0)) * 3, 1e-6);
+}
+
+TEST(RefKernelsTest, AttentionOverOnePositionReturnsItsValue) {
+  std::vector<uint8_t> page(2 * 1 * 2 * 8 * 4);
+  PagedKv kv{page.data(), static_cast<int64_t>(page.size()), 2, 1, 8, false, false};
+  std::vector<float> k = Random(8, 1), v = Random(8, 2);
+  const int32_t table[1] = {0};
+  ref::AppendKv(kv, AttnSeq{0, 1, 0, table}, k.data(), 8, v.data(), 8);
+  std::vector<float> q = Random(8, 3), out(8), scratch(4);
+  const AttnSeq seq{0, 1, 0, table};
+  const int32_t token_seq[1] = {0};
+  AttentionArgs a;
+  a.kv = kv;
+  a.num_heads = 1;
+  a.q = q.data();
+  a.ldq = 8;
+  a.out = out.data();
+  a.ldo = 8;
+  a.seqs = &seq;
+  a.num_seqs = 1;
+  a.token_seq = token_seq;
+  a.num_tokens = 1;
+  ref::PagedAttention(a, scratch.data());
+  for (int i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(out[i], v[i]);
+}
+
+}  // namespace
+}  // namespace pd::engine::kernels
