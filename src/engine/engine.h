@@ -42,7 +42,14 @@ class Engine {
  public:
   static Result<std::unique_ptr<Engine>> Create(const model::ModelWeights& weights,
                                                 const EngineOptions& options);
+  // Runs on a given ModelRunner (tests and tools that build their own, e.g. a fake one).
+  static Result<std::unique_ptr<Engine>> CreateWithRunner(std::unique_ptr<ModelRunner> runner,
+                                                          const EngineOptions& options);
   virtual ~Engine() = default;
+
+  // The checks AddRequest makes (everything but the id). Reads only immutable state: unlike the
+  // rest of the class it may be called from any thread.
+  virtual Status ValidateRequest(const Request& request) const = 0;
 
   // Validates (non-empty prompt, ids in vocab, prompt + max_tokens <= max_model_len, sampling
   // ranges) and queues the request. InvalidArgument names what was wrong.

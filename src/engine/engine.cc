@@ -1,0 +1,257 @@
+// Engine: the scheduler, a ModelRunner and one sampler per request, driven one step at a time.
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "common/log.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+
+namespace pd::engine {
+namespace {
+
+struct RequestState {
+  RequestState(const SamplingParams& sampling, uint64_t default_seed, int num_prompt_tokens)
+      : sampler(sampling, default_seed), num_prompt_tokens(num_prompt_tokens) {}
+  RequestSampler sampler;
+  int num_prompt_tokens = 0;
+};
+
+// Thread safety: see Engine; only ValidateRequest may run concurrently with the rest.
+class EngineImpl final : public Engine {
+ public:
+  EngineImpl(std::unique_ptr<ModelRunner> runner, const EngineOptions& options)
+      : runner_(std::move(runner)),
+        options_(options),
+        clock_(options.clock != nullptr ? options.clock : &SystemClock::Get()),
+        pool_(runner_->region().num_pages()),
+        scheduler_(options.scheduler, &pool_, runner_->region().spec().page_size, clock_),
+        seed_rng_(std::random_device{}()) {}
+
+  Status ValidateRequest(const Request& request) const override;
+  Status AddRequest(Request request) override;
+  void Abort(int64_t request_id) override;
+  bool HasWork() const override { return scheduler_.HasWork() || !aborted_.empty(); }
+  Result<std::vector<RequestOutput>> Step() override;
+  EngineStats stats() const override;
+  const model::ModelConfig& config() const override { return runner_->config(); }
+  ModelRunner& runner() override { return *runner_; }
+
+ private:
+  RequestOutput MakeOutput(int64_t id, const RequestState& state, const Sequence* seq) const;
+  void BuildForwardBatch(const ScheduledBatch& batch);
+  void FailBatch(const ScheduledBatch& batch, const Status& status,
+                 std::vector<RequestOutput>* outputs);
+
+  std::unique_ptr<ModelRunner> runner_;
+  const EngineOptions options_;
+  const Clock* const clock_;
+  PagePool pool_;
+  Scheduler scheduler_;
+  std::mt19937_64 seed_rng_;  // seeds for requests without one
+  std::unordered_map<int64_t, std::unique_ptr<RequestState>> requests_;
+  std::vector<RequestOutput> aborted_;  // reported at the next Step
+  ForwardBatch forward_batch_;          // reused every step
+  ForwardOutput forward_output_;
+};
+
+Status EngineImpl::ValidateRequest(const Request& request) const {
+  const model::ModelConfig& config = runner_->config();
+  const int num_prompt = static_cast<int>(request.prompt_ids.size());
+  if (num_prompt == 0) return InvalidArgument("prompt_ids: the prompt is empty");
+  for (int i = 0; i < num_prompt; ++i) {
+    int32_t id = request.prompt_ids[i];
+    if (id < 0 || id >= config.vocab_size) {
+      return InvalidArgument("prompt_ids[" + std::to_string(i) + "] = " + std::to_string(id) +
+                             " is outside the vocabulary [0, " + std::to_string(config.vocab_size) +
+                             ")");
+    }
+  }
+  RETURN_IF_ERROR(ValidateSamplingParams(request.sampling, config.vocab_size));
+  const int64_t total = int64_t{num_prompt} + request.sampling.max_tokens;
+  const int max_len = options_.scheduler.max_model_len;
+  if (total > max_len) {
+    return InvalidArgument("prompt (" + std::to_string(num_prompt) + " tokens) + max_tokens (" +
+                           std::to_string(request.sampling.max_tokens) +
+                           ") = " + std::to_string(total) + " exceeds max_model_len " +
+                           std::to_string(max_len));
+  }
+  const int64_t pages = (total + scheduler_.page_size() - 1) / scheduler_.page_size();
+  if (pages > pool_.num_total()) {
+    return InvalidArgument("prompt (" + std::to_string(num_prompt) + " tokens) + max_tokens (" +
+                           std::to_string(request.sampling.max_tokens) + ") needs " +
+                           std::to_string(pages) + " KV pages but the cache holds only " +
+                           std::to_string(pool_.num_total()));
+  }
+  return OkStatus();
+}
+
+Status EngineImpl::AddRequest(Request request) {
+  RETURN_IF_ERROR(ValidateRequest(request));
+  if (requests_.count(request.id) != 0) {
+    return AlreadyExists("request " + std::to_string(request.id) + " is already running");
+  }
+  auto state = std::make_unique<RequestState>(request.sampling, seed_rng_(),
+                                              static_cast<int>(request.prompt_ids.size()));
+  RETURN_IF_ERROR(
+      scheduler_.AddSequence(request.id, std::move(request.prompt_ids), request.arrival_time));
+  requests_.emplace(request.id, std::move(state));
+  return OkStatus();
+}
+
+RequestOutput EngineImpl::MakeOutput(int64_t id, const RequestState& state,
+                                     const Sequence* seq) const {
+  RequestOutput out;
+  out.request_id = id;
+  out.num_prompt_tokens = state.num_prompt_tokens;
+  if (seq != nullptr) {
+    out.num_generated_tokens = seq->num_generated_tokens();
+    out.first_scheduled_time = std::max(0.0, seq->first_scheduled_time);
+  }
+  return out;
+}
+
+void EngineImpl::Abort(int64_t request_id) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  RequestOutput out = MakeOutput(request_id, *it->second, scheduler_.Find(request_id));
+  out.finish_reason = FinishReason::kAbort;
+  scheduler_.Abort(request_id);  // frees the pages now
+  requests_.erase(it);
+  aborted_.push_back(std::move(out));
+}
+
+void EngineImpl::BuildForwardBatch(const ScheduledBatch& batch) {
+  forward_batch_.seqs.resize(batch.seqs.size());
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const ScheduledSeq& s = batch.seqs[i];
+    SeqStep& step = forward_batch_.seqs[i];
+    step.seq_id = s.seq_id;
+    step.start_pos = s.start_pos;
+    step.token_ids = std::span<const int32_t>(s.seq->token_ids).subspan(s.start_pos, s.num_tokens);
+    step.page_table = s.seq->page_table;
+    step.compute_logits = s.samples;  // the last chunk of a prompt, or a decode token
+  }
+}
+
+void EngineImpl::FailBatch(const ScheduledBatch& batch, const Status& status,
+                           std::vector<RequestOutput>* outputs) {
+  PD_LOG_ERROR("engine step failed: {}", status.ToString());
+  for (const ScheduledSeq& s : batch.seqs) {
+    auto it = requests_.find(s.seq_id);
+    if (it == requests_.end()) continue;
+    RequestOutput out = MakeOutput(s.seq_id, *it->second, s.seq);
+    out.finish_reason = FinishReason::kError;
+    out.error = status;
+    scheduler_.Abort(s.seq_id);
+    requests_.erase(it);
+    outputs->push_back(std::move(out));
+  }
+}
+
+Result<std::vector<RequestOutput>> EngineImpl::Step() {
+  std::vector<RequestOutput> outputs = std::move(aborted_);
+  aborted_.clear();
+  ScheduledBatch batch = scheduler_.Schedule();
+  if (batch.empty()) return outputs;
+  BuildForwardBatch(batch);
+  Status status = runner_->Forward(forward_batch_, &forward_output_);
+  if (status.ok() && forward_output_.logits.size() != batch.seqs.size()) {
+    status = Internal("ModelRunner returned " + std::to_string(forward_output_.logits.size()) +
+                      " logit rows for " + std::to_string(batch.seqs.size()) + " sequences");
+  }
+  if (!status.ok()) {
+    FailBatch(batch, status, &outputs);
+    return outputs;
+  }
+  const model::ModelConfig& config = runner_->config();
+  const StopContext stop_ctx{config.eos_token_id, options_.scheduler.max_model_len};
+  std::vector<SeqUpdate> updates;
+  updates.reserve(batch.seqs.size());
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const ScheduledSeq& s = batch.seqs[i];
+    if (!s.samples) continue;
+    RequestState& state = *requests_.at(s.seq_id);
+    const std::vector<float>& logits = forward_output_.logits[i];
+    PD_CHECK(static_cast<int>(logits.size()) == config.vocab_size)
+        << "logits of sequence " << s.seq_id << " have " << logits.size() << " entries";
+    SampleResult sample = state.sampler.Sample(logits);
+    const int num_generated = s.seq->num_generated_tokens() + 1;
+    StopCheck stop = CheckStop(state.sampler.params(), stop_ctx, sample.token_id, num_generated,
+                               s.seq->num_tokens() + 1);
+    updates.push_back({s.seq_id, sample.token_id, stop.reason != FinishReason::kNone});
+    RequestOutput out = MakeOutput(s.seq_id, state, s.seq);
+    out.new_token_ids.push_back(sample.token_id);
+    if (state.sampler.params().logprobs >= 0) {
+      out.logprobs.push_back({sample.token_id, sample.logprob, std::move(sample.top)});
+    }
+    out.num_generated_tokens = num_generated;
+    out.finish_reason = stop.reason;
+    out.stop_token_id = stop.stop_token_id;
+    outputs.push_back(std::move(out));
+  }
+  scheduler_.Update(batch, updates);
+  for (const SeqUpdate& u : updates) {
+    if (u.finished) requests_.erase(u.seq_id);
+  }
+  return outputs;
+}
+
+EngineStats EngineImpl::stats() const {
+  EngineStats s;
+  s.num_running = scheduler_.num_running();
+  s.num_waiting = scheduler_.num_waiting();
+  s.num_free_pages = pool_.num_free();
+  s.num_total_pages = pool_.num_total();
+  s.num_preemptions = scheduler_.num_preemptions();
+  return s;
+}
+
+Status CheckOptions(const SchedulerOptions& o) {
+  auto bad = [](const char* field, int value, const std::string& want) {
+    return InvalidArgument(std::string(field) + " must be " + want + ", got " +
+                           std::to_string(value));
+  };
+  if (o.max_num_seqs < 1) return bad("max_num_seqs", o.max_num_seqs, ">= 1");
+  if (o.max_num_batched_tokens < o.max_num_seqs) {
+    // Every running sequence must be able to decode in one step.
+    return bad("max_num_batched_tokens", o.max_num_batched_tokens,
+               ">= max_num_seqs (" + std::to_string(o.max_num_seqs) + ")");
+  }
+  if (o.max_model_len < 2) return bad("max_model_len", o.max_model_len, ">= 2");
+  if (!o.enable_chunked_prefill && o.max_num_batched_tokens < o.max_model_len) {
+    // Without chunks a sequence (also when recomputed after preemption) runs in one step.
+    return bad(
+        "max_num_batched_tokens", o.max_num_batched_tokens,
+        ">= max_model_len (" + std::to_string(o.max_model_len) + ") when chunked prefill is off");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> Engine::CreateWithRunner(std::unique_ptr<ModelRunner> runner,
+                                                         const EngineOptions& options) {
+  if (runner == nullptr) return InvalidArgument("Engine needs a ModelRunner");
+  EngineOptions opts = options;
+  const int max_pos = runner->config().max_position_embeddings;
+  if (max_pos > 0 && opts.scheduler.max_model_len > max_pos) {
+    opts.scheduler.max_model_len = max_pos;  // the model knows no positions beyond it
+  }
+  RETURN_IF_ERROR(CheckOptions(opts.scheduler));
+  if (runner->region().num_pages() < 1) return InvalidArgument("the KV cache has no pages");
+  return std::unique_ptr<Engine>(new EngineImpl(std::move(runner), opts));
+}
+
+Result<std::unique_ptr<Engine>> Engine::Create(const model::ModelWeights& weights,
+                                               const EngineOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
+                   ModelRunner::Create(weights, options.runner));
+  return CreateWithRunner(std::move(runner), options);
+}
+
+}  // namespace pd::engine
