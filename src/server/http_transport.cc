@@ -355,9 +355,9 @@ bool LimitedHttpServer::process_and_close_socket(socket_t sock) {
     // instead of a reset caused by the body it is still sending.
     ::shutdown(sock, SHUT_WR);
     char drain[4096];
-    auto deadline = SteadyClock::now() + std::chrono::milliseconds(200);
+    auto deadline = SteadyClock::now() + std::chrono::milliseconds(500);
     size_t drained = 0;
-    while (drained < (1u << 20) && PollFor(sock, POLLIN, MillisUntil(deadline))) {
+    while (drained < (16u << 20) && PollFor(sock, POLLIN, MillisUntil(deadline))) {
       ssize_t n = ::recv(sock, drain, sizeof(drain), 0);
       if (n <= 0) break;
       drained += static_cast<size_t>(n);
