@@ -26,7 +26,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -35,6 +34,7 @@
 #include "engine/model_runner.h"
 #include "model/config.h"
 #include "model/model_writer.h"
+#include "model/safetensors.h"
 #include "model/weights.h"
 
 namespace pd {
@@ -182,6 +182,7 @@ struct ModelKey {
   Arch arch;
   DType dtype;
   size_t max_shard_bytes = 0;
+  bool attention_bias = false;  // rewrite the checkpoint with HF attention_bias (llama, qwen3)
   auto operator<=>(const ModelKey&) const = default;
 };
 
@@ -191,6 +192,42 @@ struct ModelFixture {
   Workload workload;
   RefRows ref;
 };
+
+// Makes a written llama/qwen3 checkpoint one with `attention_bias: true`, as HF defines it
+// there: a bias on q_proj, k_proj, v_proj AND o_proj (qwen2's q/k/v biases have no o_proj bias).
+// The synthetic writer has no such option, so the biases are added here.
+Status AddAttentionBiases(const std::string& dir) {
+  ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(dir));
+  if (config.arch == Arch::kQwen2) return InvalidArgument("qwen2 has its biases already");
+  config.attention_bias = true;
+  std::vector<model::NamedTensor> tensors;
+  {
+    ASSIGN_OR_RETURN(auto checkpoint, model::Checkpoint::Open(dir));
+    for (const std::string& name : checkpoint->Names()) {
+      ASSIGN_OR_RETURN(model::TensorView v, checkpoint->Get(name));
+      const auto* p = static_cast<const uint8_t*>(v.data);
+      tensors.push_back({name, v.dtype, v.shape, std::vector<uint8_t>(p, p + v.size_bytes())});
+      if (v.dtype != DType::kF32) return InvalidArgument("expected an f32 checkpoint");
+    }
+  }  // unmapped before the file is rewritten
+  std::mt19937 rng(5);
+  auto add_bias = [&](const std::string& name, int64_t n) {
+    std::vector<float> b(n);
+    for (float& x : b) x = (static_cast<float>(rng() % 2001) / 1000.0f - 1.0f) * 0.5f;
+    std::vector<uint8_t> bytes(n * sizeof(float));
+    std::memcpy(bytes.data(), b.data(), bytes.size());
+    tensors.push_back({name, DType::kF32, {n}, std::move(bytes)});
+  };
+  for (int l = 0; l < config.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
+    add_bias(p + "q_proj.bias", config.q_size());
+    add_bias(p + "k_proj.bias", config.kv_size());
+    add_bias(p + "v_proj.bias", config.kv_size());
+    add_bias(p + "o_proj.bias", config.hidden_size);
+  }
+  std::ofstream(dir + "/config.json") << model::ModelConfigToJson(config);
+  return model::WriteSafetensors(dir + "/model.safetensors", tensors);
+}
 
 Result<std::shared_ptr<ModelFixture>> BuildFixture(const ModelKey& key) {
   auto fx = std::make_shared<ModelFixture>();
@@ -202,6 +239,7 @@ Result<std::shared_ptr<ModelFixture>> BuildFixture(const ModelKey& key) {
   opts.out_dir = fx->dir.path();
   opts.max_shard_bytes = key.max_shard_bytes;
   RETURN_IF_ERROR(model::WriteSyntheticModel(opts));
+  if (key.attention_bias) RETURN_IF_ERROR(AddAttentionBiases(fx->dir.path()));
   ASSIGN_OR_RETURN(fx->weights, model::LoadModelWeights(fx->dir.path()));
   const int vocab = fx->weights.config.vocab_size;
   fx->workload = MakeWorkload(vocab, 1234 + static_cast<uint32_t>(key.arch));
@@ -452,6 +490,26 @@ TEST(ReferenceLogitsShardedTest, ShardedCheckpointMatches) {
   ec.chunk = 5;
   SweepModel(key, {ec, PageAndChunkSweep(KvLayout::kNHD)[0]});
 }
+
+// llama and qwen3 with `attention_bias: true` (HF: q/k/v biases and an o_proj bias).
+// DISABLED until the engine applies o_proj.bias: today the loader neither requires nor maps it
+// (model::LayerWeights has no o_bias) and the runner adds none, so these logits are off by
+// ~0.3 of the largest logit; without the o_proj bias in the file they match to 4e-7.
+// Run with --gtest_also_run_disabled_tests.
+class ReferenceLogitsBiasTest : public ::testing::TestWithParam<Arch> {};
+
+TEST_P(ReferenceLogitsBiasTest, DISABLED_AttentionBiasMatches) {
+  EngineCase ec;
+  ec.page_size = 3;
+  ec.chunk = 5;
+  SweepModel({GetParam(), DType::kF32, 0, /*attention_bias=*/true}, {ec});
+}
+
+INSTANTIATE_TEST_SUITE_P(LlamaQwen3, ReferenceLogitsBiasTest,
+                         ::testing::Values(Arch::kLlama, Arch::kQwen3),
+                         [](const ::testing::TestParamInfo<Arch>& info) {
+                           return std::string(model::ArchName(info.param));
+                         });
 
 }  // namespace
 }  // namespace pd
