@@ -417,6 +417,58 @@ TEST(DomainDeadlineTest, SilentPeerFailsPendingWritesWithinTheDeadline) {
   }
 }
 
+// The mr_mode paths the provider asks for: shm wants FI_MR_VIRT_ADDR (remote addresses are virtual
+// addresses), tcp;ofi_rxm wants nothing (offsets from 0). Both must move the same bytes.
+TEST(DomainMrModeTest, VirtualAndOffsetAddressingBothLandExactly) {
+  struct Case {
+    const char* provider;
+    const char* node;
+  };
+  int ran = 0;
+  for (const Case& c : {Case{"shm", ""}, Case{"tcp;ofi_rxm", "127.0.0.1"}}) {
+    SCOPED_TRACE(c.provider);
+    DomainOptions o = LoopbackOptions();
+    o.provider = c.provider;
+    o.node = c.node;
+    auto a = Domain::Create(o);
+    if (!a.ok()) continue;  // provider not offered here
+    auto b = Domain::Create(o);
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ++ran;
+    Mapping src(3 * 4096), dst(3 * 4096);
+    src.FillRandom(11);
+    dst.Fill('\x77');
+    auto src_mr = (*a)->RegisterMemory(src.data(), src.size());
+    auto dst_mr = (*b)->RegisterMemory(dst.data(), dst.size());
+    ASSERT_TRUE(src_mr.ok() && dst_mr.ok());
+    bool virt = ((*b)->info().mr_mode & FI_MR_VIRT_ADDR) != 0;
+    EXPECT_EQ(dst_mr->descriptor.addr, virt ? reinterpret_cast<uint64_t>(dst.data()) : 0u);
+    auto remote = (*a)->AddRemote(dst_mr->descriptor);
+    ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+    PagedWriteRequest r;
+    r.src = *src_mr;
+    r.dst = *remote;
+    r.src_pages = {2, 0};
+    r.dst_pages = {0, 2};
+    r.bytes_per_page = 1000;
+    r.src_stride = r.dst_stride = 4096;
+    r.dst_offset = 24;
+    r.imm = 3;
+    auto waiter = (*b)->imm_counters().Expect(3, 2);
+    ASSERT_TRUE(waiter.ok());
+    Done done;
+    ASSERT_TRUE((*a)->SubmitPagedWrite(r, done.Callback()).ok());
+    auto s = done.Wait();
+    ASSERT_TRUE(s && s->ok()) << (s ? s->ToString() : "none");
+    ASSERT_TRUE((*waiter)->WaitFor(30.0));
+    std::vector<char> expect(dst.size(), '\x77');
+    std::memcpy(expect.data() + 24, src.data() + 2 * 4096, 1000);
+    std::memcpy(expect.data() + 24 + 2 * 4096, src.data(), 1000);
+    EXPECT_EQ(std::memcmp(dst.data(), expect.data(), dst.size()), 0);
+  }
+  if (ran == 0) GTEST_SKIP() << "neither shm nor tcp;ofi_rxm is offered here";
+}
+
 TEST(DomainCreateTest, UnknownProviderIsAClearError) {
   DomainOptions o = LoopbackOptions();
   o.provider = "no-such-provider";
