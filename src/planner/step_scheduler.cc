@@ -9,7 +9,8 @@ namespace pd::planner {
 
 NativeStepScheduler::NativeStepScheduler(const SchedPolicy& policy) : policy_(policy) {
   PD_CHECK(policy_.page_size > 0);
-  total_pages_ = free_pages_ = static_cast<int>(policy_.kv_capacity_tokens / policy_.page_size);
+  const int64_t pages = policy_.kv_capacity_tokens / policy_.page_size;
+  total_pages_ = free_pages_ = static_cast<int>(std::min<int64_t>(pages, 1 << 30));
 }
 
 Status NativeStepScheduler::Add(int64_t id, int num_tokens, int num_cached, double /*now*/) {

@@ -1,0 +1,122 @@
+#include "planner/deployment.h"
+
+#include <nlohmann/json.hpp>
+#include <regex>
+
+namespace pd::planner {
+
+std::string DeploymentSpec::Describe() const {
+  auto par = [](ParallelConfig p) {
+    return "TP" + std::to_string(p.tp) + " PP" + std::to_string(p.pp);
+  };
+  if (!disaggregated) {
+    return std::to_string(num_colocated) + " x colocated " + par(colocated) +
+           (chunked_prefill ? " (chunked prefill)" : "");
+  }
+  return std::to_string(num_prefill) + " x prefill " + par(prefill) + " + " +
+         std::to_string(num_decode) + " x decode " + par(decode) + (same_node ? " (one node)" : "");
+}
+
+Result<ParallelConfig> ParseParallel(const std::string& text) {
+  ParallelConfig p;
+  char extra = 0;
+  const int n = std::sscanf(text.c_str(), "%dx%d%c", &p.tp, &p.pp, &extra);
+  if (n == 1) p.pp = 1;
+  if ((n != 1 && n != 2) || p.tp < 1 || p.pp < 1) {
+    return InvalidArgument("parallelism '" + text + "': expected TPxPP, e.g. 2x1");
+  }
+  return p;
+}
+
+Result<DeploymentSpec> ParsePlanJson(const std::string& json_text, const std::string& source) {
+  using nlohmann::json;
+  json j = json::parse(json_text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return InvalidArgument(source + ": not a JSON object");
+  if (j.value("format", "") != "pdserve-plan-v1") {
+    return InvalidArgument(source + ": field 'format' must be \"pdserve-plan-v1\"");
+  }
+  auto plan = j.find("plan");
+  if (plan == j.end() || !plan->contains("instances") || !(*plan)["instances"].is_array()) {
+    return InvalidArgument(source + ": missing plan.instances");
+  }
+  DeploymentSpec spec;
+  spec.disaggregated = plan->value("mode", "") == "disaggregated";
+  spec.same_node = plan->value("placement", "") == "low-affinity";
+  for (const auto& inst : (*plan)["instances"]) {
+    if (!inst.is_object() || !inst.contains("role") || !inst["role"].is_string()) {
+      return InvalidArgument(source + ": every instance needs a string 'role'");
+    }
+    const std::string role = inst["role"];
+    ParallelConfig par{inst.value("tp", 1), inst.value("pp", 1)};
+    const int count = inst.value("count", 1);
+    if (par.tp < 1 || par.pp < 1 || count < 1) {
+      return InvalidArgument(source + ": instance '" + role + "' needs tp, pp, count >= 1");
+    }
+    if (role == "prefill") {
+      spec.prefill = par;
+      spec.num_prefill = count;
+    } else if (role == "decode") {
+      spec.decode = par;
+      spec.num_decode = count;
+    } else if (role == "colocated") {
+      spec.colocated = par;
+      spec.num_colocated = count;
+    } else {
+      return InvalidArgument(source + ": unknown role '" + role + "'");
+    }
+  }
+  return spec;
+}
+
+Result<DeploymentSpec> DeploymentFromTraceName(const std::string& name, bool* assumed) {
+  *assumed = false;
+  DeploymentSpec spec;
+  std::smatch m;
+  if (std::regex_match(name, std::regex(R"(vllm-\d+-[\d.]+(\.json)?)"))) return spec;
+  if (std::regex_match(name, m,
+                       std::regex(R"(distserve-c(\d)(\d)d(\d)(\d)-\d+-[\d.]+(\.json)?)"))) {
+    spec.disaggregated = true;
+    spec.same_node = true;
+    spec.prefill = {std::stoi(m[1]), std::stoi(m[2])};
+    spec.decode = {std::stoi(m[3]), std::stoi(m[4])};
+    return spec;
+  }
+  if (std::regex_match(name, std::regex(R"(distserve-\d+-[\d.]+(\.json)?)"))) {
+    *assumed = true;
+    spec.disaggregated = true;
+    spec.same_node = true;
+    spec.prefill = {2, 1};
+    spec.decode = {1, 1};
+    return spec;
+  }
+  return InvalidArgument("trace name '" + name +
+                         "' is not vllm-N-RATE, distserve-N-RATE or distserve-cTPPPdTPPP-N-RATE");
+}
+
+Result<std::vector<InstanceConfig>> BuildInstances(const PlannerInputs& in,
+                                                   const DeploymentSpec& spec) {
+  std::vector<InstanceConfig> out;
+  int device = 0;
+  auto add = [&](Role role, ParallelConfig par, int count) -> Status {
+    for (int i = 0; i < count; ++i) {
+      const int node = spec.same_node ? 0 : device / std::max(1, in.cluster.devices_per_node);
+      ASSIGN_OR_RETURN(InstanceConfig c, MakeInstance(in, role, par, node));
+      if (role == Role::kColocated && spec.chunked_prefill) {
+        c.policy.enable_chunked_prefill = true;
+        c.policy.max_num_batched_tokens = 512;
+      }
+      out.push_back(c);
+      device += par.devices();
+    }
+    return OkStatus();
+  };
+  if (spec.disaggregated) {
+    RETURN_IF_ERROR(add(Role::kPrefill, spec.prefill, spec.num_prefill));
+    RETURN_IF_ERROR(add(Role::kDecode, spec.decode, spec.num_decode));
+  } else {
+    RETURN_IF_ERROR(add(Role::kColocated, spec.colocated, spec.num_colocated));
+  }
+  return out;
+}
+
+}  // namespace pd::planner
