@@ -33,18 +33,30 @@ class AsyncEngineImpl final : public AsyncEngine {
   }
   const model::ModelConfig& config() const override { return config_; }
   void Shutdown() override;
+  Result<int64_t> SubmitPrefillOnly(std::vector<int32_t> prompt_ids,
+                                    OutputCallback on_output) override;
+  void ReleasePages(std::vector<int32_t> pages) override;
+  Result<int64_t> SubmitRemoteKv(std::vector<int32_t> prompt_ids, const SamplingParams& sampling,
+                                 OutputCallback on_output, KvReservedCallback on_reserved) override;
+  void MarkKvReady(int64_t request_id) override;
 
  private:
+  enum class Kind { kNormal, kPrefillOnly, kRemoteKv };
   struct Submission {
     Request request;
     OutputCallback on_output;
+    Kind kind = Kind::kNormal;
+    KvReservedCallback on_reserved;
   };
+  Result<int64_t> Enqueue(Submission sub);
+  void DeliverReservations();
 
   void Loop();
   // Moves queued submissions and aborts into the engine (loop thread).
   void Drain(std::vector<Submission>* submissions, std::vector<int64_t>* aborts);
   void Deliver(const RequestOutput& out);  // calls the callback; forgets finished requests
   void AbortEverything();
+  void RefreshStats();
 
   std::unique_ptr<Engine> engine_;
   const AsyncEngineOptions options_;
@@ -54,23 +66,53 @@ class AsyncEngineImpl final : public AsyncEngine {
   std::condition_variable cv_;
   std::vector<Submission> submissions_;  // GUARDED_BY(mu_)
   std::vector<int64_t> aborts_;          // GUARDED_BY(mu_)
+  std::vector<int64_t> kv_ready_;        // GUARDED_BY(mu_)
+  std::vector<int32_t> releases_;        // GUARDED_BY(mu_): pages to give back
   int num_pending_ = 0;                  // GUARDED_BY(mu_): queued + in the engine
   bool stop_ = false;                    // GUARDED_BY(mu_)
   EngineStats stats_;                    // GUARDED_BY(mu_): refreshed after every step
   std::atomic<int64_t> next_id_{1};
 
-  std::unordered_map<int64_t, OutputCallback> callbacks_;  // loop thread only
-  std::mutex shutdown_mu_;                                 // serialises Shutdown callers
+  std::unordered_map<int64_t, OutputCallback> callbacks_;               // loop thread only
+  std::unordered_map<int64_t, KvReservedCallback> reserved_callbacks_;  // loop thread only
+  std::mutex shutdown_mu_;  // serialises Shutdown callers
   std::thread loop_;
 };
 
 Result<int64_t> AsyncEngineImpl::Submit(std::vector<int32_t> prompt_ids,
                                         const SamplingParams& sampling, OutputCallback on_output) {
   Submission sub;
-  sub.request.id = next_id_.fetch_add(1);
   sub.request.prompt_ids = std::move(prompt_ids);
   sub.request.sampling = sampling;
   sub.on_output = std::move(on_output);
+  return Enqueue(std::move(sub));
+}
+
+Result<int64_t> AsyncEngineImpl::SubmitPrefillOnly(std::vector<int32_t> prompt_ids,
+                                                   OutputCallback on_output) {
+  Submission sub;
+  sub.request.prompt_ids = std::move(prompt_ids);
+  sub.request.sampling.max_tokens = 1;  // only the prompt must fit (AddPrefillOnlyRequest)
+  sub.on_output = std::move(on_output);
+  sub.kind = Kind::kPrefillOnly;
+  return Enqueue(std::move(sub));
+}
+
+Result<int64_t> AsyncEngineImpl::SubmitRemoteKv(std::vector<int32_t> prompt_ids,
+                                                const SamplingParams& sampling,
+                                                OutputCallback on_output,
+                                                KvReservedCallback on_reserved) {
+  Submission sub;
+  sub.request.prompt_ids = std::move(prompt_ids);
+  sub.request.sampling = sampling;
+  sub.on_output = std::move(on_output);
+  sub.kind = Kind::kRemoteKv;
+  sub.on_reserved = std::move(on_reserved);
+  return Enqueue(std::move(sub));
+}
+
+Result<int64_t> AsyncEngineImpl::Enqueue(Submission sub) {
+  sub.request.id = next_id_.fetch_add(1);
   RETURN_IF_ERROR(engine_->ValidateRequest(sub.request));  // thread-safe by contract
   const int64_t id = sub.request.id;
   {
@@ -87,6 +129,27 @@ Result<int64_t> AsyncEngineImpl::Submit(std::vector<int32_t> prompt_ids,
   return id;
 }
 
+void AsyncEngineImpl::ReleasePages(std::vector<int32_t> pages) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) {  // the loop is gone: give them back here (the pool locks)
+      engine_->ReleasePages(pages);
+      return;
+    }
+    releases_.insert(releases_.end(), pages.begin(), pages.end());
+  }
+  cv_.notify_one();
+}
+
+void AsyncEngineImpl::MarkKvReady(int64_t request_id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
+    kv_ready_.push_back(request_id);
+  }
+  cv_.notify_one();
+}
+
 void AsyncEngineImpl::Abort(int64_t request_id) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -101,7 +164,19 @@ void AsyncEngineImpl::Drain(std::vector<Submission>* submissions, std::vector<in
   for (Submission& sub : *submissions) {
     const int64_t id = sub.request.id;
     sub.request.arrival_time = now;
-    Status status = engine_->AddRequest(std::move(sub.request));
+    Status status;
+    switch (sub.kind) {
+      case Kind::kNormal:
+        status = engine_->AddRequest(std::move(sub.request));
+        break;
+      case Kind::kPrefillOnly:
+        status = engine_->AddPrefillOnlyRequest(std::move(sub.request));
+        break;
+      case Kind::kRemoteKv:
+        status = engine_->AddRemoteKvRequest(std::move(sub.request));
+        if (status.ok()) reserved_callbacks_[id] = std::move(sub.on_reserved);
+        break;
+    }
     callbacks_[id] = std::move(sub.on_output);
     if (!status.ok()) {  // validated in Submit: only an engine-side refusal lands here
       RequestOutput out;
@@ -115,12 +190,23 @@ void AsyncEngineImpl::Drain(std::vector<Submission>* submissions, std::vector<in
   for (int64_t id : *aborts) engine_->Abort(id);
 }
 
+void AsyncEngineImpl::DeliverReservations() {
+  for (KvReservation& r : engine_->TakeKvReservations()) {
+    auto it = reserved_callbacks_.find(r.request_id);
+    if (it == reserved_callbacks_.end()) continue;
+    KvReservedCallback cb = std::move(it->second);
+    reserved_callbacks_.erase(it);
+    if (cb) cb(r.request_id, r.page_table);
+  }
+}
+
 void AsyncEngineImpl::Deliver(const RequestOutput& out) {
   auto it = callbacks_.find(out.request_id);
   if (it == callbacks_.end()) return;
   if (it->second) it->second(out);
   if (out.finished()) {
     callbacks_.erase(it);
+    reserved_callbacks_.erase(out.request_id);
     std::lock_guard<std::mutex> lock(mu_);
     --num_pending_;
   }
@@ -128,34 +214,55 @@ void AsyncEngineImpl::Deliver(const RequestOutput& out) {
 
 void AsyncEngineImpl::Loop() {
   std::vector<Submission> submissions;
-  std::vector<int64_t> aborts;
+  std::vector<int64_t> aborts, kv_ready;
+  std::vector<int32_t> releases;
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] {
-        return stop_ || !submissions_.empty() || !aborts_.empty() || engine_->HasWork();
+        return stop_ || !submissions_.empty() || !aborts_.empty() || !kv_ready_.empty() ||
+               !releases_.empty() || engine_->HasWork();
       });
       if (stop_) break;
       submissions.swap(submissions_);
       aborts.swap(aborts_);
+      kv_ready.swap(kv_ready_);
+      releases.swap(releases_);
     }
     Drain(&submissions, &aborts);
+    engine_->ReleasePages(releases);
+    for (int64_t id : kv_ready) {
+      Status s = engine_->MarkKvReady(id);  // NotFound when it ended meanwhile: nothing to do
+      if (!s.ok() && s.code() != StatusCode::kNotFound) {
+        PD_LOG_WARN("MarkKvReady({}): {}", id, s.ToString());
+      }
+    }
+    const bool changed = !submissions.empty() || !aborts.empty() || !releases.empty();
     submissions.clear();
     aborts.clear();
-    if (!engine_->HasWork()) continue;
+    kv_ready.clear();
+    releases.clear();
+    DeliverReservations();
+    if (!engine_->HasWork()) {
+      if (changed) RefreshStats();
+      continue;
+    }
     auto outputs = engine_->Step();
     if (!outputs.ok()) {
       PD_LOG_ERROR("engine step failed: {}", outputs.status().ToString());
       continue;
     }
-    {  // before the callbacks: a final output implies stats that already show its pages free
-      EngineStats stats = engine_->stats();
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_ = stats;
-    }
+    RefreshStats();  // before the callbacks: a final output implies stats showing its pages free
     for (const RequestOutput& out : *outputs) Deliver(out);
+    DeliverReservations();  // pages the step freed
   }
   AbortEverything();
+}
+
+void AsyncEngineImpl::RefreshStats() {
+  EngineStats stats = engine_->stats();
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_ = stats;
 }
 
 // On shutdown: every request, queued or in the engine, ends with kAbort and its pages are freed.
@@ -165,6 +272,9 @@ void AsyncEngineImpl::AbortEverything() {
     std::lock_guard<std::mutex> lock(mu_);
     submissions.swap(submissions_);
     aborts_.clear();
+    kv_ready_.clear();
+    engine_->ReleasePages(releases_);
+    releases_.clear();
   }
   for (Submission& sub : submissions) callbacks_[sub.request.id] = std::move(sub.on_output);
   std::vector<int64_t> ids;
@@ -201,6 +311,16 @@ void AsyncEngineImpl::Shutdown() {
 }
 
 }  // namespace
+
+Result<int64_t> AsyncEngine::SubmitPrefillOnly(std::vector<int32_t>, OutputCallback) {
+  return Unimplemented("this engine does not run prefill-only requests");
+}
+void AsyncEngine::ReleasePages(std::vector<int32_t>) {}
+Result<int64_t> AsyncEngine::SubmitRemoteKv(std::vector<int32_t>, const SamplingParams&,
+                                            OutputCallback, KvReservedCallback) {
+  return Unimplemented("this engine does not take remote KV");
+}
+void AsyncEngine::MarkKvReady(int64_t) {}
 
 Result<std::unique_ptr<AsyncEngine>> AsyncEngine::Create(std::unique_ptr<Engine> engine,
                                                          const AsyncEngineOptions& options) {

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "engine/engine.h"
 
@@ -16,6 +17,8 @@ struct AsyncEngineOptions {
 // Called on the engine thread for every RequestOutput of the request, the last one finished().
 // It must not block (hand the output to the HTTP thread through a queue).
 using OutputCallback = std::function<void(const RequestOutput&)>;
+// Called on the engine thread once a remote-KV request's pages are reserved. Must not block.
+using KvReservedCallback = std::function<void(int64_t request_id, const std::vector<int32_t>&)>;
 
 // Thread safety: every public method may be called from any thread.
 class AsyncEngine {
@@ -33,6 +36,19 @@ class AsyncEngine {
   virtual EngineStats stats() const = 0;
   virtual const model::ModelConfig& config() const = 0;
   virtual void Shutdown() = 0;
+
+  // --- Disaggregation (Engine's hooks, run on the loop; defaults: Unimplemented / no-op) ---
+  // Prefill side: a prefill-only request; its final kStop output carries the PrefillResult.
+  virtual Result<int64_t> SubmitPrefillOnly(std::vector<int32_t> prompt_ids,
+                                            OutputCallback on_output);
+  // Gives back the pages of a PrefillResult.
+  virtual void ReleasePages(std::vector<int32_t> pages);
+  // Decode side: a request whose prompt KV arrives from elsewhere. on_reserved gets its page
+  // table once reserved (never, if it ends first); it then waits for MarkKvReady(id).
+  virtual Result<int64_t> SubmitRemoteKv(std::vector<int32_t> prompt_ids,
+                                         const SamplingParams& sampling, OutputCallback on_output,
+                                         KvReservedCallback on_reserved);
+  virtual void MarkKvReady(int64_t request_id);
 };
 
 }  // namespace pd::engine

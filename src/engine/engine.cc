@@ -19,6 +19,7 @@ struct RequestState {
       : sampler(sampling, default_seed), num_prompt_tokens(num_prompt_tokens) {}
   RequestSampler sampler;
   int num_prompt_tokens = 0;
+  bool prefill_only = false;
 };
 
 // Thread safety: see Engine; only ValidateRequest may run concurrently with the rest.
@@ -41,7 +42,18 @@ class EngineImpl final : public Engine {
   const model::ModelConfig& config() const override { return runner_->config(); }
   ModelRunner& runner() override { return *runner_; }
 
+  Status AddPrefillOnlyRequest(Request request) override;
+  void ReleasePages(std::span<const int32_t> pages) override { pool_.Release(pages); }
+  void SetStepObserver(StepObserver observer) override { observer_ = std::move(observer); }
+  Status AddRemoteKvRequest(Request request) override;
+  std::vector<KvReservation> TakeKvReservations() override;
+  Status MarkKvReady(int64_t request_id) override { return scheduler_.MarkKvReady(request_id); }
+
  private:
+  enum class Kind { kNormal, kPrefillOnly, kRemoteKv };
+  Status Add(Request request, Kind kind);
+  void NotifyObserver(const ScheduledBatch& batch);
+  RequestOutput PrefillOutput(const ScheduledSeq& s, const RequestState& state, size_t row);
   RequestOutput MakeOutput(int64_t id, const RequestState& state, const Sequence* seq) const;
   void BuildForwardBatch(const ScheduledBatch& batch);
   void FailBatch(const ScheduledBatch& batch, const Status& status,
@@ -57,6 +69,7 @@ class EngineImpl final : public Engine {
   std::vector<RequestOutput> aborted_;  // reported at the next Step
   ForwardBatch forward_batch_;          // reused every step
   ForwardOutput forward_output_;
+  StepObserver observer_;
 };
 
 Status EngineImpl::ValidateRequest(const Request& request) const {
@@ -90,17 +103,80 @@ Status EngineImpl::ValidateRequest(const Request& request) const {
   return OkStatus();
 }
 
-Status EngineImpl::AddRequest(Request request) {
+Status EngineImpl::AddRequest(Request request) { return Add(std::move(request), Kind::kNormal); }
+
+Status EngineImpl::AddPrefillOnlyRequest(Request request) {
+  request.sampling = SamplingParams{};  // never sampled: only the prompt must fit
+  request.sampling.max_tokens = 1;
+  return Add(std::move(request), Kind::kPrefillOnly);
+}
+
+Status EngineImpl::AddRemoteKvRequest(Request request) {
+  return Add(std::move(request), Kind::kRemoteKv);
+}
+
+Status EngineImpl::Add(Request request, Kind kind) {
   RETURN_IF_ERROR(ValidateRequest(request));
   if (requests_.count(request.id) != 0) {
     return AlreadyExists("request " + std::to_string(request.id) + " is already running");
   }
   auto state = std::make_unique<RequestState>(request.sampling, seed_rng_(),
                                               static_cast<int>(request.prompt_ids.size()));
-  RETURN_IF_ERROR(
-      scheduler_.AddSequence(request.id, std::move(request.prompt_ids), request.arrival_time));
+  state->prefill_only = kind == Kind::kPrefillOnly;
+  std::vector<int32_t> prompt = std::move(request.prompt_ids);
+  switch (kind) {
+    case Kind::kNormal:
+      RETURN_IF_ERROR(scheduler_.AddSequence(request.id, std::move(prompt), request.arrival_time));
+      break;
+    case Kind::kPrefillOnly:
+      RETURN_IF_ERROR(
+          scheduler_.AddPrefillOnlySequence(request.id, std::move(prompt), request.arrival_time));
+      break;
+    case Kind::kRemoteKv:
+      RETURN_IF_ERROR(
+          scheduler_.AddRemoteKvSequence(request.id, std::move(prompt), request.arrival_time));
+      break;
+  }
   requests_.emplace(request.id, std::move(state));
   return OkStatus();
+}
+
+std::vector<KvReservation> EngineImpl::TakeKvReservations() {
+  std::vector<KvReservation> out;
+  for (int64_t id : scheduler_.ReserveRemoteKv()) {
+    const Sequence* seq = scheduler_.Find(id);
+    PD_CHECK(seq != nullptr);
+    out.push_back({id, seq->page_table});
+  }
+  return out;
+}
+
+void EngineImpl::NotifyObserver(const ScheduledBatch& batch) {
+  if (!observer_) return;
+  StepInfo info;
+  info.runner_step = runner_->steps_done();
+  for (const ScheduledSeq& s : batch.seqs) {
+    if (!s.seq->prefill_only) continue;
+    info.prefill_chunks.push_back(
+        {s.seq_id, s.start_pos, s.num_tokens, s.seq->page_table, s.samples});
+  }
+  observer_(info);
+}
+
+// The last chunk of a prefill-only request ran: hand its pages (one extra reference, so the
+// scheduler's release on finish leaves them allocated) and its last hidden state over.
+RequestOutput EngineImpl::PrefillOutput(const ScheduledSeq& s, const RequestState& state,
+                                        size_t row) {
+  auto result = std::make_shared<PrefillResult>();
+  result->page_table = s.seq->page_table;
+  result->num_tokens = s.context_len();
+  if (row < forward_output_.last_hidden.size())
+    result->last_hidden = forward_output_.last_hidden[row];
+  pool_.AddRef(result->page_table);
+  RequestOutput out = MakeOutput(s.seq_id, state, s.seq);
+  out.finish_reason = FinishReason::kStop;
+  out.prefill_result = std::move(result);
+  return out;
 }
 
 RequestOutput EngineImpl::MakeOutput(int64_t id, const RequestState& state,
@@ -134,7 +210,8 @@ void EngineImpl::BuildForwardBatch(const ScheduledBatch& batch) {
     step.start_pos = s.start_pos;
     step.token_ids = std::span<const int32_t>(s.seq->token_ids).subspan(s.start_pos, s.num_tokens);
     step.page_table = s.seq->page_table;
-    step.compute_logits = s.samples;  // the last chunk of a prompt, or a decode token
+    // The last chunk of a prompt, or a decode token; a prefill-only request is never sampled.
+    step.compute_logits = s.samples && !s.seq->prefill_only;
   }
 }
 
@@ -159,6 +236,7 @@ Result<std::vector<RequestOutput>> EngineImpl::Step() {
   ScheduledBatch batch = scheduler_.Schedule();
   if (batch.empty()) return outputs;
   BuildForwardBatch(batch);
+  NotifyObserver(batch);
   Status status = runner_->Forward(forward_batch_, &forward_output_);
   if (status.ok() && forward_output_.logits.size() != batch.seqs.size()) {
     status = Internal("ModelRunner returned " + std::to_string(forward_output_.logits.size()) +
@@ -176,6 +254,11 @@ Result<std::vector<RequestOutput>> EngineImpl::Step() {
     const ScheduledSeq& s = batch.seqs[i];
     if (!s.samples) continue;
     RequestState& state = *requests_.at(s.seq_id);
+    if (state.prefill_only) {
+      outputs.push_back(PrefillOutput(s, state, i));
+      updates.push_back({s.seq_id, 0, true});
+      continue;
+    }
     const std::vector<float>& logits = forward_output_.logits[i];
     PD_CHECK(static_cast<int>(logits.size()) == config.vocab_size)
         << "logits of sequence " << s.seq_id << " have " << logits.size() << " entries";
@@ -208,6 +291,7 @@ EngineStats EngineImpl::stats() const {
   s.num_free_pages = pool_.num_free();
   s.num_total_pages = pool_.num_total();
   s.num_preemptions = scheduler_.num_preemptions();
+  s.num_awaiting_kv = scheduler_.num_awaiting_pages() + scheduler_.num_awaiting_kv();
   return s;
 }
 

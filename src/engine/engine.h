@@ -2,7 +2,10 @@
 // outputs), RequestOutputs out. Single-threaded: AsyncEngine runs it on its own thread.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "common/clock.h"
@@ -32,9 +35,35 @@ struct EngineStats {
   int num_free_pages = 0;
   int num_total_pages = 0;
   int64_t num_preemptions = 0;
+  int num_awaiting_kv = 0;  // remote-KV requests queued for pages or waiting for their KV
   double kv_cache_usage() const {
     return num_total_pages == 0 ? 0.0 : 1.0 - double(num_free_pages) / num_total_pages;
   }
+};
+
+// One scheduled chunk of a prefill-only request, as the step observer sees it.
+struct PrefillChunk {
+  int64_t request_id = 0;
+  int start_pos = 0;
+  int num_tokens = 0;
+  std::vector<int32_t> page_table;  // all the request's pages (allocated at admission)
+  bool is_last_chunk = false;
+};
+
+// What one step runs, told before its Forward: the runner's step index (ModelRunner::steps_done()
+// before the step; its layer l is final once progress() >= runner_step*num_layers + l + 1) and
+// the chunks of prefill-only requests in it.
+struct StepInfo {
+  uint64_t runner_step = 0;
+  std::vector<PrefillChunk> prefill_chunks;
+};
+// Runs on the engine thread before every non-empty step's Forward; must not block.
+using StepObserver = std::function<void(const StepInfo&)>;
+
+// A remote-KV request whose pages were just reserved.
+struct KvReservation {
+  int64_t request_id = 0;
+  std::vector<int32_t> page_table;  // covers the whole prompt
 };
 
 // Thread safety: not thread-safe; one thread (the engine loop) calls every method.
@@ -62,6 +91,24 @@ class Engine {
   virtual EngineStats stats() const = 0;
   virtual const model::ModelConfig& config() const = 0;
   virtual ModelRunner& runner() = 0;
+
+  // --- Disaggregation hooks (DESIGN.md, "Request flow") ---
+  // Prefill side: computes the prompt, never samples; its final output (kStop) carries a
+  // PrefillResult whose pages stay referenced until ReleasePages. Validated as AddRequest (the
+  // sampling settings are ignored).
+  virtual Status AddPrefillOnlyRequest(Request request) = 0;
+  // Gives back pages a PrefillResult kept. Thread-safe (the page pool locks).
+  virtual void ReleasePages(std::span<const int32_t> pages) = 0;
+  virtual void SetStepObserver(StepObserver observer) = 0;
+  // Decode side: the prompt's KV arrives from elsewhere. Pages for the whole prompt are reserved
+  // when free (see TakeKvReservations); the request then waits until MarkKvReady, and its last
+  // prompt token runs as its first decode step. Abort releases the pages at any point.
+  virtual Status AddRemoteKvRequest(Request request) = 0;
+  // Reserves pages for queued remote-KV requests (FCFS, as free pages allow); returns those
+  // reserved now.
+  virtual std::vector<KvReservation> TakeKvReservations() = 0;
+  // NotFound for an unknown request; FailedPrecondition when its pages are not reserved yet.
+  virtual Status MarkKvReady(int64_t request_id) = 0;
 };
 
 }  // namespace pd::engine

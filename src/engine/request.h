@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -16,10 +17,10 @@ struct SamplingParams {
   float top_p = 1.0f;        // (0, 1]
   int top_k = 0;             // 0 or -1: off
   std::optional<uint64_t> seed;
-  int max_tokens = 16;       // generated tokens, >= 1
+  int max_tokens = 16;  // generated tokens, >= 1
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
-  int logprobs = -1;         // -1: none; 0: the chosen token's; N: also the top N
+  int logprobs = -1;  // -1: none; 0: the chosen token's; N: also the top N
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
@@ -38,17 +39,27 @@ struct Request {
   double arrival_time = 0.0;  // Clock seconds
 };
 
+// A prefill-only request ran its last chunk (disaggregation, prefill side). The engine keeps one
+// reference on each page for the receiver, who gives them back with ReleasePages when done.
+struct PrefillResult {
+  std::vector<int32_t> page_table;  // covers num_tokens tokens
+  int num_tokens = 0;
+  std::vector<float> last_hidden;  // (hidden) final-norm hidden state of the last token
+};
+
 // One step's news for one request: tokens generated this step and whether it finished.
 struct RequestOutput {
   int64_t request_id = 0;
   std::vector<int32_t> new_token_ids;
   std::vector<TokenLogprob> logprobs;  // one per new token when sampling.logprobs >= 0
   FinishReason finish_reason = FinishReason::kNone;
-  int32_t stop_token_id = -1;          // the token that stopped it, when kStop by a token
-  Status error;                        // set when finish_reason == kError
+  int32_t stop_token_id = -1;  // the token that stopped it, when kStop by a token
+  Status error;                // set when finish_reason == kError
   int num_prompt_tokens = 0;
-  int num_generated_tokens = 0;        // total so far
-  double first_scheduled_time = 0.0;   // Clock seconds (queue time = this - arrival)
+  int num_generated_tokens = 0;       // total so far
+  double first_scheduled_time = 0.0;  // Clock seconds (queue time = this - arrival)
+  // Set on the final (kStop) output of a prefill-only request.
+  std::shared_ptr<const PrefillResult> prefill_result;
   bool finished() const { return finish_reason != FinishReason::kNone; }
 };
 

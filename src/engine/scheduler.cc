@@ -29,7 +29,8 @@ Scheduler::~Scheduler() {
   for (auto& [id, seq] : seqs_) pool_->Release(seq->page_table);
 }
 
-Status Scheduler::AddSequence(int64_t id, std::vector<int32_t> prompt_ids, double arrival_time) {
+Status Scheduler::Add(int64_t id, std::vector<int32_t> prompt_ids, double arrival_time,
+                      Sequence** added) {
   if (prompt_ids.empty()) {
     return InvalidArgument("sequence " + std::to_string(id) + ": empty prompt");
   }
@@ -41,8 +42,61 @@ Status Scheduler::AddSequence(int64_t id, std::vector<int32_t> prompt_ids, doubl
   seq->num_prompt_tokens = static_cast<int>(prompt_ids.size());
   seq->token_ids = std::move(prompt_ids);
   seq->arrival_time = arrival_time;
-  waiting_.push_back(seq.get());
+  *added = seq.get();
   seqs_.emplace(id, std::move(seq));
+  return OkStatus();
+}
+
+Status Scheduler::AddSequence(int64_t id, std::vector<int32_t> prompt_ids, double arrival_time) {
+  Sequence* seq = nullptr;
+  RETURN_IF_ERROR(Add(id, std::move(prompt_ids), arrival_time, &seq));
+  waiting_.push_back(seq);
+  return OkStatus();
+}
+
+Status Scheduler::AddPrefillOnlySequence(int64_t id, std::vector<int32_t> prompt_ids,
+                                         double arrival_time) {
+  Sequence* seq = nullptr;
+  RETURN_IF_ERROR(Add(id, std::move(prompt_ids), arrival_time, &seq));
+  seq->prefill_only = true;
+  waiting_.push_back(seq);
+  return OkStatus();
+}
+
+Status Scheduler::AddRemoteKvSequence(int64_t id, std::vector<int32_t> prompt_ids,
+                                      double arrival_time) {
+  Sequence* seq = nullptr;
+  RETURN_IF_ERROR(Add(id, std::move(prompt_ids), arrival_time, &seq));
+  seq->remote_kv = true;
+  seq->state = SeqState::kAwaitingPages;
+  reserve_queue_.push_back(seq);
+  return OkStatus();
+}
+
+std::vector<int64_t> Scheduler::ReserveRemoteKv() {
+  std::vector<int64_t> reserved;
+  while (!reserve_queue_.empty()) {
+    Sequence* seq = reserve_queue_.front();
+    if (!GrowPages(seq, seq->num_prompt_tokens)) break;  // FCFS: nobody jumps ahead
+    reserve_queue_.pop_front();
+    seq->state = SeqState::kAwaitingKv;
+    seq->num_computed_tokens = seq->num_prompt_tokens - 1;
+    ++num_awaiting_kv_;
+    reserved.push_back(seq->id);
+  }
+  return reserved;
+}
+
+Status Scheduler::MarkKvReady(int64_t id) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return NotFound("sequence " + std::to_string(id) + " is not known");
+  Sequence* seq = it->second.get();
+  if (seq->state != SeqState::kAwaitingKv) {
+    return FailedPrecondition("sequence " + std::to_string(id) + " is not awaiting its KV");
+  }
+  seq->state = SeqState::kWaiting;
+  --num_awaiting_kv_;
+  waiting_.push_front(seq);  // it has waited for its transfer already
   return OkStatus();
 }
 
@@ -51,10 +105,19 @@ bool Scheduler::Abort(int64_t id) {
   if (it == seqs_.end()) return false;
   Sequence* seq = it->second.get();
   pool_->Release(seq->page_table);
-  if (seq->state == SeqState::kRunning) {
-    running_.erase(std::find(running_.begin(), running_.end(), seq));
-  } else {
-    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), seq));
+  switch (seq->state) {
+    case SeqState::kRunning:
+      running_.erase(std::find(running_.begin(), running_.end(), seq));
+      break;
+    case SeqState::kWaiting:
+      waiting_.erase(std::find(waiting_.begin(), waiting_.end(), seq));
+      break;
+    case SeqState::kAwaitingPages:
+      reserve_queue_.erase(std::find(reserve_queue_.begin(), reserve_queue_.end(), seq));
+      break;
+    case SeqState::kAwaitingKv:
+      --num_awaiting_kv_;
+      break;
   }
   seqs_.erase(it);
   return true;
@@ -86,9 +149,30 @@ void Scheduler::Preempt(Sequence* seq) {
   num_preemptions_++;
 }
 
-Sequence* Scheduler::PickVictim() { return running_.empty() ? nullptr : running_.back(); }
+// The newest running sequence that may be recomputed: never a prefill-only one, whose pages the
+// messenger may be reading.
+Sequence* Scheduler::PickVictim() {
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+    if (!(*it)->prefill_only) return *it;
+  }
+  return nullptr;
+}
 
 namespace {
+
+// One token left to compute and it comes after the prompt, or it is the last prompt token of a
+// remote-KV sequence whose other prompt tokens arrived from a prefill instance.
+bool IsDecodeStep(const Sequence& seq, int start_pos, int num_new) {
+  if (num_new != 1 || start_pos + 1 != seq.num_tokens()) return false;
+  return start_pos >= seq.num_prompt_tokens ||
+         (seq.remote_kv && start_pos == seq.num_prompt_tokens - 1);
+}
+
+// Tokens the page table must cover before `num_new` more tokens run: prefill-only sequences get
+// all their pages at once.
+int PagesTarget(const Sequence& seq, int num_new) {
+  return seq.prefill_only ? seq.num_tokens() : seq.num_computed_tokens + num_new;
+}
 
 void AddToBatch(ScheduledBatch* batch, const Sequence* seq, int num_new) {
   ScheduledSeq s;
@@ -97,7 +181,7 @@ void AddToBatch(ScheduledBatch* batch, const Sequence* seq, int num_new) {
   s.start_pos = seq->num_computed_tokens;
   s.num_tokens = num_new;
   s.samples = s.start_pos + num_new == seq->num_tokens();
-  s.is_decode = num_new == 1 && s.samples && s.start_pos >= seq->num_prompt_tokens;
+  s.is_decode = IsDecodeStep(*seq, s.start_pos, num_new);
   (s.is_decode ? batch->num_decode_tokens : batch->num_prefill_tokens) += num_new;
   batch->seqs.push_back(s);
 }
@@ -127,13 +211,14 @@ void Scheduler::ScheduleRunning(StepState* step, bool decodes) {
     if (seq->state != SeqState::kRunning || InBatch(step->batch, seq->id)) continue;
     int remaining = seq->num_tokens() - seq->num_computed_tokens;
     PD_CHECK(remaining > 0) << "sequence " << seq->id << " has nothing to compute";
-    bool is_decode = remaining == 1 && seq->num_computed_tokens >= seq->num_prompt_tokens;
+    bool is_decode = IsDecodeStep(*seq, seq->num_computed_tokens, remaining);
     if (is_decode != decodes) continue;
     if (remaining > step->budget && !options_.enable_chunked_prefill) continue;
     int num_new = std::min(remaining, step->budget);
     bool scheduled = true;
-    while (!GrowPages(seq, seq->num_computed_tokens + num_new)) {
+    while (!GrowPages(seq, PagesTarget(*seq, num_new))) {
       Sequence* victim = PickVictim();
+      // A prefill-only sequence has all its pages: only a normal one (itself a candidate) grows.
       PD_CHECK(victim != nullptr);
       step->budget += RemoveFromBatch(&step->batch, victim->id);
       step->batch.preempted_seq_ids.push_back(victim->id);
@@ -158,7 +243,7 @@ void Scheduler::ScheduleWaiting(StepState* step) {
     int remaining = seq->num_tokens() - seq->num_computed_tokens;
     if (remaining > step->budget && !options_.enable_chunked_prefill) return;
     int num_new = std::min(remaining, step->budget);
-    if (!GrowPages(seq, seq->num_computed_tokens + num_new)) return;  // FCFS: nobody jumps ahead
+    if (!GrowPages(seq, PagesTarget(*seq, num_new))) return;  // FCFS: nobody jumps ahead
     waiting_.pop_front();
     seq->state = SeqState::kRunning;
     running_.push_back(seq);

@@ -19,6 +19,16 @@
 //
 // Callers guarantee progress: a sequence at its longest (prompt + max tokens) fits in the pool,
 // and, without chunked prefill, in one step's budget (the Engine checks both).
+//
+// Disaggregation (DESIGN.md, "Request flow") adds two kinds of sequence:
+//   - prefill-only (prefill instance): its tokens are computed and never sampled; all its pages
+//     are allocated when it is admitted and it is never a preemption victim, so the messenger can
+//     stream its pages while it runs. Its last chunk `samples` like any other: the engine turns
+//     that into a hand-over of the pages instead of a token.
+//   - remote-KV (decode instance): its prompt's KV arrives from elsewhere. ReserveRemoteKv()
+//     allocates pages for the whole prompt (FCFS, when the free pages hold them); it then waits,
+//     out of scheduling and never a victim, until MarkKvReady; then num_computed_tokens is
+//     prompt - 1 and its last prompt token runs as its first decode step.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +45,12 @@
 
 namespace pd::engine {
 
-enum class SeqState { kWaiting, kRunning };
+enum class SeqState {
+  kWaiting,
+  kRunning,
+  kAwaitingPages,  // remote-KV: queued for its page reservation
+  kAwaitingKv,     // remote-KV: pages reserved, waiting for MarkKvReady
+};
 
 // One sequence as the scheduler sees it.
 struct Sequence {
@@ -48,6 +63,8 @@ struct Sequence {
   double arrival_time = 0.0;
   double first_scheduled_time = -1.0;  // -1 until first scheduled
   int num_preemptions = 0;
+  bool prefill_only = false;  // computed, never sampled; pages allocated whole at admission
+  bool remote_kv = false;     // the prompt's KV (all but the last token) arrives from elsewhere
 
   int num_tokens() const { return static_cast<int>(token_ids.size()); }
   int num_generated_tokens() const { return num_tokens() - num_prompt_tokens; }
@@ -93,6 +110,16 @@ class Scheduler {
   // Queues a new sequence (waiting, FCFS by call order). AlreadyExists for a live id;
   // InvalidArgument for an empty prompt.
   Status AddSequence(int64_t id, std::vector<int32_t> prompt_ids, double arrival_time);
+  // A prefill-only sequence (see the top of this file). Errors as AddSequence.
+  Status AddPrefillOnlySequence(int64_t id, std::vector<int32_t> prompt_ids, double arrival_time);
+  // A remote-KV sequence, queued for its page reservation. Errors as AddSequence.
+  Status AddRemoteKvSequence(int64_t id, std::vector<int32_t> prompt_ids, double arrival_time);
+  // Reserves pages for queued remote-KV sequences, FCFS while the free pages hold the next one's
+  // prompt; returns the ids reserved now (their page tables: Find(id)->page_table).
+  std::vector<int64_t> ReserveRemoteKv();
+  // The KV of a reserved remote-KV sequence has arrived: it joins the front of the waiting queue.
+  // NotFound for an unknown id, FailedPrecondition when it is not awaiting its KV.
+  Status MarkKvReady(int64_t id);
   // Removes the sequence wherever it is and releases its pages now. False if unknown.
   // Not to be called between Schedule and Update for a sequence of that batch.
   bool Abort(int64_t id);
@@ -106,6 +133,8 @@ class Scheduler {
   bool HasWork() const { return !waiting_.empty() || !running_.empty(); }
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
   int num_running() const { return static_cast<int>(running_.size()); }
+  int num_awaiting_pages() const { return static_cast<int>(reserve_queue_.size()); }
+  int num_awaiting_kv() const { return num_awaiting_kv_; }
   int64_t num_preemptions() const { return num_preemptions_; }
   int page_size() const { return page_size_; }
   // Pages a sequence of num_tokens tokens occupies.
@@ -120,14 +149,17 @@ class Scheduler {
   void ScheduleRunning(StepState* step, bool decodes);
   void ScheduleWaiting(StepState* step);
   Sequence* PickVictim();
+  Status Add(int64_t id, std::vector<int32_t> prompt_ids, double arrival_time, Sequence** added);
 
   const SchedulerOptions options_;
   PagePool* const pool_;
   const int page_size_;
   const Clock* const clock_;
   std::unordered_map<int64_t, std::unique_ptr<Sequence>> seqs_;
-  std::deque<Sequence*> waiting_;   // FCFS; preempted sequences go to the front
-  std::vector<Sequence*> running_;  // in admission order: back() is the newest
+  std::deque<Sequence*> waiting_;        // FCFS; preempted sequences go to the front
+  std::vector<Sequence*> running_;       // in admission order: back() is the newest
+  std::deque<Sequence*> reserve_queue_;  // remote-KV sequences waiting for pages, FCFS
+  int num_awaiting_kv_ = 0;
   int64_t num_preemptions_ = 0;
 };
 

@@ -1,0 +1,411 @@
+// The engine's disaggregation hooks: remote-KV requests (decode side), prefill-only requests
+// (prefill side) and the step observer, on the scheduler, the Engine and the AsyncEngine. The
+// end-to-end check moves the fake runner's KV by hand from a prefill engine into a decode engine
+// and asks for the tokens a colocated run gives.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "engine/async_engine.h"
+#include "engine/engine.h"
+#include "engine/engine_test_util.h"
+#include "engine/scheduler.h"
+
+namespace pd::engine {
+namespace {
+
+using ::pd::engine::testing::FakeEngineOptions;
+using ::pd::engine::testing::FakeRunner;
+using ::testing::HasSubstr;
+
+std::vector<int32_t> PromptOf(int len, int salt) {
+  std::vector<int32_t> p(len);
+  for (int i = 0; i < len; ++i) p[i] = (i * 7 + salt * 13 + 1) % 64;
+  return p;
+}
+
+SchedulerOptions Opts(int budget, int max_seqs = 8) {
+  SchedulerOptions o;
+  o.max_num_batched_tokens = budget;
+  o.max_num_seqs = max_seqs;
+  return o;
+}
+
+// ---------------------------------------------------------------- scheduler
+
+TEST(DisaggSchedulerTest, RemoteKvReservesThePromptWaitsThenDecodesItsLastToken) {
+  PagePool pool(10);
+  SimClock clock;
+  Scheduler s(Opts(16), &pool, /*page_size=*/4, &clock);
+  ASSERT_TRUE(s.AddRemoteKvSequence(1, PromptOf(9, 1), 0.0).ok());
+  EXPECT_EQ(s.num_awaiting_pages(), 1);
+  std::vector<int64_t> reserved = s.ReserveRemoteKv();
+  ASSERT_EQ(reserved, std::vector<int64_t>{1});
+  EXPECT_EQ(s.Find(1)->page_table.size(), 3u);
+  EXPECT_EQ(s.Find(1)->num_computed_tokens, 8);
+  EXPECT_EQ(pool.num_free(), 7);
+  EXPECT_FALSE(s.HasWork());
+  EXPECT_TRUE(s.Schedule().empty());
+
+  ASSERT_TRUE(s.MarkKvReady(1).ok());
+  ScheduledBatch batch = s.Schedule();
+  ASSERT_EQ(batch.seqs.size(), 1u);
+  EXPECT_EQ(batch.seqs[0].start_pos, 8);
+  EXPECT_EQ(batch.seqs[0].num_tokens, 1);
+  EXPECT_TRUE(batch.seqs[0].is_decode);
+  EXPECT_TRUE(batch.seqs[0].samples);
+  EXPECT_EQ(batch.num_decode_tokens, 1);
+  EXPECT_EQ(pool.num_free(), 7);  // no page allocated beyond the reservation
+}
+
+TEST(DisaggSchedulerTest, ReservationsWaitFcfsForFreePages) {
+  PagePool pool(4);
+  SimClock clock;
+  Scheduler s(Opts(16), &pool, /*page_size=*/4, &clock);
+  ASSERT_TRUE(s.AddSequence(1, PromptOf(12, 1), 0.0).ok());
+  s.Schedule();                                                     // takes 3 pages
+  ASSERT_TRUE(s.AddRemoteKvSequence(2, PromptOf(8, 2), 0.0).ok());  // 2 pages
+  ASSERT_TRUE(s.AddRemoteKvSequence(3, PromptOf(2, 3), 0.0).ok());  // 1 page, must not jump
+  EXPECT_TRUE(s.ReserveRemoteKv().empty());
+  EXPECT_EQ(s.num_awaiting_pages(), 2);
+  EXPECT_TRUE(s.Abort(1));
+  EXPECT_EQ(s.ReserveRemoteKv(), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(s.num_awaiting_kv(), 2);
+  EXPECT_EQ(pool.num_free(), 1);
+}
+
+TEST(DisaggSchedulerTest, AbortReleasesPagesInEveryRemoteState) {
+  PagePool pool(3);
+  SimClock clock;
+  Scheduler s(Opts(16), &pool, /*page_size=*/4, &clock);
+  ASSERT_TRUE(s.AddRemoteKvSequence(1, PromptOf(8, 1), 0.0).ok());
+  ASSERT_TRUE(s.AddRemoteKvSequence(2, PromptOf(8, 2), 0.0).ok());
+  s.ReserveRemoteKv();
+  EXPECT_EQ(s.num_awaiting_kv(), 1);
+  EXPECT_EQ(s.num_awaiting_pages(), 1);
+  EXPECT_TRUE(s.Abort(2));  // still queued for pages
+  EXPECT_TRUE(s.Abort(1));  // reserved, awaiting its KV
+  EXPECT_EQ(s.num_awaiting_kv(), 0);
+  EXPECT_EQ(s.num_awaiting_pages(), 0);
+  EXPECT_EQ(pool.num_free(), 3);
+  EXPECT_FALSE(s.Abort(1));
+}
+
+TEST(DisaggSchedulerTest, MarkKvReadyRefusesUnknownAndUnreservedSequences) {
+  PagePool pool(1);
+  SimClock clock;
+  Scheduler s(Opts(16), &pool, /*page_size=*/4, &clock);
+  EXPECT_EQ(s.MarkKvReady(7).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(s.AddRemoteKvSequence(1, PromptOf(8, 1), 0.0).ok());  // needs 2 pages of 1
+  EXPECT_TRUE(s.ReserveRemoteKv().empty());
+  Status st = s.MarkKvReady(1);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("not awaiting its KV"));
+  ASSERT_TRUE(s.AddSequence(2, PromptOf(2, 2), 0.0).ok());
+  EXPECT_EQ(s.MarkKvReady(2).code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(DisaggSchedulerTest, PrefillOnlyTakesAllPagesAtOnceAndIsNeverPreempted) {
+  PagePool pool(5);
+  SimClock clock;
+  Scheduler s(Opts(/*budget=*/8), &pool, /*page_size=*/4, &clock);
+  ASSERT_TRUE(s.AddSequence(2, PromptOf(7, 2), 0.0).ok());              // 2 pages, then grows
+  ASSERT_TRUE(s.AddPrefillOnlySequence(1, PromptOf(12, 1), 0.0).ok());  // 3 pages
+  ScheduledBatch b1 = s.Schedule();
+  ASSERT_EQ(b1.seqs.size(), 2u);
+  EXPECT_EQ(b1.seqs[1].seq_id, 1);
+  EXPECT_EQ(b1.seqs[1].num_tokens, 1);          // a one-token chunk...
+  EXPECT_EQ(s.Find(1)->page_table.size(), 3u);  // ...but the whole prompt's pages
+  EXPECT_EQ(pool.num_free(), 0);
+  bool preempted_normal = false;
+  ScheduledBatch b = std::move(b1);
+  for (int step = 0; step < 4 && s.Find(1) != nullptr; ++step) {
+    std::vector<SeqUpdate> updates;
+    for (const ScheduledSeq& q : b.seqs) {
+      if (q.samples) updates.push_back({q.seq_id, 5, q.seq_id == 1});
+    }
+    s.Update(b, updates);
+    b = s.Schedule();
+    for (int64_t id : b.preempted_seq_ids) {
+      EXPECT_NE(id, 1);
+      preempted_normal |= id == 2;
+    }
+  }
+  EXPECT_TRUE(preempted_normal);  // the pool ran out while the prefill-only one held its pages
+}
+
+// ---------------------------------------------------------------- engine
+
+std::unique_ptr<Engine> MakeEngine(int page_size, int num_pages, int budget) {
+  FakeRunner::Options ro;
+  ro.page_size = page_size;
+  ro.num_pages = num_pages;
+  auto engine = Engine::CreateWithRunner(FakeRunner::Make(ro),
+                                         FakeEngineOptions(budget, std::min(4, budget)));
+  PD_CHECK(engine.ok()) << engine.status().ToString();
+  return std::move(engine).value();
+}
+
+Request MakeRequest(int64_t id, std::vector<int32_t> prompt, int max_tokens) {
+  Request r;
+  r.id = id;
+  r.prompt_ids = std::move(prompt);
+  r.sampling.temperature = 0.0f;
+  r.sampling.max_tokens = max_tokens;
+  return r;
+}
+
+// Copies the fake runner's KV pages (one layer) from one engine's region into another's.
+void CopyPages(Engine& from, const std::vector<int32_t>& src, Engine& to,
+               const std::vector<int32_t>& dst, int num_pages) {
+  KvRegion& a = from.runner().region();
+  KvRegion& b = to.runner().region();
+  for (int k = 0; k < num_pages; ++k) {
+    std::memcpy(b.Block(0, dst[k]), a.Block(0, src[k]), a.spec().page_bytes());
+  }
+}
+
+// (page_size, prefill budget): chunked and whole prefill, pages of 1 and 4 tokens.
+class DisaggEngineTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(DisaggEngineTest, HandedOverKvGivesTheColocatedGreedyTokens) {
+  const auto [page_size, budget] = GetParam();
+  auto prefill = MakeEngine(page_size, 64, budget);
+  auto decode = MakeEngine(page_size, 64, 16);
+  std::vector<StepInfo> steps;
+  prefill->SetStepObserver([&](const StepInfo& info) { steps.push_back(info); });
+  for (int len : {1, 2, 3, 4, 5, 9, 13}) {
+    SCOPED_TRACE("prompt length " + std::to_string(len));
+    const std::vector<int32_t> prompt = PromptOf(len, len);
+    const int64_t id = 100 + len;
+    ASSERT_TRUE(decode->AddRemoteKvRequest(MakeRequest(id, prompt, 6)).ok());
+    std::vector<KvReservation> res = decode->TakeKvReservations();
+    ASSERT_EQ(res.size(), 1u);
+    ASSERT_EQ(static_cast<int>(res[0].page_table.size()), (len + page_size - 1) / page_size);
+    if (len > 1) {
+      steps.clear();
+      std::vector<int32_t> head(prompt.begin(), prompt.end() - 1);
+      ASSERT_TRUE(prefill->AddPrefillOnlyRequest(MakeRequest(id, head, 1)).ok());
+      std::shared_ptr<const PrefillResult> result;
+      while (prefill->HasWork()) {
+        auto outs = prefill->Step();
+        ASSERT_TRUE(outs.ok());
+        for (const RequestOutput& out : *outs) {
+          EXPECT_TRUE(out.new_token_ids.empty());
+          EXPECT_EQ(out.finish_reason, FinishReason::kStop);
+          result = out.prefill_result;
+        }
+      }
+      ASSERT_NE(result, nullptr);
+      EXPECT_EQ(result->num_tokens, len - 1);
+      // The observer saw contiguous chunks covering the prompt, the last one marked.
+      int pos = 0;
+      for (size_t k = 0; k < steps.size(); ++k) {
+        ASSERT_EQ(steps[k].prefill_chunks.size(), 1u);
+        const PrefillChunk& c = steps[k].prefill_chunks[0];
+        EXPECT_EQ(c.request_id, id);
+        EXPECT_EQ(c.start_pos, pos);
+        EXPECT_EQ(c.page_table, result->page_table);
+        EXPECT_EQ(c.is_last_chunk, k + 1 == steps.size());
+        if (k > 0) {
+          EXPECT_EQ(steps[k].runner_step, steps[k - 1].runner_step + 1);
+        }
+        pos += c.num_tokens;
+      }
+      EXPECT_EQ(pos, len - 1);
+      // Kept for the messenger until released.
+      EXPECT_EQ(prefill->stats().num_free_pages, 64 - static_cast<int>(result->page_table.size()));
+      CopyPages(*prefill, result->page_table, *decode, res[0].page_table,
+                static_cast<int>(result->page_table.size()));
+      prefill->ReleasePages(result->page_table);
+      EXPECT_EQ(prefill->stats().num_free_pages, 64);
+    }
+    EXPECT_FALSE(decode->HasWork());
+    ASSERT_TRUE(decode->MarkKvReady(id).ok());
+    std::vector<int32_t> tokens;
+    while (decode->HasWork()) {
+      auto outs = decode->Step();
+      ASSERT_TRUE(outs.ok());
+      for (const RequestOutput& out : *outs) {
+        tokens.insert(tokens.end(), out.new_token_ids.begin(), out.new_token_ids.end());
+      }
+    }
+    EXPECT_EQ(tokens, FakeRunner::GreedyOracle(prompt, 64, 6));
+    EXPECT_EQ(decode->stats().num_free_pages, 64);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, DisaggEngineTest,
+                         ::testing::Values(std::make_tuple(1, 64), std::make_tuple(4, 64),
+                                           std::make_tuple(4, 3), std::make_tuple(1, 2)));
+
+TEST(DisaggEngineTest, AbortedPrefillOnlyRequestKeepsNoPage) {
+  auto engine = MakeEngine(4, 16, 4);
+  ASSERT_TRUE(engine->AddPrefillOnlyRequest(MakeRequest(1, PromptOf(12, 1), 1)).ok());
+  auto outs = engine->Step();  // first chunk only
+  ASSERT_TRUE(outs.ok());
+  EXPECT_TRUE(outs->empty());
+  engine->Abort(1);
+  outs = engine->Step();
+  ASSERT_TRUE(outs.ok());
+  ASSERT_EQ(outs->size(), 1u);
+  EXPECT_EQ((*outs)[0].finish_reason, FinishReason::kAbort);
+  EXPECT_EQ((*outs)[0].prefill_result, nullptr);
+  EXPECT_EQ(engine->stats().num_free_pages, 16);
+}
+
+TEST(DisaggEngineTest, AForwardFailureFailsThePrefillOnlyRequestWithoutKeepingPages) {
+  FakeRunner::Options ro;
+  ro.page_size = 4;
+  ro.num_pages = 16;
+  ro.fail_on_step = 0;
+  auto engine =
+      std::move(Engine::CreateWithRunner(FakeRunner::Make(ro), FakeEngineOptions(64, 4))).value();
+  StepInfo seen;
+  engine->SetStepObserver([&](const StepInfo& info) { seen = info; });
+  ASSERT_TRUE(engine->AddPrefillOnlyRequest(MakeRequest(1, PromptOf(6, 1), 1)).ok());
+  auto outs = engine->Step();
+  ASSERT_TRUE(outs.ok());
+  ASSERT_EQ(outs->size(), 1u);
+  EXPECT_EQ((*outs)[0].finish_reason, FinishReason::kError);
+  EXPECT_EQ((*outs)[0].prefill_result, nullptr);
+  EXPECT_EQ(seen.prefill_chunks.size(), 1u);  // told before Forward
+  EXPECT_EQ(engine->stats().num_free_pages, 16);
+}
+
+TEST(DisaggEngineTest, RemoteKvRequestsCountAsAwaitingAndAreValidated) {
+  auto engine = MakeEngine(4, 4, 16);
+  Request bad = MakeRequest(1, {}, 4);
+  EXPECT_EQ(engine->AddRemoteKvRequest(bad).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(engine->AddRemoteKvRequest(MakeRequest(2, PromptOf(8, 2), 4)).ok());
+  ASSERT_TRUE(engine->AddRemoteKvRequest(MakeRequest(3, PromptOf(8, 3), 4)).ok());
+  EXPECT_EQ(engine->TakeKvReservations().size(), 2u);
+  EXPECT_EQ(engine->stats().num_awaiting_kv, 2);
+  EXPECT_EQ(engine->stats().num_free_pages, 0);
+  engine->Abort(2);
+  engine->Abort(3);
+  EXPECT_EQ(engine->stats().num_free_pages, 4);
+  EXPECT_EQ(engine->stats().num_awaiting_kv, 0);
+}
+
+// ---------------------------------------------------------------- async engine
+
+constexpr auto kDeadline = std::chrono::seconds(30);
+
+// Thread-safe box for a value set once on the engine thread.
+template <typename T>
+class Box {
+ public:
+  void Set(T value) {
+    std::lock_guard<std::mutex> lock(mu_);
+    value_ = std::move(value);
+    set_ = true;
+    cv_.notify_all();
+  }
+  bool Wait(T* out) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, kDeadline, [&] { return set_; })) return false;
+    *out = value_;
+    return true;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  T value_{};
+  bool set_ = false;
+};
+
+std::unique_ptr<AsyncEngine> MakeAsync(std::unique_ptr<Engine> engine) {
+  auto async = AsyncEngine::Create(std::move(engine), AsyncEngineOptions{});
+  PD_CHECK(async.ok());
+  return std::move(async).value();
+}
+
+TEST(DisaggAsyncEngineTest, PrefillOnlyAndRemoteKvRoundTripThroughTheLoops) {
+  auto prefill_engine = MakeEngine(4, 32, 3);
+  auto decode_engine = MakeEngine(4, 32, 16);
+  Engine* prefill_raw = prefill_engine.get();
+  Engine* decode_raw = decode_engine.get();
+  auto prefill = MakeAsync(std::move(prefill_engine));
+  auto decode = MakeAsync(std::move(decode_engine));
+  const std::vector<int32_t> prompt = PromptOf(11, 5);
+
+  Box<std::vector<int32_t>> reserved;
+  Box<std::vector<int32_t>> tokens;
+  std::vector<int32_t> acc;  // decode loop thread only
+  auto id = decode->SubmitRemoteKv(
+      prompt,
+      [] {
+        SamplingParams p;
+        p.temperature = 0.0f;
+        p.max_tokens = 5;
+        return p;
+      }(),
+      [&](const RequestOutput& out) {
+        acc.insert(acc.end(), out.new_token_ids.begin(), out.new_token_ids.end());
+        if (out.finished()) tokens.Set(acc);
+      },
+      [&](int64_t, const std::vector<int32_t>& pages) { reserved.Set(pages); });
+  ASSERT_TRUE(id.ok());
+  std::vector<int32_t> dst;
+  ASSERT_TRUE(reserved.Wait(&dst));
+  EXPECT_EQ(dst.size(), 3u);
+
+  Box<std::shared_ptr<const PrefillResult>> result;
+  auto pid = prefill->SubmitPrefillOnly(std::vector<int32_t>(prompt.begin(), prompt.end() - 1),
+                                        [&](const RequestOutput& out) {
+                                          if (out.finished()) result.Set(out.prefill_result);
+                                        });
+  ASSERT_TRUE(pid.ok());
+  std::shared_ptr<const PrefillResult> r;
+  ASSERT_TRUE(result.Wait(&r));
+  ASSERT_NE(r, nullptr);
+  // Both loops are idle on these pages now: the prefill pages are referenced, the decode pages
+  // reserved and out of scheduling.
+  CopyPages(*prefill_raw, r->page_table, *decode_raw, dst, static_cast<int>(r->page_table.size()));
+  prefill->ReleasePages(r->page_table);
+  decode->MarkKvReady(*id);
+  std::vector<int32_t> out;
+  ASSERT_TRUE(tokens.Wait(&out));
+  EXPECT_EQ(out, FakeRunner::GreedyOracle(prompt, 64, 5));
+  prefill->Shutdown();
+  decode->Shutdown();
+  EXPECT_EQ(prefill->stats().num_free_pages, 32);
+  EXPECT_EQ(decode->stats().num_free_pages, 32);
+}
+
+TEST(DisaggAsyncEngineTest, AbortingARemoteKvRequestFreesItsReservedPages) {
+  auto async = MakeAsync(MakeEngine(4, 8, 16));
+  Box<std::vector<int32_t>> reserved;
+  Box<FinishReason> finish;
+  SamplingParams p;
+  p.max_tokens = 4;
+  auto id = async->SubmitRemoteKv(
+      PromptOf(9, 1), p,
+      [&](const RequestOutput& out) {
+        if (out.finished()) finish.Set(out.finish_reason);
+      },
+      [&](int64_t, const std::vector<int32_t>& pages) { reserved.Set(pages); });
+  ASSERT_TRUE(id.ok());
+  std::vector<int32_t> pages;
+  ASSERT_TRUE(reserved.Wait(&pages));
+  async->Abort(*id);
+  FinishReason reason = FinishReason::kNone;
+  ASSERT_TRUE(finish.Wait(&reason));
+  EXPECT_EQ(reason, FinishReason::kAbort);
+  async->MarkKvReady(*id);  // too late: ignored
+  async->Shutdown();
+  EXPECT_EQ(async->stats().num_free_pages, 8);
+  EXPECT_EQ(async->stats().num_awaiting_kv, 0);
+}
+
+}  // namespace
+}  // namespace pd::engine
