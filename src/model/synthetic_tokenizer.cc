@@ -126,9 +126,11 @@ std::string TokenizerJson(const ArchTokens& arch, const Vocab& vocab, int vocab_
         (id == 0 ? "\n      " : ",\n      ") + Json(vocab.tokens[id]) + ": " + std::to_string(id);
   }
   out += "\n    },\n    \"merges\": [";
+  // "left right" strings, which every tokenizers version reads (byte-level tokens never hold a
+  // space: the space byte is "Ġ").
   for (size_t i = 0; i < vocab.merges.size(); ++i) {
-    out += (i == 0 ? "\n      [" : ",\n      [") + Json(vocab.merges[i].first) + ", " +
-           Json(vocab.merges[i].second) + "]";
+    out += (i == 0 ? "\n      " : ",\n      ") +
+           Json(vocab.merges[i].first + " " + vocab.merges[i].second);
   }
   out += "\n    ]\n  }\n}\n";
   return out;

@@ -1,3 +1,18 @@
+// Tokenizer: HF tokenizer.json byte-level BPE (GPT-2 / Llama-3 / Qwen2 kind).
+//
+// Encode: added tokens are cut out of the text first (leftmost-longest literal match), each
+// remaining segment goes through the pre-tokenizer (Split regexes via PCRE2 with UTF + UCP, and
+// ByteLevel), and each word through BPE merges by rank. Decode concatenates each token's bytes
+// (byte-level tokens through GPT-2's byte decoder, added tokens as written), so
+// Decode(Encode(s)) == s for any s, invalid UTF-8 included (unless a ByteLevel step has
+// add_prefix_space, which puts a space in front of each segment as HF does).
+//
+// Supported: model.type BPE (merges as "a b" or [a, b], ignore_merges); pre-tokenizers
+// Sequence, Split (Isolated, not inverted), ByteLevel (add_prefix_space, use_regex), Digits;
+// normalizer null or NFC. Not applied: the NFC normalizer (accepted; text that already is NFC,
+// as nearly all text is, tokenizes the same), post_processor (Encode never adds BOS/EOS: chat
+// templates and callers do), decoder options, dropout, and added tokens' lstrip/rstrip/
+// single_word flags (false in the supported families).
 #include "model/tokenizer.h"
 
 #include <filesystem>

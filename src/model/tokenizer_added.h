@@ -31,6 +31,7 @@ class AddedTokenMatcher {
     int32_t id = -1;
   };
 
+  void Reserve(size_t num_tokens) { ids_.reserve(num_tokens); }
   void Add(const std::string& content, int32_t id);  // content non-empty
   bool empty() const { return ids_.empty(); }
 

@@ -200,13 +200,14 @@ Status ParseAddedTokens(const json& root, const std::string& source, TokenizerDa
   if (added == root.end() || added->is_null()) return OkStatus();
   if (!added->is_array()) return InvalidArgument(source + ": added_tokens is not an array");
   data->string_to_id.reserve(data->string_to_id.size() + added->size());
+  data->added.Reserve(added->size());
   for (size_t i = 0; i < added->size(); ++i) {
     RETURN_IF_ERROR(ParseAddedToken((*added)[i], i, source, data));
   }
   return OkStatus();
 }
 
-// Only null and NFC are accepted. NFC is NOT applied (documented in tokenizer.h's users' notes):
+// Only null and NFC are accepted. NFC is NOT applied (see tokenizer.cc's header comment):
 // text that is already NFC, as nearly all text is, tokenizes the same either way.
 Status CheckNormalizer(const json& node, const std::string& where) {
   if (node.is_null()) return OkStatus();
