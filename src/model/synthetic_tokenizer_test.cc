@@ -59,6 +59,16 @@ TEST_P(SyntheticTokenizerTest, LoadsWithSpecialTokensAtTheTop) {
     EXPECT_EQ(tok->chat_template(), ChatTemplateKind::kChatML);
   }
   EXPECT_TRUE(tok->IsSpecial(v - 1));
+  // Below the arch's specials: reserved special tokens, then the learned merges.
+  const int first_arch_special = v - (c.arch == Arch::kLlama ? 5 : 3);
+  const std::string below = tok->TokenString(first_arch_special - 1);
+  if (below.rfind("<|reserved_special_token_", 0) == 0) {
+    EXPECT_TRUE(tok->IsSpecial(first_arch_special - 1));
+    EXPECT_EQ(tok->TokenToId("<|reserved_special_token_0|>").has_value(), true);
+  } else {
+    EXPECT_FALSE(tok->IsSpecial(first_arch_special - 1)) << below;
+  }
+  EXPECT_FALSE(tok->IsSpecial(256));
   EXPECT_FALSE(tok->IsSpecial(65));
   EXPECT_EQ(tok->TokenString(65), "A");
   // Every id up to vocab_size - 1 is a token.

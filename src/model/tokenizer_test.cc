@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <thread>
 
 #include "common/file_util.h"
 #include "model/tokenizer_testing.h"
@@ -200,6 +201,31 @@ TEST(Tokenizer, RoundTripsInvalidUtf8AndLongRuns) {
   EXPECT_EQ(RoundTrip(*tok, spaces + "x" + spaces), spaces + "x" + spaces);
   const std::string newlines(100000, '\n');
   EXPECT_EQ(RoundTrip(*tok, "a" + newlines), "a" + newlines);
+}
+
+TEST(Tokenizer, EncodesConcurrently) {
+  ScratchDir dir("concurrent");
+  ASSERT_TRUE(WriteSyntheticTokenizer(dir.path(), Arch::kQwen2, 3000).ok());
+  auto loaded = Tokenizer::Load(dir.path());
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  const Tokenizer& tok = **loaded;
+  std::mt19937 rng(5);
+  std::vector<std::string> texts;
+  for (int i = 0; i < 200; ++i) texts.push_back(RandomText(rng));
+  std::vector<Ids> expected;
+  for (const auto& text : texts) expected.push_back(tok.Encode(text));
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 5; ++round) {
+        for (size_t i = 0; i < texts.size(); ++i)
+          mismatches[t] += tok.Encode(texts[i]) != expected[i];
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(mismatches, std::vector<int>(4, 0));
 }
 
 TEST(Tokenizer, TokenBytesConcatenateToDecode) {
