@@ -30,7 +30,12 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(command.name, command.help);
     runners[sub] = command.setup(sub);
   }
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version exit 0; every malformed command line exits 2, whatever CLI11's code.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   pd::SetLogLevel(log_level);
   for (auto& [sub, runner] : runners) {
     if (sub->parsed()) return runner();
