@@ -99,6 +99,39 @@ Status CheckLayout(const std::string& path, std::vector<Entry>& entries, uint64_
   return OkStatus();
 }
 
+// Reads and validates the header of a mapped file of file_size (>= 8) bytes.
+Status ParseHeader(const std::string& path, const uint8_t* bytes, uint64_t file_size,
+                   uint64_t* header_len_out, std::vector<Entry>* entries) {
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];  // little-endian
+  if (header_len > file_size - 8) {
+    return DataLoss(path + ": header length " + std::to_string(header_len) +
+                    " exceeds the file size (" + std::to_string(file_size) +
+                    " bytes): truncated or not a safetensors file");
+  }
+  if (header_len > kMaxHeaderBytes) {
+    return DataLoss(path + ": header length " + std::to_string(header_len) +
+                    " is over the 100 MB limit: not a safetensors file");
+  }
+  std::string_view header_text(reinterpret_cast<const char*>(bytes + 8), header_len);
+  Json header = Json::parse(header_text, nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object()) {
+    return DataLoss(path + ": header is not a JSON object: not a safetensors file");
+  }
+  try {
+    for (const auto& [name, value] : header.items()) {
+      if (name == "__metadata__") continue;
+      Entry e;
+      RETURN_IF_ERROR(ParseEntry(path, name, value, &e));
+      entries->push_back(std::move(e));
+    }
+  } catch (const std::exception& ex) {  // a JSON type surprise not caught above
+    return DataLoss(path + ": malformed header: " + ex.what());
+  }
+  *header_len_out = header_len;
+  return CheckLayout(path, *entries, file_size - 8 - header_len);
+}
+
 }  // namespace
 
 Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
@@ -125,34 +158,8 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string
   file->map_size_ = file_size;
   const auto* bytes = static_cast<const uint8_t*>(map);
   uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];  // little-endian
-  if (header_len > file_size - 8) {
-    return DataLoss(path + ": header length " + std::to_string(header_len) +
-                    " exceeds the file size (" + std::to_string(file_size) +
-                    " bytes): truncated or not a safetensors file");
-  }
-  if (header_len > kMaxHeaderBytes) {
-    return DataLoss(path + ": header length " + std::to_string(header_len) +
-                    " is over the 100 MB limit: not a safetensors file");
-  }
-  std::string_view header_text(reinterpret_cast<const char*>(bytes + 8), header_len);
-  Json header = Json::parse(header_text, nullptr, /*allow_exceptions=*/false);
-  if (header.is_discarded() || !header.is_object()) {
-    return DataLoss(path + ": header is not a JSON object: not a safetensors file");
-  }
   std::vector<Entry> entries;
-  try {
-    for (const auto& [name, value] : header.items()) {
-      if (name == "__metadata__") continue;
-      Entry e;
-      RETURN_IF_ERROR(ParseEntry(path, name, value, &e));
-      entries.push_back(std::move(e));
-    }
-  } catch (const std::exception& ex) {  // a JSON type surprise not caught above
-    return DataLoss(path + ": malformed header: " + ex.what());
-  }
-  uint64_t data_size = file_size - 8 - header_len;
-  RETURN_IF_ERROR(CheckLayout(path, entries, data_size));
+  RETURN_IF_ERROR(ParseHeader(path, bytes, file_size, &header_len, &entries));
   const uint8_t* data = bytes + 8 + header_len;
   for (Entry& e : entries) {
     file->tensors_[e.name] = TensorView{e.dtype, std::move(e.shape), data + e.begin};

@@ -1,5 +1,6 @@
 #include "model/tensor.h"
 
+#include <cstring>
 #include <string>
 
 namespace pd::model {
