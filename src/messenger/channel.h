@@ -1,0 +1,67 @@
+// Pieces both messenger sides share: frame encoding with per-process sequence numbers, replay
+// refusal per sender, and the task queue that feeds each side's own thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "common/status.h"
+#include "messenger/wire.h"
+
+namespace pd::messenger {
+
+// Thread safety: Encode from any thread; Decode is const and thread-safe.
+class FrameCodec {
+ public:
+  explicit FrameCodec(std::string secret);
+  // sender_seq starts from the wall clock in ns, so a restarted process keeps increasing.
+  std::string Encode(const Message& message);
+  Result<Frame> Decode(std::string_view bytes) const;
+
+ private:
+  const std::string secret_;
+  std::atomic<uint64_t> next_seq_;
+};
+
+// Refuses a frame whose sender_seq was already seen from that sender, or that is older than the
+// window. Thread safety: not thread-safe (the owning messenger thread).
+class ReplayGuard {
+ public:
+  static constexpr uint64_t kWindow = 4096;
+  Status Check(const std::string& sender, uint64_t seq);
+
+ private:
+  struct Seen {
+    uint64_t high = 0;
+    std::set<uint64_t> recent;  // seqs within the window below high
+  };
+  std::unordered_map<std::string, Seen> senders_;
+};
+
+// A queue of tasks run by one thread. Thread safety: Post and Stop from any thread.
+class TaskQueue {
+ public:
+  void Post(std::function<void()> task);
+  // Runs every queued task; waits up to `timeout` for one when none is queued. False once stopped.
+  bool RunFor(std::chrono::milliseconds timeout);
+  void Stop();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;  // GUARDED_BY(mu_)
+  bool stopped_ = false;                     // GUARDED_BY(mu_)
+};
+
+double NowSeconds();  // steady clock, for deadlines
+
+}  // namespace pd::messenger

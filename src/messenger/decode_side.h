@@ -1,0 +1,95 @@
+// The decode side of the KV messenger (DESIGN.md, "Request flow", steps 1, 4 and 5), as an
+// AsyncEngine: the OpenAI server submits to it exactly as to a colocated engine.
+//
+// For a request with a prompt of n > 1 tokens it asks the inner engine for a remote-KV request
+// (pages for the whole prompt reserved, FCFS as pages free up, held out of scheduling), takes a
+// slot of the registered metadata buffer, expects ExpectedWrites(...) writes carrying a fresh imm,
+// and sends a PrefillRequest (the prompt without its last token) to the accepted prefill instance
+// with the least outstanding work. When the imm counter fires the request is MarkKvReady'd and its
+// last prompt token runs as its first decode step. A prefill instance that fails, answers
+// PrefillDone with an error or misses the transfer deadline is sent a Cancel; the request is
+// retried once on another instance (its pages stay reserved and are simply rewritten; a fresh imm
+// makes late writes of the first attempt uncountable), else it ends with kError and a message that
+// says what happened. Aborts cancel the transfer; every path gives back pages and the metadata
+// slot. One-token prompts need no transfer and run as plain requests.
+//
+// Thread safety: every public method may be called from any thread. One messenger thread owns
+// requests and peers; the domain worker and the engine thread post tasks to it.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/async_engine.h"
+#include "engine/model_runner.h"
+#include "messenger/transfer_metrics.h"
+#include "messenger/wire.h"
+#include "transfer/domain.h"
+
+namespace pd::messenger {
+
+struct PrefillPeer {
+  std::string name;            // for messages, e.g. the bootstrap URL
+  std::string fabric_address;  // the prefill instance's endpoint name
+};
+
+struct DecodeMessengerOptions {
+  std::string instance_name = "decode";
+  std::string cluster_secret;
+  uint64_t model_hash = 0;  // ModelFingerprint(weights)
+  transfer::DomainOptions domain;
+  std::vector<PrefillPeer> peers;
+  uint32_t transfer_timeout_ms = 30000;  // per attempt: request sent -> every write landed
+  double hello_retry_s = 1.0;            // Hello again to peers that have not answered
+  int max_attempts = 2;                  // the first try and one retry on another instance
+};
+
+struct PeerStatus {
+  std::string name;
+  enum class State { kWaiting, kAccepted, kRefused } state = State::kWaiting;
+  std::string reason;  // why refused
+  int outstanding = 0;
+};
+
+class DecodeMessenger final : public engine::AsyncEngine {
+ public:
+  // `runner` is the inner engine's (its KV region is registered for remote writes); it and the
+  // inner engine are owned by `inner`, which the messenger owns from now on.
+  static Result<std::unique_ptr<DecodeMessenger>> Create(
+      const DecodeMessengerOptions& options, engine::ModelRunner& runner,
+      std::unique_ptr<engine::AsyncEngine> inner);
+  ~DecodeMessenger() override;
+
+  // Waits until every peer answered Hello or `timeout_s` passed. OK when at least one accepted
+  // us; FailedPrecondition listing every refusal with its reason; Unavailable when nobody answered
+  // ("wrong cluster secret?"). Peers that have not answered keep being greeted.
+  Status WaitForPeers(double timeout_s);
+  std::vector<PeerStatus> peers() const;
+
+  // engine::AsyncEngine
+  Result<int64_t> Submit(std::vector<int32_t> prompt_ids, const engine::SamplingParams& sampling,
+                         engine::OutputCallback on_output) override;
+  void Abort(int64_t request_id) override;
+  engine::EngineStats stats() const override;
+  const model::ModelConfig& config() const override;
+  void Shutdown() override;
+
+  const std::string& fabric_address() const;
+  const TransferMetrics& metrics() const { return metrics_; }
+  int num_active_transfers() const { return static_cast<int>(metrics_.active()); }
+  engine::AsyncEngine& inner() { return *inner_; }
+
+ private:
+  class Impl;
+  DecodeMessenger() = default;
+
+  TransferMetrics metrics_;
+  std::unique_ptr<engine::AsyncEngine> inner_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pd::messenger

@@ -1,0 +1,102 @@
+#include "messenger/handshake.h"
+
+#include <openssl/evp.h>
+
+#include <cstring>
+#include <string>
+
+namespace pd::messenger {
+
+uint64_t ModelFingerprint(const model::ModelConfig& config, model::DType weights_dtype) {
+  std::string text = model::ModelConfigToJson(config);
+  text += "\ndtype=" + std::to_string(static_cast<int>(weights_dtype));
+  for (const model::TensorSpec& t : model::RequiredTensors(config)) {
+    text += "\n" + t.name + "[";
+    for (int64_t d : t.shape) text += std::to_string(d) + ",";
+    text += "]";
+  }
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  PD_CHECK(EVP_Digest(text.data(), text.size(), digest, &len, EVP_sha256(), nullptr) == 1)
+      << "SHA-256 failed";
+  uint64_t hash = 0;
+  std::memcpy(&hash, digest, sizeof(hash));
+  return hash;
+}
+
+uint64_t ModelFingerprint(const model::ModelWeights& weights) {
+  return ModelFingerprint(weights.config, weights.dtype);
+}
+
+KvFormat MakeKvFormat(uint64_t model_hash, const engine::KvCacheSpec& spec) {
+  KvFormat f;
+  f.model_hash = model_hash;
+  f.num_layers = static_cast<uint32_t>(spec.num_layers);
+  f.head_dim = static_cast<uint32_t>(spec.head_dim);
+  f.page_size = static_cast<uint32_t>(spec.page_size);
+  f.layout = static_cast<uint8_t>(spec.layout);
+  f.kv_dtype = static_cast<uint8_t>(spec.dtype);
+  return f;
+}
+
+namespace {
+
+template <typename T>
+void Differs(std::string* out, const char* field, T ours, T theirs) {
+  if (ours == theirs) return;
+  if (!out->empty()) *out += "; ";
+  *out +=
+      std::string(field) + ": ours " + std::to_string(ours) + ", theirs " + std::to_string(theirs);
+}
+
+void DiffersNamed(std::string* out, const char* field, std::string_view ours,
+                  std::string_view theirs) {
+  if (ours == theirs) return;
+  if (!out->empty()) *out += "; ";
+  *out += std::string(field) + ": ours " + std::string(ours) + ", theirs " + std::string(theirs);
+}
+
+std::string LayoutName(uint8_t v) {
+  return std::string(engine::KvLayoutName(static_cast<engine::KvLayout>(v)));
+}
+std::string DTypeName(uint8_t v) {
+  return std::string(engine::KvDTypeName(static_cast<engine::KvDType>(v)));
+}
+
+}  // namespace
+
+Status CheckCompatible(const KvFormat& ours, const KvFormat& theirs) {
+  std::string diff;
+  if (ours.model_hash != theirs.model_hash) {
+    diff = "model fingerprint: ours " + std::to_string(ours.model_hash) + ", theirs " +
+           std::to_string(theirs.model_hash) + " (not the same model)";
+  }
+  Differs(&diff, "num_layers", ours.num_layers, theirs.num_layers);
+  Differs(&diff, "head_dim", ours.head_dim, theirs.head_dim);
+  Differs(&diff, "page_size", ours.page_size, theirs.page_size);
+  if (ours.layout != theirs.layout) {
+    DiffersNamed(&diff, "kv_layout", LayoutName(ours.layout), LayoutName(theirs.layout));
+  }
+  if (ours.kv_dtype != theirs.kv_dtype) {
+    DiffersNamed(&diff, "kv_dtype", DTypeName(ours.kv_dtype), DTypeName(theirs.kv_dtype));
+  }
+  if (diff.empty()) return OkStatus();
+  return FailedPrecondition("KV format mismatch: " + diff);
+}
+
+Result<uint64_t> ExpectedWrites(const ShardScheme& prefill, const ShardScheme& decode,
+                                uint32_t num_layers, uint32_t num_pages) {
+  if (prefill.tp_size != 1 || decode.tp_size != 1) {
+    return Unimplemented("KV transfers between tp_size " + std::to_string(prefill.tp_size) +
+                         " and " + std::to_string(decode.tp_size) +
+                         " need the shard planner (only TP 1 to TP 1 is supported)");
+  }
+  if (prefill.num_kv_heads != decode.num_kv_heads) {
+    return FailedPrecondition("num_kv_heads differ: prefill " +
+                              std::to_string(prefill.num_kv_heads) + ", decode " +
+                              std::to_string(decode.num_kv_heads));
+  }
+  return uint64_t{num_layers} * num_pages + 1;
+}
+
+}  // namespace pd::messenger

@@ -1,0 +1,545 @@
+// The KV messenger end to end inside one process: real engines (a tiny random model), real
+// libfabric domains over loopback (tcp;ofi_rxm), a prefill messenger streaming KV layer by layer
+// into a decode messenger. Greedy tokens must equal a colocated engine's; every failure path must
+// end with a clear error and every page free on both sides. A scripted fake peer (a bare domain)
+// plays a stalled or failing prefill instance, or a decode instance sending bad requests.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "engine/async_engine.h"
+#include "engine/engine.h"
+#include "engine/model_runner_test_util.h"
+#include "messenger/channel.h"
+#include "messenger/decode_side.h"
+#include "messenger/handshake.h"
+#include "messenger/prefill_side.h"
+#include "transfer/test_util.h"
+
+namespace pd::messenger {
+namespace {
+
+using ::testing::HasSubstr;
+constexpr double kDeadlineS = 30.0;
+const char kSecret[] = "test-secret";
+
+// Polls `pred` until it holds or the deadline passes (for state another thread updates).
+bool WaitUntil(const std::function<bool()>& pred, double timeout_s = kDeadlineS) {
+  const double end = NowSeconds() + timeout_s;
+  while (!pred()) {
+    if (NowSeconds() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+struct Shape {
+  engine::KvLayout layout = engine::KvLayout::kHND;
+  int page_size = 4;
+  int budget = 64;  // prefill tokens per step: small values chunk the prompt
+};
+
+const engine::testing::TinyModel& Model() {
+  static auto* model = [] {
+    engine::testing::TinyModelOptions o;
+    o.layers = 3;
+    return engine::testing::MakeTinyModel(o).release();
+  }();
+  return *model;
+}
+
+std::unique_ptr<engine::Engine> MakeEngine(const Shape& s) {
+  engine::EngineOptions o;
+  o.runner.kv.page_size = s.page_size;
+  o.runner.kv.layout = s.layout;
+  o.runner.num_pages = 48;
+  o.runner.num_threads = 1;
+  o.scheduler.max_num_batched_tokens = s.budget;
+  o.scheduler.max_num_seqs = std::min(8, s.budget);
+  o.scheduler.max_model_len = 128;
+  auto e = engine::Engine::Create(Model().weights, o);
+  PD_CHECK(e.ok()) << e.status().ToString();
+  return std::move(e).value();
+}
+
+std::unique_ptr<engine::AsyncEngine> Async(std::unique_ptr<engine::Engine> e) {
+  auto a = engine::AsyncEngine::Create(std::move(e), {});
+  PD_CHECK(a.ok());
+  return std::move(a).value();
+}
+
+uint64_t Hash() { return ModelFingerprint(Model().weights); }
+
+struct PrefillInstance {
+  std::unique_ptr<PrefillMessenger> messenger;
+  std::unique_ptr<engine::AsyncEngine> engine;
+  ~PrefillInstance() {
+    if (messenger) messenger->Stop();
+    if (engine) engine->Shutdown();
+  }
+};
+
+std::unique_ptr<PrefillInstance> StartPrefill(const Shape& s, std::string secret = kSecret) {
+  auto e = MakeEngine(s);
+  PrefillMessengerOptions o;
+  o.instance_name = "prefill";
+  o.cluster_secret = std::move(secret);
+  o.model_hash = Hash();
+  o.domain = transfer::testing::LoopbackOptions();
+  auto m = PrefillMessenger::Create(o, e->runner());
+  if (!m.ok()) return nullptr;
+  e->SetStepObserver((*m)->step_observer());
+  auto p = std::make_unique<PrefillInstance>();
+  p->messenger = std::move(m).value();
+  p->engine = Async(std::move(e));
+  p->messenger->Start(p->engine.get());
+  return p;
+}
+
+std::unique_ptr<DecodeMessenger> StartDecode(const Shape& s, std::vector<PrefillPeer> peers,
+                                             uint32_t timeout_ms = 20000,
+                                             std::string secret = kSecret) {
+  auto e = MakeEngine(s);
+  engine::ModelRunner& runner = e->runner();
+  DecodeMessengerOptions o;
+  o.cluster_secret = std::move(secret);
+  o.model_hash = Hash();
+  o.domain = transfer::testing::LoopbackOptions();
+  o.peers = std::move(peers);
+  o.transfer_timeout_ms = timeout_ms;
+  o.hello_retry_s = 0.05;
+  auto d = DecodeMessenger::Create(o, runner, Async(std::move(e)));
+  PD_CHECK(d.ok()) << d.status().ToString();
+  return std::move(d).value();
+}
+
+std::vector<int32_t> PromptOf(int len, int salt) {
+  std::vector<int32_t> p(len);
+  for (int i = 0; i < len; ++i) p[i] = (i * 13 + salt * 7 + 3) % 67;
+  return p;
+}
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  engine::FinishReason finish = engine::FinishReason::kNone;
+  Status error;
+};
+
+// Runs one greedy request to its end through any AsyncEngine.
+Outcome Generate(engine::AsyncEngine& engine, const std::vector<int32_t>& prompt, int max_tokens,
+                 int64_t* id_out = nullptr) {
+  std::mutex mu;
+  std::condition_variable cv;
+  Outcome outcome;
+  bool done = false;
+  engine::SamplingParams p;
+  p.temperature = 0.0f;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  auto id = engine.Submit(prompt, p, [&](const engine::RequestOutput& out) {
+    std::lock_guard<std::mutex> lock(mu);
+    outcome.tokens.insert(outcome.tokens.end(), out.new_token_ids.begin(), out.new_token_ids.end());
+    if (out.finished()) {
+      outcome.finish = out.finish_reason;
+      outcome.error = out.error;
+      done = true;
+      cv.notify_all();
+    }
+  });
+  if (!id.ok()) {
+    outcome.finish = engine::FinishReason::kError;
+    outcome.error = id.status();
+    return outcome;
+  }
+  if (id_out != nullptr) *id_out = *id;
+  std::unique_lock<std::mutex> lock(mu);
+  EXPECT_TRUE(cv.wait_for(lock, std::chrono::duration<double>(kDeadlineS), [&] { return done; }))
+      << "request did not finish";
+  return outcome;
+}
+
+bool AllPagesFree(const engine::AsyncEngine& e) {
+  return WaitUntil([&] {
+    auto s = e.stats();
+    return s.num_free_pages == s.num_total_pages && s.num_awaiting_kv == 0;
+  });
+}
+
+// ------------------------------------------------------------------ golden
+
+class MessengerGoldenTest : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(MessengerGoldenTest, GreedyTokensEqualAColocatedEngines) {
+  const Shape s = GetParam();
+  auto prefill = StartPrefill(s);
+  if (prefill == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
+  auto decode = StartDecode(s, {{"p0", prefill->messenger->fabric_address()}});
+  ASSERT_TRUE(decode->WaitForPeers(kDeadlineS).ok());
+  auto colocated = Async(MakeEngine(s));
+  for (int len : {1, 2, 3, 5, 9, 17, 30}) {
+    SCOPED_TRACE("prompt of " + std::to_string(len) + " tokens");
+    const auto prompt = PromptOf(len, len);
+    Outcome want = Generate(*colocated, prompt, 6);
+    Outcome got = Generate(*decode, prompt, 6);
+    ASSERT_EQ(got.finish, engine::FinishReason::kLength) << got.error.ToString();
+    EXPECT_EQ(got.tokens, want.tokens);
+  }
+  EXPECT_EQ(decode->metrics().succeeded(), 6u);  // every prompt but the 1-token one
+  EXPECT_EQ(decode->metrics().failed(), 0u);
+  EXPECT_TRUE(AllPagesFree(*decode));
+  EXPECT_TRUE(AllPagesFree(*prefill->engine));
+  EXPECT_TRUE(WaitUntil([&] { return prefill->messenger->metrics().succeeded() == 6; }));
+}
+
+TEST_P(MessengerGoldenTest, ConcurrentRequestsAllMatch) {
+  const Shape s = GetParam();
+  auto prefill = StartPrefill(s);
+  if (prefill == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
+  auto decode = StartDecode(s, {{"p0", prefill->messenger->fabric_address()}});
+  ASSERT_TRUE(decode->WaitForPeers(kDeadlineS).ok());
+  auto colocated = Async(MakeEngine(s));
+  std::vector<std::thread> threads;
+  std::vector<Outcome> got(6), want(6);
+  for (int i = 0; i < 6; ++i) want[i] = Generate(*colocated, PromptOf(4 + 5 * i, i), 4);
+  for (int i = 0; i < 6; ++i) {
+    threads.emplace_back([&, i] { got[i] = Generate(*decode, PromptOf(4 + 5 * i, i), 4); });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+  EXPECT_TRUE(AllPagesFree(*decode));
+  EXPECT_TRUE(AllPagesFree(*prefill->engine));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, MessengerGoldenTest,
+                         ::testing::Values(Shape{engine::KvLayout::kHND, 4, 64},
+                                           Shape{engine::KvLayout::kNHD, 4, 64},
+                                           Shape{engine::KvLayout::kHND, 1, 64},
+                                           Shape{engine::KvLayout::kNHD, 16, 5},
+                                           Shape{engine::KvLayout::kHND, 4, 3}),
+                         [](const ::testing::TestParamInfo<Shape>& info) {
+                           return std::string(engine::KvLayoutName(info.param.layout)) + "_page" +
+                                  std::to_string(info.param.page_size) + "_budget" +
+                                  std::to_string(info.param.budget);
+                         });
+
+// ------------------------------------------------------------------ handshake
+
+TEST(MessengerHandshakeTest, AMismatchIsRefusedWithEveryDifference) {
+  Shape p{engine::KvLayout::kHND, 4, 64};
+  Shape d{engine::KvLayout::kNHD, 8, 64};
+  auto prefill = StartPrefill(p);
+  if (prefill == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
+  auto decode = StartDecode(d, {{"p0", prefill->messenger->fabric_address()}});
+  Status s = decode->WaitForPeers(kDeadlineS);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("refused the handshake"));
+  EXPECT_THAT(s.message(), HasSubstr("page_size: ours 4, theirs 8"));
+  EXPECT_THAT(s.message(), HasSubstr("kv_layout: ours hnd, theirs nhd"));
+  Outcome o = Generate(*decode, PromptOf(5, 1), 2);
+  EXPECT_EQ(o.error.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(prefill->messenger->num_peers(), 0);
+}
+
+TEST(MessengerHandshakeTest, ADifferentModelIsRefused) {
+  EXPECT_THAT(CheckCompatible(MakeKvFormat(1, {}), MakeKvFormat(2, {})).message(),
+              HasSubstr("not the same model"));
+  engine::testing::TinyModelOptions o;
+  o.layers = 4;
+  auto other = engine::testing::MakeTinyModel(o);
+  EXPECT_NE(ModelFingerprint(other->weights), Hash());
+  EXPECT_EQ(ModelFingerprint(Model().weights), Hash());
+}
+
+TEST(MessengerHandshakeTest, AWrongClusterSecretGetsNoAnswer) {
+  Shape s;
+  auto prefill = StartPrefill(s, "the-real-secret");
+  if (prefill == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
+  auto decode = StartDecode(s, {{"p0", prefill->messenger->fabric_address()}}, 20000, "guess");
+  Status st = decode->WaitForPeers(0.5);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable);
+  EXPECT_THAT(st.message(), HasSubstr("cluster secret"));
+  EXPECT_EQ(prefill->messenger->num_peers(), 0);
+}
+
+TEST(MessengerHandshakeTest, ExpectedWritesNeedsThePlannerBeyondTp1) {
+  EXPECT_EQ(*ExpectedWrites({1, 2}, {1, 2}, 3, 5), 16u);
+  EXPECT_EQ(ExpectedWrites({2, 2}, {1, 2}, 3, 5).status().code(), StatusCode::kUnimplemented);
+  EXPECT_EQ(ExpectedWrites({1, 2}, {1, 4}, 3, 5).status().code(), StatusCode::kFailedPrecondition);
+}
+
+// ------------------------------------------------------------------ a scripted peer
+
+// A bare domain speaking the wire protocol, scripted by the test. Its own thread handles what
+// arrives (domain callbacks must not block).
+class FakePeer {
+ public:
+  using Handler = std::function<void(FakePeer&, const Frame&)>;
+  static std::unique_ptr<FakePeer> Create(Handler handler) {
+    auto p = std::unique_ptr<FakePeer>(new FakePeer());
+    p->handler_ = std::move(handler);
+    transfer::DomainOptions o = transfer::testing::LoopbackOptions();
+    o.message_bytes = 256u << 10;
+    FakePeer* raw = p.get();
+    o.on_message = [raw](std::string_view m) {
+      raw->queue_.Post([raw, bytes = std::string(m)] {
+        auto f = raw->codec_.Decode(bytes);
+        if (f.ok()) raw->handler_(*raw, *f);
+      });
+    };
+    auto d = transfer::Domain::Create(o);
+    if (!d.ok()) return nullptr;
+    p->domain_ = std::move(d).value();
+    p->thread_ = std::thread([raw] {
+      while (raw->queue_.RunFor(std::chrono::milliseconds(20))) {
+      }
+    });
+    return p;
+  }
+  ~FakePeer() {
+    queue_.Stop();
+    thread_.join();
+  }
+  const std::string& address() const { return domain_->info().address; }
+  void Send(const std::string& to, const Message& m) {
+    auto peer = domain_->AddPeer(to);
+    ASSERT_TRUE(peer.ok());
+    ASSERT_TRUE(domain_->SubmitSend(*peer, codec_.Encode(m), nullptr).ok());
+  }
+  transfer::Domain& domain() { return *domain_; }
+  void Record(const Frame& f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    received_.push_back(f);
+    cv_.notify_all();
+  }
+  // Waits for the next recorded frame.
+  std::optional<Frame> Next() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, std::chrono::seconds(30), [&] { return !received_.empty(); })) {
+      return std::nullopt;
+    }
+    Frame f = received_.front();
+    received_.pop_front();
+    return f;
+  }
+  int num_requests = 0;  // PrefillRequests seen (handler thread)
+
+ private:
+  FakePeer() : codec_(kSecret) {}
+  FrameCodec codec_;
+  TaskQueue queue_;
+  Handler handler_;
+  std::unique_ptr<transfer::Domain> domain_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Frame> received_;
+};
+
+// A prefill instance that accepts the handshake, then answers requests with `reply` (or never).
+FakePeer::Handler FakePrefill(std::optional<Status> reply) {
+  return [reply](FakePeer& self, const Frame& f) {
+    if (auto* hello = std::get_if<Hello>(&f.message)) {
+      HelloReply r;
+      r.accepted = true;
+      r.instance_name = "fake";
+      r.format = hello->format;
+      r.scheme = hello->scheme;
+      r.fabric_address = self.address();
+      self.Send(hello->fabric_address, r);
+    } else if (auto* req = std::get_if<PrefillRequest>(&f.message)) {
+      self.num_requests++;
+      if (!reply) return;  // stalled
+      auto desc = transfer::MemoryDescriptor::FromBytes(req->rank_regions[0]);
+      self.Send(
+          desc->fabric_addr,
+          PrefillDone{req->request_id, static_cast<uint16_t>(reply->code()), reply->message(), 0});
+    }
+  };
+}
+
+TEST(MessengerFailureTest, AStalledPrefillIsRetriedOnTheOtherInstance) {
+  Shape s;
+  auto stalled = FakePeer::Create(FakePrefill(std::nullopt));
+  if (stalled == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
+  auto prefill = StartPrefill(s);
+  auto decode = StartDecode(
+      s, {{"stalled", stalled->address()}, {"good", prefill->messenger->fabric_address()}}, 400);
+  ASSERT_TRUE(WaitUntil([&] {
+    auto p = decode->peers();
+    return p[0].state == PeerStatus::State::kAccepted && p[1].state == PeerStatus::State::kAccepted;
+  }));
+  auto colocated = Async(MakeEngine(s));
+  const auto prompt = PromptOf(11, 2);
+  Outcome got = Generate(*decode, prompt, 4);  // least outstanding, first: the stalled one
+  EXPECT_EQ(got.finish, engine::FinishReason::kLength) << got.error.ToString();
+  EXPECT_EQ(got.tokens, Generate(*colocated, prompt, 4).tokens);
+  EXPECT_EQ(decode->metrics().retried(), 1u);
+  EXPECT_TRUE(AllPagesFree(*decode));
+  EXPECT_TRUE(AllPagesFree(*prefill->engine));
+}
+
+TEST(MessengerFailureTest, AStalledLonePrefillFailsTheRequestClearly) {
+  Shape s;
+  auto stalled = FakePeer::Create(FakePrefill(std::nullopt));
+  if (stalled == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
+  auto decode = StartDecode(s, {{"stalled", stalled->address()}}, 300);
+  ASSERT_TRUE(decode->WaitForPeers(kDeadlineS).ok());
+  Outcome got = Generate(*decode, PromptOf(9, 1), 4);
+  EXPECT_EQ(got.finish, engine::FinishReason::kError);
+  EXPECT_TRUE(got.tokens.empty());
+  EXPECT_THAT(got.error.message(), HasSubstr("did not complete the KV transfer within 300 ms"));
+  EXPECT_EQ(got.error.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(decode->metrics().failed(), 1u);
+  EXPECT_TRUE(AllPagesFree(*decode));
+  EXPECT_EQ(decode->num_active_transfers(), 0);
+}
+
+TEST(MessengerFailureTest, AnErrorFromPrefillIsRetriedThenReported) {
+  Shape s;
+  auto busy1 = FakePeer::Create(FakePrefill(ResourceExhausted("queue full")));
+  if (busy1 == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
+  auto busy2 = FakePeer::Create(FakePrefill(ResourceExhausted("queue full too")));
+  auto decode = StartDecode(s, {{"b1", busy1->address()}, {"b2", busy2->address()}});
+  ASSERT_TRUE(decode->WaitForPeers(kDeadlineS).ok());
+  Outcome got = Generate(*decode, PromptOf(9, 1), 4);
+  EXPECT_EQ(got.finish, engine::FinishReason::kError);
+  EXPECT_EQ(got.error.code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(got.error.message(), HasSubstr("after 2 attempt(s)"));
+  EXPECT_THAT(got.error.message(), HasSubstr("queue full"));
+  EXPECT_TRUE(AllPagesFree(*decode));
+}
+
+TEST(MessengerFailureTest, AnAbortedRequestFreesPagesOnBothSides) {
+  Shape s{engine::KvLayout::kHND, 4, 4};  // chunked: the prefill takes several steps
+  auto prefill = StartPrefill(s);
+  if (prefill == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
+  auto decode = StartDecode(s, {{"p0", prefill->messenger->fabric_address()}});
+  ASSERT_TRUE(decode->WaitForPeers(kDeadlineS).ok());
+  for (int i = 0; i < 8; ++i) {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    engine::FinishReason finish = engine::FinishReason::kNone;
+    engine::SamplingParams p;
+    p.max_tokens = 50;
+    auto id = decode->Submit(PromptOf(40, i), p, [&](const engine::RequestOutput& out) {
+      if (!out.finished()) return;
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+      finish = out.finish_reason;
+      cv.notify_all();
+    });
+    ASSERT_TRUE(id.ok());
+    // Abort at different points: at once, once the transfer started, once decoding.
+    if (i % 3 == 1) WaitUntil([&] { return decode->num_active_transfers() > 0; }, 5);
+    if (i % 3 == 2) WaitUntil([&] { return decode->metrics().succeeded() > 0; }, 5);
+    decode->Abort(*id);
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return done; }));
+    EXPECT_TRUE(finish == engine::FinishReason::kAbort || finish == engine::FinishReason::kLength);
+  }
+  EXPECT_TRUE(AllPagesFree(*decode));
+  EXPECT_TRUE(AllPagesFree(*prefill->engine));
+  EXPECT_TRUE(WaitUntil([&] { return prefill->messenger->num_active_transfers() == 0; }));
+}
+
+// A decode instance that sends malformed requests gets PrefillDone errors naming the field.
+TEST(MessengerFailureTest, BadPrefillRequestsAreRefusedFieldByField) {
+  Shape s;
+  auto prefill = StartPrefill(s);
+  if (prefill == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
+  auto fake = FakePeer::Create([](FakePeer& self, const Frame& f) { self.Record(f); });
+  // Its own region, to name in requests.
+  std::vector<uint8_t> region(4096 * 3 * 64, 0);  // not a whole number of pages? see below
+  auto spec = MakeEngine(s)->runner().region().spec();
+  const uint64_t layer_bytes = spec.page_bytes() * spec.num_layers;
+  region.assign(layer_bytes * 10, 0);
+  auto mr = fake->domain().RegisterMemory(region.data(), region.size());
+  ASSERT_TRUE(mr.ok());
+  std::vector<uint8_t> meta(4096, 0);
+  auto meta_mr = fake->domain().RegisterMemory(meta.data(), meta.size());
+  ASSERT_TRUE(meta_mr.ok());
+
+  // Before the handshake a request is dropped; after it, refused with a reason.
+  Hello hello{"fake-decode", prefill->messenger->format(), {1, 2}, fake->address()};
+  fake->Send(prefill->messenger->fabric_address(), hello);
+  auto reply = fake->Next();
+  ASSERT_TRUE(reply.has_value());
+  ASSERT_TRUE(std::get<HelloReply>(reply->message).accepted);
+
+  auto good = [&] {
+    PrefillRequest r;
+    r.request_id = 77;
+    r.transfer_imm = 5;
+    r.token_ids = PromptOf(9, 1);  // 3 pages of 4
+    r.decode_scheme = {1, 2};
+    r.rank_regions = {mr->descriptor.ToBytes()};
+    r.dst_pages = {0, 1, 2};
+    r.metadata_region = meta_mr->descriptor.ToBytes();
+    r.metadata_offset = 0;
+    r.metadata_bytes = 24 * 4;
+    r.deadline_ms = 5000;
+    return r;
+  };
+  struct Case {
+    std::function<void(PrefillRequest&)> edit;
+    StatusCode code;
+    const char* text;
+  };
+  std::vector<Case> cases = {
+      {[](PrefillRequest& r) {
+         r.dst_pages = {0, 1};
+       },
+       StatusCode::kInvalidArgument, "dst_pages has 2 ids for 9 tokens"},
+      {[](PrefillRequest& r) {
+         r.dst_pages = {0, 1, 10};
+       },
+       StatusCode::kOutOfRange, "dst_pages[2] = 10 is outside the decode region's 10 pages"},
+      {[](PrefillRequest& r) { r.metadata_bytes = 8; }, StatusCode::kInvalidArgument,
+       "metadata_bytes 8"},
+      {[](PrefillRequest& r) { r.metadata_offset = 4090; }, StatusCode::kOutOfRange, ""},
+      {[](PrefillRequest& r) {
+         r.token_ids = {};
+         r.dst_pages = {};
+       },
+       StatusCode::kInvalidArgument, "token_ids is empty"},
+      {[](PrefillRequest& r) {
+         r.decode_scheme = {2, 2};
+         r.rank_regions.push_back(r.rank_regions[0]);
+       },
+       StatusCode::kUnimplemented, "shard planner"},
+      {[](PrefillRequest& r) { r.token_ids[3] = 9999; }, StatusCode::kInvalidArgument,
+       "outside the vocabulary"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.text);
+    PrefillRequest r = good();
+    c.edit(r);
+    fake->Send(prefill->messenger->fabric_address(), r);
+    auto f = fake->Next();
+    ASSERT_TRUE(f.has_value());
+    const auto& done = std::get<PrefillDone>(f->message);
+    EXPECT_EQ(done.request_id, 77u);
+    EXPECT_EQ(done.status_code, static_cast<uint16_t>(c.code)) << done.message;
+    EXPECT_THAT(done.message, HasSubstr(c.text));
+  }
+  // The well-formed request goes through: its writes land in the fake's region, then Done OK.
+  fake->Send(prefill->messenger->fabric_address(), good());
+  auto f = fake->Next();
+  ASSERT_TRUE(f.has_value());
+  const auto& done = std::get<PrefillDone>(f->message);
+  EXPECT_EQ(done.status_code, 0) << done.message;
+  EXPECT_EQ(done.num_writes, 3u * 3 + 1);
+  EXPECT_EQ(fake->domain().imm_counters().unclaimed(5), 3u * 3 + 1);
+  EXPECT_TRUE(AllPagesFree(*prefill->engine));
+}
+
+}  // namespace
+}  // namespace pd::messenger

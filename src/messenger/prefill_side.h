@@ -1,0 +1,83 @@
+// The prefill side of the KV messenger (DESIGN.md, "Request flow", steps 2-3).
+//
+// It accepts Hello from decode instances (same model fingerprint, page size, layout and KV dtype,
+// else a HelloReply that says what differs) and PrefillRequests from the peers it accepted. Each
+// request is validated field by field, then run as a prefill-only engine request. The engine's
+// step observer tells the messenger which chunk of which request each runner step computes; the
+// messenger's own thread watches the runner's per-layer progress counter and, as soon as layer L
+// of a chunk is final, posts that layer's page writes: after a chunk, the pages it completed;
+// after the last chunk also the partial last page, so every page is written exactly once per
+// layer. After the last chunk it writes the metadata (the last prefilled position's hidden state)
+// into the decode side's buffer. Every write carries the transfer's imm. When every write has
+// completed the source pages go back to the engine and PrefillDone goes to the decode side; a
+// failure, a Cancel or the request's deadline stops the writes, frees the pages and reports
+// PrefillDone with the error.
+//
+//   auto engine = Engine::Create(weights, options);
+//   auto messenger = PrefillMessenger::Create(opts, engine->runner());
+//   engine->SetStepObserver(messenger->step_observer());
+//   auto async = AsyncEngine::Create(std::move(engine), {});
+//   messenger->Start(async.get());   ... messenger->Stop() before the AsyncEngine goes.
+//
+// Thread safety: public methods may be called from any thread. One messenger thread owns all
+// transfer state; the domain worker and the engine thread only post tasks to it.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "common/status.h"
+#include "engine/async_engine.h"
+#include "engine/engine.h"
+#include "engine/model_runner.h"
+#include "messenger/transfer_metrics.h"
+#include "messenger/wire.h"
+#include "transfer/domain.h"
+
+namespace pd::messenger {
+
+struct PrefillMessengerOptions {
+  std::string instance_name = "prefill";
+  std::string cluster_secret;         // HMAC key of every control message
+  uint64_t model_hash = 0;            // ModelFingerprint(weights)
+  transfer::DomainOptions domain;     // provider, node; on_message is set by the messenger
+  int max_transfers = 256;            // in flight; beyond: PrefillDone ResourceExhausted
+  uint32_t max_deadline_ms = 120000;  // a request's deadline is capped to this
+};
+
+class PrefillMessenger {
+ public:
+  // Opens a fabric domain and registers the runner's KV region (the runner must outlive the
+  // messenger).
+  static Result<std::unique_ptr<PrefillMessenger>> Create(const PrefillMessengerOptions& options,
+                                                          engine::ModelRunner& runner);
+  ~PrefillMessenger();
+  PrefillMessenger(const PrefillMessenger&) = delete;
+  PrefillMessenger& operator=(const PrefillMessenger&) = delete;
+
+  // For Engine::SetStepObserver (before the engine is handed to its AsyncEngine).
+  engine::StepObserver step_observer();
+  // Starts the messenger thread; `engine` must outlive Stop().
+  void Start(engine::AsyncEngine* engine);
+  // Fails every transfer (Cancelled), gives their pages back and joins the thread. Idempotent.
+  void Stop();
+
+  const std::string& fabric_address() const;
+  const KvFormat& format() const { return format_; }
+  const TransferMetrics& metrics() const { return metrics_; }
+  int num_active_transfers() const { return static_cast<int>(metrics_.active()); }
+  int num_peers() const { return num_peers_.load(); }
+
+ private:
+  class Impl;
+  explicit PrefillMessenger(KvFormat format);
+
+  KvFormat format_;
+  TransferMetrics metrics_;
+  std::atomic<int> num_peers_{0};
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pd::messenger

@@ -1,0 +1,56 @@
+#include "messenger/transfer_metrics.h"
+
+#include <cstdio>
+
+namespace pd::messenger {
+
+void TransferMetrics::Succeeded(double seconds, uint64_t bytes, uint64_t writes) {
+  succeeded_.fetch_add(1, std::memory_order_relaxed);
+  bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  writes_.fetch_add(writes, std::memory_order_relaxed);
+  sum_us_.fetch_add(static_cast<uint64_t>(seconds * 1e6), std::memory_order_relaxed);
+  size_t b = 0;
+  while (b < kBuckets.size() && seconds > kBuckets[b]) ++b;
+  bucket_counts_[b].fetch_add(1, std::memory_order_relaxed);
+}
+
+std::string TransferMetrics::PrometheusText(const std::string& role) const {
+  const std::string l = "{role=\"" + role + "\"}";
+  std::string out;
+  auto counter = [&](const char* name, const char* help, uint64_t v) {
+    out += std::string("# HELP pdserve:") + name + " " + help + "\n# TYPE pdserve:" + name +
+           " counter\npdserve:" + name + l + " " + std::to_string(v) + "\n";
+  };
+  counter("kv_transfers_total", "KV transfers that completed.", succeeded());
+  counter("kv_transfer_failures_total", "KV transfers that failed.", failed());
+  counter("kv_transfer_retries_total", "KV transfers retried on another prefill instance.",
+          retried());
+  counter("kv_transfer_bytes_total", "Bytes of KV and metadata written.", bytes());
+  counter("kv_transfer_writes_total", "One-sided writes posted.", writes_.load());
+  out +=
+      "# HELP pdserve:kv_transfers_active KV transfers in flight.\n"
+      "# TYPE pdserve:kv_transfers_active gauge\npdserve:kv_transfers_active" +
+      l + " " + std::to_string(active()) + "\n";
+  out +=
+      "# HELP pdserve:kv_transfer_seconds Time from request to last write.\n"
+      "# TYPE pdserve:kv_transfer_seconds histogram\n";
+  uint64_t cum = 0;
+  char le[32];
+  for (size_t b = 0; b <= kBuckets.size(); ++b) {
+    cum += bucket_counts_[b].load();
+    if (b < kBuckets.size()) {
+      std::snprintf(le, sizeof(le), "%g", kBuckets[b]);
+    } else {
+      std::snprintf(le, sizeof(le), "+Inf");
+    }
+    out += "pdserve:kv_transfer_seconds_bucket{role=\"" + role + "\",le=\"" + le + "\"} " +
+           std::to_string(cum) + "\n";
+  }
+  char sum[64];
+  std::snprintf(sum, sizeof(sum), "%.6f", sum_us_.load() / 1e6);
+  out += "pdserve:kv_transfer_seconds_sum" + l + " " + sum + "\n";
+  out += "pdserve:kv_transfer_seconds_count" + l + " " + std::to_string(succeeded()) + "\n";
+  return out;
+}
+
+}  // namespace pd::messenger

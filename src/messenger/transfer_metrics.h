@@ -1,0 +1,40 @@
+// Counters of one messenger side, exported on /metrics: transfers, bytes, failures and a KV
+// transfer time histogram. Thread safety: every method may be called from any thread.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+namespace pd::messenger {
+
+class TransferMetrics {
+ public:
+  static constexpr std::array<double, 12> kBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                                      0.1,   0.25,   0.5,   1.0,  2.5,   5.0};
+  void Started() { started_.fetch_add(1, std::memory_order_relaxed); }
+  void Succeeded(double seconds, uint64_t bytes, uint64_t writes);
+  void Failed() { failed_.fetch_add(1, std::memory_order_relaxed); }
+  void Retried() { retried_.fetch_add(1, std::memory_order_relaxed); }
+  void SetActive(int64_t n) { active_.store(n, std::memory_order_relaxed); }
+
+  uint64_t started() const { return started_.load(); }
+  uint64_t succeeded() const { return succeeded_.load(); }
+  uint64_t failed() const { return failed_.load(); }
+  uint64_t retried() const { return retried_.load(); }
+  uint64_t bytes() const { return bytes_.load(); }
+  int64_t active() const { return active_.load(); }
+
+  // Prometheus text with metric names "pdserve:kv_transfer_*" and label role="<role>".
+  std::string PrometheusText(const std::string& role) const;
+
+ private:
+  std::atomic<uint64_t> started_{0}, succeeded_{0}, failed_{0}, retried_{0};
+  std::atomic<uint64_t> bytes_{0}, writes_{0};
+  std::atomic<int64_t> active_{0};
+  std::array<std::atomic<uint64_t>, kBuckets.size() + 1> bucket_counts_{};  // last: +Inf
+  std::atomic<uint64_t> sum_us_{0};
+};
+
+}  // namespace pd::messenger
