@@ -2,6 +2,8 @@
 
 namespace pd::model {
 
+bool HasOutputBias(const ModelConfig& c) { return c.attention_bias && c.arch != Arch::kQwen2; }
+
 std::vector<TensorSpec> RequiredTensors(const ModelConfig& c) {
   const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
   const int64_t q = c.q_size(), kv = c.kv_size();
@@ -23,6 +25,7 @@ std::vector<TensorSpec> RequiredTensors(const ModelConfig& c) {
       specs.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
     }
     specs.push_back({p + "self_attn.o_proj.weight", {hidden, q}});
+    if (HasOutputBias(c)) specs.push_back({p + "self_attn.o_proj.bias", {hidden}});
     specs.push_back({p + "post_attention_layernorm.weight", {hidden}});
     specs.push_back({p + "mlp.gate_proj.weight", {inter, hidden}});
     specs.push_back({p + "mlp.up_proj.weight", {inter, hidden}});
@@ -86,6 +89,7 @@ Status FillLayer(const ModelConfig& c, const std::vector<TensorSpec>& specs, siz
     RETURN_IF_ERROR(take_opt(&layer->k_norm));
   }
   RETURN_IF_ERROR(take(&layer->o_proj));
+  if (HasOutputBias(c)) RETURN_IF_ERROR(take_opt(&layer->o_bias));
   RETURN_IF_ERROR(take(&layer->post_norm));
   RETURN_IF_ERROR(take(&layer->gate_proj));
   RETURN_IF_ERROR(take(&layer->up_proj));

@@ -13,26 +13,28 @@
 namespace pd::model {
 
 struct LayerWeights {
-  TensorView input_norm;        // (hidden)                model.layers.i.input_layernorm.weight
-  TensorView q_proj;            // (num_heads*head_dim, hidden)
-  TensorView k_proj;            // (num_kv_heads*head_dim, hidden)
-  TensorView v_proj;            // (num_kv_heads*head_dim, hidden)
+  TensorView input_norm;  // (hidden)                model.layers.i.input_layernorm.weight
+  TensorView q_proj;      // (num_heads*head_dim, hidden)
+  TensorView k_proj;      // (num_kv_heads*head_dim, hidden)
+  TensorView v_proj;      // (num_kv_heads*head_dim, hidden)
   std::optional<TensorView> q_bias, k_bias, v_bias;  // (q_size) / (kv_size): attention_bias
-  std::optional<TensorView> q_norm, k_norm;          // (head_dim): qk_norm (qwen3)
-  TensorView o_proj;            // (hidden, num_heads*head_dim)
-  TensorView post_norm;         // (hidden)                post_attention_layernorm.weight
-  TensorView gate_proj;         // (intermediate, hidden)
-  TensorView up_proj;           // (intermediate, hidden)
-  TensorView down_proj;         // (hidden, intermediate)
+  std::optional<TensorView> o_bias;  // (hidden): attention_bias on llama/qwen3 (HF puts a bias
+                                     // on o_proj too there; qwen2 never has one)
+  std::optional<TensorView> q_norm, k_norm;  // (head_dim): qk_norm (qwen3)
+  TensorView o_proj;                         // (hidden, num_heads*head_dim)
+  TensorView post_norm;  // (hidden)                post_attention_layernorm.weight
+  TensorView gate_proj;  // (intermediate, hidden)
+  TensorView up_proj;    // (intermediate, hidden)
+  TensorView down_proj;  // (hidden, intermediate)
 };
 
 struct ModelWeights {
   ModelConfig config;
-  DType dtype = DType::kF32;    // the dtype of every tensor
-  TensorView embed_tokens;      // (vocab, hidden)
+  DType dtype = DType::kF32;  // the dtype of every tensor
+  TensorView embed_tokens;    // (vocab, hidden)
   std::vector<LayerWeights> layers;
-  TensorView final_norm;        // (hidden)                model.norm.weight
-  TensorView lm_head;           // (vocab, hidden): embed_tokens when tie_word_embeddings
+  TensorView final_norm;                   // (hidden)                model.norm.weight
+  TensorView lm_head;                      // (vocab, hidden): embed_tokens when tie_word_embeddings
   std::unique_ptr<Checkpoint> checkpoint;  // owns the mapped memory the views point into
 };
 
@@ -48,5 +50,8 @@ struct TensorSpec {
   std::vector<int64_t> shape;
 };
 std::vector<TensorSpec> RequiredTensors(const ModelConfig& config);
+// HF's LlamaAttention and Qwen3Attention build o_proj with bias=attention_bias; Qwen2's never has
+// one.
+bool HasOutputBias(const ModelConfig& config);
 
 }  // namespace pd::model
