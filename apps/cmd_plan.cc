@@ -74,6 +74,17 @@ void PrintHuman(const planner::PlanReport& r, const planner::PlannerInputs& in) 
   row("  high node affinity", r.high);
   if (r.low.unit_devices > 0) row("  low node affinity", r.low);
   row("colocated baseline", r.colocated);
+  std::printf("\nper-instance goodput per device (req/s/device) by TPxPP:\n");
+  auto table = [](const char* name, const std::vector<planner::PhaseChoice>& t) {
+    std::printf("  %-10s", name);
+    for (const auto& c : t) {
+      std::printf(" %dx%d:%.3f", c.par.tp, c.par.pp, c.per_device());
+    }
+    std::printf("\n");
+  };
+  table("prefill", r.prefill_table);
+  table("decode", r.decode_table);
+  table("colocated", r.colocated_table);
   if (r.colocated.per_device() > 0) {
     std::printf(
         "\ngoodput per device: %.2fx the colocated baseline; the cluster holds %d units "

@@ -32,6 +32,13 @@ PhaseWork WorkPerRequest(const InstanceConfig& inst, std::span<const SimRequest>
 
 }  // namespace
 
+int RequestsForRate(const GoodputOptions& options, double rate, size_t available) {
+  if (options.min_requests <= 0 && options.min_duration_s <= 0) return static_cast<int>(available);
+  const double want =
+      std::max<double>(options.min_requests, std::ceil(rate * options.min_duration_s));
+  return static_cast<int>(std::min<double>(want, static_cast<double>(available)));
+}
+
 double UpperBoundRate(std::span<const InstanceConfig> instances,
                       std::span<const SimRequest> unit_rate) {
   double prefill_rate = 0.0, decode_rate = 0.0, colocated_rate = 0.0;
@@ -51,7 +58,8 @@ Result<Summary> AttainmentAt(std::span<const InstanceConfig> instances, const Cl
                              std::span<const SimRequest> unit_rate, double rate,
                              const GoodputOptions& options) {
   if (!(rate > 0)) return InvalidArgument("rate must be positive");
-  const std::vector<SimRequest> reqs = AtRate(unit_rate, rate);
+  const std::vector<SimRequest> reqs =
+      AtRate(unit_rate.first(RequestsForRate(options, rate, unit_rate.size())), rate);
   SimOptions sim;
   sim.slo = options.slo;
   sim.make_scheduler = options.make_scheduler;
@@ -65,14 +73,15 @@ Result<double> FindGoodput(std::span<const InstanceConfig> instances, const Clus
   if (!(options.attainment > 0 && options.attainment <= 1)) {
     return InvalidArgument("attainment target must be in (0, 1]");
   }
-  SimOptions sim;
-  sim.slo = options.slo;
-  sim.make_scheduler = options.make_scheduler;
-  // Misses allowed before a rate is known to fail the target.
-  sim.max_misses = static_cast<int>(
-      std::floor((1.0 - options.attainment) * static_cast<double>(unit_rate.size()) + 1e-9));
   auto meets = [&](double rate) -> Result<bool> {
-    const std::vector<SimRequest> reqs = AtRate(unit_rate, rate);
+    const int n = RequestsForRate(options, rate, unit_rate.size());
+    const std::vector<SimRequest> reqs = AtRate(unit_rate.first(n), rate);
+    SimOptions sim;
+    sim.slo = options.slo;
+    sim.make_scheduler = options.make_scheduler;
+    // Misses allowed before a rate is known to fail the target.
+    sim.max_misses =
+        static_cast<int>(std::floor((1.0 - options.attainment) * static_cast<double>(n) + 1e-9));
     ASSIGN_OR_RETURN(SimResult r, Simulate(instances, links, reqs, sim));
     if (r.stopped_early) return false;
     return Summarize(r.requests, options.slo).attainment >= options.attainment - 1e-12;

@@ -17,7 +17,15 @@ struct GoodputOptions {
   int iterations = 12;    // bisection steps after the bracket
   double max_rate = 0.0;  // upper end of the bracket (req/s); 0: from UpperBoundRate
   SchedulerFactory make_scheduler;
+  // How many requests of the unit-rate workload a probe at `rate` uses: at least min_requests and
+  // enough to span min_duration_s, capped by the workload's size (0, 0: all of it). A fixed count
+  // would turn high rates into one burst that a large batch absorbs, overstating goodput.
+  int min_requests = 0;
+  double min_duration_s = 0.0;
 };
+
+// The number of requests a probe at `rate` takes from a workload of `available` requests.
+int RequestsForRate(const GoodputOptions& options, double rate, size_t available);
 
 // A rate at which `instances` surely cannot keep up, from the latency model alone (no SLO): four
 // times the throughput bound of the slower phase. The same bound for every SLO keeps the

@@ -95,15 +95,21 @@ double StepCoeffs::StepMs(const StepShape& shape) const {
 
 StageTimes PipelineTimes(const StepCoeffs& coeffs, const StepShape& shape, int pp) {
   const double step_ms = coeffs.StepMs(shape);
+  double overhead_ms = 0.0;  // first stage only
+  if (!shape.empty()) {
+    overhead_ms =
+        coeffs.overhead_ms + coeffs.overhead_per_token_ms *
+                                 static_cast<double>(shape.decode_context + shape.prefill_tokens);
+  }
   StageTimes t;
   if (pp <= 1) {
-    t.stage_s = t.step_s = step_ms * 1e-3;
+    t.stage_s = t.step_s = (step_ms + overhead_ms) * 1e-3;
     return t;
   }
   double stage_ms = step_ms / pp;
   if (shape.prefill_tokens > 0) stage_ms += kPpStageOverheadMs;
-  t.stage_s = stage_ms * 1e-3;
-  t.step_s = stage_ms * pp * 1e-3;
+  t.stage_s = (stage_ms + overhead_ms) * 1e-3;
+  t.step_s = (stage_ms * pp + overhead_ms) * 1e-3;
   return t;
 }
 
@@ -127,6 +133,10 @@ Result<std::unique_ptr<TableLatencyModel>> ParseDistServeProfile(const std::stri
     return NotFound(source + ": no model '" + model + "' (has: " + known + ")");
   }
   ASSIGN_OR_RETURN(auto by_tp, ParseByTp(*it, source + ": " + model));
+  for (auto& [tp, c] : by_tp) {
+    c.overhead_ms = kDistServeOverheadMs;
+    c.overhead_per_token_ms = kDistServeOverheadPerTokenMs;
+  }
   return std::make_unique<TableLatencyModel>(source + ":" + model, std::move(by_tp));
 }
 

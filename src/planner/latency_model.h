@@ -34,11 +34,18 @@ struct StepShape {
 };
 
 // The coefficient form of one instance's (TP) step times.
+inline constexpr double kDistServeOverheadMs = 2.0;
+inline constexpr double kDistServeOverheadPerTokenMs = 1e-4;
 struct StepCoeffs {
   std::array<double, 3> prefill{};       // a, b, c (ms)
   std::array<double, 3> decode_small{};  // a, b, c (ms)
   std::array<double, 3> decode_large{};  // a, b, c (ms)
   int decode_threshold = 95;             // batch >= threshold uses decode_large
+  // Framework cost on the first pipeline stage, outside the fitted kernels: DistServe's simulator
+  // adds 2 ms + 0.0001 ms × Σ context to every step of its A100 profiles. 0 for pdserve's own
+  // profiles, whose step times were measured end to end.
+  double overhead_ms = 0.0;
+  double overhead_per_token_ms = 0.0;
 
   double PrefillMs(int64_t tokens, double sq) const;
   double DecodeMs(int batch, int64_t context) const;

@@ -43,12 +43,14 @@ GoodputOptions PhaseOptions(const PlannerInputs& in, Slo slo) {
   g.attainment = in.attainment;
   g.iterations = in.iterations;
   g.make_scheduler = in.make_scheduler;
+  g.min_requests = in.arrivals.num_requests;
+  g.min_duration_s = in.min_duration_s;
   return g;
 }
 
-std::vector<SimRequest> Workload(const PlannerInputs& in, int scale) {
+std::vector<SimRequest> Workload(const PlannerInputs& in) {
   ArrivalOptions a = in.arrivals;
-  a.num_requests *= std::max(1, scale);
+  a.num_requests = std::max(in.max_requests, in.arrivals.num_requests);
   return MakeUnitRateWorkload(in.lengths, a);
 }
 
@@ -119,7 +121,7 @@ Status SimulateUnit(const PlannerInputs& in, Plan* plan, bool all_same_node) {
     RETURN_IF_ERROR(add(Role::kPrefill, plan->prefill.par, plan->num_prefill));
     RETURN_IF_ERROR(add(Role::kDecode, plan->decode.par, plan->num_decode));
   }
-  const auto unit = Workload(in, static_cast<int>(insts.size()));
+  const auto unit = Workload(in);
   ASSIGN_OR_RETURN(plan->goodput, FindGoodput(insts, Links(in), unit, PhaseOptions(in, in.slo)));
   return OkStatus();
 }
@@ -189,7 +191,7 @@ Result<PlanReport> SearchPlacement(const PlannerInputs& in) {
     return InvalidArgument("cluster needs at least one node with one device");
   }
   PlanReport r;
-  const auto unit = Workload(in, 1);
+  const auto unit = Workload(in);
   ASSIGN_OR_RETURN(r.prefill_table, PhaseTable(in, Role::kPrefill, false, unit));
   ASSIGN_OR_RETURN(r.decode_table, PhaseTable(in, Role::kDecode, false, unit));
   ASSIGN_OR_RETURN(auto decode_intra, PhaseTable(in, Role::kDecode, true, unit));

@@ -40,7 +40,9 @@ struct PlannerInputs {
   Slo slo;
   double attainment = 0.9;
   std::vector<LengthPair> lengths;  // request lengths to draw from
-  ArrivalOptions arrivals;          // per-instance simulations; a whole unit gets more requests
+  ArrivalOptions arrivals;          // num_requests: the fewest requests a probe simulates
+  int max_requests = 2000;          // the most a probe simulates
+  double min_duration_s = 30.0;     // a probe spans at least this much arrival time
   std::vector<int> tp_choices = {1, 2, 4, 8};
   int max_pp = 4;
   int iterations = 10;             // bisection steps per goodput

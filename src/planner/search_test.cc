@@ -18,6 +18,8 @@ PlannerInputs SmallInputs(const LatencyModel* model) {
   in.cluster = {1, 4, 3.125e9};
   in.lengths = {{200, 20}, {800, 60}, {400, 5}, {1200, 120}, {100, 200}};
   in.arrivals.num_requests = 120;
+  in.max_requests = 300;
+  in.min_duration_s = 20;
   in.tp_choices = {1, 2, 4};
   in.max_pp = 2;
   in.iterations = 8;
