@@ -42,6 +42,9 @@ void AddSetupOptions(CLI::App* app, planner::SetupOptions* o) {
       ->capture_default_str();
   app->add_option("--seed", o->seed)->capture_default_str();
   app->add_option("--max-pp", o->max_pp)->capture_default_str();
+  app->add_option("--scheduler", o->scheduler,
+                  "native | engine (engine::Scheduler itself, one batch in flight)")
+      ->capture_default_str();
   app->add_flag("--chunked-colocated", o->chunked_colocated,
                 "colocated baseline uses chunked prefill");
 }

@@ -88,7 +88,7 @@ int Replay(const SimulateOptions& o, planner::PlannerSetup& setup) {
   auto r = planner::Simulate(*insts,
                              {setup.inputs.hw.intra_node_bw, setup.inputs.cluster.inter_node_bw,
                               setup.inputs.shape.KvBytesPerToken()},
-                             *trace, {});
+                             *trace, planner::SimOptions{setup.inputs.make_scheduler, -1, {}});
   if (!r.ok()) {
     std::fprintf(stderr, "pdserve simulate: %s\n", r.status().ToString().c_str());
     return 1;
@@ -136,6 +136,9 @@ int RunSimulate(const SimulateOptions& o) {
   planner::GoodputOptions g;
   g.slo = in.slo;
   g.attainment = in.attainment;
+  g.make_scheduler = in.make_scheduler;
+  g.min_requests = in.arrivals.num_requests;
+  g.min_duration_s = in.min_duration_s;
   const planner::ClusterLinks links{in.hw.intra_node_bw, in.cluster.inter_node_bw,
                                     in.shape.KvBytesPerToken()};
   std::printf("%s, %s; %d requests per rate; SLO TTFT %.3g s, TPOT %.3g s\n", in.shape.name.c_str(),

@@ -3,6 +3,9 @@
 #include <filesystem>
 
 #include "model/config.h"
+#ifdef PD_PLANNER_HAS_ENGINE_SCHEDULER
+#include "planner/engine_scheduler.h"
+#endif
 
 namespace pd::planner {
 namespace {
@@ -81,6 +84,15 @@ Result<std::unique_ptr<PlannerSetup>> BuildPlannerSetup(const SetupOptions& o) {
   in.max_pp = o.max_pp;
   in.chunked_colocated = o.chunked_colocated;
   in.tp_choices = {1, 2, 3, 4, 6, 8};
+  if (o.scheduler == "engine") {
+#ifdef PD_PLANNER_HAS_ENGINE_SCHEDULER
+    in.make_scheduler = EngineSchedulerFactory();
+#else
+    return Unimplemented("--scheduler engine: this build has no engine library");
+#endif
+  } else if (o.scheduler != "native") {
+    return InvalidArgument("--scheduler '" + o.scheduler + "': expected native or engine");
+  }
   return s;
 }
 

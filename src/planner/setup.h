@@ -34,6 +34,9 @@ struct SetupOptions {
   uint64_t seed = 1;
   int max_pp = 4;
   bool chunked_colocated = false;
+  // "native" (planner's copy of the engine policy; pipelines keep PP batches in flight) or
+  // "engine" (engine::Scheduler itself; one batch in flight per instance).
+  std::string scheduler = "native";
 };
 
 // Owns what PlannerInputs points to.
