@@ -8,6 +8,7 @@
 #include "engine/cpu_features.h"
 #include "engine/kernels_ref.h"
 #include "engine/thread_pool.h"
+#include "model/dtype.h"
 
 namespace pd::engine::kernels {
 namespace {
@@ -71,9 +72,39 @@ void ScalarAttentionItem(const AttentionArgs& a, int token, int kv_head, float* 
   }
 }
 
-const IsaKernels kScalar = {"scalar", &ref::MatmulSlice, &ScalarAttentionItem};
+// The kPanel32 layout read element by element: W[n, k] of a group's pair-interleaved (bf16) or
+// plain (f32) rows; one FMA-free chain over k per output, like the reference.
+float PanelElem(const WeightMatrix& w, int64_t n, int64_t k) {
+  const int64_t g = n / kPanelRows, r = n % kPanelRows;
+  const int64_t base = (g * w.k + k) * kPanelRows;
+  if (!w.bf16) return static_cast<const float*>(w.data)[base + r];
+  const int64_t pos = r < 16 ? 2 * r : 2 * (r - 16) + 1;
+  return model::Bf16ToF32(static_cast<const uint16_t*>(w.data)[base + pos]);
+}
+
+void ScalarMatmulPanel(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w,
+                       int64_t n_begin, int64_t n_end, float* out, int64_t ldo) {
+  for (int64_t m = 0; m < rows; ++m)
+    for (int64_t n = n_begin; n < n_end; ++n) {
+      float acc = 0;
+      for (int64_t k = 0; k < w.k; ++k) acc += x[m * ldx + k] * PanelElem(w, n, k);
+      out[m * ldo + n] = acc;
+    }
+}
+
+const IsaKernels kScalar = {"scalar",           &ref::MatmulSlice,
+                            &ScalarMatmulPanel, &ScalarAttentionItem,
+                            &ScalarSiluMulRow,  &ScalarRmsNormRow};
 
 }  // namespace
+
+void ScalarSiluMulRow(const float* gate, const float* up, int64_t dim, float* out) {
+  ref::SiluMul(gate, dim, up, dim, 1, dim, out, dim);
+}
+
+void ScalarRmsNormRow(const float* x, const float* w, int64_t dim, float eps, float* out) {
+  ref::RmsNorm(x, 1, dim, dim, w, eps, out, dim);
+}
 
 const IsaKernels& ScalarKernels() { return kScalar; }
 
@@ -90,8 +121,57 @@ const IsaKernels& KernelsFor(IsaLevel level) {
   return kScalar;
 }
 
+WeightMatrix PackPanel32(ThreadPool& pool, const WeightMatrix* srcs, int num_srcs, void* dst) {
+  WeightMatrix packed;
+  packed.data = dst;
+  packed.bf16 = srcs[0].bf16;
+  packed.k = srcs[0].k;
+  packed.layout = WeightLayout::kPanel32;
+  for (int i = 0; i < num_srcs; ++i) {
+    PD_CHECK(srcs[i].k == packed.k && srcs[i].bf16 == packed.bf16 &&
+             srcs[i].layout == WeightLayout::kRowMajor)
+        << "PackPanel32: sources must share k, dtype and the row-major layout";
+    packed.n += srcs[i].n;
+  }
+  const int64_t k = packed.k, groups = (packed.n + kPanelRows - 1) / kPanelRows;
+  pool.ParallelFor(groups, [&](int64_t g_begin, int64_t g_end) {
+    for (int64_t g = g_begin; g < g_end; ++g)
+      for (int64_t r = 0; r < kPanelRows; ++r) {
+        // Row 32g+r of the stacked matrix: which source, which row of it (or padding).
+        int64_t row = g * kPanelRows + r;
+        const WeightMatrix* src = nullptr;
+        for (int i = 0; i < num_srcs && src == nullptr; ++i) {
+          if (row < srcs[i].n)
+            src = &srcs[i];
+          else
+            row -= srcs[i].n;
+        }
+        if (packed.bf16) {
+          const int64_t pos = r < 16 ? 2 * r : 2 * (r - 16) + 1;
+          uint16_t* d = static_cast<uint16_t*>(dst) + g * k * kPanelRows + pos;  // stride 32
+          const uint16_t* s = src ? static_cast<const uint16_t*>(src->data) + row * k : nullptr;
+          for (int64_t i = 0; i < k; ++i) d[i * kPanelRows] = s ? s[i] : 0;
+        } else {
+          float* d = static_cast<float*>(dst) + g * k * kPanelRows + r;
+          const float* s = src ? static_cast<const float*>(src->data) + row * k : nullptr;
+          for (int64_t i = 0; i < k; ++i) d[i * kPanelRows] = s ? s[i] : 0.0f;
+        }
+      }
+  });
+  return packed;
+}
+
 void ParallelMatmul(ThreadPool& pool, const IsaKernels& isa, const float* x, int64_t num_rows,
                     int64_t ldx, const WeightMatrix& w, float* out, int64_t ldo) {
+  if (w.layout == WeightLayout::kPanel32) {
+    PD_CHECK(isa.matmul_panel != nullptr) << isa.name << " has no kPanel32 matmul";
+    const int64_t groups = (w.n + kPanelRows - 1) / kPanelRows;
+    pool.ParallelFor(groups, [&](int64_t begin, int64_t end) {
+      isa.matmul_panel(x, num_rows, ldx, w, begin * kPanelRows, std::min(w.n, end * kPanelRows),
+                       out, ldo);
+    });
+    return;
+  }
   constexpr int64_t kRowsPerBlock = 16;  // chunks of W rows stay aligned for the micro-kernels
   const int64_t blocks = (w.n + kRowsPerBlock - 1) / kRowsPerBlock;
   pool.ParallelFor(blocks, [&](int64_t begin, int64_t end) {

@@ -9,13 +9,29 @@
 
 namespace pd::engine::kernels {
 
-// A weight matrix W (n, k), row-major, f32 or bf16, laid out for the matmul kernels.
+// How a weight matrix's elements are ordered in memory.
+//   kRowMajor: W (n, k) row after row.
+//   kPanel32:  groups of 32 rows, group g at element offset g*k*32 (rows past n are zero). Inside a
+//              group, for each k, 32 elements: f32: rows 32g+0..31 in order; bf16: pairs, the
+//              32-bit word j (j < 16) holding row 32g+j in its low half and row 32g+16+j in its
+//              high half, so one 64-byte load gives both rows' f32 values with a shift and a mask.
+//              Each group is one sequential stream of k*64 (bf16) or k*128 (f32) bytes.
+enum class WeightLayout { kRowMajor, kPanel32 };
+constexpr int64_t kPanelRows = 32;
+
+// A weight matrix W (n, k), f32 or bf16, laid out for the matmul kernels.
 struct WeightMatrix {
   const void* data = nullptr;
   bool bf16 = false;
   int64_t n = 0;
   int64_t k = 0;
+  WeightLayout layout = WeightLayout::kRowMajor;
 };
+
+// Bytes of W (n, k) in the kPanel32 layout (whole groups).
+inline size_t Panel32Bytes(int64_t n, int64_t k, bool bf16) {
+  return static_cast<size_t>((n + kPanelRows - 1) / kPanelRows) * kPanelRows * k * (bf16 ? 2 : 4);
+}
 
 // One layer of a paged KV region. Page p of this layer starts at base + p*page_bytes; inside a
 // page the element offset of (slot, head, kv) is
@@ -72,9 +88,29 @@ struct IsaKernels {
   // x (num_rows, k) row stride ldx; out (num_rows, w.n) row stride ldo.
   void (*matmul)(const float* x, int64_t num_rows, int64_t ldx, const WeightMatrix& w,
                  int64_t n_begin, int64_t n_end, float* out, int64_t ldo);
+  // The same for W in the kPanel32 layout, n_begin a multiple of kPanelRows; nullptr when this
+  // instruction set has no panel kernel (the runner then keeps row-major weights). Every output
+  // element is one f32 FMA chain over k = 0, 1, ... whatever num_rows is, so a row's result does
+  // not depend on the rows computed with it.
+  void (*matmul_panel)(const float* x, int64_t num_rows, int64_t ldx, const WeightMatrix& w,
+                       int64_t n_begin, int64_t n_end, float* out, int64_t ldo);
   // Attention of one token for the query heads of one KV head (one work item).
   void (*attention_item)(const AttentionArgs& args, int token, int kv_head, float* scratch);
+  // One row each, within ~2 ulp of ref::SiluMul / ref::RmsNorm (which they replace row by row):
+  // out (dim) = gate * sigmoid(gate) * up (out may alias gate);
+  // out (dim) = x / sqrt(mean(x^2) + eps) * w, sum of squares in f64 (out may alias x).
+  void (*silu_mul_row)(const float* gate, const float* up, int64_t dim, float* out);
+  void (*rms_norm_row)(const float* x, const float* w, int64_t dim, float eps, float* out);
 };
+
+using MatmulFn = void (*)(const float* x, int64_t num_rows, int64_t ldx, const WeightMatrix& w,
+                          int64_t n_begin, int64_t n_end, float* out, int64_t ldo);
+// The AVX-512 kPanel32 matmul (kernels_avx512_gemm.cc).
+MatmulFn Avx512PanelMatmul();
+
+// The reference row kernels, for tables without their own.
+void ScalarSiluMulRow(const float* gate, const float* up, int64_t dim, float* out);
+void ScalarRmsNormRow(const float* x, const float* w, int64_t dim, float eps, float* out);
 
 const IsaKernels& ScalarKernels();
 const IsaKernels& Avx2Kernels();    // only call when the CPU has AVX2+FMA+F16C
@@ -92,7 +128,13 @@ namespace pd::engine::kernels {
 // The table for a level (which the CPU must support).
 const IsaKernels& KernelsFor(IsaLevel level);
 
-// out = x @ W^T over all of W's rows, split across the pool's threads by output columns.
+// Packs the row-major matrices srcs (each (n_i, k), all f32 or all bf16), stacked in order as one
+// matrix (sum n_i, k), into dst (Panel32Bytes of it) in the kPanel32 layout; groups are split
+// across the pool's threads. Returns the stacked matrix's WeightMatrix over dst.
+WeightMatrix PackPanel32(ThreadPool& pool, const WeightMatrix* srcs, int num_srcs, void* dst);
+
+// out = x @ W^T over all of W's rows, split across the pool's threads by output columns (whole
+// panel groups for kPanel32, which isa must have a kernel for).
 void ParallelMatmul(ThreadPool& pool, const IsaKernels& isa, const float* x, int64_t num_rows,
                     int64_t ldx, const WeightMatrix& w, float* out, int64_t ldo);
 // Causal paged attention of args, work items (token, kv_head) split across the pool's threads.

@@ -199,7 +199,8 @@ void AttentionItem(const AttentionArgs& a, int token, int kv_head, float* scratc
   }
 }
 
-const IsaKernels kAvx2 = {"avx2", &Matmul, &AttentionItem};
+const IsaKernels kAvx2 = {"avx2",         &Matmul,           nullptr,
+                          &AttentionItem, &ScalarSiluMulRow, &ScalarRmsNormRow};
 
 }  // namespace
 

@@ -239,10 +239,44 @@ void AttentionItem(const AttentionArgs& a, int token, int kv_head, float* scratc
   }
 }
 
-const IsaKernels kAvx512 = {"avx512", &Matmul, &AttentionItem};
+// exp(x) for any x: Exp's reduction is valid up to ~88 (scalef saturates to inf beyond).
+inline __m512 ExpAny(__m512 x) { return Exp(_mm512_min_ps(x, _mm512_set1_ps(88.0f))); }
+
+void SiluMulRow(const float* gate, const float* up, int64_t dim, float* out) {
+  for (int64_t i = 0; i < dim; i += 16) {
+    const __mmask16 m = TailMask(Min(16, dim - i));
+    const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+    const __m512 e = ExpAny(_mm512_sub_ps(_mm512_setzero_ps(), g));  // exp(-g)
+    const __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+    _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, up + i)));
+  }
+}
+
+void RmsNormRow(const float* x, const float* w, int64_t dim, float eps, float* out) {
+  __m512d ss0 = _mm512_setzero_pd(), ss1 = _mm512_setzero_pd();
+  for (int64_t i = 0; i < dim; i += 16) {
+    const __m512 v = _mm512_maskz_loadu_ps(TailMask(Min(16, dim - i)), x + i);
+    const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+    const __m512d hi =
+        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    ss0 = _mm512_fmadd_pd(lo, lo, ss0);
+    ss1 = _mm512_fmadd_pd(hi, hi, ss1);
+  }
+  const double ss = _mm512_reduce_add_pd(_mm512_add_pd(ss0, ss1));
+  const __m512 inv = _mm512_set1_ps(static_cast<float>(1.0 / __builtin_sqrt(ss / dim + eps)));
+  for (int64_t i = 0; i < dim; i += 16) {
+    const __mmask16 m = TailMask(Min(16, dim - i));
+    const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv);
+    _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + i)));
+  }
+}
 
 }  // namespace
 
-const IsaKernels& Avx512Kernels() { return kAvx512; }
+const IsaKernels& Avx512Kernels() {
+  static const IsaKernels kAvx512 = {"avx512",       &Matmul,     Avx512PanelMatmul(),
+                                     &AttentionItem, &SiluMulRow, &RmsNormRow};
+  return kAvx512;
+}
 
 }  // namespace pd::engine::kernels

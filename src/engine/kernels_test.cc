@@ -104,6 +104,159 @@ TEST_P(IsaTest, ParallelMatmulMatchesReference) {
   for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4) << i;
 }
 
+TEST_P(IsaTest, RowKernelsMatchReferenceOnOddSizes) {
+  for (int64_t dim : {1, 7, 16, 33, 100, 2048}) {
+    std::vector<float> g = Random(dim, dim, 4.0f), u = Random(dim, dim + 1), w = Random(dim, 3);
+    g[0] = -120.0f;             // exp(-g) overflows: the product is 0
+    if (dim > 1) g[1] = 95.0f;  // sigmoid(g) is 1
+    std::vector<float> want(dim), got(dim, 5.0f);
+    ref::SiluMul(g.data(), dim, u.data(), dim, 1, dim, want.data(), dim);
+    isa_->silu_mul_row(g.data(), u.data(), dim, got.data());
+    for (int64_t i = 0; i < dim; ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-6 * (1 + std::fabs(want[i])))
+          << "silu dim=" << dim << " " << i;
+    std::vector<float> alias = g;  // out may alias gate
+    isa_->silu_mul_row(alias.data(), u.data(), dim, alias.data());
+    EXPECT_EQ(alias, got);
+    ref::RmsNorm(g.data(), 1, dim, dim, w.data(), 1e-5f, want.data(), dim);
+    isa_->rms_norm_row(g.data(), w.data(), dim, 1e-5f, got.data());
+    for (int64_t i = 0; i < dim; ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-6 * (1 + std::fabs(want[i])))
+          << "norm dim=" << dim << " " << i;
+    isa_->rms_norm_row(g.data(), w.data(), dim, 1e-5f, g.data());  // out may alias x
+    EXPECT_EQ(g, got);
+  }
+}
+
+// W stacked from several row-major parts and packed into the kPanel32 layout.
+struct PanelWeights {
+  std::vector<Weights> parts;
+  std::vector<uint8_t> packed;
+  WeightMatrix w;
+  std::vector<float> f32;  // the stacked matrix (n, k) as f32, for bounds
+
+  PanelWeights(std::vector<int64_t> ns, int64_t k, bool bf16, uint64_t seed, ThreadPool& pool) {
+    std::vector<WeightMatrix> srcs;
+    for (int64_t n : ns) {
+      parts.push_back(MakeWeights(n, k, bf16, seed++));
+      srcs.push_back(parts.back().w);
+    }
+    for (const Weights& p : parts)
+      for (size_t i = 0; i < p.f32.size(); ++i)
+        f32.push_back(bf16 ? model::Bf16ToF32(p.bf16[i]) : p.f32[i]);
+    int64_t n = 0;
+    for (int64_t v : ns) n += v;
+    packed.assign(Panel32Bytes(n, k, bf16), 0xAB);
+    w = PackPanel32(pool, srcs.data(), static_cast<int>(srcs.size()), packed.data());
+  }
+  // Reference: out = x @ W^T over the stacked row-major parts.
+  void Reference(const float* x, int64_t m, int64_t ldx, float* out, int64_t ldo) const {
+    int64_t col = 0;
+    for (const Weights& p : parts) {
+      ref::Matmul(x, m, ldx, p.w, out + col, ldo);
+      col += p.w.n;
+    }
+  }
+};
+
+TEST_P(IsaTest, PanelMatmulMatchesReferenceOnOddShapes) {
+  if (isa_->matmul_panel == nullptr) GTEST_SKIP() << isa_->name << " has no panel kernel";
+  ThreadPool pool(2);
+  for (bool bf16 : {false, true})
+    for (int64_t m : {1, 2, 3, 4, 5, 13, 15, 30})
+      for (std::vector<int64_t> ns : std::vector<std::vector<int64_t>>{{1}, {33}, {8, 5, 70}, {64}})
+        for (int64_t k : {1, 17, 64, 300}) {
+          PanelWeights pw(ns, k, bf16, m * 7 + k, pool);
+          const int64_t n = pw.w.n, ldx = k + 3, ldo = n + 2;
+          std::vector<float> x = Random(m * ldx, m + k);
+          std::vector<float> want(m * ldo, -7.0f), got(m * ldo, -7.0f);
+          pw.Reference(x.data(), m, ldx, want.data(), ldo);
+          isa_->matmul_panel(x.data(), m, ldx, pw.w, 0, n, got.data(), ldo);
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < ldo; ++j) {
+              double bound = 1e-6;
+              for (int64_t kk = 0; j < n && kk < k; ++kk)
+                bound += 2e-6 * std::fabs(x[i * ldx + kk] * pw.f32[j * k + kk]);
+              ASSERT_NEAR(got[i * ldo + j], want[i * ldo + j], bound)
+                  << "bf16=" << bf16 << " m=" << m << " n=" << n << " k=" << k << " at " << i << ","
+                  << j;
+            }
+        }
+}
+
+TEST_P(IsaTest, PanelMatmulRowsDoNotDependOnTheirCompany) {
+  if (isa_->matmul_panel == nullptr) GTEST_SKIP() << isa_->name << " has no panel kernel";
+  ThreadPool pool(1);
+  PanelWeights pw({77}, 600, true, 3, pool);
+  const int64_t n = 77, k = 600;
+  std::vector<float> x = Random(60 * k, 4);
+  std::vector<float> all(60 * n), some(3 * n);
+  isa_->matmul_panel(x.data(), 60, k, pw.w, 0, n, all.data(), n);  // blocked over k
+  for (int64_t rows : {1, 3})                                      // streamed
+    for (int64_t m : {0, 5, 19, 57}) {
+      isa_->matmul_panel(x.data() + m * k, rows, k, pw.w, 0, n, some.data(), n);
+      for (int64_t j = 0; j < rows * n; ++j)
+        ASSERT_EQ(some[j], all[m * n + j]) << "rows " << rows << " row " << m << " at " << j;
+    }
+  for (int64_t rows : {20, 40}) {  // row blocks of the mid path
+    std::vector<float> mid(rows * n);
+    isa_->matmul_panel(x.data() + 7 * k, rows, k, pw.w, 0, n, mid.data(), n);
+    for (int64_t j = 0; j < rows * n; ++j) ASSERT_EQ(mid[j], all[7 * n + j]) << rows << " " << j;
+  }
+}
+
+TEST_P(IsaTest, PanelMatmulSliceWritesOnlyItsColumns) {
+  if (isa_->matmul_panel == nullptr) GTEST_SKIP() << isa_->name << " has no panel kernel";
+  ThreadPool pool(1);
+  PanelWeights pw({100}, 24, true, 5, pool);
+  for (int64_t m : {2, 9}) {
+    std::vector<float> x = Random(m * 24, 6);
+    std::vector<float> want(m * 100, 0.0f), got(m * 100, 123.0f);
+    pw.Reference(x.data(), m, 24, want.data(), 100);
+    isa_->matmul_panel(x.data(), m, 24, pw.w, 32, 97, got.data(), 100);
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < 100; ++j) {
+        if (j >= 32 && j < 97) {
+          EXPECT_NEAR(got[i * 100 + j], want[i * 100 + j], 1e-4);
+        } else {
+          EXPECT_EQ(got[i * 100 + j], 123.0f) << i << "," << j;
+        }
+      }
+  }
+}
+
+TEST_P(IsaTest, ParallelPanelMatmulMatchesReference) {
+  if (isa_->matmul_panel == nullptr) GTEST_SKIP() << isa_->name << " has no panel kernel";
+  ThreadPool pool(3);
+  PanelWeights pw({101, 40}, 64, false, 8, pool);
+  std::vector<float> x = Random(13 * 64, 9);
+  std::vector<float> want(13 * 141), got(13 * 141);
+  pw.Reference(x.data(), 13, 64, want.data(), 141);
+  ParallelMatmul(pool, *isa_, x.data(), 13, 64, pw.w, got.data(), 141);
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4) << i;
+}
+
+TEST(PackPanel32Test, LaysOutGroupsAsDocumented) {
+  ThreadPool pool(2);
+  Weights a = MakeWeights(20, 3, true, 1), b = MakeWeights(15, 3, true, 2);
+  const WeightMatrix srcs[2] = {a.w, b.w};
+  std::vector<uint16_t> packed(Panel32Bytes(35, 3, true) / 2, 0xFFFF);
+  ASSERT_EQ(packed.size(), 64u * 3);
+  const WeightMatrix w = PackPanel32(pool, srcs, 2, packed.data());
+  EXPECT_EQ(w.n, 35);
+  EXPECT_EQ(w.layout, WeightLayout::kPanel32);
+  for (int64_t g = 0; g < 2; ++g)
+    for (int64_t k = 0; k < 3; ++k)
+      for (int64_t r = 0; r < 32; ++r) {
+        const int64_t row = g * 32 + r;
+        const uint16_t want = row < 20   ? a.bf16[row * 3 + k]
+                              : row < 35 ? b.bf16[(row - 20) * 3 + k]
+                                         : 0;
+        const int64_t pos = r < 16 ? 2 * r : 2 * (r - 16) + 1;
+        EXPECT_EQ(packed[(g * 3 + k) * 32 + pos], want) << g << " " << k << " " << r;
+      }
+}
+
 // A paged KV region in plain memory with three sequences: 5 cached + 7 new tokens (a prefill
 // chunk), 40 cached + 1 new (a decode crossing attention blocks), and a 1-token prompt.
 struct AttnFixture {

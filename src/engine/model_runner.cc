@@ -85,6 +85,17 @@ class Runner final : public ModelRunner {
               int64_t rows);
   void RmsNorm(const float* x, int64_t rows, int64_t dim, int64_t ldx, const float* w, float* o,
                int64_t ldo);
+  // RMSNorm of rows on the calling thread: the ISA's row kernel, or the reference.
+  void NormRows(const float* x, int64_t rows, int64_t dim, int64_t ldx, const float* w, float eps,
+                float* o, int64_t ldo) const {
+    for (int64_t r = 0; r < rows; ++r) {
+      if (fast_) {
+        isa_->rms_norm_row(x + r * ldx, w, dim, eps, o + r * ldo);
+      } else {
+        ref::RmsNorm(x + r * ldx, 1, dim, ldx, w, eps, o + r * ldo, ldo);
+      }
+    }
+  }
   template <typename Fn>
   void Rows(int64_t rows, Fn&& fn);  // fn(begin, end) over row ranges
 
@@ -123,7 +134,7 @@ void Runner::RmsNorm(const float* x, int64_t rows, int64_t dim, int64_t ldx, con
                      float* o, int64_t ldo) {
   const float eps = static_cast<float>(c_.rms_norm_eps);
   Rows(rows, [&](int64_t b, int64_t e) {
-    ref::RmsNorm(x + b * ldx, e - b, dim, ldx, w, eps, o + b * ldo, ldo);
+    NormRows(x + b * ldx, e - b, dim, ldx, w, eps, o + b * ldo, ldo);
   });
 }
 
@@ -169,7 +180,7 @@ void Runner::Prepare(const ForwardBatch& batch) {
   Ensure(s_.tmp, t * c_.hidden_size);
   Ensure(s_.qkv, t * qkv_ld);
   Ensure(s_.attn, t * c_.q_size());
-  Ensure(s_.gate, t * c_.intermediate_size);
+  Ensure(s_.gate, 2 * t * c_.intermediate_size);  // gate|up side by side when fused
   Ensure(s_.up, t * c_.intermediate_size);
   Ensure(s_.rope_cos, t * c_.head_dim / 2);
   Ensure(s_.rope_sin, t * c_.head_dim / 2);
@@ -221,9 +232,13 @@ void Runner::Layer(int l) {
   float* h = s_.h.data();
   float* qkv = s_.qkv.data();  // (T, q | k | v)
   RmsNorm(x, t, hd, hd, L.input_norm.data(), h, hd);
-  Matmul(h, hd, L.q.w, qkv, ld, t);
-  Matmul(h, hd, L.k.w, qkv + q, ld, t);
-  Matmul(h, hd, L.v.w, qkv + q + kv, ld, t);
+  if (L.qkv.data != nullptr) {  // fused and packed at load
+    Matmul(h, hd, L.qkv, qkv, ld, t);
+  } else {
+    Matmul(h, hd, L.q.w, qkv, ld, t);
+    Matmul(h, hd, L.k.w, qkv + q, ld, t);
+    Matmul(h, hd, L.v.w, qkv + q + kv, ld, t);
+  }
   Rows(t, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       float* row = qkv + r * ld;
@@ -233,10 +248,10 @@ void Runner::Layer(int l) {
         for (int64_t i = 0; i < kv; ++i) row[q + kv + i] += L.v_bias[i];
       }
       if (c_.qk_norm) {  // per-head RMSNorm before RoPE (qwen3)
-        ref::RmsNorm(row, c_.num_heads, c_.head_dim, c_.head_dim, L.q_norm.data(), eps, row,
-                     c_.head_dim);
-        ref::RmsNorm(row + q, c_.num_kv_heads, c_.head_dim, c_.head_dim, L.k_norm.data(), eps,
-                     row + q, c_.head_dim);
+        NormRows(row, c_.num_heads, c_.head_dim, c_.head_dim, L.q_norm.data(), eps, row,
+                 c_.head_dim);
+        NormRows(row + q, c_.num_kv_heads, c_.head_dim, c_.head_dim, L.k_norm.data(), eps, row + q,
+                 c_.head_dim);
       }
     }
     const float* cs = s_.rope_cos.data() + b * half;
@@ -250,14 +265,35 @@ void Runner::Layer(int l) {
   Rows(t * hd, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) x[i] += s_.tmp[i];
   });
+  if (!L.o_bias.empty()) {  // (hidden) added to every token's attention output
+    Rows(t, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r)
+        for (int64_t i = 0; i < hd; ++i) x[r * hd + i] += L.o_bias[i];
+    });
+  }
   RmsNorm(x, t, hd, hd, L.post_norm.data(), h, hd);
-  Matmul(h, hd, L.gate.w, s_.gate.data(), inter, t);
-  Matmul(h, hd, L.up.w, s_.up.data(), inter, t);
+  // gate and up side by side in one (T, 2*inter) buffer when fused, in two otherwise.
+  float* gate = s_.gate.data();
+  float* up = s_.up.data();
+  int64_t ldg = inter;
+  if (L.gate_up.data != nullptr) {
+    ldg = 2 * inter;
+    up = gate + inter;
+    Matmul(h, hd, L.gate_up, gate, ldg, t);
+  } else {
+    Matmul(h, hd, L.gate.w, gate, inter, t);
+    Matmul(h, hd, L.up.w, up, inter, t);
+  }
   Rows(t, [&](int64_t b, int64_t e) {
-    ref::SiluMul(s_.gate.data() + b * inter, inter, s_.up.data() + b * inter, inter, e - b, inter,
-                 s_.gate.data() + b * inter, inter);
+    for (int64_t r = b; r < e; ++r) {
+      if (fast_) {
+        isa_->silu_mul_row(gate + r * ldg, up + r * ldg, inter, gate + r * ldg);
+      } else {
+        ref::SiluMul(gate + r * ldg, ldg, up + r * ldg, ldg, 1, inter, gate + r * ldg, ldg);
+      }
+    }
   });
-  Matmul(s_.gate.data(), inter, L.down.w, s_.tmp.data(), hd, t);
+  Matmul(gate, ldg, L.down.w, s_.tmp.data(), hd, t);
   Rows(t * hd, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) x[i] += s_.tmp[i];
   });
@@ -364,6 +400,11 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const model::ModelWeigh
   int threads = options.num_threads;
   if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (options.kernels == KernelKind::kReference) threads = 1;
+  if (options.kernels == KernelKind::kFast &&
+      kernels::KernelsFor(BestIsaLevel()).matmul_panel != nullptr) {
+    ThreadPool pack_pool(threads);
+    RETURN_IF_ERROR(PackRunnerWeights(pack_pool, rw.get()));
+  }
   return std::unique_ptr<ModelRunner>(
       new Runner(std::move(rw), std::move(region), threads, options.kernels));
 }

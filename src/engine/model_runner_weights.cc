@@ -1,7 +1,12 @@
 #include "engine/model_runner_weights.h"
 
+#include <sys/mman.h>
+
+#include <cerrno>
 #include <cstring>
 #include <string>
+
+#include "engine/thread_pool.h"
 
 namespace pd::engine {
 namespace {
@@ -86,6 +91,8 @@ Status PrepareLayer(const model::LayerWeights& lw, const model::ModelConfig& c, 
                    OptionalVector(lw.k_bias, c.attention_bias, kv, p + "self_attn.k_proj.bias"));
   ASSIGN_OR_RETURN(out->v_bias,
                    OptionalVector(lw.v_bias, c.attention_bias, kv, p + "self_attn.v_proj.bias"));
+  ASSIGN_OR_RETURN(out->o_bias, OptionalVector(lw.o_bias, model::HasOutputBias(c), h,
+                                               p + "self_attn.o_proj.bias"));
   RETURN_IF_ERROR(MakeLinear(lw.q_proj, q, h, dtype, p + "self_attn.q_proj.weight", &out->q));
   RETURN_IF_ERROR(MakeLinear(lw.k_proj, kv, h, dtype, p + "self_attn.k_proj.weight", &out->k));
   RETURN_IF_ERROR(MakeLinear(lw.v_proj, kv, h, dtype, p + "self_attn.v_proj.weight", &out->v));
@@ -120,6 +127,52 @@ Result<std::unique_ptr<RunnerWeights>> PrepareRunnerWeights(const model::ModelWe
   for (int i = 0; i < c.num_layers; ++i)
     RETURN_IF_ERROR(PrepareLayer(weights.layers[i], c, dtype, i, &out->layers[i]));
   return out;
+}
+
+Result<std::unique_ptr<HugePageBuffer>> HugePageBuffer::Create(size_t bytes) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t size = (bytes + kHuge - 1) / kHuge * kHuge;
+  const size_t map_bytes = size + kHuge;
+  void* map = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (map == MAP_FAILED)
+    return ResourceExhausted("mmap of " + std::to_string(map_bytes) +
+                             " bytes for packed weights: " + std::strerror(errno));
+  const uintptr_t aligned = (reinterpret_cast<uintptr_t>(map) + kHuge - 1) / kHuge * kHuge;
+  uint8_t* data = reinterpret_cast<uint8_t*>(aligned);
+  madvise(data, size, MADV_HUGEPAGE);  // advice only: without THP the pages stay 4 KiB
+  return std::unique_ptr<HugePageBuffer>(new HugePageBuffer(map, map_bytes, data, size));
+}
+
+HugePageBuffer::~HugePageBuffer() { munmap(map_, map_bytes_); }
+
+Status PackRunnerWeights(ThreadPool& pool, RunnerWeights* w) {
+  // Each packed matrix: row-major parts stacked into one, and where the result goes.
+  struct Job {
+    std::vector<kernels::WeightMatrix> parts;
+    kernels::WeightMatrix* dst;
+  };
+  std::vector<Job> jobs;
+  for (RunnerLayerWeights& l : w->layers) {
+    jobs.push_back({{l.q.w, l.k.w, l.v.w}, &l.qkv});
+    jobs.push_back({{l.o.w}, &l.o.w});
+    jobs.push_back({{l.gate.w, l.up.w}, &l.gate_up});
+    jobs.push_back({{l.down.w}, &l.down.w});
+  }
+  jobs.push_back({{w->lm_head.w}, &w->lm_head.w});
+  size_t total = 0;
+  for (const Job& j : jobs) {
+    int64_t n = 0;
+    for (const kernels::WeightMatrix& p : j.parts) n += p.n;
+    total += kernels::Panel32Bytes(n, j.parts[0].k, j.parts[0].bf16);
+  }
+  ASSIGN_OR_RETURN(w->packed, HugePageBuffer::Create(total));
+  size_t offset = 0;
+  for (Job& j : jobs) {
+    *j.dst = kernels::PackPanel32(pool, j.parts.data(), static_cast<int>(j.parts.size()),
+                                  w->packed->data() + offset);
+    offset += kernels::Panel32Bytes(j.dst->n, j.dst->k, j.dst->bf16);
+  }
+  return OkStatus();
 }
 
 void LoadWeightRow(const kernels::WeightMatrix& w, int64_t row, float* out) {

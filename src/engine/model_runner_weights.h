@@ -12,6 +12,8 @@
 
 namespace pd::engine {
 
+class ThreadPool;
+
 // One linear layer W (n, k), plus the F32 copy it owns when the checkpoint was F16.
 struct LinearWeight {
   kernels::WeightMatrix w;
@@ -22,19 +24,49 @@ struct RunnerLayerWeights {
   std::vector<float> input_norm, post_norm;   // (hidden)
   std::vector<float> q_norm, k_norm;          // (head_dim) when qk_norm, else empty
   std::vector<float> q_bias, k_bias, v_bias;  // (q_size)/(kv_size) when attention_bias
+  std::vector<float> o_bias;                  // (hidden) when model::HasOutputBias
   LinearWeight q, k, v, o, gate, up, down;
+  // After PackRunnerWeights: q|k|v stacked (q_size + 2*kv_size, hidden) and gate|up stacked
+  // (2*intermediate, hidden), kPanel32; data == nullptr before.
+  kernels::WeightMatrix qkv, gate_up;
+};
+
+// Anonymous memory on 2 MiB boundaries advised MADV_HUGEPAGE: weights streamed every decode step
+// then cost one TLB entry per 2 MiB. Freed on destruction.
+class HugePageBuffer {
+ public:
+  static Result<std::unique_ptr<HugePageBuffer>> Create(size_t bytes);
+  ~HugePageBuffer();
+  HugePageBuffer(const HugePageBuffer&) = delete;
+  HugePageBuffer& operator=(const HugePageBuffer&) = delete;
+  uint8_t* data() { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  HugePageBuffer(void* map, size_t map_bytes, uint8_t* data, size_t size)
+      : map_(map), map_bytes_(map_bytes), data_(data), size_(size) {}
+  void* map_;
+  size_t map_bytes_;
+  uint8_t* data_;
+  size_t size_;
 };
 
 struct RunnerWeights {
   model::ModelConfig config;
   std::vector<RunnerLayerWeights> layers;
-  std::vector<float> final_norm;  // (hidden)
-  LinearWeight embed;             // (vocab, hidden): row lookups
-  LinearWeight lm_head;           // (vocab, hidden)
+  std::vector<float> final_norm;           // (hidden)
+  LinearWeight embed;                      // (vocab, hidden): row lookups
+  LinearWeight lm_head;                    // (vocab, hidden)
+  std::unique_ptr<HugePageBuffer> packed;  // every kPanel32 matrix, after PackRunnerWeights
 };
 
 // Checks shapes and dtypes against the config and lays the weights out for the kernels.
 Result<std::unique_ptr<RunnerWeights>> PrepareRunnerWeights(const model::ModelWeights& weights);
+
+// Lays every matrix the layers and lm_head multiply by out once in the kPanel32 layout, in one
+// huge-page buffer, with q/k/v and gate/up fused: sets each layer's qkv and gate_up, and replaces
+// o, down and lm_head by their packed forms (the row-major q/k/v/gate/up stay for reference).
+Status PackRunnerWeights(ThreadPool& pool, RunnerWeights* w);
 
 // Row `row` of an embedding-like matrix as f32 into out (k).
 void LoadWeightRow(const kernels::WeightMatrix& w, int64_t row, float* out);

@@ -1,0 +1,313 @@
+// pdserve bench-engine: the CPU engine's decode and prefill speed against what this machine can do,
+// measured in the same run.
+//
+//   pdserve bench-engine [--model DIR | --preset NAME] [--json] [--threads N]
+//
+// For llama-1b and qwen3-0.6b in bf16 (written into models/ with the synthetic writer when
+// missing): decode tokens/s at batch 1, 8 and 32 with contexts of 128 and 2048 tokens, and prefill
+// tokens/s of one 512-token prompt. Beside them: the memory read bandwidth (a STREAM-like read of a
+// buffer far larger than the last-level cache, same thread count) and the peak FMA rate, and the
+// fraction of each that a row reaches. Decode: (weight bytes + KV bytes read per step) x steps/s /
+// read bandwidth. Prefill: flops/s / peak.
+//
+// The runner is driven directly with synthetic page tables: the KV pages of every context are
+// filled once with bounded random values, then the same decode step (one new token per sequence at
+// position `context`) is timed repeatedly.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "apps/command.h"
+#include "engine/machine_probe.h"
+#include "engine/model_runner.h"
+#include "engine/thread_pool.h"
+#include "model/model_writer.h"
+#include "model/weights.h"
+
+namespace pd::apps {
+namespace {
+
+using engine::ForwardBatch;
+using engine::ForwardOutput;
+using engine::ModelRunner;
+using engine::SeqStep;
+
+struct BenchEngineFlags {
+  std::string model_dir;
+  std::string preset;
+  bool json = false;
+  int threads = 2;
+  double seconds = 2.0;  // least time measured per decode row
+  int prefill_tokens = 512;
+  int kv_gib = 2;  // cap on the KV region: sequences beyond it share pages (still far over the LLC)
+  std::string models_root = "models";
+};
+
+struct Row {
+  std::string model, phase;
+  int batch = 0, context = 0;
+  double tokens_per_s = 0, bytes_per_s = 0, flops_per_s = 0;
+};
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Bytes every decode step reads whatever the batch: the layer matrices and lm_head, at the
+// checkpoint's element size.
+double WeightBytes(const model::ModelConfig& c, double elem) {
+  const double h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), inter = c.intermediate_size;
+  const double layer = h * (q + 2 * kv) + q * h + 3 * h * inter;
+  return (layer * c.num_layers + static_cast<double>(c.vocab_size) * h) * elem;
+}
+
+double LayerMatrixParams(const model::ModelConfig& c) {
+  const double h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), inter = c.intermediate_size;
+  return (h * (q + 2 * kv) + q * h + 3 * h * inter) * c.num_layers;
+}
+
+// K and V bytes of one cached token over all layers.
+double KvBytesPerToken(const ModelRunner& r) {
+  engine::ModelRunner& mr = const_cast<ModelRunner&>(r);
+  return static_cast<double>(mr.region().spec().page_bytes()) * mr.config().num_layers /
+         mr.region().spec().page_size;
+}
+
+// Attention flops of one query at `pos` (QK^T and PV over pos+1 keys, every layer).
+double AttnFlops(const model::ModelConfig& c, int pos) {
+  return 4.0 * (pos + 1) * c.q_size() * c.num_layers;
+}
+
+// Bounded random bf16/f32 values in every KV page, written by the pool's threads.
+void FillKv(engine::KvRegion& region, engine::ThreadPool& pool) {
+  std::vector<uint8_t> pattern(1 << 16);
+  std::mt19937 rng(7);
+  const bool bf16 = region.spec().dtype == engine::KvDType::kBF16;
+  for (size_t i = 0; i < pattern.size(); i += bf16 ? 2 : 4) {
+    const float v = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    if (bf16) {
+      const uint16_t h = static_cast<uint16_t>(bits >> 16);
+      std::memcpy(&pattern[i], &h, 2);
+    } else {
+      std::memcpy(&pattern[i], &bits, 4);
+    }
+  }
+  const int64_t blocks = static_cast<int64_t>(region.size_bytes() / pattern.size());
+  uint8_t* base = region.base();
+  pool.ParallelFor(blocks, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      std::memcpy(base + i * pattern.size(), pattern.data(), pattern.size());
+  });
+}
+
+// Page tables of `batch` sequences of `tokens` tokens each; distinct pages while the region has
+// them, wrapping around after.
+std::vector<std::vector<int32_t>> PageTables(int batch, int tokens, int page_size, int num_pages) {
+  const int per_seq = (tokens + page_size - 1) / page_size;
+  std::vector<std::vector<int32_t>> tables(batch);
+  int next = 0;
+  for (auto& t : tables)
+    for (int p = 0; p < per_seq; ++p) t.push_back(next++ % num_pages);
+  return tables;
+}
+
+Result<Row> BenchDecode(ModelRunner& runner, const std::string& name, int batch, int context,
+                        double seconds) {
+  const model::ModelConfig& c = runner.config();
+  auto tables =
+      PageTables(batch, context + 1, runner.region().spec().page_size, runner.region().num_pages());
+  std::vector<std::vector<int32_t>> tokens(batch);
+  ForwardBatch fb;
+  for (int i = 0; i < batch; ++i) {
+    tokens[i] = {(i * 131 + 7) % c.vocab_size};
+    fb.seqs.push_back(SeqStep{i, context, tokens[i], tables[i], true});
+  }
+  ForwardOutput out;
+  RETURN_IF_ERROR(runner.Forward(fb, &out));  // warm-up
+  int steps = 0;
+  const double t0 = Now();
+  double elapsed = 0;
+  while (steps < 2 || elapsed < seconds) {
+    RETURN_IF_ERROR(runner.Forward(fb, &out));
+    ++steps;
+    elapsed = Now() - t0;
+  }
+  Row r{name, "decode", batch, context};
+  const double steps_per_s = steps / elapsed;
+  r.tokens_per_s = batch * steps_per_s;
+  const double kv_bytes = batch * (context + 1.0) * KvBytesPerToken(runner);
+  r.bytes_per_s = (WeightBytes(c, 2) + kv_bytes) * steps_per_s;
+  r.flops_per_s =
+      batch *
+      (2 * (LayerMatrixParams(c) + double(c.vocab_size) * c.hidden_size) + AttnFlops(c, context)) *
+      steps_per_s;
+  return r;
+}
+
+Result<Row> BenchPrefill(ModelRunner& runner, const std::string& name, int tokens) {
+  const model::ModelConfig& c = runner.config();
+  auto tables =
+      PageTables(1, tokens, runner.region().spec().page_size, runner.region().num_pages());
+  std::vector<int32_t> ids(tokens);
+  for (int i = 0; i < tokens; ++i) ids[i] = (i * 37 + 11) % c.vocab_size;
+  ForwardBatch fb;
+  fb.seqs.push_back(SeqStep{0, 0, ids, tables[0], true});
+  ForwardOutput out;
+  double best = 1e30;
+  for (int rep = 0; rep < 2; ++rep) {  // the first run also warms up
+    const double t0 = Now();
+    RETURN_IF_ERROR(runner.Forward(fb, &out));
+    best = std::min(best, Now() - t0);
+  }
+  Row r{name, "prefill", 1, tokens};
+  r.tokens_per_s = tokens / best;
+  double flops = 2 * LayerMatrixParams(c) * tokens + 2.0 * c.vocab_size * c.hidden_size;
+  for (int p = 0; p < tokens; ++p) flops += AttnFlops(c, p);
+  r.flops_per_s = flops / best;
+  r.bytes_per_s = (WeightBytes(c, 2) + tokens * KvBytesPerToken(runner)) / best;
+  return r;
+}
+
+// The model of a preset in models/, written with the synthetic writer when missing.
+Result<std::string> EnsureModel(const std::string& root, const std::string& preset) {
+  const std::string dir = root + "/" + preset + "-bf16";
+  if (std::filesystem::exists(dir + "/config.json")) return dir;
+  model::SyntheticModelOptions o;
+  o.arch = preset.rfind("llama", 0) == 0 ? model::Arch::kLlama : model::Arch::kQwen3;
+  o.preset = preset;
+  o.dtype = model::DType::kBF16;
+  o.seed = 1;
+  o.out_dir = dir;
+  std::fprintf(stderr, "bench-engine: writing %s ...\n", dir.c_str());
+  RETURN_IF_ERROR(model::WriteSyntheticModel(o));
+  return dir;
+}
+
+Status BenchModel(const std::string& dir, const std::string& name, const BenchEngineFlags& f,
+                  std::vector<Row>* rows) {
+  ASSIGN_OR_RETURN(model::ModelWeights weights, model::LoadModelWeights(dir));
+  engine::ModelRunnerOptions o;
+  o.num_threads = f.threads;
+  o.kv.dtype = engine::KvDType::kBF16;
+  o.kv.layout = engine::KvLayout::kHND;
+  o.kv.page_size = 16;
+  o.kv_cache_bytes = static_cast<size_t>(f.kv_gib) << 30;
+  std::fprintf(stderr, "bench-engine: %s: laying out weights ...\n", name.c_str());
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, ModelRunner::Create(weights, o));
+  {
+    engine::ThreadPool fill_pool(f.threads);
+    FillKv(runner->region(), fill_pool);
+  }
+  for (int context : {128, 2048})
+    for (int batch : {1, 8, 32}) {
+      std::fprintf(stderr, "bench-engine: %s: decode batch %d context %d\n", name.c_str(), batch,
+                   context);
+      ASSIGN_OR_RETURN(Row r, BenchDecode(*runner, name, batch, context, f.seconds));
+      rows->push_back(r);
+    }
+  std::fprintf(stderr, "bench-engine: %s: prefill %d tokens\n", name.c_str(), f.prefill_tokens);
+  ASSIGN_OR_RETURN(Row r, BenchPrefill(*runner, name, f.prefill_tokens));
+  rows->push_back(r);
+  return OkStatus();
+}
+
+void Print(const std::vector<Row>& rows, double bw, double peak, const BenchEngineFlags& f) {
+  if (f.json) {
+    nlohmann::json j = {{"read_gbytes_per_s", bw}, {"peak_gflops", peak}, {"threads", f.threads}};
+    j["rows"] = nlohmann::json::array();
+    for (const Row& r : rows)
+      j["rows"].push_back({{"model", r.model},
+                           {"phase", r.phase},
+                           {"batch", r.batch},
+                           {"context", r.context},
+                           {"tokens_per_s", r.tokens_per_s},
+                           {"bw_fraction", r.bytes_per_s / 1e9 / bw},
+                           {"flops_fraction", r.flops_per_s / 1e9 / peak}});
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("machine: memory read %.1f GB/s, peak FMA %.1f GFLOP/s (%d threads)\n", bw, peak,
+              f.threads);
+  std::printf("%-12s %-8s %5s %7s %10s %8s %8s %8s %8s\n", "model", "phase", "batch", "context",
+              "tokens/s", "GB/s", "bw_frac", "GFLOP/s", "fl_frac");
+  for (const Row& r : rows)
+    std::printf("%-12s %-8s %5d %7d %10.1f %8.1f %8.3f %8.1f %8.3f\n", r.model.c_str(),
+                r.phase.c_str(), r.batch, r.context, r.tokens_per_s, r.bytes_per_s / 1e9,
+                r.bytes_per_s / 1e9 / bw, r.flops_per_s / 1e9, r.flops_per_s / 1e9 / peak);
+}
+
+int RunBenchEngine(const BenchEngineFlags& f) {
+  std::vector<std::pair<std::string, std::string>> models;  // (name, dir)
+  if (!f.model_dir.empty()) {
+    models.emplace_back(std::filesystem::path(f.model_dir).filename().string(), f.model_dir);
+  } else {
+    std::vector<std::string> presets = {"llama-1b", "qwen3-0.6b"};
+    if (!f.preset.empty()) presets = {f.preset};
+    for (const std::string& p : presets) {
+      Result<std::string> dir = EnsureModel(f.models_root, p);
+      if (!dir.ok()) {
+        std::fprintf(stderr, "bench-engine: %s\n", dir.status().ToString().c_str());
+        return 1;
+      }
+      models.emplace_back(p, *dir);
+    }
+  }
+  engine::ThreadPool pool(f.threads);
+  Result<double> bw = engine::MeasureReadBandwidth(pool, {});
+  if (!bw.ok()) {
+    std::fprintf(stderr, "bench-engine: %s\n", bw.status().ToString().c_str());
+    return 1;
+  }
+  const double peak = engine::MeasurePeakGflops(pool);
+  std::vector<Row> rows;
+  for (const auto& [name, dir] : models) {
+    Status s = BenchModel(dir, name, f, &rows);
+    if (!s.ok()) {
+      std::fprintf(stderr, "bench-engine: %s: %s\n", name.c_str(), s.ToString().c_str());
+      return 1;
+    }
+  }
+  Print(rows, *bw, peak, f);
+  return 0;
+}
+
+CommandRunner SetUpCommand(CLI::App* app) {
+  auto f = std::make_shared<BenchEngineFlags>();
+  auto* model = app->add_option("--model", f->model_dir, "model directory");
+  app->add_option("--preset", f->preset, "llama-1b or qwen3-0.6b (written into models/ if missing)")
+      ->excludes(model);
+  app->add_flag("--json", f->json, "print JSON");
+  app->add_option("--threads", f->threads, "threads")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app->add_option("--seconds", f->seconds, "least seconds measured per decode row")
+      ->check(CLI::Range(0.0, 600.0))
+      ->capture_default_str();
+  app->add_option("--prefill-tokens", f->prefill_tokens, "prompt length")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app->add_option("--kv-gib", f->kv_gib, "cap on the KV region in GiB")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app->add_option("--models-root", f->models_root, "where presets are written")
+      ->capture_default_str();
+  return [f] { return RunBenchEngine(*f); };
+}
+
+// The name has a dash, so register directly rather than through PD_REGISTER_COMMAND.
+const bool kRegistered = RegisterCommand(
+    {"bench-engine", "Engine decode/prefill speed against this machine's bandwidth and FMA peak",
+     SetUpCommand});
+
+}  // namespace
+
+}  // namespace pd::apps

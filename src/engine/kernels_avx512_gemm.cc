@@ -1,0 +1,243 @@
+// The AVX-512 matmul over weights in the kPanel32 layout (see kernels.h), for every batch size:
+// decode (a few rows, bound by memory bandwidth) and prefill (hundreds of rows, bound by the FMA
+// rate). Compiled with -mavx512*; only intrinsics and kernels.h here.
+//
+// One micro-kernel serves both: MR rows of x against NG groups of 32 weight rows, 2*MR*NG f32
+// accumulators; per k it loads each group's 32 weights (64 bytes of bf16, split into two f32
+// vectors exactly with a shift and a mask), broadcasts x[i, k] and issues 2*NG FMAs per row.
+// Every output element is a single FMA chain over k in order, whatever MR, NG or the blocking, so
+// results are bit-identical across batch sizes (a blocked pass resumes its chain from `out`).
+//
+// Decode (rows <= kStreamRows) walks each group's whole k in one pass, several groups at once,
+// with software prefetch ahead of each stream. Prefill blocks k (kKc) so a block of x stays in L2
+// and a group's slice of W in L1 while all row blocks pass over it.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "engine/kernels.h"
+
+namespace pd::engine::kernels {
+namespace {
+
+constexpr int64_t kStreamRows = 4;       // up to this many rows: one pass over k per group
+constexpr int64_t kMidRows = 48;         // up to this many: group by group over the whole of k
+constexpr int64_t kKc = 256;             // k block of the blocked path
+constexpr int64_t kGroupsPerBlock = 16;  // groups per W block of the blocked path (L2)
+constexpr int kMaxMr = 14;               // 28 accumulators + 2 weight vectors + 1 broadcast
+constexpr int64_t kPrefetchK = 24;       // decode: prefetch this many k steps ahead (1.5 KiB bf16)
+
+inline int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t Clamp16(int64_t v) { return v < 0 ? 0 : (v > 16 ? 16 : v); }
+
+// The 32 weights of one group at k as f32: rows 0..15 in lo, 16..31 in hi.
+template <bool kBf16>
+inline void LoadK(const uint8_t* group, int64_t k, __m512& lo, __m512& hi) {
+  if constexpr (kBf16) {
+    const __m512i v = _mm512_loadu_si512(group + k * 64);
+    lo = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    hi = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  } else {
+    const float* p = reinterpret_cast<const float*>(group + k * 128);
+    lo = _mm512_loadu_ps(p);
+    hi = _mm512_loadu_ps(p + 16);
+  }
+}
+
+struct MicroArgs {
+  const float* x;  // row m0 of x
+  int64_t ldx;
+  const uint8_t* w;  // first group
+  int64_t group_bytes;
+  int64_t k0, k1;
+  float* out;  // row m0, column of the first group
+  int64_t ldo;
+  int64_t cols;  // valid columns from the first group's first, up to NG*32
+};
+
+// out[0..MR) x [0..cols) (+)= x[0..MR, k0..k1) . W[groups, k0..k1)^T; starts the chains at zero
+// when k0 == 0, else from out.
+template <int MR, int NG, bool kBf16, bool kPrefetch>
+void Micro(const MicroArgs& a) {
+  __mmask16 mask[NG][2];
+#pragma GCC unroll 4
+  for (int g = 0; g < NG; ++g)
+    for (int h = 0; h < 2; ++h)
+      mask[g][h] = static_cast<__mmask16>((1u << Clamp16(a.cols - g * 32 - h * 16)) - 1u);
+  __m512 acc[MR][NG][2];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int g = 0; g < NG; ++g)
+      for (int h = 0; h < 2; ++h)
+        acc[i][g][h] = a.k0 == 0
+                           ? _mm512_setzero_ps()
+                           : _mm512_maskz_loadu_ps(mask[g][h], a.out + i * a.ldo + g * 32 + h * 16);
+  const uint8_t* w = a.w;
+  const int64_t step = kBf16 ? 64 : 128;
+  for (int64_t k = a.k0; k < a.k1; ++k) {
+    __m512 wv[NG][2];
+#pragma GCC unroll 4
+    for (int g = 0; g < NG; ++g) {
+      if constexpr (kPrefetch)
+        _mm_prefetch(reinterpret_cast<const char*>(w + g * a.group_bytes + (k + kPrefetchK) * step),
+                     _MM_HINT_T0);
+      LoadK<kBf16>(w + g * a.group_bytes, k, wv[g][0], wv[g][1]);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xb = _mm512_set1_ps(a.x[i * a.ldx + k]);
+#pragma GCC unroll 4
+      for (int g = 0; g < NG; ++g) {
+        acc[i][g][0] = _mm512_fmadd_ps(xb, wv[g][0], acc[i][g][0]);
+        acc[i][g][1] = _mm512_fmadd_ps(xb, wv[g][1], acc[i][g][1]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int g = 0; g < NG; ++g)
+      for (int h = 0; h < 2; ++h)
+        _mm512_mask_storeu_ps(a.out + i * a.ldo + g * 32 + h * 16, mask[g][h], acc[i][g][h]);
+}
+
+using MicroFn = void (*)(const MicroArgs&);
+
+template <bool kBf16, int... MR>
+constexpr MicroFn kBlocked[] = {nullptr, Micro<MR, 1, kBf16, false>...};
+template <bool kBf16>
+constexpr const MicroFn* BlockedTable() {
+  return kBlocked<kBf16, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14>;
+}
+
+template <bool kBf16, int... MR>
+constexpr MicroFn kPrefetched[] = {nullptr, Micro<MR, 1, kBf16, true>...};
+template <bool kBf16>
+constexpr const MicroFn* PrefetchTable() {
+  return kPrefetched<kBf16, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14>;
+}
+
+// Streaming (decode) kernels by rows: NG groups per pass, enough chains to hide FMA latency.
+template <bool kBf16>
+constexpr MicroFn kStream[] = {nullptr, Micro<1, 4, kBf16, true>, Micro<2, 4, kBf16, true>,
+                               Micro<3, 3, kBf16, true>, Micro<4, 2, kBf16, true>};
+template <bool kBf16>
+constexpr int kStreamGroups[] = {0, 4, 4, 3, 2};
+template <bool kBf16>
+constexpr MicroFn kStream1[] = {nullptr, Micro<1, 1, kBf16, true>, Micro<2, 1, kBf16, true>,
+                                Micro<3, 1, kBf16, true>, Micro<4, 1, kBf16, true>};
+
+template <bool kBf16>
+void Stream(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, int64_t g_begin,
+            int64_t g_end, int64_t n_end, float* out, int64_t ldo) {
+  const int64_t group_bytes = w.k * kPanelRows * (kBf16 ? 2 : 4);
+  const uint8_t* base = static_cast<const uint8_t*>(w.data);
+  const int ng = kStreamGroups<kBf16>[rows];
+  int64_t g = g_begin;
+  for (; g < g_end; g += ng) {
+    MicroArgs a{x,
+                ldx,
+                base + g * group_bytes,
+                group_bytes,
+                0,
+                w.k,
+                out + g * kPanelRows,
+                ldo,
+                n_end - g * kPanelRows};
+    if (g + ng <= g_end) {
+      kStream<kBf16>[rows](a);
+    } else {
+      for (int64_t r = g; r < g_end;
+           ++r, a.w += group_bytes, a.out += kPanelRows, a.cols -= kPanelRows)
+        kStream1<kBf16>[rows](a);
+    }
+  }
+}
+
+// Up to kMidRows rows: group by group over the whole of k, every row block against the group
+// while it sits in L2 (the first block streams it from memory, prefetched).
+template <bool kBf16>
+void Mid(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, int64_t g_begin,
+         int64_t g_end, int64_t n_end, float* out, int64_t ldo) {
+  const int64_t group_bytes = w.k * kPanelRows * (kBf16 ? 2 : 4);
+  const uint8_t* base = static_cast<const uint8_t*>(w.data);
+  const MicroFn* table = PrefetchTable<kBf16>();
+  const int64_t blocks = (rows + kMaxMr - 1) / kMaxMr;
+  for (int64_t g = g_begin; g < g_end; ++g)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t m0 = rows * b / blocks, m1 = rows * (b + 1) / blocks;  // balanced blocks
+      MicroArgs a{x + m0 * ldx,
+                  ldx,
+                  base + g * group_bytes,
+                  group_bytes,
+                  0,
+                  w.k,
+                  out + m0 * ldo + g * kPanelRows,
+                  ldo,
+                  n_end - g * kPanelRows};
+      table[m1 - m0](a);
+    }
+}
+
+template <bool kBf16>
+void Blocked(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, int64_t g_begin,
+             int64_t g_end, int64_t n_end, float* out, int64_t ldo) {
+  const int64_t group_bytes = w.k * kPanelRows * (kBf16 ? 2 : 4);
+  const uint8_t* base = static_cast<const uint8_t*>(w.data);
+  const MicroFn* table = BlockedTable<kBf16>();
+  for (int64_t k0 = 0; k0 < w.k; k0 += kKc) {
+    const int64_t k1 = Min(w.k, k0 + kKc);
+    for (int64_t gb = g_begin; gb < g_end; gb += kGroupsPerBlock) {
+      const int64_t ge = Min(g_end, gb + kGroupsPerBlock);
+      for (int64_t m = 0; m < rows; m += kMaxMr) {
+        const int64_t mr = Min(kMaxMr, rows - m);
+        for (int64_t g = gb; g < ge; ++g) {
+          MicroArgs a{x + m * ldx,
+                      ldx,
+                      base + g * group_bytes,
+                      group_bytes,
+                      k0,
+                      k1,
+                      out + m * ldo + g * kPanelRows,
+                      ldo,
+                      n_end - g * kPanelRows};
+          table[mr](a);
+        }
+      }
+    }
+  }
+}
+
+void MatmulPanel(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, int64_t n_begin,
+                 int64_t n_end, float* out, int64_t ldo) {
+  if (rows <= 0 || n_begin >= n_end) return;
+  const int64_t g_begin = n_begin / kPanelRows;
+  const int64_t g_end = (n_end + kPanelRows - 1) / kPanelRows;
+  if (rows <= kStreamRows) {
+    if (w.bf16) {
+      Stream<true>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
+    } else {
+      Stream<false>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
+    }
+  } else if (rows <= kMidRows) {
+    if (w.bf16) {
+      Mid<true>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
+    } else {
+      Mid<false>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
+    }
+  } else if (w.bf16) {
+    Blocked<true>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
+  } else {
+    Blocked<false>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
+  }
+}
+
+}  // namespace
+
+MatmulFn Avx512PanelMatmul() { return &MatmulPanel; }
+
+}  // namespace pd::engine::kernels

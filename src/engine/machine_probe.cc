@@ -1,0 +1,182 @@
+// GCC 12's AVX-512 reduce intrinsics start from _mm*_undefined_*, which -Wuninitialized reports
+// falsely once inlined.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "engine/machine_probe.h"
+
+#include <immintrin.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "engine/cpu_features.h"
+#include "engine/thread_pool.h"
+
+namespace pd::engine {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Sums n bytes (a multiple of 256) with 512-bit loads, four independent accumulators.
+__attribute__((target("avx512f"))) uint64_t ReadAvx512(const uint8_t* p, size_t n) {
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  for (size_t i = 0; i < n; i += 256) {
+    a0 = _mm512_add_epi64(a0, _mm512_load_si512(p + i));
+    a1 = _mm512_add_epi64(a1, _mm512_load_si512(p + i + 64));
+    a2 = _mm512_add_epi64(a2, _mm512_load_si512(p + i + 128));
+    a3 = _mm512_add_epi64(a3, _mm512_load_si512(p + i + 192));
+  }
+  return _mm512_reduce_add_epi64(
+      _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+}
+
+__attribute__((target("avx2"))) uint64_t ReadAvx2(const uint8_t* p, size_t n) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  for (size_t i = 0; i < n; i += 128) {
+    a0 = _mm256_add_epi64(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
+    a1 = _mm256_add_epi64(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+    a2 = _mm256_add_epi64(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
+    a3 = _mm256_add_epi64(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
+  }
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes),
+                     _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
+uint64_t ReadScalar(const uint8_t* p, size_t n) {
+  uint64_t s = 0;
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t v;
+    std::memcpy(&v, p + i, 8);
+    s += v;
+  }
+  return s;
+}
+
+// 24 independent chains: enough to cover the FMA latency on two ports.
+__attribute__((target("avx512f"))) float FmaAvx512(long iterations) {
+  __m512 acc[24];
+  for (int i = 0; i < 24; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
+  const __m512 a = _mm512_set1_ps(0.9999f), b = _mm512_set1_ps(1e-4f);
+  for (long it = 0; it < iterations; ++it) {
+#pragma GCC unroll 24
+    for (int i = 0; i < 24; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < 24; ++i) s = _mm512_add_ps(s, acc[i]);
+  return _mm512_reduce_add_ps(s);
+}
+
+__attribute__((target("avx2,fma"))) float FmaAvx2(long iterations) {
+  __m256 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(0.001f * i);
+  const __m256 a = _mm256_set1_ps(0.9999f), b = _mm256_set1_ps(1e-4f);
+  for (long it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
+  alignas(32) float lanes[8];
+  __m256 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, acc[i]);
+  _mm256_store_ps(lanes, s);
+  float r = 0;
+  for (float v : lanes) r += v;
+  return r;
+}
+
+// Flops per iteration of the FMA loop of the widest ISA.
+double FlopsPerIteration() {
+  const CpuFeatures& f = DetectCpuFeatures();
+  if (f.avx512) return 24.0 * 16 * 2;
+  if (f.avx2) return 12.0 * 8 * 2;
+  return 8.0 * 2;
+}
+
+float FmaLoop(long iterations) {
+  const CpuFeatures& f = DetectCpuFeatures();
+  if (f.avx512) return FmaAvx512(iterations);
+  if (f.avx2) return FmaAvx2(iterations);
+  float acc[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  for (long it = 0; it < iterations; ++it)
+    for (float& a : acc) a = a * 0.9999f + 1e-4f;
+  return acc[0] + acc[7];
+}
+
+}  // namespace
+
+size_t LastLevelCacheBytes() {
+  size_t best = 0;
+  for (int index = 0; index < 8; ++index) {
+    std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size");
+    std::string text;
+    if (!(in >> text) || text.empty()) continue;
+    size_t value = std::strtoull(text.c_str(), nullptr, 10);
+    const char unit = text.back();
+    if (unit == 'K') value <<= 10;
+    if (unit == 'M') value <<= 20;
+    best = std::max(best, value);
+  }
+  return best;
+}
+
+Result<double> MeasureReadBandwidth(ThreadPool& pool, const ReadBandwidthOptions& options) {
+  size_t bytes = options.buffer_bytes;
+  if (bytes == 0) bytes = std::max<size_t>(size_t{1} << 30, 4 * LastLevelCacheBytes());
+  if (bytes < (size_t{1} << 20))
+    return InvalidArgument("read-bandwidth buffer of " + std::to_string(bytes) +
+                           " bytes is under 1 MiB");
+  const int threads = pool.num_threads();
+  const size_t chunk = bytes / threads / 4096 * 4096;  // whole pages per thread
+  bytes = chunk * threads;
+  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED)
+    return ResourceExhausted("mmap of " + std::to_string(bytes) +
+                             " bytes for the read probe: " + std::strerror(errno));
+  madvise(mem, bytes, MADV_HUGEPAGE);
+  uint8_t* buf = static_cast<uint8_t*>(mem);
+  // Each thread touches (faults in) the part it will read.
+  pool.ParallelFor(threads, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) std::memset(buf + t * chunk, static_cast<int>(t + 1), chunk);
+  });
+  const CpuFeatures& f = DetectCpuFeatures();
+  std::atomic<uint64_t> sink{0};
+  double best = 0;
+  for (int r = 0; r < std::max(1, options.repeats); ++r) {
+    const double t0 = Now();
+    pool.ParallelFor(threads, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const uint8_t* p = buf + t * chunk;
+        const uint64_t s = f.avx512 ? ReadAvx512(p, chunk)
+                           : f.avx2 ? ReadAvx2(p, chunk)
+                                    : ReadScalar(p, chunk);
+        sink.fetch_add(s, std::memory_order_relaxed);
+      }
+    });
+    best = std::max(best, static_cast<double>(bytes) / (Now() - t0) / 1e9);
+  }
+  munmap(mem, bytes);
+  return best;
+}
+
+double MeasurePeakGflops(ThreadPool& pool, long iterations) {
+  const int threads = pool.num_threads();
+  std::atomic<float> sink{0};
+  pool.ParallelFor(threads, [&](int64_t, int64_t) { sink.store(FmaLoop(iterations / 100)); });
+  const double t0 = Now();
+  pool.ParallelFor(threads, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) sink.store(FmaLoop(iterations));
+  });
+  const double seconds = Now() - t0;
+  return FlopsPerIteration() * static_cast<double>(iterations) * threads / seconds / 1e9;
+}
+
+}  // namespace pd::engine
