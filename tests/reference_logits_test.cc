@@ -498,7 +498,7 @@ TEST(ReferenceLogitsShardedTest, ShardedCheckpointMatches) {
 // Run with --gtest_also_run_disabled_tests.
 class ReferenceLogitsBiasTest : public ::testing::TestWithParam<Arch> {};
 
-TEST_P(ReferenceLogitsBiasTest, DISABLED_AttentionBiasMatches) {
+TEST_P(ReferenceLogitsBiasTest, AttentionBiasMatches) {
   EngineCase ec;
   ec.page_size = 3;
   ec.chunk = 5;
