@@ -491,11 +491,9 @@ TEST(ReferenceLogitsShardedTest, ShardedCheckpointMatches) {
   SweepModel(key, {ec, PageAndChunkSweep(KvLayout::kNHD)[0]});
 }
 
-// llama and qwen3 with `attention_bias: true` (HF: q/k/v biases and an o_proj bias).
-// DISABLED until the engine applies o_proj.bias: today the loader neither requires nor maps it
-// (model::LayerWeights has no o_bias) and the runner adds none, so these logits are off by
-// ~0.3 of the largest logit; without the o_proj bias in the file they match to 4e-7.
-// Run with --gtest_also_run_disabled_tests.
+// llama and qwen3 with `attention_bias: true` (HF: q/k/v biases and an o_proj bias). Before the
+// loader required o_proj.bias and the runner applied it, these logits were off by ~0.3 of the
+// largest logit.
 class ReferenceLogitsBiasTest : public ::testing::TestWithParam<Arch> {};
 
 TEST_P(ReferenceLogitsBiasTest, AttentionBiasMatches) {
