@@ -24,6 +24,8 @@
 
 #include "apps/command.h"
 #include "common/log.h"
+#include "messenger/shard_plan.h"
+#include "messenger/shard_writes.h"
 #include "transfer/domain_group.h"
 
 namespace pd::apps {
@@ -44,6 +46,12 @@ struct BenchOptions {
   int kv_pages = 32;
   uint64_t kv_page_bytes = 64 << 10;
   bool json = false;
+  // --shard-plans: sharded KV transfers (TP 2->1 and 1->2, HND against NHD) instead of the sweep.
+  bool shard_plans = false;
+  int shard_kv_heads = 8;
+  int shard_head_dim = 128;
+  int shard_page_size = 16;
+  int shard_elem_bytes = 2;
   int peer_fd = -1;  // hidden: run as the peer
 };
 
@@ -335,6 +343,138 @@ Status SetUpParent(Parent& p, int ctl) {
   return OkStatus();
 }
 
+// ---- sharded KV transfers (--shard-plans)
+// --------------------------------------------------------
+
+struct ShardRow {
+  int prefill_tp = 0, decode_tp = 0;
+  uint64_t request_bytes = 0;
+  uint64_t writes[2] = {0, 0};  // [hnd, nhd] writes per request
+  double seconds[2] = {0, 0};   // best time per request
+};
+
+// One request: every (run, layer) of the plan as one paged write over the request's pages, all in
+// flight at once on the two-domain group. Source rank s's region is the s-th slice of the
+// source buffer, decode rank d's the d-th slice of the peer's region (each (layers, pages, page)).
+Result<double> ShardRequest(Parent& p, const messenger::ShardPlan& plan) {
+  const uint64_t blocks = uint64_t(p.o.kv_layers) * p.o.kv_pages;
+  const uint64_t src_rank_bytes = blocks * plan.src_page_bytes;
+  const uint64_t dst_rank_bytes = blocks * plan.dst_page_bytes;
+  if (src_rank_bytes * plan.prefill.tp_size > p.src->size ||
+      dst_rank_bytes * plan.decode.tp_size > kPeerRegionBytes) {
+    return InvalidArgument("shard bench: --kv-layers x --kv-pages x page bytes exceeds the " +
+                           std::to_string(kPeerRegionBytes >> 20) + " MiB regions");
+  }
+  // One paged write per (run, layer), as the prefill messenger posts layer by layer. Decode pages
+  // come in another order than prefill pages, as page tables make them.
+  std::vector<uint32_t> src_pages, dst_pages;
+  for (int k = 0; k < p.o.kv_pages; ++k) {
+    src_pages.push_back(static_cast<uint32_t>(k));
+    dst_pages.push_back(static_cast<uint32_t>(p.o.kv_pages - 1 - k));
+  }
+  std::vector<transfer::PagedWriteRequest> shapes;
+  for (const messenger::ShardSlice& slice : plan.slices) {
+    for (const messenger::PageRun& run : slice.runs) {
+      for (int l = 0; l < p.o.kv_layers; ++l) {
+        transfer::PagedWriteRequest shape;
+        shape.src_pages = src_pages;
+        shape.dst_pages = dst_pages;
+        shape.imm = 7;
+        messenger::SetRunGeometry(
+            plan, run,
+            {l, uint64_t(p.o.kv_pages), uint64_t(p.o.kv_pages), slice.src_rank * src_rank_bytes,
+             slice.dst_rank * dst_rank_bytes},
+            &shape);
+        shapes.push_back(std::move(shape));
+      }
+    }
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t left = shapes.size();
+  Status first;
+  auto done = [&](const Status& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!s.ok() && first.ok()) first = s;
+    if (--left == 0) cv.notify_all();
+  };
+  double t0 = Now();
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    Result<transfer::TransferId> id =
+        p.groups[1]->SubmitPagedWrite(p.regions[1], p.remotes[1], shapes[i], done);
+    if (!id.ok()) {  // never posted: count it as finished
+      std::lock_guard<std::mutex> lock(mu);
+      if (first.ok()) first = id.status();
+      --left;
+    }
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return left == 0; });
+  RETURN_IF_ERROR(first);
+  return Now() - t0;
+}
+
+Result<std::vector<ShardRow>> RunShardRows(Parent& p) {
+  std::vector<ShardRow> rows;
+  const std::pair<int, int> pairs[] = {{2, 1}, {1, 2}, {2, 2}};
+  for (auto [ptp, dtp] : pairs) {
+    ShardRow row{ptp, dtp};
+    messenger::ShardPlan plans[2];
+    for (int li = 0; li < 2; ++li) {
+      messenger::PageFormat f{p.o.shard_head_dim, p.o.shard_page_size,
+                              li == 0 ? engine::KvLayout::kHND : engine::KvLayout::kNHD,
+                              p.o.shard_elem_bytes};
+      ASSIGN_OR_RETURN(plans[li], messenger::ComputeShardPlan({ptp, p.o.shard_kv_heads},
+                                                              {dtp, p.o.shard_kv_heads}, f, 1));
+      messenger::WriteCounts c = messenger::ExpectedWrites(plans[li], p.o.kv_pages, p.o.kv_layers);
+      row.writes[li] = c.total_writes;
+      row.request_bytes = 0;
+      for (uint64_t b : c.bytes_per_dst_rank) row.request_bytes += b;
+      row.seconds[li] = 1e30;
+      if (!p.o.json) PD_LOG_INFO("{}", messenger::DescribeShardPlan(plans[li]));
+    }
+    for (int r = 0; r < p.o.repeats; ++r) {  // interleaved, so drifting load hits both alike
+      for (int li = 0; li < 2; ++li) {
+        ASSIGN_OR_RETURN(double s, ShardRequest(p, plans[li]));
+        row.seconds[li] = std::min(row.seconds[li], s);
+      }
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+void PrintShardRows(const std::vector<ShardRow>& rows, const BenchOptions& o) {
+  if (o.json) {
+    nlohmann::json out;
+    out["shard_rows"] = nlohmann::json::array();
+    for (const ShardRow& r : rows) {
+      out["shard_rows"].push_back({{"prefill_tp", r.prefill_tp},
+                                   {"decode_tp", r.decode_tp},
+                                   {"request_bytes", r.request_bytes},
+                                   {"hnd_writes", r.writes[0]},
+                                   {"nhd_writes", r.writes[1]},
+                                   {"hnd_ms", r.seconds[0] * 1e3},
+                                   {"nhd_ms", r.seconds[1] * 1e3},
+                                   {"hnd_gbytes_per_s", r.request_bytes / r.seconds[0] / 1e9},
+                                   {"nhd_gbytes_per_s", r.request_bytes / r.seconds[1] / 1e9}});
+    }
+    printf("%s\n", out.dump(2).c_str());
+    return;
+  }
+  printf("request: %d layers x %d pages of %d tokens, %d KV heads x %d dims x %d B\n", o.kv_layers,
+         o.kv_pages, o.shard_page_size, o.shard_kv_heads, o.shard_head_dim, o.shard_elem_bytes);
+  printf("%-6s %10s | %10s %9s %9s | %10s %9s %9s | %9s\n", "tp", "MiB/req", "hnd writes", "hnd ms",
+         "hnd GB/s", "nhd writes", "nhd ms", "nhd GB/s", "hnd/nhd");
+  for (const ShardRow& r : rows) {
+    double g[2] = {r.request_bytes / r.seconds[0] / 1e9, r.request_bytes / r.seconds[1] / 1e9};
+    printf("%d->%-3d %10.1f | %10llu %9.2f %9.3f | %10llu %9.2f %9.3f | %9.2f\n", r.prefill_tp,
+           r.decode_tp, r.request_bytes / 1048576.0, static_cast<unsigned long long>(r.writes[0]),
+           r.seconds[0] * 1e3, g[0], static_cast<unsigned long long>(r.writes[1]),
+           r.seconds[1] * 1e3, g[1], g[0] / g[1]);
+  }
+}
+
 Result<std::vector<Row>> RunRows(Parent& p) {
   std::vector<Row> rows;
   for (int g = 0; g < 2; ++g) {
@@ -379,7 +519,14 @@ int RunBench(const BenchOptions& o) {
   Parent p;
   p.o = o;
   Status s = SetUpParent(p, sv[0]);
-  Result<std::vector<Row>> rows = s.ok() ? RunRows(p) : Result<std::vector<Row>>(s);
+  Result<std::vector<ShardRow>> shard_rows = std::vector<ShardRow>{};
+  if (s.ok() && o.shard_plans) {
+    shard_rows = RunShardRows(p);
+    if (!shard_rows.ok()) s = shard_rows.status();
+  }
+  Result<std::vector<Row>> rows = !s.ok()         ? Result<std::vector<Row>>(s)
+                                  : o.shard_plans ? std::vector<Row>{}
+                                                  : RunRows(p);
   if (p.tcp_fd >= 0) {
     uint64_t bye[2] = {0, 0};
     WriteAll(p.tcp_fd, bye, sizeof(bye));
@@ -392,7 +539,11 @@ int RunBench(const BenchOptions& o) {
     fprintf(stderr, "transfer-bench: %s\n", rows.status().ToString().c_str());
     return 1;
   }
-  PrintRows(*rows, o.json);
+  if (o.shard_plans) {
+    PrintShardRows(*shard_rows, o);
+  } else {
+    PrintRows(*rows, o.json);
+  }
   return 0;
 }
 
@@ -411,6 +562,17 @@ CommandRunner SetUpCommand(CLI::App* app) {
   app->add_option("--kv-page-bytes", o->kv_page_bytes, "KV workload: bytes of one HND page")
       ->capture_default_str();
   app->add_flag("--json", o->json, "print the rows as JSON");
+  app->add_flag("--shard-plans", o->shard_plans,
+                "sharded KV requests instead: TP 2->1, 1->2, 2->2, HND against NHD (uses "
+                "--kv-layers, --kv-pages, --repeats)");
+  app->add_option("--shard-kv-heads", o->shard_kv_heads, "sharded KV: the model's KV heads")
+      ->capture_default_str();
+  app->add_option("--shard-head-dim", o->shard_head_dim, "sharded KV: head_dim")
+      ->capture_default_str();
+  app->add_option("--shard-page-size", o->shard_page_size, "sharded KV: tokens per page")
+      ->capture_default_str();
+  app->add_option("--shard-elem-bytes", o->shard_elem_bytes, "sharded KV: bytes per element")
+      ->capture_default_str();
   app->add_option("--peer-fd", o->peer_fd, "run as the benchmark's peer")->group("");
   return [o] { return RunBench(*o); };
 }
