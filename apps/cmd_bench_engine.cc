@@ -12,7 +12,7 @@
 //
 // The runner is driven directly with synthetic page tables: the KV pages of every context are
 // filled once with bounded random values, then the same decode step (one new token per sequence at
-// position `context`) is timed repeatedly.
+// position context-1, attending over `context` positions) is timed repeatedly.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -124,12 +124,12 @@ Result<Row> BenchDecode(ModelRunner& runner, const std::string& name, int batch,
                         double seconds) {
   const model::ModelConfig& c = runner.config();
   auto tables =
-      PageTables(batch, context + 1, runner.region().spec().page_size, runner.region().num_pages());
+      PageTables(batch, context, runner.region().spec().page_size, runner.region().num_pages());
   std::vector<std::vector<int32_t>> tokens(batch);
   ForwardBatch fb;
   for (int i = 0; i < batch; ++i) {
     tokens[i] = {(i * 131 + 7) % c.vocab_size};
-    fb.seqs.push_back(SeqStep{i, context, tokens[i], tables[i], true});
+    fb.seqs.push_back(SeqStep{i, context - 1, tokens[i], tables[i], true});
   }
   ForwardOutput out;
   RETURN_IF_ERROR(runner.Forward(fb, &out));  // warm-up
@@ -144,12 +144,12 @@ Result<Row> BenchDecode(ModelRunner& runner, const std::string& name, int batch,
   Row r{name, "decode", batch, context};
   const double steps_per_s = steps / elapsed;
   r.tokens_per_s = batch * steps_per_s;
-  const double kv_bytes = batch * (context + 1.0) * KvBytesPerToken(runner);
+  const double kv_bytes = batch * static_cast<double>(context) * KvBytesPerToken(runner);
   r.bytes_per_s = (WeightBytes(c, 2) + kv_bytes) * steps_per_s;
-  r.flops_per_s =
-      batch *
-      (2 * (LayerMatrixParams(c) + double(c.vocab_size) * c.hidden_size) + AttnFlops(c, context)) *
-      steps_per_s;
+  r.flops_per_s = batch *
+                  (2 * (LayerMatrixParams(c) + double(c.vocab_size) * c.hidden_size) +
+                   AttnFlops(c, context - 1)) *
+                  steps_per_s;
   return r;
 }
 
@@ -212,6 +212,8 @@ Status BenchModel(const std::string& dir, const std::string& name, const BenchEn
       std::fprintf(stderr, "bench-engine: %s: decode batch %d context %d\n", name.c_str(), batch,
                    context);
       ASSIGN_OR_RETURN(Row r, BenchDecode(*runner, name, batch, context, f.seconds));
+      std::fprintf(stderr, "bench-engine:   %.1f tokens/s, %.1f GB/s\n", r.tokens_per_s,
+                   r.bytes_per_s / 1e9);
       rows->push_back(r);
     }
   std::fprintf(stderr, "bench-engine: %s: prefill %d tokens\n", name.c_str(), f.prefill_tokens);

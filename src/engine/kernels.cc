@@ -183,11 +183,17 @@ void ParallelMatmul(ThreadPool& pool, const IsaKernels& isa, const float* x, int
 void ParallelAttention(ThreadPool& pool, const IsaKernels& isa, const AttentionArgs& args,
                        float* scratch, size_t scratch_stride) {
   const int heads = args.kv.num_kv_heads;
+  const int tokens = args.num_tokens;
+  // A prefill chunk's later tokens attend over more positions: items are dealt out from both ends
+  // (token 0, T-1, 1, T-2, ...) so that every thread's contiguous range costs about the same.
   pool.ParallelFor(
-      static_cast<int64_t>(args.num_tokens) * heads, [&](int64_t begin, int64_t end, int thread) {
+      static_cast<int64_t>(tokens) * heads, [&](int64_t begin, int64_t end, int thread) {
         float* s = scratch + scratch_stride * thread;
-        for (int64_t i = begin; i < end; ++i)
-          isa.attention_item(args, static_cast<int>(i / heads), static_cast<int>(i % heads), s);
+        for (int64_t i = begin; i < end; ++i) {
+          const int64_t slot = i / heads;
+          const int token = static_cast<int>(slot % 2 == 0 ? slot / 2 : tokens - 1 - slot / 2);
+          isa.attention_item(args, token, static_cast<int>(i % heads), s);
+        }
       });
 }
 

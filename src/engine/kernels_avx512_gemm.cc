@@ -9,8 +9,9 @@
 // results are bit-identical across batch sizes (a blocked pass resumes its chain from `out`).
 //
 // Decode (rows <= kStreamRows) walks each group's whole k in one pass, several groups at once,
-// with software prefetch ahead of each stream. Prefill blocks k (kKc) so a block of x stays in L2
-// and a group's slice of W in L1 while all row blocks pass over it.
+// x read in place. More rows block k (kKc) and groups (kGroupsPerBlock, in L2), pack each block
+// of x rows k-major (in L1) and pass every row block over the groups. Every path prefetches ahead
+// of each weight stream.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -24,8 +25,7 @@ namespace pd::engine::kernels {
 namespace {
 
 constexpr int64_t kStreamRows = 4;       // up to this many rows: one pass over k per group
-constexpr int64_t kMidRows = 48;         // up to this many: group by group over the whole of k
-constexpr int64_t kKc = 256;             // k block of the blocked path
+constexpr int64_t kKc = 512;             // k block of the blocked path
 constexpr int64_t kGroupsPerBlock = 16;  // groups per W block of the blocked path (L2)
 constexpr int kMaxMr = 14;               // 28 accumulators + 2 weight vectors + 1 broadcast
 constexpr int64_t kPrefetchK = 24;       // decode: prefetch this many k steps ahead (1.5 KiB bf16)
@@ -48,7 +48,7 @@ inline void LoadK(const uint8_t* group, int64_t k, __m512& lo, __m512& hi) {
 }
 
 struct MicroArgs {
-  const float* x;  // row m0 of x
+  const float* x;  // kPacked: x[(k - k0)*MR + i]; else x[i*ldx + k]
   int64_t ldx;
   const uint8_t* w;  // first group
   int64_t group_bytes;
@@ -60,7 +60,7 @@ struct MicroArgs {
 
 // out[0..MR) x [0..cols) (+)= x[0..MR, k0..k1) . W[groups, k0..k1)^T; starts the chains at zero
 // when k0 == 0, else from out.
-template <int MR, int NG, bool kBf16, bool kPrefetch>
+template <int MR, int NG, bool kBf16, bool kPacked>
 void Micro(const MicroArgs& a) {
   __mmask16 mask[NG][2];
 #pragma GCC unroll 4
@@ -78,18 +78,18 @@ void Micro(const MicroArgs& a) {
                            : _mm512_maskz_loadu_ps(mask[g][h], a.out + i * a.ldo + g * 32 + h * 16);
   const uint8_t* w = a.w;
   const int64_t step = kBf16 ? 64 : 128;
-  for (int64_t k = a.k0; k < a.k1; ++k) {
+  const float* xk = a.x;
+  for (int64_t k = a.k0; k < a.k1; ++k, xk += kPacked ? MR : 1) {
     __m512 wv[NG][2];
 #pragma GCC unroll 4
     for (int g = 0; g < NG; ++g) {
-      if constexpr (kPrefetch)
-        _mm_prefetch(reinterpret_cast<const char*>(w + g * a.group_bytes + (k + kPrefetchK) * step),
-                     _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + g * a.group_bytes + (k + kPrefetchK) * step),
+                   _MM_HINT_T0);
       LoadK<kBf16>(w + g * a.group_bytes, k, wv[g][0], wv[g][1]);
     }
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      const __m512 xb = _mm512_set1_ps(a.x[i * a.ldx + k]);
+      const __m512 xb = _mm512_set1_ps(kPacked ? xk[i] : xk[i * a.ldx + a.k0]);
 #pragma GCC unroll 4
       for (int g = 0; g < NG; ++g) {
         acc[i][g][0] = _mm512_fmadd_ps(xb, wv[g][0], acc[i][g][0]);
@@ -108,37 +108,28 @@ void Micro(const MicroArgs& a) {
 using MicroFn = void (*)(const MicroArgs&);
 
 template <bool kBf16, int... MR>
-constexpr MicroFn kBlocked[] = {nullptr, Micro<MR, 1, kBf16, false>...};
+constexpr MicroFn kPackedMicro[] = {nullptr, Micro<MR, 1, kBf16, true>...};
 template <bool kBf16>
-constexpr const MicroFn* BlockedTable() {
-  return kBlocked<kBf16, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14>;
-}
-
-template <bool kBf16, int... MR>
-constexpr MicroFn kPrefetched[] = {nullptr, Micro<MR, 1, kBf16, true>...};
-template <bool kBf16>
-constexpr const MicroFn* PrefetchTable() {
-  return kPrefetched<kBf16, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14>;
+constexpr const MicroFn* PackedTable() {
+  return kPackedMicro<kBf16, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14>;
 }
 
 // Streaming (decode) kernels by rows: NG groups per pass, enough chains to hide FMA latency.
 template <bool kBf16>
-constexpr MicroFn kStream[] = {nullptr, Micro<1, 4, kBf16, true>, Micro<2, 4, kBf16, true>,
-                               Micro<3, 3, kBf16, true>, Micro<4, 2, kBf16, true>};
-template <bool kBf16>
+constexpr MicroFn kStream[] = {nullptr, Micro<1, 4, kBf16, false>, Micro<2, 4, kBf16, false>,
+                               Micro<3, 3, kBf16, false>, Micro<4, 2, kBf16, false>};
 constexpr int kStreamGroups[] = {0, 4, 4, 3, 2};
 template <bool kBf16>
-constexpr MicroFn kStream1[] = {nullptr, Micro<1, 1, kBf16, true>, Micro<2, 1, kBf16, true>,
-                                Micro<3, 1, kBf16, true>, Micro<4, 1, kBf16, true>};
+constexpr MicroFn kStream1[] = {nullptr, Micro<1, 1, kBf16, false>, Micro<2, 1, kBf16, false>,
+                                Micro<3, 1, kBf16, false>, Micro<4, 1, kBf16, false>};
 
 template <bool kBf16>
 void Stream(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, int64_t g_begin,
             int64_t g_end, int64_t n_end, float* out, int64_t ldo) {
   const int64_t group_bytes = w.k * kPanelRows * (kBf16 ? 2 : 4);
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
-  const int ng = kStreamGroups<kBf16>[rows];
-  int64_t g = g_begin;
-  for (; g < g_end; g += ng) {
+  const int ng = kStreamGroups[rows];
+  for (int64_t g = g_begin; g < g_end; g += ng) {
     MicroArgs a{x,
                 ldx,
                 base + g * group_bytes,
@@ -158,54 +149,49 @@ void Stream(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, in
   }
 }
 
-// Up to kMidRows rows: group by group over the whole of k, every row block against the group
-// while it sits in L2 (the first block streams it from memory, prefetched).
-template <bool kBf16>
-void Mid(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, int64_t g_begin,
-         int64_t g_end, int64_t n_end, float* out, int64_t ldo) {
-  const int64_t group_bytes = w.k * kPanelRows * (kBf16 ? 2 : 4);
-  const uint8_t* base = static_cast<const uint8_t*>(w.data);
-  const MicroFn* table = PrefetchTable<kBf16>();
-  const int64_t blocks = (rows + kMaxMr - 1) / kMaxMr;
-  for (int64_t g = g_begin; g < g_end; ++g)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t m0 = rows * b / blocks, m1 = rows * (b + 1) / blocks;  // balanced blocks
-      MicroArgs a{x + m0 * ldx,
-                  ldx,
-                  base + g * group_bytes,
-                  group_bytes,
-                  0,
-                  w.k,
-                  out + m0 * ldo + g * kPanelRows,
-                  ldo,
-                  n_end - g * kPanelRows};
-      table[m1 - m0](a);
-    }
+// x[m0..m1, k0..k1) k-major into dst: dst[(k - k0)*(m1 - m0) + i], so the micro-kernel's
+// broadcasts read one sequential stream (rows of x lie a multiple of 4 KiB apart and would
+// otherwise fight over the same L1 sets).
+void PackX(const float* x, int64_t ldx, int64_t m0, int64_t m1, int64_t k0, int64_t k1,
+           float* dst) {
+  const int64_t mr = m1 - m0;
+  for (int64_t i = 0; i < mr; ++i) {
+    const float* row = x + (m0 + i) * ldx;
+    for (int64_t k = k0; k < k1; ++k) dst[(k - k0) * mr + i] = row[k];
+  }
 }
 
+// Row blocks balanced in size (14, 14, 4 would waste a pass: 11, 11, 10 do not).
+inline int64_t RowBlockBegin(int64_t rows, int64_t b, int64_t blocks) { return rows * b / blocks; }
+
+// k in blocks of kKc; for each block and each run of kGroupsPerBlock groups (in L2), every row
+// block (packed, in L1) against every group of the run.
 template <bool kBf16>
 void Blocked(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, int64_t g_begin,
              int64_t g_end, int64_t n_end, float* out, int64_t ldo) {
+  alignas(64) thread_local float xp[kMaxMr * kKc];
   const int64_t group_bytes = w.k * kPanelRows * (kBf16 ? 2 : 4);
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
-  const MicroFn* table = BlockedTable<kBf16>();
+  const MicroFn* table = PackedTable<kBf16>();
+  const int64_t blocks = (rows + kMaxMr - 1) / kMaxMr;
   for (int64_t k0 = 0; k0 < w.k; k0 += kKc) {
     const int64_t k1 = Min(w.k, k0 + kKc);
     for (int64_t gb = g_begin; gb < g_end; gb += kGroupsPerBlock) {
       const int64_t ge = Min(g_end, gb + kGroupsPerBlock);
-      for (int64_t m = 0; m < rows; m += kMaxMr) {
-        const int64_t mr = Min(kMaxMr, rows - m);
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t m0 = RowBlockBegin(rows, b, blocks), m1 = RowBlockBegin(rows, b + 1, blocks);
+        PackX(x, ldx, m0, m1, k0, k1, xp);
         for (int64_t g = gb; g < ge; ++g) {
-          MicroArgs a{x + m * ldx,
-                      ldx,
+          MicroArgs a{xp,
+                      0,
                       base + g * group_bytes,
                       group_bytes,
                       k0,
                       k1,
-                      out + m * ldo + g * kPanelRows,
+                      out + m0 * ldo + g * kPanelRows,
                       ldo,
                       n_end - g * kPanelRows};
-          table[mr](a);
+          table[m1 - m0](a);
         }
       }
     }
@@ -222,12 +208,6 @@ void MatmulPanel(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& 
       Stream<true>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
     } else {
       Stream<false>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
-    }
-  } else if (rows <= kMidRows) {
-    if (w.bf16) {
-      Mid<true>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
-    } else {
-      Mid<false>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
     }
   } else if (w.bf16) {
     Blocked<true>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
