@@ -161,9 +161,14 @@ void OpenAiServer::HandleModels(httplib::Response& res) const {
 
 std::vector<int32_t> OpenAiServer::EncodePrompt(const std::string& text,
                                                 bool add_special_tokens) const {
+  // As HF tokenizers do: Llama-3's post-processor prepends <|begin_of_text|>; Qwen's adds nothing
+  // (its config names a bos_token_id, but its tokenizer never inserts it).
   std::vector<int32_t> ids;
   auto bos = tokenizer_->bos_token_id();
-  if (add_special_tokens && bos) ids.push_back(*bos);
+  if (add_special_tokens && bos &&
+      tokenizer_->chat_template() == model::ChatTemplateKind::kLlama3) {
+    ids.push_back(*bos);
+  }
   std::vector<int32_t> body = tokenizer_->Encode(text);
   if (!ids.empty() && !body.empty() && body.front() == ids.front())
     ids.clear();  // BOS written in the text

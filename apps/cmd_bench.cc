@@ -1,0 +1,179 @@
+// pdserve bench: `vllm bench serve` for pdserve (or any OpenAI-compatible server).
+//
+//   pdserve bench --base-url http://127.0.0.1:8000 --dataset-name sharegpt-like --length-scale 0.1
+//       --num-prompts 100 --request-rate 4 --goodput ttft:500 tpot:100 --save-result
+#include <signal.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "apps/command.h"
+#include "bench/runner.h"
+
+namespace pd::apps {
+namespace {
+
+constexpr const char* kDatasetHelp =
+    "random | sharegpt-like | humaneval-like | longbench-like.\n"
+    "random: --random-input-len/--random-output-len scaled by U[1-r,1+r] (r = "
+    "--random-range-ratio).\n"
+    "sharegpt-like: log-normal fits to DistServe's ShareGPT sample for OPT-13B\n"
+    "  (/work/shared/distserve/sharegpt-opt13b-lengths.csv: prompt mean 759 / median 680,\n"
+    "  output mean 186 / median 77 tokens).\n"
+    "humaneval-like: log-normal around DistServe's (OSDI'24) reported HumanEval averages,\n"
+    "  prompt ~171 / output ~98 tokens (code completion).\n"
+    "longbench-like: log-normal around DistServe's reported LongBench averages,\n"
+    "  prompt ~1738 / output ~90 tokens (summarization).\n"
+    "The -like lengths are multiplied by --length-scale (to fit a CPU) and clamped to the\n"
+    "server's max_model_len.";
+
+struct BenchFlags {
+  std::string base_url = "http://127.0.0.1:8000";
+  std::string endpoint = "/v1/completions";
+  std::string model;
+  std::string dataset_name = "random";
+  int random_input_len = 1024;
+  int random_output_len = 128;
+  double random_range_ratio = 0.0;
+  double length_scale = 1.0;
+  int num_prompts = 1000;
+  std::string request_rate = "inf";
+  double burstiness = 1.0;
+  int max_concurrency = 0;
+  uint64_t seed = 0;
+  bool ignore_eos = false;
+  std::vector<std::string> goodput;
+  std::string percentile_metrics = "ttft,tpot,itl";
+  std::string metric_percentiles = "99";
+  bool save_result = false;
+  std::string result_filename;
+  std::string result_dir = ".";
+  std::string api_key;
+};
+
+int Usage(const std::string& message) {
+  std::fprintf(stderr, "bench: %s\n", message.c_str());
+  return 2;
+}
+
+int RunBench(const BenchFlags& f) {
+  // A server that sheds load closes connections we may still be writing to: that is a failed
+  // request, not a reason to die.
+  ::signal(SIGPIPE, SIG_IGN);
+  bench::BenchOptions o;
+  auto endpoint = bench::ParseBaseUrl(f.base_url);
+  if (!endpoint.ok()) return Usage(endpoint.status().message());
+  o.endpoint = *endpoint;
+  o.endpoint.api_key = f.api_key;
+  if (f.endpoint != "/v1/completions" && f.endpoint != "/v1/chat/completions")
+    return Usage("--endpoint must be /v1/completions or /v1/chat/completions");
+  o.endpoint_path = f.endpoint;
+  o.model = f.model;
+  o.dataset.name = f.dataset_name;
+  o.dataset.random_input_len = f.random_input_len;
+  o.dataset.random_output_len = f.random_output_len;
+  o.dataset.random_range_ratio = f.random_range_ratio;
+  o.dataset.length_scale = f.length_scale;
+  if (f.num_prompts < 1) return Usage("--num-prompts must be at least 1");
+  o.num_prompts = f.num_prompts;
+  if (f.request_rate == "inf") {
+    o.request_rate = INFINITY;
+  } else {
+    char* end = nullptr;
+    o.request_rate = std::strtod(f.request_rate.c_str(), &end);
+    if (*end != '\0' || !(o.request_rate > 0))
+      return Usage("--request-rate must be a positive number or inf");
+  }
+  if (!(f.burstiness > 0)) return Usage("--burstiness must be positive");
+  o.burstiness = f.burstiness;
+  o.max_concurrency = f.max_concurrency;
+  o.seed = f.seed;
+  o.ignore_eos = f.ignore_eos;
+  auto goodput = bench::ParseGoodput(f.goodput);
+  if (!goodput.ok()) return Usage(goodput.status().message());
+  o.goodput_ms = *goodput;
+  auto metrics = bench::ParseMetricNames(f.percentile_metrics);
+  if (!metrics.ok()) return Usage(metrics.status().message());
+  o.percentile_metrics = *metrics;
+  auto percentiles = bench::ParsePercentiles(f.metric_percentiles);
+  if (!percentiles.ok()) return Usage(percentiles.status().message());
+  o.metric_percentiles = *percentiles;
+
+  auto summary = bench::RunBenchmark(o);
+  if (!summary.ok()) {
+    std::fprintf(stderr, "bench: %s\n", summary.status().ToString().c_str());
+    return 1;
+  }
+  std::fputs(summary->text.c_str(), stdout);
+  if (f.save_result || !f.result_filename.empty()) {
+    std::string name = f.result_filename;
+    if (name.empty()) {
+      std::string model = summary->json.value("model_id", "model");
+      for (char& c : model)
+        if (c == '/') c = '-';
+      name = "pdserve-" + f.request_rate + "qps-" + model + "-" +
+             summary->json.value("date", "now") + ".json";
+    }
+    const std::string path =
+        f.result_dir.empty() || name.front() == '/' ? name : f.result_dir + "/" + name;
+    std::ofstream out(path);
+    out << summary->json.dump(2) << "\n";
+    if (!out) {
+      std::fprintf(stderr, "bench: cannot write %s\n", path.c_str());
+      return 1;
+    }
+    std::printf("saved results to %s\n", path.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+PD_REGISTER_COMMAND(
+    bench, "Benchmark an OpenAI-compatible server (like `vllm bench serve`)", [](CLI::App* app) {
+      auto f = std::make_shared<BenchFlags>();
+      app->add_option("--base-url", f->base_url, "server URL")->capture_default_str();
+      app->add_option("--endpoint", f->endpoint, "/v1/completions | /v1/chat/completions")
+          ->capture_default_str();
+      app->add_option("--model", f->model, "model name (default: the server's)");
+      app->add_option("--dataset-name", f->dataset_name, kDatasetHelp)->capture_default_str();
+      app->add_option("--random-input-len", f->random_input_len, "random: prompt tokens")
+          ->capture_default_str();
+      app->add_option("--random-output-len", f->random_output_len, "random: output tokens")
+          ->capture_default_str();
+      app->add_option("--random-range-ratio", f->random_range_ratio,
+                      "random: length spread in [0, 1)")
+          ->capture_default_str();
+      app->add_option("--length-scale", f->length_scale, "multiply -like dataset lengths by this")
+          ->capture_default_str();
+      app->add_option("--num-prompts", f->num_prompts, "requests to send")->capture_default_str();
+      app->add_option("--request-rate", f->request_rate,
+                      "requests per second, or inf (all at once)")
+          ->capture_default_str();
+      app->add_option("--burstiness", f->burstiness, "gamma shape of arrivals (1: Poisson)")
+          ->capture_default_str();
+      app->add_option("--max-concurrency", f->max_concurrency,
+                      "requests in flight at most (0: no limit)")
+          ->capture_default_str();
+      app->add_option("--seed", f->seed, "random seed")->capture_default_str();
+      app->add_flag("--ignore-eos", f->ignore_eos, "generate exactly the sampled output lengths");
+      app->add_option("--goodput", f->goodput,
+                      "SLOs as NAME:MS pairs, e.g. ttft:500 tpot:100 (e2el too)");
+      app->add_option("--percentile-metrics", f->percentile_metrics, "ttft,tpot,itl,e2el")
+          ->capture_default_str();
+      app->add_option("--metric-percentiles", f->metric_percentiles, "e.g. 50,90,99")
+          ->capture_default_str();
+      app->add_flag("--save-result", f->save_result, "save the results as JSON");
+      app->add_option("--result-filename", f->result_filename,
+                      "JSON file name (implies --save-result)");
+      app->add_option("--result-dir", f->result_dir, "directory for the JSON file")
+          ->capture_default_str();
+      app->add_option("--api-key", f->api_key, "sent as 'Authorization: Bearer KEY'");
+      return [f] { return RunBench(*f); };
+    });
+
+}  // namespace pd::apps

@@ -1,0 +1,153 @@
+// pdserve serve: one colocated instance behind the OpenAI-compatible HTTP API.
+//
+//   pdserve serve --model models/qwen3-tiny --port 8000
+//
+// The engine loop runs on its own thread (AsyncEngine); HTTP threads submit to it and stream
+// its outputs. SIGINT / SIGTERM stop accepting, abort what is in flight and exit 0.
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "apps/command.h"
+#include "apps/serve_roles.h"  // --role prefill|decode (messenger, H9)
+#include "common/log.h"
+#include "engine/async_engine.h"
+#include "engine/engine.h"
+#include "model/tokenizer.h"
+#include "model/weights.h"
+#include "server/http_server.h"
+
+namespace pd::apps {
+namespace {
+
+struct ServeFlags {
+  std::string model;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string served_model_name;
+  int max_model_len = 0;  // 0: the model's max_position_embeddings
+  int max_num_seqs = 64;
+  int max_num_batched_tokens = 512;
+  int page_size = 16;
+  std::string kv_layout = "hnd";
+  size_t kv_cache_bytes = 256ull << 20;
+  int threads = 0;
+  std::string api_key;
+  int max_pending_requests = 256;
+  int http_threads = 0;  // 0: max_pending_requests + 16
+  int max_queued_connections = 256;
+  size_t max_body_bytes = 4u << 20;
+  RoleFlags roles;  // disaggregation roles (apps/serve_roles.h)
+};
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "serve: %s\n", message.c_str());
+  return 1;
+}
+
+int RunServe(const ServeFlags& f) {
+  // Block the stop signals before any thread starts, so every thread inherits the mask and the
+  // main thread receives them in sigwait.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);  // a client that hangs up is an error on that socket only
+
+  auto layout = engine::ParseKvLayout(f.kv_layout);
+  if (!layout.ok()) return Fail("--kv-layout: " + layout.status().message());
+  auto tokenizer = model::Tokenizer::Load(f.model);
+  if (!tokenizer.ok()) return Fail(tokenizer.status().ToString());
+  auto weights = model::LoadModelWeights(f.model);
+  if (!weights.ok()) return Fail(weights.status().ToString());
+  const int max_model_len =
+      f.max_model_len > 0 ? f.max_model_len : weights->config.max_position_embeddings;
+
+  engine::EngineOptions eo;
+  eo.runner.kv.page_size = f.page_size;
+  eo.runner.kv.layout = *layout;
+  eo.runner.kv_cache_bytes = f.kv_cache_bytes;
+  eo.runner.num_threads = f.threads;
+  eo.scheduler.max_num_seqs = f.max_num_seqs;
+  eo.scheduler.max_num_batched_tokens = f.max_num_batched_tokens;
+  eo.scheduler.max_model_len = max_model_len;
+  auto eng = engine::Engine::Create(*weights, eo);
+  if (!eng.ok()) return Fail(eng.status().ToString());
+  engine::AsyncEngineOptions ao;
+  ao.max_pending_requests = f.max_pending_requests;
+  if (Status s = ValidateRoleFlags(f.roles); !s.ok()) return Fail(s.message());
+  if (f.roles.role == "prefill") {
+    return RunPrefillRole(f.roles, *weights, std::move(eng).value(), ao, f.host, f.port);
+  }
+  auto async = CreateRoleEngine(f.roles, *weights, std::move(eng).value(), ao);
+  if (!async.ok()) return Fail(async.status().ToString());
+
+  server::ServerOptions so;
+  so.host = f.host;
+  so.port = f.port;
+  so.served_model_name = f.served_model_name.empty() ? f.model : f.served_model_name;
+  so.model_path = f.model;
+  so.api_key = f.api_key;
+  so.max_model_len = max_model_len;
+  so.http.num_threads =
+      f.http_threads > 0 ? f.http_threads : std::min(1024, f.max_pending_requests + 16);
+  so.http.max_queued_connections = f.max_queued_connections;
+  so.http.max_body_bytes = f.max_body_bytes;
+  auto server = server::OpenAiServer::Create(so, async->get(), tokenizer->get());
+  if (!server.ok()) return Fail(server.status().ToString());
+  if (Status s = (*server)->Start(); !s.ok()) return Fail(s.ToString());
+  std::printf("pdserve: serving %s on http://%s:%d (max_model_len %d, max_num_seqs %d)\n",
+              so.served_model_name.c_str(), f.host.c_str(), (*server)->port(), max_model_len,
+              f.max_num_seqs);
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  PD_LOG_INFO("serve: signal {}: shutting down", sig);
+  (*server)->Stop();
+  (*async)->Shutdown();
+  std::printf("pdserve: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+PD_REGISTER_COMMAND(serve, "Serve a model with the OpenAI-compatible HTTP API", [](CLI::App* app) {
+  auto f = std::make_shared<ServeFlags>();
+  app->add_option("--model", f->model, "model directory (Hugging Face layout)")->required();
+  app->add_option("--host", f->host, "address to listen on")->capture_default_str();
+  app->add_option("--port", f->port, "port (0: any free port, printed at start)")
+      ->capture_default_str();
+  app->add_option("--served-model-name", f->served_model_name,
+                  "model name in the API (default: --model)");
+  app->add_option("--max-model-len", f->max_model_len,
+                  "prompt + output tokens (default: the model's)");
+  app->add_option("--max-num-seqs", f->max_num_seqs, "sequences running at once")
+      ->capture_default_str();
+  app->add_option("--max-num-batched-tokens", f->max_num_batched_tokens, "tokens per engine step")
+      ->capture_default_str();
+  app->add_option("--page-size", f->page_size, "KV page size in tokens")->capture_default_str();
+  app->add_option("--kv-layout", f->kv_layout, "hnd | nhd")->capture_default_str();
+  app->add_option("--kv-cache-bytes", f->kv_cache_bytes, "KV cache size in bytes")
+      ->capture_default_str();
+  app->add_option("--threads", f->threads, "compute threads (0: all cores)")->capture_default_str();
+  app->add_option("--api-key", f->api_key, "require 'Authorization: Bearer KEY' on /v1/*");
+  app->add_option("--max-pending-requests", f->max_pending_requests,
+                  "queued + running requests; beyond it requests get 429")
+      ->capture_default_str();
+  app->add_option("--http-threads", f->http_threads, "HTTP threads (0: max-pending-requests + 16)")
+      ->capture_default_str();
+  app->add_option("--max-queued-connections", f->max_queued_connections,
+                  "connections waiting for an HTTP thread; beyond it they get 503")
+      ->capture_default_str();
+  app->add_option("--max-body-bytes", f->max_body_bytes, "largest request body")
+      ->capture_default_str();
+  AddRoleFlags(app, &f->roles);
+  return [f] { return RunServe(*f); };
+});
+
+}  // namespace pd::apps

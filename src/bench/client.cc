@@ -1,0 +1,177 @@
+#include "bench/client.h"
+
+#include <httplib.h>
+
+#include <nlohmann/json.hpp>
+
+#include "common/clock.h"
+
+namespace pd::bench {
+
+using json = nlohmann::json;
+
+Result<Endpoint> ParseBaseUrl(const std::string& base_url) {
+  std::string rest = base_url;
+  const std::string scheme = "http://";
+  if (rest.rfind(scheme, 0) != 0)
+    return InvalidArgument("--base-url must start with http://, got '" + base_url + "'");
+  rest = rest.substr(scheme.size());
+  rest = rest.substr(0, rest.find('/'));
+  Endpoint e;
+  size_t colon = rest.rfind(':');
+  if (colon == std::string::npos) {
+    e.host = rest;
+    e.port = 80;
+  } else {
+    e.host = rest.substr(0, colon);
+    char* end = nullptr;
+    long port = std::strtol(rest.c_str() + colon + 1, &end, 10);
+    if (*end != '\0' || port <= 0 || port > 65535)
+      return InvalidArgument("--base-url: bad port in '" + base_url + "'");
+    e.port = static_cast<int>(port);
+  }
+  if (e.host.empty()) return InvalidArgument("--base-url: no host in '" + base_url + "'");
+  return e;
+}
+
+std::string RequestBody(const GenerationRequest& r) {
+  json body = {{"model", r.model},
+               {"max_tokens", r.max_tokens},
+               {"stream", true},
+               {"stream_options", {{"include_usage", true}}},
+               {"ignore_eos", r.ignore_eos},
+               {"temperature", 0.0}};
+  if (r.path.find("chat") != std::string::npos) {
+    body["messages"] = json::array({{{"role", "user"}, {"content", r.prompt_text}}});
+  } else if (!r.prompt_ids.empty()) {
+    body["prompt"] = r.prompt_ids;
+  } else {
+    body["prompt"] = r.prompt_text;
+  }
+  return body.dump();
+}
+
+void SseTimer::Feed(const char* data, size_t size, double now) {
+  buffer_.append(data, size);
+  size_t end;
+  while ((end = buffer_.find("\n\n")) != std::string::npos) {
+    std::string event = buffer_.substr(0, end);
+    buffer_.erase(0, end + 2);
+    if (event.rfind("data: ", 0) == 0) OnEvent(event.substr(6), now);
+  }
+}
+
+void SseTimer::OnEvent(const std::string& payload, double now) {
+  if (payload == "[DONE]") {
+    done_ = true;
+    return;
+  }
+  json j = json::parse(payload, nullptr, false);
+  if (j.is_discarded()) {
+    error_ = "unparsable SSE event";
+    return;
+  }
+  if (j.contains("error")) {
+    error_ = j["error"].value("message", "error event");
+    return;
+  }
+  if (j.contains("usage") && j["usage"].is_object()) {
+    prompt_tokens_ = j["usage"].value("prompt_tokens", -1);
+    completion_tokens_ = j["usage"].value("completion_tokens", -1);
+  }
+  if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].empty()) return;
+  const json& c = j["choices"][0];
+  std::string text;
+  if (c.contains("text") && c["text"].is_string()) text = c["text"];
+  if (c.contains("delta") && c["delta"].contains("content") && c["delta"]["content"].is_string())
+    text = c["delta"]["content"];
+  if (text.empty()) return;
+  ++chunks_with_text_;
+  if (first_ < 0) {
+    first_ = now;
+  } else {
+    itl_.push_back(now - last_);
+  }
+  last_ = now;
+}
+
+void SseTimer::Finish(RequestResult* r) const {
+  if (!error_.empty()) r->error = error_;
+  if (first_ >= 0) {
+    r->ttft = first_ - start_;
+    r->latency = last_ - start_;
+  }
+  r->itl = itl_;
+  if (prompt_tokens_ >= 0) r->prompt_len = prompt_tokens_;
+  r->output_len = completion_tokens_ >= 0 ? completion_tokens_ : chunks_with_text_;
+  r->success = done_ && error_.empty() && r->http_status == 200;
+  if (!r->success && r->error.empty())
+    r->error = done_ ? "HTTP " + std::to_string(r->http_status) : "stream ended early";
+}
+
+RequestResult SendStreaming(const Endpoint& endpoint, const GenerationRequest& request) {
+  RequestResult result;
+  result.prompt_len = request.prompt_len;
+  httplib::Client cli(endpoint.host, endpoint.port);
+  cli.set_connection_timeout(endpoint.timeout_s, 0);
+  cli.set_read_timeout(endpoint.timeout_s, 0);
+  cli.set_keep_alive(false);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = request.path;
+  req.body = RequestBody(request);
+  req.set_header("Content-Type", "application/json");
+  if (!endpoint.api_key.empty()) req.set_header("Authorization", "Bearer " + endpoint.api_key);
+  Clock& clock = SystemClock::Get();
+  const double start = clock.NowSeconds();
+  SseTimer timer(start);
+  std::string error_body;
+  req.response_handler = [&](const httplib::Response& res) {
+    result.http_status = res.status;
+    return true;
+  };
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    if (result.http_status != 200) {
+      if (error_body.size() < 4096) error_body.append(data, n);
+      return true;
+    }
+    timer.Feed(data, n, clock.NowSeconds());
+    return true;
+  };
+  auto res = cli.send(req);
+  if (!res && result.http_status == 0) {
+    result.error = "connection failed: " + httplib::to_string(res.error());
+    return result;
+  }
+  timer.Finish(&result);
+  if (result.http_status != 200) {
+    json j = json::parse(error_body, nullptr, false);
+    result.error =
+        "HTTP " + std::to_string(result.http_status) + ": " +
+        (!j.is_discarded() && j.contains("error") ? j["error"].value("message", error_body)
+                                                  : error_body);
+  }
+  return result;
+}
+
+Result<ServerInfo> GetServerInfo(const Endpoint& endpoint) {
+  httplib::Client cli(endpoint.host, endpoint.port);
+  cli.set_connection_timeout(10, 0);
+  httplib::Headers headers;
+  if (!endpoint.api_key.empty()) headers.emplace("Authorization", "Bearer " + endpoint.api_key);
+  auto res = cli.Get("/v1/models", headers);
+  if (!res)
+    return Unavailable("cannot reach http://" + endpoint.host + ":" +
+                       std::to_string(endpoint.port) + ": " + httplib::to_string(res.error()));
+  if (res->status != 200)
+    return Unavailable("GET /v1/models: HTTP " + std::to_string(res->status) + ": " + res->body);
+  json j = json::parse(res->body, nullptr, false);
+  if (j.is_discarded() || !j.contains("data") || !j["data"].is_array() || j["data"].empty())
+    return Unavailable("GET /v1/models: unexpected body: " + res->body);
+  ServerInfo info;
+  info.model_id = j["data"][0].value("id", "");
+  info.max_model_len = j["data"][0].value("max_model_len", 0);
+  return info;
+}
+
+}  // namespace pd::bench

@@ -1,0 +1,68 @@
+// One streamed generation request, timed from the SSE stream like `vllm bench serve` does.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench/report.h"
+#include "common/status.h"
+
+namespace pd::bench {
+
+struct Endpoint {
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string api_key;
+  int timeout_s = 600;
+};
+
+// "http://host:port" (path ignored). InvalidArgument when it is not one.
+Result<Endpoint> ParseBaseUrl(const std::string& base_url);
+
+struct GenerationRequest {
+  std::string path = "/v1/completions";  // or /v1/chat/completions
+  std::string model;
+  std::vector<int32_t> prompt_ids;  // completions
+  std::string prompt_text;          // chat (and completions when prompt_ids is empty)
+  int prompt_len = 0;               // expected; the server's usage overrides it
+  int max_tokens = 16;
+  bool ignore_eos = false;
+};
+
+// The JSON body for the request (stream: true with include_usage).
+std::string RequestBody(const GenerationRequest& request);
+
+// Feeds SSE bytes and times the chunks that carry text.
+class SseTimer {
+ public:
+  explicit SseTimer(double start_time) : start_(start_time) {}
+  // Consumes bytes received at `now` (seconds, same clock as start).
+  void Feed(const char* data, size_t size, double now);
+  bool done() const { return done_; }
+  // Fills ttft, itl, latency, lengths and errors into *result.
+  void Finish(RequestResult* result) const;
+
+ private:
+  void OnEvent(const std::string& payload, double now);
+  double start_;
+  std::string buffer_;
+  double first_ = -1, last_ = -1;
+  std::vector<double> itl_;
+  int chunks_with_text_ = 0;
+  int prompt_tokens_ = -1, completion_tokens_ = -1;
+  std::string error_;
+  bool done_ = false;
+};
+
+// Sends the request and reads its stream. Never throws; failures are in the result.
+RequestResult SendStreaming(const Endpoint& endpoint, const GenerationRequest& request);
+
+// GET /v1/models: the served model's id and max_model_len.
+struct ServerInfo {
+  std::string model_id;
+  int max_model_len = 0;
+};
+Result<ServerInfo> GetServerInfo(const Endpoint& endpoint);
+
+}  // namespace pd::bench

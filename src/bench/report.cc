@@ -1,0 +1,242 @@
+#include "bench/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <set>
+
+namespace pd::bench {
+
+using json = nlohmann::json;
+
+double Percentile(std::vector<double> values, double p) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const double rank = p / 100.0 * static_cast<double>(values.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(rank));
+  const size_t hi = std::min(values.size() - 1, lo + 1);
+  return values[lo] + (values[hi] - values[lo]) * (rank - static_cast<double>(lo));
+}
+
+double Mean(const std::vector<double>& values) {
+  if (values.empty()) return 0.0;
+  double sum = 0;
+  for (double v : values) sum += v;
+  return sum / static_cast<double>(values.size());
+}
+
+double StdDev(const std::vector<double>& values) {
+  if (values.empty()) return 0.0;
+  const double m = Mean(values);
+  double sq = 0;
+  for (double v : values) sq += (v - m) * (v - m);
+  return std::sqrt(sq / static_cast<double>(values.size()));
+}
+
+Result<std::map<std::string, double>> ParseGoodput(const std::vector<std::string>& items) {
+  std::map<std::string, double> out;
+  for (const std::string& item : items) {
+    size_t colon = item.find(':');
+    if (colon == std::string::npos)
+      return InvalidArgument("--goodput: expected NAME:MS, got '" + item + "'");
+    std::string name = item.substr(0, colon);
+    if (name != "ttft" && name != "tpot" && name != "e2el")
+      return InvalidArgument("--goodput: unknown metric '" + name + "' (ttft | tpot | e2el)");
+    char* end = nullptr;
+    double ms = std::strtod(item.c_str() + colon + 1, &end);
+    if (end == item.c_str() + colon + 1 || *end != '\0' || !(ms > 0))
+      return InvalidArgument("--goodput: '" + item + "' needs a positive number of milliseconds");
+    out[name] = ms;
+  }
+  return out;
+}
+
+Result<std::vector<std::string>> ParseMetricNames(const std::string& csv) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= csv.size()) {
+    size_t comma = csv.find(',', pos);
+    std::string name =
+        csv.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (name != "ttft" && name != "tpot" && name != "itl" && name != "e2el")
+      return InvalidArgument("--percentile-metrics: unknown metric '" + name +
+                             "' (ttft | tpot | itl | e2el)");
+    out.push_back(name);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+Result<std::vector<double>> ParsePercentiles(const std::string& csv) {
+  std::vector<double> out;
+  size_t pos = 0;
+  while (pos <= csv.size()) {
+    size_t comma = csv.find(',', pos);
+    std::string item =
+        csv.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    char* end = nullptr;
+    double p = std::strtod(item.c_str(), &end);
+    if (item.empty() || *end != '\0' || !(p > 0 && p <= 100))
+      return InvalidArgument("--metric-percentiles: '" + item +
+                             "' is not a percentile in (0, 100]");
+    out.push_back(p);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+namespace {
+
+std::string PercentileKey(double p) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", p);
+  std::string s = buf;
+  std::replace(s.begin(), s.end(), '.',
+               '_');  // never needed for integers; vLLM writes p99_9? keep simple
+  return s;
+}
+
+std::string Line(const std::string& label, double value, int precision = 2) {
+  char buf[128];
+  std::snprintf(buf, sizeof(buf), "%-40s %-10.*f\n", label.c_str(), precision, value);
+  return buf;
+}
+
+std::string LineInt(const std::string& label, long long value) {
+  char buf[128];
+  std::snprintf(buf, sizeof(buf), "%-40s %-10lld\n", label.c_str(), value);
+  return buf;
+}
+
+std::string Header(const std::string& title, char fill) {
+  const int width = 50;
+  int pad = std::max(0, width - static_cast<int>(title.size()));
+  return std::string(pad / 2, fill) + title + std::string(pad - pad / 2, fill) + "\n";
+}
+
+// A request meets the SLO when every goodput target holds.
+bool MeetsSlo(const RequestResult& r, double tpot,
+              const std::map<std::string, double>& goodput_ms) {
+  for (const auto& [name, ms] : goodput_ms) {
+    double v = name == "ttft" ? r.ttft : name == "tpot" ? tpot : r.latency;
+    if (v * 1000.0 > ms) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+BenchmarkSummary Summarize(const RunInfo& info, const std::vector<RequestResult>& results,
+                           const std::vector<std::string>& percentile_metrics,
+                           const std::vector<double>& percentiles,
+                           const std::map<std::string, double>& goodput_ms) {
+  std::vector<double> ttfts, tpots, itls, e2els;
+  long long total_input = 0, total_output = 0;
+  int completed = 0, good = 0;
+  std::map<int, int> failures_by_status;
+  json input_lens = json::array(), output_lens = json::array(), ttft_list = json::array(),
+       itl_list = json::array(), errors = json::array();
+  for (const RequestResult& r : results) {
+    if (!r.success) {
+      failures_by_status[r.http_status]++;
+      errors.push_back(r.error);
+      continue;
+    }
+    ++completed;
+    total_input += r.prompt_len;
+    total_output += r.output_len;
+    const double tpot = r.output_len > 1 ? (r.latency - r.ttft) / (r.output_len - 1) : 0.0;
+    if (r.output_len > 1) tpots.push_back(tpot);
+    ttfts.push_back(r.ttft);
+    e2els.push_back(r.latency);
+    itls.insert(itls.end(), r.itl.begin(), r.itl.end());
+    if (!goodput_ms.empty() && MeetsSlo(r, tpot, goodput_ms)) ++good;
+    input_lens.push_back(r.prompt_len);
+    output_lens.push_back(r.output_len);
+    ttft_list.push_back(r.ttft);
+    itl_list.push_back(r.itl);
+  }
+  const double duration = std::max(info.duration, 1e-9);
+  json j;
+  char date[32];
+  std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof(date), "%Y%m%d-%H%M%S", std::localtime(&now));
+  j["date"] = date;
+  j["backend"] = info.backend;
+  j["model_id"] = info.model_id;
+  j["tokenizer_id"] = info.model_id;
+  j["endpoint"] = info.endpoint;
+  j["dataset_name"] = info.dataset_name;
+  j["num_prompts"] = info.num_prompts;
+  j["request_rate"] = std::isinf(info.request_rate) ? json("inf") : json(info.request_rate);
+  j["burstiness"] = info.burstiness;
+  j["max_concurrency"] = info.max_concurrency > 0 ? json(info.max_concurrency) : json(nullptr);
+  j["duration"] = info.duration;
+  j["completed"] = completed;
+  j["failed"] = static_cast<int>(results.size()) - completed;
+  j["total_input_tokens"] = total_input;
+  j["total_output_tokens"] = total_output;
+  j["request_throughput"] = completed / duration;
+  j["request_goodput"] = goodput_ms.empty() ? json(nullptr) : json(good / duration);
+  j["slo_attainment"] =
+      goodput_ms.empty() || results.empty() ? json(nullptr) : json(double(good) / results.size());
+  j["output_throughput"] = total_output / duration;
+  j["total_token_throughput"] = (total_input + total_output) / duration;
+  j["input_lens"] = input_lens;
+  j["output_lens"] = output_lens;
+  j["ttfts"] = ttft_list;
+  j["itls"] = itl_list;
+  j["errors"] = errors;
+
+  std::string t = Header(" Serving Benchmark Result ", '=');
+  t += LineInt("Successful requests:", completed);
+  t += LineInt("Failed requests:", static_cast<long long>(results.size()) - completed);
+  for (const auto& [status, n] : failures_by_status)
+    t += LineInt(
+        "  failed with HTTP " + (status ? std::to_string(status) : std::string("error")) + ":", n);
+  if (info.max_concurrency > 0) t += LineInt("Maximum request concurrency:", info.max_concurrency);
+  t += Line("Benchmark duration (s):", info.duration);
+  t += LineInt("Total input tokens:", total_input);
+  t += LineInt("Total generated tokens:", total_output);
+  t += Line("Request throughput (req/s):", completed / duration);
+  if (!goodput_ms.empty()) {
+    t += Line("Request goodput (req/s):", good / duration);
+    t += Line("SLO attainment (%):", results.empty() ? 0.0 : 100.0 * good / results.size());
+  }
+  t += Line("Output token throughput (tok/s):", total_output / duration);
+  t += Line("Total Token throughput (tok/s):", (total_input + total_output) / duration);
+
+  struct MetricDef {
+    const char* key;
+    const char* title;
+    const char* label;
+    const std::vector<double>* values;
+  };
+  const MetricDef defs[] = {{"ttft", "Time to First Token", "TTFT", &ttfts},
+                            {"tpot", "Time per Output Token (excl. 1st token)", "TPOT", &tpots},
+                            {"itl", "Inter-token Latency", "ITL", &itls},
+                            {"e2el", "End-to-end Latency", "E2EL", &e2els}};
+  std::set<std::string> selected(percentile_metrics.begin(), percentile_metrics.end());
+  for (const MetricDef& d : defs) {
+    std::vector<double> ms;
+    for (double v : *d.values) ms.push_back(v * 1000.0);
+    const std::string k = d.key;
+    j["mean_" + k + "_ms"] = Mean(ms);
+    j["median_" + k + "_ms"] = Percentile(ms, 50);
+    j["std_" + k + "_ms"] = StdDev(ms);
+    for (double p : percentiles) j["p" + PercentileKey(p) + "_" + k + "_ms"] = Percentile(ms, p);
+    if (!selected.count(k)) continue;
+    t += Header(std::string(d.title), '-');
+    t += Line(std::string("Mean ") + d.label + " (ms):", Mean(ms));
+    t += Line(std::string("Median ") + d.label + " (ms):", Percentile(ms, 50));
+    for (double p : percentiles)
+      t += Line("P" + PercentileKey(p) + " " + d.label + " (ms):", Percentile(ms, p));
+  }
+  t += std::string(50, '=') + "\n";
+  return {j, t};
+}
+
+}  // namespace pd::bench

@@ -1,0 +1,62 @@
+// Results of a benchmark run, computed like `vllm bench serve`: per-request TTFT, TPOT, ITL and
+// E2EL, their mean / median / std / percentiles in milliseconds, throughputs, goodput and SLO
+// attainment; printed as vLLM prints them and saved as JSON with vLLM's field names.
+#pragma once
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace pd::bench {
+
+// What one request measured (seconds), from the SSE stream.
+struct RequestResult {
+  bool success = false;
+  int http_status = 0;
+  std::string error;
+  int prompt_len = 0;  // from the server's usage when it sent one
+  int output_len = 0;
+  double ttft = 0;          // send -> first token
+  double latency = 0;       // send -> last byte
+  std::vector<double> itl;  // gaps between streamed chunks after the first
+  double start_time = 0;    // seconds since the benchmark started
+};
+
+// numpy.percentile with linear interpolation; 0 for an empty input.
+double Percentile(std::vector<double> values, double p);
+double Mean(const std::vector<double>& values);
+double StdDev(const std::vector<double>& values);  // population, like numpy.std
+
+// "ttft:200 tpot:50 e2el:1000" -> {"ttft": 200, ...} (milliseconds).
+Result<std::map<std::string, double>> ParseGoodput(const std::vector<std::string>& items);
+// "ttft,tpot,itl" -> list; checks the names.
+Result<std::vector<std::string>> ParseMetricNames(const std::string& csv);
+// "50,90,99" -> list; checks 0 < p <= 100.
+Result<std::vector<double>> ParsePercentiles(const std::string& csv);
+
+struct RunInfo {
+  std::string backend = "openai";
+  std::string model_id;
+  std::string endpoint;
+  std::string dataset_name;
+  int num_prompts = 0;
+  double request_rate = 0;  // inf allowed
+  double burstiness = 1.0;
+  int max_concurrency = 0;  // 0: none
+  double duration = 0;      // seconds
+};
+
+struct BenchmarkSummary {
+  nlohmann::json json;  // vLLM's field names
+  std::string text;     // the printed report
+};
+
+BenchmarkSummary Summarize(const RunInfo& info, const std::vector<RequestResult>& results,
+                           const std::vector<std::string>& percentile_metrics,
+                           const std::vector<double>& percentiles,
+                           const std::map<std::string, double>& goodput_ms);
+
+}  // namespace pd::bench

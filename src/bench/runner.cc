@@ -1,0 +1,114 @@
+#include "bench/runner.h"
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "common/clock.h"
+#include "common/log.h"
+
+namespace pd::bench {
+
+namespace {
+
+// Limits requests in flight to max_concurrency (0: no limit).
+class Gate {
+ public:
+  explicit Gate(int limit) : limit_(limit) {}
+  void Enter() {
+    if (limit_ <= 0) return;
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return in_flight_ < limit_; });
+    ++in_flight_;
+  }
+  void Leave() {
+    if (limit_ <= 0) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --in_flight_;
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  const int limit_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int in_flight_ = 0;
+};
+
+std::vector<GenerationRequest> BuildRequests(const BenchOptions& o, const std::string& model,
+                                             const std::vector<LengthPair>& lengths) {
+  std::mt19937_64 rng(o.seed * 7919 + 1);
+  std::vector<GenerationRequest> out;
+  const bool chat = o.endpoint_path.find("chat") != std::string::npos;
+  for (const LengthPair& p : lengths) {
+    GenerationRequest r;
+    r.path = o.endpoint_path;
+    r.model = model;
+    r.prompt_len = p.prompt_len;
+    r.max_tokens = p.output_len;
+    r.ignore_eos = o.ignore_eos;
+    if (chat) {
+      r.prompt_text = SyntheticPromptText(p.prompt_len, rng);
+    } else {
+      r.prompt_ids = SyntheticPromptIds(p.prompt_len, rng);
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<BenchmarkSummary> RunBenchmark(const BenchOptions& o) {
+  ASSIGN_OR_RETURN(ServerInfo info, GetServerInfo(o.endpoint));
+  const std::string model = o.model.empty() ? info.model_id : o.model;
+  DatasetSpec spec = o.dataset;
+  if (info.max_model_len > 0) {
+    // Chat templates add a few tokens around the prompt: leave them room.
+    const int margin = o.endpoint_path.find("chat") != std::string::npos ? 32 : 0;
+    spec.max_total_len = std::min(spec.max_total_len, info.max_model_len - margin);
+    spec.max_prompt_len = std::min(spec.max_prompt_len, info.max_model_len - margin - 1);
+  }
+  ASSIGN_OR_RETURN(std::vector<LengthPair> lengths, SampleLengths(spec, o.num_prompts, o.seed));
+  std::vector<GenerationRequest> requests = BuildRequests(o, model, lengths);
+  const std::vector<double> arrivals =
+      ArrivalTimes(o.num_prompts, o.request_rate, o.burstiness, o.seed);
+
+  std::vector<RequestResult> results(requests.size());
+  Gate gate(o.max_concurrency);
+  std::vector<std::thread> workers;
+  workers.reserve(requests.size());
+  Clock& clock = SystemClock::Get();
+  const double start = clock.NowSeconds();
+  const auto start_tp = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    // The arrival process itself: wait until this request's arrival time.
+    std::this_thread::sleep_until(start_tp +
+                                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                      std::chrono::duration<double>(arrivals[i])));
+    gate.Enter();
+    workers.emplace_back([&, i] {
+      const double sent = clock.NowSeconds();
+      results[i] = SendStreaming(o.endpoint, requests[i]);
+      results[i].start_time = sent - start;
+      gate.Leave();
+    });
+  }
+  for (auto& w : workers) w.join();
+  RunInfo run;
+  run.model_id = model;
+  run.endpoint = o.endpoint_path;
+  run.dataset_name = o.dataset.name;
+  run.num_prompts = o.num_prompts;
+  run.request_rate = o.request_rate > 0 ? o.request_rate : INFINITY;
+  run.burstiness = o.burstiness;
+  run.max_concurrency = o.max_concurrency;
+  run.duration = clock.NowSeconds() - start;
+  return Summarize(run, results, o.percentile_metrics, o.metric_percentiles, o.goodput_ms);
+}
+
+}  // namespace pd::bench

@@ -1,0 +1,34 @@
+// `pdserve bench`: drives an OpenAI-compatible server with a synthetic workload and reports
+// what `vllm bench serve` reports.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "bench/client.h"
+#include "bench/datasets.h"
+#include "bench/report.h"
+
+namespace pd::bench {
+
+struct BenchOptions {
+  Endpoint endpoint;
+  std::string endpoint_path = "/v1/completions";
+  std::string model;  // empty: the server's
+  DatasetSpec dataset;
+  int num_prompts = 100;
+  double request_rate = 0;  // <= 0 or inf: all at once
+  double burstiness = 1.0;
+  int max_concurrency = 0;  // 0: unlimited
+  uint64_t seed = 0;
+  bool ignore_eos = false;
+  std::map<std::string, double> goodput_ms;
+  std::vector<std::string> percentile_metrics = {"ttft", "tpot", "itl"};
+  std::vector<double> metric_percentiles = {99};
+};
+
+// Runs the benchmark (blocking). Unavailable when the server cannot be reached at all.
+Result<BenchmarkSummary> RunBenchmark(const BenchOptions& options);
+
+}  // namespace pd::bench
