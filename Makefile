@@ -17,9 +17,25 @@ build: configure
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900
 
+# The demo: make the default model if missing, generate once offline, then start a colocated
+# server in the background (on a free port), drive it with a short `pdserve bench`, print the
+# report and stop the server (also on failure or Ctrl-C).
+DEMO_BENCH_FLAGS ?= --dataset-name sharegpt-like --length-scale 0.05 --num-prompts 32 --request-rate 8 \
+	--ignore-eos --goodput ttft:500 tpot:100 --metric-percentiles 50,90,99
 demo: build
 	@test -f $(DEMO_MODEL)/config.json || $(BUILD_DIR)/pdserve make-model --arch qwen3 --preset tiny --dtype bf16 --seed 1 --out $(DEMO_MODEL)
 	$(BUILD_DIR)/pdserve generate --model $(DEMO_MODEL) --prompt "The quick brown fox" --max-tokens 24 --ignore-eos
+	@set -e; log=$$(mktemp); \
+	$(BUILD_DIR)/pdserve serve --model $(DEMO_MODEL) --served-model-name demo --port 0 > $$log 2>&1 & pid=$$!; \
+	trap 'kill $$pid 2>/dev/null || true; wait $$pid 2>/dev/null || true; rm -f $$log' EXIT INT TERM; \
+	port=; for i in $$(seq 1 600); do \
+	  port=$$(sed -n 's|.*on http://127.0.0.1:\([0-9]*\).*|\1|p' $$log | head -n 1); \
+	  [ -n "$$port" ] && break; \
+	  kill -0 $$pid 2>/dev/null || break; sleep 0.1; \
+	done; \
+	if [ -z "$$port" ]; then echo "demo: the server did not start:"; cat $$log; exit 1; fi; \
+	echo "demo: server on port $$port; running pdserve bench $(DEMO_BENCH_FLAGS)"; \
+	$(BUILD_DIR)/pdserve bench --base-url http://127.0.0.1:$$port $(DEMO_BENCH_FLAGS)
 
 bench-engine: build
 	$(BUILD_DIR)/pdserve bench-engine
