@@ -28,18 +28,19 @@ class InflightSlot {
   std::atomic<int>* counter_;
 };
 
-// What a streaming response keeps between calls of its content provider.
+int64_t UnixSeconds() { return static_cast<int64_t>(std::time(nullptr)); }
+
+}  // namespace
+
+// What a generation response keeps between calls of its content provider.
 struct StreamState {
   std::unique_ptr<Generation> generation;
   std::unique_ptr<ResponseBuilder> builder;
   std::unique_ptr<InflightSlot> slot;
+  bool stream = false;
   bool role_sent = false;
   bool include_usage = false;
 };
-
-int64_t UnixSeconds() { return static_cast<int64_t>(std::time(nullptr)); }
-
-}  // namespace
 
 OpenAiServer::OpenAiServer(const ServerOptions& options, engine::AsyncEngine* engine,
                            const model::Tokenizer* tokenizer)
@@ -189,36 +190,55 @@ Result<std::vector<int32_t>> OpenAiServer::Tokenize(const GenerateRequest& reque
 
 void OpenAiServer::HandleGenerate(ApiKind kind, const httplib::Request& req,
                                   httplib::Response& res) {
-  if (!Authorized(req, res)) return;
-  if (req.body.size() > options_.http.max_body_bytes)
-    return SendError(res, 413,
-                     "request body exceeds the limit of " +
-                         std::to_string(options_.http.max_body_bytes) + " bytes");
+  std::shared_ptr<StreamState> state = StartGeneration(kind, req, res);
+  if (state == nullptr) return;  // the error response is set
+  if (state->stream) {
+    RespondStream(std::move(state), res);
+  } else {
+    RespondWhole(*state, res);
+  }
+}
+
+std::shared_ptr<StreamState> OpenAiServer::StartGeneration(ApiKind kind,
+                                                           const httplib::Request& req,
+                                                           httplib::Response& res) {
+  if (!Authorized(req, res)) return nullptr;
+  if (req.body.size() > options_.http.max_body_bytes) {
+    SendError(res, 413,
+              "request body exceeds the limit of " + std::to_string(options_.http.max_body_bytes) +
+                  " bytes");
+    return nullptr;
+  }
   auto parsed = ParseGenerateRequest(kind, req.body, limits_);
-  if (!parsed.ok()) return SendStatus(res, parsed.status());
+  if (!parsed.ok()) return SendStatus(res, parsed.status()), nullptr;
   GenerateRequest request = std::move(parsed).value();
   auto ids = Tokenize(request);
-  if (!ids.ok()) return SendStatus(res, ids.status());
+  if (!ids.ok()) return SendStatus(res, ids.status()), nullptr;
   if (Status st = FinalizeGenerateRequest(*ids, limits_, &request); !st.ok())
-    return SendStatus(res, st);
-  if (stopping_) return SendError(res, 503, "server is shutting down");
-  if (options_.max_inflight_requests > 0 && inflight_.load() >= options_.max_inflight_requests)
-    return SendError(res, 503,
-                     "server overloaded: " + std::to_string(options_.max_inflight_requests) +
-                         " requests in flight; retry later");
-  auto slot = std::make_unique<InflightSlot>(&inflight_);
-  const int num_prompt = static_cast<int>(ids->size());
+    return SendStatus(res, st), nullptr;
+  if (stopping_) return SendError(res, 503, "server is shutting down"), nullptr;
+  if (options_.max_inflight_requests > 0 && inflight_.load() >= options_.max_inflight_requests) {
+    SendError(res, 503,
+              "server overloaded: " + std::to_string(options_.max_inflight_requests) +
+                  " requests in flight; retry later");
+    return nullptr;
+  }
+  auto state = std::make_shared<StreamState>();
+  state->slot = std::make_unique<InflightSlot>(&inflight_);
   auto started =
       Generation::Start(*engine_, *tokenizer_, metrics_, std::move(ids).value(), request);
   if (!started.ok()) {
     const Status& st = started.status();
-    if (st.code() == StatusCode::kResourceExhausted)
-      return SendError(res, 429, "server overloaded: " + st.message() + "; retry later");
-    return SendStatus(res, st);
+    if (st.code() == StatusCode::kResourceExhausted) {
+      SendError(res, 429, "server overloaded: " + st.message() + "; retry later");
+    } else {
+      SendStatus(res, st);
+    }
+    return nullptr;
   }
   ResponseFormat format;
   format.kind = kind;
-  char id[40];
+  char id[48];
   std::snprintf(id, sizeof(id), "%s-%016llx%08llx", kind == ApiKind::kChat ? "chatcmpl" : "cmpl",
                 static_cast<unsigned long long>(next_id_.fetch_add(1)),
                 static_cast<unsigned long long>(start_time_ & 0xffffffff));
@@ -228,77 +248,79 @@ void OpenAiServer::HandleGenerate(ApiKind kind, const httplib::Request& req,
   format.num_logprobs = request.num_logprobs;
   format.return_tokens_as_token_ids = request.return_tokens_as_token_ids;
   format.include_usage = request.include_usage;
-  (void)num_prompt;
-
-  auto state = std::make_shared<StreamState>();
   state->generation = std::move(started).value();
   state->builder = std::make_unique<ResponseBuilder>(format, *tokenizer_);
-  state->slot = std::move(slot);
+  state->stream = request.stream;
   state->include_usage = request.include_usage;
   state->role_sent = kind != ApiKind::kChat;
+  return state;
+}
 
-  if (!request.stream) {
-    Generation& gen = *state->generation;
-    while (!gen.finished()) {
-      if (stopping_ || LimitedHttpServer::CurrentPeerClosed()) {
-        gen.Abort();
-        return SendError(res, 503, "request aborted");
-      }
-      for (const TextDelta& delta : gen.Next(kPollInterval)) {
-        if (delta.finished && delta.finish_reason == "error")
-          return SendError(res, 500, "generation failed: " + delta.error.message());
-        state->builder->Accumulate(delta);
-      }
+void OpenAiServer::RespondWhole(StreamState& state, httplib::Response& res) {
+  Generation& gen = *state.generation;
+  while (!gen.finished()) {
+    if (stopping_ || LimitedHttpServer::CurrentPeerClosed()) {
+      gen.Abort();
+      return SendError(res, 503, "request aborted");
     }
-    const auto stats = gen.stats();
-    res.set_content(state->builder->Final(stats.prompt_tokens, stats.completion_tokens),
-                    "application/json");
-    return;
+    for (const TextDelta& delta : gen.Next(kPollInterval)) {
+      if (delta.finished && delta.finish_reason == "error")
+        return SendError(res, 500, "generation failed: " + delta.error.message());
+      state.builder->Accumulate(delta);
+    }
   }
+  const auto stats = gen.stats();
+  res.set_content(state.builder->Final(stats.prompt_tokens, stats.completion_tokens),
+                  "application/json");
+}
 
+void OpenAiServer::RespondStream(std::shared_ptr<StreamState> state, httplib::Response& res) {
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, state](size_t, httplib::DataSink& sink) -> bool {
-        auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
-        if (!state->role_sent) {
-          state->role_sent = true;
-          return write(state->builder->RoleChunk());
-        }
-        Generation& gen = *state->generation;
-        for (;;) {
-          if (stopping_ || !sink.is_writable()) {
-            gen.Abort();
-            return false;  // closes the connection
-          }
-          std::vector<TextDelta> deltas = gen.Next(kPollInterval);
-          for (const TextDelta& delta : deltas) {
-            std::string event =
-                delta.finish_reason == "error"
-                    ? "data: " + ErrorBody(500, "generation failed: " + delta.error.message()) +
-                          "\n\n"
-                    : state->builder->Chunk(delta);
-            if (!write(event)) {
-              gen.Abort();
-              return false;
-            }
-            if (!delta.finished) continue;
-            const auto stats = gen.stats();
-            if (state->include_usage &&
-                !write(state->builder->UsageChunk(stats.prompt_tokens, stats.completion_tokens)))
-              return false;
-            if (!write(ResponseBuilder::DoneEvent())) return false;
-            sink.done();
-            return true;
-          }
-          if (!deltas.empty()) return true;
-        }
-      },
+      [this, state](size_t, httplib::DataSink& sink) { return PumpStream(*state, sink); },
       [state](bool /*success*/) {
         // Destroying the generation aborts its engine request if it has not finished.
         state->generation.reset();
         state->slot.reset();
       });
+}
+
+// One call of the content provider: waits for news and writes it as SSE events. False closes
+// the connection (client gone or server stopping; the request is aborted).
+bool OpenAiServer::PumpStream(StreamState& state, httplib::DataSink& sink) {
+  auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
+  if (!state.role_sent) {
+    state.role_sent = true;
+    return write(state.builder->RoleChunk());
+  }
+  Generation& gen = *state.generation;
+  for (;;) {
+    if (stopping_ || !sink.is_writable()) {
+      gen.Abort();
+      return false;
+    }
+    std::vector<TextDelta> deltas = gen.Next(kPollInterval);
+    for (const TextDelta& delta : deltas) {
+      std::string event =
+          delta.finish_reason == "error"
+              ? "data: " + ErrorBody(500, "generation failed: " + delta.error.message()) + "\n\n"
+              : state.builder->Chunk(delta);
+      if (!write(event)) {
+        gen.Abort();
+        return false;
+      }
+      if (!delta.finished) continue;
+      const auto stats = gen.stats();
+      if (state.include_usage &&
+          !write(state.builder->UsageChunk(stats.prompt_tokens, stats.completion_tokens)))
+        return false;
+      if (!write(ResponseBuilder::DoneEvent())) return false;
+      sink.done();
+      return true;
+    }
+    if (!deltas.empty()) return true;
+  }
 }
 
 void OpenAiServer::HandleTokenize(const httplib::Request& req, httplib::Response& res) {

@@ -33,6 +33,8 @@ struct ServerOptions {
   HttpLimits http;
 };
 
+struct StreamState;
+
 class OpenAiServer {
  public:
   // engine and tokenizer are borrowed and must outlive the server.
@@ -54,6 +56,12 @@ class OpenAiServer {
   void RegisterRoutes();
   bool Authorized(const httplib::Request& req, httplib::Response& res) const;
   void HandleGenerate(ApiKind kind, const httplib::Request& req, httplib::Response& res);
+  // Validates, tokenises and submits; nullptr after setting an error response.
+  std::shared_ptr<StreamState> StartGeneration(ApiKind kind, const httplib::Request& req,
+                                               httplib::Response& res);
+  void RespondWhole(StreamState& state, httplib::Response& res);
+  void RespondStream(std::shared_ptr<StreamState> state, httplib::Response& res);
+  bool PumpStream(StreamState& state, httplib::DataSink& sink);
   void HandleTokenize(const httplib::Request& req, httplib::Response& res);
   void HandleDetokenize(const httplib::Request& req, httplib::Response& res);
   void HandleModels(httplib::Response& res) const;
