@@ -45,6 +45,12 @@ struct Peer {
   ShardScheme scheme;
   int outstanding = 0;
   double last_hello = -1e9;
+  double hello_interval = 0.0;  // grows while the peer is down
+};
+
+struct PendingSend {
+  int peer = -1;
+  double deadline = 0.0;
 };
 
 bool Retryable(StatusCode code) {
@@ -101,6 +107,11 @@ class DecodeMessenger::Impl {
   int PickPeer(const Req& r) const;
   Req* Find(int64_t id);
   void UpdateActive();
+  // Sends a control message to peers_[peer]; `on_fail` (messenger thread) runs if it fails or
+  // misses send_timeout_s, after which the peer is marked down.
+  void Send(int peer, const Message& m);
+  void OnSendDone(transfer::TransferId id, const Status& status);
+  void MarkDown(int peer, const Status& why);
 
   DecodeMessenger* const owner_;
   const DecodeMessengerOptions options_;
@@ -127,6 +138,7 @@ class DecodeMessenger::Impl {
   ReplayGuard replay_;
   std::unordered_map<int64_t, std::unique_ptr<Req>> reqs_;
   std::unordered_map<uint64_t, int64_t> by_wire_;
+  std::unordered_map<transfer::TransferId, PendingSend> sends_;
   std::vector<int> free_meta_slots_;
   uint32_t next_imm_ = 1;
 
@@ -165,7 +177,9 @@ void DecodeMessenger::Impl::Stop() {
   for (auto& [id, r] : reqs_) {
     if (!r->in_flight) continue;
     domain_->imm_counters().Remove(r->imm);
-    (void)domain_->SubmitSend(peers_[r->peer].addr, codec_.Encode(Cancel{r->wire_id}), nullptr);
+    if (peers_[r->peer].state == PeerStatus::State::kAccepted) {
+      (void)domain_->SubmitSend(peers_[r->peer].addr, codec_.Encode(Cancel{r->wire_id}), nullptr);
+    }
   }
   reqs_.clear();
 }
@@ -176,7 +190,9 @@ void DecodeMessenger::Impl::Greet() {
   const double now = NowSeconds();
   for (size_t i = 0; i < peers_.size(); ++i) {
     Peer& p = peers_[i];
-    if (p.state != PeerStatus::State::kWaiting || now - p.last_hello < options_.hello_retry_s) {
+    const bool down = p.state == PeerStatus::State::kDown;
+    if ((p.state != PeerStatus::State::kWaiting && !down) ||
+        now - p.last_hello < std::max(options_.hello_retry_s, p.hello_interval)) {
       continue;
     }
     p.last_hello = now;
@@ -196,7 +212,59 @@ void DecodeMessenger::Impl::Greet() {
     hello.format = format_;
     hello.scheme = scheme_;
     hello.fabric_address = address();
-    (void)domain_->SubmitSend(p.addr, codec_.Encode(hello), nullptr);
+    Send(static_cast<int>(i), hello);
+  }
+}
+
+void DecodeMessenger::Impl::Send(int peer, const Message& m) {
+  std::weak_ptr<TaskQueue> weak = queue_;
+  auto slot = std::make_shared<transfer::TransferId>(0);
+  auto id =
+      domain_->SubmitSend(peers_[peer].addr, codec_.Encode(m), [this, weak, slot](const Status& s) {
+        if (auto q = weak.lock()) {
+          q->Post([this, slot, s] { OnSendDone(*slot, s); });
+        }
+      });
+  if (!id.ok()) {
+    MarkDown(peer, id.status());
+    return;
+  }
+  *slot = *id;
+  sends_[*id] = {peer, NowSeconds() + options_.send_timeout_s};
+}
+
+void DecodeMessenger::Impl::OnSendDone(transfer::TransferId id, const Status& status) {
+  auto it = sends_.find(id);
+  if (it == sends_.end()) return;  // timed out and handled already
+  const int peer = it->second.peer;
+  sends_.erase(it);
+  if (!status.ok()) MarkDown(peer, status);
+}
+
+// The peer cannot be reached: fail its transfers now (they retry elsewhere) and greet it again
+// with back-off.
+void DecodeMessenger::Impl::MarkDown(int peer, const Status& why) {
+  Peer& p = peers_[peer];
+  if (p.state == PeerStatus::State::kRefused) return;
+  if (p.state != PeerStatus::State::kDown) {
+    PD_LOG_WARN("decode messenger: prefill instance {} is unreachable: {}", p.config.name,
+                why.ToString());
+  }
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    if (p.state == PeerStatus::State::kAccepted || p.state == PeerStatus::State::kDown) {
+      p.state = PeerStatus::State::kDown;
+    }
+    p.hello_interval = std::min(30.0, std::max(2.0, 2 * p.hello_interval));
+  }
+  peers_cv_.notify_all();
+  std::vector<Req*> affected;
+  for (auto& [id, r] : reqs_) {
+    if (r->in_flight && r->peer == peer) affected.push_back(r.get());
+  }
+  for (Req* r : affected) {
+    FailAttempt(r, Unavailable("prefill instance " + p.config.name + " is unreachable (" +
+                               why.message() + ")"));
   }
 }
 
@@ -232,8 +300,9 @@ void DecodeMessenger::Impl::OnHelloReply(const HelloReply& reply, uint64_t seq) 
   }
   {
     std::lock_guard<std::mutex> lock(peers_mu_);
-    if (it->state == PeerStatus::State::kWaiting) {
+    if (it->state == PeerStatus::State::kWaiting || it->state == PeerStatus::State::kDown) {
       it->state = reason.empty() ? PeerStatus::State::kAccepted : PeerStatus::State::kRefused;
+      it->hello_interval = 0.0;
       it->reason = reason;
       it->scheme = reply.scheme;
     }
@@ -260,6 +329,9 @@ Status DecodeMessenger::Impl::WaitForPeers(double timeout_s) {
     if (p.state == PeerStatus::State::kAccepted) ++accepted;
     if (p.state == PeerStatus::State::kRefused)
       refusals += (refusals.empty() ? "" : "; ") + p.reason;
+    if (p.state == PeerStatus::State::kDown) {
+      silent += (silent.empty() ? "" : ", ") + p.config.name + " (unreachable)";
+    }
     if (p.state == PeerStatus::State::kWaiting)
       silent += (silent.empty() ? "" : ", ") + p.config.name;
   }
@@ -400,18 +472,7 @@ void DecodeMessenger::Impl::StartAttempt(Req* r, const Status& last_error) {
   m.metadata_offset = uint64_t{meta_bytes_} * r->meta_slot;
   m.metadata_bytes = meta_bytes_;
   m.deadline_ms = options_.transfer_timeout_ms;
-  auto sent = domain_->SubmitSend(peers_[peer].addr, codec_.Encode(m),
-                                  [this, weak, id, imm](const Status& s) {
-                                    if (s.ok()) return;
-                                    if (auto q = weak.lock())
-                                      q->Post([this, id, imm, s] {
-                                        Req* r = Find(id);
-                                        if (r != nullptr && r->in_flight && r->imm == imm) {
-                                          FailAttempt(r, s.WithContext("sending PrefillRequest"));
-                                        }
-                                      });
-                                  });
-  if (!sent.ok()) FailAttempt(r, sent.status().WithContext("sending PrefillRequest"));
+  Send(peer, m);  // a failure marks the peer down, which fails this attempt
 }
 
 void DecodeMessenger::Impl::OnKvArrived(int64_t id, uint32_t imm) {
@@ -453,14 +514,16 @@ void DecodeMessenger::Impl::FailAttempt(Req* r, const Status& status) {
   if (!r->in_flight) return;
   PD_LOG_WARN("decode messenger: request {} attempt {} failed: {}", r->id, r->attempts,
               status.ToString());
-  (void)domain_->SubmitSend(peers_[r->peer].addr, codec_.Encode(Cancel{r->wire_id}), nullptr);
+  const int old_peer = r->peer;
+  const uint64_t wire_id = r->wire_id;
   EndAttempt(r);
   if (Retryable(status.code()) && r->attempts < options_.max_attempts && PickPeer(*r) >= 0) {
     owner_->metrics_.Retried();
-    StartAttempt(r, status);
-    return;
+    StartAttempt(r, status);  // before the Cancel, which a dead peer may hold up
+  } else {
+    Fail(r, status);
   }
-  Fail(r, status);
+  if (peers_[old_peer].state == PeerStatus::State::kAccepted) Send(old_peer, Cancel{wire_id});
 }
 
 void DecodeMessenger::Impl::Fail(Req* r, const Status& status) {
@@ -478,7 +541,7 @@ void DecodeMessenger::Impl::OnEnded(int64_t id) {
   Req* r = Find(id);
   if (r == nullptr) return;
   if (r->in_flight) {
-    (void)domain_->SubmitSend(peers_[r->peer].addr, codec_.Encode(Cancel{r->wire_id}), nullptr);
+    if (peers_[r->peer].state == PeerStatus::State::kAccepted) Send(r->peer, Cancel{r->wire_id});
     EndAttempt(r);
   }
   by_wire_.erase(r->wire_id);
@@ -487,6 +550,21 @@ void DecodeMessenger::Impl::OnEnded(int64_t id) {
 
 void DecodeMessenger::Impl::CheckDeadlines() {
   const double now = NowSeconds();
+  // The domain posts sends in order, so only the oldest pending send can be the one that is
+  // stuck (a dead peer); those behind it were merely waiting and get a fresh deadline.
+  if (!sends_.empty()) {
+    auto oldest = std::min_element(sends_.begin(), sends_.end(),
+                                   [](const auto& a, const auto& b) { return a.first < b.first; });
+    if (now > oldest->second.deadline) {
+      const transfer::TransferId id = oldest->first;
+      const int peer = oldest->second.peer;
+      sends_.erase(oldest);
+      for (auto& [other, send] : sends_) send.deadline = now + options_.send_timeout_s;
+      domain_->Cancel(id);  // unblocks the queue behind it
+      MarkDown(peer, DeadlineExceeded("a control message was not delivered within " +
+                                      std::to_string(options_.send_timeout_s) + " s"));
+    }
+  }
   std::vector<Req*> late;
   for (auto& [id, r] : reqs_) {
     if (r->in_flight && now > r->deadline) late.push_back(r.get());

@@ -45,12 +45,17 @@ struct DecodeMessengerOptions {
   std::vector<PrefillPeer> peers;
   uint32_t transfer_timeout_ms = 30000;  // per attempt: request sent -> every write landed
   double hello_retry_s = 1.0;            // Hello again to peers that have not answered
-  int max_attempts = 2;                  // the first try and one retry on another instance
+  // A control message not delivered within this is cancelled and its peer marked down (a send to
+  // a dead peer would otherwise hold up the domain's queue until its op timeout).
+  double send_timeout_s = 1.0;
+  int max_attempts = 2;  // the first try and one retry on another instance
 };
 
 struct PeerStatus {
   std::string name;
-  enum class State { kWaiting, kAccepted, kRefused } state = State::kWaiting;
+  // kDown: a send to it failed or did not complete in time (dead or unreachable); it is greeted
+  // again with back-off and used again once it answers.
+  enum class State { kWaiting, kAccepted, kRefused, kDown } state = State::kWaiting;
   std::string reason;  // why refused
   int outstanding = 0;
 };

@@ -1,0 +1,249 @@
+// The prefill and decode roles of `pdserve serve` (see serve_roles.h). No subcommand is
+// registered here: cmd_serve.cc calls these hooks.
+#include <httplib.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "apps/serve_roles.h"
+#include "common/file_util.h"
+#include "common/log.h"
+#include "messenger/decode_side.h"
+#include "messenger/handshake.h"
+#include "messenger/prefill_side.h"
+
+namespace pd::apps {
+
+void AddRoleFlags(CLI::App* app, RoleFlags* f) {
+  app->add_option("--role", f->role, "colocated | prefill | decode")->capture_default_str();
+  app->add_option("--prefill-peers", f->prefill_peers,
+                  "decode role: prefill instances' base URLs, comma-separated");
+  app->add_option("--cluster-secret-file", f->cluster_secret_file,
+                  "file whose contents authenticate control messages between instances");
+  app->add_option("--fabric-provider", f->fabric_provider, "libfabric provider")
+      ->capture_default_str();
+  app->add_option("--fabric-node", f->fabric_node, "address the fabric endpoint binds")
+      ->capture_default_str();
+  app->add_option("--kv-transfer-timeout-ms", f->kv_transfer_timeout_ms,
+                  "deadline of one KV transfer attempt")
+      ->capture_default_str();
+  app->add_option("--peer-wait-s", f->peer_wait_s,
+                  "decode role: how long to wait for prefill instances at start")
+      ->capture_default_str();
+}
+
+Status ValidateRoleFlags(const RoleFlags& f) {
+  if (f.role != "colocated" && f.role != "prefill" && f.role != "decode") {
+    return InvalidArgument("--role must be colocated, prefill or decode, got '" + f.role + "'");
+  }
+  if (f.role == "decode" && f.prefill_peers.empty()) {
+    return InvalidArgument("--role decode needs --prefill-peers URL[,URL...]");
+  }
+  if (f.role != "decode" && !f.prefill_peers.empty()) {
+    return InvalidArgument("--prefill-peers is only for --role decode");
+  }
+  if (f.kv_transfer_timeout_ms <= 0) {
+    return InvalidArgument("--kv-transfer-timeout-ms must be positive");
+  }
+  return OkStatus();
+}
+
+std::string HexEncode(const std::string& bytes) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out += kDigits[c >> 4];
+    out += kDigits[c & 15];
+  }
+  return out;
+}
+
+Result<std::string> HexDecode(const std::string& hex) {
+  if (hex.size() % 2 != 0) return InvalidArgument("odd-length hex string");
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    int hi = nibble(hex[i]), lo = nibble(hex[i + 1]);
+    if (hi < 0 || lo < 0) return InvalidArgument("not a hex string");
+    out += static_cast<char>(hi * 16 + lo);
+  }
+  return out;
+}
+
+namespace {
+
+Result<std::string> ReadSecret(const RoleFlags& f) {
+  if (f.cluster_secret_file.empty()) {
+    PD_LOG_WARN("no --cluster-secret-file: control messages are checked for integrity only");
+    return std::string();
+  }
+  auto text = ReadFileToString(f.cluster_secret_file);
+  if (!text.ok()) return text.status().WithContext("--cluster-secret-file");
+  std::string s = *text;
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+  if (s.empty())
+    return InvalidArgument("--cluster-secret-file " + f.cluster_secret_file + " is empty");
+  return s;
+}
+
+transfer::DomainOptions DomainFor(const RoleFlags& f) {
+  transfer::DomainOptions d;
+  d.provider = f.fabric_provider;
+  d.node = f.fabric_node;
+  // A write or send that makes no progress this long fails (and stops blocking the queue behind
+  // it): a dead peer is noticed in seconds rather than at the transfer deadline.
+  d.op_timeout_s = 3.0;
+  return d;
+}
+
+std::string EngineMetrics(const engine::EngineStats& s, const std::string& role) {
+  const std::string l = "{role=\"" + role + "\"}";
+  std::ostringstream o;
+  o << "# TYPE pdserve:kv_cache_usage_perc gauge\npdserve:kv_cache_usage_perc" << l << " "
+    << s.kv_cache_usage() << "\n# TYPE pdserve:num_requests_running gauge\n"
+    << "pdserve:num_requests_running" << l << " " << s.num_running
+    << "\n# TYPE pdserve:num_requests_waiting gauge\npdserve:num_requests_waiting" << l << " "
+    << s.num_waiting << "\n# TYPE pdserve:kv_free_pages gauge\npdserve:kv_free_pages" << l << " "
+    << s.num_free_pages << "\n# TYPE pdserve:kv_total_pages gauge\npdserve:kv_total_pages" << l
+    << " " << s.num_total_pages << "\n";
+  return o.str();
+}
+
+sigset_t StopSignals() {
+  sigset_t s;
+  sigemptyset(&s);
+  sigaddset(&s, SIGINT);
+  sigaddset(&s, SIGTERM);
+  return s;
+}
+
+}  // namespace
+
+int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
+                   std::unique_ptr<engine::Engine> eng, const engine::AsyncEngineOptions& ao,
+                   const std::string& host, int port) {
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "serve: %s\n", s.ToString().c_str());
+    return 1;
+  };
+  auto secret = ReadSecret(flags);
+  if (!secret.ok()) return fail(secret.status());
+  messenger::PrefillMessengerOptions mo;
+  mo.instance_name = "prefill@" + host + ":" + std::to_string(port);
+  mo.cluster_secret = *secret;
+  mo.model_hash = messenger::ModelFingerprint(weights);
+  mo.domain = DomainFor(flags);
+  mo.max_transfers = ao.max_pending_requests;
+  auto messenger = messenger::PrefillMessenger::Create(mo, eng->runner());
+  if (!messenger.ok()) return fail(messenger.status().WithContext("fabric"));
+  eng->SetStepObserver((*messenger)->step_observer());
+  auto async = engine::AsyncEngine::Create(std::move(eng), ao);
+  if (!async.ok()) return fail(async.status());
+  (*messenger)->Start(async->get());
+
+  httplib::Server http;
+  const messenger::KvFormat fmt = (*messenger)->format();
+  nlohmann::json info = {
+      {"role", "prefill"},
+      {"fabric_address", HexEncode((*messenger)->fabric_address())},
+      {"model_hash", std::to_string(fmt.model_hash)},
+      {"page_size", fmt.page_size},
+      {"kv_layout", std::string(engine::KvLayoutName(static_cast<engine::KvLayout>(fmt.layout)))},
+      {"num_layers", fmt.num_layers}};
+  http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("OK", "text/plain");
+  });
+  http.Get("/pd/info", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(info.dump(), "application/json");
+  });
+  engine::AsyncEngine* a = async->get();
+  messenger::PrefillMessenger* m = messenger->get();
+  http.Get("/metrics", [a, m](const httplib::Request&, httplib::Response& res) {
+    res.set_content(EngineMetrics(a->stats(), "prefill") + m->metrics().PrometheusText("prefill"),
+                    "text/plain; version=0.0.4");
+  });
+  int bound = port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, port) ? port : -1);
+  if (bound < 0) return fail(Unavailable("cannot listen on " + host + ":" + std::to_string(port)));
+  std::thread listener([&] { http.listen_after_bind(); });
+  std::printf("pdserve: prefill instance on http://%s:%d (fabric %s)\n", host.c_str(), bound,
+              flags.fabric_provider.c_str());
+  std::fflush(stdout);
+  sigset_t stop = StopSignals();
+  int sig = 0;
+  sigwait(&stop, &sig);
+  http.stop();
+  listener.join();
+  (*messenger)->Stop();
+  (*async)->Shutdown();
+  std::printf("pdserve: stopped\n");
+  return 0;
+}
+
+namespace {
+
+// GET base_url/pd/info until it answers or the deadline passes.
+Result<messenger::PrefillPeer> FetchPeer(const std::string& base_url, double timeout_s) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  std::string last_error = "no answer";
+  while (true) {
+    httplib::Client client(base_url);
+    client.set_connection_timeout(2, 0);
+    client.set_read_timeout(5, 0);
+    auto res = client.Get("/pd/info");
+    if (res && res->status == 200) {
+      try {
+        auto j = nlohmann::json::parse(res->body);
+        if (j.value("role", "") != "prefill") {
+          return FailedPrecondition(base_url + " is not a prefill instance (role '" +
+                                    j.value("role", "") + "')");
+        }
+        ASSIGN_OR_RETURN(std::string addr, HexDecode(j.at("fabric_address").get<std::string>()));
+        return messenger::PrefillPeer{base_url, addr};
+      } catch (const std::exception& e) {
+        return InvalidArgument(base_url + "/pd/info: " + e.what());
+      }
+    }
+    last_error = res ? "HTTP " + std::to_string(res->status) : httplib::to_string(res.error());
+    if (std::chrono::steady_clock::now() > end) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return Unavailable("prefill instance " + base_url + "/pd/info: " + last_error);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<engine::AsyncEngine>> CreateRoleEngine(
+    const RoleFlags& flags, const model::ModelWeights& weights, std::unique_ptr<engine::Engine> eng,
+    const engine::AsyncEngineOptions& ao) {
+  if (flags.role != "decode") return engine::AsyncEngine::Create(std::move(eng), ao);
+  ASSIGN_OR_RETURN(std::string secret, ReadSecret(flags));
+  messenger::DecodeMessengerOptions mo;
+  mo.instance_name = "decode";
+  mo.cluster_secret = secret;
+  mo.model_hash = messenger::ModelFingerprint(weights);
+  mo.domain = DomainFor(flags);
+  mo.transfer_timeout_ms = static_cast<uint32_t>(flags.kv_transfer_timeout_ms);
+  std::stringstream urls(flags.prefill_peers);
+  std::string url;
+  while (std::getline(urls, url, ',')) {
+    if (url.empty()) continue;
+    ASSIGN_OR_RETURN(auto peer, FetchPeer(url, flags.peer_wait_s));
+    mo.peers.push_back(std::move(peer));
+  }
+  engine::ModelRunner& runner = eng->runner();
+  ASSIGN_OR_RETURN(auto inner, engine::AsyncEngine::Create(std::move(eng), ao));
+  ASSIGN_OR_RETURN(auto decode, messenger::DecodeMessenger::Create(mo, runner, std::move(inner)));
+  RETURN_IF_ERROR(decode->WaitForPeers(flags.peer_wait_s));
+  return std::unique_ptr<engine::AsyncEngine>(std::move(decode));
+}
+
+}  // namespace pd::apps

@@ -1,0 +1,314 @@
+// pdserve up: a local disaggregated deployment. Every instance is its own process on this machine
+// (the fabric over loopback), and the router runs in this process:
+//
+//   pdserve up --model models/qwen3-tiny --prefill 1 --decode 1 --port 8000
+//
+// Ports: the router on P, prefill instance i on P+1+i, decode instance j on P+1+N+j. It prints
+// where everything listens (and each child's pid), and stops every child on SIGINT / SIGTERM or
+// as soon as one of them dies (exit 1 then). Children get SIGTERM if this process dies.
+#include <fcntl.h>
+#include <httplib.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "apps/command.h"
+#include "server/router.h"
+
+namespace pd::apps {
+namespace {
+
+struct UpFlags {
+  std::string model;
+  std::string served_model_name;
+  int num_prefill = 1;
+  int num_decode = 1;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string kv_layout = "hnd";
+  int page_size = 16;
+  int threads = 1;  // compute threads per instance
+  int max_num_batched_tokens = 512;
+  int max_num_seqs = 64;
+  int max_model_len = 0;
+  std::string kv_cache_bytes;
+  std::string cluster_secret_file;
+  int kv_transfer_timeout_ms = 30000;
+  bool pin_cores = false;
+  double start_timeout_s = 300.0;
+};
+
+struct Child {
+  std::string name;
+  std::string url;
+  pid_t pid = -1;
+  bool alive = false;
+};
+
+pid_t Spawn(const std::vector<std::string>& args, int core) {
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  // Child: die with the parent, take the default signal mask, become the instance.
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  sigset_t none;
+  sigemptyset(&none);
+  pthread_sigmask(SIG_SETMASK, &none, nullptr);
+  if (core >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(core, &set);
+    sched_setaffinity(0, sizeof(set), &set);
+  }
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  execv("/proc/self/exe", argv.data());
+  std::fprintf(stderr, "up: execv: %s\n", std::strerror(errno));
+  _exit(127);
+}
+
+std::vector<std::string> ServeArgs(const UpFlags& f, const std::string& secret_file, int port) {
+  std::vector<std::string> a = {"pdserve",
+                                "serve",
+                                "--model",
+                                f.model,
+                                "--host",
+                                f.host,
+                                "--port",
+                                std::to_string(port),
+                                "--kv-layout",
+                                f.kv_layout,
+                                "--page-size",
+                                std::to_string(f.page_size),
+                                "--threads",
+                                std::to_string(f.threads),
+                                "--max-num-batched-tokens",
+                                std::to_string(f.max_num_batched_tokens),
+                                "--max-num-seqs",
+                                std::to_string(f.max_num_seqs),
+                                "--cluster-secret-file",
+                                secret_file,
+                                "--fabric-node",
+                                f.host,
+                                "--kv-transfer-timeout-ms",
+                                std::to_string(f.kv_transfer_timeout_ms)};
+  if (!f.served_model_name.empty()) {
+    a.insert(a.end(), {"--served-model-name", f.served_model_name});
+  }
+  if (f.max_model_len > 0) {
+    a.insert(a.end(), {"--max-model-len", std::to_string(f.max_model_len)});
+  }
+  if (!f.kv_cache_bytes.empty()) a.insert(a.end(), {"--kv-cache-bytes", f.kv_cache_bytes});
+  return a;
+}
+
+// Reaps children that exited; returns the first one found dead (or nullptr).
+Child* ReapDead(std::vector<Child>& children, int* status_out) {
+  for (Child& c : children) {
+    if (!c.alive) continue;
+    int status = 0;
+    if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
+      c.alive = false;
+      *status_out = status;
+      return &c;
+    }
+  }
+  return nullptr;
+}
+
+void StopAll(std::vector<Child>& children) {
+  for (Child& c : children) {
+    if (c.alive) kill(c.pid, SIGTERM);
+  }
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (Child& c : children) {
+    while (c.alive) {
+      int status = 0;
+      if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
+        c.alive = false;
+      } else if (std::chrono::steady_clock::now() > end) {
+        kill(c.pid, SIGKILL);
+        waitpid(c.pid, &status, 0);
+        c.alive = false;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+  }
+}
+
+std::string DescribeExit(int status) {
+  if (WIFSIGNALED(status)) return "was killed by signal " + std::to_string(WTERMSIG(status));
+  return "exited with status " + std::to_string(WEXITSTATUS(status));
+}
+
+// Waits for GET url/health == 200 while the children live.
+bool WaitHealthy(Child& c, std::vector<Child>& children, double timeout_s) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < end) {
+    int status = 0;
+    if (Child* dead = ReapDead(children, &status)) {
+      std::fprintf(stderr, "up: %s (pid %d) %s during start-up\n", dead->name.c_str(), dead->pid,
+                   DescribeExit(status).c_str());
+      return false;
+    }
+    httplib::Client client(c.url);
+    client.set_connection_timeout(1, 0);
+    auto res = client.Get("/health");
+    if (res && res->status == 200) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::fprintf(stderr, "up: %s did not become healthy within %.0f s\n", c.name.c_str(), timeout_s);
+  return false;
+}
+
+std::string WriteSecretFile() {
+  char path[] = "/tmp/pdserve-secret-XXXXXX";
+  int fd = mkstemp(path);
+  if (fd < 0) return "";
+  std::random_device rd;
+  std::string secret;
+  for (int i = 0; i < 32; ++i) secret += "0123456789abcdef"[rd() % 16];
+  bool ok = write(fd, secret.data(), secret.size()) == static_cast<ssize_t>(secret.size());
+  close(fd);
+  return ok ? std::string(path) : "";
+}
+
+int RunUp(const UpFlags& f) {
+  if (f.num_prefill < 1 || f.num_decode < 1) {
+    std::fprintf(stderr, "up: --prefill and --decode must be >= 1\n");
+    return 2;
+  }
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGCHLD);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  std::string secret_file = f.cluster_secret_file;
+  const bool own_secret = secret_file.empty();
+  if (own_secret && (secret_file = WriteSecretFile()).empty()) {
+    std::fprintf(stderr, "up: cannot write a cluster secret file in /tmp\n");
+    return 1;
+  }
+  std::vector<Child> children;
+  const int ncpu = static_cast<int>(std::thread::hardware_concurrency());
+  auto start = [&](const std::string& name, int port, std::vector<std::string> extra) {
+    std::vector<std::string> args = ServeArgs(f, secret_file, port);
+    args.insert(args.end(), extra.begin(), extra.end());
+    Child c{name, "http://" + f.host + ":" + std::to_string(port), -1, true};
+    const int core = f.pin_cores && ncpu > 0 ? static_cast<int>(children.size()) % ncpu : -1;
+    c.pid = Spawn(args, core);
+    children.push_back(c);
+    return children.size() - 1;
+  };
+  int exit_code = 0;
+  auto fail = [&]() {
+    StopAll(children);
+    if (own_secret) unlink(secret_file.c_str());
+    return 1;
+  };
+  std::string prefill_urls;
+  for (int i = 0; i < f.num_prefill; ++i) {
+    size_t k = start("prefill " + std::to_string(i), f.port + 1 + i, {"--role", "prefill"});
+    prefill_urls += (i ? "," : "") + children[k].url;
+  }
+  for (size_t k = 0; k < children.size(); ++k) {
+    if (!WaitHealthy(children[k], children, f.start_timeout_s)) return fail();
+  }
+  std::vector<std::string> decode_urls;
+  for (int j = 0; j < f.num_decode; ++j) {
+    size_t k = start("decode " + std::to_string(j), f.port + 1 + f.num_prefill + j,
+                     {"--role", "decode", "--prefill-peers", prefill_urls});
+    decode_urls.push_back(children[k].url);
+  }
+  for (size_t k = f.num_prefill; k < children.size(); ++k) {
+    if (!WaitHealthy(children[k], children, f.start_timeout_s)) return fail();
+  }
+  server::RouterOptions ro;
+  ro.host = f.host;
+  ro.port = f.port;
+  ro.backends = decode_urls;
+  auto router = server::Router::Create(ro);
+  if (!router.ok() || !(*router)->Start().ok()) {
+    std::fprintf(stderr, "up: the router cannot listen on %s:%d\n", f.host.c_str(), f.port);
+    return fail();
+  }
+  for (const Child& c : children) {
+    std::printf("pdserve up: %s on %s (pid %d)\n", c.name.c_str(), c.url.c_str(), c.pid);
+  }
+  std::printf("pdserve up: router (OpenAI API) on http://%s:%d\n", f.host.c_str(), f.port);
+  std::fflush(stdout);
+
+  while (true) {
+    siginfo_t info;
+    timespec tick{0, 200 * 1000 * 1000};
+    int sig = sigtimedwait(&signals, &info, &tick);
+    if (sig == SIGINT || sig == SIGTERM) {
+      std::printf("pdserve up: signal %d: stopping every instance\n", sig);
+      break;
+    }
+    int status = 0;
+    if (Child* dead = ReapDead(children, &status)) {
+      std::fprintf(stderr, "pdserve up: %s (pid %d) %s: stopping every instance\n",
+                   dead->name.c_str(), dead->pid, DescribeExit(status).c_str());
+      exit_code = 1;
+      break;
+    }
+  }
+  (*router)->Stop();
+  StopAll(children);
+  if (own_secret) unlink(secret_file.c_str());
+  std::printf("pdserve up: stopped\n");
+  std::fflush(stdout);
+  return exit_code;
+}
+
+}  // namespace
+
+PD_REGISTER_COMMAND(
+    up, "Start a local disaggregated deployment (prefill + decode + router)", [](CLI::App* app) {
+      auto f = std::make_shared<UpFlags>();
+      app->add_option("--model", f->model, "model directory")->required();
+      app->add_option("--served-model-name", f->served_model_name,
+                      "model name in the API (default: --model)");
+      app->add_option("--prefill", f->num_prefill, "prefill instances")->capture_default_str();
+      app->add_option("--decode", f->num_decode, "decode instances")->capture_default_str();
+      app->add_option("--host", f->host, "address of every instance")->capture_default_str();
+      app->add_option("--port", f->port, "router port (instances: P+1...)")->capture_default_str();
+      app->add_option("--kv-layout", f->kv_layout, "hnd | nhd")->capture_default_str();
+      app->add_option("--page-size", f->page_size, "KV page size in tokens")->capture_default_str();
+      app->add_option("--threads", f->threads, "compute threads per instance")
+          ->capture_default_str();
+      app->add_option("--max-num-batched-tokens", f->max_num_batched_tokens,
+                      "tokens per engine step")
+          ->capture_default_str();
+      app->add_option("--max-num-seqs", f->max_num_seqs, "sequences per instance")
+          ->capture_default_str();
+      app->add_option("--max-model-len", f->max_model_len, "prompt + output");
+      app->add_option("--kv-cache-bytes", f->kv_cache_bytes, "per instance");
+      app->add_option("--cluster-secret-file", f->cluster_secret_file,
+                      "shared secret (default: a fresh random one)");
+      app->add_option("--kv-transfer-timeout-ms", f->kv_transfer_timeout_ms,
+                      "deadline of one KV transfer attempt")
+          ->capture_default_str();
+      app->add_flag("--pin-cores", f->pin_cores, "pin instance k to core k");
+      app->add_option("--start-timeout-s", f->start_timeout_s,
+                      "how long an instance may take to start")
+          ->capture_default_str();
+      return [f] { return RunUp(*f); };
+    });
+
+}  // namespace pd::apps

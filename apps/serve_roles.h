@@ -1,0 +1,48 @@
+// Disaggregation roles of `pdserve serve` (the hooks apps/cmd_serve.cc calls):
+//   --role prefill                      prefill instance: /health, /metrics, /pd/info (its fabric
+//                                       address, for decode instances to bootstrap from)
+//   --role decode --prefill-peers URLs  decode instance: the OpenAI API, requests through the
+//                                       decode messenger
+//   --cluster-secret-file FILE          HMAC key of every control message (same on every instance)
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "engine/async_engine.h"
+#include "engine/engine.h"
+#include "model/weights.h"
+
+namespace pd::apps {
+
+struct RoleFlags {
+  std::string role = "colocated";  // colocated | prefill | decode
+  std::string prefill_peers;       // decode: comma-separated base URLs of prefill instances
+  std::string cluster_secret_file;
+  std::string fabric_provider = "tcp;ofi_rxm";
+  std::string fabric_node = "127.0.0.1";  // local address the fabric endpoint binds
+  int kv_transfer_timeout_ms = 30000;
+  double peer_wait_s = 60.0;  // decode: how long to wait for prefill instances at start
+};
+
+void AddRoleFlags(CLI::App* app, RoleFlags* flags);
+Status ValidateRoleFlags(const RoleFlags& flags);
+
+// Runs a prefill instance until SIGINT/SIGTERM (which the caller has blocked); returns the exit
+// code.
+int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
+                   std::unique_ptr<engine::Engine> engine, const engine::AsyncEngineOptions& ao,
+                   const std::string& host, int port);
+
+// The engine the OpenAI server runs on: a plain AsyncEngine (colocated) or a DecodeMessenger
+// that has completed its handshake with the prefill instances (decode).
+Result<std::unique_ptr<engine::AsyncEngine>> CreateRoleEngine(
+    const RoleFlags& flags, const model::ModelWeights& weights,
+    std::unique_ptr<engine::Engine> engine, const engine::AsyncEngineOptions& ao);
+
+std::string HexEncode(const std::string& bytes);
+Result<std::string> HexDecode(const std::string& hex);
+
+}  // namespace pd::apps

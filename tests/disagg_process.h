@@ -1,0 +1,123 @@
+// Test helper (header-only): a `pdserve` child process with its stdout+stderr captured through a
+// pipe, for the disaggregation tests that run real instances.
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace pd::testing {
+
+class Process {
+ public:
+  Process() = default;
+  ~Process() {
+    if (pid_ > 0 && Running()) {
+      kill(pid_, SIGKILL);
+      int status = 0;
+      waitpid(pid_, &status, 0);
+    }
+    if (fd_ >= 0) close(fd_);
+  }
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
+  bool Start(const std::vector<std::string>& argv) {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) return false;
+    pid_ = fork();
+    if (pid_ < 0) return false;
+    if (pid_ == 0) {
+      dup2(fds[1], 1);
+      dup2(fds[1], 2);
+      std::vector<char*> args;
+      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+    close(fds[1]);
+    fd_ = fds[0];
+    return true;
+  }
+
+  // Reads until a line contains `needle`; returns that line ("" on timeout or exit).
+  std::string WaitForLine(const std::string& needle, std::chrono::milliseconds timeout) {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      size_t pos = output_.find(needle, scanned_);
+      if (pos != std::string::npos) {
+        size_t b = output_.rfind('\n', pos);
+        b = b == std::string::npos ? 0 : b + 1;
+        size_t e = output_.find('\n', pos);
+        if (e != std::string::npos) {
+          scanned_ = e;
+          return output_.substr(b, e - b);
+        }
+      }
+      if (std::chrono::steady_clock::now() > end) return "";
+      if (!Drain(50) && !Running()) {
+        Drain(0);
+        if (output_.find(needle, scanned_) == std::string::npos) return "";
+      }
+    }
+  }
+
+  // Waits for exit; the exit code, 128+signal when killed, or -1 on timeout.
+  int Wait(std::chrono::milliseconds timeout) {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    while (Running()) {
+      if (std::chrono::steady_clock::now() > end) return -1;
+      Drain(20);
+    }
+    Drain(0);
+    return exit_code_;
+  }
+  int Stop(int sig, std::chrono::milliseconds timeout) {
+    if (Running()) kill(pid_, sig);
+    return Wait(timeout);
+  }
+  pid_t pid() const { return pid_; }
+  const std::string& output() {
+    Drain(0);
+    return output_;
+  }
+
+ private:
+  // Reads what is there (waiting up to wait_ms); false when nothing came.
+  bool Drain(int wait_ms) {
+    if (fd_ < 0) return false;
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, wait_ms) <= 0) return false;
+    char buf[8192];
+    ssize_t n = read(fd_, buf, sizeof(buf));
+    if (n <= 0) return false;
+    output_.append(buf, static_cast<size_t>(n));
+    return true;
+  }
+  bool Running() {
+    if (pid_ <= 0 || exited_) return false;
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      exited_ = true;
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      return false;
+    }
+    return true;
+  }
+
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  bool exited_ = false;
+  int exit_code_ = -1;
+  std::string output_;
+  size_t scanned_ = 0;
+};
+
+}  // namespace pd::testing
