@@ -75,9 +75,10 @@ struct AttentionArgs {
 constexpr int kAttnBlock = 32;
 
 // Scratch floats one attention work item needs (fast kernels): for each query head sharing the
-// KV head, a block of scores, an accumulator padded to whole vectors, a running max and sum.
+// KV head, a block of scores, an accumulator and a copy of q padded to whole vectors, a running
+// max and sum, and 16x16 partial dot products.
 inline size_t AttentionItemScratchFloats(int group, int head_dim) {
-  return static_cast<size_t>(group) * (kAttnBlock + head_dim + 32) + 64;
+  return static_cast<size_t>(group) * (kAttnBlock + 2 * (head_dim + 16) + 2 + 256) + 64;
 }
 
 // The fast kernels of one instruction set. Each computes a slice so callers can split work

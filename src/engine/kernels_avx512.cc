@@ -239,6 +239,191 @@ void AttentionItem(const AttentionArgs& a, int token, int kv_head, float* scratc
   }
 }
 
+// r[j] = the sum of the 16 lanes of v[j], j < 16: a transposing tree, 45 shuffles and adds for 16
+// dot products instead of 16 horizontal reductions.
+inline __m512 ReduceRows16(const float* v) {
+  __m512 b[8];
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k) {
+    const __m512 x = _mm512_loadu_ps(v + 32 * k), y = _mm512_loadu_ps(v + 32 * k + 16);
+    b[k] = _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
+  }
+  // Per 128-bit lane L, c[m] = [S_L(v[4m]), S_L(v[4m+1]), S_L(v[4m+2]), S_L(v[4m+3])].
+  __m512 c[4];
+#pragma GCC unroll 4
+  for (int m = 0; m < 4; ++m)
+    c[m] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * m], b[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(b[2 * m], b[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 f0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 f1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(f0, f1, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(f0, f1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// Where one KV head's rows lie: row of position p = page base + head + slot*slot_stride, its V row
+// v_offset bytes after its K row.
+struct KvGeometry {
+  int64_t head_offset, slot_stride, v_offset;
+  KvGeometry(const PagedKv& kv, int kv_head) {
+    const int64_t elem = kv.bf16 ? 2 : 4, d = kv.head_dim;
+    head_offset =
+        (kv.hnd ? int64_t{kv_head} * 2 * kv.page_size * d : int64_t{kv_head} * 2 * d) * elem;
+    slot_stride = (kv.hnd ? d : int64_t{kv.num_kv_heads} * 2 * d) * elem;
+    v_offset = (kv.hnd ? int64_t{kv.page_size} * d : d) * elem;
+  }
+};
+
+// K row pointers of positions b0..b0+nb, walking pages instead of dividing per position.
+inline void BlockRows(const PagedKv& kv, const int32_t* table, const KvGeometry& geo, int b0,
+                      int nb, const uint8_t** rows) {
+  int page = b0 / kv.page_size, slot = b0 % kv.page_size;
+  const uint8_t* base = kv.base + int64_t{table[page]} * kv.page_bytes + geo.head_offset;
+  for (int j = 0; j < nb; ++j) {
+    rows[j] = base + slot * geo.slot_stride;
+    if (++slot == kv.page_size && j + 1 < nb) {
+      slot = 0;
+      base = kv.base + int64_t{table[++page]} * kv.page_bytes + geo.head_offset;
+    }
+  }
+}
+
+// scores[h, 0..nb) = scale * q_h . K[row j] for the group's heads; q padded to DV vectors.
+template <int DV>
+void BlockScores(const float* qpad, int group, const uint8_t* const* rows, int nb, bool bf16,
+                 __mmask16 tail, float scale, float* part, float* scores) {
+  for (int j0 = 0; j0 < nb; j0 += 16) {
+    const int n16 = static_cast<int>(Min(16, nb - j0));
+    for (int j = 0; j < 16; ++j) {
+      if (j >= n16) {
+        for (int h = 0; h < group; ++h)
+          _mm512_storeu_ps(part + (h * 16 + j) * 16, _mm512_setzero_ps());
+        continue;
+      }
+      __m512 k[DV];
+#pragma GCC unroll 8
+      for (int i = 0; i < DV; ++i)
+        k[i] = LoadKv(rows[j0 + j], bf16, i * 16, i + 1 < DV ? 0xFFFF : tail);
+      for (int h = 0; h < group; ++h) {
+        const float* q = qpad + h * DV * 16;
+        __m512 dot = _mm512_mul_ps(_mm512_loadu_ps(q), k[0]);
+#pragma GCC unroll 8
+        for (int i = 1; i < DV; ++i) dot = _mm512_fmadd_ps(_mm512_loadu_ps(q + i * 16), k[i], dot);
+        _mm512_storeu_ps(part + (h * 16 + j) * 16, dot);
+      }
+    }
+    for (int h = 0; h < group; ++h)
+      _mm512_mask_storeu_ps(scores + h * kAttnBlock + j0, TailMask(n16),
+                            _mm512_mul_ps(ReduceRows16(part + h * 256), _mm512_set1_ps(scale)));
+  }
+}
+
+// Online-softmax update of every head over one block's scores (exponentiated in place).
+inline void BlockSoftmax(int group, int nb, int dv, float* scores, float* m, float* l, float* acc) {
+  for (int h = 0; h < group; ++h) {
+    float* s = scores + h * kAttnBlock;
+    __m512 vmax = _mm512_set1_ps(m[h]);
+    for (int j = 0; j < nb; j += 16)
+      vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(vmax, TailMask(Min(16, nb - j)), s + j));
+    const float block_max = _mm512_reduce_max_ps(vmax);
+    const float corr = __builtin_expf(m[h] - block_max);
+    m[h] = block_max;
+    __m512 sum = _mm512_setzero_ps();
+    for (int j = 0; j < nb; j += 16) {
+      const __mmask16 mk = TailMask(Min(16, nb - j));
+      const __m512 e =
+          Exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), _mm512_set1_ps(block_max)));
+      _mm512_mask_storeu_ps(s + j, mk, e);
+      sum = _mm512_mask_add_ps(sum, mk, sum, e);
+    }
+    l[h] = l[h] * corr + _mm512_reduce_add_ps(sum);
+    if (corr != 1.0f) {
+      const __m512 c = _mm512_set1_ps(corr);
+      for (int i = 0; i < dv; i += 16)
+        _mm512_storeu_ps(acc + h * dv + i, _mm512_mul_ps(c, _mm512_loadu_ps(acc + h * dv + i)));
+    }
+  }
+}
+
+// Attention of one token for one KV head's query heads, head_dim <= DV*16: scores of 16
+// positions at a time reduced together, K/V rows converted once for all heads.
+template <int DV>
+void AttentionItemDv(const AttentionArgs& a, int token, int kv_head, float* scratch) {
+  const PagedKv& kv = a.kv;
+  const AttnSeq& seq = a.seqs[a.token_seq[token]];
+  const int pos = seq.start_pos + (token - seq.token_begin);
+  const int group = a.num_heads / kv.num_kv_heads;
+  const int d = kv.head_dim, dv = DV * 16;
+  const __mmask16 tail = TailMask(d - (DV - 1) * 16);
+  float* scores = scratch;                   // (group, kAttnBlock)
+  float* acc = scores + group * kAttnBlock;  // (group, dv)
+  float* qpad = acc + group * dv;            // (group, dv)
+  float* part = qpad + group * dv;           // (group, 16, 16)
+  float* m = part + group * 256;             // (group) running max
+  float* l = m + group;                      // (group) running sum
+  const float* q0 =
+      a.q + static_cast<int64_t>(token) * a.ldq + static_cast<int64_t>(kv_head) * group * d;
+  for (int h = 0; h < group; ++h) {
+    m[h] = -__builtin_inff();
+    l[h] = 0;
+    for (int i = 0; i < DV; ++i) {
+      _mm512_storeu_ps(acc + h * dv + i * 16, _mm512_setzero_ps());
+      _mm512_storeu_ps(qpad + h * dv + i * 16,
+                       _mm512_maskz_loadu_ps(i + 1 < DV ? 0xFFFF : tail, q0 + h * d + i * 16));
+    }
+  }
+  const KvGeometry geo(kv, kv_head);
+  const uint8_t* rows[kAttnBlock];
+  for (int b0 = 0; b0 <= pos; b0 += kAttnBlock) {
+    const int nb = static_cast<int>(Min(kAttnBlock, pos + 1 - b0));
+    BlockRows(kv, seq.page_table, geo, b0, nb, rows);
+    BlockScores<DV>(qpad, group, rows, nb, kv.bf16, tail, a.scale, part, scores);
+    BlockSoftmax(group, nb, dv, scores, m, l, acc);
+    for (int j = 0; j < nb; ++j) {
+      const uint8_t* v = rows[j] + geo.v_offset;
+#pragma GCC unroll 8
+      for (int i = 0; i < DV; ++i) {
+        const __m512 vv = LoadKv(v, kv.bf16, i * 16, i + 1 < DV ? 0xFFFF : tail);
+        for (int h = 0; h < group; ++h) {
+          float* ah = acc + h * dv + i * 16;
+          _mm512_storeu_ps(ah, _mm512_fmadd_ps(_mm512_set1_ps(scores[h * kAttnBlock + j]), vv,
+                                               _mm512_loadu_ps(ah)));
+        }
+      }
+    }
+  }
+  for (int h = 0; h < group; ++h) {
+    float* out = a.out + static_cast<int64_t>(token) * a.ldo +
+                 (static_cast<int64_t>(kv_head) * group + h) * d;
+    const __m512 inv = _mm512_set1_ps(1.0f / l[h]);
+    for (int i = 0; i < DV; ++i)
+      _mm512_mask_storeu_ps(out + i * 16, i + 1 < DV ? 0xFFFF : tail,
+                            _mm512_mul_ps(inv, _mm512_loadu_ps(acc + h * dv + i * 16)));
+  }
+}
+
+using AttentionItemFn = void (*)(const AttentionArgs&, int, int, float*);
+constexpr AttentionItemFn kAttentionDv[] = {nullptr,
+                                            AttentionItemDv<1>,
+                                            AttentionItemDv<2>,
+                                            AttentionItemDv<3>,
+                                            AttentionItemDv<4>,
+                                            AttentionItemDv<5>,
+                                            AttentionItemDv<6>,
+                                            AttentionItemDv<7>,
+                                            AttentionItemDv<8>};
+
+// head_dim up to 128 takes the blocked kernel, larger ones the general one.
+void AttentionItemAny(const AttentionArgs& a, int token, int kv_head, float* scratch) {
+  const int dvecs = (a.kv.head_dim + 15) / 16;
+  if (dvecs <= 8) {
+    kAttentionDv[dvecs](a, token, kv_head, scratch);
+  } else {
+    AttentionItem(a, token, kv_head, scratch);
+  }
+}
+
 // exp(x) for any x: Exp's reduction is valid up to ~88 (scalef saturates to inf beyond).
 inline __m512 ExpAny(__m512 x) { return Exp(_mm512_min_ps(x, _mm512_set1_ps(88.0f))); }
 
@@ -274,8 +459,8 @@ void RmsNormRow(const float* x, const float* w, int64_t dim, float eps, float* o
 }  // namespace
 
 const IsaKernels& Avx512Kernels() {
-  static const IsaKernels kAvx512 = {"avx512",       &Matmul,     Avx512PanelMatmul(),
-                                     &AttentionItem, &SiluMulRow, &RmsNormRow};
+  static const IsaKernels kAvx512 = {"avx512",          &Matmul,     Avx512PanelMatmul(),
+                                     &AttentionItemAny, &SiluMulRow, &RmsNormRow};
   return kAvx512;
 }
 

@@ -322,7 +322,7 @@ struct AttnFixture {
 TEST_P(IsaTest, AttentionMatchesReferenceForLayoutsAndDtypes) {
   for (bool hnd : {true, false})
     for (bool bf16 : {false, true})
-      for (int head_dim : {40, 64, 10})
+      for (int head_dim : {40, 64, 10, 128, 136})
         for (int page_size : {1, 3, 16})
           for (int group : {1, 3}) {
             AttnFixture f(hnd, bf16, head_dim, page_size, group);
