@@ -48,6 +48,7 @@ struct BenchEngineFlags {
   int prefill_tokens = 512;
   int kv_gib = 2;  // cap on the KV region: sequences beyond it share pages (still far over the LLC)
   std::string models_root = "models";
+  std::string phase = "all";  // all | decode | prefill
 };
 
 struct Row {
@@ -209,6 +210,7 @@ Status BenchModel(const std::string& dir, const std::string& name, const BenchEn
   }
   for (int context : {128, 2048})
     for (int batch : {1, 8, 32}) {
+      if (f.phase == "prefill") break;
       std::fprintf(stderr, "bench-engine: %s: decode batch %d context %d\n", name.c_str(), batch,
                    context);
       ASSIGN_OR_RETURN(Row r, BenchDecode(*runner, name, batch, context, f.seconds));
@@ -216,6 +218,7 @@ Status BenchModel(const std::string& dir, const std::string& name, const BenchEn
                    r.bytes_per_s / 1e9);
       rows->push_back(r);
     }
+  if (f.phase == "decode") return OkStatus();
   std::fprintf(stderr, "bench-engine: %s: prefill %d tokens\n", name.c_str(), f.prefill_tokens);
   ASSIGN_OR_RETURN(Row r, BenchPrefill(*runner, name, f.prefill_tokens));
   rows->push_back(r);
@@ -301,6 +304,9 @@ CommandRunner SetUpCommand(CLI::App* app) {
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   app->add_option("--models-root", f->models_root, "where presets are written")
+      ->capture_default_str();
+  app->add_option("--phase", f->phase, "rows to measure")
+      ->check(CLI::IsMember({"all", "decode", "prefill"}))
       ->capture_default_str();
   return [f] { return RunBenchEngine(*f); };
 }

@@ -18,17 +18,19 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 
 #include "engine/kernels.h"
 
 namespace pd::engine::kernels {
 namespace {
 
-constexpr int64_t kStreamRows = 4;       // up to this many rows: one pass over k per group
-constexpr int64_t kKc = 512;             // k block of the blocked path
-constexpr int64_t kGroupsPerBlock = 16;  // groups per W block of the blocked path (L2)
-constexpr int kMaxMr = 14;               // 28 accumulators + 2 weight vectors + 1 broadcast
-constexpr int64_t kPrefetchK = 24;       // decode: prefetch this many k steps ahead (1.5 KiB bf16)
+constexpr int64_t kStreamRows = 4;      // up to this many rows: one pass over k per group
+constexpr int64_t kConvertRows = 64;    // from this many rows, bf16 blocks are converted first
+constexpr int64_t kKc = 384;            // k block of the blocked path
+constexpr int64_t kGroupsPerBlock = 8;  // groups per W block of the blocked path (L2)
+constexpr int kMaxMr = 14;              // 28 accumulators + 2 weight vectors + 1 broadcast
+constexpr int64_t kPrefetchK = 24;      // decode: prefetch this many k steps ahead (1.5 KiB bf16)
 
 inline int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t Clamp16(int64_t v) { return v < 0 ? 0 : (v > 16 ? 16 : v); }
@@ -50,7 +52,7 @@ inline void LoadK(const uint8_t* group, int64_t k, __m512& lo, __m512& hi) {
 struct MicroArgs {
   const float* x;  // kPacked: x[(k - k0)*MR + i]; else x[i*ldx + k]
   int64_t ldx;
-  const uint8_t* w;  // first group
+  const uint8_t* w;  // first group's weights at k0
   int64_t group_bytes;
   int64_t k0, k1;
   float* out;  // row m0, column of the first group
@@ -79,7 +81,8 @@ void Micro(const MicroArgs& a) {
   const uint8_t* w = a.w;
   const int64_t step = kBf16 ? 64 : 128;
   const float* xk = a.x;
-  for (int64_t k = a.k0; k < a.k1; ++k, xk += kPacked ? MR : 1) {
+  const int64_t kn = a.k1 - a.k0;
+  for (int64_t k = 0; k < kn; ++k, xk += kPacked ? MR : 1) {
     __m512 wv[NG][2];
 #pragma GCC unroll 4
     for (int g = 0; g < NG; ++g) {
@@ -164,32 +167,67 @@ void PackX(const float* x, int64_t ldx, int64_t m0, int64_t m1, int64_t k0, int6
 // Row blocks balanced in size (14, 14, 4 would waste a pass: 11, 11, 10 do not).
 inline int64_t RowBlockBegin(int64_t rows, int64_t b, int64_t blocks) { return rows * b / blocks; }
 
-// k in blocks of kKc; for each block and each run of kGroupsPerBlock groups (in L2), every row
-// block (packed, in L1) against every group of the run.
+// A thread's growable scratch (never shrinks; freed when the thread ends).
+struct ThreadScratch {
+  float* data = nullptr;
+  size_t floats = 0;
+  ~ThreadScratch() { std::free(data); }
+  float* Get(size_t n) {
+    if (n > floats) {
+      std::free(data);
+      data = static_cast<float*>(std::aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64));
+      floats = data ? n : 0;
+    }
+    return data;
+  }
+};
+
+// Groups [g0, g1) of a bf16 panel, k in [k0, k1), as f32 panels (exact) into dst.
+void ConvertGroups(const uint8_t* base, int64_t group_bytes, int64_t g0, int64_t g1, int64_t k0,
+                   int64_t k1, float* dst) {
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* src = base + g * group_bytes + k0 * 64;
+    for (int64_t k = 0; k < k1 - k0; ++k, dst += kPanelRows) {
+      __m512 lo, hi;
+      LoadK<true>(src, k, lo, hi);
+      _mm512_store_ps(dst, lo);
+      _mm512_store_ps(dst + 16, hi);
+    }
+  }
+}
+
+// k in blocks of kKc; for each block: x packed once (k-major per row block, each in L1 when
+// used), then each run of kGroupsPerBlock groups (in L2) against every row block. With many rows
+// the run's bf16 weights are first converted to f32 (exact, once for all row blocks), which
+// leaves the micro-kernel nothing but loads and FMAs.
 template <bool kBf16>
 void Blocked(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, int64_t g_begin,
              int64_t g_end, int64_t n_end, float* out, int64_t ldo) {
-  alignas(64) thread_local float xp[kMaxMr * kKc];
+  thread_local ThreadScratch x_scratch, w_scratch;
   const int64_t group_bytes = w.k * kPanelRows * (kBf16 ? 2 : 4);
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
-  const MicroFn* table = PackedTable<kBf16>();
+  const bool convert = kBf16 && rows >= kConvertRows;
+  const MicroFn* table = convert ? PackedTable<false>() : PackedTable<kBf16>();
   const int64_t blocks = (rows + kMaxMr - 1) / kMaxMr;
+  float* xp = x_scratch.Get(rows * kKc);
+  float* wf = convert ? w_scratch.Get(kGroupsPerBlock * kKc * kPanelRows) : nullptr;
+  if (xp == nullptr || (convert && wf == nullptr)) __builtin_trap();  // out of memory
   for (int64_t k0 = 0; k0 < w.k; k0 += kKc) {
-    const int64_t k1 = Min(w.k, k0 + kKc);
+    const int64_t k1 = Min(w.k, k0 + kKc), kc = k1 - k0;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t m0 = RowBlockBegin(rows, b, blocks), m1 = RowBlockBegin(rows, b + 1, blocks);
+      PackX(x, ldx, m0, m1, k0, k1, xp + m0 * kc);
+    }
     for (int64_t gb = g_begin; gb < g_end; gb += kGroupsPerBlock) {
       const int64_t ge = Min(g_end, gb + kGroupsPerBlock);
+      if (convert) ConvertGroups(base, group_bytes, gb, ge, k0, k1, wf);
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t m0 = RowBlockBegin(rows, b, blocks), m1 = RowBlockBegin(rows, b + 1, blocks);
-        PackX(x, ldx, m0, m1, k0, k1, xp);
         for (int64_t g = gb; g < ge; ++g) {
-          MicroArgs a{xp,
-                      0,
-                      base + g * group_bytes,
-                      group_bytes,
-                      k0,
-                      k1,
-                      out + m0 * ldo + g * kPanelRows,
-                      ldo,
+          const uint8_t* wg =
+              convert ? reinterpret_cast<const uint8_t*>(wf + (g - gb) * kc * kPanelRows)
+                      : base + g * group_bytes + k0 * (kBf16 ? 64 : 128);
+          MicroArgs a{xp + m0 * kc,          0, wg, 0, k0, k1, out + m0 * ldo + g * kPanelRows, ldo,
                       n_end - g * kPanelRows};
           table[m1 - m0](a);
         }

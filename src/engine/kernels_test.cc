@@ -163,9 +163,9 @@ TEST_P(IsaTest, PanelMatmulMatchesReferenceOnOddShapes) {
   if (isa_->matmul_panel == nullptr) GTEST_SKIP() << isa_->name << " has no panel kernel";
   ThreadPool pool(2);
   for (bool bf16 : {false, true})
-    for (int64_t m : {1, 2, 3, 4, 5, 13, 15, 30})
+    for (int64_t m : {1, 2, 3, 4, 5, 13, 15, 30, 70})
       for (std::vector<int64_t> ns : std::vector<std::vector<int64_t>>{{1}, {33}, {8, 5, 70}, {64}})
-        for (int64_t k : {1, 17, 64, 300}) {
+        for (int64_t k : {1, 17, 64, 400}) {
           PanelWeights pw(ns, k, bf16, m * 7 + k, pool);
           const int64_t n = pw.w.n, ldx = k + 3, ldo = n + 2;
           std::vector<float> x = Random(m * ldx, m + k);
@@ -189,16 +189,16 @@ TEST_P(IsaTest, PanelMatmulRowsDoNotDependOnTheirCompany) {
   ThreadPool pool(1);
   PanelWeights pw({77}, 600, true, 3, pool);
   const int64_t n = 77, k = 600;
-  std::vector<float> x = Random(60 * k, 4);
-  std::vector<float> all(60 * n), some(3 * n);
-  isa_->matmul_panel(x.data(), 60, k, pw.w, 0, n, all.data(), n);  // blocked over k
+  std::vector<float> x = Random(80 * k, 4);
+  std::vector<float> all(80 * n), some(3 * n);
+  isa_->matmul_panel(x.data(), 80, k, pw.w, 0, n, all.data(), n);  // blocked, converted
   for (int64_t rows : {1, 3})                                      // streamed
-    for (int64_t m : {0, 5, 19, 57}) {
+    for (int64_t m : {0, 5, 19, 77}) {
       isa_->matmul_panel(x.data() + m * k, rows, k, pw.w, 0, n, some.data(), n);
       for (int64_t j = 0; j < rows * n; ++j)
         ASSERT_EQ(some[j], all[m * n + j]) << "rows " << rows << " row " << m << " at " << j;
     }
-  for (int64_t rows : {20, 40}) {  // row blocks of the mid path
+  for (int64_t rows : {20, 40}) {  // blocked, bf16 read directly
     std::vector<float> mid(rows * n);
     isa_->matmul_panel(x.data() + 7 * k, rows, k, pw.w, 0, n, mid.data(), n);
     for (int64_t j = 0; j < rows * n; ++j) ASSERT_EQ(mid[j], all[7 * n + j]) << rows << " " << j;
