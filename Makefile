@@ -24,7 +24,8 @@ DEMO_BENCH_FLAGS ?= --dataset-name sharegpt-like --length-scale 0.05 --num-promp
 	--ignore-eos --goodput ttft:500 tpot:100 --metric-percentiles 50,90,99
 demo: build
 	@test -f $(DEMO_MODEL)/config.json || $(BUILD_DIR)/pdserve make-model --arch qwen3 --preset tiny --dtype bf16 --seed 1 --out $(DEMO_MODEL)
-	$(BUILD_DIR)/pdserve generate --model $(DEMO_MODEL) --prompt "The quick brown fox" --max-tokens 24 --ignore-eos
+	@echo "demo: offline generation (random weights: the text is noise; token ids and logprobs show the engine at work)"
+	$(BUILD_DIR)/pdserve generate --model $(DEMO_MODEL) --prompt "Hello world, this is a test" --max-tokens 16 --ignore-eos --json
 	@set -e; log=$$(mktemp); \
 	$(BUILD_DIR)/pdserve serve --model $(DEMO_MODEL) --served-model-name demo --port 0 > $$log 2>&1 & pid=$$!; \
 	trap 'kill $$pid 2>/dev/null || true; wait $$pid 2>/dev/null || true; rm -f $$log' EXIT INT TERM; \
