@@ -26,7 +26,7 @@ struct Voidify {
 
 }  // namespace pd::internal
 
-#define PD_CHECK(cond)           \
+#define PD_CHECK(cond)          \
   (cond) ? static_cast<void>(0) \
          : ::pd::internal::Voidify() & ::pd::internal::CheckFailure(__FILE__, __LINE__, #cond)
 

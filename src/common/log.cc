@@ -2,8 +2,6 @@
 
 namespace pd {
 
-void SetLogLevel(const std::string& level) {
-  spdlog::set_level(spdlog::level::from_str(level));
-}
+void SetLogLevel(const std::string& level) { spdlog::set_level(spdlog::level::from_str(level)); }
 
 }  // namespace pd

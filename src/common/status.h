@@ -14,16 +14,16 @@ namespace pd {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,   // the caller passed something malformed
-  kNotFound,          // a file, tensor, model or request that does not exist
+  kInvalidArgument,  // the caller passed something malformed
+  kNotFound,         // a file, tensor, model or request that does not exist
   kAlreadyExists,
-  kOutOfRange,        // an index or length beyond its bound
-  kResourceExhausted, // a pool, a queue or memory is full
+  kOutOfRange,         // an index or length beyond its bound
+  kResourceExhausted,  // a pool, a queue or memory is full
   kFailedPrecondition,
-  kUnavailable,       // a peer is gone or not reachable
+  kUnavailable,  // a peer is gone or not reachable
   kDeadlineExceeded,
   kCancelled,
-  kDataLoss,          // a truncated or corrupt file
+  kDataLoss,  // a truncated or corrupt file
   kUnimplemented,
   kInternal,
   kIoError,
@@ -70,7 +70,7 @@ Status IoError(std::string message);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : status_(std::move(status)) {  // NOLINT: implicit by design
     PD_CHECK(!status_.ok()) << "Result constructed from an OK status without a value";
   }

@@ -1,9 +1,10 @@
 // The paged KV cache: one region per rank, pages of page_size tokens, layouts NHD and HND.
 //
 // A region holds, for every layer and every page, one contiguous block of page_bytes():
-//   region: (num_layers, num_pages, page_bytes)          offset = (layer*num_pages + page)*page_bytes
-//   HND page: (num_kv_heads, 2, page_size, head_dim)     2 = K then V: a head range is contiguous
-//   NHD page: (page_size, num_kv_heads, 2, head_dim)     a head range is strided per token
+//   region: (num_layers, num_pages, page_bytes)          offset = (layer*num_pages +
+//   page)*page_bytes HND page: (num_kv_heads, 2, page_size, head_dim)     2 = K then V: a head
+//   range is contiguous NHD page: (page_size, num_kv_heads, 2, head_dim)     a head range is
+//   strided per token
 // Page ids are shared by all layers (and by all ranks of an instance): a sequence's page table
 // names one id per page_size tokens.
 #pragma once

@@ -54,10 +54,10 @@ class LayerProgress {
 enum class KernelKind { kReference, kFast };
 
 struct ModelRunnerOptions {
-  KvCacheSpec kv;          // num_layers/num_kv_heads/head_dim are filled from the config
-  int num_pages = 0;       // pages in the region (0: from kv_cache_bytes)
+  KvCacheSpec kv;     // num_layers/num_kv_heads/head_dim are filled from the config
+  int num_pages = 0;  // pages in the region (0: from kv_cache_bytes)
   size_t kv_cache_bytes = 256ull << 20;
-  int num_threads = 0;     // 0: all cores
+  int num_threads = 0;  // 0: all cores
   KernelKind kernels = KernelKind::kFast;
 };
 

@@ -17,10 +17,10 @@ struct ModelConfig {
   int vocab_size = 0;
   int hidden_size = 0;
   int intermediate_size = 0;
-  int num_layers = 0;           // num_hidden_layers
-  int num_heads = 0;            // num_attention_heads
-  int num_kv_heads = 0;         // num_key_value_heads (defaults to num_heads)
-  int head_dim = 0;             // head_dim (defaults to hidden_size / num_heads)
+  int num_layers = 0;    // num_hidden_layers
+  int num_heads = 0;     // num_attention_heads
+  int num_kv_heads = 0;  // num_key_value_heads (defaults to num_heads)
+  int head_dim = 0;      // head_dim (defaults to hidden_size / num_heads)
   int max_position_embeddings = 0;
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-6;

@@ -23,7 +23,7 @@ struct SyntheticModelOptions {
   std::string out_dir;
   std::optional<int> num_kv_heads;  // overrides (tests sweep KV head counts)
   std::optional<int> num_layers;
-  size_t max_shard_bytes = 0;       // 0: one model.safetensors; else sharded with an index
+  size_t max_shard_bytes = 0;  // 0: one model.safetensors; else sharded with an index
 };
 
 // Deterministic for a given options value. Weights are scaled so logits are far from uniform.

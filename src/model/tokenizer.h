@@ -30,7 +30,7 @@ class Tokenizer {
   static Result<std::unique_ptr<Tokenizer>> Load(const std::string& model_dir);
   // Parses tokenizer.json text; `source` names it in errors.
   static Result<std::unique_ptr<Tokenizer>> FromJson(const std::string& tokenizer_json,
-                                                      const std::string& source);
+                                                     const std::string& source);
   virtual ~Tokenizer() = default;
 
   // Text to ids. Added/special tokens written literally in the text (e.g. "<|im_end|>") become
