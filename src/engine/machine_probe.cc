@@ -128,7 +128,8 @@ size_t LastLevelCacheBytes() {
   return best;
 }
 
-Result<double> MeasureReadBandwidth(ThreadPool& pool, const ReadBandwidthOptions& options) {
+Result<std::unique_ptr<ReadBandwidthProbe>> ReadBandwidthProbe::Create(
+    ThreadPool& pool, const ReadBandwidthOptions& options) {
   size_t bytes = options.buffer_bytes;
   if (bytes == 0) bytes = std::max<size_t>(size_t{1} << 30, 4 * LastLevelCacheBytes());
   if (bytes < (size_t{1} << 20))
@@ -147,24 +148,36 @@ Result<double> MeasureReadBandwidth(ThreadPool& pool, const ReadBandwidthOptions
   pool.ParallelFor(threads, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) std::memset(buf + t * chunk, static_cast<int>(t + 1), chunk);
   });
+  return std::unique_ptr<ReadBandwidthProbe>(
+      new ReadBandwidthProbe(pool, buf, bytes, chunk, std::max(1, options.repeats)));
+}
+
+ReadBandwidthProbe::~ReadBandwidthProbe() { munmap(buf_, bytes_); }
+
+double ReadBandwidthProbe::Measure() {
   const CpuFeatures& f = DetectCpuFeatures();
   std::atomic<uint64_t> sink{0};
   double best = 0;
-  for (int r = 0; r < std::max(1, options.repeats); ++r) {
+  for (int r = 0; r < repeats_; ++r) {
     const double t0 = Now();
-    pool.ParallelFor(threads, [&](int64_t b, int64_t e) {
+    pool_.ParallelFor(pool_.num_threads(), [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
-        const uint8_t* p = buf + t * chunk;
-        const uint64_t s = f.avx512 ? ReadAvx512(p, chunk)
-                           : f.avx2 ? ReadAvx2(p, chunk)
-                                    : ReadScalar(p, chunk);
+        const uint8_t* p = buf_ + t * chunk_;
+        const uint64_t s = f.avx512 ? ReadAvx512(p, chunk_)
+                           : f.avx2 ? ReadAvx2(p, chunk_)
+                                    : ReadScalar(p, chunk_);
         sink.fetch_add(s, std::memory_order_relaxed);
       }
     });
-    best = std::max(best, static_cast<double>(bytes) / (Now() - t0) / 1e9);
+    best = std::max(best, static_cast<double>(bytes_) / (Now() - t0) / 1e9);
   }
-  munmap(mem, bytes);
   return best;
+}
+
+Result<double> MeasureReadBandwidth(ThreadPool& pool, const ReadBandwidthOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<ReadBandwidthProbe> probe,
+                   ReadBandwidthProbe::Create(pool, options));
+  return probe->Measure();
 }
 
 double MeasurePeakGflops(ThreadPool& pool, long iterations) {

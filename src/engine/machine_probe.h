@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 
 #include "common/status.h"
 
@@ -16,9 +18,33 @@ struct ReadBandwidthOptions {
   int repeats = 5;          // passes over the buffer; the best is reported
 };
 
-// GB/s (1e9 bytes per second) that all of the pool's threads read together, each streaming its
-// own contiguous part of the buffer. InvalidArgument on a buffer under 1 MiB; ResourceExhausted
-// when it cannot be allocated.
+// A buffer kept allocated (and faulted in) so the bandwidth can be measured again and again, e.g.
+// next to each benchmark row on a host whose memory bandwidth others share.
+// Thread safety: one thread at a time.
+class ReadBandwidthProbe {
+ public:
+  // InvalidArgument on a buffer under 1 MiB; ResourceExhausted when it cannot be allocated.
+  static Result<std::unique_ptr<ReadBandwidthProbe>> Create(ThreadPool& pool,
+                                                            const ReadBandwidthOptions& options);
+  ~ReadBandwidthProbe();
+  ReadBandwidthProbe(const ReadBandwidthProbe&) = delete;
+  ReadBandwidthProbe& operator=(const ReadBandwidthProbe&) = delete;
+
+  // GB/s (1e9 bytes per second) that all of the pool's threads read together, each streaming its
+  // own contiguous part of the buffer: the best of `repeats` passes.
+  double Measure();
+  size_t buffer_bytes() const { return bytes_; }
+
+ private:
+  ReadBandwidthProbe(ThreadPool& pool, uint8_t* buf, size_t bytes, size_t chunk, int repeats)
+      : pool_(pool), buf_(buf), bytes_(bytes), chunk_(chunk), repeats_(repeats) {}
+  ThreadPool& pool_;
+  uint8_t* buf_;
+  size_t bytes_, chunk_;
+  int repeats_;
+};
+
+// Create + Measure once.
 Result<double> MeasureReadBandwidth(ThreadPool& pool, const ReadBandwidthOptions& options);
 
 // GFLOP/s (an FMA counts 2) of all of the pool's threads together, with the widest f32 FMA the

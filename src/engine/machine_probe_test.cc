@@ -1,0 +1,42 @@
+#include "engine/machine_probe.h"
+
+#include <gtest/gtest.h>
+
+#include "engine/thread_pool.h"
+
+namespace pd::engine {
+namespace {
+
+TEST(MachineProbeTest, ReadBandwidthIsPositiveAndRepeatable) {
+  ThreadPool pool(2);
+  auto probe = ReadBandwidthProbe::Create(pool, {size_t{8} << 20, 2});
+  ASSERT_TRUE(probe.ok()) << probe.status().ToString();
+  EXPECT_EQ((*probe)->buffer_bytes() % (2 * 4096), 0u);
+  EXPECT_LE((*probe)->buffer_bytes(), size_t{8} << 20);
+  EXPECT_GT((*probe)->Measure(), 0.0);
+  EXPECT_GT((*probe)->Measure(), 0.0);
+}
+
+TEST(MachineProbeTest, RejectsATinyBuffer) {
+  ThreadPool pool(1);
+  auto probe = ReadBandwidthProbe::Create(pool, {size_t{1} << 19, 1});
+  ASSERT_FALSE(probe.ok());
+  EXPECT_EQ(probe.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(probe.status().ToString().find("under 1 MiB"), std::string::npos);
+  EXPECT_FALSE(MeasureReadBandwidth(pool, {1000, 1}).ok());
+}
+
+TEST(MachineProbeTest, PeakGflopsIsPositive) {
+  ThreadPool pool(2);
+  EXPECT_GT(MeasurePeakGflops(pool, 20000), 0.0);
+}
+
+TEST(MachineProbeTest, LastLevelCacheIsKnownOnLinux) {
+  // sysfs may be absent in some containers; when present the size is at least 64 KiB.
+  const size_t llc = LastLevelCacheBytes();
+  if (llc == 0) GTEST_SKIP() << "no cache information in sysfs";
+  EXPECT_GE(llc, size_t{64} << 10);
+}
+
+}  // namespace
+}  // namespace pd::engine
