@@ -72,6 +72,7 @@ class Runner final : public ModelRunner {
   KvRegion& region() override { return *region_; }
   const LayerProgress& progress() const override { return progress_; }
   uint64_t steps_done() const override { return steps_done_; }
+  void set_tracer(Tracer* tracer) { tracer_ = tracer; }
 
  private:
   Status Validate(const ForwardBatch& batch) const;
@@ -107,6 +108,7 @@ class Runner final : public ModelRunner {
   const kernels::IsaKernels* isa_;
   LayerProgress progress_;
   uint64_t steps_done_ = 0;
+  Tracer* tracer_ = nullptr;  // null: no trace
   Scratch s_;
   int64_t num_tokens_ = 0;
   int max_pos_ = 0;  // largest position in the step
@@ -217,7 +219,16 @@ Status Runner::Forward(const ForwardBatch& batch, ForwardOutput* out) {
   out->last_hidden.resize(batch.seqs.size());
   if (batch.seqs.empty()) return OkStatus();
   Prepare(batch);
-  for (int l = 0; l < c_.num_layers; ++l) Layer(l);
+  for (int l = 0; l < c_.num_layers; ++l) {
+    const int64_t begin_ns = tracer_ != nullptr ? Tracer::NowNs() : 0;
+    Layer(l);
+    if (tracer_ != nullptr) {
+      tracer_->Complete("layer", "compute", begin_ns, Tracer::NowNs(),
+                        {{"layer", int64_t{l}},
+                         {"step", static_cast<int64_t>(steps_done_)},
+                         {"tokens", num_tokens_}});
+    }
+  }
   Finish(batch, out);
   ++steps_done_;
   return OkStatus();
@@ -405,8 +416,10 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const model::ModelWeigh
     ThreadPool pack_pool(threads);
     RETURN_IF_ERROR(PackRunnerWeights(pack_pool, rw.get()));
   }
-  return std::unique_ptr<ModelRunner>(
-      new Runner(std::move(rw), std::move(region), threads, options.kernels));
+  auto runner =
+      std::make_unique<Runner>(std::move(rw), std::move(region), threads, options.kernels);
+  runner->set_tracer(options.tracer);
+  return std::unique_ptr<ModelRunner>(std::move(runner));
 }
 
 }  // namespace pd::engine

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/trace.h"
 #include "engine/kv_cache.h"
 #include "model/weights.h"
 
@@ -59,6 +60,7 @@ struct ModelRunnerOptions {
   size_t kv_cache_bytes = 256ull << 20;
   int num_threads = 0;  // 0: all cores
   KernelKind kernels = KernelKind::kFast;
+  Tracer* tracer = nullptr;  // borrowed, outlives the runner: one "layer" event per layer per step
 };
 
 // Thread safety: Forward is called by one thread at a time (the engine loop); progress() and
