@@ -34,6 +34,7 @@ struct Req {
   int meta_slot = -1;
   double start = 0.0;
   double deadline = 0.0;
+  int64_t attempt_ns = 0;  // when the current attempt's PrefillRequest went out (trace only)
 };
 
 struct Peer {
@@ -164,6 +165,7 @@ Status DecodeMessenger::Impl::Init() {
 }
 
 void DecodeMessenger::Impl::Loop() {
+  if (options_.tracer != nullptr) options_.tracer->SetThreadName("decode messenger");
   do {
     Greet();
     CheckDeadlines();
@@ -472,6 +474,15 @@ void DecodeMessenger::Impl::StartAttempt(Req* r, const Status& last_error) {
   m.metadata_offset = uint64_t{meta_bytes_} * r->meta_slot;
   m.metadata_bytes = meta_bytes_;
   m.deadline_ms = options_.transfer_timeout_ms;
+  if (options_.tracer != nullptr) {
+    r->attempt_ns = Tracer::NowNs();
+    options_.tracer->Instant("prefill request sent", "kv",
+                             {{"request", std::to_string(r->wire_id)},
+                              {"peer", peers_[peer].config.name},
+                              {"attempt", int64_t{r->attempts}},
+                              {"tokens", int64_t{num_tokens}},
+                              {"expected_writes", static_cast<int64_t>(*expected)}});
+  }
   Send(peer, m);  // a failure marks the peer down, which fails this attempt
 }
 
@@ -482,6 +493,14 @@ void DecodeMessenger::Impl::OnKvArrived(int64_t id, uint32_t imm) {
       PagesForTokens(static_cast<uint32_t>(r->info->prefill_tokens.size()), spec_.page_size);
   const uint64_t bytes = num_pages * spec_.num_layers * spec_.page_bytes() + meta_bytes_;
   owner_->metrics_.Succeeded(NowSeconds() - r->start, bytes, num_pages * spec_.num_layers + 1);
+  if (options_.tracer != nullptr) {
+    options_.tracer->Complete("kv transfer", "kv", r->attempt_ns, Tracer::NowNs(),
+                              {{"request", std::to_string(r->wire_id)},
+                               {"peer", peers_[r->peer].config.name},
+                               {"attempt", int64_t{r->attempts}},
+                               {"bytes", static_cast<int64_t>(bytes)}});
+    options_.tracer->Instant("kv ready", "kv", {{"request", std::to_string(r->wire_id)}});
+  }
   EndAttempt(r);
   owner_->inner_->MarkKvReady(id);
 }
@@ -516,6 +535,13 @@ void DecodeMessenger::Impl::FailAttempt(Req* r, const Status& status) {
               status.ToString());
   const int old_peer = r->peer;
   const uint64_t wire_id = r->wire_id;
+  if (options_.tracer != nullptr) {
+    options_.tracer->Instant("attempt failed", "kv",
+                             {{"request", std::to_string(wire_id)},
+                              {"peer", peers_[old_peer].config.name},
+                              {"attempt", int64_t{r->attempts}},
+                              {"error", status.ToString()}});
+  }
   EndAttempt(r);
   if (Retryable(status.code()) && r->attempts < options_.max_attempts && PickPeer(*r) >= 0) {
     owner_->metrics_.Retried();
@@ -528,6 +554,12 @@ void DecodeMessenger::Impl::FailAttempt(Req* r, const Status& status) {
 
 void DecodeMessenger::Impl::Fail(Req* r, const Status& status) {
   owner_->metrics_.Failed();
+  if (options_.tracer != nullptr) {
+    options_.tracer->Instant("transfer failed", "kv",
+                             {{"request", std::to_string(r->wire_id)},
+                              {"attempts", int64_t{r->attempts}},
+                              {"error", status.ToString()}});
+  }
   {
     std::lock_guard<std::mutex> lock(r->info->mu);
     r->info->failure =

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/trace.h"
 #include "engine/async_engine.h"
 #include "engine/model_runner.h"
 #include "messenger/transfer_metrics.h"
@@ -49,6 +50,9 @@ struct DecodeMessengerOptions {
   // a dead peer would otherwise hold up the domain's queue until its op timeout).
   double send_timeout_s = 1.0;
   int max_attempts = 2;  // the first try and one retry on another instance
+  // Borrowed, outlives the messenger; null: no trace. Events: "prefill request sent",
+  // "kv transfer" (sent -> imm counter fired), "attempt failed", "transfer failed".
+  Tracer* tracer = nullptr;
 };
 
 struct PeerStatus {

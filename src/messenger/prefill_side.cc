@@ -85,6 +85,8 @@ class PrefillMessenger::Impl {
   void OnStep(const engine::StepInfo& info);
   void OnEngineDone(const engine::RequestOutput& out);
   void OnWriteDone(uint64_t request_id, transfer::TransferId id, const Status& status);
+  void TracePosted(Result<transfer::TransferId> id, uint64_t request_id, int layer,
+                   int64_t begin_ns, TraceArgs args);
   void PostReady(uint64_t progress);
   void PostLayer(Transfer* t, const LayerWork& w, int layer);
   void MaybePostMetadata(Transfer* t);
@@ -121,6 +123,12 @@ class PrefillMessenger::Impl {
   std::unordered_map<int64_t, uint64_t> by_engine_id_;
   std::vector<int> free_meta_slots_;
   std::vector<LayerWork> work_;
+  struct TracedWrite {
+    uint64_t request_id;
+    int layer;  // -1: metadata
+    int64_t posted_ns;
+  };
+  std::unordered_map<transfer::TransferId, TracedWrite> traced_;  // only when tracing
 };
 
 Status PrefillMessenger::Impl::Init() {
@@ -154,6 +162,7 @@ void PrefillMessenger::Impl::Start(engine::AsyncEngine* engine) {
 }
 
 void PrefillMessenger::Impl::Loop() {
+  if (options_.tracer != nullptr) options_.tracer->SetThreadName("prefill messenger");
   const engine::LayerProgress& progress = runner_.progress();
   while (!stop_.load()) {
     // Read progress before the queued tasks: whatever step reached this value was announced
@@ -294,6 +303,12 @@ void PrefillMessenger::Impl::OnPrefillRequest(const PrefillRequest& request, uin
   transfers_[t->request_id] = std::move(t);
   owner_->metrics_.Started();
   owner_->metrics_.SetActive(static_cast<int64_t>(transfers_.size()));
+  if (options_.tracer != nullptr) {
+    options_.tracer->Instant("prefill request", "kv",
+                             {{"request", std::to_string(request.request_id)},
+                              {"tokens", static_cast<int64_t>(request.token_ids.size())},
+                              {"pages", static_cast<int64_t>(request.dst_pages.size())}});
+  }
 }
 
 // Checks every field of a request against our format and the peer's regions.
@@ -460,6 +475,7 @@ void PrefillMessenger::Impl::Track(Transfer* t, Result<transfer::TransferId> id,
 }
 
 void PrefillMessenger::Impl::PostLayer(Transfer* t, const LayerWork& w, int layer) {
+  const int64_t begin_ns = options_.tracer != nullptr ? Tracer::NowNs() : 0;
   transfer::PagedWriteRequest req;
   req.src = kv_mr_;
   req.dst = t->dst;
@@ -478,7 +494,27 @@ void PrefillMessenger::Impl::PostLayer(Transfer* t, const LayerWork& w, int laye
   auto slot = std::make_shared<transfer::TransferId>(0);
   auto id = domain_->SubmitPagedWrite(std::move(req), WriteDone(t->request_id, slot));
   if (id.ok()) *slot = *id;
+  if (options_.tracer != nullptr) {
+    TracePosted(id, t->request_id, layer, begin_ns,
+                {{"request", std::to_string(t->request_id)},
+                 {"layer", int64_t{layer}},
+                 {"step", static_cast<int64_t>(w.runner_step)},
+                 {"first_page", int64_t{w.first_page}},
+                 {"pages", int64_t{n}},
+                 {"bytes", static_cast<int64_t>(uint64_t{n} * page_bytes_)}});
+  }
   Track(t, id, uint64_t{n} * page_bytes_, n);
+}
+
+// "post writes" (or "post metadata") over the submit call; the write's flight is traced when
+// its completion arrives (OnWriteDone).
+void PrefillMessenger::Impl::TracePosted(Result<transfer::TransferId> id, uint64_t request_id,
+                                         int layer, int64_t begin_ns, TraceArgs args) {
+  const int64_t now = Tracer::NowNs();
+  if (!id.ok()) args.push_back({"error", id.status().ToString()});
+  options_.tracer->Complete(layer < 0 ? "post metadata" : "post writes", "kv", begin_ns, now,
+                            std::move(args));
+  if (id.ok()) traced_[*id] = {request_id, layer, now};
 }
 
 void PrefillMessenger::Impl::MaybePostMetadata(Transfer* t) {
@@ -498,14 +534,29 @@ void PrefillMessenger::Impl::MaybePostMetadata(Transfer* t) {
   req.dst_offset = t->meta_offset;
   req.imm = t->imm;
   t->meta_posted = true;
+  const int64_t begin_ns = options_.tracer != nullptr ? Tracer::NowNs() : 0;
   auto slot = std::make_shared<transfer::TransferId>(0);
   auto id = domain_->SubmitWrite(req, WriteDone(t->request_id, slot));
   if (id.ok()) *slot = *id;
+  if (options_.tracer != nullptr) {
+    TracePosted(
+        id, t->request_id, -1, begin_ns,
+        {{"request", std::to_string(t->request_id)}, {"bytes", static_cast<int64_t>(meta_bytes_)}});
+  }
   Track(t, id, meta_bytes_, 1);
 }
 
 void PrefillMessenger::Impl::OnWriteDone(uint64_t request_id, transfer::TransferId id,
                                          const Status& status) {
+  if (auto it = traced_.find(id); it != traced_.end()) {
+    const TracedWrite w = it->second;
+    traced_.erase(it);
+    options_.tracer->Complete(w.layer < 0 ? "metadata write" : "write layer", "kv", w.posted_ns,
+                              Tracer::NowNs(),
+                              {{"request", std::to_string(w.request_id)},
+                               {"layer", int64_t{w.layer}},
+                               {"ok", int64_t{status.ok() ? 1 : 0}}});
+  }
   Transfer* t = Find(request_id);
   if (t == nullptr) return;
   t->outstanding--;
@@ -519,6 +570,11 @@ void PrefillMessenger::Impl::OnWriteDone(uint64_t request_id, transfer::Transfer
 void PrefillMessenger::Impl::Fail(Transfer* t, const Status& status) {
   if (!t->error.ok()) return;
   t->error = status;
+  if (options_.tracer != nullptr) {
+    options_.tracer->Instant(
+        "transfer failed", "kv",
+        {{"request", std::to_string(t->request_id)}, {"error", status.ToString()}});
+  }
   for (transfer::TransferId x : t->inflight) domain_->Cancel(x);
   if (!t->engine_done) engine_->Abort(t->engine_id);
   TryFinish(t);
@@ -530,6 +586,15 @@ void PrefillMessenger::Impl::TryFinish(Transfer* t) {
   if (!t->kept_pages.empty()) engine_->ReleasePages(std::move(t->kept_pages));
   free_meta_slots_.push_back(t->meta_slot);
   SendDone(t->peer, t->request_id, t->error, t->num_writes);
+  if (options_.tracer != nullptr) {
+    options_.tracer->Complete(
+        "transfer", "kv", static_cast<int64_t>(t->start_time * 1e9), Tracer::NowNs(),
+        {{"request", std::to_string(t->request_id)},
+         {"tokens", int64_t{t->num_tokens}},
+         {"writes", int64_t{t->num_writes}},
+         {"bytes", static_cast<int64_t>(t->bytes)},
+         {"status", t->error.ok() ? std::string("ok") : t->error.ToString()}});
+  }
   if (t->error.ok()) {
     owner_->metrics_.Succeeded(NowSeconds() - t->start_time, t->bytes, t->num_writes);
   } else {

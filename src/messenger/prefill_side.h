@@ -29,6 +29,7 @@
 #include <thread>
 
 #include "common/status.h"
+#include "common/trace.h"
 #include "engine/async_engine.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
@@ -45,6 +46,9 @@ struct PrefillMessengerOptions {
   transfer::DomainOptions domain;     // provider, node; on_message is set by the messenger
   int max_transfers = 256;            // in flight; beyond: PrefillDone ResourceExhausted
   uint32_t max_deadline_ms = 120000;  // a request's deadline is capped to this
+  // Borrowed, outlives the messenger; null: no trace. Events: "post writes" per request and
+  // layer, "write layer" (post -> completion), "post metadata", "transfer", "transfer failed".
+  Tracer* tracer = nullptr;
 };
 
 class PrefillMessenger {
