@@ -235,6 +235,16 @@ Result<std::vector<RequestOutput>> EngineImpl::Step() {
   aborted_.clear();
   ScheduledBatch batch = scheduler_.Schedule();
   if (batch.empty()) return outputs;
+  TraceSpan span(options_.runner.tracer, "step", "engine");  // what the step ran
+  if (span.enabled()) {
+    options_.runner.tracer->SetThreadName("engine");
+    int64_t chunks = 0;
+    for (const ScheduledSeq& s : batch.seqs) chunks += s.is_decode ? 0 : 1;
+    span.Arg("step", static_cast<int64_t>(runner_->steps_done()));
+    span.Arg("prefill_chunks", chunks);
+    span.Arg("prefill_tokens", int64_t{batch.num_prefill_tokens});
+    span.Arg("decodes", int64_t{batch.num_decode_tokens});
+  }
   BuildForwardBatch(batch);
   NotifyObserver(batch);
   Status status = runner_->Forward(forward_batch_, &forward_output_);
