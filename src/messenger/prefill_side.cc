@@ -203,6 +203,7 @@ void PrefillMessenger::Impl::OnMessage(const std::string& bytes) {
   auto frame = codec_.Decode(bytes);
   if (!frame.ok()) {
     PD_LOG_WARN("prefill messenger: dropped a control message: {}", frame.status().ToString());
+    owner_->metrics_.Rejected();
     return;
   }
   if (auto* hello = std::get_if<Hello>(&frame->message)) {
@@ -213,18 +214,21 @@ void PrefillMessenger::Impl::OnMessage(const std::string& bytes) {
     OnCancel(*cancel, frame->sender_seq);
   } else {
     PD_LOG_WARN("prefill messenger: unexpected message type {}", frame->message.index() + 1);
+    owner_->metrics_.Rejected();
   }
 }
 
 void PrefillMessenger::Impl::OnHello(const Hello& hello, uint64_t seq) {
   if (Status s = replay_.Check(hello.fabric_address, seq); !s.ok()) {
     PD_LOG_WARN("prefill messenger: Hello from '{}': {}", hello.instance_name, s.ToString());
+    owner_->metrics_.Rejected();
     return;
   }
   auto peer = domain_->AddPeer(hello.fabric_address);
   if (!peer.ok()) {
     PD_LOG_WARN("prefill messenger: Hello from '{}': {}", hello.instance_name,
                 peer.status().ToString());
+    owner_->metrics_.Rejected();
     return;
   }
   const ShardScheme mine{1, static_cast<uint16_t>(spec_.num_kv_heads)};
@@ -265,16 +269,19 @@ void PrefillMessenger::Impl::OnPrefillRequest(const PrefillRequest& request, uin
   if (!region.ok()) {
     PD_LOG_WARN("prefill messenger: PrefillRequest {}: {}", request.request_id,
                 region.status().ToString());
+    owner_->metrics_.Rejected();
     return;
   }
   auto peer = peers_.find(region->fabric_addr);
   if (peer == peers_.end()) {
     PD_LOG_WARN("prefill messenger: PrefillRequest {} from a peer without a handshake: dropped",
                 request.request_id);
+    owner_->metrics_.Rejected();
     return;
   }
   if (Status s = replay_.Check(region->fabric_addr, seq); !s.ok()) {
     PD_LOG_WARN("prefill messenger: PrefillRequest {}: {}", request.request_id, s.ToString());
+    owner_->metrics_.Rejected();
     return;
   }
   auto t = std::make_unique<Transfer>();
@@ -372,6 +379,7 @@ void PrefillMessenger::Impl::OnCancel(const Cancel& cancel, uint64_t seq) {
   if (t == nullptr) return;  // finished already
   if (Status s = replay_.Check(t->peer.fabric_addr, seq); !s.ok()) {
     PD_LOG_WARN("prefill messenger: Cancel {}: {}", cancel.request_id, s.ToString());
+    owner_->metrics_.Rejected();
     return;
   }
   Fail(t, Cancelled("request " + std::to_string(cancel.request_id) +

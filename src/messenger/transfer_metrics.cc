@@ -27,6 +27,9 @@ std::string TransferMetrics::PrometheusText(const std::string& role) const {
           retried());
   counter("kv_transfer_bytes_total", "Bytes of KV and metadata written.", bytes());
   counter("kv_transfer_writes_total", "One-sided writes posted.", writes_.load());
+  counter("kv_control_messages_rejected_total",
+          "Control messages dropped: malformed, unauthenticated, replayed or from an unknown peer.",
+          rejected());
   out +=
       "# HELP pdserve:kv_transfers_active KV transfers in flight.\n"
       "# TYPE pdserve:kv_transfers_active gauge\npdserve:kv_transfers_active" +
