@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <random>
 #include <unordered_map>
@@ -452,6 +453,8 @@ void DecodeMessenger::Impl::StartAttempt(Req* r, const Status& last_error) {
   }
   r->meta_slot = free_meta_slots_.back();
   free_meta_slots_.pop_back();
+  // The canary the prefill's metadata write must replace (every float a NaN no computation makes).
+  std::memset(meta_buffer_.data() + size_t{meta_bytes_} * r->meta_slot, 0xFF, meta_bytes_);
   r->imm = imm;
   r->peer = peer;
   r->in_flight = true;
@@ -489,6 +492,21 @@ void DecodeMessenger::Impl::StartAttempt(Req* r, const Status& last_error) {
 void DecodeMessenger::Impl::OnKvArrived(int64_t id, uint32_t imm) {
   Req* r = Find(id);
   if (r == nullptr || !r->in_flight || r->imm != imm) return;
+  std::vector<float> hidden(meta_bytes_ / sizeof(float));
+  std::memcpy(hidden.data(), meta_buffer_.data() + size_t{meta_bytes_} * r->meta_slot, meta_bytes_);
+  const auto canary = std::count_if(hidden.begin(), hidden.end(), [](float v) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    return bits == 0xFFFFFFFFu;
+  });
+  if (canary != 0) {
+    FailAttempt(r, DataLoss("prefill instance " + peers_[r->peer].config.name +
+                            ": every write landed but the metadata was not written (" +
+                            std::to_string(canary) + " of " + std::to_string(hidden.size()) +
+                            " hidden-state values still hold the canary)"));
+    return;
+  }
+  if (options_.on_metadata) options_.on_metadata(id, hidden);
   const uint64_t num_pages =
       PagesForTokens(static_cast<uint32_t>(r->info->prefill_tokens.size()), spec_.page_size);
   const uint64_t bytes = num_pages * spec_.num_layers * spec_.page_bytes() + meta_bytes_;

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -53,6 +54,11 @@ struct DecodeMessengerOptions {
   // Borrowed, outlives the messenger; null: no trace. Events: "prefill request sent",
   // "kv transfer" (sent -> imm counter fired), "attempt failed", "transfer failed".
   Tracer* tracer = nullptr;
+  // Called (on the messenger thread, must not block) with each transfer's metadata once every
+  // write has landed: the last prefilled position's hidden state, hidden_size floats. Before a
+  // request is sent its metadata slot is filled with a canary; a transfer whose counter fired
+  // while the canary is still there fails the attempt with DataLoss (retried like other errors).
+  std::function<void(int64_t request_id, const std::vector<float>& last_hidden)> on_metadata;
 };
 
 struct PeerStatus {
