@@ -153,6 +153,18 @@ TEST(ClientTest, SseTimerTimesTextChunksAndReadsUsage) {
   EXPECT_NEAR(r.itl[0], 0.3, 1e-9);
   EXPECT_EQ(r.prompt_len, 7);
   EXPECT_EQ(r.output_len, 2);
+  // A chunk whose text is empty (a special token, half a character) still times a token.
+  SseTimer held(0);
+  feed(held, "data: {\"choices\":[{\"text\":\"\"}]}\n\n", 1.5);
+  feed(held, "data: {\"choices\":[{\"text\":\"\\u00e9\"}]}\n\ndata: [DONE]\n\n", 1.75);
+  RequestResult h;
+  h.http_status = 200;
+  held.Finish(&h);
+  EXPECT_TRUE(h.success) << h.error;
+  EXPECT_NEAR(h.ttft, 1.5, 1e-9);
+  ASSERT_EQ(h.itl.size(), 1u);
+  EXPECT_NEAR(h.itl[0], 0.25, 1e-9);
+  EXPECT_EQ(h.output_len, 2);
   SseTimer cut(0);
   feed(cut, "data: {\"choices\":[{\"text\":\"a\"}]}\n\n", 1);
   RequestResult c;

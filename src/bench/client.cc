@@ -80,13 +80,12 @@ void SseTimer::OnEvent(const std::string& payload, double now) {
     completion_tokens_ = j["usage"].value("completion_tokens", -1);
   }
   if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].empty()) return;
+  // Every chunk that carries a choice is a token arrival, as in vllm bench serve, even when its
+  // text is empty (a special token, or the first bytes of a multi-byte character held back by the
+  // server); only the chat API's opening role chunk is not.
   const json& c = j["choices"][0];
-  std::string text;
-  if (c.contains("text") && c["text"].is_string()) text = c["text"];
-  if (c.contains("delta") && c["delta"].contains("content") && c["delta"]["content"].is_string())
-    text = c["delta"]["content"];
-  if (text.empty()) return;
-  ++chunks_with_text_;
+  if (c.contains("delta") && c["delta"].is_object() && c["delta"].contains("role")) return;
+  ++token_chunks_;
   if (first_ < 0) {
     first_ = now;
   } else {
@@ -103,7 +102,7 @@ void SseTimer::Finish(RequestResult* r) const {
   }
   r->itl = itl_;
   if (prompt_tokens_ >= 0) r->prompt_len = prompt_tokens_;
-  r->output_len = completion_tokens_ >= 0 ? completion_tokens_ : chunks_with_text_;
+  r->output_len = completion_tokens_ >= 0 ? completion_tokens_ : token_chunks_;
   r->success = done_ && error_.empty() && r->http_status == 200;
   if (!r->success && r->error.empty())
     r->error = done_ ? "HTTP " + std::to_string(r->http_status) : "stream ended early";

@@ -49,7 +49,7 @@ class SseTimer {
   std::string buffer_;
   double first_ = -1, last_ = -1;
   std::vector<double> itl_;
-  int chunks_with_text_ = 0;
+  int token_chunks_ = 0;
   int prompt_tokens_ = -1, completion_tokens_ = -1;
   std::string error_;
   bool done_ = false;
