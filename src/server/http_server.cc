@@ -129,7 +129,9 @@ void OpenAiServer::RegisterRoutes() {
     res.status = 200;
   });
   http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_.registry.Render(), "text/plain; version=0.0.4; charset=utf-8");
+    std::string text = metrics_.registry.Render();
+    if (options_.extra_metrics) text += options_.extra_metrics();
+    res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
   });
   http_.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
     if (Authorized(req, res)) HandleModels(res);

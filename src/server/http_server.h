@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -31,6 +32,8 @@ struct ServerOptions {
   int max_inflight_requests = 0;  // generation requests in flight; 0: limited by the engine only
   int max_logprobs = 20;
   HttpLimits http;
+  // Appended to /metrics (Prometheus text), e.g. a decode instance's KV transfer metrics.
+  std::function<std::string()> extra_metrics;
 };
 
 struct StreamState;

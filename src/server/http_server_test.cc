@@ -287,6 +287,19 @@ TEST_F(ServerTest, ModelsTokenizeDetokenizeMetrics) {
   EXPECT_EQ(testing::MetricValue(m, "pdserve:kv_cache_usage_perc" + l + "}"), 0);
 }
 
+TEST_F(ServerTest, ExtraMetricsAreAppended) {
+  ServerOptions so;
+  int calls = 0;
+  so.extra_metrics = [&calls] {
+    ++calls;
+    return std::string("pdserve:kv_transfers_total{role=\"decode\"} ") + std::to_string(calls) +
+           "\n";
+  };
+  Start({}, so);
+  EXPECT_EQ(testing::MetricValue(Metrics(), "pdserve:kv_transfers_total{role=\"decode\"}"), 1);
+  EXPECT_EQ(testing::MetricValue(Metrics(), "pdserve:kv_transfers_total{role=\"decode\"}"), 2);
+}
+
 TEST_F(ServerTest, ApiKeyIsRequiredOnV1) {
   ServerOptions so;
   so.api_key = "sekret";
