@@ -11,6 +11,7 @@
 #include "engine/kernels_ref.h"
 #include "engine/model_runner_weights.h"
 #include "engine/thread_pool.h"
+#include "engine/tp_shard.h"
 
 namespace pd::engine {
 
@@ -59,13 +60,14 @@ void Ensure(std::vector<T>& v, size_t n) {
 class Runner final : public ModelRunner {
  public:
   Runner(std::unique_ptr<RunnerWeights> w, std::unique_ptr<KvRegion> region, int threads,
-         KernelKind kind)
+         KernelKind kind, const RankContext& rank)
       : w_(std::move(w)),
         c_(w_->config),
         region_(std::move(region)),
         pool_(threads),
         fast_(kind == KernelKind::kFast),
-        isa_(fast_ ? &kernels::KernelsFor(BestIsaLevel()) : nullptr) {}
+        isa_(fast_ ? &kernels::KernelsFor(BestIsaLevel()) : nullptr),
+        rank_(rank) {}
 
   Status Forward(const ForwardBatch& batch, ForwardOutput* out) override;
   const model::ModelConfig& config() const override { return c_; }
@@ -80,6 +82,9 @@ class Runner final : public ModelRunner {
   void Layer(int l);
   void Attention(int l);
   void Finish(const ForwardBatch& batch, ForwardOutput* out);
+  // x (n) += tmp, or with TP the sum of every rank's tmp in rank order. `attention`: tmp is the
+  // attention output, so this layer's KV is final (on every rank) and progress_ is bumped.
+  void AddResidual(float* x, const float* tmp, int64_t n, bool attention);
 
   // Kernel wrappers: reference kernels single-threaded, fast ones across the pool.
   void Matmul(const float* x, int64_t ldx, const WeightMatrix& w, float* out, int64_t ldo,
@@ -106,6 +111,7 @@ class Runner final : public ModelRunner {
   ThreadPool pool_;
   const bool fast_;
   const kernels::IsaKernels* isa_;
+  const RankContext rank_;
   LayerProgress progress_;
   uint64_t steps_done_ = 0;
   Tracer* tracer_ = nullptr;  // null: no trace
@@ -215,8 +221,10 @@ void Runner::Prepare(const ForwardBatch& batch) {
 
 Status Runner::Forward(const ForwardBatch& batch, ForwardOutput* out) {
   RETURN_IF_ERROR(Validate(batch));
-  out->logits.resize(batch.seqs.size());
-  out->last_hidden.resize(batch.seqs.size());
+  if (rank_.reduce == nullptr) {  // with TP the caller sizes out: the ranks write parts of it
+    out->logits.resize(batch.seqs.size());
+    out->last_hidden.resize(batch.seqs.size());
+  }
   if (batch.seqs.empty()) return OkStatus();
   Prepare(batch);
   for (int l = 0; l < c_.num_layers; ++l) {
@@ -272,10 +280,7 @@ void Runner::Layer(int l) {
   });
   Attention(l);
   Matmul(s_.attn.data(), q, L.o.w, s_.tmp.data(), hd, t);
-  progress_.Bump();  // this layer's KV is final: the messenger may stream it now
-  Rows(t * hd, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) x[i] += s_.tmp[i];
-  });
+  AddResidual(x, s_.tmp.data(), t * hd, /*attention=*/true);
   if (!L.o_bias.empty()) {  // (hidden) added to every token's attention output
     Rows(t, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r)
@@ -305,9 +310,29 @@ void Runner::Layer(int l) {
     }
   });
   Matmul(gate, ldg, L.down.w, s_.tmp.data(), hd, t);
-  Rows(t * hd, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) x[i] += s_.tmp[i];
+  AddResidual(x, s_.tmp.data(), t * hd, /*attention=*/false);
+}
+
+void Runner::AddResidual(float* x, const float* tmp, int64_t n, bool attention) {
+  if (rank_.reduce == nullptr) {
+    if (attention) progress_.Bump();  // this layer's KV is final: the messenger may stream it now
+    Rows(n, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) x[i] += tmp[i];
+    });
+    return;
+  }
+  rank_.reduce->Arrive(rank_.rank, tmp);  // every rank's sub-layer (and KV append) is done
+  if (attention) progress_.Bump();
+  const std::vector<const float*>& parts = rank_.reduce->Parts();
+  const size_t num_parts = parts.size();
+  Rows(n, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      float sum = parts[0][i];
+      for (size_t r = 1; r < num_parts; ++r) sum += parts[r][i];
+      x[i] += sum;
+    }
   });
+  rank_.reduce->Depart();
 }
 
 void Runner::Attention(int l) {
@@ -350,7 +375,7 @@ void Runner::Attention(int l) {
 }
 
 void Runner::Finish(const ForwardBatch& batch, ForwardOutput* out) {
-  const int64_t hd = c_.hidden_size, vocab = c_.vocab_size;
+  const int64_t hd = c_.hidden_size, vocab = w_->lm_head.w.n;  // with TP: this rank's rows
   const int64_t num_seqs = static_cast<int64_t>(batch.seqs.size());
   const float eps = static_cast<float>(c_.rms_norm_eps);
   // Final norm of each seq's last token into final_h (num_seqs, hidden): seqs wanting logits
@@ -373,9 +398,15 @@ void Runner::Finish(const ForwardBatch& batch, ForwardOutput* out) {
   for (int64_t i = 0; i < num_seqs; ++i) {
     const int64_t slot = s_.final_slot[i];
     const float* hrow = s_.final_h.data() + slot * hd;
+    const float* lrow = s_.logits.data() + slot * vocab;
+    if (rank_.reduce != nullptr) {  // out is sized by the caller: write this rank's part
+      if (rank_.rank == 0) std::copy(hrow, hrow + hd, out->last_hidden[i].begin());
+      if (batch.seqs[i].compute_logits)
+        std::copy(lrow, lrow + vocab, out->logits[i].begin() + rank_.vocab_begin);
+      continue;
+    }
     out->last_hidden[i].assign(hrow, hrow + hd);
     if (batch.seqs[i].compute_logits) {
-      const float* lrow = s_.logits.data() + slot * vocab;
       out->logits[i].assign(lrow, lrow + vocab);
     } else {
       out->logits[i].clear();
@@ -385,31 +416,38 @@ void Runner::Finish(const ForwardBatch& batch, ForwardOutput* out) {
 
 }  // namespace
 
-Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const model::ModelWeights& weights,
-                                                         const ModelRunnerOptions& options) {
-  ASSIGN_OR_RETURN(std::unique_ptr<RunnerWeights> rw, PrepareRunnerWeights(weights));
+Result<int64_t> RunnerNumPages(const ModelRunnerOptions& options, size_t page_bytes_all_ranks,
+                               int num_layers) {
+  if (options.kv.page_size <= 0)
+    return InvalidArgument("page_size must be positive, got " +
+                           std::to_string(options.kv.page_size));
+  if (options.num_pages < 0 || options.num_threads < 0)
+    return InvalidArgument("num_pages and num_threads must not be negative");
+  if (options.num_pages > 0) return options.num_pages;
+  const size_t bytes = page_bytes_all_ranks * num_layers;
+  const int64_t num_pages = static_cast<int64_t>(options.kv_cache_bytes / bytes);
+  if (num_pages < 1)
+    return InvalidArgument("kv_cache_bytes " + std::to_string(options.kv_cache_bytes) +
+                           " holds no page: one page over all layers takes " +
+                           std::to_string(bytes) + " bytes");
+  return std::min<int64_t>(num_pages, 1 << 30);
+}
+
+Result<std::unique_ptr<ModelRunner>> CreateRankRunner(std::unique_ptr<RunnerWeights> rw,
+                                                      const ModelRunnerOptions& options,
+                                                      int64_t num_pages, const RankContext& ctx) {
   const model::ModelConfig& c = rw->config;
   KvCacheSpec spec = options.kv;
   spec.num_layers = c.num_layers;
   spec.num_kv_heads = c.num_kv_heads;
   spec.head_dim = c.head_dim;
-  if (spec.page_size <= 0)
-    return InvalidArgument("page_size must be positive, got " + std::to_string(spec.page_size));
-  if (options.num_pages < 0 || options.num_threads < 0)
-    return InvalidArgument("num_pages and num_threads must not be negative");
-  int64_t num_pages = options.num_pages;
-  if (num_pages == 0) {
-    num_pages = static_cast<int64_t>(options.kv_cache_bytes / (spec.page_bytes() * c.num_layers));
-    if (num_pages < 1)
-      return InvalidArgument("kv_cache_bytes " + std::to_string(options.kv_cache_bytes) +
-                             " holds no page: one page over all layers takes " +
-                             std::to_string(spec.page_bytes() * c.num_layers) + " bytes");
-    num_pages = std::min<int64_t>(num_pages, 1 << 30);
-  }
   ASSIGN_OR_RETURN(std::unique_ptr<KvRegion> region,
                    KvRegion::Create(spec, static_cast<int>(num_pages)));
   int threads = options.num_threads;
-  if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads == 0) {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    threads = std::max(1, cores / std::max(1, options.tensor_parallel_size));
+  }
   if (options.kernels == KernelKind::kReference) threads = 1;
   if (options.kernels == KernelKind::kFast &&
       kernels::KernelsFor(BestIsaLevel()).matmul_panel != nullptr) {
@@ -417,9 +455,21 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const model::ModelWeigh
     RETURN_IF_ERROR(PackRunnerWeights(pack_pool, rw.get()));
   }
   auto runner =
-      std::make_unique<Runner>(std::move(rw), std::move(region), threads, options.kernels);
-  runner->set_tracer(options.tracer);
+      std::make_unique<Runner>(std::move(rw), std::move(region), threads, options.kernels, ctx);
+  if (ctx.rank == 0) runner->set_tracer(options.tracer);  // the leader's layers stand for all
   return std::unique_ptr<ModelRunner>(std::move(runner));
+}
+
+Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const model::ModelWeights& weights,
+                                                         const ModelRunnerOptions& options) {
+  if (options.tensor_parallel_size != 1) return CreateTpModelRunner(weights, options);
+  ASSIGN_OR_RETURN(std::unique_ptr<RunnerWeights> rw, PrepareRunnerWeights(weights));
+  KvCacheSpec spec = options.kv;
+  spec.num_kv_heads = rw->config.num_kv_heads;
+  spec.head_dim = rw->config.head_dim;
+  ASSIGN_OR_RETURN(int64_t num_pages,
+                   RunnerNumPages(options, spec.page_bytes(), rw->config.num_layers));
+  return CreateRankRunner(std::move(rw), options, num_pages, RankContext{});
 }
 
 }  // namespace pd::engine

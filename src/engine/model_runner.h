@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "common/check.h"
 #include "common/status.h"
 #include "common/trace.h"
 #include "engine/kv_cache.h"
@@ -58,7 +59,10 @@ struct ModelRunnerOptions {
   KvCacheSpec kv;     // num_layers/num_kv_heads/head_dim are filled from the config
   int num_pages = 0;  // pages in the region (0: from kv_cache_bytes)
   size_t kv_cache_bytes = 256ull << 20;
-  int num_threads = 0;  // 0: all cores
+  int num_threads = 0;  // per rank; 0: all cores / tensor_parallel_size
+  // Ranks (threads) splitting heads, KV heads, MLP columns and lm_head rows; kv_cache_bytes is
+  // then the instance's total over all ranks' regions (one page table for all of them).
+  int tensor_parallel_size = 1;
   KernelKind kernels = KernelKind::kFast;
   Tracer* tracer = nullptr;  // borrowed, outlives the runner: one "layer" event per layer per step
 };
@@ -77,6 +81,14 @@ class ModelRunner {
   virtual KvRegion& region() = 0;
   virtual const LayerProgress& progress() const = 0;
   virtual uint64_t steps_done() const = 0;
+  // Tensor-parallel ranks, each with its own region of the same num_pages (its KV head-shard);
+  // region() is rank 0's, and progress() is rank 0's (the all-reduces keep the ranks in step:
+  // with TP, a layer is counted once every rank has written its KV).
+  virtual int num_ranks() const { return 1; }
+  virtual KvRegion& rank_region(int rank) {
+    PD_CHECK(rank == 0) << "rank " << rank << " of 1";
+    return region();
+  }
 };
 
 }  // namespace pd::engine

@@ -17,7 +17,8 @@ class ThreadPool;
 // One linear layer W (n, k), plus the F32 copy it owns when the checkpoint was F16.
 struct LinearWeight {
   kernels::WeightMatrix w;
-  std::vector<float> owned;  // (n, k) when converted
+  std::vector<float> owned;          // (n, k) when converted
+  std::vector<uint16_t> owned_bf16;  // (n, k) bf16 copy (a TP rank's column slice)
 };
 
 struct RunnerLayerWeights {

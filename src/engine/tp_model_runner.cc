@@ -1,0 +1,158 @@
+// The tensor-parallel runner: N rank runners over sharded weights, each with its own KV region
+// and thread pool, run step by step in lockstep (the all-reduces inside the layers keep them so).
+// Rank 0 runs on the caller's thread (the engine loop), ranks 1.. on threads owned here.
+#include <pthread.h>
+#include <sched.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "common/check.h"
+#include "engine/cpu_features.h"
+#include "engine/kernels.h"
+#include "engine/thread_pool.h"
+#include "engine/tp_shard.h"
+
+namespace pd::engine {
+namespace {
+
+// Thread safety: Forward is called by one thread at a time; it hands the step to the rank
+// threads under mu_ and waits until every rank is done, so batch_/out_ are only read by rank
+// threads while Forward is blocked.
+class TpRunner final : public ModelRunner {
+ public:
+  TpRunner(std::unique_ptr<RunnerWeights> full, std::unique_ptr<TpAllReduce> reduce,
+           std::vector<std::unique_ptr<ModelRunner>> ranks)
+      : full_(std::move(full)), reduce_(std::move(reduce)), ranks_(std::move(ranks)) {
+    status_.resize(ranks_.size());
+    for (size_t r = 1; r < ranks_.size(); ++r)
+      threads_.emplace_back([this, r] { RankLoop(static_cast<int>(r)); });
+  }
+  ~TpRunner() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    work_cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+  Status Forward(const ForwardBatch& batch, ForwardOutput* out) override;
+  const model::ModelConfig& config() const override { return full_->config; }
+  KvRegion& region() override { return ranks_[0]->region(); }
+  const LayerProgress& progress() const override { return ranks_[0]->progress(); }
+  uint64_t steps_done() const override { return ranks_[0]->steps_done(); }
+  int num_ranks() const override { return static_cast<int>(ranks_.size()); }
+  KvRegion& rank_region(int rank) override {
+    PD_CHECK(rank >= 0 && rank < num_ranks()) << "rank " << rank << " of " << num_ranks();
+    return ranks_[rank]->region();
+  }
+
+ private:
+  void RankLoop(int rank);
+
+  std::unique_ptr<RunnerWeights> full_;  // the unsharded views the ranks' weights point into
+  std::unique_ptr<TpAllReduce> reduce_;
+  std::vector<std::unique_ptr<ModelRunner>> ranks_;
+  std::vector<std::thread> threads_;  // ranks 1..N-1
+
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  uint64_t generation_ = 0;              // GUARDED_BY(mu_): bumped per step
+  int pending_ = 0;                      // GUARDED_BY(mu_): rank threads still running the step
+  bool stop_ = false;                    // GUARDED_BY(mu_)
+  const ForwardBatch* batch_ = nullptr;  // GUARDED_BY(mu_)
+  ForwardOutput* out_ = nullptr;         // GUARDED_BY(mu_)
+  std::vector<Status> status_;           // [rank] of the current step
+};
+
+void TpRunner::RankLoop(int rank) {
+  uint64_t seen = 0;
+  for (;;) {
+    const ForwardBatch* batch;
+    ForwardOutput* out;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      batch = batch_;
+      out = out_;
+    }
+    status_[rank] = ranks_[rank]->Forward(*batch, out);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --pending_;
+    }
+    done_cv_.notify_one();
+  }
+}
+
+Status TpRunner::Forward(const ForwardBatch& batch, ForwardOutput* out) {
+  // The ranks write disjoint parts of `out`: size it first.
+  const size_t n = batch.seqs.size();
+  out->logits.resize(n);
+  out->last_hidden.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (batch.seqs[i].compute_logits) {
+      out->logits[i].resize(full_->config.vocab_size);
+    } else {
+      out->logits[i].clear();
+    }
+    out->last_hidden[i].resize(full_->config.hidden_size);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    batch_ = &batch;
+    out_ = out;
+    pending_ = static_cast<int>(threads_.size());
+    ++generation_;
+  }
+  work_cv_.notify_all();
+  // Every rank validates the same batch against the same page count, so all fail or none does
+  // (a failed rank never reaches the all-reduce barriers).
+  status_[0] = ranks_[0]->Forward(batch, out);
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return pending_ == 0; });
+  }
+  for (const Status& s : status_) RETURN_IF_ERROR(s);
+  return OkStatus();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ModelRunner>> CreateTpModelRunner(const model::ModelWeights& weights,
+                                                         const ModelRunnerOptions& options) {
+  const int tp = options.tensor_parallel_size;
+  ASSIGN_OR_RETURN(std::unique_ptr<RunnerWeights> full, PrepareRunnerWeights(weights));
+  const model::ModelConfig& c = full->config;
+  RETURN_IF_ERROR(ValidateTensorParallel(c, tp));
+  size_t page_bytes_all = 0;
+  for (int r = 0; r < tp; ++r) {
+    KvCacheSpec spec = options.kv;
+    spec.num_kv_heads = ComputeTpShard(c, tp, r).num_kv_heads;
+    spec.head_dim = c.head_dim;
+    page_bytes_all += spec.page_bytes();
+  }
+  ASSIGN_OR_RETURN(int64_t num_pages, RunnerNumPages(options, page_bytes_all, c.num_layers));
+  auto reduce = std::make_unique<TpAllReduce>(tp);
+  std::vector<std::unique_ptr<ModelRunner>> ranks;
+  for (int r = 0; r < tp; ++r) {
+    const TpShard shard = ComputeTpShard(c, tp, r);
+    ASSIGN_OR_RETURN(std::unique_ptr<RunnerWeights> w, ShardRunnerWeights(*full, shard));
+    RankContext ctx;
+    ctx.reduce = reduce.get();
+    ctx.rank = r;
+    ctx.vocab_begin = shard.vocab_begin;
+    ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
+                     CreateRankRunner(std::move(w), options, num_pages, ctx));
+    ranks.push_back(std::move(runner));
+  }
+  return std::unique_ptr<ModelRunner>(
+      new TpRunner(std::move(full), std::move(reduce), std::move(ranks)));
+}
+
+}  // namespace pd::engine
