@@ -93,6 +93,69 @@ Result<DeploymentSpec> DeploymentFromTraceName(const std::string& name, bool* as
                          "' is not vllm-N-RATE, distserve-N-RATE or distserve-cTPPPdTPPP-N-RATE");
 }
 
+namespace {
+
+// The "threads" of every instance in the plan, which must agree (0 when none gives it).
+Result<int> PlanThreads(const std::string& json_text, const std::string& source) {
+  using nlohmann::json;
+  json j = json::parse(json_text, nullptr, false);
+  int threads = 0;
+  for (const auto& inst : j["plan"]["instances"]) {
+    if (!inst.contains("threads")) continue;
+    if (!inst["threads"].is_number_integer() || inst["threads"].get<int>() < 1) {
+      return InvalidArgument(source + ": 'threads' must be a positive integer");
+    }
+    const int t = inst["threads"].get<int>();
+    if (threads != 0 && t != threads) {
+      return InvalidArgument(source + ": instances give different 'threads' (" +
+                             std::to_string(threads) + " and " + std::to_string(t) +
+                             "); pdserve up runs every instance with the same thread count");
+    }
+    threads = t;
+  }
+  return threads;
+}
+
+}  // namespace
+
+Result<LocalPlan> LocalPlanFromJson(const std::string& json_text, const std::string& source,
+                                    const LocalLimits& limits) {
+  ASSIGN_OR_RETURN(DeploymentSpec spec, ParsePlanJson(json_text, source));
+  if (!spec.disaggregated) {
+    return InvalidArgument(source +
+                           ": the plan is colocated; pdserve up starts prefill + decode "
+                           "instances (run `pdserve serve` per colocated instance instead)");
+  }
+  if (spec.prefill.pp > 1 || spec.decode.pp > 1) {
+    return InvalidArgument(source + ": the plan uses pipeline parallelism (prefill PP " +
+                           std::to_string(spec.prefill.pp) + ", decode PP " +
+                           std::to_string(spec.decode.pp) +
+                           "), which pdserve's engine does not implement; re-plan with "
+                           "--max-pp 1");
+  }
+  if (!limits.engine_tp && (spec.prefill.tp > 1 || spec.decode.tp > 1)) {
+    return InvalidArgument(source + ": the plan uses tensor parallelism (prefill TP " +
+                           std::to_string(spec.prefill.tp) + ", decode TP " +
+                           std::to_string(spec.decode.tp) +
+                           "), which this build's serve does not offer "
+                           "(no --tensor-parallel-size); re-plan with TP 1");
+  }
+  LocalPlan p;
+  p.num_prefill = spec.num_prefill;
+  p.num_decode = spec.num_decode;
+  p.prefill_tp = spec.prefill.tp;
+  p.decode_tp = spec.decode.tp;
+  ASSIGN_OR_RETURN(p.threads, PlanThreads(json_text, source));
+  const int instances = p.num_prefill + p.num_decode;
+  if (limits.pin_cores && limits.cores > 0 && instances > limits.cores) {
+    return InvalidArgument(source + ": " + std::to_string(instances) +
+                           " instances cannot each be pinned to their own core on a machine "
+                           "with " +
+                           std::to_string(limits.cores) + " cores (drop --pin-cores or re-plan)");
+  }
+  return p;
+}
+
 Result<std::vector<InstanceConfig>> BuildInstances(const PlannerInputs& in,
                                                    const DeploymentSpec& spec) {
   std::vector<InstanceConfig> out;

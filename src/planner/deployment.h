@@ -28,6 +28,26 @@ Result<DeploymentSpec> ParsePlanJson(const std::string& json_text, const std::st
 // configuration and is taken as c21d11 (`assumed` is set).
 Result<DeploymentSpec> DeploymentFromTraceName(const std::string& name, bool* assumed);
 
+// What `pdserve up --plan FILE` can start on this machine: one process per instance, prefill and
+// decode roles only, no pipeline parallelism.
+struct LocalPlan {
+  int num_prefill = 1;
+  int num_decode = 1;
+  int prefill_tp = 1;
+  int decode_tp = 1;
+  int threads = 0;  // compute threads per instance from the plan's "threads" (0: not given)
+};
+struct LocalLimits {
+  int cores = 0;           // CPU cores of this machine (0: unknown, not checked)
+  bool engine_tp = false;  // `serve` takes --tensor-parallel-size
+  bool pin_cores = false;  // one core per instance: then instances must not outnumber cores
+};
+// Validates a pdserve-plan-v1 "plan" for a local deployment. InvalidArgument, saying why and what
+// to do instead, for a colocated plan, PP > 1, TP > 1 without engine TP, a non-positive
+// "threads", or (pinned) more instances than cores.
+Result<LocalPlan> LocalPlanFromJson(const std::string& json_text, const std::string& source,
+                                    const LocalLimits& limits);
+
 Result<std::vector<InstanceConfig>> BuildInstances(const PlannerInputs& in,
                                                    const DeploymentSpec& spec);
 

@@ -28,15 +28,33 @@ struct DecodeSample {
 Result<std::array<double, 3>> LeastSquares3(std::span<const std::array<double, 3>> x,
                                             std::span<const double> y);
 
+// Least squares with every coefficient >= 0: the unconstrained solution when it is
+// non-negative, else the best over the subsets of features with the others held at 0 (3
+// features: 7 subsets). InvalidArgument when no subset gives a non-negative solution.
+Result<std::array<double, 3>> NonNegativeLeastSquares3(std::span<const std::array<double, 3>> x,
+                                                       std::span<const double> y);
+
+struct FitOptions {
+  // Minimise the relative error of each sample (rows weighted by 1/time) instead of the absolute
+  // error: step times of a profile span orders of magnitude and the small ones matter as much.
+  bool relative = false;
+  // Coefficients >= 0 (a step cannot get faster with more work); a noisy profile otherwise
+  // yields e.g. a negative quadratic term.
+  bool non_negative = false;
+};
+
 // Fits [a, b, c] of a + b·tokens + c·sq.
-Result<std::array<double, 3>> FitPrefill(std::span<const PrefillSample> samples);
+Result<std::array<double, 3>> FitPrefill(std::span<const PrefillSample> samples,
+                                         const FitOptions& options = {});
 // Fits [a, b, c] of a + b·context + c·batch.
-Result<std::array<double, 3>> FitDecode(std::span<const DecodeSample> samples);
+Result<std::array<double, 3>> FitDecode(std::span<const DecodeSample> samples,
+                                        const FitOptions& options = {});
 
 // Fits all three forms; samples with batch < threshold go to the small-batch fit, the others to
 // the large-batch fit. If one side has too few samples it reuses the other side's coefficients.
 Result<StepCoeffs> FitStepCoeffs(std::span<const PrefillSample> prefill,
-                                 std::span<const DecodeSample> decode, int threshold);
+                                 std::span<const DecodeSample> decode, int threshold,
+                                 const FitOptions& options = {});
 
 // Root-mean-square relative error of the coefficients on the samples (a fit's quality figure).
 double PrefillRelRmse(const StepCoeffs& c, std::span<const PrefillSample> samples);

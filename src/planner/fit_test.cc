@@ -65,5 +65,35 @@ TEST(Fit, OneSidedDecodeSamplesShareCoefficients) {
   EXPECT_EQ(c->decode_small, c->decode_large);
 }
 
+TEST(Fit, NonNegativeLeastSquaresKeepsAFeasibleSolutionAndClampsOthers) {
+  std::vector<std::array<double, 3>> x = {{1, 1, 1}, {1, 2, 4}, {1, 3, 9}, {1, 4, 16}};
+  std::vector<double> y = {3, 5, 7, 9};  // 1 + 2·t exactly
+  auto free_fit = LeastSquares3(x, y);
+  auto nn = NonNegativeLeastSquares3(x, y);
+  ASSERT_TRUE(free_fit.ok() && nn.ok());
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR((*nn)[i], (*free_fit)[i], 1e-12);
+  // Concave data: the free fit takes a negative t² term; the constrained one holds it at 0.
+  std::vector<double> concave = {3, 5, 6.5, 7.5};
+  auto bent = LeastSquares3(x, concave);
+  ASSERT_TRUE(bent.ok());
+  EXPECT_LT((*bent)[2], 0.0);
+  auto clamped = NonNegativeLeastSquares3(x, concave);
+  ASSERT_TRUE(clamped.ok());
+  EXPECT_EQ((*clamped)[2], 0.0);
+  EXPECT_GT((*clamped)[1], 0.0);
+  // Every subset's solution is negative: an error, not a silent zero model.
+  std::vector<double> negative = {-1, -2, -3, -4};
+  auto none = NonNegativeLeastSquares3(x, negative);
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(none.status().message().find("no non-negative solution"), std::string::npos);
+}
+
+TEST(Fit, RelativeFitNeedsPositiveTimes) {
+  std::vector<PrefillSample> s = {{10, 100, 1}, {20, 400, 0}, {40, 1600, 3}};
+  auto r = FitPrefill(s, FitOptions{/*relative=*/true, false});
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("not positive"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace pd::planner

@@ -233,6 +233,13 @@ void Cluster::TryStart(double now, int i) {
 
 bool Cluster::OnToken(double now, Instance& inst, int64_t req) {
   RequestResult& out = result_.requests[req];
+  if (inst.cfg.role == Role::kPrefill && opts_.first_token_on_decode) {
+    const int dest = PickLeastLoaded(Role::kDecode);
+    ++instances_[dest].incoming;
+    const double xfer = KvTransferSeconds(inst.cfg, instances_[dest].cfg, links_, out.prompt_len);
+    Push(now + xfer, EventKind::kKvArrived, dest, req);
+    return true;
+  }
   const int n = ++generated_[req];
   if (n == 1) {
     out.first_token_s = now;
@@ -289,12 +296,12 @@ SchedulerFactory NativeSchedulerFactory() {
 double KvTransferSeconds(const InstanceConfig& from, const InstanceConfig& to,
                          const ClusterLinks& links, int tokens) {
   const double bytes = links.kv_bytes_per_token * tokens;
-  if (bytes <= 0) return 0.0;
+  if (bytes <= 0) return links.transfer_latency_s;
   if (from.node == to.node) {
     const int shards = std::min(from.tp * from.pp, to.tp * to.pp);
-    return bytes / (links.intra_node_bw * shards);
+    return links.transfer_latency_s + bytes / (links.intra_node_bw * shards);
   }
-  return bytes / links.inter_node_bw;
+  return links.transfer_latency_s + bytes / links.inter_node_bw;
 }
 
 Result<SimResult> Simulate(std::span<const InstanceConfig> instances, const ClusterLinks& links,

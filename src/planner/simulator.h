@@ -40,6 +40,7 @@ struct ClusterLinks {
   double intra_node_bw = 240e9;    // bytes/s per device (every shard moves its slice in parallel)
   double inter_node_bw = 3.125e9;  // bytes/s between two nodes (25 Gbps)
   double kv_bytes_per_token = 0;   // whole model, all layers
+  double transfer_latency_s = 0;   // fixed cost of every hand-over (control messages, set-up)
 };
 
 using SchedulerFactory =
@@ -53,6 +54,11 @@ struct SimOptions {
   // uses it to give up on a rate early.
   int max_misses = -1;
   Slo slo;
+  // pdserve's own hand-over (DESIGN.md, request flow step 5): the prefill instance samples
+  // nothing; the decode instance runs the last prompt token as its first decode step and samples
+  // the first token, so TTFT includes the KV transfer and that step. false: DistServe's
+  // accounting (the first token comes from the prefill step).
+  bool first_token_on_decode = false;
 };
 
 struct SimResult {

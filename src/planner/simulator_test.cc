@@ -84,6 +84,41 @@ TEST(Simulator, KvTransferDelaysDecodeByBytesOverBandwidth) {
   EXPECT_NEAR(KvTransferSeconds(prefill, decode, links, 1000), 1e9 / links.intra_node_bw, 1e-12);
 }
 
+// pdserve's hand-over: TTFT = prefill step + (latency + bytes / bandwidth) + the decode step
+// that runs the last prompt token; the decode instance then yields every output token.
+TEST(Simulator, FirstTokenOnDecodeCountsTransferAndDecodeStepInTtft) {
+  InstanceConfig prefill, decode;
+  prefill.role = Role::kPrefill;
+  prefill.coeffs = ConstantPrefill(50);
+  decode.role = Role::kDecode;
+  decode.node = 1;
+  decode.coeffs.decode_small = {10, 0, 0};
+  ClusterLinks links;
+  links.kv_bytes_per_token = 1e6;
+  links.inter_node_bw = 1e9;  // 100 tokens → 0.1 s
+  links.transfer_latency_s = 0.02;
+  std::vector<InstanceConfig> insts = {prefill, decode};
+  std::vector<SimRequest> reqs = {{0, 0.0, 100, 4}};
+  SimOptions o;
+  o.first_token_on_decode = true;
+  auto r = Simulate(insts, links, reqs, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_NEAR(r->requests[0].ttft_s(), 0.05 + 0.02 + 0.1 + 0.01, 1e-12);
+  EXPECT_NEAR(r->requests[0].tpot_s(), 0.01, 1e-12);
+  EXPECT_EQ(r->num_steps, 1 + 4);  // one prefill step, four decode steps
+  // A one-token answer still moves to the decode instance for its only token.
+  reqs[0].output_len = 1;
+  auto one = Simulate(insts, links, reqs, o);
+  ASSERT_TRUE(one.ok());
+  EXPECT_NEAR(one->requests[0].ttft_s(), 0.18, 1e-12);
+  // DistServe's accounting: the first token leaves the prefill step; the latency is in TPOT.
+  reqs[0].output_len = 4;
+  auto ds = Simulate(insts, links, reqs, SimOptions{});
+  ASSERT_TRUE(ds.ok());
+  EXPECT_NEAR(ds->requests[0].ttft_s(), 0.05, 1e-12);
+  EXPECT_NEAR(ds->requests[0].finish_s, 0.05 + 0.12 + 3 * 0.01, 1e-12);
+}
+
 TEST(Simulator, PipelineKeepsSeveralBatchesInFlight) {
   InstanceConfig inst;
   inst.coeffs = ConstantPrefill(100);
