@@ -1,0 +1,110 @@
+#!/usr/bin/python3
+"""Reports of bench/disagg/run.sh, from `pdserve bench` result JSON files.
+
+  report.py side-by-side --title T A.json "label A" B.json "label B"
+  report.py layer-bytes PREFILL.metrics MODEL_DIR
+  report.py low-load DISAGG.json COLOCATED.json TRANSFER.json LAYER_BYTES
+"""
+import json
+import os
+import re
+import sys
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def fmt(v, digits=2):
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+ROWS = [
+    ("completed / failed", lambda r: f"{r['completed']} / {r['failed']}"),
+    ("request throughput (req/s)", lambda r: fmt(r.get("request_throughput"))),
+    ("goodput (req/s)", lambda r: fmt(r.get("request_goodput"))),
+    ("SLO attainment (%)", lambda r: fmt(100 * r["slo_attainment"], 1)
+     if r.get("slo_attainment") is not None else "-"),
+]
+for metric in ("ttft", "tpot", "itl"):
+    for p in ("median", "p99"):
+        key = f"{p}_{metric}_ms"
+        label = f"{metric.upper()} {'p50' if p == 'median' else p} (ms)"
+        ROWS.append((label, lambda r, key=key: fmt(r.get(key))))
+
+
+def side_by_side(args):
+    if len(args) != 6 or args[0] != "--title":
+        sys.exit("usage: report.py side-by-side --title T A.json 'label A' B.json 'label B'")
+    title, a_path, a_label, b_path, b_label = args[1:]
+    a, b = load(a_path), load(b_path)
+    w0, w1, w2 = 28, max(len(a_label), 12), max(len(b_label), 12)
+    print(f"\n== {title}")
+    print(f"{'':{w0}}  {a_label:>{w1}}  {b_label:>{w2}}  {'ratio':>7}")
+    for label, get in ROWS:
+        va, vb = get(a), get(b)
+        ratio = "-"
+        try:
+            fa, fb = float(va), float(vb)
+            if fb != 0:
+                ratio = f"{fa / fb:.2f}"
+        except ValueError:
+            pass
+        print(f"{label:{w0}}  {va:>{w1}}  {vb:>{w2}}  {ratio:>7}")
+
+
+def metric_value(text, name):
+    m = re.search(r"^" + re.escape(name) + r"(\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", text, re.M)
+    return float(m.group(2)) if m else None
+
+
+def layer_bytes(args):
+    if len(args) != 2:
+        sys.exit("usage: report.py layer-bytes PREFILL.metrics MODEL_DIR")
+    with open(args[0]) as f:
+        text = f.read()
+    total = metric_value(text, "pdserve:kv_transfer_bytes_total")
+    count = metric_value(text, "pdserve:kv_transfers_total")
+    if not total or not count:
+        sys.exit(f"report.py: {args[0]} has no completed KV transfers "
+                 "(pdserve:kv_transfer_bytes_total / pdserve:kv_transfers_total)")
+    layers = load(os.path.join(args[1], "config.json"))["num_hidden_layers"]
+    print(int(total / count / layers))
+
+
+def low_load(args):
+    if len(args) != 4:
+        sys.exit("usage: report.py low-load DISAGG.json COLOCATED.json TRANSFER.json LAYER_BYTES")
+    d, c, t = load(args[0]), load(args[1]), load(args[2])
+    nbytes = int(args[3])
+    rows = [r for r in t["rows"] if r["workload"] == "pages" and r["domains"] == 1]
+    if not rows:
+        sys.exit(f"report.py: {args[2]} has no single-domain 'pages' row")
+    layer_ms = rows[0]["p50_us"] / 1000.0
+    step_ms = d["median_tpot_ms"]
+    added = d["median_ttft_ms"] - c["median_ttft_ms"]
+    added99 = d["p99_ttft_ms"] - c["p99_ttft_ms"]
+    goal = layer_ms + step_ms
+    print("\n== low load (one request at a time): the TTFT disaggregation adds")
+    print(f"{'':34}  {'disaggregated':>13}  {'colocated':>13}")
+    print(f"{'TTFT p50 (ms)':34}  {d['median_ttft_ms']:13.2f}  {c['median_ttft_ms']:13.2f}")
+    print(f"{'TTFT p99 (ms)':34}  {d['p99_ttft_ms']:13.2f}  {c['p99_ttft_ms']:13.2f}")
+    print(f"{'TPOT p50 (ms)':34}  {d['median_tpot_ms']:13.2f}  {c['median_tpot_ms']:13.2f}")
+    print(f"added TTFT p50: {added:.2f} ms (p99: {added99:.2f} ms)")
+    print(f"goal: one layer's transfer ({nbytes} bytes, fabric write p50 {layer_ms:.3f} ms) "
+          f"+ one decode step (TPOT p50 {step_ms:.2f} ms) = {goal:.2f} ms")
+    print(f"added / goal = {added / goal:.2f} ({'met' if added <= goal else 'NOT met'})")
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    commands = {"side-by-side": side_by_side, "layer-bytes": layer_bytes, "low-load": low_load}
+    if sys.argv[1] not in commands:
+        sys.exit(f"report.py: unknown command '{sys.argv[1]}'\n{__doc__}")
+    commands[sys.argv[1]](sys.argv[2:])
+
+
+if __name__ == "__main__":
+    main()

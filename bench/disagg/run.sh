@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# bench/disagg/run.sh: disaggregated (`pdserve up`: 1 prefill + 1 decode instance, each pinned to
+# its own core) against colocated (`pdserve serve`), the same `pdserve bench` workload on each,
+# the reports side by side (bench/disagg/report.py).
+#
+#   bench/disagg/run.sh [--model DIR] [--pdserve BIN] [--scenario NAME] [--out DIR] [--quick]
+#
+# Scenarios (default: all):
+#   demo      a chat-like workload (sharegpt-like lengths scaled to this CPU, Poisson arrivals);
+#             colocated uses both cores; TTFT, TPOT, ITL p50/p99 and goodput at the SLO.
+#   low-load  one request at a time: the TTFT disaggregation adds over a colocated instance with
+#             the prefill instance's resources (one core), against the goal "one layer's KV
+#             transfer (measured with `pdserve transfer-bench`) plus one decode step".
+#   stall     long prompts arriving while others decode: colocated decode steps wait behind
+#             prefill chunks; p99 ITL of the disaggregated deployment against colocated's.
+#
+# The model defaults to models/demo-qwen3-small (created with `pdserve make-model` if missing).
+# Results (the bench JSON of every run and the instances' /metrics) go to --out.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+PDSERVE=$ROOT/build/pdserve
+MODEL=$ROOT/models/demo-qwen3-small
+SCENARIO=all
+OUT=
+QUICK=0
+PY=/usr/bin/python3
+
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --model) MODEL=$2; shift 2 ;;
+    --pdserve) PDSERVE=$2; shift 2 ;;
+    --scenario) SCENARIO=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --quick) QUICK=1; shift ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "bench/disagg: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+case "$SCENARIO" in demo | low-load | stall | all) ;;
+  *) echo "bench/disagg: --scenario must be demo, low-load, stall or all (got '$SCENARIO')" >&2; exit 2 ;;
+esac
+[ -x "$PDSERVE" ] || { echo "bench/disagg: $PDSERVE is not built (make build)" >&2; exit 1; }
+[ -x "$PY" ] || { echo "bench/disagg: $PY is missing (scripts/install-deps.sh installs it)" >&2; exit 1; }
+if [ ! -f "$MODEL/config.json" ]; then
+  echo "bench/disagg: creating $MODEL (qwen3 'small' preset, bf16, random weights)"
+  "$PDSERVE" --log-level warn make-model --arch qwen3 --preset small --dtype bf16 --seed 1 --out "$MODEL"
+fi
+[ -n "$OUT" ] || OUT=$(mktemp -d /tmp/pdserve-disagg.XXXXXX)
+mkdir -p "$OUT"
+NCPU=$(nproc)
+
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  PIDS=()
+}
+trap cleanup EXIT
+trap 'cleanup; exit 130' INT TERM
+
+# A base port P with P..P+3 free (the router, the prefill and the decode instance).
+free_ports() {
+  "$PY" - <<'EOF'
+import random, socket
+for _ in range(200):
+    p = random.randint(20000, 60000)
+    try:
+        socks = []
+        for q in range(p, p + 4):
+            s = socket.socket(); s.bind(("127.0.0.1", q)); socks.append(s)
+        print(p); break
+    except OSError:
+        pass
+    finally:
+        for s in socks: s.close()
+EOF
+}
+
+# wait_for LOG PATTERN PID: until LOG has a line matching PATTERN (prints it), or PID is gone.
+wait_for() {
+  local log=$1 pattern=$2 pid=$3 i
+  for i in $(seq 1 3000); do
+    if grep -q "$pattern" "$log" 2>/dev/null; then grep -m1 "$pattern" "$log"; return 0; fi
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "bench/disagg: the server did not start; its log ($log):" >&2
+  cat "$log" >&2
+  return 1
+}
+
+# start_disagg: `pdserve up` with one prefill and one decode instance, each pinned to its own core.
+start_disagg() {
+  local port log
+  port=$(free_ports)
+  log=$OUT/up.$RUN.log
+  "$PDSERVE" --log-level warn up --model "$MODEL" --prefill 1 --decode 1 --port "$port" \
+    --threads 1 --pin-cores "$@" > "$log" 2>&1 &
+  PIDS+=($!)
+  wait_for "$log" "router (OpenAI API) on" $! > /dev/null
+  URL=http://127.0.0.1:$port
+  METRICS_URLS="prefill=http://127.0.0.1:$((port + 1))/metrics decode=http://127.0.0.1:$((port + 2))/metrics"
+}
+
+# start_colocated CORES THREADS: `pdserve serve` on the given cores.
+start_colocated() {
+  local cores=$1 threads=$2 log line
+  shift 2
+  log=$OUT/serve.$RUN.log
+  taskset -c "$cores" "$PDSERVE" --log-level warn serve --model "$MODEL" --port 0 \
+    --threads "$threads" "$@" > "$log" 2>&1 &
+  PIDS+=($!)
+  line=$(wait_for "$log" "on http://127.0.0.1:" $!)
+  URL=$(echo "$line" | sed -n 's|.*on \(http://127.0.0.1:[0-9]*\).*|\1|p')
+  METRICS_URLS="colocated=$URL/metrics"
+}
+
+save_metrics() {
+  local kv name url
+  for kv in $METRICS_URLS; do
+    name=${kv%%=*}
+    url=${kv#*=}
+    curl -s --max-time 10 "$url" > "$OUT/$RUN.$name.metrics" || true
+  done
+}
+
+# run_bench NAME BENCH_FLAGS...: one `pdserve bench` against $URL, saved as $OUT/NAME.json.
+run_bench() {
+  local name=$1
+  shift
+  echo "bench/disagg: $name: pdserve bench $*"
+  "$PDSERVE" --log-level warn bench --base-url "$URL" --result-dir "$OUT" \
+    --result-filename "$name.json" --metric-percentiles 50,90,99 "$@" > "$OUT/$name.bench.log" 2>&1 ||
+    { echo "bench/disagg: $name failed:" >&2; cat "$OUT/$name.bench.log" >&2; exit 1; }
+  save_metrics
+  cleanup
+}
+
+both_cores=0-$((NCPU > 1 ? 1 : 0))
+threads2=$((NCPU > 1 ? 2 : 1))
+n() { if [ "$QUICK" = 1 ]; then echo "$2"; else echo "$1"; fi; }
+
+if [ "$SCENARIO" = demo ] || [ "$SCENARIO" = all ]; then
+  DEMO_FLAGS=(--dataset-name sharegpt-like --length-scale 0.25 --num-prompts "$(n 100 40)"
+    --request-rate 4 --seed 1 --ignore-eos --goodput ttft:200 tpot:20)
+  RUN=demo-disagg; start_disagg; run_bench demo-disagg "${DEMO_FLAGS[@]}"
+  RUN=demo-colocated; start_colocated "$both_cores" "$threads2"; run_bench demo-colocated "${DEMO_FLAGS[@]}"
+  "$PY" "$ROOT/bench/disagg/report.py" side-by-side --title "chat-like workload (demo): goodput at SLO TTFT <= 200 ms, TPOT <= 20 ms" \
+    "$OUT/demo-disagg.json" "disaggregated 1P+1D (1 core each)" \
+    "$OUT/demo-colocated.json" "colocated (2 cores)"
+fi
+
+if [ "$SCENARIO" = low-load ] || [ "$SCENARIO" = all ]; then
+  LOW_FLAGS=(--dataset-name random --random-input-len 512 --random-output-len 16
+    --num-prompts "$(n 30 10)" --max-concurrency 1 --seed 2 --ignore-eos)
+  RUN=low-disagg; start_disagg; run_bench low-disagg "${LOW_FLAGS[@]}"
+  RUN=low-colocated1; start_colocated 0 1; run_bench low-colocated1 "${LOW_FLAGS[@]}"
+  # One layer's KV of a 512-token prompt, written over the fabric as transfer-bench measures it.
+  layer_bytes=$("$PY" "$ROOT/bench/disagg/report.py" layer-bytes "$OUT/low-disagg.prefill.metrics" "$MODEL")
+  "$PDSERVE" --log-level warn transfer-bench --min-bytes "$layer_bytes" --max-bytes "$layer_bytes" \
+    --bytes-per-row $((layer_bytes * 64)) --repeats 5 --json > "$OUT/low-transfer.json"
+  "$PY" "$ROOT/bench/disagg/report.py" low-load "$OUT/low-disagg.json" "$OUT/low-colocated1.json" \
+    "$OUT/low-transfer.json" "$layer_bytes"
+fi
+
+if [ "$SCENARIO" = stall ] || [ "$SCENARIO" = all ]; then
+  STALL_FLAGS=(--dataset-name random --random-input-len 1536 --random-output-len 64
+    --random-range-ratio 0.5 --num-prompts "$(n 60 24)" --request-rate 3 --seed 3 --ignore-eos)
+  RUN=stall-disagg; start_disagg; run_bench stall-disagg "${STALL_FLAGS[@]}"
+  RUN=stall-colocated; start_colocated "$both_cores" "$threads2"; run_bench stall-colocated "${STALL_FLAGS[@]}"
+  "$PY" "$ROOT/bench/disagg/report.py" side-by-side --title "prefills arriving during decodes (stall)" \
+    "$OUT/stall-disagg.json" "disaggregated 1P+1D (1 core each)" \
+    "$OUT/stall-colocated.json" "colocated (2 cores)"
+fi
+echo "bench/disagg: results in $OUT"
