@@ -10,6 +10,7 @@ PACKAGES=(
   libfabric-dev libfabric-bin libhwloc-dev libopenblas-dev libpcre2-dev
   libssl-dev
   python3 python3-numpy
+  curl iproute2
 )
 
 missing=()
