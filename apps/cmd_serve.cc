@@ -35,6 +35,7 @@ struct ServeFlags {
   std::string kv_layout = "hnd";
   size_t kv_cache_bytes = 256ull << 20;
   int threads = 0;
+  int tensor_parallel_size = 1;
   std::string api_key;
   int max_pending_requests = 256;
   int http_threads = 0;  // 0: max_pending_requests + 16
@@ -46,6 +47,26 @@ struct ServeFlags {
 int Fail(const std::string& message) {
   std::fprintf(stderr, "serve: %s\n", message.c_str());
   return 1;
+}
+
+// --trace: a tracer that outlives the engine, its file checked writable at start.
+Result<std::unique_ptr<Tracer>> MakeTracer(const RoleFlags& roles) {
+  if (roles.trace_file.empty()) return std::unique_ptr<Tracer>();
+  TracerOptions to;
+  to.process_name = "pdserve " + roles.role;
+  auto tracer = std::make_unique<Tracer>(to);
+  RETURN_IF_ERROR(tracer->WriteToFile(roles.trace_file).WithContext("--trace"));
+  return tracer;
+}
+
+// Writes the trace at shutdown; a write error turns exit code 0 into 1.
+int FinishTrace(const Tracer* tracer, const std::string& path, int rc) {
+  if (tracer == nullptr) return rc;
+  if (Status s = tracer->WriteToFile(path); !s.ok()) return Fail("--trace: " + s.ToString());
+  std::printf("pdserve: trace (%zu events, %llu dropped) written to %s\n", tracer->num_events(),
+              static_cast<unsigned long long>(tracer->dropped()), path.c_str());
+  std::fflush(stdout);
+  return rc;
 }
 
 int RunServe(const ServeFlags& f) {
@@ -60,18 +81,29 @@ int RunServe(const ServeFlags& f) {
 
   auto layout = engine::ParseKvLayout(f.kv_layout);
   if (!layout.ok()) return Fail("--kv-layout: " + layout.status().message());
+  if (f.tensor_parallel_size > 1 && f.roles.role != "colocated")
+    return Fail("--tensor-parallel-size " + std::to_string(f.tensor_parallel_size) +
+                " with --role " + f.roles.role +
+                ": not yet supported (the KV messenger moves one rank's cache so far); use "
+                "--role colocated or --tensor-parallel-size 1");
   auto tokenizer = model::Tokenizer::Load(f.model);
   if (!tokenizer.ok()) return Fail(tokenizer.status().ToString());
   auto weights = model::LoadModelWeights(f.model);
   if (!weights.ok()) return Fail(weights.status().ToString());
   const int max_model_len =
       f.max_model_len > 0 ? f.max_model_len : weights->config.max_position_embeddings;
+  auto tracer = MakeTracer(f.roles);
+  if (!tracer.ok()) return Fail(tracer.status().ToString());
+  RoleFlags roles = f.roles;
+  roles.tracer = tracer->get();
 
   engine::EngineOptions eo;
+  eo.runner.tracer = roles.tracer;
   eo.runner.kv.page_size = f.page_size;
   eo.runner.kv.layout = *layout;
   eo.runner.kv_cache_bytes = f.kv_cache_bytes;
   eo.runner.num_threads = f.threads;
+  eo.runner.tensor_parallel_size = f.tensor_parallel_size;
   eo.scheduler.max_num_seqs = f.max_num_seqs;
   eo.scheduler.max_num_batched_tokens = f.max_num_batched_tokens;
   eo.scheduler.max_model_len = max_model_len;
@@ -81,9 +113,10 @@ int RunServe(const ServeFlags& f) {
   ao.max_pending_requests = f.max_pending_requests;
   if (Status s = ValidateRoleFlags(f.roles); !s.ok()) return Fail(s.message());
   if (f.roles.role == "prefill") {
-    return RunPrefillRole(f.roles, *weights, std::move(eng).value(), ao, f.host, f.port);
+    const int rc = RunPrefillRole(roles, *weights, std::move(eng).value(), ao, f.host, f.port);
+    return FinishTrace(roles.tracer, roles.trace_file, rc);
   }
-  auto async = CreateRoleEngine(f.roles, *weights, std::move(eng).value(), ao);
+  auto async = CreateRoleEngine(roles, *weights, std::move(eng).value(), ao);
   if (!async.ok()) return Fail(async.status().ToString());
 
   server::ServerOptions so;
@@ -111,7 +144,7 @@ int RunServe(const ServeFlags& f) {
   (*server)->Stop();
   (*async)->Shutdown();
   std::printf("pdserve: stopped\n");
-  return 0;
+  return FinishTrace(roles.tracer, roles.trace_file, 0);
 }
 
 }  // namespace
@@ -134,7 +167,12 @@ PD_REGISTER_COMMAND(serve, "Serve a model with the OpenAI-compatible HTTP API", 
   app->add_option("--kv-layout", f->kv_layout, "hnd | nhd")->capture_default_str();
   app->add_option("--kv-cache-bytes", f->kv_cache_bytes, "KV cache size in bytes")
       ->capture_default_str();
-  app->add_option("--threads", f->threads, "compute threads (0: all cores)")->capture_default_str();
+  app->add_option("--threads", f->threads, "compute threads per rank (0: all cores / ranks)")
+      ->capture_default_str();
+  app->add_option("--tensor-parallel-size", f->tensor_parallel_size,
+                  "ranks (threads) splitting heads, KV heads and MLP columns (colocated role)")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
   app->add_option("--api-key", f->api_key, "require 'Authorization: Bearer KEY' on /v1/*");
   app->add_option("--max-pending-requests", f->max_pending_requests,
                   "queued + running requests; beyond it requests get 429")

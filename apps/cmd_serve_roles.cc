@@ -34,6 +34,8 @@ void AddRoleFlags(CLI::App* app, RoleFlags* f) {
   app->add_option("--peer-wait-s", f->peer_wait_s,
                   "decode role: how long to wait for prefill instances at start")
       ->capture_default_str();
+  app->add_option("--trace", f->trace_file,
+                  "write a Chrome trace-event JSON (chrome://tracing, Perfetto) here at shutdown");
 }
 
 Status ValidateRoleFlags(const RoleFlags& f) {
@@ -143,6 +145,7 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
   mo.model_hash = messenger::ModelFingerprint(weights);
   mo.domain = DomainFor(flags);
   mo.max_transfers = ao.max_pending_requests;
+  mo.tracer = flags.tracer;
   auto messenger = messenger::PrefillMessenger::Create(mo, eng->runner());
   if (!messenger.ok()) return fail(messenger.status().WithContext("fabric"));
   eng->SetStepObserver((*messenger)->step_observer());
@@ -232,6 +235,7 @@ Result<std::unique_ptr<engine::AsyncEngine>> CreateRoleEngine(
   mo.model_hash = messenger::ModelFingerprint(weights);
   mo.domain = DomainFor(flags);
   mo.transfer_timeout_ms = static_cast<uint32_t>(flags.kv_transfer_timeout_ms);
+  mo.tracer = flags.tracer;
   std::stringstream urls(flags.prefill_peers);
   std::string url;
   while (std::getline(urls, url, ',')) {

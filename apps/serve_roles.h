@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "common/trace.h"
 #include "engine/async_engine.h"
 #include "engine/engine.h"
 #include "model/weights.h"
@@ -25,6 +26,8 @@ struct RoleFlags {
   std::string fabric_node = "127.0.0.1";  // local address the fabric endpoint binds
   int kv_transfer_timeout_ms = 30000;
   double peer_wait_s = 60.0;  // decode: how long to wait for prefill instances at start
+  std::string trace_file;     // --trace: Chrome trace-event JSON written at shutdown
+  Tracer* tracer = nullptr;   // made by RunServe from trace_file; given to the messengers
 };
 
 void AddRoleFlags(CLI::App* app, RoleFlags* flags);
