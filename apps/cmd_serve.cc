@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "engine/async_engine.h"
 #include "engine/engine.h"
+#include "messenger/decode_side.h"
 #include "model/tokenizer.h"
 #include "model/weights.h"
 #include "server/http_server.h"
@@ -130,6 +131,10 @@ int RunServe(const ServeFlags& f) {
       f.http_threads > 0 ? f.http_threads : std::min(1024, f.max_pending_requests + 16);
   so.http.max_queued_connections = f.max_queued_connections;
   so.http.max_body_bytes = f.max_body_bytes;
+  if (auto* decode = dynamic_cast<messenger::DecodeMessenger*>(async->get())) {
+    // The decode instance's KV transfer counters and histogram, beside the serving metrics.
+    so.extra_metrics = [decode] { return decode->metrics().PrometheusText("decode"); };
+  }
   auto server = server::OpenAiServer::Create(so, async->get(), tokenizer->get());
   if (!server.ok()) return Fail(server.status().ToString());
   if (Status s = (*server)->Start(); !s.ok()) return Fail(s.ToString());
