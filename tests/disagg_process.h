@@ -1,5 +1,6 @@
-// Test helper (header-only): a `pdserve` child process with its stdout+stderr captured through a
-// pipe, for the disaggregation tests that run real instances.
+// Test helpers (header-only) for the disaggregation tests that run real instances: a `pdserve`
+// child process with its stdout+stderr captured through a pipe, and small HTTP helpers (greedy
+// completions, /metrics values, waiting on a condition with a deadline).
 #pragma once
 
 #include <fcntl.h>
@@ -8,8 +9,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <httplib.h>
+
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 namespace pd::testing {
@@ -119,5 +128,70 @@ class Process {
   std::string output_;
   size_t scanned_ = 0;
 };
+
+// ------------------------------------------------------------------ helpers
+
+// Polls `cond` every 5 ms until it holds (true) or `timeout` passes (false).
+inline bool WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+// A path in the temp directory unique to this test process.
+inline std::string TempPathFor(const std::string& prefix, const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          (prefix + std::to_string(::getpid()) + "_" + name))
+      .string();
+}
+
+// The sum of every sample of metric `name` on host:port/metrics whose labels contain `labels`
+// (e.g. "role=\"prefill\""; empty: every sample). -1 when /metrics does not answer or has no such
+// sample.
+inline double MetricSum(const std::string& host, int port, const std::string& name,
+                        const std::string& labels = "") {
+  httplib::Client c(host, port);
+  c.set_connection_timeout(2, 0);
+  c.set_read_timeout(5, 0);
+  auto r = c.Get("/metrics");
+  if (!r || r->status != 200) return -1;
+  double sum = 0;
+  bool found = false;
+  size_t pos = 0;
+  while (pos < r->body.size()) {
+    size_t end = r->body.find('\n', pos);
+    if (end == std::string::npos) end = r->body.size();
+    const std::string line = r->body.substr(pos, end - pos);
+    pos = end + 1;
+    if (line.empty() || line[0] == '#' || line.compare(0, name.size(), name) != 0) continue;
+    const char next = line.size() > name.size() ? line[name.size()] : '\0';
+    if (next != ' ' && next != '{') continue;
+    const size_t sp = line.rfind(' ');
+    if (sp == std::string::npos) continue;
+    if (!labels.empty() && line.substr(0, sp).find(labels) == std::string::npos) continue;
+    sum += std::atof(line.c_str() + sp + 1);
+    found = true;
+  }
+  return found ? sum : -1;
+}
+
+// A greedy completion of a token-id prompt; (HTTP status or -1 without an answer, body JSON).
+inline std::pair<int, nlohmann::json> CompleteAt(const std::string& host, int port,
+                                                 const std::vector<int>& prompt, int max_tokens,
+                                                 int read_timeout_s = 120) {
+  httplib::Client c(host, port);
+  c.set_read_timeout(read_timeout_s, 0);
+  nlohmann::json req = {{"model", "m"},
+                        {"prompt", prompt},
+                        {"max_tokens", max_tokens},
+                        {"temperature", 0.0},
+                        {"ignore_eos", true}};
+  auto r = c.Post("/v1/completions", req.dump(), "application/json");
+  if (!r) return {-1, nlohmann::json()};
+  return {r->status, nlohmann::json::parse(r->body, nullptr, false)};
+}
 
 }  // namespace pd::testing

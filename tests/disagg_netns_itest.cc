@@ -1,0 +1,248 @@
+// The disaggregation golden test across two "hosts": the prefill instance in one network
+// namespace, the decode instance and the HTTP client in another, joined by a veth pair; the
+// fabric (tcp;ofi_rxm) and HTTP both go over the veth addresses. Greedy output must be
+// token-for-token a colocated instance's (run in the test's own namespace) for prompts from 1
+// token to several pages, page sizes 1 and 16, both layouts, chunked and whole prefill.
+//
+// Needs root and `ip` (iproute2); otherwise every test skips and says why. The namespaces and the
+// veth pair are deleted on every path (RAII, after the instances are stopped).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <sched.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "tests/disagg_process.h"
+
+namespace pd {
+namespace {
+
+using json = nlohmann::json;
+using testing::CompleteAt;
+using testing::MetricSum;
+using testing::Process;
+using testing::WaitFor;
+using namespace std::chrono_literals;
+
+const std::string kBinary = PDSERVE_BINARY;
+
+std::string TempPath(const std::string& name) {
+  return testing::TempPathFor("pdserve_netns_", name);
+}
+
+std::string IpBinary() {
+  for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
+    if (access(p, X_OK) == 0) return p;
+  }
+  return "";
+}
+
+// Two namespaces ("prefill host" and "decode host") joined by a veth pair, deleted on
+// destruction (whatever was created of them).
+class TwoHosts {
+ public:
+  static std::unique_ptr<TwoHosts> Create(std::string* why_not) {
+    if (geteuid() != 0) {
+      *why_not = "needs root to create network namespaces and a veth pair";
+      return nullptr;
+    }
+    const std::string ip = IpBinary();
+    if (ip.empty()) {
+      *why_not = "needs `ip` (iproute2), which is not installed";
+      return nullptr;
+    }
+    std::unique_ptr<TwoHosts> h(new TwoHosts());
+    h->ip_ = ip;
+    const std::string id = std::to_string(getpid() % 100000);
+    h->a_ = "pdfA" + id;
+    h->b_ = "pdfB" + id;
+    const std::string subnet = "10.232." + std::to_string(getpid() % 250) + ".";
+    h->addr_a_ = subnet + "1";
+    h->addr_b_ = subnet + "2";
+    const std::string va = "pdfa" + id, vb = "pdfb" + id;
+    const std::string cmds[] = {
+        "netns add " + h->a_,
+        "netns add " + h->b_,
+        "link add " + va + " netns " + h->a_ + " type veth peer name " + vb + " netns " + h->b_,
+        "-n " + h->a_ + " addr add " + h->addr_a_ + "/24 dev " + va,
+        "-n " + h->b_ + " addr add " + h->addr_b_ + "/24 dev " + vb,
+        "-n " + h->a_ + " link set " + va + " up",
+        "-n " + h->b_ + " link set " + vb + " up",
+        "-n " + h->a_ + " link set lo up",
+        "-n " + h->b_ + " link set lo up",
+    };
+    for (const std::string& cmd : cmds) {
+      if (std::system((ip + " " + cmd + " >/dev/null 2>&1").c_str()) != 0) {
+        *why_not = "cannot set up network namespaces (`ip " + cmd + "` failed)";
+        return nullptr;  // ~TwoHosts deletes what was created
+      }
+    }
+    return h;
+  }
+  ~TwoHosts() {
+    for (const std::string& ns : {a_, b_}) {
+      if (!ns.empty()) (void)std::system((ip_ + " netns del " + ns + " >/dev/null 2>&1").c_str());
+    }
+  }
+
+  // argv that runs `args` inside the prefill (A) or decode (B) namespace.
+  std::vector<std::string> InA(const std::vector<std::string>& args) const { return In(a_, args); }
+  std::vector<std::string> InB(const std::vector<std::string>& args) const { return In(b_, args); }
+  const std::string& addr_a() const { return addr_a_; }
+  const std::string& addr_b() const { return addr_b_; }
+
+  // Runs fn on a thread that has entered namespace B (the decode host); false if setns failed.
+  bool RunInB(const std::function<void()>& fn) const {
+    bool ok = false;
+    std::thread t([&] {
+      int fd = open(("/var/run/netns/" + b_).c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) return;
+      ok = setns(fd, CLONE_NEWNET) == 0;
+      close(fd);
+      if (ok) fn();
+    });
+    t.join();
+    return ok;
+  }
+
+ private:
+  TwoHosts() = default;
+  std::vector<std::string> In(const std::string& ns, const std::vector<std::string>& args) const {
+    std::vector<std::string> a = {ip_, "netns", "exec", ns};
+    a.insert(a.end(), args.begin(), args.end());
+    return a;
+  }
+  std::string ip_, a_, b_, addr_a_, addr_b_;
+};
+
+const std::string& ModelDir() {
+  static const std::string dir = [] {
+    std::string d = TempPath("model");
+    Process p;
+    EXPECT_TRUE(p.Start({kBinary, "make-model", "--arch", "qwen3", "--preset", "tiny", "--seed",
+                         "11", "--out", d}));
+    EXPECT_EQ(p.Wait(120s), 0) << p.output();
+    return d;
+  }();
+  return dir;
+}
+
+std::vector<int> PromptOf(int len, int salt) {
+  std::vector<int> p(len);
+  for (int i = 0; i < len; ++i) p[i] = 10 + (i * 29 + salt * 13) % 490;  // tiny: vocab 512
+  return p;
+}
+
+struct Shape {
+  std::string layout;
+  int page_size;
+  int budget;  // max-num-batched-tokens: below the longer prompts, prefill is chunked
+};
+
+std::vector<std::string> ServeArgs(const std::string& host, int port, const Shape& s,
+                                   const std::vector<std::string>& extra) {
+  std::vector<std::string> a = {kBinary,
+                                "serve",
+                                "--model",
+                                ModelDir(),
+                                "--host",
+                                host,
+                                "--port",
+                                std::to_string(port),
+                                "--threads",
+                                "1",
+                                "--max-model-len",
+                                "256",
+                                "--served-model-name",
+                                "m",
+                                "--kv-layout",
+                                s.layout,
+                                "--page-size",
+                                std::to_string(s.page_size),
+                                "--max-num-batched-tokens",
+                                std::to_string(s.budget),
+                                "--max-num-seqs",
+                                std::to_string(std::min(8, s.budget))};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+class DisaggNetnsTest : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(DisaggNetnsTest, PrefillAndDecodeOnTwoHostsGiveTheColocatedGreedyTokens) {
+  std::string why;
+  std::unique_ptr<TwoHosts> hosts = TwoHosts::Create(&why);  // outlives the instances below
+  if (!hosts) GTEST_SKIP() << "two-namespace golden test skipped: " << why;
+  const Shape s = GetParam();
+  std::mt19937 rng(static_cast<unsigned>(getpid()) + s.page_size * 31 + s.budget);
+  const int port = 21000 + static_cast<int>(rng() % 2000) * 10;
+  const std::string secret = TempPath("secret");
+  std::ofstream(secret) << "netns-secret";
+
+  Process colocated, prefill, decode;
+  ASSERT_TRUE(colocated.Start(ServeArgs("127.0.0.1", port + 9, s, {})));
+  ASSERT_TRUE(prefill.Start(hosts->InA(ServeArgs(
+      hosts->addr_a(), port + 1, s,
+      {"--role", "prefill", "--cluster-secret-file", secret, "--fabric-node", hosts->addr_a()}))));
+  ASSERT_FALSE(prefill.WaitForLine("prefill instance on", 120s).empty()) << prefill.output();
+  const std::string peer = "http://" + hosts->addr_a() + ":" + std::to_string(port + 1);
+  ASSERT_TRUE(decode.Start(hosts->InB(
+      ServeArgs(hosts->addr_b(), port + 2, s,
+                {"--role", "decode", "--cluster-secret-file", secret, "--fabric-node",
+                 hosts->addr_b(), "--prefill-peers", peer, "--kv-transfer-timeout-ms", "20000"}))));
+  ASSERT_FALSE(decode.WaitForLine("on http://", 120s).empty()) << decode.output();
+  ASSERT_FALSE(colocated.WaitForLine("on http://", 120s).empty()) << colocated.output();
+
+  const std::vector<int> lengths = {1, 2, 5, 16, 17, 40};
+  std::vector<std::pair<int, json>> got(lengths.size());
+  double prefill_transfers = -1, decode_usage = -1, prefill_usage = -1;
+  ASSERT_TRUE(hosts->RunInB([&] {
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      got[i] = CompleteAt(hosts->addr_b(), port + 2, PromptOf(lengths[i], i), 8, 60);
+    }
+    auto usage = [&](const std::string& host, int p) {
+      double u = -1;
+      WaitFor([&] { return (u = MetricSum(host, p, "pdserve:kv_cache_usage_perc")) == 0.0; }, 20s);
+      return u;
+    };
+    decode_usage = usage(hosts->addr_b(), port + 2);
+    prefill_usage = usage(hosts->addr_a(), port + 1);  // over the veth
+    prefill_transfers =
+        MetricSum(hosts->addr_a(), port + 1, "pdserve:kv_transfers_total", "role=\"prefill\"");
+  }));
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    SCOPED_TRACE("prompt of " + std::to_string(lengths[i]) + " tokens");
+    auto [ws, want] = CompleteAt("127.0.0.1", port + 9, PromptOf(lengths[i], i), 8, 60);
+    ASSERT_EQ(ws, 200) << want.dump();
+    ASSERT_EQ(got[i].first, 200) << got[i].second.dump();
+    EXPECT_EQ(got[i].second["choices"][0]["text"], want["choices"][0]["text"]);
+    EXPECT_EQ(got[i].second["usage"], want["usage"]);
+  }
+  EXPECT_EQ(decode_usage, 0.0);
+  EXPECT_EQ(prefill_usage, 0.0);
+  EXPECT_EQ(prefill_transfers, static_cast<double>(lengths.size() - 1));  // 1 token: no transfer
+  EXPECT_EQ(decode.Stop(SIGTERM, 30s), 0);
+  EXPECT_EQ(prefill.Stop(SIGTERM, 30s), 0);
+  EXPECT_EQ(colocated.Stop(SIGTERM, 30s), 0);
+  if (HasFailure()) ADD_FAILURE() << decode.output() << "\n--- prefill:\n" << prefill.output();
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, DisaggNetnsTest,
+                         ::testing::Values(Shape{"hnd", 16, 512}, Shape{"nhd", 1, 6},
+                                           Shape{"nhd", 16, 7}),
+                         [](const ::testing::TestParamInfo<Shape>& i) {
+                           return i.param.layout + "_page" + std::to_string(i.param.page_size) +
+                                  "_budget" + std::to_string(i.param.budget);
+                         });
+
+}  // namespace
+}  // namespace pd
