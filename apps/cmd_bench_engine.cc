@@ -2,6 +2,7 @@
 // measured in the same run.
 //
 //   pdserve bench-engine [--model DIR | --preset NAME] [--json] [--threads N]
+//                        [--tensor-parallel-size N] [--phase all|decode|prefill|tp]
 //
 // For llama-1b and qwen3-0.6b in bf16 (written into models/ with the synthetic writer when
 // missing): decode tokens/s at batch 1, 8 and 32 with contexts of 128 and 2048 tokens, and prefill
@@ -15,6 +16,10 @@
 // The runner is driven directly with synthetic page tables: the KV pages of every context are
 // filled once with bounded random values, then the same decode step (one new token per sequence at
 // position context-1, attending over `context` positions) is timed repeatedly.
+//
+// --phase tp: the tensor-parallel row of issue 6: decode tokens/s at TP 2 with one thread per rank
+// (2 cores) beside TP 1 on one thread (1 core), batch 1 and 8 at context 128, measured in the same
+// run, rows alternating TP 1 / TP 2 so drift hits both.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -50,7 +55,14 @@ struct BenchEngineFlags {
   int prefill_tokens = 512;
   int kv_gib = 2;  // cap on the KV region: sequences beyond it share pages (still far over the LLC)
   std::string models_root = "models";
-  std::string phase = "all";  // all | decode | prefill
+  std::string phase = "all";  // all | decode | prefill | tp
+  int tensor_parallel_size = 1;
+};
+
+struct TpRow {
+  std::string model;
+  int batch = 0, context = 0;
+  double tp1_tokens_per_s = 0, tp2_tokens_per_s = 0;  // TP 1 x 1 thread, TP 2 x 1 thread
 };
 
 struct Row {
@@ -201,6 +213,7 @@ Status BenchModel(const std::string& dir, const std::string& name, const BenchEn
   ASSIGN_OR_RETURN(model::ModelWeights weights, model::LoadModelWeights(dir));
   engine::ModelRunnerOptions o;
   o.num_threads = f.threads;
+  o.tensor_parallel_size = f.tensor_parallel_size;
   o.kv.dtype = engine::KvDType::kBF16;
   o.kv.layout = engine::KvLayout::kHND;
   o.kv.page_size = 16;
@@ -209,7 +222,7 @@ Status BenchModel(const std::string& dir, const std::string& name, const BenchEn
   ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, ModelRunner::Create(weights, o));
   {
     engine::ThreadPool fill_pool(f.threads);
-    FillKv(runner->region(), fill_pool);
+    for (int r = 0; r < runner->num_ranks(); ++r) FillKv(runner->rank_region(r), fill_pool);
   }
   for (int context : {128, 2048})
     for (int batch : {1, 8, 32}) {
@@ -232,11 +245,73 @@ Status BenchModel(const std::string& dir, const std::string& name, const BenchEn
   return OkStatus();
 }
 
+Result<std::unique_ptr<ModelRunner>> MakeTpRunner(const model::ModelWeights& weights, int tp) {
+  engine::ModelRunnerOptions o;
+  o.num_threads = 1;  // per rank: TP 1 on one core, TP 2 on two
+  o.tensor_parallel_size = tp;
+  o.kv.dtype = engine::KvDType::kBF16;
+  o.kv.layout = engine::KvLayout::kHND;
+  o.kv.page_size = 16;
+  o.kv_cache_bytes = size_t{256} << 20;
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, ModelRunner::Create(weights, o));
+  engine::ThreadPool fill_pool(1);
+  for (int r = 0; r < runner->num_ranks(); ++r) FillKv(runner->rank_region(r), fill_pool);
+  return runner;
+}
+
+// Decode at TP 2 (one thread per rank) against TP 1 (one thread), both runners alive and measured
+// alternately, so the machine's drift hits both columns alike.
+Status BenchTp(const std::string& dir, const std::string& name, const BenchEngineFlags& f,
+               std::vector<TpRow>* rows) {
+  ASSIGN_OR_RETURN(model::ModelWeights weights, model::LoadModelWeights(dir));
+  std::fprintf(stderr, "bench-engine: %s: laying out weights for TP 1 and TP 2 ...\n",
+               name.c_str());
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> tp1, MakeTpRunner(weights, 1));
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> tp2, MakeTpRunner(weights, 2));
+  for (int batch : {1, 8}) {
+    TpRow row{name, batch, 128};
+    for (int round = 0; round < 2; ++round) {  // keep the best of two alternating rounds
+      ASSIGN_OR_RETURN(Row a, BenchDecode(*tp1, name, batch, 128, f.seconds / 2));
+      ASSIGN_OR_RETURN(Row b, BenchDecode(*tp2, name, batch, 128, f.seconds / 2));
+      row.tp1_tokens_per_s = std::max(row.tp1_tokens_per_s, a.tokens_per_s);
+      row.tp2_tokens_per_s = std::max(row.tp2_tokens_per_s, b.tokens_per_s);
+    }
+    std::fprintf(stderr, "bench-engine: %s: decode batch %d: TP1x1 %.1f, TP2x1 %.1f tokens/s\n",
+                 name.c_str(), batch, row.tp1_tokens_per_s, row.tp2_tokens_per_s);
+    rows->push_back(row);
+  }
+  return OkStatus();
+}
+
+void PrintTp(const std::vector<TpRow>& rows, bool json) {
+  if (json) {
+    nlohmann::json j = {{"tp_rows", nlohmann::json::array()}};
+    for (const TpRow& r : rows)
+      j["tp_rows"].push_back({{"model", r.model},
+                              {"batch", r.batch},
+                              {"context", r.context},
+                              {"tp1_1core_tokens_per_s", r.tp1_tokens_per_s},
+                              {"tp2_2cores_tokens_per_s", r.tp2_tokens_per_s},
+                              {"speedup", r.tp2_tokens_per_s / r.tp1_tokens_per_s}});
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("%-12s %-10s %5s %7s %14s %15s %8s\n", "model", "phase", "batch", "context",
+              "TP1x1 tok/s", "TP2x1 tok/s", "speedup");
+  for (const TpRow& r : rows)
+    std::printf("%-12s %-10s %5d %7d %14.1f %15.1f %8.2f\n", r.model.c_str(), "decode-tp", r.batch,
+                r.context, r.tp1_tokens_per_s, r.tp2_tokens_per_s,
+                r.tp2_tokens_per_s / r.tp1_tokens_per_s);
+}
+
 // bw: the best read probe of the run; each row's bw_fraction is against the probe measured just
 // before it (the host's memory bandwidth is shared and drifts within a run).
 void Print(const std::vector<Row>& rows, double bw, double peak, const BenchEngineFlags& f) {
   if (f.json) {
-    nlohmann::json j = {{"read_gbytes_per_s", bw}, {"peak_gflops", peak}, {"threads", f.threads}};
+    nlohmann::json j = {{"read_gbytes_per_s", bw},
+                        {"peak_gflops", peak},
+                        {"threads", f.threads},
+                        {"tensor_parallel_size", f.tensor_parallel_size}};
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows)
       j["rows"].push_back({{"model", r.model},
@@ -276,6 +351,18 @@ int RunBenchEngine(const BenchEngineFlags& f) {
       }
       models.emplace_back(p, *dir);
     }
+  }
+  if (f.phase == "tp") {
+    std::vector<TpRow> rows;
+    for (const auto& [name, dir] : models) {
+      Status s = BenchTp(dir, name, f, &rows);
+      if (!s.ok()) {
+        std::fprintf(stderr, "bench-engine: %s: %s\n", name.c_str(), s.ToString().c_str());
+        return 1;
+      }
+    }
+    PrintTp(rows, f.json);
+    return 0;
   }
   engine::ThreadPool pool(f.threads);
   auto probe = engine::ReadBandwidthProbe::Create(pool, {0, 3});
@@ -320,7 +407,11 @@ CommandRunner SetUpCommand(CLI::App* app) {
   app->add_option("--models-root", f->models_root, "where presets are written")
       ->capture_default_str();
   app->add_option("--phase", f->phase, "rows to measure")
-      ->check(CLI::IsMember({"all", "decode", "prefill"}))
+      ->check(CLI::IsMember({"all", "decode", "prefill", "tp"}))
+      ->capture_default_str();
+  app->add_option("--tensor-parallel-size", f->tensor_parallel_size,
+                  "ranks of the measured runner (--threads each); --phase tp compares 2 with 1")
+      ->check(CLI::Range(1, 256))
       ->capture_default_str();
   return [f] { return RunBenchEngine(*f); };
 }

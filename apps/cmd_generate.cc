@@ -39,6 +39,7 @@ struct GenerateFlags {
   bool ignore_eos = false;
   bool json = false;
   std::string threads = "0";
+  std::string tensor_parallel_size = "1";
   std::string page_size = "16";
   std::string kv_layout = "hnd";
   std::string kv_dtype = "f32";
@@ -106,6 +107,8 @@ bool ToOptions(const GenerateFlags& f, engine::EngineOptions* eo, engine::Sampli
       !ParseFloat("--top-p", f.top_p, &sp->top_p) ||
       !ParseInt("--top-k", f.top_k, -1, &sp->top_k) ||
       !ParseInt("--threads", f.threads, 0, &eo->runner.num_threads) ||
+      !ParseInt("--tensor-parallel-size", f.tensor_parallel_size, 1,
+                &eo->runner.tensor_parallel_size) ||
       !ParseInt("--page-size", f.page_size, 1, &eo->runner.kv.page_size)) {
     return false;
   }
@@ -226,7 +229,11 @@ PD_REGISTER_COMMAND(generate, "Generate a completion offline", [](CLI::App* app)
   app->add_option("--seed", f->seed, "sampling seed");
   app->add_flag("--ignore-eos", f->ignore_eos, "keep generating after EOS");
   app->add_flag("--json", f->json, "print one JSON object");
-  app->add_option("--threads", f->threads, "0: all cores")->capture_default_str();
+  app->add_option("--threads", f->threads, "threads per rank (0: all cores / ranks)")
+      ->capture_default_str();
+  app->add_option("--tensor-parallel-size", f->tensor_parallel_size,
+                  "ranks (threads) splitting heads, KV heads and MLP columns")
+      ->capture_default_str();
   app->add_option("--page-size", f->page_size, "KV page size in tokens")->capture_default_str();
   app->add_option("--kv-layout", f->kv_layout, "hnd | nhd")->capture_default_str();
   app->add_option("--kv-dtype", f->kv_dtype, "f32 | bf16")->capture_default_str();
