@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "apps/command.h"
+#include "common/trace.h"
 #include "server/router.h"
 
 namespace pd::apps {
@@ -45,6 +47,7 @@ struct UpFlags {
   std::string kv_cache_bytes;
   std::string cluster_secret_file;
   int kv_transfer_timeout_ms = 30000;
+  std::string trace;  // --trace FILE: each instance writes FILE with its name before the extension
   bool pin_cores = false;
   double start_timeout_s = 300.0;
 };
@@ -54,6 +57,7 @@ struct Child {
   std::string url;
   pid_t pid = -1;
   bool alive = false;
+  std::string trace_file;  // its --trace file, if any
 };
 
 pid_t Spawn(const std::vector<std::string>& args, int core) {
@@ -208,7 +212,13 @@ int RunUp(const UpFlags& f) {
   auto start = [&](const std::string& name, int port, std::vector<std::string> extra) {
     std::vector<std::string> args = ServeArgs(f, secret_file, port);
     args.insert(args.end(), extra.begin(), extra.end());
-    Child c{name, "http://" + f.host + ":" + std::to_string(port), -1, true};
+    Child c{name, "http://" + f.host + ":" + std::to_string(port), -1, true, ""};
+    if (!f.trace.empty()) {  // "prefill 0" -> FILE.prefill0.json
+      std::string tag = name;
+      tag.erase(std::remove(tag.begin(), tag.end(), ' '), tag.end());
+      c.trace_file = TracePathFor(f.trace, tag);
+      args.insert(args.end(), {"--trace", c.trace_file});
+    }
     const int core = f.pin_cores && ncpu > 0 ? static_cast<int>(children.size()) % ncpu : -1;
     c.pid = Spawn(args, core);
     children.push_back(c);
@@ -248,6 +258,10 @@ int RunUp(const UpFlags& f) {
   }
   for (const Child& c : children) {
     std::printf("pdserve up: %s on %s (pid %d)\n", c.name.c_str(), c.url.c_str(), c.pid);
+    if (!c.trace_file.empty()) {
+      std::printf("pdserve up: %s traces to %s (written when it stops)\n", c.name.c_str(),
+                  c.trace_file.c_str());
+    }
   }
   std::printf("pdserve up: router (OpenAI API) on http://%s:%d\n", f.host.c_str(), f.port);
   std::fflush(stdout);
@@ -304,6 +318,9 @@ PD_REGISTER_COMMAND(
       app->add_option("--kv-transfer-timeout-ms", f->kv_transfer_timeout_ms,
                       "deadline of one KV transfer attempt")
           ->capture_default_str();
+      app->add_option("--trace", f->trace,
+                      "Chrome trace-event JSON per instance: FILE with the instance's name "
+                      "inserted before the extension (t.json -> t.prefill0.json)");
       app->add_flag("--pin-cores", f->pin_cores, "pin instance k to core k");
       app->add_option("--start-timeout-s", f->start_timeout_s,
                       "how long an instance may take to start")

@@ -1,0 +1,207 @@
+// --trace with real processes: `pdserve up --trace FILE` gives each instance its own file
+// (FILE with the instance name before the extension), written when it stops on SIGTERM; the
+// prefill's file holds one "post writes" event per layer per prefill chunk, each after its
+// layer's compute began (causal order, never timing), and `pdserve trace-summary` reads it. A
+// colocated instance's trace has steps and layers but no writes; a --trace path that cannot be
+// written stops `serve` at start with the reason.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "common/file_util.h"
+#include "common/trace_summary.h"
+#include "tests/disagg_process.h"
+
+namespace pd {
+namespace {
+
+using json = nlohmann::json;
+using ::testing::HasSubstr;
+using testing::Process;
+using namespace std::chrono_literals;
+
+const std::string kBinary = PDSERVE_BINARY;
+
+std::string TempPath(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          ("pdserve_trace_" + std::to_string(::getpid()) + "_" + name))
+      .string();
+}
+
+const std::string& ModelDir() {
+  static const std::string dir = [] {
+    std::string d = TempPath("model");
+    Process p;
+    EXPECT_TRUE(p.Start(
+        {kBinary, "make-model", "--arch", "qwen3", "--preset", "tiny", "--seed", "7", "--out", d}));
+    EXPECT_EQ(p.Wait(120s), 0) << p.output();
+    return d;
+  }();
+  return dir;
+}
+
+int NumLayers() {
+  auto text = ReadFileToString(ModelDir() + "/config.json");
+  return text.ok() ? json::parse(*text).value("num_hidden_layers", -1) : -1;
+}
+
+int PickPort() {
+  static std::mt19937 rng(static_cast<unsigned>(::getpid()) * 7919u);
+  return 20000 + static_cast<int>(rng() % 3000) * 10;
+}
+
+int Complete(int port, int prompt_len) {
+  std::vector<int> prompt(prompt_len);
+  for (int i = 0; i < prompt_len; ++i) prompt[i] = 10 + (i * 37) % 490;  // tiny: vocab 512
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(120, 0);
+  json req = {{"model", "m"},
+              {"prompt", prompt},
+              {"max_tokens", 3},
+              {"temperature", 0.0},
+              {"ignore_eos", true}};
+  auto r = c.Post("/v1/completions", req.dump(), "application/json");
+  return r ? r->status : -1;
+}
+
+json ReadJson(const std::string& path) {
+  auto text = ReadFileToString(path);
+  EXPECT_TRUE(text.ok()) << path;
+  return text.ok() ? json::parse(*text, nullptr, false) : json();
+}
+
+std::map<std::string, int> CountNames(const json& trace) {
+  std::map<std::string, int> n;
+  for (const json& e : trace.at("traceEvents")) n[e.value("name", "")]++;
+  return n;
+}
+
+TEST(TraceUpTest, EachInstanceWritesItsOwnCausalTrace) {
+  const int port = PickPort();
+  const std::string trace = TempPath("t.json");
+  Process up;
+  ASSERT_TRUE(up.Start({kBinary,
+                        "up",
+                        "--model",
+                        ModelDir(),
+                        "--prefill",
+                        "1",
+                        "--decode",
+                        "1",
+                        "--port",
+                        std::to_string(port),
+                        "--page-size",
+                        "4",
+                        "--max-num-batched-tokens",
+                        "16",
+                        "--max-num-seqs",
+                        "8",
+                        "--max-model-len",
+                        "256",
+                        "--served-model-name",
+                        "m",
+                        "--trace",
+                        trace}));
+  ASSERT_NE(up.WaitForLine("router (OpenAI API)", 240s), "") << up.output();
+  const std::string prefill_file = TempPath("t.prefill0.json");
+  const std::string decode_file = TempPath("t.decode0.json");
+  EXPECT_THAT(up.output(), HasSubstr("traces to " + prefill_file));
+  EXPECT_THAT(up.output(), HasSubstr("traces to " + decode_file));
+  ASSERT_EQ(Complete(port, 40), 200);  // 39 prefilled tokens in chunks of 16, 16, 7
+  ASSERT_EQ(up.Stop(SIGTERM, 60s), 0) << up.output();
+
+  const int layers = NumLayers();
+  ASSERT_GT(layers, 1);
+  json prefill = ReadJson(prefill_file);
+  ASSERT_TRUE(prefill.is_object()) << "not JSON: " << prefill_file;
+  auto names = CountNames(prefill);
+  EXPECT_EQ(names["prefill request"], 1);
+  EXPECT_EQ(names["post writes"], 3 * layers);  // one per layer per chunk
+  EXPECT_EQ(names["write layer"], 3 * layers);
+  EXPECT_EQ(names["post metadata"], 1);
+  EXPECT_EQ(names["transfer"], 1);
+  EXPECT_GE(names["layer"], 3 * layers);
+  EXPECT_GE(names["step"], 3);
+  EXPECT_EQ(prefill.at("otherData").at("dropped_events"), 0);
+
+  auto summary = SummarizePrefillTrace(prefill.dump());
+  ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+  EXPECT_EQ(summary->num_layers, layers);
+  EXPECT_EQ(summary->rows.size(), static_cast<size_t>(3 * layers));
+  EXPECT_EQ(summary->num_posts_without_compute, 0);
+  EXPECT_EQ(summary->num_posts_before_compute_began, 0);  // posted only once the layer ran
+
+  json decode = ReadJson(decode_file);
+  ASSERT_TRUE(decode.is_object()) << "not JSON: " << decode_file;
+  auto dnames = CountNames(decode);
+  EXPECT_EQ(dnames["prefill request sent"], 1);
+  EXPECT_EQ(dnames["kv ready"], 1);
+  EXPECT_EQ(dnames["transfer failed"], 0);
+  EXPECT_GE(dnames["step"], 3);  // the first decode step and two more tokens
+
+  Process check;
+  ASSERT_TRUE(check.Start({kBinary, "trace-summary", prefill_file}));
+  EXPECT_EQ(check.Wait(60s), 0) << check.output();
+  EXPECT_THAT(check.output(), HasSubstr("posted before the next layer's compute ended: "));
+  EXPECT_THAT(check.output(), HasSubstr(" of " + std::to_string(3 * (layers - 1))));
+}
+
+TEST(TraceServeTest, AColocatedTraceHasComputeButNoWrites) {
+  const int port = PickPort() + 5;
+  const std::string trace = TempPath("colocated.json");
+  Process serve;
+  ASSERT_TRUE(serve.Start({kBinary, "serve", "--model", ModelDir(), "--port", std::to_string(port),
+                           "--threads", "1", "--max-model-len", "256", "--served-model-name", "m",
+                           "--trace", trace}));
+  ASSERT_NE(serve.WaitForLine("pdserve: serving", 240s), "") << serve.output();
+  ASSERT_EQ(Complete(port, 9), 200);
+  ASSERT_EQ(serve.Stop(SIGTERM, 60s), 0) << serve.output();
+  EXPECT_THAT(serve.output(), HasSubstr("written to " + trace));
+  json t = ReadJson(trace);
+  ASSERT_TRUE(t.is_object());
+  auto names = CountNames(t);
+  EXPECT_GE(names["step"], 3);
+  EXPECT_EQ(names["layer"] % NumLayers(), 0);
+  EXPECT_GE(names["layer"], 3 * NumLayers());
+  EXPECT_EQ(names["post writes"], 0);
+
+  Process check;
+  ASSERT_TRUE(check.Start({kBinary, "trace-summary", trace}));
+  EXPECT_EQ(check.Wait(60s), 1);
+  EXPECT_THAT(check.output(), HasSubstr("no 'post writes' events"));
+}
+
+TEST(TraceServeTest, AnUnwritableTracePathStopsServeAtStart) {
+  Process serve;
+  ASSERT_TRUE(serve.Start({kBinary, "serve", "--model", ModelDir(), "--port",
+                           std::to_string(PickPort() + 7), "--threads", "1", "--trace",
+                           "/nonexistent-pdserve-dir/t.json"}));
+  EXPECT_EQ(serve.Wait(120s), 1) << serve.output();
+  EXPECT_THAT(serve.output(), HasSubstr("--trace"));
+  EXPECT_THAT(serve.output(), HasSubstr("/nonexistent-pdserve-dir/t.json"));
+  EXPECT_THAT(serve.output(), HasSubstr("No such file or directory"));
+}
+
+TEST(TraceSummaryCommandTest, ABrokenFileIsAClearError) {
+  const std::string path = TempPath("broken.json");
+  ASSERT_TRUE(WriteStringToFile(path, "{\"traceEvents\": [").ok());
+  Process check;
+  ASSERT_TRUE(check.Start({kBinary, "trace-summary", path}));
+  EXPECT_EQ(check.Wait(60s), 1);
+  EXPECT_THAT(check.output(), HasSubstr("not JSON"));
+  Process missing;
+  ASSERT_TRUE(missing.Start({kBinary, "trace-summary", TempPath("missing.json")}));
+  EXPECT_EQ(missing.Wait(60s), 1);
+  EXPECT_THAT(missing.output(), HasSubstr("missing.json"));
+}
+
+}  // namespace
+}  // namespace pd
