@@ -103,9 +103,10 @@ std::unique_ptr<PrefillInstance> StartPrefill(const Shape& s, std::string secret
   return p;
 }
 
-std::unique_ptr<DecodeMessenger> StartDecode(const Shape& s, std::vector<PrefillPeer> peers,
-                                             uint32_t timeout_ms = 20000,
-                                             std::string secret = kSecret) {
+std::unique_ptr<DecodeMessenger> StartDecode(
+    const Shape& s, std::vector<PrefillPeer> peers, uint32_t timeout_ms = 20000,
+    std::string secret = kSecret,
+    std::function<void(int64_t, const std::vector<float>&)> on_metadata = {}) {
   auto e = MakeEngine(s);
   engine::ModelRunner& runner = e->runner();
   DecodeMessengerOptions o;
@@ -115,6 +116,7 @@ std::unique_ptr<DecodeMessenger> StartDecode(const Shape& s, std::vector<Prefill
   o.peers = std::move(peers);
   o.transfer_timeout_ms = timeout_ms;
   o.hello_retry_s = 0.05;
+  o.on_metadata = std::move(on_metadata);
   auto d = DecodeMessenger::Create(o, runner, Async(std::move(e)));
   PD_CHECK(d.ok()) << d.status().ToString();
   return std::move(d).value();
@@ -539,6 +541,89 @@ TEST(MessengerFailureTest, BadPrefillRequestsAreRefusedFieldByField) {
   EXPECT_EQ(done.num_writes, 3u * 3 + 1);
   EXPECT_EQ(fake->domain().imm_counters().unclaimed(5), 3u * 3 + 1);
   EXPECT_TRUE(AllPagesFree(*prefill->engine));
+}
+
+// ------------------------------------------------------------------ metadata
+
+TEST(MessengerMetadataTest, TheLastHiddenStateArrivesAndEqualsThePrefillEngines) {
+  Shape s{engine::KvLayout::kNHD, 4, 5};  // chunked
+  auto prefill = StartPrefill(s);
+  if (prefill == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
+  std::mutex mu;
+  std::map<int64_t, std::vector<float>> got;
+  auto decode = StartDecode(s, {{"p0", prefill->messenger->fabric_address()}}, 20000, kSecret,
+                            [&](int64_t id, const std::vector<float>& hidden) {
+                              std::lock_guard<std::mutex> lock(mu);
+                              got[id] = hidden;
+                            });
+  ASSERT_TRUE(decode->WaitForPeers(kDeadlineS).ok());
+  const auto prompt = PromptOf(14, 3);
+  int64_t id = -1;
+  Outcome out = Generate(*decode, prompt, 2, &id);
+  ASSERT_EQ(out.finish, engine::FinishReason::kLength) << out.error.ToString();
+
+  // The same prefill on a colocated engine of the same shape.
+  auto colocated = Async(MakeEngine(s));
+  std::mutex ref_mu;
+  std::condition_variable cv;
+  std::optional<engine::RequestOutput> ref;
+  auto ref_id = colocated->SubmitPrefillOnly(std::vector<int32_t>(prompt.begin(), prompt.end() - 1),
+                                             [&](const engine::RequestOutput& o) {
+                                               if (!o.finished()) return;
+                                               std::lock_guard<std::mutex> lock(ref_mu);
+                                               ref = o;
+                                               cv.notify_all();
+                                             });
+  ASSERT_TRUE(ref_id.ok());
+  {
+    std::unique_lock<std::mutex> lock(ref_mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return ref.has_value(); }));
+  }
+  ASSERT_NE(ref->prefill_result, nullptr);
+  colocated->ReleasePages(ref->prefill_result->page_table);
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(got.count(id), 1u);
+  EXPECT_EQ(got[id].size(), static_cast<size_t>(Model().weights.config.hidden_size));
+  EXPECT_EQ(got[id], ref->prefill_result->last_hidden);
+}
+
+// A prefill instance that makes every counted write but never writes the metadata buffer.
+FakePeer::Handler NoMetadataPrefill(const Shape& s) {
+  auto src = std::make_shared<std::vector<uint8_t>>(64, 0);
+  auto src_mr = std::make_shared<std::optional<transfer::MemoryRegion>>();
+  return [s, src, src_mr](FakePeer& self, const Frame& f) {
+    FakePrefill(std::nullopt)(self, f);  // the handshake
+    auto* req = std::get_if<PrefillRequest>(&f.message);
+    if (req == nullptr) return;
+    if (!src_mr->has_value()) *src_mr = *self.domain().RegisterMemory(src->data(), src->size());
+    auto desc = transfer::MemoryDescriptor::FromBytes(req->rank_regions[0]);
+    auto remote = self.domain().AddRemote(*desc);
+    ASSERT_TRUE(remote.ok());
+    const uint32_t pages =
+        PagesForTokens(static_cast<uint32_t>(req->token_ids.size()), s.page_size);
+    auto n = ExpectedWrites(req->decode_scheme, req->decode_scheme, 3, pages);
+    ASSERT_TRUE(n.ok());
+    for (uint64_t k = 0; k < *n; ++k) {  // all into the first page: the metadata never lands
+      transfer::WriteRequest w{**src_mr, 0, src->size(), *remote, 0, req->transfer_imm};
+      ASSERT_TRUE(self.domain().SubmitWrite(w, nullptr).ok());
+    }
+  };
+}
+
+TEST(MessengerMetadataTest, ATransferWhoseMetadataNeverLandedFailsWithDataLoss) {
+  Shape s;
+  auto fake = FakePeer::Create(NoMetadataPrefill(s));
+  if (fake == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
+  auto decode = StartDecode(s, {{"no-meta", fake->address()}});
+  ASSERT_TRUE(decode->WaitForPeers(kDeadlineS).ok());
+  Outcome got = Generate(*decode, PromptOf(9, 1), 4);
+  EXPECT_EQ(got.finish, engine::FinishReason::kError);
+  EXPECT_EQ(got.error.code(), StatusCode::kDataLoss) << got.error.ToString();
+  EXPECT_THAT(got.error.message(), HasSubstr("the metadata was not written"));
+  EXPECT_EQ(decode->metrics().succeeded(), 0u);
+  EXPECT_EQ(decode->metrics().failed(), 1u);
+  EXPECT_TRUE(AllPagesFree(*decode));
+  EXPECT_EQ(decode->num_active_transfers(), 0);
 }
 
 }  // namespace

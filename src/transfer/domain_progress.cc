@@ -5,6 +5,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 #include <unistd.h>
+#include <algorithm>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -85,19 +86,37 @@ void DomainWorker::DoCancel(TransferId id) {
   Finish(it->second.get(), Cancelled("transfer " + std::to_string(id) + " cancelled"));
 }
 
+// Posts in submission order per destination: a transfer whose post is refused (-FI_EAGAIN: its
+// peer's connection is not up, or the provider's queue is full; or its destination holds its
+// share of send buffers) holds back only the transfers behind it to the same destination, so a
+// dead or silent peer does not stall the writes and messages to every other peer.
 void DomainWorker::PostPending() {
-  while (!pending_.empty() && live_inflight_ < options_.max_inflight) {
-    auto it = transfers_.find(pending_.front());
-    if (it == transfers_.end() || it->second->next == it->second->total) {
-      pending_.pop_front();  // finished, failed or cancelled meanwhile
+  std::vector<fi_addr_t> blocked;  // destinations refused in this pass
+  bool no_send_buffers = false;
+  auto it = pending_.begin();
+  while (it != pending_.end() && live_inflight_ < options_.max_inflight) {
+    auto found = transfers_.find(*it);
+    if (found == transfers_.end() || found->second->next == found->second->total) {
+      it = pending_.erase(it);  // finished, failed or cancelled meanwhile
       continue;
     }
-    Transfer* t = it->second.get();
-    ssize_t rc = PostNext(t);
-    if (rc == -FI_EAGAIN || rc == 1) return;  // read the CQ, then retry
-    if (rc < 0) {
-      Finish(t, FabricError(t->kind == Transfer::Kind::kWrite ? "fi_writemsg" : "fi_sendmsg", rc));
+    Transfer* t = found->second.get();
+    const fi_addr_t dest = t->dest();
+    if (std::find(blocked.begin(), blocked.end(), dest) != blocked.end() ||
+        (no_send_buffers && t->kind == Transfer::Kind::kSend)) {
+      ++it;
+      continue;
     }
+    ssize_t rc = PostNext(t);
+    if (rc == 0) continue;                         // the same transfer's next operation, if any
+    if (rc == -FI_EAGAIN || rc == 1 || rc == 2) {  // read the CQ, then retry
+      t->refused = true;
+      blocked.push_back(dest);
+      if (rc == 1) no_send_buffers = true;
+      ++it;
+      continue;
+    }
+    Finish(t, FabricError(t->kind == Transfer::Kind::kWrite ? "fi_writemsg" : "fi_sendmsg", rc));
   }
 }
 
@@ -121,6 +140,7 @@ ssize_t DomainWorker::PostWrite(Transfer* t) {
                  r.bytes_per_page, r.dst.descriptor.rkey};
   OpContext* ctx = NewContext(OpContext::Kind::kWrite, t);
   ctx->region_id = r.src.id;
+  ctx->dest = r.dst.fi_addr;
   fi_msg_rma msg{};
   msg.msg_iov = &iov;
   msg.desc = &desc;
@@ -148,6 +168,8 @@ ssize_t DomainWorker::PostWrite(Transfer* t) {
 
 ssize_t DomainWorker::PostSend(Transfer* t) {
   if (free_send_.empty()) return 1;
+  uint32_t& held = dest_sends_[t->peer.fi_addr];
+  if (held >= std::max<uint32_t>(1, options_.num_send_buffers / 2)) return 2;
   uint32_t index = free_send_.back();
   char* buf = send_slab_.data() + size_t{index} * options_.message_bytes;
   std::copy(t->message.begin(), t->message.end(), buf);
@@ -167,6 +189,8 @@ ssize_t DomainWorker::PostSend(Transfer* t) {
     return rc;
   }
   free_send_.pop_back();
+  ++held;
+  ctx->dest = t->peer.fi_addr;
   t->last_progress = Now();
   inflight_.insert(ctx);
   ++live_inflight_;
@@ -241,10 +265,14 @@ void DomainWorker::OnOpDone(OpContext* ctx, const Status& status) {
     if (region != regions_.end()) --region->second.users;
   } else {
     free_send_.push_back(ctx->buffer);
+    if (auto held = dest_sends_.find(ctx->dest); held != dest_sends_.end() && held->second > 0) {
+      --held->second;
+    }
   }
   Transfer* t = ctx->transfer;
-  FreeContext(ctx);
   last_completion_ = Now();
+  dest_completion_[ctx->dest] = last_completion_;
+  FreeContext(ctx);
   if (t == nullptr) return;  // abandoned: its transfer already failed or was cancelled
   t->last_progress = last_completion_;
   --live_inflight_;
@@ -274,15 +302,24 @@ void DomainWorker::Finish(Transfer* t, const Status& status) {
 // A transfer fails with DeadlineExceeded when it has made no progress for op_timeout_s: none of
 // its operations was posted or completed. One that has not started yet is only stuck when the
 // whole domain is (no completion of anything for that long), so a long transfer ahead of it in
-// the queue does not time it out.
+// the queue does not time it out; or, once its own post was refused, when nothing to its
+// destination completed for that long (other peers' traffic does not keep it alive).
 void DomainWorker::CheckDeadlines() {
   double now = Now();
   if (now < next_deadline_check_ || transfers_.empty()) return;
   next_deadline_check_ = now + kDeadlineScanS;
   std::vector<TransferId> overdue;
   for (auto& [id, t] : transfers_) {
-    bool started = t->next > 0;
-    double since = started ? t->last_progress : std::max(t->last_progress, last_completion_);
+    const bool started = t->next > 0;
+    double since = t->last_progress;
+    if (!started) {
+      double other = last_completion_;
+      if (t->refused) {
+        auto d = dest_completion_.find(t->dest());
+        other = d == dest_completion_.end() ? 0.0 : d->second;
+      }
+      since = std::max(since, other);
+    }
     if (now - since > options_.op_timeout_s) overdue.push_back(id);
   }
   for (TransferId id : overdue) {

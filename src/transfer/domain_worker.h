@@ -35,7 +35,10 @@ struct Transfer {
   size_t next = 0;           // next operation to post
   size_t inflight = 0;       // posted, not completed
   double last_progress = 0;  // submit, or the last post or completion of one of its operations
+  bool refused = false;      // a post was refused (-FI_EAGAIN, or its destination's send cap)
   Completion done;
+
+  fi_addr_t dest() const { return kind == Kind::kWrite ? write.dst.fi_addr : peer.fi_addr; }
 };
 
 // Per-operation context. fi_ctx comes first: libfabric hands back &fi_ctx as op_context, and
@@ -44,9 +47,10 @@ struct OpContext {
   enum class Kind { kWrite, kSend, kRecv };
   fi_context2 fi_ctx;
   Kind kind = Kind::kWrite;
-  Transfer* transfer = nullptr;  // null once abandoned
-  uint64_t region_id = 0;        // source region of a write
-  uint32_t buffer = 0;           // send or receive buffer index
+  Transfer* transfer = nullptr;     // null once abandoned
+  uint64_t region_id = 0;           // source region of a write
+  uint32_t buffer = 0;              // send or receive buffer index
+  fi_addr_t dest = FI_ADDR_UNSPEC;  // where a write or send goes
 };
 
 struct RegionState {
@@ -92,7 +96,9 @@ class DomainWorker {
   void Run();
   void RunCommands();
   void PostPending();
-  ssize_t PostNext(Transfer* t);  // 0, -FI_EAGAIN, 1 (send buffers exhausted) or another -errno
+  // 0, -FI_EAGAIN, 1 (send buffers exhausted), 2 (the destination holds its share of send
+  // buffers) or another -errno.
+  ssize_t PostNext(Transfer* t);
   ssize_t PostWrite(Transfer* t);
   ssize_t PostSend(Transfer* t);
   int PollCq();
@@ -139,6 +145,10 @@ class DomainWorker {
   size_t live_inflight_ = 0;  // inflight operations whose transfer is still alive
   double next_deadline_check_ = 0;
   double last_completion_ = 0;  // any write or send of this domain completed
+  // Per destination: the last completion of a write or send to it, and the send buffers its
+  // sends hold (at most half of them, so a dead peer cannot take every buffer).
+  std::unordered_map<fi_addr_t, double> dest_completion_;
+  std::unordered_map<fi_addr_t, uint32_t> dest_sends_;
 
   std::mutex mu_;
   std::vector<std::function<void()>> commands_;  // GUARDED_BY(mu_)
