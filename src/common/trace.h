@@ -42,8 +42,10 @@ struct TraceEvent {
 };
 
 struct TracerOptions {
-  size_t max_events = 1'000'000;  // events past this are dropped and counted
-  std::string process_name;       // shown for the process; empty: none
+  // Events past this are dropped and counted (the first ones are kept); an event takes a few
+  // hundred bytes, so the default bounds a trace to ~100 MB.
+  size_t max_events = 200'000;
+  std::string process_name;  // shown for the process; empty: none
 };
 
 // Thread safety: every method may be called from any thread.

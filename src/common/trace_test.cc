@@ -138,8 +138,9 @@ TEST(TracerTest, ConcurrentWriters) {
     tids.insert(e.at("tid").get<int64_t>());
     seen.insert({e.at("args").at("k").get<int64_t>(), e.at("args").at("i").get<int64_t>()});
   }
-  EXPECT_EQ(seen.size(), 3000u);  // no event torn or duplicated
-  EXPECT_EQ(OfPhase(j, "M").size(), tids.size());
+  EXPECT_EQ(seen.size(), 3000u);                                     // no event torn or duplicated
+  EXPECT_EQ(OfPhase(j, "M").size(), static_cast<size_t>(kThreads));  // names are not capped
+  EXPECT_LE(tids.size(), static_cast<size_t>(kThreads));  // a late thread may have lost all
 }
 
 TEST(TracerTest, NullSpanRecordsNothing) {
