@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 
 #include "engine/engine.h"
@@ -368,6 +369,31 @@ TEST(TpRunnerTest, BadBatchFailsOnEveryRankAndTheNextStepWorks) {
   EXPECT_EQ(out.logits[0].size(), static_cast<size_t>(w.config.vocab_size));
   EXPECT_EQ(out.last_hidden[0].size(), static_cast<size_t>(w.config.hidden_size));
   EXPECT_EQ((*runner)->steps_done(), 1u);
+}
+
+TEST(TpAllReduceTest, EveryRankSeesEveryPartialOfTheSameRound) {
+  constexpr int kRanks = 4, kRounds = 2000;
+  TpAllReduce reduce(kRanks);
+  std::vector<int> errors(kRanks, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r)
+    threads.emplace_back([&, r] {
+      float mine = 0;
+      for (int round = 0; round < kRounds; ++round) {
+        mine = static_cast<float>(round * kRanks + r);  // rewritten only after Depart
+        reduce.Arrive(r, &mine);
+        float sum = 0;
+        for (int k = 0; k < kRanks; ++k) {
+          if (*reduce.Parts()[k] != static_cast<float>(round * kRanks + k)) ++errors[r];
+          sum += *reduce.Parts()[k];
+        }
+        if (sum != static_cast<float>(round * kRanks * kRanks + kRanks * (kRanks - 1) / 2))
+          ++errors[r];
+        reduce.Depart();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(errors[r], 0) << "rank " << r;
 }
 
 TEST(TpRunnerTest, ThreadsAreJoinedAtShutdown) {
