@@ -51,6 +51,14 @@ std::string TempPath(const std::string& name) {
   return testing::TempPathFor("pdserve_fault_", name);
 }
 
+// Removes the model and secret files when the binary ends.
+class TempCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override { testing::RemoveTempPathsFor("pdserve_fault_"); }
+};
+[[maybe_unused]] const auto* const kTempCleanup =
+    ::testing::AddGlobalTestEnvironment(new TempCleanup);
+
 // The `small` preset (4 layers, hidden 256): a prefill of a few hundred tokens takes long enough
 // (tens of ms per chunk on one thread) for a kill to land while transfers are in flight.
 const std::string& ModelDir() {

@@ -39,6 +39,14 @@ std::string TempPath(const std::string& name) {
   return testing::TempPathFor("pdserve_netns_", name);
 }
 
+// Removes the model and secret files when the binary ends.
+class TempCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override { testing::RemoveTempPathsFor("pdserve_netns_"); }
+};
+[[maybe_unused]] const auto* const kTempCleanup =
+    ::testing::AddGlobalTestEnvironment(new TempCleanup);
+
 std::string IpBinary() {
   for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
     if (access(p, X_OK) == 0) return p;

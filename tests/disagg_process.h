@@ -148,6 +148,17 @@ inline std::string TempPathFor(const std::string& prefix, const std::string& nam
       .string();
 }
 
+// Removes what TempPathFor(prefix, ...) created in this process (models, secret files).
+inline void RemoveTempPathsFor(const std::string& prefix) {
+  const std::string start = prefix + std::to_string(::getpid()) + "_";
+  std::error_code ec;
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::filesystem::temp_directory_path(), ec)) {
+    if (e.path().filename().string().rfind(start, 0) == 0)
+      std::filesystem::remove_all(e.path(), ec);
+  }
+}
+
 // The sum of every sample of metric `name` on host:port/metrics whose labels contain `labels`
 // (e.g. "role=\"prefill\""; empty: every sample). -1 when /metrics does not answer or has no such
 // sample.
