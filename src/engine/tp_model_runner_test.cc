@@ -396,6 +396,26 @@ TEST(TpAllReduceTest, EveryRankSeesEveryPartialOfTheSameRound) {
   for (int r = 0; r < kRanks; ++r) EXPECT_EQ(errors[r], 0) << "rank " << r;
 }
 
+TEST(TpRunnerTest, TheLeaderAloneTracesLayers) {
+  const model::ModelWeights& w = Model(2).weights;
+  Tracer tracer;
+  ModelRunnerOptions o;
+  o.kv.page_size = 4;
+  o.num_pages = 8;
+  o.num_threads = 1;
+  o.tensor_parallel_size = 2;
+  o.tracer = &tracer;
+  auto runner = ModelRunner::Create(w, o);
+  ASSERT_TRUE(runner.ok());
+  std::vector<int32_t> pages = {0, 1}, tokens = PromptOf(5, 2, w.config.vocab_size);
+  ForwardBatch b;
+  b.seqs.push_back(SeqStep{0, 0, tokens, pages, true});
+  ForwardOutput out;
+  ASSERT_TRUE((*runner)->Forward(b, &out).ok());
+  EXPECT_EQ(tracer.num_events(), static_cast<size_t>(w.config.num_layers));
+  for (const TraceEvent& e : tracer.Events()) EXPECT_EQ(e.tid, Tracer::CurrentThreadId());
+}
+
 TEST(TpRunnerTest, ThreadsAreJoinedAtShutdown) {
   const int before = NumThreadsOfProcess();
   {
