@@ -36,6 +36,7 @@ class AsyncEngineImpl final : public AsyncEngine {
   Result<int64_t> SubmitPrefillOnly(std::vector<int32_t> prompt_ids,
                                     OutputCallback on_output) override;
   void ReleasePages(std::vector<int32_t> pages) override;
+  void RetainPages(const std::vector<int32_t>& pages) override { engine_->RetainPages(pages); }
   Result<int64_t> SubmitRemoteKv(std::vector<int32_t> prompt_ids, const SamplingParams& sampling,
                                  OutputCallback on_output, KvReservedCallback on_reserved) override;
   void MarkKvReady(int64_t request_id) override;
@@ -316,6 +317,7 @@ Result<int64_t> AsyncEngine::SubmitPrefillOnly(std::vector<int32_t>, OutputCallb
   return Unimplemented("this engine does not run prefill-only requests");
 }
 void AsyncEngine::ReleasePages(std::vector<int32_t>) {}
+void AsyncEngine::RetainPages(const std::vector<int32_t>&) {}
 Result<int64_t> AsyncEngine::SubmitRemoteKv(std::vector<int32_t>, const SamplingParams&,
                                             OutputCallback, KvReservedCallback) {
   return Unimplemented("this engine does not take remote KV");

@@ -43,6 +43,10 @@ class AsyncEngine {
                                             OutputCallback on_output);
   // Gives back the pages of a PrefillResult.
   virtual void ReleasePages(std::vector<int32_t> pages);
+  // One more reference on allocated pages, taken at once (not on the loop): call it from a
+  // KvReservedCallback to hold a remote-KV request's pages past its end; ReleasePages gives it
+  // back.
+  virtual void RetainPages(const std::vector<int32_t>& pages);
   // Decode side: a request whose prompt KV arrives from elsewhere. on_reserved gets its page
   // table once reserved (never, if it ends first); it then waits for MarkKvReady(id).
   virtual Result<int64_t> SubmitRemoteKv(std::vector<int32_t> prompt_ids,

@@ -295,6 +295,24 @@ TEST(DisaggEngineTest, RemoteKvRequestsCountAsAwaitingAndAreValidated) {
   EXPECT_EQ(engine->stats().num_awaiting_kv, 0);
 }
 
+TEST(DisaggEngineTest, RetainedPagesOutliveTheirAbortedRequestUntilReleased) {
+  auto engine = MakeEngine(4, 4, 16);
+  ASSERT_TRUE(engine->AddRemoteKvRequest(MakeRequest(2, PromptOf(8, 2), 4)).ok());
+  std::vector<KvReservation> res = engine->TakeKvReservations();
+  ASSERT_EQ(res.size(), 1u);
+  engine->RetainPages(res[0].page_table);  // a transfer may still write into them
+  engine->Abort(2);
+  EXPECT_EQ(engine->stats().num_free_pages, 2) << "retained pages must not be free";
+  EXPECT_EQ(engine->stats().num_awaiting_kv, 0);
+  // Nothing else can take them meanwhile.
+  ASSERT_TRUE(engine->AddRemoteKvRequest(MakeRequest(3, PromptOf(12, 3), 4)).ok());
+  EXPECT_TRUE(engine->TakeKvReservations().empty());
+  engine->ReleasePages(res[0].page_table);
+  EXPECT_EQ(engine->TakeKvReservations().size(), 1u);
+  engine->Abort(3);
+  EXPECT_EQ(engine->stats().num_free_pages, 4);
+}
+
 // ---------------------------------------------------------------- async engine
 
 constexpr auto kDeadline = std::chrono::seconds(30);

@@ -44,6 +44,7 @@ class EngineImpl final : public Engine {
 
   Status AddPrefillOnlyRequest(Request request) override;
   void ReleasePages(std::span<const int32_t> pages) override { pool_.Release(pages); }
+  void RetainPages(std::span<const int32_t> pages) override { pool_.AddRef(pages); }
   void SetStepObserver(StepObserver observer) override { observer_ = std::move(observer); }
   Status AddRemoteKvRequest(Request request) override;
   std::vector<KvReservation> TakeKvReservations() override;

@@ -99,6 +99,10 @@ class Engine {
   virtual Status AddPrefillOnlyRequest(Request request) = 0;
   // Gives back pages a PrefillResult kept. Thread-safe (the page pool locks).
   virtual void ReleasePages(std::span<const int32_t> pages) = 0;
+  // Takes one more reference on allocated pages (given back with ReleasePages), so they stay out
+  // of the free list after their request ends: the decode side holds a remote-KV request's pages
+  // until no write of its transfer can land any more. Thread-safe (the page pool locks).
+  virtual void RetainPages(std::span<const int32_t> pages) = 0;
   virtual void SetStepObserver(StepObserver observer) = 0;
   // Decode side: the prompt's KV arrives from elsewhere. Pages for the whole prompt are reserved
   // when free (see TakeKvReservations); the request then waits until MarkKvReady, and its last
