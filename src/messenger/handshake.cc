@@ -99,4 +99,33 @@ Result<uint64_t> ExpectedWrites(const ShardScheme& prefill, const ShardScheme& d
   return uint64_t{num_layers} * num_pages + 1;
 }
 
+ShardScheme MakeShardScheme(const model::ModelConfig& config, int tp_size) {
+  ShardScheme s;
+  s.tp_size = static_cast<uint16_t>(tp_size);
+  s.num_kv_heads = static_cast<uint16_t>(config.num_kv_heads);
+  return s;
+}
+
+Result<ShardPlan> PlanTransfer(const ShardScheme& prefill, const ShardScheme& decode,
+                               const KvFormat& format, uint64_t seed) {
+  PageFormat f;
+  f.head_dim = static_cast<int>(format.head_dim);
+  f.page_size = static_cast<int>(format.page_size);
+  f.layout = static_cast<engine::KvLayout>(format.layout);
+  f.elem_bytes = static_cast<engine::KvDType>(format.kv_dtype) == engine::KvDType::kF32 ? 4 : 2;
+  auto plan = ComputeShardPlan(ToShardSpec(prefill), ToShardSpec(decode), f, seed);
+  if (!plan.ok()) {
+    return FailedPrecondition("cannot pair prefill tp_size " + std::to_string(prefill.tp_size) +
+                              " with decode tp_size " + std::to_string(decode.tp_size) + ": " +
+                              plan.status().message());
+  }
+  return plan;
+}
+
+Result<uint64_t> ExpectedWrites(const ShardScheme& prefill, const ShardScheme& decode,
+                                const KvFormat& format, uint32_t num_pages, uint64_t seed) {
+  ASSIGN_OR_RETURN(ShardPlan plan, PlanTransfer(prefill, decode, format, seed));
+  return ExpectedWrites(plan, num_pages, format.num_layers).total_writes + 1;
+}
+
 }  // namespace pd::messenger

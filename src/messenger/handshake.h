@@ -10,6 +10,7 @@
 
 #include "common/status.h"
 #include "engine/kv_cache.h"
+#include "messenger/shard_plan.h"
 #include "messenger/wire.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -29,11 +30,26 @@ KvFormat MakeKvFormat(uint64_t model_hash, const engine::KvCacheSpec& spec);
 Status CheckCompatible(const KvFormat& ours, const KvFormat& theirs);
 
 // Writes the decode side must count for one transfer of `num_pages` pages (the prompt without its
-// last token), given both sharding schemes: the shard planner's job. TP 1 on both sides is one
-// write per page per layer plus one metadata write; other schemes are Unimplemented until the
-// planner lands.
+// last token) between two TP 1 schemes: one write per page per layer plus one metadata write;
+// other schemes are Unimplemented here (they need the page format: use the KvFormat overload
+// below, which the messengers use).
 Result<uint64_t> ExpectedWrites(const ShardScheme& prefill, const ShardScheme& decode,
                                 uint32_t num_layers, uint32_t num_pages);
+
+// An instance's scheme: the engine's rule (replicated KV heads when tp_size > KV heads), never
+// the MLA-like fully replicated cache.
+ShardScheme MakeShardScheme(const model::ModelConfig& config, int tp_size);
+
+// The shard plan of one transfer between the two schemes on the agreed format, with `seed` (the
+// wire request id) choosing source replicas. FailedPrecondition saying why when the schemes cannot
+// be paired (KV heads differ, a TP size that does not divide or is not a multiple of the heads).
+Result<ShardPlan> PlanTransfer(const ShardScheme& prefill, const ShardScheme& decode,
+                               const KvFormat& format, uint64_t seed);
+
+// Writes the decode side counts for one transfer of `num_pages` pages between any two schemes:
+// the planner's runs, one write per (run, layer, page), plus the metadata write.
+Result<uint64_t> ExpectedWrites(const ShardScheme& prefill, const ShardScheme& decode,
+                                const KvFormat& format, uint32_t num_pages, uint64_t seed);
 
 // Decode pages a prompt of `num_prefill_tokens` tokens occupies on the wire.
 inline uint32_t PagesForTokens(uint32_t num_prefill_tokens, uint32_t page_size) {

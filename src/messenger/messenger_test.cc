@@ -513,10 +513,10 @@ TEST(MessengerFailureTest, BadPrefillRequestsAreRefusedFieldByField) {
        },
        StatusCode::kInvalidArgument, "token_ids is empty"},
       {[](PrefillRequest& r) {
-         r.decode_scheme = {2, 2};
-         r.rank_regions.push_back(r.rank_regions[0]);
+         r.decode_scheme = {3, 2};  // TP 3 over 2 KV heads: no shard plan
+         r.rank_regions = {r.rank_regions[0], r.rank_regions[0], r.rank_regions[0]};
        },
-       StatusCode::kUnimplemented, "shard planner"},
+       StatusCode::kFailedPrecondition, "cannot pair prefill tp_size 1 with decode tp_size 3"},
       {[](PrefillRequest& r) { r.token_ids[3] = 9999; }, StatusCode::kInvalidArgument,
        "outside the vocabulary"},
   };

@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "messenger/channel.h"
 #include "messenger/handshake.h"
+#include "messenger/shard_writes.h"
 
 namespace pd::messenger {
 namespace {
@@ -31,8 +32,9 @@ struct Transfer {
   uint32_t imm = 0;
   int64_t engine_id = -1;
   int num_tokens = 0;
-  transfer::RemoteRegion dst;
-  uint64_t dst_num_pages = 0;
+  ShardPlan plan;                           // seeded with request_id
+  std::vector<transfer::RemoteRegion> dst;  // per decode rank
+  uint64_t dst_num_pages = 0;               // pages in one layer of every decode rank's region
   std::vector<int32_t> dst_pages;
   transfer::RemoteRegion meta;
   uint64_t meta_offset = 0;
@@ -63,8 +65,8 @@ class PrefillMessenger::Impl {
         options_(options),
         runner_(runner),
         spec_(runner.region().spec()),
+        scheme_(MakeShardScheme(runner.config(), runner.num_ranks())),
         num_layers_(spec_.num_layers),
-        page_bytes_(spec_.page_bytes()),
         meta_bytes_(static_cast<uint32_t>(runner.config().hidden_size) * 4),
         codec_(options.cluster_secret),
         queue_(std::make_shared<TaskQueue>()) {}
@@ -81,6 +83,8 @@ class PrefillMessenger::Impl {
   void OnHello(const Hello& hello, uint64_t seq);
   void OnPrefillRequest(const PrefillRequest& request, uint64_t seq);
   Status Admit(const PrefillRequest& request, Transfer* t);
+  Status ParseRankRegions(const PrefillRequest& r, uint64_t layer_bytes,
+                          std::vector<transfer::MemoryDescriptor>* out);
   void OnCancel(const Cancel& cancel, uint64_t seq);
   void OnStep(const engine::StepInfo& info);
   void OnEngineDone(const engine::RequestOutput& out);
@@ -102,14 +106,14 @@ class PrefillMessenger::Impl {
   PrefillMessenger* const owner_;
   const PrefillMessengerOptions options_;
   engine::ModelRunner& runner_;
-  const engine::KvCacheSpec spec_;
+  const engine::KvCacheSpec spec_;  // rank 0's
+  const ShardScheme scheme_;
   const int num_layers_;
-  const uint64_t page_bytes_;
   const uint32_t meta_bytes_;
   FrameCodec codec_;
   std::shared_ptr<TaskQueue> queue_;  // shared with callbacks that may outlive us
   std::unique_ptr<transfer::Domain> domain_;
-  transfer::MemoryRegion kv_mr_;
+  std::vector<transfer::MemoryRegion> kv_mrs_;  // per rank, all in the one domain
   transfer::MemoryRegion meta_mr_;
   std::vector<uint8_t> meta_staging_;  // (max_transfers, meta_bytes): metadata write sources
   engine::AsyncEngine* engine_ = nullptr;
@@ -139,9 +143,14 @@ Status PrefillMessenger::Impl::Init() {
   };
   d.message_bytes = std::max<uint32_t>(d.message_bytes, 256u << 10);
   ASSIGN_OR_RETURN(domain_, transfer::Domain::Create(d));
-  // Exactly the pages, so a peer can tell our page count from the length (KvRegion rounds up).
-  const uint64_t kv_bytes = uint64_t{page_bytes_} * num_layers_ * runner_.region().num_pages();
-  ASSIGN_OR_RETURN(kv_mr_, domain_->RegisterMemory(runner_.region().base(), kv_bytes));
+  // Every rank's region, exactly its pages (KvRegion rounds up).
+  for (int r = 0; r < runner_.num_ranks(); ++r) {
+    engine::KvRegion& region = runner_.rank_region(r);
+    const uint64_t kv_bytes =
+        uint64_t{region.spec().page_bytes()} * num_layers_ * region.num_pages();
+    ASSIGN_OR_RETURN(transfer::MemoryRegion mr, domain_->RegisterMemory(region.base(), kv_bytes));
+    kv_mrs_.push_back(std::move(mr));
+  }
   meta_staging_.assign(static_cast<size_t>(options_.max_transfers) * meta_bytes_, 0);
   ASSIGN_OR_RETURN(meta_mr_, domain_->RegisterMemory(meta_staging_.data(), meta_staging_.size()));
   for (int i = options_.max_transfers - 1; i >= 0; --i) free_meta_slots_.push_back(i);
@@ -231,15 +240,14 @@ void PrefillMessenger::Impl::OnHello(const Hello& hello, uint64_t seq) {
     owner_->metrics_.Rejected();
     return;
   }
-  const ShardScheme mine{1, static_cast<uint16_t>(spec_.num_kv_heads)};
   Status ok = CheckCompatible(owner_->format_, hello.format);
-  if (ok.ok()) ok = ExpectedWrites(mine, hello.scheme, num_layers_, 1).status();
+  if (ok.ok()) ok = PlanTransfer(scheme_, hello.scheme, owner_->format_, 0).status();
   HelloReply reply;
   reply.accepted = ok.ok();
   reply.reason = ok.ok() ? "" : ok.message();
   reply.instance_name = options_.instance_name;
   reply.format = owner_->format_;
-  reply.scheme = mine;
+  reply.scheme = scheme_;
   reply.fabric_address = address();
   if (ok.ok()) {
     if (peers_.emplace(hello.fabric_address, *peer).second) owner_->num_peers_.fetch_add(1);
@@ -318,29 +326,48 @@ void PrefillMessenger::Impl::OnPrefillRequest(const PrefillRequest& request, uin
   }
 }
 
+// Every decode rank's region: a valid descriptor of the same instance holding the same whole
+// number of KV pages (all layers of `layer_bytes` each) as rank 0's.
+Status PrefillMessenger::Impl::ParseRankRegions(const PrefillRequest& r, uint64_t layer_bytes,
+                                                std::vector<transfer::MemoryDescriptor>* out) {
+  const std::string id = "request " + std::to_string(r.request_id);
+  for (size_t k = 0; k < r.rank_regions.size(); ++k) {
+    const std::string name = id + ": decode rank " + std::to_string(k) + "'s region";
+    ASSIGN_OR_RETURN(transfer::MemoryDescriptor d,
+                     transfer::MemoryDescriptor::FromBytes(r.rank_regions[k]));
+    RETURN_IF_ERROR(d.Validate().WithContext(name));
+    if (d.length % layer_bytes != 0) {
+      return InvalidArgument(name + " of " + std::to_string(d.length) +
+                             " bytes is not a whole number of KV pages of " +
+                             std::to_string(layer_bytes) + " bytes (all layers)");
+    }
+    if (!out->empty() &&
+        (d.length != out->front().length || d.fabric_addr != out->front().fabric_addr)) {
+      return InvalidArgument(name + " differs from rank 0's in size or owner");
+    }
+    out->push_back(std::move(d));
+  }
+  if (out->empty()) return InvalidArgument(id + ": no rank regions");
+  return OkStatus();
+}
+
 // Checks every field of a request against our format and the peer's regions.
 Status PrefillMessenger::Impl::Admit(const PrefillRequest& r, Transfer* t) {
   const std::string id = "request " + std::to_string(r.request_id);
   if (transfers_.count(r.request_id) != 0) return AlreadyExists(id + " is already in flight");
   if (r.token_ids.empty()) return InvalidArgument(id + ": token_ids is empty");
   const uint32_t pages = PagesForTokens(static_cast<uint32_t>(r.token_ids.size()), spec_.page_size);
-  const ShardScheme mine{1, static_cast<uint16_t>(spec_.num_kv_heads)};
-  RETURN_IF_ERROR(ExpectedWrites(mine, r.decode_scheme, num_layers_, pages).status());
+  ASSIGN_OR_RETURN(t->plan, PlanTransfer(scheme_, r.decode_scheme, owner_->format_, r.request_id));
   if (r.dst_pages.size() != pages) {
     return InvalidArgument(id + ": dst_pages has " + std::to_string(r.dst_pages.size()) +
                            " ids for " + std::to_string(r.token_ids.size()) + " tokens (" +
                            std::to_string(pages) + " pages of " + std::to_string(spec_.page_size) +
                            ")");
   }
-  ASSIGN_OR_RETURN(auto dst, transfer::MemoryDescriptor::FromBytes(r.rank_regions[0]));
-  RETURN_IF_ERROR(dst.Validate());
-  const uint64_t layer_bytes = page_bytes_ * num_layers_;
-  if (dst.length % layer_bytes != 0) {
-    return InvalidArgument(id + ": the decode region's " + std::to_string(dst.length) +
-                           " bytes are not a whole number of KV pages of " +
-                           std::to_string(layer_bytes) + " bytes (all layers)");
-  }
-  t->dst_num_pages = dst.length / layer_bytes;
+  std::vector<transfer::MemoryDescriptor> dsts;
+  RETURN_IF_ERROR(ParseRankRegions(r, t->plan.dst_page_bytes * num_layers_, &dsts));
+  const transfer::MemoryDescriptor& dst = dsts[0];
+  t->dst_num_pages = dst.length / (t->plan.dst_page_bytes * num_layers_);
   for (size_t k = 0; k < r.dst_pages.size(); ++k) {
     if (static_cast<uint64_t>(r.dst_pages[k]) >= t->dst_num_pages) {
       return OutOfRange(
@@ -363,7 +390,10 @@ Status PrefillMessenger::Impl::Admit(const PrefillRequest& r, Transfer* t) {
                              " transfers in flight (max " + std::to_string(options_.max_transfers) +
                              ")");
   }
-  ASSIGN_OR_RETURN(t->dst, domain_->AddRemote(dst));
+  for (const transfer::MemoryDescriptor& d : dsts) {
+    ASSIGN_OR_RETURN(transfer::RemoteRegion remote, domain_->AddRemote(d));
+    t->dst.push_back(std::move(remote));
+  }
   ASSIGN_OR_RETURN(t->meta, domain_->AddRemote(meta));
   t->imm = r.transfer_imm;
   t->num_tokens = static_cast<int>(r.token_ids.size());
@@ -482,36 +512,50 @@ void PrefillMessenger::Impl::Track(Transfer* t, Result<transfer::TransferId> id,
   t->bytes += bytes;
 }
 
+// One paged write per run of the transfer's shard plan: from the run's source rank's region into
+// its destination rank's region, for pages [w.first_page, w.end_page) of layer `layer`.
 void PrefillMessenger::Impl::PostLayer(Transfer* t, const LayerWork& w, int layer) {
   const int64_t begin_ns = options_.tracer != nullptr ? Tracer::NowNs() : 0;
-  transfer::PagedWriteRequest req;
-  req.src = kv_mr_;
-  req.dst = t->dst;
+  std::vector<uint32_t> src_pages, dst_pages;
   for (int k = w.first_page; k < w.end_page; ++k) {
-    req.src_pages.push_back(static_cast<uint32_t>(t->src_pages[k]));
-    req.dst_pages.push_back(static_cast<uint32_t>(t->dst_pages[k]));
+    src_pages.push_back(static_cast<uint32_t>(t->src_pages[k]));
+    dst_pages.push_back(static_cast<uint32_t>(t->dst_pages[k]));
   }
-  req.bytes_per_page = page_bytes_;
-  req.src_stride = page_bytes_;
-  req.src_offset = uint64_t{page_bytes_} * layer * runner_.region().num_pages();
-  req.dst_stride = page_bytes_;
-  req.dst_offset = uint64_t{page_bytes_} * layer * t->dst_num_pages;
-  req.imm = t->imm;
-  const uint32_t n = static_cast<uint32_t>(req.src_pages.size());
-  // The completion carries the id, which exists only once Submit returns: share a slot.
-  auto slot = std::make_shared<transfer::TransferId>(0);
-  auto id = domain_->SubmitPagedWrite(std::move(req), WriteDone(t->request_id, slot));
-  if (id.ok()) *slot = *id;
+  const uint32_t n = static_cast<uint32_t>(src_pages.size());
+  const RunGeometry g{layer, static_cast<uint64_t>(runner_.region().num_pages()), t->dst_num_pages,
+                      0, 0};
+  uint64_t layer_bytes = 0;
+  uint32_t layer_writes = 0;
+  Result<transfer::TransferId> last = Internal("no run");
+  for (const ShardSlice& slice : t->plan.slices) {
+    for (const PageRun& run : slice.runs) {
+      transfer::PagedWriteRequest req;
+      req.src = kv_mrs_[static_cast<size_t>(slice.src_rank)];
+      req.dst = t->dst[static_cast<size_t>(slice.dst_rank)];
+      req.src_pages = src_pages;
+      req.dst_pages = dst_pages;
+      SetRunGeometry(t->plan, run, g, &req);
+      req.imm = t->imm;
+      // The completion carries the id, which exists only once Submit returns: share a slot.
+      auto slot = std::make_shared<transfer::TransferId>(0);
+      last = domain_->SubmitPagedWrite(std::move(req), WriteDone(t->request_id, slot));
+      if (last.ok()) *slot = *last;
+      layer_bytes += uint64_t{n} * run.bytes;
+      layer_writes += n;
+      Track(t, last, uint64_t{n} * run.bytes, n);
+      if (!t->error.ok()) return;
+    }
+  }
   if (options_.tracer != nullptr) {
-    TracePosted(id, t->request_id, layer, begin_ns,
+    TracePosted(last, t->request_id, layer, begin_ns,
                 {{"request", std::to_string(t->request_id)},
                  {"layer", int64_t{layer}},
                  {"step", static_cast<int64_t>(w.runner_step)},
                  {"first_page", int64_t{w.first_page}},
                  {"pages", int64_t{n}},
-                 {"bytes", static_cast<int64_t>(uint64_t{n} * page_bytes_)}});
+                 {"writes", int64_t{layer_writes}},
+                 {"bytes", static_cast<int64_t>(layer_bytes)}});
   }
-  Track(t, id, uint64_t{n} * page_bytes_, n);
 }
 
 // "post writes" (or "post metadata") over the submit call; the write's flight is traced when

@@ -89,7 +89,7 @@ std::vector<PageRun> MakeRuns(const PageFormat& f, HeadRange src, HeadRange dst,
 }  // namespace
 
 ShardSpec ToShardSpec(const ShardScheme& scheme) {
-  return ShardSpec{scheme.tp_size, scheme.num_kv_heads, false};
+  return ShardSpec{scheme.tp_size, scheme.num_kv_heads, scheme.replicated};
 }
 
 Status ValidateShardSpec(const ShardSpec& spec, const char* side) {

@@ -34,11 +34,18 @@ Status GetFormat(ByteReader& r, KvFormat* f) {
 void PutScheme(ByteWriter& w, const ShardScheme& s) {
   w.Put(s.tp_size);
   w.Put(s.num_kv_heads);
+  w.Put<uint8_t>(s.replicated ? 1 : 0);
 }
 
 Status GetScheme(ByteReader& r, const char* field, ShardScheme* s) {
   RETURN_IF_ERROR(r.Get(field, &s->tp_size));
   RETURN_IF_ERROR(r.Get(field, &s->num_kv_heads));
+  uint8_t replicated = 0;
+  RETURN_IF_ERROR(r.Get(field, &replicated));
+  if (replicated > 1)
+    return InvalidArgument(std::string(field) + ": replicated flag " + std::to_string(replicated) +
+                           " is not 0 or 1");
+  s->replicated = replicated != 0;
   if (s->tp_size == 0 || s->tp_size > kMaxRanks || s->num_kv_heads == 0)
     return InvalidArgument(std::string(field) + ": tp_size " + std::to_string(s->tp_size) +
                            " / num_kv_heads " + std::to_string(s->num_kv_heads) + " invalid");

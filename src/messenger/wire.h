@@ -19,7 +19,8 @@
 namespace pd::messenger {
 
 inline constexpr uint32_t kWireMagic = 0x564b4450;  // "PDKV"
-inline constexpr uint16_t kWireVersion = 1;
+// Version 2: ShardScheme carries the replicated flag (tensor-parallel transfers).
+inline constexpr uint16_t kWireVersion = 2;
 inline constexpr size_t kMacBytes = 32;
 inline constexpr size_t kFrameHeaderBytes = 4 + 2 + 2 + 8 + 4;
 inline constexpr size_t kMaxBodyBytes = 8u << 20;
@@ -40,6 +41,7 @@ enum class MessageType : uint16_t {
 struct ShardScheme {
   uint16_t tp_size = 1;
   uint16_t num_kv_heads = 1;  // the model's KV heads (all ranks together)
+  bool replicated = false;    // every rank holds every KV head (an MLA-like latent cache)
   bool operator==(const ShardScheme&) const = default;
 };
 

@@ -48,6 +48,26 @@ TEST(WireTest, RoundTripsEveryMessage) {
   EXPECT_EQ(req.metadata_offset, 4096u);
 }
 
+TEST(WireTest, TheReplicatedFlagRoundTripsAndOnlyZeroOrOneIsAccepted) {
+  Hello hello{"p", {1, 2, 3, 4, 0, 0}, {4, 1, true}, "a"};
+  auto bytes = EncodeFrame({1, hello}, kSecret);
+  auto decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_EQ(std::get<Hello>(decoded->message).scheme, (ShardScheme{4, 1, true}));
+  // The flag byte follows tp_size and num_kv_heads: the body is instance_name (u32 length + 1
+  // byte), format (8 + 4 + 4 + 4 + 1 + 1), then the scheme.
+  const size_t flag = kFrameHeaderBytes + 5 + 22 + 4;
+  ASSERT_EQ(bytes[flag], 1);
+  bytes[flag] = 2;
+  // Re-sign the tampered frame so the body check, not the MAC, is what refuses it.
+  auto mac = HmacSha256(kSecret, bytes.data(), bytes.size() - kMacBytes);
+  std::copy(mac.begin(), mac.end(), bytes.end() - kMacBytes);
+  decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_NE(decoded.status().message().find("replicated flag 2"), std::string::npos)
+      << decoded.status().ToString();
+}
+
 TEST(WireTest, WrongSecretIsRefused) {
   auto bytes = EncodeFrame({1, Cancel{1}}, kSecret);
   auto decoded = DecodeFrame(bytes.data(), bytes.size(), "other-secret");
