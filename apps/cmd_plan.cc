@@ -21,7 +21,7 @@ void AddSetupOptions(CLI::App* app, planner::SetupOptions* o) {
       ->capture_default_str();
   app->add_option("--hardware", o->hardware, "a100-80gb | h100 | h200 | cpu")
       ->capture_default_str();
-  app->add_option("--profile", o->profile,
+  app->add_option("--profile,--latency-model", o->profile,
                   "auto | analytical | a profile JSON (pdserve profile or DistServe's)")
       ->capture_default_str();
   app->add_option("--colocated-profile", o->colocated_profile,
@@ -44,6 +44,8 @@ void AddSetupOptions(CLI::App* app, planner::SetupOptions* o) {
   app->add_option("--max-pp", o->max_pp)->capture_default_str();
   app->add_option("--scheduler", o->scheduler,
                   "native | engine (engine::Scheduler itself, one batch in flight)")
+      ->capture_default_str();
+  app->add_option("--threads", o->threads, "simulation threads (0: one per core)")
       ->capture_default_str();
   app->add_flag("--chunked-colocated", o->chunked_colocated,
                 "colocated baseline uses chunked prefill");
@@ -108,6 +110,9 @@ int RunPlan(const PlanOptions& o) {
     std::fprintf(stderr, "pdserve plan: %s\n", report.status().ToString().c_str());
     return 1;
   }
+  std::fprintf(stderr, "pdserve plan: searched in %.2f s (phase tables %.2f s, units %.2f s)\n",
+               report->tables_wall_s + report->units_wall_s, report->tables_wall_s,
+               report->units_wall_s);
   const std::string json = planner::PlanToJson(*report, in);
   if (!o.out.empty()) {
     if (Status s = WriteStringToFile(o.out, json); !s.ok()) {

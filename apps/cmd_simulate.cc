@@ -85,10 +85,13 @@ int Replay(const SimulateOptions& o, planner::PlannerSetup& setup) {
     std::fprintf(stderr, "pdserve simulate: %s\n", insts.status().ToString().c_str());
     return 1;
   }
-  auto r = planner::Simulate(*insts,
-                             {setup.inputs.hw.intra_node_bw, setup.inputs.cluster.inter_node_bw,
-                              setup.inputs.shape.KvBytesPerToken()},
-                             *trace, planner::SimOptions{setup.inputs.make_scheduler, -1, {}});
+  planner::ClusterLinks links;
+  links.intra_node_bw = setup.inputs.hw.intra_node_bw;
+  links.inter_node_bw = setup.inputs.cluster.inter_node_bw;
+  links.kv_bytes_per_token = setup.inputs.shape.KvBytesPerToken();
+  planner::SimOptions sim;
+  sim.make_scheduler = setup.inputs.make_scheduler;
+  auto r = planner::Simulate(*insts, links, *trace, sim);
   if (!r.ok()) {
     std::fprintf(stderr, "pdserve simulate: %s\n", r.status().ToString().c_str());
     return 1;

@@ -25,7 +25,9 @@
 #include <vector>
 
 #include "apps/command.h"
+#include "common/file_util.h"
 #include "common/trace.h"
+#include "planner/deployment.h"
 #include "server/router.h"
 
 namespace pd::apps {
@@ -41,6 +43,8 @@ struct UpFlags {
   std::string kv_layout = "hnd";
   int page_size = 16;
   int threads = 1;  // compute threads per instance
+  int prefill_tp = 1;  // --tensor-parallel-size of the prefill instances
+  int decode_tp = 1;   // ... and of the decode instances
   int max_num_batched_tokens = 512;
   int max_num_seqs = 64;
   int max_model_len = 0;
@@ -50,6 +54,7 @@ struct UpFlags {
   std::string trace;  // --trace FILE: each instance writes FILE with its name before the extension
   bool pin_cores = false;
   double start_timeout_s = 300.0;
+  std::string plan;  // a pdserve-plan-v1 file: instance counts and threads come from it
 };
 
 struct Child {
@@ -189,7 +194,36 @@ std::string WriteSecretFile() {
   return ok ? std::string(path) : "";
 }
 
-int RunUp(const UpFlags& f) {
+// `serve` has no --tensor-parallel-size yet: plans with TP > 1 are refused.
+constexpr bool kServeHasTensorParallel = false;
+
+// Takes the instance counts and threads of --plan into `f`; prints why not and returns false.
+bool ApplyPlan(UpFlags* f) {
+  auto text = ReadFileToString(f->plan);
+  if (!text.ok()) {
+    std::fprintf(stderr, "up: --plan: %s\n", text.status().ToString().c_str());
+    return false;
+  }
+  planner::LocalLimits limits;
+  limits.cores = static_cast<int>(std::thread::hardware_concurrency());
+  limits.engine_tp = kServeHasTensorParallel;
+  limits.pin_cores = f->pin_cores;
+  auto plan = planner::LocalPlanFromJson(*text, f->plan, limits);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "up: --plan: %s\n", plan.status().message().c_str());
+    return false;
+  }
+  f->num_prefill = plan->num_prefill;
+  f->num_decode = plan->num_decode;
+  if (plan->threads > 0) f->threads = plan->threads;
+  std::printf("pdserve up: plan %s: %d prefill + %d decode instances, %d thread(s) each\n",
+              f->plan.c_str(), f->num_prefill, f->num_decode, f->threads);
+  return true;
+}
+
+int RunUp(const UpFlags& flags) {
+  UpFlags f = flags;
+  if (!f.plan.empty() && !ApplyPlan(&f)) return 2;
   if (f.num_prefill < 1 || f.num_decode < 1) {
     std::fprintf(stderr, "up: --prefill and --decode must be >= 1\n");
     return 2;
@@ -232,7 +266,8 @@ int RunUp(const UpFlags& f) {
   };
   std::string prefill_urls;
   for (int i = 0; i < f.num_prefill; ++i) {
-    size_t k = start("prefill " + std::to_string(i), f.port + 1 + i, {"--role", "prefill"});
+    size_t k = start("prefill " + std::to_string(i), f.port + 1 + i,
+                     {"--role", "prefill", "--tensor-parallel-size", std::to_string(f.prefill_tp)});
     prefill_urls += (i ? "," : "") + children[k].url;
   }
   for (size_t k = 0; k < children.size(); ++k) {
@@ -241,7 +276,8 @@ int RunUp(const UpFlags& f) {
   std::vector<std::string> decode_urls;
   for (int j = 0; j < f.num_decode; ++j) {
     size_t k = start("decode " + std::to_string(j), f.port + 1 + f.num_prefill + j,
-                     {"--role", "decode", "--prefill-peers", prefill_urls});
+                     {"--role", "decode", "--prefill-peers", prefill_urls, "--tensor-parallel-size",
+                      std::to_string(f.decode_tp)});
     decode_urls.push_back(children[k].url);
   }
   for (size_t k = f.num_prefill; k < children.size(); ++k) {
@@ -306,6 +342,14 @@ PD_REGISTER_COMMAND(
       app->add_option("--page-size", f->page_size, "KV page size in tokens")->capture_default_str();
       app->add_option("--threads", f->threads, "compute threads per instance")
           ->capture_default_str();
+      app->add_option("--prefill-tp", f->prefill_tp,
+                      "tensor-parallel ranks of each prefill instance (--threads each)")
+          ->check(CLI::Range(1, 64))
+          ->capture_default_str();
+      app->add_option("--decode-tp", f->decode_tp,
+                      "tensor-parallel ranks of each decode instance (--threads each)")
+          ->check(CLI::Range(1, 64))
+          ->capture_default_str();
       app->add_option("--max-num-batched-tokens", f->max_num_batched_tokens,
                       "tokens per engine step")
           ->capture_default_str();
@@ -322,6 +366,9 @@ PD_REGISTER_COMMAND(
                       "Chrome trace-event JSON per instance: FILE with the instance's name "
                       "inserted before the extension (t.json -> t.prefill0.json)");
       app->add_flag("--pin-cores", f->pin_cores, "pin instance k to core k");
+      app->add_option("--plan", f->plan,
+                      "a plan JSON from `pdserve plan --out`: its prefill/decode counts and "
+                      "threads replace --prefill/--decode/--threads");
       app->add_option("--start-timeout-s", f->start_timeout_s,
                       "how long an instance may take to start")
           ->capture_default_str();

@@ -6,6 +6,9 @@
 namespace pd::planner {
 namespace {
 
+// Failed bisection probes in a row, from the top, before the lowest probe is tried.
+constexpr int kZeroCheckAfter = 4;
+
 struct PhaseWork {
   double prefill_s = 0.0;  // seconds of prefill per request (one at a time)
   double decode_s = 0.0;   // seconds of decoding per request at a full batch
@@ -82,8 +85,13 @@ Result<double> FindGoodput(std::span<const InstanceConfig> instances, const Clus
     // Misses allowed before a rate is known to fail the target.
     sim.max_misses =
         static_cast<int>(std::floor((1.0 - options.attainment) * static_cast<double>(n) + 1e-9));
+    // Requests that must meet the SLOs for the target (attainment >= target - 1e-12): once
+    // that many did, the probe passes whatever the rest do.
+    sim.stop_after_meets =
+        static_cast<int>(std::ceil((options.attainment - 1e-12) * static_cast<double>(n) - 1e-9));
     ASSIGN_OR_RETURN(SimResult r, Simulate(instances, links, reqs, sim));
     if (r.stopped_early) return false;
+    if (r.reached_meets) return true;
     return Summarize(r.requests, options.slo).attainment >= options.attainment - 1e-12;
   };
   double hi = options.max_rate > 0 ? options.max_rate : UpperBoundRate(instances, unit_rate);
@@ -95,6 +103,13 @@ Result<double> FindGoodput(std::span<const InstanceConfig> instances, const Clus
     hi *= 2;
   }
   for (int i = 0; i < options.iterations; ++i) {
+    if (i == kZeroCheckAfter && lo == 0.0) {
+      // Every probe so far failed: try the bisection's lowest probe. When it fails too, so would
+      // every probe left (goodput is monotonic in the rate, as the bisection assumes) and the
+      // answer is 0 at once. (Not tried first: a passing probe at a tiny rate is costly.)
+      ASSIGN_OR_RETURN(bool ok, meets(std::ldexp(hi, -(options.iterations - i))));
+      if (!ok) return 0.0;
+    }
     const double mid = 0.5 * (lo + hi);
     ASSIGN_OR_RETURN(bool ok, meets(mid));
     (ok ? lo : hi) = mid;

@@ -23,14 +23,14 @@ ProfileOptions DefaultProfileOptions(bool quick, int max_tokens, int max_context
     for (int b : {1, 4, 16})
       for (int c : {64, 512}) add_decode(b, c);
     add_decode(32, 256);
-    o.repeats = 3;
+    o.repeats = 5;
   } else {
     for (int t : {16, 32, 64, 128, 256, 512, 1024}) add_prefill(1, t);
     for (int t : {64, 256, 512}) add_prefill(2, t);
     for (int t : {32, 128, 256}) add_prefill(4, t);
     for (int b : {1, 2, 4, 8, 16, 32, 64})
       for (int c : {64, 256, 1024, 2048}) add_decode(b, c);
-    o.repeats = 5;
+    o.repeats = 7;
   }
   return o;
 }

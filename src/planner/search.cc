@@ -1,8 +1,12 @@
 #include "planner/search.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 namespace pd::planner {
 namespace {
@@ -83,14 +87,52 @@ Result<double> PhaseGoodput(const PlannerInputs& in, Role role, ParallelConfig p
   return FindGoodput(insts, Links(in), unit, PhaseOptions(in, slo));
 }
 
-Result<std::vector<PhaseChoice>> PhaseTable(const PlannerInputs& in, Role role, bool same_node,
-                                            std::span<const SimRequest> unit) {
-  const LatencyModel* model =
-      role == Role::kColocated && in.colocated_model ? in.colocated_model : in.model;
-  std::vector<PhaseChoice> out;
-  for (ParallelConfig par : Candidates(in, *model)) {
-    ASSIGN_OR_RETURN(double g, PhaseGoodput(in, role, par, same_node, unit));
-    out.push_back({par, g});
+// Runs fn(0) ... fn(n - 1) on up to `threads` threads (0: one per core); each index once.
+void ParallelFor(int n, int threads, const std::function<void(int)>& fn) {
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = std::min(threads, n);
+  if (threads <= 1) {
+    for (int i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::atomic<int> next{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (int i = next++; i < n; i = next++) fn(i);
+    });
+  }
+  for (auto& th : pool) th.join();
+}
+
+struct TableSpec {
+  Role role;
+  bool same_node;
+};
+
+// Every candidate of every table, simulated in parallel; tables in the order of `specs`.
+Result<std::vector<std::vector<PhaseChoice>>> PhaseTables(const PlannerInputs& in,
+                                                          const std::vector<TableSpec>& specs,
+                                                          std::span<const SimRequest> unit) {
+  struct Job {
+    size_t table;
+    ParallelConfig par;
+  };
+  std::vector<Job> jobs;
+  for (size_t t = 0; t < specs.size(); ++t) {
+    const LatencyModel* model =
+        specs[t].role == Role::kColocated && in.colocated_model ? in.colocated_model : in.model;
+    for (ParallelConfig par : Candidates(in, *model)) jobs.push_back({t, par});
+  }
+  std::vector<Result<double>> results(jobs.size(), Result<double>(0.0));
+  ParallelFor(static_cast<int>(jobs.size()), in.threads, [&](int i) {
+    const Job& j = jobs[i];
+    results[i] = PhaseGoodput(in, specs[j.table].role, j.par, specs[j.table].same_node, unit);
+  });
+  std::vector<std::vector<PhaseChoice>> out(specs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (!results[i].ok()) return results[i].status();
+    out[jobs[i].table].push_back({jobs[i].par, *results[i]});
   }
   return out;
 }
@@ -192,10 +234,19 @@ Result<PlanReport> SearchPlacement(const PlannerInputs& in) {
   }
   PlanReport r;
   const auto unit = Workload(in);
-  ASSIGN_OR_RETURN(r.prefill_table, PhaseTable(in, Role::kPrefill, false, unit));
-  ASSIGN_OR_RETURN(r.decode_table, PhaseTable(in, Role::kDecode, false, unit));
-  ASSIGN_OR_RETURN(auto decode_intra, PhaseTable(in, Role::kDecode, true, unit));
-  ASSIGN_OR_RETURN(r.colocated_table, PhaseTable(in, Role::kColocated, false, unit));
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(auto tables, PhaseTables(in,
+                                            {{Role::kPrefill, false},
+                                             {Role::kDecode, false},
+                                             {Role::kDecode, true},
+                                             {Role::kColocated, false}},
+                                            unit));
+  r.prefill_table = std::move(tables[0]);
+  r.decode_table = std::move(tables[1]);
+  const std::vector<PhaseChoice> decode_intra = std::move(tables[2]);
+  r.colocated_table = std::move(tables[3]);
+  const auto t1 = std::chrono::steady_clock::now();
+  r.tables_wall_s = std::chrono::duration<double>(t1 - t0).count();
   const PhaseChoice* bc = Best(r.colocated_table);
   if (Best(r.prefill_table) == nullptr || Best(r.decode_table) == nullptr || bc == nullptr) {
     return FailedPrecondition("no configuration meets the SLOs at any rate (model " +
@@ -221,7 +272,6 @@ Result<PlanReport> SearchPlacement(const PlannerInputs& in) {
       }
     }
   }
-  if (r.high.unit_devices > 0) RETURN_IF_ERROR(SimulateUnit(in, &r.high, false));
   // Low affinity: k nodes per unit, per node a prefill and a decode segment of the same layers.
   r.low.mode = "disaggregated";
   r.low.affinity = Affinity::kLow;
@@ -243,7 +293,15 @@ Result<PlanReport> SearchPlacement(const PlannerInputs& in) {
       }
     }
   }
-  if (r.low.unit_devices > 0) RETURN_IF_ERROR(SimulateUnit(in, &r.low, true));
+  // Both units simulated whole, side by side.
+  Status unit_status[2];
+  ParallelFor(2, in.threads, [&](int i) {
+    Plan* p = i == 0 ? &r.high : &r.low;
+    if (p->unit_devices > 0) unit_status[i] = SimulateUnit(in, p, /*all_same_node=*/i == 1);
+  });
+  RETURN_IF_ERROR(unit_status[0]);
+  RETURN_IF_ERROR(unit_status[1]);
+  r.units_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   // Colocated baseline: one instance of the best configuration.
   r.colocated.mode = "colocated";
   r.colocated.colocated = *bc;

@@ -48,6 +48,7 @@ struct PlannerInputs {
   int iterations = 10;             // bisection steps per goodput
   bool chunked_colocated = false;  // baseline uses chunked prefill
   SchedulerFactory make_scheduler;
+  int threads = 0;  // simulations run in parallel on this many threads (0: one per core)
 };
 
 struct ParallelConfig {
@@ -79,6 +80,8 @@ struct PlanReport {
   Plan high, low;  // each search's best (low.unit_devices == 0 when none fits)
   Plan colocated;  // best colocated (TP, PP)
   std::vector<PhaseChoice> prefill_table, decode_table, colocated_table;  // every config tried
+  double tables_wall_s = 0.0;  // wall time of the per-phase goodput tables
+  double units_wall_s = 0.0;   // and of the whole-unit simulations
 };
 
 // KV capacity in tokens of an instance (the table when it has the model, else analytical).

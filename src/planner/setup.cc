@@ -83,6 +83,8 @@ Result<std::unique_ptr<PlannerSetup>> BuildPlannerSetup(const SetupOptions& o) {
   in.arrivals.seed = o.seed;
   in.max_pp = o.max_pp;
   in.chunked_colocated = o.chunked_colocated;
+  if (o.threads < 0) return InvalidArgument("--threads must be >= 0");
+  in.threads = o.threads;
   in.tp_choices = {1, 2, 3, 4, 6, 8};
   if (o.scheduler == "engine") {
 #ifdef PD_PLANNER_HAS_ENGINE_SCHEDULER

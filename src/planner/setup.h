@@ -37,6 +37,7 @@ struct SetupOptions {
   // "native" (planner's copy of the engine policy; pipelines keep PP batches in flight) or
   // "engine" (engine::Scheduler itself; one batch in flight per instance).
   std::string scheduler = "native";
+  int threads = 0;  // simulation threads of the search (0: one per core)
 };
 
 // Owns what PlannerInputs points to.

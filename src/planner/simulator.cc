@@ -1,6 +1,7 @@
 #include "planner/simulator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <queue>
 #include <string>
@@ -8,7 +9,7 @@
 namespace pd::planner {
 namespace {
 
-enum class EventKind { kArrival, kStageFree, kStepDone, kKvArrived };
+enum class EventKind { kArrival, kStageFree, kStepDone, kKvArrived, kTtftDeadline };
 
 struct Event {
   double time = 0.0;
@@ -29,7 +30,24 @@ struct Instance {
   bool dirty = false;  // may be able to start a step at the current instant
   std::deque<SimBatch> batches;
   int load() const { return sched->num_unfinished() + incoming; }
+  // A lower bound on the time of any step that yields a token here (0: none known).
+  double min_token_step_s = 0.0;
 };
+
+// The shortest step a decode instance can take: one sequence with one token of context. Only a
+// bound when every term grows with the batch (non-negative coefficients); else 0.
+double MinDecodeStepSeconds(const InstanceConfig& c) {
+  if (c.role != Role::kDecode) return 0.0;
+  const StepCoeffs& k = c.coeffs;
+  for (double v : {k.decode_small[1], k.decode_small[2], k.decode_large[1], k.decode_large[2],
+                   k.overhead_ms, k.overhead_per_token_ms}) {
+    if (v < 0) return 0.0;
+  }
+  const double small = k.decode_small[0] + k.decode_small[1] + k.decode_small[2];
+  const double large = k.decode_large[0] + k.decode_large[1] + k.decode_large[2];
+  const double ms = std::min(small, large) + k.overhead_ms + k.overhead_per_token_ms;
+  return std::max(0.0, ms) * 1e-3;
+}
 
 class Cluster {
  public:
@@ -47,6 +65,10 @@ class Cluster {
   void OnArrival(double now, int64_t req);
   void OnStepDone(double now, int inst);
   void OnKvArrived(double now, int inst, int64_t req);
+  void OnTtftDeadline(double now, int64_t req);
+  // Counts a miss as soon as the request's TPOT must exceed the SLO whatever comes next: its
+  // remaining tokens each need a step of at least min_step_s after `now`.
+  void CheckTpotBound(double now, int64_t req, double min_step_s);
   void TryStart(double now, int inst);
   void MarkDirty(int inst) {
     if (!instances_[inst].dirty) {
@@ -71,6 +93,7 @@ class Cluster {
   std::vector<char> missed_;
   SimResult result_;
   int misses_ = 0;
+  int meets_ = 0;  // finished within both SLOs
   bool colocated_ = false;
 };
 
@@ -85,6 +108,7 @@ Status Cluster::Init(std::span<const InstanceConfig> configs) {
     decode += c.role == Role::kDecode;
     Instance inst;
     inst.cfg = c;
+    inst.min_token_step_s = MinDecodeStepSeconds(c);
     inst.sched = factory(c.policy, c.role);
     if (!inst.sched) return InvalidArgument("scheduler factory returned no scheduler");
     instances_.push_back(std::move(inst));
@@ -110,6 +134,10 @@ Status Cluster::Init(std::span<const InstanceConfig> configs) {
     out.output_len = r.output_len;
     out.arrival_s = r.arrival_s;
     Push(r.arrival_s, EventKind::kArrival, -1, static_cast<int64_t>(i));
+    // With a miss budget, a TTFT miss counts at its deadline rather than at its late token.
+    if (opts_.max_misses >= 0 && std::isfinite(opts_.slo.ttft_s)) {
+      Push(r.arrival_s + opts_.slo.ttft_s, EventKind::kTtftDeadline, -1, static_cast<int64_t>(i));
+    }
   }
   return OkStatus();
 }
@@ -119,6 +147,10 @@ SimResult Cluster::Run() {
   while (!events_.empty()) {
     if (opts_.max_misses >= 0 && misses_ > opts_.max_misses) {
       result_.stopped_early = true;
+      break;
+    }
+    if (opts_.stop_after_meets >= 0 && meets_ >= opts_.stop_after_meets) {
+      result_.reached_meets = true;
       break;
     }
     Event e = events_.top();
@@ -137,6 +169,9 @@ SimResult Cluster::Run() {
       case EventKind::kKvArrived:
         OnKvArrived(now, e.instance, e.request);
         break;
+      case EventKind::kTtftDeadline:
+        OnTtftDeadline(now, e.request);
+        break;
     }
     // Steps start once every event of this instant is in, so simultaneous arrivals batch.
     if (events_.empty() || events_.top().time > now) {
@@ -148,7 +183,7 @@ SimResult Cluster::Run() {
     }
   }
   // Anything left unfinished (a scheduler that could not place it) is a failure.
-  if (!result_.stopped_early) {
+  if (!result_.stopped_early && !result_.reached_meets) {
     for (size_t i = 0; i < result_.requests.size(); ++i)
       if (!result_.requests[i].done() && !result_.requests[i].failed) Fail(i);
   }
@@ -187,9 +222,28 @@ void Cluster::OnArrival(double now, int64_t req) {
   MarkDirty(inst);
 }
 
+void Cluster::OnTtftDeadline(double now, int64_t req) {
+  const RequestResult& out = result_.requests[req];
+  if (out.first_token_s >= 0 || missed_[req]) return;
+  if (now - out.arrival_s > opts_.slo.ttft_s) {
+    CountMiss(req);
+  } else {  // rounding: arrival + slo - arrival <= slo; look again just after
+    Push(std::nextafter(now, INFINITY), EventKind::kTtftDeadline, -1, req);
+  }
+}
+
+void Cluster::CheckTpotBound(double now, int64_t req, double min_step_s) {
+  const RequestResult& out = result_.requests[req];
+  if (opts_.max_misses < 0 || missed_[req] || out.first_token_s < 0 || out.output_len <= 1) return;
+  const int remaining = out.output_len - generated_[req];
+  const double bound = (now - out.first_token_s + remaining * min_step_s) / (out.output_len - 1);
+  if (bound > opts_.slo.tpot_s * (1 + 1e-9) + 1e-12) CountMiss(req);
+}
+
 void Cluster::OnKvArrived(double now, int inst, int64_t req) {
   Instance& in = instances_[inst];
   --in.incoming;
+  CheckTpotBound(now, req, in.min_token_step_s);
   const int prompt = requests_[req].prompt_len;
   if (!in.sched->Add(req, prompt + 1, prompt, now).ok()) {
     Fail(req);
@@ -246,9 +300,11 @@ bool Cluster::OnToken(double now, Instance& inst, int64_t req) {
     if (out.ttft_s() > opts_.slo.ttft_s) CountMiss(req);
   }
   const bool last = n >= out.output_len;
+  if (!last) CheckTpotBound(now, req, inst.min_token_step_s);
   if (last) {
     out.finish_s = now;
     if (out.tpot_s() > opts_.slo.tpot_s) CountMiss(req);
+    if (!missed_[req]) ++meets_;
   }
   if (inst.cfg.role != Role::kPrefill) return last;
   if (!last) {

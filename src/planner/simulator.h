@@ -53,6 +53,9 @@ struct SimOptions {
   // Stop as soon as more than max_misses requests missed the SLO (-1: never). A goodput search
   // uses it to give up on a rate early.
   int max_misses = -1;
+  // Stop as soon as this many requests finished within both SLOs (-1: never): the rest cannot
+  // turn a probe that already reached its attainment target into a miss.
+  int stop_after_meets = -1;
   Slo slo;
   // pdserve's own hand-over (DESIGN.md, request flow step 5): the prefill instance samples
   // nothing; the decode instance runs the last prompt token as its first decode step and samples
@@ -63,7 +66,8 @@ struct SimOptions {
 
 struct SimResult {
   std::vector<RequestResult> requests;  // in the workload's order
-  bool stopped_early = false;
+  bool stopped_early = false;           // max_misses exceeded: the rest was not simulated
+  bool reached_meets = false;           // stop_after_meets reached: the rest was not simulated
   int64_t num_steps = 0;
   int64_t num_preemptions = 0;
   double end_time_s = 0.0;

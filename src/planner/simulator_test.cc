@@ -119,6 +119,68 @@ TEST(Simulator, FirstTokenOnDecodeCountsTransferAndDecodeStepInTtft) {
   EXPECT_NEAR(ds->requests[0].finish_s, 0.05 + 0.12 + 3 * 0.01, 1e-12);
 }
 
+TEST(Simulator, StopsOnceEnoughRequestsMetTheSlo) {
+  InstanceConfig inst;
+  inst.coeffs = ConstantPrefill(100);
+  inst.policy.max_num_batched_tokens = 10;  // one prompt per step: request k ends at 0.1·(k+1)
+  std::vector<SimRequest> reqs;
+  for (int i = 0; i < 10; ++i) reqs.push_back({i, 0.0, 10, 1});
+  SimOptions o;
+  o.slo = {10.0, 10.0};
+  o.stop_after_meets = 4;
+  auto r = Simulate({&inst, 1}, ClusterLinks{}, reqs, o);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->reached_meets);
+  EXPECT_FALSE(r->stopped_early);
+  int done = 0;
+  for (const auto& q : r->requests) done += q.done();
+  EXPECT_EQ(done, 4);
+  EXPECT_NEAR(r->end_time_s, 0.4, 1e-9);
+  // Misses do not count: with a TTFT SLO of 0.25 s only the first two meet it.
+  o.slo.ttft_s = 0.25;
+  auto missed = Simulate({&inst, 1}, ClusterLinks{}, reqs, o);
+  ASSERT_TRUE(missed.ok());
+  EXPECT_FALSE(missed->reached_meets);
+  EXPECT_NEAR(missed->end_time_s, 1.0, 1e-9);
+}
+
+// With a miss budget, misses count as soon as they are certain: a TTFT miss at its deadline, a
+// TPOT miss once the time so far plus the fastest possible remaining steps exceeds the SLO.
+TEST(Simulator, MissesCountAsSoonAsTheyAreCertain) {
+  InstanceConfig inst;
+  inst.coeffs = ConstantPrefill(1000);  // 1 s per prompt
+  inst.policy.max_num_batched_tokens = 10;
+  std::vector<SimRequest> reqs = {{0, 0.0, 10, 1}, {1, 0.0, 10, 1}};
+  SimOptions o;
+  o.slo = {0.3, 1.0};
+  o.max_misses = 0;
+  auto r = Simulate({&inst, 1}, ClusterLinks{}, reqs, o);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->stopped_early);
+  EXPECT_NEAR(r->end_time_s, 0.3, 1e-9);  // the deadline, not the first token at 1 s
+  // Decode at 10 ms per step (batch 1, context 1) against a TPOT SLO of 5 ms: certain at the
+  // KV's arrival, before any decode step.
+  InstanceConfig prefill, decode;
+  prefill.role = Role::kPrefill;
+  prefill.coeffs = ConstantPrefill(1);
+  decode.role = Role::kDecode;
+  decode.coeffs.decode_small = {10, 0, 0};
+  decode.coeffs.decode_large = {10, 0, 0};
+  std::vector<InstanceConfig> insts = {prefill, decode};
+  std::vector<SimRequest> one = {{0, 0.0, 10, 50}};
+  o.slo = {10.0, 0.005};
+  auto d = Simulate(insts, ClusterLinks{}, one, o);
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->stopped_early);
+  EXPECT_NEAR(d->end_time_s, 0.001, 1e-12);  // when the KV arrived, after the prefill step
+  // Without a miss budget the run goes to the end and reports the same miss.
+  o.max_misses = -1;
+  auto full = Simulate(insts, ClusterLinks{}, one, o);
+  ASSERT_TRUE(full.ok());
+  EXPECT_FALSE(full->stopped_early);
+  EXPECT_NEAR(full->requests[0].tpot_s(), 0.01, 1e-12);
+}
+
 TEST(Simulator, PipelineKeepsSeveralBatchesInFlight) {
   InstanceConfig inst;
   inst.coeffs = ConstantPrefill(100);
