@@ -17,7 +17,10 @@ mkdir -p "$OUT"
 if [[ ! -f "$MODEL/config.json" ]]; then
   "$PDSERVE" make-model --arch qwen3 --preset small --out "$MODEL"
 fi
-"$PDSERVE" profile --model "$MODEL" --threads "$THREADS" --quick --out "$OUT/profile.json"
+# Pinned to core 0, where `up --pin-cores` puts the prefill instance.
+PIN=()
+if command -v taskset > /dev/null; then PIN=(taskset -c 0); fi
+"${PIN[@]}" "$PDSERVE" profile --model "$MODEL" --threads "$THREADS" --quick --out "$OUT/profile.json"
 "$PDSERVE" validate-sim --model "$MODEL" --threads "$THREADS" --profile "$OUT/profile.json" \
   --out "$OUT/comparison.json" "$@"
 echo "results: $OUT/profile.json $OUT/comparison.json"

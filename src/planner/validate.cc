@@ -64,7 +64,13 @@ Result<RealOverheads> SolveOverheads(const std::vector<IdleProbe>& probes, doubl
   const double det = n * sxx - sx * sx;
   if (det > 1e-9 * std::max(1.0, sxx * n)) o.per_token_s = (n * sxy - sx * sy) / det;
   o.per_token_s = std::max(0.0, o.per_token_s);
-  o.fixed_s = std::max(0.0, (sy - o.per_token_s * sx) / n);
+  // The fixed cost from the shortest prompt, where the latency model's own error (relative, so
+  // growing with the step time) disturbs it least.
+  const IdleProbe* shortest = &probes[0];
+  for (const IdleProbe& p : probes)
+    if (p.prompt_len < shortest->prompt_len) shortest = &p;
+  o.fixed_s = std::max(0.0, shortest->measured_ttft_s - shortest->modelled_ttft_s -
+                                o.per_token_s * shortest->prompt_len);
   o.decode_step_ms = std::max(0.0, (measured_tpot_s - modelled_tpot_s) * 1e3);
   return o;
 }

@@ -26,7 +26,9 @@ struct IdleProbe {
 };
 
 // What the real system adds to the latency model, solved from the probes:
-//   measured − modelled TTFT = fixed_s + prompt_len · per_token_s   (least squares, both >= 0)
+//   measured − modelled TTFT = fixed_s + prompt_len · per_token_s
+// per_token_s: the least-squares slope (>= 0); fixed_s: what is left at the shortest prompt (>= 0),
+// where the latency model's relative error weighs least.
 // fixed_s: HTTP, router and hand-over messages; per_token_s: the KV transfer's bytes over the
 // loopback fabric. decode_step_ms: per decode step beyond the runner's forward pass (scheduling,
 // sampling, streaming), from an idle multi-token probe.

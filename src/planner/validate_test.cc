@@ -50,6 +50,13 @@ TEST(Validate, SolveOverheadsRecoversFixedAndPerTokenCosts) {
   EXPECT_EQ(z->per_token_s, 0.0);
   EXPECT_EQ(z->fixed_s, 0.0);
   EXPECT_EQ(z->decode_step_ms, 0.0);
+  // A model that overestimates long prompts does not hide the short prompt's fixed cost.
+  std::vector<IdleProbe> noisy = {
+      {16, 0.0066, 0.0018}, {128, 0.0124, 0.0165}, {256, 0.0285, 0.0413}};
+  auto n = SolveOverheads(noisy, 0, 0);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n->per_token_s, 0.0);
+  EXPECT_NEAR(n->fixed_s, 0.0048, 1e-12);
   // One prompt length: no slope.
   auto one = SolveOverheads({{64, 0.2, 0.1}}, 0, 0);
   ASSERT_TRUE(one.ok());
