@@ -42,7 +42,7 @@ struct UpFlags {
   int port = 8000;
   std::string kv_layout = "hnd";
   int page_size = 16;
-  int threads = 1;  // compute threads per instance
+  int threads = 1;     // compute threads per instance
   int prefill_tp = 1;  // --tensor-parallel-size of the prefill instances
   int decode_tp = 1;   // ... and of the decode instances
   int max_num_batched_tokens = 512;
@@ -194,8 +194,9 @@ std::string WriteSecretFile() {
   return ok ? std::string(path) : "";
 }
 
-// `serve` has no --tensor-parallel-size yet: plans with TP > 1 are refused.
-constexpr bool kServeHasTensorParallel = false;
+// up passes --tensor-parallel-size (--prefill-tp / --decode-tp) to every serve: a plan's TP
+// degrees go there. false refuses plans with TP > 1.
+constexpr bool kServeHasTensorParallel = true;
 
 // Takes the instance counts and threads of --plan into `f`; prints why not and returns false.
 bool ApplyPlan(UpFlags* f) {
@@ -215,9 +216,13 @@ bool ApplyPlan(UpFlags* f) {
   }
   f->num_prefill = plan->num_prefill;
   f->num_decode = plan->num_decode;
+  f->prefill_tp = plan->prefill_tp;
+  f->decode_tp = plan->decode_tp;
   if (plan->threads > 0) f->threads = plan->threads;
-  std::printf("pdserve up: plan %s: %d prefill + %d decode instances, %d thread(s) each\n",
-              f->plan.c_str(), f->num_prefill, f->num_decode, f->threads);
+  std::printf(
+      "pdserve up: plan %s: %d prefill (TP %d) + %d decode (TP %d) instances, %d thread(s) per "
+      "rank\n",
+      f->plan.c_str(), f->num_prefill, f->prefill_tp, f->num_decode, f->decode_tp, f->threads);
   return true;
 }
 
