@@ -24,9 +24,11 @@ struct RequestInfo {
 
 struct Req {
   int64_t id = 0;
-  uint64_t wire_id = 0;
+  uint64_t wire_id = 0;  // the current attempt's (each attempt has its own)
   std::shared_ptr<RequestInfo> info;
   std::vector<int32_t> pages;  // the reserved page table (whole prompt)
+  bool holding = false;        // the messenger's own reference on `pages` (RetainPages)
+  bool done_received = false;  // the current attempt's PrefillDone (ok) arrived
   int attempts = 0;
   std::vector<int> tried;  // peer indices
   bool in_flight = false;
@@ -52,6 +54,16 @@ struct Peer {
 
 struct PendingSend {
   int peer = -1;
+  double deadline = 0.0;
+};
+
+// An attempt that ended while its prefill instance may still write: its pages (a reference of
+// their own) and metadata slot stay out of use until that instance answers PrefillDone (it does so
+// once every write it posted has completed), is found unreachable, or the deadline passes.
+struct Fence {
+  int peer = -1;
+  int meta_slot = -1;
+  std::vector<int32_t> pages;  // empty: no page reference held
   double deadline = 0.0;
 };
 
@@ -102,7 +114,11 @@ class DecodeMessenger::Impl {
   void StartAttempt(Req* r, const Status& last_error);
   void OnKvArrived(int64_t id, uint32_t imm);
   void FailAttempt(Req* r, const Status& status);
-  void EndAttempt(Req* r);
+  // Ends the current attempt; with `fence` its pages and metadata slot wait in fences_ for the
+  // prefill instance to stop writing, else the slot is free at once.
+  void EndAttempt(Req* r, bool fence);
+  void ReleaseHold(Req* r);
+  void ReleaseFence(uint64_t wire_id);
   void Fail(Req* r, const Status& status);
   void OnEnded(int64_t id);
   void CheckDeadlines();
@@ -142,7 +158,9 @@ class DecodeMessenger::Impl {
   std::unordered_map<uint64_t, int64_t> by_wire_;
   std::unordered_map<transfer::TransferId, PendingSend> sends_;
   std::vector<int> free_meta_slots_;
+  std::unordered_map<uint64_t, Fence> fences_;  // by attempt wire id
   uint32_t next_imm_ = 1;
+  uint32_t next_wire_ = 1;
 
   static constexpr int kMetaSlots = 1024;
 };
@@ -184,6 +202,11 @@ void DecodeMessenger::Impl::Stop() {
       (void)domain_->SubmitSend(peers_[r->peer].addr, codec_.Encode(Cancel{r->wire_id}), nullptr);
     }
   }
+  for (auto& [id, r] : reqs_) ReleaseHold(r.get());
+  for (auto& [wire, f] : fences_) {
+    if (!f.pages.empty()) owner_->inner_->ReleasePages(std::move(f.pages));
+  }
+  fences_.clear();
   reqs_.clear();
 }
 
@@ -269,6 +292,12 @@ void DecodeMessenger::Impl::MarkDown(int peer, const Status& why) {
     FailAttempt(r, Unavailable("prefill instance " + p.config.name + " is unreachable (" +
                                why.message() + ")"));
   }
+  // An unreachable instance cannot write any more (its connection is gone).
+  std::vector<uint64_t> released;
+  for (const auto& [wire, f] : fences_) {
+    if (f.peer == peer) released.push_back(wire);
+  }
+  for (uint64_t wire : released) ReleaseFence(wire);
 }
 
 void DecodeMessenger::Impl::OnMessage(const std::string& bytes) {
@@ -399,8 +428,13 @@ Result<int64_t> DecodeMessenger::Impl::Submit(std::vector<int32_t> prompt,
     if (auto q = weak.lock()) q->Post([this, id = out.request_id] { OnEnded(id); });
     if (cb) cb(copy);
   };
+  // On the engine thread, before an abort of this request could free its pages: the messenger
+  // takes a reference of its own for the transfer (see Fence).
   auto on_reserved = [this, info, weak](int64_t id, const std::vector<int32_t>& pages) {
-    if (auto q = weak.lock()) q->Post([this, id, pages, info] { OnReserved(id, pages, info); });
+    auto q = weak.lock();
+    if (q == nullptr) return;
+    owner_->inner_->RetainPages(pages);
+    q->Post([this, id, pages, info] { OnReserved(id, pages, info); });
   };
   return inner.SubmitRemoteKv(std::move(prompt), sampling, std::move(wrapped),
                               std::move(on_reserved));
@@ -410,12 +444,11 @@ void DecodeMessenger::Impl::OnReserved(int64_t id, std::vector<int32_t> pages,
                                        std::shared_ptr<RequestInfo> info) {
   auto r = std::make_unique<Req>();
   r->id = id;
-  r->wire_id = wire_prefix_ | static_cast<uint32_t>(id);
   r->info = std::move(info);
   r->pages = std::move(pages);
+  r->holding = true;  // taken in on_reserved
   r->start = NowSeconds();
   Req* raw = r.get();
-  by_wire_[r->wire_id] = id;
   reqs_[id] = std::move(r);
   owner_->metrics_.Started();
   StartAttempt(raw, OkStatus());
@@ -433,6 +466,13 @@ void DecodeMessenger::Impl::StartAttempt(Req* r, const Status& last_error) {
   if (free_meta_slots_.empty()) {
     Fail(r, ResourceExhausted("every metadata slot is in use"));
     return;
+  }
+  // A fresh wire id per attempt: a late PrefillDone of an earlier attempt lifts only its fence.
+  r->wire_id = wire_prefix_ | next_wire_++;
+  r->done_received = false;
+  if (!r->holding) {  // a retry: the earlier attempt's reference went to its fence
+    owner_->inner_->RetainPages(r->pages);
+    r->holding = true;
   }
   const uint32_t num_tokens = static_cast<uint32_t>(r->info->prefill_tokens.size());
   const uint32_t num_pages = PagesForTokens(num_tokens, spec_.page_size);
@@ -453,6 +493,7 @@ void DecodeMessenger::Impl::StartAttempt(Req* r, const Status& last_error) {
   }
   r->meta_slot = free_meta_slots_.back();
   free_meta_slots_.pop_back();
+  by_wire_[r->wire_id] = id;
   // The canary the prefill's metadata write must replace (every float a NaN no computation makes).
   std::memset(meta_buffer_.data() + size_t{meta_bytes_} * r->meta_slot, 0xFF, meta_bytes_);
   r->imm = imm;
@@ -500,6 +541,7 @@ void DecodeMessenger::Impl::OnKvArrived(int64_t id, uint32_t imm) {
     return bits == 0xFFFFFFFFu;
   });
   if (canary != 0) {
+    r->done_received = true;  // the counter fired: every write of the attempt has landed
     FailAttempt(r, DataLoss("prefill instance " + peers_[r->peer].config.name +
                             ": every write landed but the metadata was not written (" +
                             std::to_string(canary) + " of " + std::to_string(hidden.size()) +
@@ -519,26 +561,48 @@ void DecodeMessenger::Impl::OnKvArrived(int64_t id, uint32_t imm) {
                                {"bytes", static_cast<int64_t>(bytes)}});
     options_.tracer->Instant("kv ready", "kv", {{"request", std::to_string(r->wire_id)}});
   }
-  EndAttempt(r);
+  EndAttempt(r, /*fence=*/false);  // every write of this attempt has landed
+  ReleaseHold(r);
   owner_->inner_->MarkKvReady(id);
 }
 
 void DecodeMessenger::Impl::OnPrefillDone(const PrefillDone& done, uint64_t seq) {
+  if (auto f = fences_.find(done.request_id); f != fences_.end()) {
+    if (Status s = replay_.Check(peers_[f->second.peer].config.fabric_address, seq); !s.ok()) {
+      return;
+    }
+    ReleaseFence(done.request_id);  // that instance has stopped writing for the attempt
+    return;
+  }
   auto it = by_wire_.find(done.request_id);
   if (it == by_wire_.end()) return;
   Req* r = Find(it->second);
   if (r == nullptr || !r->in_flight) return;
   if (Status s = replay_.Check(peers_[r->peer].config.fabric_address, seq); !s.ok()) return;
-  if (done.status_code == 0) return;  // the imm counter says when the writes have landed
+  if (done.status_code == 0) {  // the imm counter says when the writes have landed
+    r->done_received = true;
+    return;
+  }
+  r->done_received = true;  // an error answer: that instance has stopped writing for it
   FailAttempt(r, Status(static_cast<StatusCode>(done.status_code),
                         "prefill instance " + peers_[r->peer].config.name + ": " + done.message));
 }
 
-void DecodeMessenger::Impl::EndAttempt(Req* r) {
+void DecodeMessenger::Impl::EndAttempt(Req* r, bool fence) {
   if (!r->in_flight) return;
   r->in_flight = false;
   domain_->imm_counters().Remove(r->imm);
-  free_meta_slots_.push_back(r->meta_slot);
+  by_wire_.erase(r->wire_id);
+  if (fence && !r->done_received && peers_[r->peer].state != PeerStatus::State::kDown) {
+    Fence& f = fences_[r->wire_id];
+    f.peer = r->peer;
+    f.meta_slot = r->meta_slot;
+    if (r->holding) f.pages = r->pages;  // the attempt's reference moves to the fence
+    r->holding = false;
+    f.deadline = r->deadline + options_.fence_grace_s;
+  } else {
+    free_meta_slots_.push_back(r->meta_slot);
+  }
   r->meta_slot = -1;
   {
     std::lock_guard<std::mutex> lock(peers_mu_);
@@ -560,7 +624,7 @@ void DecodeMessenger::Impl::FailAttempt(Req* r, const Status& status) {
                               {"attempt", int64_t{r->attempts}},
                               {"error", status.ToString()}});
   }
-  EndAttempt(r);
+  EndAttempt(r, /*fence=*/true);
   if (Retryable(status.code()) && r->attempts < options_.max_attempts && PickPeer(*r) >= 0) {
     owner_->metrics_.Retried();
     StartAttempt(r, status);  // before the Cancel, which a dead peer may hold up
@@ -592,10 +656,24 @@ void DecodeMessenger::Impl::OnEnded(int64_t id) {
   if (r == nullptr) return;
   if (r->in_flight) {
     if (peers_[r->peer].state == PeerStatus::State::kAccepted) Send(r->peer, Cancel{r->wire_id});
-    EndAttempt(r);
+    EndAttempt(r, /*fence=*/true);
   }
-  by_wire_.erase(r->wire_id);
+  ReleaseHold(r);
   reqs_.erase(id);
+}
+
+void DecodeMessenger::Impl::ReleaseHold(Req* r) {
+  if (!r->holding) return;
+  r->holding = false;
+  owner_->inner_->ReleasePages(r->pages);
+}
+
+void DecodeMessenger::Impl::ReleaseFence(uint64_t wire_id) {
+  auto it = fences_.find(wire_id);
+  if (it == fences_.end()) return;
+  if (!it->second.pages.empty()) owner_->inner_->ReleasePages(std::move(it->second.pages));
+  free_meta_slots_.push_back(it->second.meta_slot);
+  fences_.erase(it);
 }
 
 void DecodeMessenger::Impl::CheckDeadlines() {
@@ -614,6 +692,17 @@ void DecodeMessenger::Impl::CheckDeadlines() {
       MarkDown(peer, DeadlineExceeded("a control message was not delivered within " +
                                       std::to_string(options_.send_timeout_s) + " s"));
     }
+  }
+  std::vector<uint64_t> expired;
+  for (const auto& [wire, f] : fences_) {
+    if (now > f.deadline) expired.push_back(wire);
+  }
+  for (uint64_t wire : expired) {
+    PD_LOG_WARN(
+        "decode messenger: prefill instance {} never confirmed the end of transfer {}; its "
+        "pages are reused after {} s",
+        peers_[fences_[wire].peer].config.name, wire, options_.fence_grace_s);
+    ReleaseFence(wire);
   }
   std::vector<Req*> late;
   for (auto& [id, r] : reqs_) {

@@ -8,10 +8,14 @@
 // with the least outstanding work. When the imm counter fires the request is MarkKvReady'd and its
 // last prompt token runs as its first decode step. A prefill instance that fails, answers
 // PrefillDone with an error or misses the transfer deadline is sent a Cancel; the request is
-// retried once on another instance (its pages stay reserved and are simply rewritten; a fresh imm
-// makes late writes of the first attempt uncountable), else it ends with kError and a message that
-// says what happened. Aborts cancel the transfer; every path gives back pages and the metadata
-// slot. One-token prompts need no transfer and run as plain requests.
+// retried once on another instance (its pages stay reserved and are rewritten; a fresh imm and a
+// fresh wire id make late writes and messages of the first attempt uncountable), else it ends with
+// kError and a message that says what happened. Aborts cancel the transfer. The messenger holds a
+// page reference of its own for every attempt: an attempt that ends before its writes landed
+// leaves that reference and its metadata slot in a fence until the prefill instance confirms it
+// stopped writing (PrefillDone), is unreachable, or fence_grace_s past the attempt's deadline, so
+// a late write never lands in pages or a slot another request uses. One-token prompts need no
+// transfer and run as plain requests.
 //
 // Thread safety: every public method may be called from any thread. One messenger thread owns
 // requests and peers; the domain worker and the engine thread post tasks to it.
@@ -51,6 +55,11 @@ struct DecodeMessengerOptions {
   // a dead peer would otherwise hold up the domain's queue until its op timeout).
   double send_timeout_s = 1.0;
   int max_attempts = 2;  // the first try and one retry on another instance
+  // An attempt that ended early (failed, cancelled, aborted) keeps its pages and metadata slot out
+  // of use until its prefill instance answers PrefillDone (sent once all its writes completed) or
+  // is unreachable, at most this long past the attempt's deadline: a late write can never land in
+  // pages another request already uses.
+  double fence_grace_s = 5.0;
   // Borrowed, outlives the messenger; null: no trace. Events: "prefill request sent",
   // "kv transfer" (sent -> imm counter fired), "attempt failed", "transfer failed".
   Tracer* tracer = nullptr;

@@ -626,5 +626,58 @@ TEST(MessengerMetadataTest, ATransferWhoseMetadataNeverLandedFailsWithDataLoss) 
   EXPECT_EQ(decode->num_active_transfers(), 0);
 }
 
+// A request aborted while its (stalled) prefill instance may still write keeps its pages out of
+// the free list until that instance confirms it stopped (PrefillDone): a late write can never land
+// in pages another request already uses.
+TEST(MessengerFenceTest, AbortedTransferPagesWaitForThePrefillInstanceToStop) {
+  Shape s;
+  auto accept = FakePrefill(std::nullopt);
+  auto fake = FakePeer::Create([accept](FakePeer& self, const Frame& f) {
+    if (std::holds_alternative<Hello>(f.message)) {
+      accept(self, f);
+    } else {
+      self.Record(f);  // PrefillRequest, then Cancel
+    }
+  });
+  if (fake == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
+  auto decode = StartDecode(s, {{"slow", fake->address()}});
+  ASSERT_TRUE(decode->WaitForPeers(kDeadlineS).ok());
+  const int total = decode->stats().num_total_pages;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  engine::SamplingParams p;
+  p.max_tokens = 4;
+  auto id = decode->Submit(PromptOf(13, 1), p, [&](const engine::RequestOutput& out) {
+    if (!out.finished()) return;
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+    cv.notify_all();
+  });
+  ASSERT_TRUE(id.ok());
+  std::optional<Frame> request = fake->Next();
+  ASSERT_TRUE(request.has_value());
+  auto* req = std::get_if<PrefillRequest>(&request->message);
+  ASSERT_NE(req, nullptr);
+  decode->Abort(*id);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return done; }));
+  }
+  std::optional<Frame> cancel = fake->Next();
+  ASSERT_TRUE(cancel.has_value());
+  ASSERT_TRUE(std::holds_alternative<Cancel>(cancel->message));
+  // The request is over, but its pages (13 prompt tokens: 4 pages of 4) are still fenced.
+  EXPECT_EQ(decode->stats().num_free_pages, total - 4);
+  EXPECT_EQ(decode->stats().num_awaiting_kv, 0);
+  // A PrefillDone for another (unknown) transfer lifts nothing.
+  auto dst = transfer::MemoryDescriptor::FromBytes(req->rank_regions[0]);
+  ASSERT_TRUE(dst.ok());
+  fake->Send(dst->fabric_addr, PrefillDone{req->request_id + 1, 1, "cancelled", 0});
+  // The instance confirms it stopped writing: the pages are free again.
+  fake->Send(dst->fabric_addr, PrefillDone{req->request_id, 1, "cancelled", 0});
+  EXPECT_TRUE(AllPagesFree(*decode));
+}
+
 }  // namespace
 }  // namespace pd::messenger
