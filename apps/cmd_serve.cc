@@ -82,11 +82,6 @@ int RunServe(const ServeFlags& f) {
 
   auto layout = engine::ParseKvLayout(f.kv_layout);
   if (!layout.ok()) return Fail("--kv-layout: " + layout.status().message());
-  if (f.tensor_parallel_size > 1 && f.roles.role != "colocated")
-    return Fail("--tensor-parallel-size " + std::to_string(f.tensor_parallel_size) +
-                " with --role " + f.roles.role +
-                ": not yet supported (the KV messenger moves one rank's cache so far); use "
-                "--role colocated or --tensor-parallel-size 1");
   auto tokenizer = model::Tokenizer::Load(f.model);
   if (!tokenizer.ok()) return Fail(tokenizer.status().ToString());
   auto weights = model::LoadModelWeights(f.model);
@@ -175,7 +170,8 @@ PD_REGISTER_COMMAND(serve, "Serve a model with the OpenAI-compatible HTTP API", 
   app->add_option("--threads", f->threads, "compute threads per rank (0: all cores / ranks)")
       ->capture_default_str();
   app->add_option("--tensor-parallel-size", f->tensor_parallel_size,
-                  "ranks (threads) splitting heads, KV heads and MLP columns (colocated role)")
+                  "ranks (threads) splitting heads, KV heads and MLP columns (every role: the KV "
+                  "messenger moves every rank's cache by the shard plan)")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
   app->add_option("--api-key", f->api_key, "require 'Authorization: Bearer KEY' on /v1/*");

@@ -83,7 +83,7 @@ class DecodeMessenger::Impl {
         runner_(runner),
         meta_bytes_(static_cast<uint32_t>(runner.config().hidden_size) * 4),
         format_(MakeKvFormat(options.model_hash, spec_)),
-        scheme_{1, static_cast<uint16_t>(spec_.num_kv_heads)},
+        scheme_(MakeShardScheme(runner.config(), runner.num_ranks())),
         codec_(options.cluster_secret),
         queue_(std::make_shared<TaskQueue>()) {
     std::random_device rd;
@@ -141,7 +141,7 @@ class DecodeMessenger::Impl {
   FrameCodec codec_;
   std::shared_ptr<TaskQueue> queue_;
   std::unique_ptr<transfer::Domain> domain_;
-  transfer::MemoryRegion kv_mr_;
+  std::vector<transfer::MemoryRegion> kv_mrs_;  // per rank, all in the one domain
   transfer::MemoryRegion meta_mr_;
   std::vector<uint8_t> meta_buffer_;  // (kMetaSlots, meta_bytes): where prefill writes metadata
   std::thread thread_;
@@ -173,9 +173,17 @@ Status DecodeMessenger::Impl::Init() {
   };
   d.message_bytes = std::max<uint32_t>(d.message_bytes, 256u << 10);
   ASSIGN_OR_RETURN(domain_, transfer::Domain::Create(d));
-  const uint64_t kv_bytes =
-      uint64_t{spec_.page_bytes()} * spec_.num_layers * runner_.region().num_pages();
-  ASSIGN_OR_RETURN(kv_mr_, domain_->RegisterMemory(runner_.region().base(), kv_bytes));
+  // Every rank's region, exactly its pages (KvRegion rounds up): the prefill side reads our page
+  // count from the length.
+  for (int r = 0; r < runner_.num_ranks(); ++r) {
+    engine::KvRegion& region = runner_.rank_region(r);
+    const uint64_t kv_bytes =
+        uint64_t{region.spec().page_bytes()} * spec_.num_layers * region.num_pages();
+    ASSIGN_OR_RETURN(transfer::MemoryRegion mr, domain_->RegisterMemory(region.base(), kv_bytes));
+    kv_mrs_.push_back(std::move(mr));
+  }
+  PD_LOG_INFO("decode messenger: {} rank KV region(s) registered (tp_size {}, {} KV heads)",
+              kv_mrs_.size(), scheme_.tp_size, scheme_.num_kv_heads);
   meta_buffer_.assign(size_t{kMetaSlots} * meta_bytes_, 0);
   ASSIGN_OR_RETURN(meta_mr_, domain_->RegisterMemory(meta_buffer_.data(), meta_buffer_.size()));
   for (int i = kMetaSlots - 1; i >= 0; --i) free_meta_slots_.push_back(i);
@@ -329,6 +337,8 @@ void DecodeMessenger::Impl::OnHelloReply(const HelloReply& reply, uint64_t seq) 
     reason = "prefill instance " + it->config.name + " refused the handshake: " + reply.reason;
   } else if (Status ok = CheckCompatible(format_, reply.format); !ok.ok()) {
     reason = "prefill instance " + it->config.name + ": " + ok.message();
+  } else if (Status plan = PlanTransfer(reply.scheme, scheme_, format_, 0).status(); !plan.ok()) {
+    reason = "prefill instance " + it->config.name + ": " + plan.message();
   }
   {
     std::lock_guard<std::mutex> lock(peers_mu_);
@@ -476,7 +486,7 @@ void DecodeMessenger::Impl::StartAttempt(Req* r, const Status& last_error) {
   }
   const uint32_t num_tokens = static_cast<uint32_t>(r->info->prefill_tokens.size());
   const uint32_t num_pages = PagesForTokens(num_tokens, spec_.page_size);
-  auto expected = ExpectedWrites(peers_[peer].scheme, scheme_, spec_.num_layers, num_pages);
+  auto expected = ExpectedWrites(peers_[peer].scheme, scheme_, format_, num_pages, r->wire_id);
   if (!expected.ok()) {
     Fail(r, expected.status());
     return;
@@ -512,7 +522,8 @@ void DecodeMessenger::Impl::StartAttempt(Req* r, const Status& last_error) {
   m.transfer_imm = imm;
   m.token_ids = r->info->prefill_tokens;
   m.decode_scheme = scheme_;
-  m.rank_regions = {kv_mr_.descriptor.ToBytes()};
+  for (const transfer::MemoryRegion& mr : kv_mrs_)
+    m.rank_regions.push_back(mr.descriptor.ToBytes());
   m.dst_pages.assign(r->pages.begin(), r->pages.begin() + num_pages);
   m.metadata_region = meta_mr_.descriptor.ToBytes();
   m.metadata_offset = uint64_t{meta_bytes_} * r->meta_slot;

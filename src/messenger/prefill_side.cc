@@ -151,6 +151,8 @@ Status PrefillMessenger::Impl::Init() {
     ASSIGN_OR_RETURN(transfer::MemoryRegion mr, domain_->RegisterMemory(region.base(), kv_bytes));
     kv_mrs_.push_back(std::move(mr));
   }
+  PD_LOG_INFO("prefill messenger: {} rank KV region(s) registered (tp_size {}, {} KV heads)",
+              kv_mrs_.size(), scheme_.tp_size, scheme_.num_kv_heads);
   meta_staging_.assign(static_cast<size_t>(options_.max_transfers) * meta_bytes_, 0);
   ASSIGN_OR_RETURN(meta_mr_, domain_->RegisterMemory(meta_staging_.data(), meta_staging_.size()));
   for (int i = options_.max_transfers - 1; i >= 0; --i) free_meta_slots_.push_back(i);
