@@ -167,7 +167,7 @@ fi
 
 if [ "$SCENARIO" = stall ] || [ "$SCENARIO" = all ]; then
   STALL_FLAGS=(--dataset-name random --random-input-len 1536 --random-output-len 64
-    --random-range-ratio 0.5 --num-prompts "$(n 60 24)" --request-rate 3 --seed 3 --ignore-eos)
+    --random-range-ratio 0.5 --num-prompts "$(n 60 24)" --request-rate 1.5 --seed 3 --ignore-eos)
   RUN=stall-disagg; start_disagg; run_bench stall-disagg "${STALL_FLAGS[@]}"
   RUN=stall-colocated; start_colocated "$both_cores" "$threads2"; run_bench stall-colocated "${STALL_FLAGS[@]}"
   "$PY" "$ROOT/bench/disagg/report.py" side-by-side --title "prefills arriving during decodes (stall)" \
