@@ -1,11 +1,7 @@
 // A peer that never answers (a listening socket nobody serves: the fabric connection is never
 // set up) must hold up only the transfers to it: sends and writes to other peers go on, and its
 // own transfers still fail at their deadline while other traffic keeps the domain busy.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <memory>
@@ -21,38 +17,7 @@ namespace {
 using testing::Done;
 using testing::LoopbackOptions;
 using testing::Mapping;
-
-class SilentPeer {
- public:
-  SilentPeer() {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    PD_CHECK(bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-    PD_CHECK(listen(fd_, 16) == 0);
-    socklen_t len = sizeof(addr_);
-    PD_CHECK(getsockname(fd_, reinterpret_cast<sockaddr*>(&addr_), &len) == 0);
-  }
-  ~SilentPeer() { close(fd_); }
-  std::string FabricAddr(size_t bytes) const {
-    std::string a(reinterpret_cast<const char*>(&addr_), sizeof(addr_));
-    a.resize(bytes, '\0');
-    return a;
-  }
-  MemoryDescriptor Descriptor(size_t fabric_addr_bytes) const {
-    MemoryDescriptor d;
-    d.length = 1 << 20;
-    d.rkey = 1;
-    d.has_key = true;
-    d.fabric_addr = FabricAddr(fabric_addr_bytes);
-    return d;
-  }
-
- private:
-  int fd_ = -1;
-  sockaddr_in addr_{};
-};
+using testing::SilentPeer;
 
 class DomainFairnessTest : public ::testing::Test {
  protected:

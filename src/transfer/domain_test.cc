@@ -1,11 +1,7 @@
 // Two fabric domains in one process over real libfabric (tcp;ofi_rxm on loopback).
 #include "transfer/domain.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <thread>
@@ -18,6 +14,7 @@ namespace {
 using testing::Done;
 using testing::LoopbackOptions;
 using testing::Mapping;
+using testing::SilentPeer;
 
 class DomainPairTest : public ::testing::Test {
  protected:
@@ -343,36 +340,6 @@ TEST_F(DomainPairTest, WritesToADeregisteredRegionFail) {
   ASSERT_TRUE(s2.has_value());
   EXPECT_EQ(s2->code(), StatusCode::kFailedPrecondition) << s2->ToString();
 }
-
-// A TCP listener that never accepts: the fabric connects at the TCP level and then hears nothing,
-// like a peer that hung. Writes to it stall until cancelled or timed out.
-class SilentPeer {
- public:
-  SilentPeer() {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    PD_CHECK(bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-    PD_CHECK(listen(fd_, 16) == 0);
-    socklen_t len = sizeof(addr_);
-    PD_CHECK(getsockname(fd_, reinterpret_cast<sockaddr*>(&addr_), &len) == 0);
-  }
-  ~SilentPeer() { close(fd_); }
-  MemoryDescriptor Descriptor(size_t fabric_addr_bytes) const {
-    MemoryDescriptor d;
-    d.length = 1 << 20;
-    d.rkey = 1;
-    d.has_key = true;
-    d.fabric_addr.assign(reinterpret_cast<const char*>(&addr_), sizeof(addr_));
-    d.fabric_addr.resize(fabric_addr_bytes, '\0');
-    return d;
-  }
-
- private:
-  int fd_ = -1;
-  sockaddr_in addr_{};
-};
 
 TEST_F(DomainPairTest, CancelFailsAStalledTransferAtOnce) {
   SilentPeer silent;

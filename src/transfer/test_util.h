@@ -1,8 +1,12 @@
 // Helpers shared by the transfer tests (header-only so it is not part of pd_transfer).
 #pragma once
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -83,6 +87,45 @@ class Done {
   std::condition_variable cv_;
   int calls_ = 0;
   std::optional<Status> status_;
+};
+
+// A TCP listener on loopback that never accepts: the fabric connects at the TCP level and then
+// hears nothing, like a peer that hung (the fabric connection is never set up). Transfers to it
+// stall until cancelled or timed out.
+class SilentPeer {
+ public:
+  SilentPeer() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    PD_CHECK(bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    PD_CHECK(listen(fd_, 16) == 0);
+    socklen_t len = sizeof(addr_);
+    PD_CHECK(getsockname(fd_, reinterpret_cast<sockaddr*>(&addr_), &len) == 0);
+  }
+  ~SilentPeer() { close(fd_); }
+  SilentPeer(const SilentPeer&) = delete;
+  SilentPeer& operator=(const SilentPeer&) = delete;
+  // The listener's address as a fabric address of `bytes` bytes (zero-padded).
+  std::string FabricAddr(size_t bytes) const {
+    std::string a(reinterpret_cast<const char*>(&addr_), sizeof(addr_));
+    a.resize(bytes, '\0');
+    return a;
+  }
+  // A 1 MiB remote region "owned" by the silent peer.
+  MemoryDescriptor Descriptor(size_t fabric_addr_bytes) const {
+    MemoryDescriptor d;
+    d.length = 1 << 20;
+    d.rkey = 1;
+    d.has_key = true;
+    d.fabric_addr = FabricAddr(fabric_addr_bytes);
+    return d;
+  }
+
+ private:
+  int fd_ = -1;
+  sockaddr_in addr_{};
 };
 
 }  // namespace pd::transfer::testing
