@@ -20,159 +20,28 @@
 #include "messenger/channel.h"
 #include "messenger/decode_side.h"
 #include "messenger/handshake.h"
+#include "messenger/messenger_test_util.h"
 #include "messenger/prefill_side.h"
 #include "transfer/test_util.h"
 
 namespace pd::messenger {
 namespace {
 
+using testing::AllPagesFree;
+using testing::Async;
+using testing::Generate;
+using testing::Hash;
 using ::testing::HasSubstr;
-constexpr double kDeadlineS = 30.0;
-const char kSecret[] = "test-secret";
-
-// Polls `pred` until it holds or the deadline passes (for state another thread updates).
-bool WaitUntil(const std::function<bool()>& pred, double timeout_s = kDeadlineS) {
-  const double end = NowSeconds() + timeout_s;
-  while (!pred()) {
-    if (NowSeconds() > end) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
-
-struct Shape {
-  engine::KvLayout layout = engine::KvLayout::kHND;
-  int page_size = 4;
-  int budget = 64;  // prefill tokens per step: small values chunk the prompt
-};
-
-const engine::testing::TinyModel& Model() {
-  static auto* model = [] {
-    engine::testing::TinyModelOptions o;
-    o.layers = 3;
-    return engine::testing::MakeTinyModel(o).release();
-  }();
-  return *model;
-}
-
-std::unique_ptr<engine::Engine> MakeEngine(const Shape& s) {
-  engine::EngineOptions o;
-  o.runner.kv.page_size = s.page_size;
-  o.runner.kv.layout = s.layout;
-  o.runner.num_pages = 48;
-  o.runner.num_threads = 1;
-  o.scheduler.max_num_batched_tokens = s.budget;
-  o.scheduler.max_num_seqs = std::min(8, s.budget);
-  o.scheduler.max_model_len = 128;
-  auto e = engine::Engine::Create(Model().weights, o);
-  PD_CHECK(e.ok()) << e.status().ToString();
-  return std::move(e).value();
-}
-
-std::unique_ptr<engine::AsyncEngine> Async(std::unique_ptr<engine::Engine> e) {
-  auto a = engine::AsyncEngine::Create(std::move(e), {});
-  PD_CHECK(a.ok());
-  return std::move(a).value();
-}
-
-uint64_t Hash() { return ModelFingerprint(Model().weights); }
-
-struct PrefillInstance {
-  std::unique_ptr<PrefillMessenger> messenger;
-  std::unique_ptr<engine::AsyncEngine> engine;
-  ~PrefillInstance() {
-    if (messenger) messenger->Stop();
-    if (engine) engine->Shutdown();
-  }
-};
-
-std::unique_ptr<PrefillInstance> StartPrefill(const Shape& s, std::string secret = kSecret) {
-  auto e = MakeEngine(s);
-  PrefillMessengerOptions o;
-  o.instance_name = "prefill";
-  o.cluster_secret = std::move(secret);
-  o.model_hash = Hash();
-  o.domain = transfer::testing::LoopbackOptions();
-  auto m = PrefillMessenger::Create(o, e->runner());
-  if (!m.ok()) return nullptr;
-  e->SetStepObserver((*m)->step_observer());
-  auto p = std::make_unique<PrefillInstance>();
-  p->messenger = std::move(m).value();
-  p->engine = Async(std::move(e));
-  p->messenger->Start(p->engine.get());
-  return p;
-}
-
-std::unique_ptr<DecodeMessenger> StartDecode(
-    const Shape& s, std::vector<PrefillPeer> peers, uint32_t timeout_ms = 20000,
-    std::string secret = kSecret,
-    std::function<void(int64_t, const std::vector<float>&)> on_metadata = {}) {
-  auto e = MakeEngine(s);
-  engine::ModelRunner& runner = e->runner();
-  DecodeMessengerOptions o;
-  o.cluster_secret = std::move(secret);
-  o.model_hash = Hash();
-  o.domain = transfer::testing::LoopbackOptions();
-  o.peers = std::move(peers);
-  o.transfer_timeout_ms = timeout_ms;
-  o.hello_retry_s = 0.05;
-  o.on_metadata = std::move(on_metadata);
-  auto d = DecodeMessenger::Create(o, runner, Async(std::move(e)));
-  PD_CHECK(d.ok()) << d.status().ToString();
-  return std::move(d).value();
-}
-
-std::vector<int32_t> PromptOf(int len, int salt) {
-  std::vector<int32_t> p(len);
-  for (int i = 0; i < len; ++i) p[i] = (i * 13 + salt * 7 + 3) % 67;
-  return p;
-}
-
-struct Outcome {
-  std::vector<int32_t> tokens;
-  engine::FinishReason finish = engine::FinishReason::kNone;
-  Status error;
-};
-
-// Runs one greedy request to its end through any AsyncEngine.
-Outcome Generate(engine::AsyncEngine& engine, const std::vector<int32_t>& prompt, int max_tokens,
-                 int64_t* id_out = nullptr) {
-  std::mutex mu;
-  std::condition_variable cv;
-  Outcome outcome;
-  bool done = false;
-  engine::SamplingParams p;
-  p.temperature = 0.0f;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  auto id = engine.Submit(prompt, p, [&](const engine::RequestOutput& out) {
-    std::lock_guard<std::mutex> lock(mu);
-    outcome.tokens.insert(outcome.tokens.end(), out.new_token_ids.begin(), out.new_token_ids.end());
-    if (out.finished()) {
-      outcome.finish = out.finish_reason;
-      outcome.error = out.error;
-      done = true;
-      cv.notify_all();
-    }
-  });
-  if (!id.ok()) {
-    outcome.finish = engine::FinishReason::kError;
-    outcome.error = id.status();
-    return outcome;
-  }
-  if (id_out != nullptr) *id_out = *id;
-  std::unique_lock<std::mutex> lock(mu);
-  EXPECT_TRUE(cv.wait_for(lock, std::chrono::duration<double>(kDeadlineS), [&] { return done; }))
-      << "request did not finish";
-  return outcome;
-}
-
-bool AllPagesFree(const engine::AsyncEngine& e) {
-  return WaitUntil([&] {
-    auto s = e.stats();
-    return s.num_free_pages == s.num_total_pages && s.num_awaiting_kv == 0;
-  });
-}
+using testing::kDeadlineS;
+using testing::kSecret;
+using testing::MakeEngine;
+using testing::Model;
+using testing::Outcome;
+using testing::PromptOf;
+using testing::Shape;
+using testing::StartDecode;
+using testing::StartPrefill;
+using testing::WaitUntil;
 
 // ------------------------------------------------------------------ golden
 

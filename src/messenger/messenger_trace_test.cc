@@ -20,123 +20,31 @@
 #include "messenger/channel.h"
 #include "messenger/decode_side.h"
 #include "messenger/handshake.h"
+#include "messenger/messenger_test_util.h"
 #include "messenger/prefill_side.h"
 #include "transfer/test_util.h"
 
 namespace pd::messenger {
 namespace {
 
-constexpr double kDeadlineS = 30.0;
-constexpr int kLayers = 3;
+using testing::Generate;
+using testing::kDeadlineS;
+using testing::kSecret;
+using testing::PromptOf;
+using testing::Shape;
+using testing::StartDecode;
+using testing::StartPrefill;
+using testing::WaitUntil;
+
+constexpr int kLayers = testing::kModelLayers;
 constexpr int kPageSize = 4;
-const char kSecret[] = "trace-secret";
 
-bool WaitUntil(const std::function<bool()>& pred) {
-  const double end = NowSeconds() + kDeadlineS;
-  while (!pred()) {
-    if (NowSeconds() > end) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
+// The prefill engine's shape: pages of kPageSize tokens, `budget` prefill tokens per step.
+Shape TraceShape(int budget) { return Shape{engine::KvLayout::kHND, kPageSize, budget}; }
 
-const engine::testing::TinyModel& Model() {
-  static auto* model = [] {
-    engine::testing::TinyModelOptions o;
-    o.layers = kLayers;
-    return engine::testing::MakeTinyModel(o).release();
-  }();
-  return *model;
-}
-
-std::unique_ptr<engine::Engine> MakeEngine(int budget, Tracer* tracer) {
-  engine::EngineOptions o;
-  o.runner.kv.page_size = kPageSize;
-  o.runner.num_pages = 48;
-  o.runner.num_threads = 1;
-  o.runner.tracer = tracer;
-  o.scheduler.max_num_batched_tokens = budget;
-  o.scheduler.max_num_seqs = 8;
-  o.scheduler.max_model_len = 128;
-  auto e = engine::Engine::Create(Model().weights, o);
-  PD_CHECK(e.ok()) << e.status().ToString();
-  return std::move(e).value();
-}
-
-std::unique_ptr<engine::AsyncEngine> Async(std::unique_ptr<engine::Engine> e) {
-  auto a = engine::AsyncEngine::Create(std::move(e), {});
-  PD_CHECK(a.ok());
-  return std::move(a).value();
-}
-
-struct Prefill {
-  std::unique_ptr<PrefillMessenger> messenger;
-  std::unique_ptr<engine::AsyncEngine> engine;
-  ~Prefill() {
-    if (messenger) messenger->Stop();
-    if (engine) engine->Shutdown();
-  }
-};
-
-std::unique_ptr<Prefill> StartPrefill(int budget, Tracer* tracer) {
-  auto e = MakeEngine(budget, tracer);
-  PrefillMessengerOptions o;
-  o.cluster_secret = kSecret;
-  o.model_hash = ModelFingerprint(Model().weights);
-  o.domain = transfer::testing::LoopbackOptions();
-  o.tracer = tracer;
-  auto m = PrefillMessenger::Create(o, e->runner());
-  if (!m.ok()) return nullptr;
-  e->SetStepObserver((*m)->step_observer());
-  auto p = std::make_unique<Prefill>();
-  p->messenger = std::move(m).value();
-  p->engine = Async(std::move(e));
-  p->messenger->Start(p->engine.get());
-  return p;
-}
-
-std::unique_ptr<DecodeMessenger> StartDecode(const std::string& prefill_address, Tracer* tracer,
-                                             uint32_t timeout_ms = 20000) {
-  auto e = MakeEngine(64, nullptr);
-  engine::ModelRunner& runner = e->runner();
-  DecodeMessengerOptions o;
-  o.cluster_secret = kSecret;
-  o.model_hash = ModelFingerprint(Model().weights);
-  o.domain = transfer::testing::LoopbackOptions();
-  o.peers = {{"p0", prefill_address}};
-  o.transfer_timeout_ms = timeout_ms;
-  o.hello_retry_s = 0.05;
-  o.tracer = tracer;
-  auto d = DecodeMessenger::Create(o, runner, Async(std::move(e)));
-  PD_CHECK(d.ok()) << d.status().ToString();
-  return std::move(d).value();
-}
-
-// Runs one greedy request to its end; returns its final output's error.
-Status Generate(engine::AsyncEngine& engine, int len) {
-  std::vector<int32_t> prompt(len);
-  for (int i = 0; i < len; ++i) prompt[i] = (i * 13 + len * 7 + 3) % 67;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  Status error;
-  engine::SamplingParams p;
-  p.temperature = 0.0f;
-  p.max_tokens = 3;
-  p.ignore_eos = true;
-  auto id = engine.Submit(prompt, p, [&](const engine::RequestOutput& out) {
-    if (!out.finished()) return;
-    std::lock_guard<std::mutex> lock(mu);
-    error = out.error;
-    done = true;
-    cv.notify_all();
-  });
-  if (!id.ok()) return id.status();
-  std::unique_lock<std::mutex> lock(mu);
-  if (!cv.wait_for(lock, std::chrono::duration<double>(kDeadlineS), [&] { return done; })) {
-    return DeadlineExceeded("request did not finish");
-  }
-  return error;
+// Runs one greedy request (a prompt of `len` tokens, 3 new tokens) to its end; returns its error.
+Status GenerateStatus(engine::AsyncEngine& engine, int len) {
+  return Generate(engine, PromptOf(len, len), 3).error;
 }
 
 std::string StrArg(const TraceEvent& e, const std::string& key) {
@@ -170,11 +78,12 @@ class MessengerTraceTest : public ::testing::TestWithParam<Case> {};
 TEST_P(MessengerTraceTest, OneCausalPostPerLayerPerChunk) {
   const Case c = GetParam();
   Tracer prefill_trace, decode_trace;
-  auto prefill = StartPrefill(c.budget, &prefill_trace);
+  auto prefill = StartPrefill(TraceShape(c.budget), kSecret, &prefill_trace);
   if (prefill == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
-  auto decode = StartDecode(prefill->messenger->fabric_address(), &decode_trace);
+  auto decode = StartDecode(TraceShape(64), {{"p0", prefill->messenger->fabric_address()}}, 20000,
+                            kSecret, {}, &decode_trace);
   ASSERT_TRUE(decode->WaitForPeers(kDeadlineS).ok());
-  ASSERT_TRUE(Generate(*decode, c.len).ok());
+  ASSERT_TRUE(GenerateStatus(*decode, c.len).ok());
   ASSERT_TRUE(WaitUntil([&] { return prefill->messenger->metrics().succeeded() == 1; }));
   prefill->messenger->Stop();
   decode->Shutdown();
@@ -237,12 +146,13 @@ INSTANTIATE_TEST_SUITE_P(Prompts, MessengerTraceTest,
 
 TEST(MessengerTraceFailureTest, AStoppedPrefillTracesTheFailedAttemptAndTheFailure) {
   Tracer decode_trace;
-  auto prefill = StartPrefill(64, nullptr);
+  auto prefill = StartPrefill(TraceShape(64));
   if (prefill == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
-  auto decode = StartDecode(prefill->messenger->fabric_address(), &decode_trace, 300);
+  auto decode = StartDecode(TraceShape(64), {{"p0", prefill->messenger->fabric_address()}}, 300,
+                            kSecret, {}, &decode_trace);
   ASSERT_TRUE(decode->WaitForPeers(kDeadlineS).ok());
   prefill->messenger->Stop();  // the domain stays open, nobody answers: the attempt times out
-  Status s = Generate(*decode, 9);
+  Status s = GenerateStatus(*decode, 9);
   EXPECT_FALSE(s.ok());
   decode->Shutdown();
   ASSERT_EQ(Named(decode_trace, "prefill request sent").size(), 1u);

@@ -1,0 +1,191 @@
+// Set-up shared by the in-process messenger tests (header-only so it is not part of
+// pd_messenger): a tiny random model, engines over it, a prefill instance (messenger + engine)
+// and a decode messenger on loopback libfabric domains (tcp;ofi_rxm), and greedy requests run to
+// their end.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/check.h"
+#include "common/trace.h"
+#include "engine/async_engine.h"
+#include "engine/engine.h"
+#include "engine/model_runner_test_util.h"
+#include "messenger/channel.h"
+#include "messenger/decode_side.h"
+#include "messenger/handshake.h"
+#include "messenger/prefill_side.h"
+#include "transfer/test_util.h"
+
+namespace pd::messenger::testing {
+
+inline constexpr double kDeadlineS = 30.0;
+inline constexpr int kModelLayers = 3;
+inline constexpr char kSecret[] = "test-secret";
+
+// Polls `pred` until it holds or the deadline passes (for state another thread updates).
+inline bool WaitUntil(const std::function<bool()>& pred, double timeout_s = kDeadlineS) {
+  const double end = NowSeconds() + timeout_s;
+  while (!pred()) {
+    if (NowSeconds() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+// The KV cache's shape and the prefill token budget of an engine.
+struct Shape {
+  engine::KvLayout layout = engine::KvLayout::kHND;
+  int page_size = 4;
+  int budget = 64;  // prefill tokens per step: small values chunk the prompt
+};
+
+// The tiny random model every engine of a test binary serves (kModelLayers layers).
+inline const engine::testing::TinyModel& Model() {
+  static auto* model = [] {
+    engine::testing::TinyModelOptions o;
+    o.layers = kModelLayers;
+    return engine::testing::MakeTinyModel(o).release();
+  }();
+  return *model;
+}
+
+inline uint64_t Hash() { return ModelFingerprint(Model().weights); }
+
+// An engine of 48 pages on one thread; `tracer` (may be null) traces its model runner.
+inline std::unique_ptr<engine::Engine> MakeEngine(const Shape& s, Tracer* tracer = nullptr) {
+  engine::EngineOptions o;
+  o.runner.kv.page_size = s.page_size;
+  o.runner.kv.layout = s.layout;
+  o.runner.num_pages = 48;
+  o.runner.num_threads = 1;
+  o.runner.tracer = tracer;
+  o.scheduler.max_num_batched_tokens = s.budget;
+  o.scheduler.max_num_seqs = std::min(8, s.budget);
+  o.scheduler.max_model_len = 128;
+  auto e = engine::Engine::Create(Model().weights, o);
+  PD_CHECK(e.ok()) << e.status().ToString();
+  return std::move(e).value();
+}
+
+inline std::unique_ptr<engine::AsyncEngine> Async(std::unique_ptr<engine::Engine> e) {
+  auto a = engine::AsyncEngine::Create(std::move(e), {});
+  PD_CHECK(a.ok());
+  return std::move(a).value();
+}
+
+struct PrefillInstance {
+  std::unique_ptr<PrefillMessenger> messenger;
+  std::unique_ptr<engine::AsyncEngine> engine;
+  ~PrefillInstance() {
+    if (messenger) messenger->Stop();
+    if (engine) engine->Shutdown();
+  }
+};
+
+// A started prefill instance ("prefill"), or null when the fabric provider is unavailable.
+// `tracer` (may be null) traces both its engine and its messenger.
+inline std::unique_ptr<PrefillInstance> StartPrefill(const Shape& s, std::string secret = kSecret,
+                                                     Tracer* tracer = nullptr) {
+  auto e = MakeEngine(s, tracer);
+  PrefillMessengerOptions o;
+  o.instance_name = "prefill";
+  o.cluster_secret = std::move(secret);
+  o.model_hash = Hash();
+  o.domain = transfer::testing::LoopbackOptions();
+  o.tracer = tracer;
+  auto m = PrefillMessenger::Create(o, e->runner());
+  if (!m.ok()) return nullptr;
+  e->SetStepObserver((*m)->step_observer());
+  auto p = std::make_unique<PrefillInstance>();
+  p->messenger = std::move(m).value();
+  p->engine = Async(std::move(e));
+  p->messenger->Start(p->engine.get());
+  return p;
+}
+
+// A decode messenger over an untraced engine; `tracer` (may be null) traces the messenger.
+inline std::unique_ptr<DecodeMessenger> StartDecode(
+    const Shape& s, std::vector<PrefillPeer> peers, uint32_t timeout_ms = 20000,
+    std::string secret = kSecret,
+    std::function<void(int64_t, const std::vector<float>&)> on_metadata = {},
+    Tracer* tracer = nullptr) {
+  auto e = MakeEngine(s);
+  engine::ModelRunner& runner = e->runner();
+  DecodeMessengerOptions o;
+  o.cluster_secret = std::move(secret);
+  o.model_hash = Hash();
+  o.domain = transfer::testing::LoopbackOptions();
+  o.peers = std::move(peers);
+  o.transfer_timeout_ms = timeout_ms;
+  o.hello_retry_s = 0.05;
+  o.on_metadata = std::move(on_metadata);
+  o.tracer = tracer;
+  auto d = DecodeMessenger::Create(o, runner, Async(std::move(e)));
+  PD_CHECK(d.ok()) << d.status().ToString();
+  return std::move(d).value();
+}
+
+inline std::vector<int32_t> PromptOf(int len, int salt) {
+  std::vector<int32_t> p(len);
+  for (int i = 0; i < len; ++i) p[i] = (i * 13 + salt * 7 + 3) % 67;
+  return p;
+}
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  engine::FinishReason finish = engine::FinishReason::kNone;
+  Status error;
+};
+
+// Runs one greedy request to its end through any AsyncEngine.
+inline Outcome Generate(engine::AsyncEngine& engine, const std::vector<int32_t>& prompt,
+                        int max_tokens, int64_t* id_out = nullptr) {
+  std::mutex mu;
+  std::condition_variable cv;
+  Outcome outcome;
+  bool done = false;
+  engine::SamplingParams p;
+  p.temperature = 0.0f;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  auto id = engine.Submit(prompt, p, [&](const engine::RequestOutput& out) {
+    std::lock_guard<std::mutex> lock(mu);
+    outcome.tokens.insert(outcome.tokens.end(), out.new_token_ids.begin(), out.new_token_ids.end());
+    if (out.finished()) {
+      outcome.finish = out.finish_reason;
+      outcome.error = out.error;
+      done = true;
+      cv.notify_all();
+    }
+  });
+  if (!id.ok()) {
+    outcome.finish = engine::FinishReason::kError;
+    outcome.error = id.status();
+    return outcome;
+  }
+  if (id_out != nullptr) *id_out = *id;
+  std::unique_lock<std::mutex> lock(mu);
+  EXPECT_TRUE(cv.wait_for(lock, std::chrono::duration<double>(kDeadlineS), [&] { return done; }))
+      << "request did not finish";
+  return outcome;
+}
+
+inline bool AllPagesFree(const engine::AsyncEngine& e) {
+  return WaitUntil([&] {
+    auto s = e.stats();
+    return s.num_free_pages == s.num_total_pages && s.num_awaiting_kv == 0;
+  });
+}
+
+}  // namespace pd::messenger::testing
