@@ -39,6 +39,7 @@ using testing::CompleteAt;
 using ::testing::HasSubstr;
 using testing::MetricSum;
 using testing::Process;
+using testing::StartAndWaitFor;
 using testing::WaitFor;
 using namespace std::chrono_literals;
 
@@ -52,24 +53,13 @@ std::string TempPath(const std::string& name) {
 }
 
 // Removes the model and secret files when the binary ends.
-class TempCleanup : public ::testing::Environment {
- public:
-  void TearDown() override { testing::RemoveTempPathsFor("pdserve_fault_"); }
-};
 [[maybe_unused]] const auto* const kTempCleanup =
-    ::testing::AddGlobalTestEnvironment(new TempCleanup);
+    ::testing::AddGlobalTestEnvironment(new testing::TempPathCleanup("pdserve_fault_"));
 
 // The `small` preset (4 layers, hidden 256): a prefill of a few hundred tokens takes long enough
 // (tens of ms per chunk on one thread) for a kill to land while transfers are in flight.
 const std::string& ModelDir() {
-  static const std::string dir = [] {
-    std::string d = TempPath("model");
-    Process p;
-    EXPECT_TRUE(p.Start({kBinary, "make-model", "--arch", "qwen3", "--preset", "small", "--seed",
-                         "7", "--out", d}));
-    EXPECT_EQ(p.Wait(120s), 0) << p.output();
-    return d;
-  }();
+  static const std::string dir = testing::MakeModel(kBinary, "small", 7, TempPath("model"));
   return dir;
 }
 
@@ -80,46 +70,27 @@ int HiddenSize() {
 }
 
 std::string SecretFile(const std::string& name, const std::string& secret) {
-  std::string path = TempPath(name);
-  std::ofstream(path) << secret;
-  return path;
+  return testing::WriteTempFile(TempPath(name), secret);
 }
 
 int PickPort() {
   static std::mt19937 rng(static_cast<unsigned>(::getpid()) * 7919u);
-  return 23000 + static_cast<int>(rng() % 3000) * 10;
+  return testing::PickPortBlock(rng, 23000);
 }
 
 std::vector<int> PromptOf(int len, int salt) {
-  std::vector<int> p(len);
-  for (int i = 0; i < len; ++i) p[i] = 10 + (i * 37 + salt * 11) % 1990;  // small: vocab 2048
-  return p;
+  return testing::PromptOf(len, salt, 1990);  // small: vocab 2048
 }
 
 std::vector<std::string> ServeArgs(int port, const std::vector<std::string>& extra) {
-  std::vector<std::string> a = {kBinary,
-                                "serve",
-                                "--model",
-                                ModelDir(),
-                                "--port",
-                                std::to_string(port),
-                                "--threads",
-                                "1",
-                                "--max-model-len",
-                                "512",
-                                "--served-model-name",
-                                "m"};
-  a.insert(a.end(), extra.begin(), extra.end());
-  return a;
+  return testing::ServeArgv(kBinary, ModelDir(), port, 512, extra);
 }
 
 double Metric(int port, const std::string& name, const std::string& labels = "") {
   return MetricSum(kHost, port, name, labels);
 }
 
-bool PagesFree(int port) {
-  return WaitFor([&] { return Metric(port, "pdserve:kv_cache_usage_perc") == 0.0; }, 30s);
-}
+bool PagesFree(int port) { return testing::PagesFreeAt(kHost, port, 30s); }
 
 // A prefill instance that computes slowly: one sequence at a time, in chunks of `chunk` tokens.
 std::vector<std::string> SlowPrefill(const std::string& secret, int chunk) {
@@ -177,9 +148,9 @@ TEST(DisaggFaultTest, PrefillKilledMidTransferIsRetriedOnTheOther) {
   ASSERT_TRUE(p1.Start(ServeArgs(port + 2, SlowPrefill(secret, 32))));
   ASSERT_FALSE(p0.WaitForLine("prefill instance on", 120s).empty()) << p0.output();
   ASSERT_FALSE(p1.WaitForLine("prefill instance on", 120s).empty()) << p1.output();
-  ASSERT_TRUE(decode.Start(
-      ServeArgs(port + 8, DecodeRole(secret, Url(port + 1) + "," + Url(port + 2), 5000))));
-  ASSERT_FALSE(decode.WaitForLine("on http://", 120s).empty()) << decode.output();
+  ASSERT_TRUE(StartAndWaitFor(
+      decode, ServeArgs(port + 8, DecodeRole(secret, Url(port + 1) + "," + Url(port + 2), 5000)),
+      "on http://", 120s));
 
   const int kRequests = 8, kLen = 240;
   Burst burst(port + 8, kRequests, kLen, 4);
@@ -209,10 +180,10 @@ TEST(DisaggFaultTest, LonePrefillKilledMidTransferFailsTheInFlightRequestsClearl
   const int port = PickPort();
   const std::string secret = SecretFile("s_lone", "fault-secret");
   Process p0, decode;
-  ASSERT_TRUE(p0.Start(ServeArgs(port + 1, SlowPrefill(secret, 32))));
-  ASSERT_FALSE(p0.WaitForLine("prefill instance on", 120s).empty()) << p0.output();
-  ASSERT_TRUE(decode.Start(ServeArgs(port + 8, DecodeRole(secret, Url(port + 1), 4000))));
-  ASSERT_FALSE(decode.WaitForLine("on http://", 120s).empty()) << decode.output();
+  ASSERT_TRUE(StartAndWaitFor(p0, ServeArgs(port + 1, SlowPrefill(secret, 32)),
+                              "prefill instance on", 120s));
+  ASSERT_TRUE(StartAndWaitFor(decode, ServeArgs(port + 8, DecodeRole(secret, Url(port + 1), 4000)),
+                              "on http://", 120s));
 
   Burst burst(port + 8, 6, 240, 4);
   ASSERT_TRUE(MidTransfer(port + 1)) << p0.output();
@@ -242,10 +213,10 @@ TEST(DisaggFaultTest, DecodeKilledWhileItsRequestsAreInPrefillIsCancelledByThePr
   const int port = PickPort();
   const std::string secret = SecretFile("s_decode", "fault-secret");
   Process prefill, decode;
-  ASSERT_TRUE(prefill.Start(ServeArgs(port + 1, SlowPrefill(secret, 16))));
-  ASSERT_FALSE(prefill.WaitForLine("prefill instance on", 120s).empty()) << prefill.output();
-  ASSERT_TRUE(decode.Start(ServeArgs(port + 8, DecodeRole(secret, Url(port + 1), 20000))));
-  ASSERT_FALSE(decode.WaitForLine("on http://", 120s).empty()) << decode.output();
+  ASSERT_TRUE(StartAndWaitFor(prefill, ServeArgs(port + 1, SlowPrefill(secret, 16)),
+                              "prefill instance on", 120s));
+  ASSERT_TRUE(StartAndWaitFor(decode, ServeArgs(port + 8, DecodeRole(secret, Url(port + 1), 20000)),
+                              "on http://", 120s));
 
   {
     Burst burst(port + 8, 6, 240, 4);
@@ -264,8 +235,8 @@ TEST(DisaggFaultTest, DecodeKilledWhileItsRequestsAreInPrefillIsCancelledByThePr
 
   // The prefill instance is still healthy: a new decode instance is served.
   Process decode2;
-  ASSERT_TRUE(decode2.Start(ServeArgs(port + 7, DecodeRole(secret, Url(port + 1), 20000))));
-  ASSERT_FALSE(decode2.WaitForLine("on http://", 120s).empty()) << decode2.output();
+  ASSERT_TRUE(StartAndWaitFor(
+      decode2, ServeArgs(port + 7, DecodeRole(secret, Url(port + 1), 20000)), "on http://", 120s));
   auto [status, body] = CompleteAt(kHost, port + 7, PromptOf(100, 3), 4, 90);
   EXPECT_EQ(status, 200) << body.dump();
   EXPECT_TRUE(PagesFree(port + 7));
@@ -302,10 +273,12 @@ void AbandonedStream(int port, const std::vector<int>& prompt, int max_tokens, i
 TEST(DisaggFaultTest, HundredStreamsAbortedAtRandomPointsLeaveNothingBehind) {
   const int port = PickPort();
   Process up;
-  ASSERT_TRUE(up.Start({kBinary, "up", "--model", ModelDir(), "--prefill", "1", "--decode", "1",
-                        "--port", std::to_string(port), "--threads", "1", "--max-model-len", "512",
-                        "--served-model-name", "m", "--max-num-batched-tokens", "64"}));
-  ASSERT_FALSE(up.WaitForLine("router (OpenAI API) on", 180s).empty()) << up.output();
+  ASSERT_TRUE(StartAndWaitFor(
+      up,
+      testing::UpArgv(kBinary, ModelDir(), 1, 1, port,
+                      {"--threads", "1", "--max-model-len", "512", "--served-model-name", "m",
+                       "--max-num-batched-tokens", "64"}),
+      "router (OpenAI API) on", 180s));
   const int prefill = port + 1, decode = port + 2;
 
   constexpr int kThreads = 4, kPerThread = 25;
@@ -385,9 +358,10 @@ class PrefillWireTest : public ::testing::Test {
  protected:
   void SetUp() override {
     port_ = PickPort();
-    ASSERT_TRUE(prefill_.Start(ServeArgs(
-        port_ + 1, {"--role", "prefill", "--cluster-secret-file", SecretFile("s_wire", kSecret)})));
-    ASSERT_FALSE(prefill_.WaitForLine("prefill instance on", 120s).empty()) << prefill_.output();
+    ASSERT_TRUE(StartAndWaitFor(prefill_,
+                                ServeArgs(port_ + 1, {"--role", "prefill", "--cluster-secret-file",
+                                                      SecretFile("s_wire", kSecret)}),
+                                "prefill instance on", 120s));
     httplib::Client c(kHost, port_ + 1);
     auto info = c.Get("/pd/info");
     ASSERT_TRUE(info && info->status == 200);

@@ -25,100 +25,50 @@ namespace pd {
 namespace {
 
 using json = nlohmann::json;
+using testing::CompleteAt;
 using ::testing::HasSubstr;
+using testing::MetricSum;
 using testing::Process;
+using testing::PromptOf;
+using testing::StartAndWaitFor;
+using testing::WaitFor;
 using namespace std::chrono_literals;
 
 const std::string kBinary = PDSERVE_BINARY;
+const std::string kHost = "127.0.0.1";
 
 std::string TempPath(const std::string& name) {
-  return (std::filesystem::temp_directory_path() /
-          ("pdserve_disagg_" + std::to_string(::getpid()) + "_" + name))
-      .string();
+  return testing::TempPathFor("pdserve_disagg_", name);
 }
 
 const std::string& ModelDir() {
-  static const std::string dir = [] {
-    std::string d = TempPath("model");
-    Process p;
-    EXPECT_TRUE(p.Start(
-        {kBinary, "make-model", "--arch", "qwen3", "--preset", "tiny", "--seed", "5", "--out", d}));
-    EXPECT_EQ(p.Wait(120s), 0) << p.output();
-    return d;
-  }();
+  static const std::string dir = testing::MakeModel(kBinary, "tiny", 5, TempPath("model"));
   return dir;
 }
 
 std::string SecretFile(const std::string& name, const std::string& secret) {
-  std::string path = TempPath(name);
-  std::ofstream(path) << secret;
-  return path;
+  return testing::WriteTempFile(TempPath(name), secret);
 }
 
 // A port range unlikely to be in use: P..P+9 for one deployment.
 int PickPort() {
   static std::mt19937 rng(static_cast<unsigned>(::getpid()));
-  return 20000 + static_cast<int>(rng() % 3000) * 10;
+  return testing::PickPortBlock(rng, 20000);
 }
 
-bool WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
+double Metric(int port, const std::string& name, const std::string& labels = "") {
+  return MetricSum(kHost, port, name, labels);
 }
 
-double Metric(int port, const std::string& name) {
-  httplib::Client c("127.0.0.1", port);
-  auto r = c.Get("/metrics");
-  if (!r) return -1;
-  size_t pos = r->body.find("\n" + name);
-  if (pos == std::string::npos) return -1;
-  size_t sp = r->body.find(' ', pos + 1);
-  return std::atof(r->body.c_str() + sp + 1);
-}
-
-bool PagesFree(int port) {
-  return WaitFor([&] { return Metric(port, "pdserve:kv_cache_usage_perc") == 0.0; }, 20s);
-}
+bool PagesFree(int port) { return testing::PagesFreeAt(kHost, port, 20s); }
 
 // Greedy completion of a token-id prompt; returns (HTTP status, body JSON).
 std::pair<int, json> Complete(int port, const std::vector<int>& prompt, int max_tokens) {
-  httplib::Client c("127.0.0.1", port);
-  c.set_read_timeout(120, 0);
-  json req = {{"model", "m"},
-              {"prompt", prompt},
-              {"max_tokens", max_tokens},
-              {"temperature", 0.0},
-              {"ignore_eos", true}};
-  auto r = c.Post("/v1/completions", req.dump(), "application/json");
-  if (!r) return {-1, json()};
-  return {r->status, json::parse(r->body, nullptr, false)};
-}
-
-std::vector<int> PromptOf(int len, int salt) {
-  std::vector<int> p(len);
-  for (int i = 0; i < len; ++i) p[i] = 10 + (i * 37 + salt * 11) % 490;  // tiny: vocab 512
-  return p;
+  return CompleteAt(kHost, port, prompt, max_tokens);
 }
 
 std::vector<std::string> ServeArgs(int port, const std::vector<std::string>& extra) {
-  std::vector<std::string> a = {kBinary,
-                                "serve",
-                                "--model",
-                                ModelDir(),
-                                "--port",
-                                std::to_string(port),
-                                "--threads",
-                                "1",
-                                "--max-model-len",
-                                "256",
-                                "--served-model-name",
-                                "m"};
-  a.insert(a.end(), extra.begin(), extra.end());
-  return a;
+  return testing::ServeArgv(kBinary, ModelDir(), port, 256, extra);
 }
 
 // ------------------------------------------------------------------ golden through `pdserve up`
@@ -134,39 +84,17 @@ class DisaggGoldenTest : public ::testing::TestWithParam<GoldenShape> {};
 TEST_P(DisaggGoldenTest, UpGivesTheColocatedGreedyTokens) {
   const GoldenShape s = GetParam();
   const int port = PickPort();
-  const std::vector<std::string> shape = {"--kv-layout",
-                                          s.layout,
-                                          "--page-size",
-                                          std::to_string(s.page_size),
-                                          "--max-num-batched-tokens",
-                                          std::to_string(s.budget),
-                                          "--max-num-seqs",
-                                          std::to_string(std::min(8, s.budget))};
+  const std::vector<std::string> shape = testing::ShapeArgs(s.layout, s.page_size, s.budget);
   Process colocated;
   std::vector<std::string> cargs = ServeArgs(port + 9, shape);
-  ASSERT_TRUE(colocated.Start(cargs));
-  ASSERT_FALSE(colocated.WaitForLine("on http://", 120s).empty()) << colocated.output();
+  ASSERT_TRUE(StartAndWaitFor(colocated, cargs, "on http://", 120s));
 
   Process up;
-  std::vector<std::string> uargs = {kBinary,
-                                    "up",
-                                    "--model",
-                                    ModelDir(),
-                                    "--prefill",
-                                    "1",
-                                    "--decode",
-                                    "1",
-                                    "--port",
-                                    std::to_string(port),
-                                    "--threads",
-                                    "1",
-                                    "--max-model-len",
-                                    "256",
-                                    "--served-model-name",
-                                    "m"};
+  std::vector<std::string> uargs =
+      testing::UpArgv(kBinary, ModelDir(), 1, 1, port,
+                      {"--threads", "1", "--max-model-len", "256", "--served-model-name", "m"});
   uargs.insert(uargs.end(), shape.begin(), shape.end());
-  ASSERT_TRUE(up.Start(uargs));
-  ASSERT_FALSE(up.WaitForLine("router (OpenAI API) on", 180s).empty()) << up.output();
+  ASSERT_TRUE(StartAndWaitFor(up, uargs, "router (OpenAI API) on", 180s));
 
   for (int len : {1, 2, 3, 4, 5, 15, 16, 17, 40}) {
     SCOPED_TRACE("prompt of " + std::to_string(len) + " tokens");
@@ -180,7 +108,7 @@ TEST_P(DisaggGoldenTest, UpGivesTheColocatedGreedyTokens) {
   }
   EXPECT_TRUE(PagesFree(port + 2));  // the decode instance
   EXPECT_TRUE(PagesFree(port + 1));  // the prefill instance
-  EXPECT_GE(Metric(port + 1, "pdserve:kv_transfers_total{role=\"prefill\"}"), 8);
+  EXPECT_GE(Metric(port + 1, "pdserve:kv_transfers_total", "role=\"prefill\""), 8);
   EXPECT_EQ(up.Stop(SIGTERM, 30s), 0) << up.output();
   EXPECT_EQ(colocated.Stop(SIGTERM, 30s), 0);
 }
@@ -215,9 +143,10 @@ TEST(DisaggHandshakeTest, AMismatchStopsTheDecodeInstanceWithTheReason) {
   const int port = PickPort();
   const std::string secret = SecretFile("secret_mm", "s3cret");
   Process prefill;
-  ASSERT_TRUE(prefill.Start(ServeArgs(
-      port + 1, {"--role", "prefill", "--page-size", "16", "--cluster-secret-file", secret})));
-  ASSERT_FALSE(prefill.WaitForLine("prefill instance on", 120s).empty()) << prefill.output();
+  ASSERT_TRUE(StartAndWaitFor(prefill,
+                              ServeArgs(port + 1, {"--role", "prefill", "--page-size", "16",
+                                                   "--cluster-secret-file", secret}),
+                              "prefill instance on", 120s));
   Process decode;
   ASSERT_TRUE(decode.Start(
       ServeArgs(port + 2, {"--role", "decode", "--page-size", "8", "--cluster-secret-file", secret,
@@ -231,9 +160,10 @@ TEST(DisaggHandshakeTest, AMismatchStopsTheDecodeInstanceWithTheReason) {
 TEST(DisaggHandshakeTest, AWrongClusterSecretIsRefused) {
   const int port = PickPort();
   Process prefill;
-  ASSERT_TRUE(prefill.Start(ServeArgs(
-      port + 1, {"--role", "prefill", "--cluster-secret-file", SecretFile("secret_a", "aaaa")})));
-  ASSERT_FALSE(prefill.WaitForLine("prefill instance on", 120s).empty()) << prefill.output();
+  ASSERT_TRUE(StartAndWaitFor(prefill,
+                              ServeArgs(port + 1, {"--role", "prefill", "--cluster-secret-file",
+                                                   SecretFile("secret_a", "aaaa")}),
+                              "prefill instance on", 120s));
   Process decode;
   ASSERT_TRUE(decode.Start(ServeArgs(
       port + 2,
@@ -255,15 +185,18 @@ class Deployment {
     std::string peers;
     for (int i = 0; i < num_prefill; ++i) {
       prefill_.push_back(std::make_unique<Process>());
-      EXPECT_TRUE(prefill_.back()->Start(
-          ServeArgs(port_ + 1 + i, {"--role", "prefill", "--cluster-secret-file", secret})));
-      EXPECT_FALSE(prefill_.back()->WaitForLine("prefill instance on", 120s).empty());
+      EXPECT_TRUE(StartAndWaitFor(
+          *prefill_.back(),
+          ServeArgs(port_ + 1 + i, {"--role", "prefill", "--cluster-secret-file", secret}),
+          "prefill instance on", 120s));
       peers += (i ? ",http://127.0.0.1:" : "http://127.0.0.1:") + std::to_string(port_ + 1 + i);
     }
-    EXPECT_TRUE(decode_.Start(ServeArgs(
-        decode_port(), {"--role", "decode", "--cluster-secret-file", secret, "--prefill-peers",
-                        peers, "--kv-transfer-timeout-ms", std::to_string(timeout_ms)})));
-    EXPECT_FALSE(decode_.WaitForLine("on http://", 120s).empty()) << decode_.output();
+    EXPECT_TRUE(StartAndWaitFor(
+        decode_,
+        ServeArgs(decode_port(),
+                  {"--role", "decode", "--cluster-secret-file", secret, "--prefill-peers", peers,
+                   "--kv-transfer-timeout-ms", std::to_string(timeout_ms)}),
+        "on http://", 120s));
   }
   int decode_port() const { return port_ + 8; }
   int prefill_port(int i) const { return port_ + 1 + i; }
@@ -326,7 +259,7 @@ TEST(DisaggFaultTest, AClientThatGoesAwayFreesPagesOnBothSides) {
   EXPECT_TRUE(PagesFree(d.prefill_port(0)));
   EXPECT_TRUE(WaitFor(
       [&] {
-        return Metric(d.prefill_port(0), "pdserve:kv_transfers_active{role=\"prefill\"}") == 0;
+        return Metric(d.prefill_port(0), "pdserve:kv_transfers_active", "role=\"prefill\"") == 0;
       },
       20s));
   EXPECT_EQ(d.decode().Stop(SIGTERM, 30s), 0) << d.decode().output();

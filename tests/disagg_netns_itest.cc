@@ -30,6 +30,7 @@ using json = nlohmann::json;
 using testing::CompleteAt;
 using testing::MetricSum;
 using testing::Process;
+using testing::StartAndWaitFor;
 using testing::WaitFor;
 using namespace std::chrono_literals;
 
@@ -40,12 +41,8 @@ std::string TempPath(const std::string& name) {
 }
 
 // Removes the model and secret files when the binary ends.
-class TempCleanup : public ::testing::Environment {
- public:
-  void TearDown() override { testing::RemoveTempPathsFor("pdserve_netns_"); }
-};
 [[maybe_unused]] const auto* const kTempCleanup =
-    ::testing::AddGlobalTestEnvironment(new TempCleanup);
+    ::testing::AddGlobalTestEnvironment(new testing::TempPathCleanup("pdserve_netns_"));
 
 std::string IpBinary() {
   for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
@@ -133,14 +130,7 @@ class TwoHosts {
 };
 
 const std::string& ModelDir() {
-  static const std::string dir = [] {
-    std::string d = TempPath("model");
-    Process p;
-    EXPECT_TRUE(p.Start({kBinary, "make-model", "--arch", "qwen3", "--preset", "tiny", "--seed",
-                         "11", "--out", d}));
-    EXPECT_EQ(p.Wait(120s), 0) << p.output();
-    return d;
-  }();
+  static const std::string dir = testing::MakeModel(kBinary, "tiny", 11, TempPath("model"));
   return dir;
 }
 
@@ -158,30 +148,11 @@ struct Shape {
 
 std::vector<std::string> ServeArgs(const std::string& host, int port, const Shape& s,
                                    const std::vector<std::string>& extra) {
-  std::vector<std::string> a = {kBinary,
-                                "serve",
-                                "--model",
-                                ModelDir(),
-                                "--host",
-                                host,
-                                "--port",
-                                std::to_string(port),
-                                "--threads",
-                                "1",
-                                "--max-model-len",
-                                "256",
-                                "--served-model-name",
-                                "m",
-                                "--kv-layout",
-                                s.layout,
-                                "--page-size",
-                                std::to_string(s.page_size),
-                                "--max-num-batched-tokens",
-                                std::to_string(s.budget),
-                                "--max-num-seqs",
-                                std::to_string(std::min(8, s.budget))};
+  std::vector<std::string> a = {"--host", host};
+  const std::vector<std::string> shape = testing::ShapeArgs(s.layout, s.page_size, s.budget);
+  a.insert(a.end(), shape.begin(), shape.end());
   a.insert(a.end(), extra.begin(), extra.end());
-  return a;
+  return testing::ServeArgv(kBinary, ModelDir(), port, 256, a);
 }
 
 class DisaggNetnsTest : public ::testing::TestWithParam<Shape> {};
@@ -192,22 +163,24 @@ TEST_P(DisaggNetnsTest, PrefillAndDecodeOnTwoHostsGiveTheColocatedGreedyTokens) 
   if (!hosts) GTEST_SKIP() << "two-namespace golden test skipped: " << why;
   const Shape s = GetParam();
   std::mt19937 rng(static_cast<unsigned>(getpid()) + s.page_size * 31 + s.budget);
-  const int port = 21000 + static_cast<int>(rng() % 2000) * 10;
-  const std::string secret = TempPath("secret");
-  std::ofstream(secret) << "netns-secret";
+  const int port = testing::PickPortBlock(rng, 21000, 2000);
+  const std::string secret = testing::WriteTempFile(TempPath("secret"), "netns-secret");
 
   Process colocated, prefill, decode;
   ASSERT_TRUE(colocated.Start(ServeArgs("127.0.0.1", port + 9, s, {})));
-  ASSERT_TRUE(prefill.Start(hosts->InA(ServeArgs(
-      hosts->addr_a(), port + 1, s,
-      {"--role", "prefill", "--cluster-secret-file", secret, "--fabric-node", hosts->addr_a()}))));
-  ASSERT_FALSE(prefill.WaitForLine("prefill instance on", 120s).empty()) << prefill.output();
+  ASSERT_TRUE(StartAndWaitFor(prefill,
+                              hosts->InA(ServeArgs(hosts->addr_a(), port + 1, s,
+                                                   {"--role", "prefill", "--cluster-secret-file",
+                                                    secret, "--fabric-node", hosts->addr_a()})),
+                              "prefill instance on", 120s));
   const std::string peer = "http://" + hosts->addr_a() + ":" + std::to_string(port + 1);
-  ASSERT_TRUE(decode.Start(hosts->InB(
-      ServeArgs(hosts->addr_b(), port + 2, s,
-                {"--role", "decode", "--cluster-secret-file", secret, "--fabric-node",
-                 hosts->addr_b(), "--prefill-peers", peer, "--kv-transfer-timeout-ms", "20000"}))));
-  ASSERT_FALSE(decode.WaitForLine("on http://", 120s).empty()) << decode.output();
+  ASSERT_TRUE(StartAndWaitFor(
+      decode,
+      hosts->InB(ServeArgs(
+          hosts->addr_b(), port + 2, s,
+          {"--role", "decode", "--cluster-secret-file", secret, "--fabric-node", hosts->addr_b(),
+           "--prefill-peers", peer, "--kv-transfer-timeout-ms", "20000"})),
+      "on http://", 120s));
   ASSERT_FALSE(colocated.WaitForLine("on http://", 120s).empty()) << colocated.output();
 
   const std::vector<int> lengths = {1, 2, 5, 16, 17, 40};

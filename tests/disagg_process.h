@@ -9,13 +9,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <thread>
 #include <utility>
@@ -159,6 +163,17 @@ inline void RemoveTempPathsFor(const std::string& prefix) {
   }
 }
 
+// A test environment that removes what TempPathFor(prefix, ...) created when the binary ends:
+// ::testing::AddGlobalTestEnvironment(new TempPathCleanup("pdserve_x_")).
+class TempPathCleanup : public ::testing::Environment {
+ public:
+  explicit TempPathCleanup(std::string prefix) : prefix_(std::move(prefix)) {}
+  void TearDown() override { RemoveTempPathsFor(prefix_); }
+
+ private:
+  std::string prefix_;
+};
+
 // The sum of every sample of metric `name` on host:port/metrics whose labels contain `labels`
 // (e.g. "role=\"prefill\""; empty: every sample). -1 when /metrics does not answer or has no such
 // sample.
@@ -203,6 +218,104 @@ inline std::pair<int, nlohmann::json> CompleteAt(const std::string& host, int po
   auto r = c.Post("/v1/completions", req.dump(), "application/json");
   if (!r) return {-1, nlohmann::json()};
   return {r->status, nlohmann::json::parse(r->body, nullptr, false)};
+}
+
+// ------------------------------------------------------------------ deployments
+
+// One deployment's block of 10 ports, base + 10 * k for k < blocks drawn from `rng` (a range
+// unlikely to be in use); the instances take base + 10 * k + 0..9.
+inline int PickPortBlock(std::mt19937& rng, int base, int blocks = 3000) {
+  return base + static_cast<int>(rng() % static_cast<unsigned>(blocks)) * 10;
+}
+
+// Writes a random qwen3 model of `preset` (e.g. "tiny", "small") with `seed` into `dir` through
+// `binary make-model` (a test failure when it fails); returns dir.
+inline std::string MakeModel(const std::string& binary, const std::string& preset, int seed,
+                             const std::string& dir) {
+  Process p;
+  EXPECT_TRUE(p.Start({binary, "make-model", "--arch", "qwen3", "--preset", preset, "--seed",
+                       std::to_string(seed), "--out", dir}));
+  EXPECT_EQ(p.Wait(std::chrono::seconds(120)), 0) << p.output();
+  return dir;
+}
+
+// Writes `contents` (e.g. a cluster secret) to `path`; returns path.
+inline std::string WriteTempFile(const std::string& path, const std::string& contents) {
+  std::ofstream(path) << contents;
+  return path;
+}
+
+// argv of `binary serve --model model --port port --threads 1 --max-model-len max_model_len
+// --served-model-name m`, then `extra`.
+inline std::vector<std::string> ServeArgv(const std::string& binary, const std::string& model,
+                                          int port, int max_model_len,
+                                          const std::vector<std::string>& extra) {
+  std::vector<std::string> a = {binary,
+                                "serve",
+                                "--model",
+                                model,
+                                "--port",
+                                std::to_string(port),
+                                "--threads",
+                                "1",
+                                "--max-model-len",
+                                std::to_string(max_model_len),
+                                "--served-model-name",
+                                "m"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+// argv of `binary up --model model --prefill num_prefill --decode num_decode --port port`, then
+// `extra`.
+inline std::vector<std::string> UpArgv(const std::string& binary, const std::string& model,
+                                       int num_prefill, int num_decode, int port,
+                                       const std::vector<std::string>& extra) {
+  std::vector<std::string> a = {binary,      "up",
+                                "--model",   model,
+                                "--prefill", std::to_string(num_prefill),
+                                "--decode",  std::to_string(num_decode),
+                                "--port",    std::to_string(port)};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+// The engine-shape flags of `serve`/`up`: KV layout ("hnd" | "nhd"), page size, and the prefill
+// token budget per step (max-num-batched-tokens; max-num-seqs is min(8, budget)).
+inline std::vector<std::string> ShapeArgs(const std::string& layout, int page_size, int budget) {
+  return {"--kv-layout",
+          layout,
+          "--page-size",
+          std::to_string(page_size),
+          "--max-num-batched-tokens",
+          std::to_string(budget),
+          "--max-num-seqs",
+          std::to_string(std::min(8, budget))};
+}
+
+// Starts `argv` in `p` and reads its output until a line contains `ready` (e.g. "prefill
+// instance on", "router (OpenAI API) on"); the failure carries the output so far.
+inline ::testing::AssertionResult StartAndWaitFor(Process& p, const std::vector<std::string>& argv,
+                                                  const std::string& ready,
+                                                  std::chrono::milliseconds timeout) {
+  if (!p.Start(argv)) return ::testing::AssertionFailure() << "cannot start " << argv[0];
+  if (p.WaitForLine(ready, timeout).empty()) {
+    return ::testing::AssertionFailure() << "no line with '" << ready << "':\n" << p.output();
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// A prompt of `len` token ids in [10, 10 + span) varying with `salt` (span: below the vocab).
+inline std::vector<int> PromptOf(int len, int salt, int span = 490) {
+  std::vector<int> p(len);
+  for (int i = 0; i < len; ++i) p[i] = 10 + (i * 37 + salt * 11) % span;
+  return p;
+}
+
+// Whether kv usage on host:port/metrics reaches 0 (every page free) within `timeout`.
+inline bool PagesFreeAt(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  return WaitFor([&] { return MetricSum(host, port, "pdserve:kv_cache_usage_perc") == 0.0; },
+                 timeout);
 }
 
 }  // namespace pd::testing

@@ -26,25 +26,17 @@ namespace {
 using json = nlohmann::json;
 using ::testing::HasSubstr;
 using testing::Process;
+using testing::StartAndWaitFor;
 using namespace std::chrono_literals;
 
 const std::string kBinary = PDSERVE_BINARY;
 
 std::string TempPath(const std::string& name) {
-  return (std::filesystem::temp_directory_path() /
-          ("pdserve_trace_" + std::to_string(::getpid()) + "_" + name))
-      .string();
+  return testing::TempPathFor("pdserve_trace_", name);
 }
 
 const std::string& ModelDir() {
-  static const std::string dir = [] {
-    std::string d = TempPath("model");
-    Process p;
-    EXPECT_TRUE(p.Start(
-        {kBinary, "make-model", "--arch", "qwen3", "--preset", "tiny", "--seed", "7", "--out", d}));
-    EXPECT_EQ(p.Wait(120s), 0) << p.output();
-    return d;
-  }();
+  static const std::string dir = testing::MakeModel(kBinary, "tiny", 7, TempPath("model"));
   return dir;
 }
 
@@ -55,21 +47,12 @@ int NumLayers() {
 
 int PickPort() {
   static std::mt19937 rng(static_cast<unsigned>(::getpid()) * 7919u);
-  return 20000 + static_cast<int>(rng() % 3000) * 10;
+  return testing::PickPortBlock(rng, 20000);
 }
 
+// A greedy completion of 3 tokens for a prompt of `prompt_len` tokens; the HTTP status.
 int Complete(int port, int prompt_len) {
-  std::vector<int> prompt(prompt_len);
-  for (int i = 0; i < prompt_len; ++i) prompt[i] = 10 + (i * 37) % 490;  // tiny: vocab 512
-  httplib::Client c("127.0.0.1", port);
-  c.set_read_timeout(120, 0);
-  json req = {{"model", "m"},
-              {"prompt", prompt},
-              {"max_tokens", 3},
-              {"temperature", 0.0},
-              {"ignore_eos", true}};
-  auto r = c.Post("/v1/completions", req.dump(), "application/json");
-  return r ? r->status : -1;
+  return testing::CompleteAt("127.0.0.1", port, testing::PromptOf(prompt_len, 0), 3).first;
 }
 
 json ReadJson(const std::string& path) {
@@ -88,29 +71,12 @@ TEST(TraceUpTest, EachInstanceWritesItsOwnCausalTrace) {
   const int port = PickPort();
   const std::string trace = TempPath("t.json");
   Process up;
-  ASSERT_TRUE(up.Start({kBinary,
-                        "up",
-                        "--model",
-                        ModelDir(),
-                        "--prefill",
-                        "1",
-                        "--decode",
-                        "1",
-                        "--port",
-                        std::to_string(port),
-                        "--page-size",
-                        "4",
-                        "--max-num-batched-tokens",
-                        "16",
-                        "--max-num-seqs",
-                        "8",
-                        "--max-model-len",
-                        "256",
-                        "--served-model-name",
-                        "m",
-                        "--trace",
-                        trace}));
-  ASSERT_NE(up.WaitForLine("router (OpenAI API)", 240s), "") << up.output();
+  ASSERT_TRUE(StartAndWaitFor(
+      up,
+      testing::UpArgv(kBinary, ModelDir(), 1, 1, port,
+                      {"--page-size", "4", "--max-num-batched-tokens", "16", "--max-num-seqs", "8",
+                       "--max-model-len", "256", "--served-model-name", "m", "--trace", trace}),
+      "router (OpenAI API)", 240s));
   const std::string prefill_file = TempPath("t.prefill0.json");
   const std::string decode_file = TempPath("t.decode0.json");
   EXPECT_THAT(up.output(), HasSubstr("traces to " + prefill_file));
@@ -158,10 +124,9 @@ TEST(TraceServeTest, AColocatedTraceHasComputeButNoWrites) {
   const int port = PickPort() + 5;
   const std::string trace = TempPath("colocated.json");
   Process serve;
-  ASSERT_TRUE(serve.Start({kBinary, "serve", "--model", ModelDir(), "--port", std::to_string(port),
-                           "--threads", "1", "--max-model-len", "256", "--served-model-name", "m",
-                           "--trace", trace}));
-  ASSERT_NE(serve.WaitForLine("pdserve: serving", 240s), "") << serve.output();
+  ASSERT_TRUE(
+      StartAndWaitFor(serve, testing::ServeArgv(kBinary, ModelDir(), port, 256, {"--trace", trace}),
+                      "pdserve: serving", 240s));
   ASSERT_EQ(Complete(port, 9), 200);
   ASSERT_EQ(serve.Stop(SIGTERM, 60s), 0) << serve.output();
   EXPECT_THAT(serve.output(), HasSubstr("written to " + trace));
