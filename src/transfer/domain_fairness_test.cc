@@ -2,7 +2,6 @@
 // set up) must hold up only the transfers to it: sends and writes to other peers go on, and its
 // own transfers still fail at their deadline while other traffic keeps the domain busy.
 #include <gtest/gtest.h>
-#include <chrono>
 
 #include <atomic>
 #include <chrono>
