@@ -3,9 +3,12 @@
 // completions, /metrics values, waiting on a condition with a deadline).
 #pragma once
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -222,10 +225,41 @@ inline std::pair<int, nlohmann::json> CompleteAt(const std::string& host, int po
 
 // ------------------------------------------------------------------ deployments
 
-// One deployment's block of 10 ports, base + 10 * k for k < blocks drawn from `rng` (a range
-// unlikely to be in use); the instances take base + 10 * k + 0..9.
+// True when nothing listens on or is bound to 127.0.0.1:port right now.
+inline bool PortIsFree(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// The lowest port the kernel hands out for outgoing connections and fabric endpoints
+// (/proc/sys/net/ipv4/ip_local_port_range; 32768 by default). Ports picked at or above it can be
+// taken at any moment by another test's connections.
+inline int EphemeralPortLow() {
+  std::ifstream f("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 32768;
+  f >> low;
+  return low > 1024 ? low : 32768;
+}
+
+// One deployment's block of 10 ports, base + 10 * k for k < blocks drawn from `rng`, below the
+// ephemeral range and with all 10 ports free when picked; the instances take base + 10*k + 0..9.
 inline int PickPortBlock(std::mt19937& rng, int base, int blocks = 3000) {
-  return base + static_cast<int>(rng() % static_cast<unsigned>(blocks)) * 10;
+  const int span = std::max(1, std::min(blocks, (EphemeralPortLow() - 10 - base) / 10));
+  int port = base;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    port = base + static_cast<int>(rng() % static_cast<unsigned>(span)) * 10;
+    bool free = true;
+    for (int p = port; p < port + 10 && free; ++p) free = PortIsFree(p);
+    if (free) break;
+  }
+  return port;
 }
 
 // Writes a random qwen3 model of `preset` (e.g. "tiny", "small") with `seed` into `dir` through

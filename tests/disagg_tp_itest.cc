@@ -47,7 +47,7 @@ const std::string& ModelDir() {
 
 int PickPort() {
   static std::mt19937 rng(static_cast<unsigned>(::getpid()) * 7u + 3u);
-  return 23000 + static_cast<int>(rng() % 3000) * 10;
+  return testing::PickPortBlock(rng, 23000);
 }
 
 bool WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
