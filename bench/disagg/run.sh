@@ -65,7 +65,7 @@ free_ports() {
   "$PY" - <<'EOF'
 import random, socket
 for _ in range(200):
-    p = random.randint(20000, 60000)
+    p = random.randint(20000, 32000)  # below the ephemeral range (32768-)
     try:
         socks = []
         for q in range(p, p + 4):
