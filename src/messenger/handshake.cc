@@ -128,4 +128,18 @@ Result<uint64_t> ExpectedWrites(const ShardScheme& prefill, const ShardScheme& d
   return ExpectedWrites(plan, num_pages, format.num_layers).total_writes + 1;
 }
 
+Result<std::vector<transfer::MemoryRegion>> RegisterRankRegions(transfer::Domain& domain,
+                                                                engine::ModelRunner& runner) {
+  std::vector<transfer::MemoryRegion> mrs;
+  const int num_layers = runner.config().num_layers;
+  for (int r = 0; r < runner.num_ranks(); ++r) {
+    engine::KvRegion& region = runner.rank_region(r);
+    const uint64_t kv_bytes =
+        uint64_t{region.spec().page_bytes()} * num_layers * region.num_pages();
+    ASSIGN_OR_RETURN(transfer::MemoryRegion mr, domain.RegisterMemory(region.base(), kv_bytes));
+    mrs.push_back(std::move(mr));
+  }
+  return mrs;
+}
+
 }  // namespace pd::messenger

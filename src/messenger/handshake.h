@@ -7,13 +7,16 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "engine/kv_cache.h"
+#include "engine/model_runner.h"
 #include "messenger/shard_plan.h"
 #include "messenger/wire.h"
 #include "model/config.h"
 #include "model/weights.h"
+#include "transfer/domain.h"
 
 namespace pd::messenger {
 
@@ -39,6 +42,11 @@ Result<uint64_t> ExpectedWrites(const ShardScheme& prefill, const ShardScheme& d
 // An instance's scheme: the engine's rule (replicated KV heads when tp_size > KV heads), never
 // the MLA-like fully replicated cache.
 ShardScheme MakeShardScheme(const model::ModelConfig& config, int tp_size);
+
+// Registers every rank's KV region with `domain`, each exactly its pages (KvRegion rounds up; the
+// prefill side reads a decode rank's page count from the registered length). Index = rank.
+Result<std::vector<transfer::MemoryRegion>> RegisterRankRegions(transfer::Domain& domain,
+                                                                engine::ModelRunner& runner);
 
 // The shard plan of one transfer between the two schemes on the agreed format, with `seed` (the
 // wire request id) choosing source replicas. FailedPrecondition saying why when the schemes cannot

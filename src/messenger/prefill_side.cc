@@ -143,14 +143,7 @@ Status PrefillMessenger::Impl::Init() {
   };
   d.message_bytes = std::max<uint32_t>(d.message_bytes, 256u << 10);
   ASSIGN_OR_RETURN(domain_, transfer::Domain::Create(d));
-  // Every rank's region, exactly its pages (KvRegion rounds up).
-  for (int r = 0; r < runner_.num_ranks(); ++r) {
-    engine::KvRegion& region = runner_.rank_region(r);
-    const uint64_t kv_bytes =
-        uint64_t{region.spec().page_bytes()} * num_layers_ * region.num_pages();
-    ASSIGN_OR_RETURN(transfer::MemoryRegion mr, domain_->RegisterMemory(region.base(), kv_bytes));
-    kv_mrs_.push_back(std::move(mr));
-  }
+  ASSIGN_OR_RETURN(kv_mrs_, RegisterRankRegions(*domain_, runner_));
   PD_LOG_INFO("prefill messenger: {} rank KV region(s) registered (tp_size {}, {} KV heads)",
               kv_mrs_.size(), scheme_.tp_size, scheme_.num_kv_heads);
   meta_staging_.assign(static_cast<size_t>(options_.max_transfers) * meta_bytes_, 0);
