@@ -9,9 +9,11 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -187,5 +189,71 @@ inline bool AllPagesFree(const engine::AsyncEngine& e) {
     return s.num_free_pages == s.num_total_pages && s.num_awaiting_kv == 0;
   });
 }
+
+// A bare domain speaking the wire protocol, scripted by the test. Its own thread handles what
+// arrives (domain callbacks must not block).
+class FakePeer {
+ public:
+  using Handler = std::function<void(FakePeer&, const Frame&)>;
+  static std::unique_ptr<FakePeer> Create(Handler handler) {
+    auto p = std::unique_ptr<FakePeer>(new FakePeer());
+    p->handler_ = std::move(handler);
+    transfer::DomainOptions o = transfer::testing::LoopbackOptions();
+    o.message_bytes = 256u << 10;
+    FakePeer* raw = p.get();
+    o.on_message = [raw](std::string_view m) {
+      raw->queue_.Post([raw, bytes = std::string(m)] {
+        auto f = raw->codec_.Decode(bytes);
+        if (f.ok()) raw->handler_(*raw, *f);
+      });
+    };
+    auto d = transfer::Domain::Create(o);
+    if (!d.ok()) return nullptr;
+    p->domain_ = std::move(d).value();
+    p->thread_ = std::thread([raw] {
+      while (raw->queue_.RunFor(std::chrono::milliseconds(20))) {
+      }
+    });
+    return p;
+  }
+  ~FakePeer() {
+    queue_.Stop();
+    thread_.join();
+  }
+  const std::string& address() const { return domain_->info().address; }
+  void Send(const std::string& to, const Message& m) {
+    auto peer = domain_->AddPeer(to);
+    ASSERT_TRUE(peer.ok());
+    ASSERT_TRUE(domain_->SubmitSend(*peer, codec_.Encode(m), nullptr).ok());
+  }
+  transfer::Domain& domain() { return *domain_; }
+  void Record(const Frame& f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    received_.push_back(f);
+    cv_.notify_all();
+  }
+  // Waits for the next recorded frame.
+  std::optional<Frame> Next() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, std::chrono::seconds(30), [&] { return !received_.empty(); })) {
+      return std::nullopt;
+    }
+    Frame f = received_.front();
+    received_.pop_front();
+    return f;
+  }
+  int num_requests = 0;  // PrefillRequests seen (handler thread)
+
+ private:
+  FakePeer() : codec_(kSecret) {}
+  FrameCodec codec_;
+  TaskQueue queue_;
+  Handler handler_;
+  std::unique_ptr<transfer::Domain> domain_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Frame> received_;
+};
 
 }  // namespace pd::messenger::testing

@@ -22,15 +22,19 @@
 #include "messenger/channel.h"
 #include "messenger/decode_side.h"
 #include "messenger/handshake.h"
+#include "messenger/messenger_test_util.h"
 #include "messenger/prefill_side.h"
 #include "transfer/test_util.h"
 
 namespace pd::messenger {
 namespace {
 
+using testing::Async;
+using testing::FakePeer;
 using ::testing::HasSubstr;
+using testing::PrefillInstance;
 constexpr double kDeadlineS = 60.0;
-const char kSecret[] = "tp-secret";
+using testing::kSecret;  // FakePeer speaks with it too
 
 bool WaitUntil(const std::function<bool()>& pred, double timeout_s = kDeadlineS) {
   const double end = NowSeconds() + timeout_s;
@@ -80,21 +84,6 @@ std::unique_ptr<engine::Engine> MakeEngine(const TpCase& s, int tp) {
   PD_CHECK(e.ok()) << e.status().ToString();
   return std::move(e).value();
 }
-
-std::unique_ptr<engine::AsyncEngine> Async(std::unique_ptr<engine::Engine> e) {
-  auto a = engine::AsyncEngine::Create(std::move(e), {});
-  PD_CHECK(a.ok());
-  return std::move(a).value();
-}
-
-struct PrefillInstance {
-  std::unique_ptr<PrefillMessenger> messenger;
-  std::unique_ptr<engine::AsyncEngine> engine;
-  ~PrefillInstance() {
-    if (messenger) messenger->Stop();
-    if (engine) engine->Shutdown();
-  }
-};
 
 std::unique_ptr<PrefillInstance> StartPrefill(const TpCase& s, int tp) {
   auto e = MakeEngine(s, tp);
@@ -266,72 +255,19 @@ TEST(MessengerTpExpectedWritesTest, UnpairableSchemesAreAFailedPreconditionThatS
 
 // ------------------------------------------------------------------ handshake refusals
 
-// A bare domain speaking the wire protocol, recording what it receives.
-class RawPeer {
- public:
-  using Handler = std::function<void(RawPeer&, const Frame&)>;
-  static std::unique_ptr<RawPeer> Create(Handler handler = {}) {
-    auto p = std::unique_ptr<RawPeer>(new RawPeer());
-    p->handler_ = std::move(handler);
-    transfer::DomainOptions o = transfer::testing::LoopbackOptions();
-    o.message_bytes = 256u << 10;
-    RawPeer* raw = p.get();
-    o.on_message = [raw](std::string_view m) {
-      raw->queue_.Post([raw, bytes = std::string(m)] {
-        auto f = raw->codec_.Decode(bytes);
-        if (!f.ok()) return;
-        if (raw->handler_) raw->handler_(*raw, *f);
-        std::lock_guard<std::mutex> lock(raw->mu_);
-        raw->received_.push_back(*f);
-        raw->cv_.notify_all();
-      });
-    };
-    auto d = transfer::Domain::Create(o);
-    if (!d.ok()) return nullptr;
-    p->domain_ = std::move(d).value();
-    p->thread_ = std::thread([raw] {
-      while (raw->queue_.RunFor(std::chrono::milliseconds(20))) {
-      }
-    });
-    return p;
-  }
-  ~RawPeer() {
-    queue_.Stop();
-    thread_.join();
-  }
-  const std::string& address() const { return domain_->info().address; }
-  void Send(const std::string& to, const Message& m) {
-    auto peer = domain_->AddPeer(to);
-    ASSERT_TRUE(peer.ok());
-    ASSERT_TRUE(domain_->SubmitSend(*peer, codec_.Encode(m), nullptr).ok());
-  }
-  std::optional<Frame> Next() {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, std::chrono::seconds(30), [&] { return !received_.empty(); })) {
-      return std::nullopt;
-    }
-    Frame f = received_.front();
-    received_.pop_front();
-    return f;
-  }
-
- private:
-  RawPeer() : codec_(kSecret) {}
-  FrameCodec codec_;
-  TaskQueue queue_;
-  Handler handler_;
-  std::unique_ptr<transfer::Domain> domain_;
-  std::thread thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Frame> received_;
-};
+// A bare wire-protocol peer that records every frame it receives (after `handler`, if any).
+std::unique_ptr<FakePeer> RecordingPeer(FakePeer::Handler handler = {}) {
+  return FakePeer::Create([handler](FakePeer& self, const Frame& f) {
+    if (handler) handler(self, f);
+    self.Record(f);
+  });
+}
 
 TEST(MessengerTpHandshakeTest, PrefillRefusesADecodeSchemeItCannotPlanFor) {
   const TpCase s{2, engine::KvLayout::kHND};
   auto prefill = StartPrefill(s, 2);
   if (prefill == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
-  auto decode = RawPeer::Create();
+  auto decode = RecordingPeer();
   ASSERT_NE(decode, nullptr);
   Hello hello;
   hello.instance_name = "decode-tp3";
@@ -360,7 +296,7 @@ TEST(MessengerTpHandshakeTest, PrefillRefusesADecodeSchemeItCannotPlanFor) {
 TEST(MessengerTpHandshakeTest, DecodeRefusesAPrefillSchemeItCannotPlanFor) {
   const TpCase s{2, engine::KvLayout::kNHD};
   // A prefill instance that says it runs TP 3 over the model's 2 KV heads.
-  auto prefill = RawPeer::Create([](RawPeer& self, const Frame& f) {
+  auto prefill = RecordingPeer([](FakePeer& self, const Frame& f) {
     if (const auto* hello = std::get_if<Hello>(&f.message)) {
       HelloReply r;
       r.accepted = true;
@@ -386,7 +322,7 @@ TEST(MessengerTpHandshakeTest, ARequestWithRankRegionsOfDifferentSizesIsRefused)
   const TpCase s{2, engine::KvLayout::kHND};
   auto prefill = StartPrefill(s, 1);
   if (prefill == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
-  auto decode = RawPeer::Create();
+  auto decode = RecordingPeer();
   ASSERT_NE(decode, nullptr);
   Hello hello;
   hello.instance_name = "decode-tp2";
