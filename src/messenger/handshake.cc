@@ -2,6 +2,7 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -140,6 +141,18 @@ Result<std::vector<transfer::MemoryRegion>> RegisterRankRegions(transfer::Domain
     mrs.push_back(std::move(mr));
   }
   return mrs;
+}
+
+Result<std::unique_ptr<transfer::Domain>> OpenMessengerDomain(
+    transfer::DomainOptions options, std::weak_ptr<TaskQueue> queue,
+    std::function<void(const std::string&)> on_message) {
+  auto handler =
+      std::make_shared<const std::function<void(const std::string&)>>(std::move(on_message));
+  options.on_message = [queue = std::move(queue), handler](std::string_view m) {
+    if (auto q = queue.lock()) q->Post([handler, bytes = std::string(m)] { (*handler)(bytes); });
+  };
+  options.message_bytes = std::max<uint32_t>(options.message_bytes, 256u << 10);
+  return transfer::Domain::Create(options);
 }
 
 }  // namespace pd::messenger

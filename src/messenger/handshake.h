@@ -6,12 +6,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
 #include "engine/kv_cache.h"
 #include "engine/model_runner.h"
+#include "messenger/channel.h"
 #include "messenger/shard_plan.h"
 #include "messenger/wire.h"
 #include "model/config.h"
@@ -42,6 +45,12 @@ Result<uint64_t> ExpectedWrites(const ShardScheme& prefill, const ShardScheme& d
 // An instance's scheme: the engine's rule (replicated KV heads when tp_size > KV heads), never
 // the MLA-like fully replicated cache.
 ShardScheme MakeShardScheme(const model::ModelConfig& config, int tp_size);
+
+// Opens a messenger's fabric domain: each control message is posted, as bytes, to `queue` (while
+// it lives) and handed to `on_message` on the queue's thread; messages of 256 KiB at least.
+Result<std::unique_ptr<transfer::Domain>> OpenMessengerDomain(
+    transfer::DomainOptions options, std::weak_ptr<TaskQueue> queue,
+    std::function<void(const std::string&)> on_message);
 
 // Registers every rank's KV region with `domain`, each exactly its pages (KvRegion rounds up; the
 // prefill side reads a decode rank's page count from the registered length). Index = rank.

@@ -136,13 +136,8 @@ class PrefillMessenger::Impl {
 };
 
 Status PrefillMessenger::Impl::Init() {
-  transfer::DomainOptions d = options_.domain;
-  std::weak_ptr<TaskQueue> weak = queue_;
-  d.on_message = [this, weak](std::string_view m) {
-    if (auto q = weak.lock()) q->Post([this, bytes = std::string(m)] { OnMessage(bytes); });
-  };
-  d.message_bytes = std::max<uint32_t>(d.message_bytes, 256u << 10);
-  ASSIGN_OR_RETURN(domain_, transfer::Domain::Create(d));
+  ASSIGN_OR_RETURN(domain_, OpenMessengerDomain(options_.domain, queue_,
+                                                [this](const std::string& m) { OnMessage(m); }));
   ASSIGN_OR_RETURN(kv_mrs_, RegisterRankRegions(*domain_, runner_));
   PD_LOG_INFO("prefill messenger: {} rank KV region(s) registered (tp_size {}, {} KV heads)",
               kv_mrs_.size(), scheme_.tp_size, scheme_.num_kv_heads);
