@@ -47,6 +47,11 @@ void AddSetupOptions(CLI::App* app, planner::SetupOptions* o) {
       ->capture_default_str();
   app->add_option("--threads", o->threads, "simulation threads (0: one per core)")
       ->capture_default_str();
+  app->add_option("--device-threads", o->device_threads,
+                  "CPU threads per device (rank) written into the plan as each instance's "
+                  "\"threads\" (default: the pdserve profile's threads; on --hardware cpu the "
+                  "cores split over --devices-per-node)")
+      ->capture_default_str();
   app->add_flag("--chunked-colocated", o->chunked_colocated,
                 "colocated baseline uses chunked prefill");
 }
@@ -62,6 +67,11 @@ void PrintHuman(const planner::PlanReport& r, const planner::PlannerInputs& in) 
       in.shape.name.c_str(), in.cluster.num_nodes, in.cluster.devices_per_node, in.hw.name.c_str(),
       in.cluster.inter_node_bw * 8 / 1e9, in.slo.ttft_s, in.slo.tpot_s, in.attainment * 100,
       in.model->Describe().c_str());
+  if (in.threads_per_device > 0) {
+    std::printf(
+        "a device is %d CPU compute thread(s): the plan's \"threads\" per instance rank\n\n",
+        in.threads_per_device);
+  }
   std::printf("%-26s %-30s %8s %10s %12s\n", "deployment", "unit", "devices", "goodput",
               "per device");
   auto row = [](const char* name, const planner::Plan& p) {

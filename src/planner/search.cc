@@ -321,25 +321,21 @@ Result<PlanReport> SearchPlacement(const PlannerInputs& in) {
 
 std::string PlanToJson(const PlanReport& report, const PlannerInputs& in) {
   using nlohmann::json;
-  auto plan_json = [](const Plan& p) {
+  auto instance = [&in](const char* role, int count, ParallelConfig par) {
+    json i = {{"role", role}, {"count", count}, {"tp", par.tp}, {"pp", par.pp}};
+    if (in.threads_per_device > 0) i["threads"] = in.threads_per_device;
+    return i;
+  };
+  auto plan_json = [&instance](const Plan& p) {
     json j;
     j["mode"] = p.mode;
     json insts = json::array();
     if (p.mode == "colocated") {
-      insts.push_back({{"role", "colocated"},
-                       {"count", p.num_colocated * p.replicas},
-                       {"tp", p.colocated.par.tp},
-                       {"pp", p.colocated.par.pp}});
+      insts.push_back(instance("colocated", p.num_colocated * p.replicas, p.colocated.par));
     } else {
       j["placement"] = std::string(AffinityName(p.affinity)) + "-affinity";
-      insts.push_back({{"role", "prefill"},
-                       {"count", p.num_prefill * p.replicas},
-                       {"tp", p.prefill.par.tp},
-                       {"pp", p.prefill.par.pp}});
-      insts.push_back({{"role", "decode"},
-                       {"count", p.num_decode * p.replicas},
-                       {"tp", p.decode.par.tp},
-                       {"pp", p.decode.par.pp}});
+      insts.push_back(instance("prefill", p.num_prefill * p.replicas, p.prefill.par));
+      insts.push_back(instance("decode", p.num_decode * p.replicas, p.decode.par));
     }
     j["instances"] = insts;
     j["unit_devices"] = p.unit_devices;

@@ -49,6 +49,10 @@ struct PlannerInputs {
   bool chunked_colocated = false;  // baseline uses chunked prefill
   SchedulerFactory make_scheduler;
   int threads = 0;  // simulations run in parallel on this many threads (0: one per core)
+  // CPU compute threads one device stands for (a pdserve profile's thread count); PlanToJson
+  // writes it as every instance's "threads" (per rank), which `pdserve up --plan` starts each
+  // rank with. 0: not written (accelerators).
+  int threads_per_device = 0;
 };
 
 struct ParallelConfig {

@@ -1,6 +1,11 @@
 #include "planner/setup.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "common/file_util.h"
 
 #include "model/config.h"
 #ifdef PD_PLANNER_HAS_ENGINE_SCHEDULER
@@ -39,6 +44,32 @@ Result<std::unique_ptr<LatencyModel>> ResolveModel(const std::string& spec, cons
   }
   ASSIGN_OR_RETURN(auto m, LoadProfile(spec, shape.name));
   return std::unique_ptr<LatencyModel>(std::move(m));
+}
+
+// The "threads" a pdserve profile was measured with (0: not a pdserve profile, or none given).
+Result<int> ProfileThreads(const std::string& path) {
+  if (path == "auto" || path == "analytical") return 0;
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_object() || j.value("format", "") != "pdserve-profile-v1" || !j.contains("threads")) {
+    return 0;
+  }
+  if (!j["threads"].is_number_integer() || j["threads"].get<int>() < 1) {
+    return InvalidArgument(path + ": 'threads' must be a positive integer");
+  }
+  return j["threads"].get<int>();
+}
+
+Result<int> DeviceThreads(const SetupOptions& o) {
+  if (o.device_threads < 0) return InvalidArgument("--device-threads must be >= 0");
+  if (o.device_threads > 0) return o.device_threads;
+  ASSIGN_OR_RETURN(int profiled, ProfileThreads(o.profile));
+  if (profiled > 0) return profiled;
+  if (o.hardware == "cpu") {
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    return std::max(1, cores / std::max(1, o.devices_per_node));
+  }
+  return 0;
 }
 
 }  // namespace
@@ -85,6 +116,7 @@ Result<std::unique_ptr<PlannerSetup>> BuildPlannerSetup(const SetupOptions& o) {
   in.chunked_colocated = o.chunked_colocated;
   if (o.threads < 0) return InvalidArgument("--threads must be >= 0");
   in.threads = o.threads;
+  ASSIGN_OR_RETURN(in.threads_per_device, DeviceThreads(o));
   in.tp_choices = {1, 2, 3, 4, 6, 8};
   if (o.scheduler == "engine") {
 #ifdef PD_PLANNER_HAS_ENGINE_SCHEDULER

@@ -38,6 +38,10 @@ struct SetupOptions {
   // "engine" (engine::Scheduler itself; one batch in flight per instance).
   std::string scheduler = "native";
   int threads = 0;  // simulation threads of the search (0: one per core)
+  // CPU compute threads per device (per TP rank) that the plan's instances run with, written as
+  // their "threads". 0: a pdserve profile's "threads" (the threads it was measured with); else,
+  // on the "cpu" hardware, this machine's cores split evenly over --devices-per-node; else none.
+  int device_threads = 0;
 };
 
 // Owns what PlannerInputs points to.
