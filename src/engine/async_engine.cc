@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/thread_name.h"
 
 namespace pd::engine {
 namespace {
@@ -214,6 +215,7 @@ void AsyncEngineImpl::Deliver(const RequestOutput& out) {
 }
 
 void AsyncEngineImpl::Loop() {
+  SetCurrentThreadName("pd-engine");
   std::vector<Submission> submissions;
   std::vector<int64_t> aborts, kv_ready;
   std::vector<int32_t> releases;

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -46,11 +47,16 @@ class LayerProgress {
   void Bump();
   // True once Value() >= target; false if timeout_ms passes first.
   bool WaitAtLeast(uint64_t target, int64_t timeout_ms) const;
+  // Called on the bumping thread after every Bump (nullptr: none), so a thread that waits for
+  // other events too (the prefill messenger's task queue) wakes at a bump without polling. It
+  // must be quick and must not call back into this object.
+  void SetListener(std::function<void()> on_bump) const;
 
  private:
   std::atomic<uint64_t> value_{0};
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
+  mutable std::function<void()> on_bump_;  // GUARDED_BY(mu_); an observer, not part of the value
 };
 
 enum class KernelKind { kReference, kFast };

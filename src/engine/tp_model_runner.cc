@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/check.h"
+#include "common/thread_name.h"
 #include "engine/cpu_features.h"
 #include "engine/kernels.h"
 #include "engine/thread_pool.h"
@@ -69,6 +70,7 @@ class TpRunner final : public ModelRunner {
 };
 
 void TpRunner::RankLoop(int rank) {
+  SetCurrentThreadName("pd-rank-" + std::to_string(rank));
   uint64_t seen = 0;
   for (;;) {
     const ForwardBatch* batch;

@@ -49,12 +49,21 @@ bool TaskQueue::RunFor(std::chrono::milliseconds timeout) {
   std::deque<std::function<void()>> tasks;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, timeout, [&] { return stopped_ || !tasks_.empty(); });
+    cv_.wait_for(lock, timeout, [&] { return stopped_ || woken_ || !tasks_.empty(); });
     if (stopped_) return false;
+    woken_ = false;
     tasks.swap(tasks_);
   }
   for (auto& task : tasks) task();
   return true;
+}
+
+void TaskQueue::Wake() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    woken_ = true;
+  }
+  cv_.notify_one();
 }
 
 void TaskQueue::Stop() {

@@ -51,14 +51,19 @@ class ReplayGuard {
 class TaskQueue {
  public:
   void Post(std::function<void()> task);
-  // Runs every queued task; waits up to `timeout` for one when none is queued. False once stopped.
+  // Runs every queued task; waits up to `timeout` for one (or a Wake) when none is queued. False
+  // once stopped.
   bool RunFor(std::chrono::milliseconds timeout);
+  // Ends the current or next RunFor's wait without a task (a wake-up is never lost: it is kept
+  // until a RunFor consumes it). Any thread.
+  void Wake();
   void Stop();
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;  // GUARDED_BY(mu_)
+  bool woken_ = false;                       // GUARDED_BY(mu_)
   bool stopped_ = false;                     // GUARDED_BY(mu_)
 };
 

@@ -44,5 +44,28 @@ TEST(TaskQueueTest, RunsPostedTasksInOrderAndStops) {
   EXPECT_EQ(order.size(), 3u);
 }
 
+// A Wake is kept until a RunFor consumes it: one posted before the wait ends it at once, as one
+// posted by another thread during it does (a lost wake-up would hang here for a minute).
+TEST(TaskQueueTest, WakeEndsTheWaitWithoutATaskAndIsNeverLost) {
+  TaskQueue q;
+  q.Wake();
+  EXPECT_TRUE(q.RunFor(std::chrono::minutes(1)));
+  std::thread waker([&] { q.Wake(); });
+  EXPECT_TRUE(q.RunFor(std::chrono::minutes(1)));
+  waker.join();
+  int ran = 0;
+  q.Post([&] { ++ran; });
+  q.Wake();
+  EXPECT_TRUE(q.RunFor(std::chrono::minutes(1)));
+  EXPECT_EQ(ran, 1);
+}
+
+TEST(TaskQueueTest, WakeAfterStopDoesNotRestart) {
+  TaskQueue q;
+  q.Stop();
+  q.Wake();
+  EXPECT_FALSE(q.RunFor(std::chrono::minutes(1)));
+}
+
 }  // namespace
 }  // namespace pd::messenger

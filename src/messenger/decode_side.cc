@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "common/log.h"
+#include "common/thread_name.h"
 #include "messenger/channel.h"
 #include "messenger/handshake.h"
 
@@ -179,6 +180,7 @@ Status DecodeMessenger::Impl::Init() {
 }
 
 void DecodeMessenger::Impl::Loop() {
+  SetCurrentThreadName("pd-decode-kv");
   if (options_.tracer != nullptr) options_.tracer->SetThreadName("decode messenger");
   do {
     Greet();

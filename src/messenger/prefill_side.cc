@@ -8,12 +8,15 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/thread_name.h"
 #include "messenger/channel.h"
 #include "messenger/handshake.h"
 #include "messenger/shard_writes.h"
 
 namespace pd::messenger {
 namespace {
+
+constexpr int kDeadlineScanMs = 20;  // the longest the loop sleeps without a task or a bump
 
 // Pages [first_page, end_page) of one request, computed by runner step `runner_step`: layer l of
 // them may be written once progress >= runner_step * num_layers + l + 1.
@@ -157,10 +160,15 @@ engine::StepObserver PrefillMessenger::Impl::Observer() {
 
 void PrefillMessenger::Impl::Start(engine::AsyncEngine* engine) {
   engine_ = engine;
+  std::weak_ptr<TaskQueue> weak = queue_;
+  runner_.progress().SetListener([weak] {
+    if (auto q = weak.lock()) q->Wake();
+  });
   thread_ = std::thread([this] { Loop(); });
 }
 
 void PrefillMessenger::Impl::Loop() {
+  SetCurrentThreadName("pd-prefill-kv");
   if (options_.tracer != nullptr) options_.tracer->SetThreadName("prefill messenger");
   const engine::LayerProgress& progress = runner_.progress();
   while (!stop_.load()) {
@@ -175,16 +183,18 @@ void PrefillMessenger::Impl::Loop() {
       uint64_t target = w.runner_step * num_layers_ + w.next_layer + 1;
       if (next == 0 || target < next) next = target;
     }
-    if (next != 0 && progress.Value() < next) {
-      progress.WaitAtLeast(next, 2);  // wakes at the bump; polls the queue every 2 ms
-    } else if (next == 0) {
-      if (!queue_->RunFor(std::chrono::milliseconds(20))) break;
+    // Sleeps until a task arrives or a layer is bumped (the listener wakes the queue), or at the
+    // latest when deadlines are due for a look: no polling on the compute's core.
+    if (next == 0 || progress.Value() < next) {
+      if (!queue_->RunFor(std::chrono::milliseconds(kDeadlineScanMs))) break;
     }
   }
 }
 
 void PrefillMessenger::Impl::Stop() {
   if (stop_.exchange(true)) return;
+  runner_.progress().SetListener(nullptr);
+  queue_->Wake();
   if (thread_.joinable()) thread_.join();
   queue_->Stop();
   for (auto& [id, t] : transfers_) {

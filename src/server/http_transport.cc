@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/thread_name.h"
 #include "server/openai_protocol.h"
 
 namespace pd::server {
@@ -202,6 +203,7 @@ class BoundedThreadPool final : public httplib::TaskQueue {
 
  private:
   void Work() {
+    SetCurrentThreadName("pd-http");
     for (;;) {
       std::function<void()> fn;
       {

@@ -9,6 +9,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/thread_name.h"
 #include "transfer/domain_worker.h"
 
 namespace pd::transfer {
@@ -23,6 +24,7 @@ double Now() { return SystemClock::Get().NowSeconds(); }
 }  // namespace
 
 void DomainWorker::Run() {
+  SetCurrentThreadName("pd-fabric");
   int idle = 0;
   while (true) {
     RunCommands();
