@@ -346,6 +346,38 @@ inline void BlockSoftmax(int group, int nb, int dv, float* scores, float* m, flo
   }
 }
 
+// Query heads whose accumulators BlockPv keeps in registers at once (DV vectors each).
+template <int DV>
+constexpr int kPvHeads = DV <= 4 ? 4 : (DV <= 8 ? 2 : 1);
+
+// acc[h0..h0+H, dv) += sum over the block's positions j (in order) of scores[h, j] * V[row j]:
+// each accumulator one FMA chain over j, held in registers for the whole block.
+template <int DV, int H>
+inline void BlockPv(const uint8_t* const* rows, int nb, int64_t v_offset, bool bf16, __mmask16 tail,
+                    const float* scores, int dv, int h0, float* acc) {
+  __m512 r[H][DV];
+#pragma GCC unroll 8
+  for (int h = 0; h < H; ++h)
+#pragma GCC unroll 8
+    for (int i = 0; i < DV; ++i) r[h][i] = _mm512_loadu_ps(acc + (h0 + h) * dv + i * 16);
+  for (int j = 0; j < nb; ++j) {
+    const uint8_t* v = rows[j] + v_offset;
+    __m512 vv[DV];
+#pragma GCC unroll 8
+    for (int i = 0; i < DV; ++i) vv[i] = LoadKv(v, bf16, i * 16, i + 1 < DV ? 0xFFFF : tail);
+#pragma GCC unroll 8
+    for (int h = 0; h < H; ++h) {
+      const __m512 s = _mm512_set1_ps(scores[(h0 + h) * kAttnBlock + j]);
+#pragma GCC unroll 8
+      for (int i = 0; i < DV; ++i) r[h][i] = _mm512_fmadd_ps(s, vv[i], r[h][i]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int h = 0; h < H; ++h)
+#pragma GCC unroll 8
+    for (int i = 0; i < DV; ++i) _mm512_storeu_ps(acc + (h0 + h) * dv + i * 16, r[h][i]);
+}
+
 // Attention of one token for one KV head's query heads, head_dim <= DV*16: scores of 16
 // positions at a time reduced together, K/V rows converted once for all heads.
 template <int DV>
@@ -380,18 +412,11 @@ void AttentionItemDv(const AttentionArgs& a, int token, int kv_head, float* scra
     BlockRows(kv, seq.page_table, geo, b0, nb, rows);
     BlockScores<DV>(qpad, group, rows, nb, kv.bf16, tail, a.scale, part, scores);
     BlockSoftmax(group, nb, dv, scores, m, l, acc);
-    for (int j = 0; j < nb; ++j) {
-      const uint8_t* v = rows[j] + geo.v_offset;
-#pragma GCC unroll 8
-      for (int i = 0; i < DV; ++i) {
-        const __m512 vv = LoadKv(v, kv.bf16, i * 16, i + 1 < DV ? 0xFFFF : tail);
-        for (int h = 0; h < group; ++h) {
-          float* ah = acc + h * dv + i * 16;
-          _mm512_storeu_ps(ah, _mm512_fmadd_ps(_mm512_set1_ps(scores[h * kAttnBlock + j]), vv,
-                                               _mm512_loadu_ps(ah)));
-        }
-      }
-    }
+    int h = 0;
+    for (; h + kPvHeads<DV> <= group; h += kPvHeads<DV>)
+      BlockPv<DV, kPvHeads<DV>>(rows, nb, geo.v_offset, kv.bf16, tail, scores, dv, h, acc);
+    for (; h < group; ++h)
+      BlockPv<DV, 1>(rows, nb, geo.v_offset, kv.bf16, tail, scores, dv, h, acc);
   }
   for (int h = 0; h < group; ++h) {
     float* out = a.out + static_cast<int64_t>(token) * a.ldo +
