@@ -14,6 +14,7 @@
 #include "apps/command.h"
 #include "apps/serve_roles.h"  // --role prefill|decode (messenger, H9)
 #include "common/log.h"
+#include "common/thread_util.h"
 #include "engine/async_engine.h"
 #include "engine/engine.h"
 #include "messenger/decode_side.h"
@@ -36,6 +37,7 @@ struct ServeFlags {
   std::string kv_layout = "hnd";
   size_t kv_cache_bytes = 256ull << 20;
   int threads = 0;
+  std::string compute_cpus;  // empty: every thread may run on any CPU the process may
   int tensor_parallel_size = 1;
   std::string api_key;
   int max_pending_requests = 256;
@@ -93,20 +95,42 @@ int RunServe(const ServeFlags& f) {
   RoleFlags roles = f.roles;
   roles.tracer = tracer->get();
 
+  std::vector<int> compute_cpus;
+  if (!f.compute_cpus.empty()) {
+    auto cpus = ParseCpuList(f.compute_cpus);
+    if (!cpus.ok()) return Fail("--compute-cpus: " + cpus.status().message());
+    const std::vector<int> allowed = CurrentThreadCpus();
+    for (int c : *cpus) {
+      if (std::find(allowed.begin(), allowed.end(), c) == allowed.end())
+        return Fail("--compute-cpus: CPU " + std::to_string(c) +
+                    " is not one this process may use");
+    }
+    compute_cpus = *std::move(cpus);
+  }
   engine::EngineOptions eo;
   eo.runner.tracer = roles.tracer;
   eo.runner.kv.page_size = f.page_size;
   eo.runner.kv.layout = *layout;
   eo.runner.kv_cache_bytes = f.kv_cache_bytes;
-  eo.runner.num_threads = f.threads;
+  eo.runner.num_threads =
+      f.threads > 0 || compute_cpus.empty()
+          ? f.threads
+          : std::max<int>(1, static_cast<int>(compute_cpus.size()) / f.tensor_parallel_size);
   eo.runner.tensor_parallel_size = f.tensor_parallel_size;
   eo.scheduler.max_num_seqs = f.max_num_seqs;
   eo.scheduler.max_num_batched_tokens = f.max_num_batched_tokens;
   eo.scheduler.max_model_len = max_model_len;
+  // --compute-cpus: the model's threads (pool workers and rank threads, started by Create, inherit
+  // the main thread's affinity; the engine loop pins itself) run there; HTTP, fabric and KV
+  // messenger threads, started later, keep every CPU.
+  const std::vector<int> all_cpus = CurrentThreadCpus();
+  if (!compute_cpus.empty()) (void)PinCurrentThread(compute_cpus);
   auto eng = engine::Engine::Create(*weights, eo);
+  if (!compute_cpus.empty()) (void)PinCurrentThread(all_cpus);
   if (!eng.ok()) return Fail(eng.status().ToString());
   engine::AsyncEngineOptions ao;
   ao.max_pending_requests = f.max_pending_requests;
+  ao.loop_cpus = compute_cpus;
   if (Status s = ValidateRoleFlags(f.roles); !s.ok()) return Fail(s.message());
   if (f.roles.role == "prefill") {
     const int rc = RunPrefillRole(roles, *weights, std::move(eng).value(), ao, f.host, f.port);
@@ -169,6 +193,9 @@ PD_REGISTER_COMMAND(serve, "Serve a model with the OpenAI-compatible HTTP API", 
       ->capture_default_str();
   app->add_option("--threads", f->threads, "compute threads per rank (0: all cores / ranks)")
       ->capture_default_str();
+  app->add_option("--compute-cpus", f->compute_cpus,
+                  "CPUs for the model's threads, e.g. 0 or 0-3 (HTTP, fabric and KV messenger "
+                  "threads stay on every CPU; --threads defaults to their number / ranks)");
   app->add_option("--tensor-parallel-size", f->tensor_parallel_size,
                   "ranks (threads) splitting heads, KV heads and MLP columns (every role: the KV "
                   "messenger moves every rank's cache by the shard plan)")

@@ -8,7 +8,6 @@
 // as soon as one of them dies (exit 1 then). Children get SIGTERM if this process dies.
 #include <fcntl.h>
 #include <httplib.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -65,7 +64,7 @@ struct Child {
   std::string trace_file;  // its --trace file, if any
 };
 
-pid_t Spawn(const std::vector<std::string>& args, int core) {
+pid_t Spawn(const std::vector<std::string>& args) {
   pid_t pid = fork();
   if (pid != 0) return pid;
   // Child: die with the parent, take the default signal mask, become the instance.
@@ -73,12 +72,6 @@ pid_t Spawn(const std::vector<std::string>& args, int core) {
   sigset_t none;
   sigemptyset(&none);
   pthread_sigmask(SIG_SETMASK, &none, nullptr);
-  if (core >= 0) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(core, &set);
-    sched_setaffinity(0, sizeof(set), &set);
-  }
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -258,8 +251,13 @@ int RunUp(const UpFlags& flags) {
       c.trace_file = TracePathFor(f.trace, tag);
       args.insert(args.end(), {"--trace", c.trace_file});
     }
-    const int core = f.pin_cores && ncpu > 0 ? static_cast<int>(children.size()) % ncpu : -1;
-    c.pid = Spawn(args, core);
+    // --pin-cores: instance k's model threads on CPU k (serve --compute-cpus); its HTTP, fabric
+    // and KV messenger threads may run anywhere, as a NIC's transfers take no compute cycles.
+    if (f.pin_cores && ncpu > 0) {
+      args.insert(args.end(),
+                  {"--compute-cpus", std::to_string(static_cast<int>(children.size()) % ncpu)});
+    }
+    c.pid = Spawn(args);
     children.push_back(c);
     return children.size() - 1;
   };
@@ -370,7 +368,9 @@ PD_REGISTER_COMMAND(
       app->add_option("--trace", f->trace,
                       "Chrome trace-event JSON per instance: FILE with the instance's name "
                       "inserted before the extension (t.json -> t.prefill0.json)");
-      app->add_flag("--pin-cores", f->pin_cores, "pin instance k to core k");
+      app->add_flag("--pin-cores", f->pin_cores,
+                    "pin instance k's model threads to CPU k (its HTTP, fabric and KV messenger "
+                    "threads are not pinned)");
       app->add_option("--plan", f->plan,
                       "a plan JSON from `pdserve plan --out`: its prefill/decode counts and "
                       "threads replace --prefill/--decode/--threads");

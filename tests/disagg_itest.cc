@@ -137,6 +137,69 @@ TEST(DisaggUpTest, StopsEveryInstanceWhenOneDies) {
                                      ") was killed by signal 9: stopping every instance"));
 }
 
+// Each thread of a process: its name and its Cpus_allowed_list, from /proc.
+std::vector<std::pair<std::string, std::string>> ThreadCpus(pid_t pid) {
+  std::vector<std::pair<std::string, std::string>> out;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  for (const auto& task : std::filesystem::directory_iterator(dir)) {
+    std::ifstream comm(task.path() / "comm"), status(task.path() / "status");
+    std::string name, line, cpus;
+    std::getline(comm, name);
+    while (std::getline(status, line)) {
+      if (line.rfind("Cpus_allowed_list:", 0) == 0)
+        cpus = line.substr(line.find_first_not_of(" \t", 18));
+    }
+    out.emplace_back(name, cpus);
+  }
+  return out;
+}
+
+std::string CpusOfThread(pid_t pid, const std::string& name) {
+  for (const auto& [n, cpus] : ThreadCpus(pid))
+    if (n == name) return cpus;
+  return "(no thread " + name + ")";
+}
+
+pid_t PidOnLine(const std::string& line) {
+  const size_t at = line.find("(pid ");
+  return at == std::string::npos ? -1 : std::atoi(line.c_str() + at + 5);
+}
+
+// --pin-cores: instance k's model thread on CPU k; its fabric, KV messenger and HTTP threads
+// keep every CPU (they stand in for a NIC and the host's I/O, not the compute).
+TEST(DisaggUpTest, PinCoresPinsTheModelThreadsOnly) {
+  const unsigned ncpu = std::thread::hardware_concurrency();
+  const std::string all = ThreadCpus(getpid()).front().second;  // this test is not pinned
+  const int port = PickPort();
+  Process up;
+  ASSERT_TRUE(
+      up.Start({kBinary, "up", "--model", ModelDir(), "--port", std::to_string(port), "--threads",
+                "1", "--max-model-len", "256", "--pin-cores", "--served-model-name", "m"}));
+  const pid_t prefill = PidOnLine(up.WaitForLine("prefill 0 on", 180s));
+  const pid_t decode = PidOnLine(up.WaitForLine("decode 0 on", 60s));
+  ASSERT_FALSE(up.WaitForLine("router (OpenAI API) on", 60s).empty()) << up.output();
+  ASSERT_GT(prefill, 0);
+  ASSERT_GT(decode, 0);
+  EXPECT_EQ(CpusOfThread(prefill, "pd-engine"), "0");
+  EXPECT_EQ(CpusOfThread(decode, "pd-engine"), ncpu > 1 ? "1" : "0");
+  for (pid_t pid : {prefill, decode}) EXPECT_EQ(CpusOfThread(pid, "pd-fabric"), all) << pid;
+  EXPECT_EQ(CpusOfThread(decode, "pd-http"), all);
+  EXPECT_EQ(CpusOfThread(prefill, "pd-prefill-kv"), all);
+  EXPECT_EQ(CpusOfThread(decode, "pd-decode-kv"), all);
+  auto [code, body] = Complete(port, {1, 2, 3}, 4);
+  EXPECT_EQ(code, 200) << body.dump();
+  EXPECT_EQ(up.Stop(SIGTERM, 60s), 0) << up.output();
+}
+
+TEST(DisaggUpTest, ServeRefusesABadComputeCpuList) {
+  for (const char* bad : {"x", "3-1", "4096", "1023"}) {
+    Process serve;
+    ASSERT_TRUE(serve.Start(ServeArgs(PickPort(), {"--compute-cpus", bad})));
+    EXPECT_EQ(serve.Wait(120s), 1) << bad;
+    EXPECT_THAT(serve.output(), HasSubstr("serve: --compute-cpus: ")) << serve.output();
+  }
+}
+
 // ------------------------------------------------------------------ handshake
 
 TEST(DisaggHandshakeTest, AMismatchStopsTheDecodeInstanceWithTheReason) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# bench/disagg/run.sh: disaggregated (`pdserve up`: 1 prefill + 1 decode instance, each pinned to
-# its own core) against colocated (`pdserve serve`), the same `pdserve bench` workload on each,
+# bench/disagg/run.sh: disaggregated (`pdserve up`: 1 prefill + 1 decode instance, the model threads
+# of each pinned to its own core) against colocated (`pdserve serve`), the same `pdserve bench` workload on each,
 # the reports side by side (bench/disagg/report.py).
 #
 #   bench/disagg/run.sh [--model DIR] [--pdserve BIN] [--scenario NAME] [--out DIR] [--quick]
@@ -104,12 +104,13 @@ start_disagg() {
   METRICS_URLS="prefill=http://127.0.0.1:$((port + 1))/metrics decode=http://127.0.0.1:$((port + 2))/metrics"
 }
 
-# start_colocated CORES THREADS: `pdserve serve` on the given cores.
+# start_colocated CORES THREADS: `pdserve serve` with its model threads on the given cores (its
+# HTTP threads unpinned, as `up --pin-cores` leaves each instance's HTTP/fabric/messenger threads).
 start_colocated() {
   local cores=$1 threads=$2 log line
   shift 2
   log=$OUT/serve.$RUN.log
-  taskset -c "$cores" "$PDSERVE" --log-level warn serve --model "$MODEL" --port 0 \
+  "$PDSERVE" --log-level warn serve --model "$MODEL" --port 0 --compute-cpus "$cores" \
     --threads "$threads" "$@" > "$log" 2>&1 &
   PIDS+=($!)
   line=$(wait_for "$log" "on http://127.0.0.1:" $!)

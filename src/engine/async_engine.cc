@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "common/log.h"
-#include "common/thread_name.h"
+#include "common/thread_util.h"
 
 namespace pd::engine {
 namespace {
@@ -216,6 +216,11 @@ void AsyncEngineImpl::Deliver(const RequestOutput& out) {
 
 void AsyncEngineImpl::Loop() {
   SetCurrentThreadName("pd-engine");
+  if (!options_.loop_cpus.empty()) {
+    if (Status s = PinCurrentThread(options_.loop_cpus); !s.ok()) {
+      PD_LOG_WARN("engine loop: {}", s.ToString());  // validated by the caller; keeps running
+    }
+  }
   std::vector<Submission> submissions;
   std::vector<int64_t> aborts, kv_ready;
   std::vector<int32_t> releases;

@@ -12,6 +12,9 @@ namespace pd::engine {
 
 struct AsyncEngineOptions {
   int max_pending_requests = 256;  // queued + running; beyond it Submit is ResourceExhausted
+  // CPUs the engine loop thread (which runs the model's forward passes) is pinned to; empty: it
+  // keeps the creating thread's affinity.
+  std::vector<int> loop_cpus;
 };
 
 // Called on the engine thread for every RequestOutput of the request, the last one finished().

@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "common/check.h"
-#include "common/thread_name.h"
+#include "common/thread_util.h"
 #include "engine/cpu_features.h"
 #include "engine/kernels.h"
 #include "engine/thread_pool.h"

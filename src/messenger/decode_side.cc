@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "common/log.h"
-#include "common/thread_name.h"
+#include "common/thread_util.h"
 #include "messenger/channel.h"
 #include "messenger/handshake.h"
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/log.h"
-#include "common/thread_name.h"
+#include "common/thread_util.h"
 #include "messenger/channel.h"
 #include "messenger/handshake.h"
 #include "messenger/shard_writes.h"

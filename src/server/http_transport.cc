@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "common/log.h"
-#include "common/thread_name.h"
+#include "common/thread_util.h"
 #include "server/openai_protocol.h"
 
 namespace pd::server {

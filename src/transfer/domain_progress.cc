@@ -9,7 +9,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
-#include "common/thread_name.h"
+#include "common/thread_util.h"
 #include "transfer/domain_worker.h"
 
 namespace pd::transfer {

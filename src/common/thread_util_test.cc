@@ -1,0 +1,58 @@
+#include "common/thread_util.h"
+
+#include <gtest/gtest.h>
+#include <pthread.h>
+
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace pd {
+namespace {
+
+TEST(ParseCpuListTest, ReadsSinglesRangesAndLists) {
+  EXPECT_EQ(*ParseCpuList("0"), (std::vector<int>{0}));
+  EXPECT_EQ(*ParseCpuList("0-3"), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(*ParseCpuList("5,1,1-2"), (std::vector<int>{1, 2, 5}));
+  EXPECT_EQ(*ParseCpuList("1023"), (std::vector<int>{1023}));
+}
+
+TEST(ParseCpuListTest, NamesWhatIsWrong) {
+  for (const char* bad : {"", "a", "1,,2", "1,", "-1", "3-1", "1-", "1024", "0-1x", " 1"}) {
+    auto r = ParseCpuList(bad);
+    ASSERT_FALSE(r.ok()) << "'" << bad << "'";
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_NE(ParseCpuList("3-1").status().message().find("backwards"), std::string::npos);
+  EXPECT_NE(ParseCpuList("0,x").status().message().find("'x'"), std::string::npos);
+}
+
+TEST(PinCurrentThreadTest, PinsAndNewThreadsInherit) {
+  const std::vector<int> all = CurrentThreadCpus();
+  ASSERT_FALSE(all.empty());
+  std::thread t([&] {
+    ASSERT_TRUE(PinCurrentThread({all.back()}).ok());
+    EXPECT_EQ(CurrentThreadCpus(), (std::vector<int>{all.back()}));
+    std::vector<int> child;
+    std::thread([&] { child = CurrentThreadCpus(); }).join();
+    EXPECT_EQ(child, (std::vector<int>{all.back()}));
+  });
+  t.join();
+  EXPECT_EQ(CurrentThreadCpus(), all);  // other threads untouched
+  EXPECT_FALSE(PinCurrentThread({}).ok());
+  EXPECT_FALSE(PinCurrentThread({-1}).ok());
+}
+
+TEST(SetCurrentThreadNameTest, NamesAndCutsAt15Bytes) {
+  std::string got;
+  std::thread([&] {
+    SetCurrentThreadName("pd-a-very-long-thread-name");
+    char buf[32] = {};
+    pthread_getname_np(pthread_self(), buf, sizeof(buf));
+    got = buf;
+  }).join();
+  EXPECT_EQ(got, "pd-a-very-long-");
+}
+
+}  // namespace
+}  // namespace pd
