@@ -3,6 +3,7 @@
 //
 //   pdserve bench-engine [--model DIR | --preset NAME] [--json] [--threads N]
 //                        [--tensor-parallel-size N] [--phase all|decode|prefill|tp]
+//                        [--batches B...] [--contexts C...]
 //
 // For llama-1b and qwen3-0.6b in bf16 (written into models/ with the synthetic writer when
 // missing): decode tokens/s at batch 1, 8 and 32 with contexts of 128 and 2048 tokens, and prefill
@@ -58,6 +59,8 @@ struct BenchEngineFlags {
   std::string models_root = "models";
   std::string phase = "all";  // all | decode | prefill | tp
   int tensor_parallel_size = 1;
+  std::vector<int> batches = {1, 8, 32};    // decode rows measured
+  std::vector<int> contexts = {128, 2048};  // decode rows measured
 };
 
 struct TpRow {
@@ -234,8 +237,8 @@ Status BenchModel(const std::string& dir, const std::string& name, const BenchEn
     engine::ThreadPool fill_pool(f.threads);
     for (int r = 0; r < runner->num_ranks(); ++r) FillKv(runner->rank_region(r), fill_pool);
   }
-  for (int context : {128, 2048})
-    for (int batch : {1, 8, 32}) {
+  for (int context : f.contexts)
+    for (int batch : f.batches) {
       if (f.phase == "prefill") break;
       std::fprintf(stderr, "bench-engine: %s: decode batch %d context %d\n", name.c_str(), batch,
                    context);
@@ -438,6 +441,12 @@ CommandRunner SetUpCommand(CLI::App* app) {
       ->capture_default_str();
   app->add_option("--phase", f->phase, "rows to measure")
       ->check(CLI::IsMember({"all", "decode", "prefill", "tp"}))
+      ->capture_default_str();
+  app->add_option("--batches", f->batches, "decode batch sizes (e.g. --batches 1 32)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app->add_option("--contexts", f->contexts, "decode contexts (e.g. --contexts 128)")
+      ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   app->add_option("--tensor-parallel-size", f->tensor_parallel_size,
                   "ranks of the measured runner (--threads each); --phase tp compares 2 with 1")

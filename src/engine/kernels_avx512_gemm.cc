@@ -9,9 +9,9 @@
 // results are bit-identical across batch sizes (a blocked pass resumes its chain from `out`).
 //
 // Decode (rows <= kStreamRows) walks each group's whole k in one pass, several groups at once,
-// x read in place. More rows block k (kKc) and groups (kGroupsPerBlock, in L2), pack each block
-// of x rows k-major (in L1) and pass every row block over the groups. Every path prefetches ahead
-// of each weight stream.
+// x read in place, the next pass's first lines fetched into L2 during this one. More rows block k
+// (kKc) and groups (kGroupsPerBlock, in L2), pack each block of x rows k-major (in L1) and pass
+// every row block over the groups. Every path prefetches ahead of each weight stream.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -181,6 +181,11 @@ void Stream(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, in
                 out + g * kPanelRows,
                 ldo,
                 n_end - g * kPanelRows};
+    if (g + 2 * ng <= g_end) {  // the next pass's first kPrefetchK steps into L2 meanwhile
+      a.pf = base + (g + ng) * group_bytes;
+      a.pf_lines = kPrefetchK * (kBf16 ? 1 : 2);
+      a.pf_stride = group_bytes;
+    }
     if (g + ng <= g_end) {
       kStream<kBf16>[rows](a);
     } else {

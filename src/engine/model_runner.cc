@@ -110,6 +110,8 @@ class Runner final : public ModelRunner {
   }
   template <typename Fn>
   void Rows(int64_t rows, Fn&& fn);  // fn(begin, end) over row ranges
+  template <typename Fn>
+  void Elements(int64_t n, Fn&& fn);  // fn(begin, end) over [0, n), inline when n is small
 
   std::unique_ptr<RunnerWeights> w_;
   const model::ModelConfig& c_;
@@ -125,6 +127,19 @@ class Runner final : public ModelRunner {
   int64_t num_tokens_ = 0;
   int max_pos_ = 0;  // largest position in the step
 };
+
+// Element-wise work under this many floats runs on the calling thread: waking the pool costs more
+// than adding a decode step's few rows (and each wake-up is a barrier between the matmuls).
+constexpr int64_t kParallelElements = int64_t{1} << 15;
+
+template <typename Fn>
+void Runner::Elements(int64_t n, Fn&& fn) {
+  if (n < kParallelElements) {
+    fn(int64_t{0}, n);
+  } else {
+    Rows(n, fn);
+  }
+}
 
 template <typename Fn>
 void Runner::Rows(int64_t rows, Fn&& fn) {
@@ -322,7 +337,7 @@ void Runner::Layer(int l) {
 void Runner::AddResidual(float* x, const float* tmp, int64_t n, bool attention) {
   if (rank_.reduce == nullptr) {
     if (attention) progress_.Bump();  // this layer's KV is final: the messenger may stream it now
-    Rows(n, [&](int64_t b, int64_t e) {
+    Elements(n, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) x[i] += tmp[i];
     });
     return;
@@ -331,7 +346,7 @@ void Runner::AddResidual(float* x, const float* tmp, int64_t n, bool attention) 
   if (attention) progress_.Bump();
   const std::vector<const float*>& parts = rank_.reduce->Parts();
   const size_t num_parts = parts.size();
-  Rows(n, [&](int64_t b, int64_t e) {
+  Elements(n, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       float sum = parts[0][i];
       for (size_t r = 1; r < num_parts; ++r) sum += parts[r][i];
