@@ -319,6 +319,55 @@ void BlockScores(const float* qpad, int group, const uint8_t* const* rows, int n
   }
 }
 
+// BlockScores for exactly G heads, their q vectors held in registers across the block.
+template <int DV, int G>
+void BlockScoresG(const float* qpad, const uint8_t* const* rows, int nb, bool bf16, __mmask16 tail,
+                  float scale, float* part, float* scores) {
+  __m512 q[G][DV];
+#pragma GCC unroll 8
+  for (int h = 0; h < G; ++h)
+#pragma GCC unroll 8
+    for (int i = 0; i < DV; ++i) q[h][i] = _mm512_loadu_ps(qpad + (h * DV + i) * 16);
+  for (int j0 = 0; j0 < nb; j0 += 16) {
+    const int n16 = static_cast<int>(Min(16, nb - j0));
+    for (int j = 0; j < 16; ++j) {
+      if (j >= n16) {
+#pragma GCC unroll 8
+        for (int h = 0; h < G; ++h) _mm512_storeu_ps(part + (h * 16 + j) * 16, _mm512_setzero_ps());
+        continue;
+      }
+      __m512 k[DV];
+#pragma GCC unroll 8
+      for (int i = 0; i < DV; ++i)
+        k[i] = LoadKv(rows[j0 + j], bf16, i * 16, i + 1 < DV ? 0xFFFF : tail);
+#pragma GCC unroll 8
+      for (int h = 0; h < G; ++h) {
+        __m512 dot = _mm512_mul_ps(q[h][0], k[0]);
+#pragma GCC unroll 8
+        for (int i = 1; i < DV; ++i) dot = _mm512_fmadd_ps(q[h][i], k[i], dot);
+        _mm512_storeu_ps(part + (h * 16 + j) * 16, dot);
+      }
+    }
+    for (int h = 0; h < G; ++h)
+      _mm512_mask_storeu_ps(scores + h * kAttnBlock + j0, TailMask(n16),
+                            _mm512_mul_ps(ReduceRows16(part + h * 256), _mm512_set1_ps(scale)));
+  }
+}
+
+// BlockScores, through BlockScoresG where the group's q fits in registers (same arithmetic).
+template <int DV>
+void BlockScoresAny(const float* qpad, int group, const uint8_t* const* rows, int nb, bool bf16,
+                    __mmask16 tail, float scale, float* part, float* scores) {
+  if constexpr (DV <= 4) {
+    if (group == 4) return BlockScoresG<DV, 4>(qpad, rows, nb, bf16, tail, scale, part, scores);
+  }
+  if constexpr (DV <= 8) {
+    if (group == 2) return BlockScoresG<DV, 2>(qpad, rows, nb, bf16, tail, scale, part, scores);
+    if (group == 1) return BlockScoresG<DV, 1>(qpad, rows, nb, bf16, tail, scale, part, scores);
+  }
+  BlockScores<DV>(qpad, group, rows, nb, bf16, tail, scale, part, scores);
+}
+
 // Online-softmax update of every head over one block's scores (exponentiated in place).
 inline void BlockSoftmax(int group, int nb, int dv, float* scores, float* m, float* l, float* acc) {
   for (int h = 0; h < group; ++h) {
@@ -410,7 +459,7 @@ void AttentionItemDv(const AttentionArgs& a, int token, int kv_head, float* scra
   for (int b0 = 0; b0 <= pos; b0 += kAttnBlock) {
     const int nb = static_cast<int>(Min(kAttnBlock, pos + 1 - b0));
     BlockRows(kv, seq.page_table, geo, b0, nb, rows);
-    BlockScores<DV>(qpad, group, rows, nb, kv.bf16, tail, a.scale, part, scores);
+    BlockScoresAny<DV>(qpad, group, rows, nb, kv.bf16, tail, a.scale, part, scores);
     BlockSoftmax(group, nb, dv, scores, m, l, acc);
     int h = 0;
     for (; h + kPvHeads<DV> <= group; h += kPvHeads<DV>)

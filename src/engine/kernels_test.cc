@@ -355,7 +355,7 @@ TEST_P(IsaTest, AttentionMatchesReferenceForLayoutsAndDtypes) {
     for (bool bf16 : {false, true})
       for (int head_dim : {40, 64, 10, 128, 136})
         for (int page_size : {1, 3, 16})
-          for (int group : {1, 3, 4}) {
+          for (int group : {1, 2, 3, 4}) {
             AttnFixture f(hnd, bf16, head_dim, page_size, group);
             std::vector<float> scratch(AttentionItemScratchFloats(group, head_dim), -1.0f);
             for (int t = 0; t < f.args.num_tokens; ++t)
