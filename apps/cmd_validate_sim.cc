@@ -6,15 +6,19 @@
 // 1. The latency model: --profile FILE (from `pdserve profile` on the same model and threads),
 //    or a quick profile run here, pinned to core 0 like the prefill instance.
 // 2. `pdserve up` (1 prefill + 1 decode, --pin-cores: each on its own core) as a child process.
-// 3. Idle probes (one request at a time): the real system's fixed TTFT cost (HTTP, router,
-//    hand-over messages), its per-prompt-token cost beyond the model (the KV transfer over the
-//    loopback fabric) and its per-decode-step cost beyond the forward pass (scheduling, sampling,
-//    streaming). These are measured, not assumed, and feed the simulator.
+// 3. Calibration through the deployment, measured each run and printed: idle TTFT probes at three
+//    prompt lengths fit a fixed cost per request (HTTP, router, hand-over messages) and a scale
+//    on the profile's prefill step (the prefill instance computes slower than the isolated
+//    runner `pdserve profile` timed; the KV transfer grows with the prompt too); decode probes at
+//    batch 1 and 8 fit a cost per decode step and per sequence per step beyond the forward pass
+//    (scheduling, sampling, detokenising, streaming); and the CPU the bench client and router
+//    spend per request, which at rate R takes R x that many core-seconds per second from the
+//    pinned instances' cores.
 // 4. Per rate: `pdserve bench`'s own runner (Poisson arrivals, the random dataset, a fixed seed,
 //    ignore_eos) against the router, and the simulator on the same requests (the same lengths
 //    and arrival times, regenerated from the seed with the bench's generators), running
 //    engine::Scheduler with the instances' policy and pdserve's hand-over (first token sampled by
-//    the decode instance).
+//    the decode instance) twice: with the latency model alone and calibrated.
 // 5. Side by side: SLO attainment and p50/p90 TTFT and TPOT, simulated vs measured.
 #include <fcntl.h>
 #include <sched.h>
@@ -24,6 +28,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -43,12 +48,25 @@
 #ifdef PD_PLANNER_HAS_ENGINE_SCHEDULER
 #include "planner/engine_scheduler.h"
 #endif
+#include "apps/validate_sim_probes.h"
+#include "apps/validate_sim_up.h"
 #include "planner/profiler.h"
 #include "planner/simulator.h"
 #include "planner/validate.h"
 
 namespace pd::apps {
 namespace {
+
+using validate_sim::BatchTpot;
+using validate_sim::ClientRouterCpuSeconds;
+using validate_sim::ContentionWindow;
+using validate_sim::Deployment;
+using validate_sim::FindInstances;
+using validate_sim::MeasureCorun;
+using validate_sim::Median;
+using validate_sim::ProbeRequest;
+using validate_sim::Stretches;
+using validate_sim::UpProcess;
 
 struct ValidateFlags {
   std::string model;
@@ -67,6 +85,8 @@ struct ValidateFlags {
   int max_num_seqs = 64;
   int max_num_batched_tokens = 512;
   bool pin_cores = true;
+  bool corun = true;             // measure and simulate the instances slowing each other down
+  bool model_contention = true;  // scale the calibrated steps by the measured CPU contention
   std::string out;
   std::string up_log = "/tmp/pdserve-validate-sim-up.log";
 };
@@ -112,26 +132,6 @@ Result<planner::StepCoeffs> LoadOrProfile(const ValidateFlags& f) {
   std::printf("%s", planner::FormatProfile(*r).c_str());
   return r->coeffs;
 }
-
-struct UpProcess {
-  pid_t pid = -1;
-  ~UpProcess() { Stop(); }
-  void Stop() {
-    if (pid <= 0) return;
-    kill(pid, SIGTERM);
-    for (int i = 0; i < 300; ++i) {  // up stops its children within 10 s
-      int status = 0;
-      if (waitpid(pid, &status, WNOHANG) == pid) {
-        pid = -1;
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    pid = -1;
-  }
-};
 
 Status StartUp(const ValidateFlags& f, UpProcess* up) {
   std::vector<std::string> args = {"pdserve",
@@ -181,54 +181,56 @@ Status StartUp(const ValidateFlags& f, UpProcess* up) {
   return DeadlineExceeded("pdserve up did not answer within 300 s; see " + f.up_log);
 }
 
-bench::GenerationRequest ProbeRequest(int prompt_len, int max_tokens, uint64_t salt) {
-  std::mt19937_64 rng(salt);
-  bench::GenerationRequest r;
-  r.prompt_ids = bench::SyntheticPromptIds(prompt_len, rng);
-  r.prompt_len = prompt_len;
-  r.max_tokens = max_tokens;
-  r.ignore_eos = true;
-  return r;
+double ModelledPrefillS(const planner::StepCoeffs& c, int prompt) {
+  return c.PrefillMs(prompt, double(prompt) * prompt) * 1e-3;
 }
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
 // Modelled idle TTFT: the prefill step, then the decode step that samples the first token.
 double ModelledTtftS(const planner::StepCoeffs& c, int prompt) {
-  return (c.PrefillMs(prompt, double(prompt) * prompt) + c.DecodeMs(1, prompt + 1)) * 1e-3;
+  return ModelledPrefillS(c, prompt) + c.DecodeMs(1, prompt + 1) * 1e-3;
 }
 
 struct Calibration {
   planner::RealOverheads overheads;
   double idle_ttft_s = 0.0;  // at the mean prompt
   double idle_tpot_s = 0.0;
+  double client_router_cpu_s = 0.0;  // CPU seconds of bench client + router per idle request
+  Stretches stretch;                 // of the instances during the probes
 };
 
-// Idle probes: prompts of 16 tokens and of the dataset's mean and 2x mean, two tokens each
-// (TTFT), and one of the mean with output_len tokens (TPOT); the median of three each.
-Result<Calibration> Calibrate(const ValidateFlags& f, const planner::StepCoeffs& c) {
+// Idle TTFT probes: prompts of 16 tokens and of the dataset's mean and 2x mean, two tokens each
+// (the median of seven after a warm-up). Decode probes: one request of the mean prompt with
+// output_len tokens, and `batch` requests of 16-token prompts with 4x output_len tokens sent
+// together (the median of three each).
+Result<Calibration> Calibrate(const ValidateFlags& f, const planner::StepCoeffs& c,
+                              const Deployment& dep) {
+  const pid_t up_pid = dep.up;
   bench::Endpoint ep;
   ep.port = f.port;
   ASSIGN_OR_RETURN(bench::ServerInfo info, bench::GetServerInfo(ep));
   std::vector<planner::IdleProbe> probes;
   Calibration cal;
+  const ContentionWindow window(dep);
   uint64_t salt = 1;
-  for (int len : {16, f.input_len, 2 * f.input_len}) {
-    std::vector<double> ttft;
-    for (int rep = 0; rep < 4; ++rep) {
-      bench::GenerationRequest r = ProbeRequest(len, 2, salt++);
+  // Round-robin over the lengths, so that a burst of load from elsewhere on the machine hits every
+  // length alike; the first round warms up, the median of the next seven counts.
+  const std::vector<int> lens = {16, f.input_len, 2 * f.input_len};
+  std::vector<std::vector<double>> ttft(lens.size());
+  for (int round = 0; round < 8; ++round) {
+    for (size_t k = 0; k < lens.size(); ++k) {
+      bench::GenerationRequest r = ProbeRequest(lens[k], 2, salt++);
       r.model = info.model_id;
       bench::RequestResult m = bench::SendStreaming(ep, r);
       if (!m.success) return Unavailable("idle probe failed: " + m.error);
-      if (rep > 0) ttft.push_back(m.ttft);  // the first warms up
+      if (round > 0) ttft[k].push_back(m.ttft);
     }
-    probes.push_back({len, Median(ttft), ModelledTtftS(c, len)});
-    if (len == f.input_len) cal.idle_ttft_s = probes.back().measured_ttft_s;
   }
+  for (size_t k = 0; k < lens.size(); ++k) {
+    probes.push_back(
+        {lens[k], Median(ttft[k]), ModelledTtftS(c, lens[k]), ModelledPrefillS(c, lens[k])});
+  }
+  cal.idle_ttft_s = probes[1].measured_ttft_s;
   std::vector<double> tpot;
+  const double cpu0 = ClientRouterCpuSeconds(up_pid);
   for (int rep = 0; rep < 3; ++rep) {
     bench::GenerationRequest r = ProbeRequest(f.input_len, f.output_len, salt++);
     r.model = info.model_id;
@@ -236,39 +238,72 @@ Result<Calibration> Calibrate(const ValidateFlags& f, const planner::StepCoeffs&
     if (!m.success || m.output_len < 2) return Unavailable("idle TPOT probe failed: " + m.error);
     tpot.push_back((m.latency - m.ttft) / (m.output_len - 1));
   }
+  cal.client_router_cpu_s = (ClientRouterCpuSeconds(up_pid) - cpu0) / 3;
   cal.idle_tpot_s = Median(tpot);
-  const double modelled_tpot = c.DecodeMs(1, f.input_len + f.output_len / 2) * 1e-3;
-  ASSIGN_OR_RETURN(cal.overheads, planner::SolveOverheads(probes, cal.idle_tpot_s, modelled_tpot));
-  std::printf("idle probes (measured vs latency model):\n");
-  for (const auto& p : probes) {
-    std::printf("  prompt %5d: TTFT %.2f ms measured, %.2f ms modelled\n", p.prompt_len,
-                p.measured_ttft_s * 1e3, p.modelled_ttft_s * 1e3);
+  std::vector<planner::DecodeProbe> decode = {
+      {1, cal.idle_tpot_s, c.DecodeMs(1, f.input_len + f.output_len / 2) * 1e-3}};
+  const int batch = std::min(8, f.max_num_seqs);
+  if (batch > 1) {
+    const int out = 4 * f.output_len;
+    std::vector<double> batch_tpot;
+    for (int rep = 0; rep < 3; ++rep) {
+      ASSIGN_OR_RETURN(double t, BatchTpot(ep, info.model_id, batch, 16, out, salt));
+      salt += batch;
+      batch_tpot.push_back(t);
+    }
+    decode.push_back(
+        {batch, Median(batch_tpot), c.DecodeMs(batch, int64_t(batch) * (16 + out / 2)) * 1e-3});
   }
-  std::printf("  TPOT %.2f ms measured, %.2f ms modelled (forward pass only)\n",
-              cal.idle_tpot_s * 1e3, modelled_tpot * 1e3);
+  cal.stretch = window.Finish();
+  ASSIGN_OR_RETURN(cal.overheads, planner::SolveOverheads(probes, decode));
+  if (f.corun) {
+    ASSIGN_OR_RETURN(cal.overheads,
+                     MeasureCorun(ep, info.model_id, f.input_len, f.output_len, cal.overheads));
+  }
+  std::printf("idle probes through the deployment (measured vs latency model):\n");
+  for (const auto& p : probes) {
+    std::printf("  prompt %5d: TTFT %.2f ms measured, %.2f ms modelled (prefill step %.2f ms)\n",
+                p.prompt_len, p.measured_ttft_s * 1e3, p.modelled_ttft_s * 1e3,
+                p.modelled_prefill_s * 1e3);
+  }
+  for (const auto& d : decode) {
+    std::printf("  batch %2d: TPOT %.3f ms measured, %.3f ms modelled (forward pass only)\n",
+                d.batch, d.measured_tpot_s * 1e3, d.modelled_tpot_s * 1e3);
+  }
+  const planner::RealOverheads& o = cal.overheads;
   std::printf(
-      "real-system costs fed to the simulator (measured): fixed %.2f ms per request (HTTP, "
-      "router, hand-over), %.4f ms per prompt token (KV transfer), %.3f ms per decode step "
-      "per sequence (sampling, detokenising, streaming)\n",
-      cal.overheads.fixed_s * 1e3, cal.overheads.per_token_s * 1e3, cal.overheads.decode_step_ms);
+      "calibrated from these probes (fed to the calibrated simulation): prefill steps x%.3f "
+      "(this deployment's prefill instance vs the profile), fixed %.2f ms per request (HTTP, "
+      "router, hand-over), decode %.3f ms per step + %.3f ms per sequence per step (sampling, "
+      "detokenising, streaming); bench client + router use %.2f ms CPU per request; waiting "
+      "for a core stretched the prefill instance's work x%.3f, the decode instance's x%.3f\n",
+      o.prefill_scale, o.fixed_s * 1e3, o.decode_fixed_ms, o.decode_seq_ms,
+      cal.client_router_cpu_s * 1e3, cal.stretch.prefill, cal.stretch.decode);
   return cal;
 }
 
-// The two instances as `pdserve up` runs them: engine policy, KV capacity of the default region.
+// The two instances as `pdserve up` runs them: engine policy, KV capacity of the default region,
+// with the calibration applied to the step times.
 std::vector<planner::InstanceConfig> Instances(const ValidateFlags& f, planner::StepCoeffs c,
-                                               const Calibration& cal, int64_t kv_tokens) {
-  // Sampling, detokenising and streaming are work per sequence in a step: the batch term.
-  c.decode_small[2] += cal.overheads.decode_step_ms;
-  c.decode_large[2] += cal.overheads.decode_step_ms;
+                                               const planner::RealOverheads& o, int64_t kv_tokens) {
   planner::InstanceConfig p;
   p.role = planner::Role::kPrefill;
   p.coeffs = c;
+  for (double& k : p.coeffs.prefill) k *= o.prefill_scale;
   p.policy.max_num_seqs = f.max_num_seqs;
   p.policy.max_num_batched_tokens = f.max_num_batched_tokens;
   p.policy.enable_chunked_prefill = true;
   p.policy.kv_capacity_tokens = kv_tokens;
+  p.corun_slowdown = o.corun_prefill;
   planner::InstanceConfig d = p;
   d.role = planner::Role::kDecode;
+  d.coeffs = c;
+  d.corun_slowdown = o.corun_decode;
+  // Scheduling once per step; sampling, detokenising and streaming once per sequence in a step.
+  for (auto* form : {&d.coeffs.decode_small, &d.coeffs.decode_large}) {
+    (*form)[0] += o.decode_fixed_ms;
+    (*form)[2] += o.decode_seq_ms;
+  }
   return {p, d};
 }
 
@@ -284,10 +319,51 @@ Result<std::vector<planner::SimRequest>> BenchRequests(const bench::DatasetSpec&
   return out;
 }
 
-Result<planner::ComparisonRow> RunRate(const ValidateFlags& f, const bench::DatasetSpec& spec,
-                                       double rate, const planner::Slo& slo,
-                                       std::span<const planner::InstanceConfig> insts,
-                                       const planner::ClusterLinks& links, const Calibration& cal) {
+// The simulator on the bench's requests; `fixed_s` added to each request's first token and end
+// (on the way in and the first token's way out).
+Result<planner::Summary> SimulateRate(std::span<const planner::InstanceConfig> insts,
+                                      const planner::ClusterLinks& links,
+                                      const std::vector<planner::SimRequest>& reqs,
+                                      const planner::Slo& slo, double fixed_s) {
+  planner::SimOptions so;
+  so.slo = slo;
+  so.first_token_on_decode = true;
+#ifdef PD_PLANNER_HAS_ENGINE_SCHEDULER
+  so.make_scheduler = planner::EngineSchedulerFactory();
+#endif
+  ASSIGN_OR_RETURN(planner::SimResult sim, planner::Simulate(insts, links, reqs, so));
+  for (auto& r : sim.requests) {
+    if (r.first_token_s >= 0) r.first_token_s += fixed_s;
+    if (r.finish_s >= 0) r.finish_s += fixed_s;
+  }
+  return planner::Summarize(sim.requests, slo);
+}
+
+// The step times of each instance scaled by how much more (or less) waiting for a core stretched
+// its work during the run than during the probes the calibration came from.
+std::vector<planner::InstanceConfig> Slowed(std::vector<planner::InstanceConfig> insts,
+                                            const Stretches& factor) {
+  for (auto& inst : insts) {
+    const double k = inst.role == planner::Role::kPrefill ? factor.prefill : factor.decode;
+    for (auto* form : {&inst.coeffs.prefill, &inst.coeffs.decode_small, &inst.coeffs.decode_large})
+      for (double& v : *form) v *= k;
+  }
+  return insts;
+}
+
+struct RateResult {
+  planner::ComparisonRow raw;  // the latency model alone
+  planner::ComparisonRow calibrated;
+  Stretches stretch;               // of the instances during the run (measured)
+  Stretches contention;            // the step-time factors the calibrated simulation used
+  double client_router_cores = 0;  // measured during the run
+};
+
+Result<RateResult> RunRate(const ValidateFlags& f, const bench::DatasetSpec& spec, double rate,
+                           const planner::Slo& slo, const planner::StepCoeffs& coeffs,
+                           int64_t kv_tokens, const planner::ClusterLinks& links,
+                           const Calibration& cal, const Deployment& dep) {
+  const pid_t up_pid = dep.up;
   const int n = std::clamp(static_cast<int>(rate * f.seconds_per_rate), 20, f.max_prompts);
   std::fprintf(stderr, "validate-sim: rate %.3g req/s, %d requests\n", rate, n);
   bench::BenchOptions bo;
@@ -298,25 +374,55 @@ Result<planner::ComparisonRow> RunRate(const ValidateFlags& f, const bench::Data
   bo.seed = f.seed;
   bo.ignore_eos = true;
   bo.goodput_ms = {{"ttft", slo.ttft_s * 1e3}, {"tpot", slo.tpot_s * 1e3}};
+  const double cpu0 = ClientRouterCpuSeconds(up_pid);
+  const auto wall0 = std::chrono::steady_clock::now();
+  const ContentionWindow window(dep);
   ASSIGN_OR_RETURN(bench::BenchmarkSummary real, bench::RunBenchmark(bo));
+  RateResult out;
+  out.stretch = window.Finish();
+  const double wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  out.client_router_cores = (ClientRouterCpuSeconds(up_pid) - cpu0) / std::max(wall_s, 1e-9);
   ASSIGN_OR_RETURN(auto measured, planner::MeasuredFromBenchJson(real.json, "bench result"));
   ASSIGN_OR_RETURN(auto reqs, BenchRequests(spec, n, rate, f.seed));
-  planner::SimOptions so;
-  so.slo = slo;
-  so.first_token_on_decode = true;
-#ifdef PD_PLANNER_HAS_ENGINE_SCHEDULER
-  so.make_scheduler = planner::EngineSchedulerFactory();
-#endif
-  ASSIGN_OR_RETURN(planner::SimResult sim, planner::Simulate(insts, links, reqs, so));
-  for (auto& r : sim.requests) {  // the fixed cost: on the way in and the first token's way out
-    if (r.first_token_s >= 0) r.first_token_s += cal.overheads.fixed_s;
-    if (r.finish_s >= 0) r.finish_s += cal.overheads.fixed_s;
+  if (f.model_contention) {
+    out.contention = {out.stretch.prefill / cal.stretch.prefill,
+                      out.stretch.decode / cal.stretch.decode};
   }
-  planner::ComparisonRow row;
-  row.rate = rate;
-  row.simulated = planner::Summarize(sim.requests, slo);
-  row.measured = planner::Summarize(measured, slo);
-  return row;
+  const auto raw_insts = Instances(f, coeffs, planner::RealOverheads{}, kv_tokens);
+  const auto cal_insts = Slowed(Instances(f, coeffs, cal.overheads, kv_tokens), out.contention);
+  out.raw.rate = out.calibrated.rate = rate;
+  out.raw.measured = out.calibrated.measured = planner::Summarize(measured, slo);
+  ASSIGN_OR_RETURN(out.raw.simulated, SimulateRate(raw_insts, links, reqs, slo, 0.0));
+  ASSIGN_OR_RETURN(out.calibrated.simulated,
+                   SimulateRate(cal_insts, links, reqs, slo, cal.overheads.fixed_s));
+  return out;
+}
+
+nlohmann::json OverheadsJson(const Calibration& cal) {
+  const planner::RealOverheads& o = cal.overheads;
+  return {{"fixed_s", o.fixed_s},
+          {"prefill_scale", o.prefill_scale},
+          {"decode_fixed_ms", o.decode_fixed_ms},
+          {"decode_seq_ms", o.decode_seq_ms},
+          {"corun_prefill", o.corun_prefill},
+          {"corun_decode", o.corun_decode},
+          {"client_router_cpu_s_per_request", cal.client_router_cpu_s},
+          {"probe_stretch", {{"prefill", cal.stretch.prefill}, {"decode", cal.stretch.decode}}}};
+}
+
+std::vector<double> DefaultRates(const ValidateFlags& f, const planner::StepCoeffs& c,
+                                 const Calibration& cal, int64_t kv_tokens) {
+  // Capacity (calibrated): the slower of prefill (one mean prompt per step) and decode (a full
+  // batch).
+  const auto insts = Instances(f, c, cal.overheads, kv_tokens);
+  const double prefill_s =
+      insts[0].coeffs.PrefillMs(f.input_len, double(f.input_len) * f.input_len) * 1e-3;
+  const int b = std::min(f.max_num_seqs, 16);
+  const double decode_s =
+      insts[1].coeffs.DecodeMs(b, int64_t(b) * (f.input_len + f.output_len / 2)) * 1e-3;
+  const double cap = std::min(1.0 / prefill_s, b / (decode_s * f.output_len));
+  return {0.25 * cap, 0.5 * cap, 0.75 * cap};
 }
 
 int RunValidate(const ValidateFlags& f) {
@@ -333,36 +439,38 @@ int RunValidate(const ValidateFlags& f) {
   const int64_t kv_tokens = static_cast<int64_t>((256ull << 20) / kv_bytes_per_token);
   UpProcess up;
   if (Status s = StartUp(f, &up); !s.ok()) return Fail(s.ToString());
-  auto cal = Calibrate(f, *coeffs);
+  auto dep = FindInstances(up.pid);
+  if (!dep.ok()) return Fail(dep.status().ToString());
+  auto cal = Calibrate(f, *coeffs, *dep);
   if (!cal.ok()) return Fail(cal.status().ToString());
   planner::Slo slo{f.ttft_slo_s > 0 ? f.ttft_slo_s : 3 * cal->idle_ttft_s,
                    f.tpot_slo_s > 0 ? f.tpot_slo_s : 2 * cal->idle_tpot_s};
-  const auto insts = Instances(f, *coeffs, *cal, kv_tokens);
+  // The KV transfer is part of what the prefill calibration measured (it grows with the prompt).
   planner::ClusterLinks links;
   links.kv_bytes_per_token = kv_bytes_per_token;
-  links.intra_node_bw =
-      cal->overheads.per_token_s > 0 ? kv_bytes_per_token / cal->overheads.per_token_s : 1e18;
-  std::vector<double> rates = f.rates;
-  if (rates.empty()) {
-    // Capacity: the slower of prefill (one mean prompt per step) and decode (a full batch).
-    const double prefill_s =
-        insts[0].coeffs.PrefillMs(f.input_len, double(f.input_len) * f.input_len) * 1e-3;
-    const int b = std::min(f.max_num_seqs, 16);
-    const double decode_s =
-        insts[1].coeffs.DecodeMs(b, int64_t(b) * (f.input_len + f.output_len / 2)) * 1e-3;
-    const double cap = std::min(1.0 / prefill_s, b / (decode_s * f.output_len));
-    rates = {0.25 * cap, 0.5 * cap, 0.75 * cap};
-  }
+  links.intra_node_bw = 1e18;
+  const std::vector<double> rates =
+      f.rates.empty() ? DefaultRates(f, *coeffs, *cal, kv_tokens) : f.rates;
   bench::DatasetSpec spec;
   spec.name = "random";
   spec.random_input_len = f.input_len;
   spec.random_output_len = f.output_len;
   spec.random_range_ratio = f.range_ratio;
-  std::vector<planner::ComparisonRow> rows;
+  std::vector<planner::ComparisonRow> raw, calibrated;
+  std::string contention;
   for (double rate : rates) {
-    auto row = RunRate(f, spec, rate, slo, insts, links, *cal);
-    if (!row.ok()) return Fail(row.status().ToString());
-    rows.push_back(*row);
+    auto r = RunRate(f, spec, rate, slo, *coeffs, kv_tokens, links, *cal, *dep);
+    if (!r.ok()) return Fail(r.status().ToString());
+    raw.push_back(r->raw);
+    calibrated.push_back(r->calibrated);
+    char line[320];
+    std::snprintf(line, sizeof(line),
+                  "  rate %.3g: bench client + router used %.2f cores; waiting for a core "
+                  "stretched prefill x%.3f, decode x%.3f (measured); calibrated steps scaled "
+                  "x%.3f (prefill), x%.3f (decode) against the probes\n",
+                  rate, r->client_router_cores, r->stretch.prefill, r->stretch.decode,
+                  r->contention.prefill, r->contention.decode);
+    contention += line;
   }
   up.Stop();
   std::printf(
@@ -370,16 +478,22 @@ int RunValidate(const ValidateFlags& f) {
       "%.2g), Poisson, seed %llu; SLO TTFT %.1f ms, TPOT %.1f ms\n",
       f.model.c_str(), f.threads, f.pin_cores ? ", pinned" : "", f.input_len, f.output_len,
       f.range_ratio, static_cast<unsigned long long>(f.seed), slo.ttft_s * 1e3, slo.tpot_s * 1e3);
-  std::printf("%s", planner::FormatComparison(rows).c_str());
+  std::printf("\nthe latency model alone (the profile, nothing calibrated):\n%s",
+              planner::FormatComparison(raw).c_str());
+  std::printf(
+      "\ncalibrated through this deployment (prefill x%.3f, fixed %.2f ms, decode +%.3f ms/step "
+      "+%.3f ms/seq, co-run prefill x%.3f decode x%.3f, CPU contention measured per run%s):\n%s%s",
+      cal->overheads.prefill_scale, cal->overheads.fixed_s * 1e3, cal->overheads.decode_fixed_ms,
+      cal->overheads.decode_seq_ms, cal->overheads.corun_prefill, cal->overheads.corun_decode,
+      f.model_contention ? "" : " off", planner::FormatComparison(calibrated).c_str(),
+      contention.c_str());
   if (!f.out.empty()) {
     nlohmann::json j = {{"model", f.model},
                         {"threads", f.threads},
                         {"slo", {{"ttft_s", slo.ttft_s}, {"tpot_s", slo.tpot_s}}},
-                        {"overheads",
-                         {{"fixed_s", cal->overheads.fixed_s},
-                          {"per_token_s", cal->overheads.per_token_s},
-                          {"decode_step_ms", cal->overheads.decode_step_ms}}},
-                        {"rows", planner::ComparisonToJson(rows)}};
+                        {"calibration", OverheadsJson(*cal)},
+                        {"rows", planner::ComparisonToJson(calibrated)},
+                        {"rows_uncalibrated", planner::ComparisonToJson(raw)}};
     if (Status s = WriteStringToFile(f.out, j.dump(2) + "\n"); !s.ok()) return Fail(s.ToString());
   }
   return 0;
@@ -409,6 +523,10 @@ CommandRunner SetUpValidate(CLI::App* app) {
   app->add_option("--max-num-seqs", f->max_num_seqs)->capture_default_str();
   app->add_option("--max-num-batched-tokens", f->max_num_batched_tokens)->capture_default_str();
   app->add_flag("!--no-pin", f->pin_cores, "do not pin the instances to cores");
+  app->add_flag("!--no-corun", f->corun,
+                "do not measure or simulate the instances slowing each other down");
+  app->add_flag("!--no-contention", f->model_contention,
+                "do not scale the calibrated steps by the CPU contention measured in each run");
   app->add_option("--out", f->out, "also write the comparison as JSON");
   app->add_option("--up-log", f->up_log, "where pdserve up's output goes")->capture_default_str();
   return [f] { return RunValidate(*f); };

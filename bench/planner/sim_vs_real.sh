@@ -3,9 +3,11 @@
 #   1. a small model (make-model --arch qwen3 --preset small) unless MODEL is given,
 #   2. `pdserve profile` on it with the instances' thread count (the simulator's latency model),
 #   3. `pdserve validate-sim`: `pdserve up` (1 prefill + 1 decode, each pinned to its own core),
-#      idle probes for the real system's fixed costs, `pdserve bench` at three Poisson rates
-#      (fixed seed, random dataset) and the simulator on the same requests, side by side.
-# One run takes 3-5 minutes. Usage:
+#      probes through the deployment that calibrate the latency model (fixed cost, prefill scale,
+#      decode per-step/per-sequence costs, co-run slowdowns) and schedstat's CPU contention,
+#      `pdserve bench` at three Poisson rates (fixed seed, random dataset) and the simulator on the
+#      same requests, uncalibrated and calibrated, side by side (docs/planner.md).
+# One run takes about 2 minutes. Usage:
 #   bench/planner/sim_vs_real.sh [PDSERVE] [extra validate-sim flags, e.g. --rate 2 --rate 4]
 set -euo pipefail
 PDSERVE=${1:-build/apps/pdserve}

@@ -70,6 +70,7 @@ class Cluster {
   // remaining tokens each need a step of at least min_step_s after `now`.
   void CheckTpotBound(double now, int64_t req, double min_step_s);
   void TryStart(double now, int inst);
+  bool OtherBusyOnNode(int inst) const;  // another instance on its node is mid-step
   void MarkDirty(int inst) {
     if (!instances_[inst].dirty) {
       instances_[inst].dirty = true;
@@ -268,13 +269,27 @@ StepShape Cluster::ShapeOf(const Instance& inst, const SimBatch& batch) const {
   return shape;
 }
 
+bool Cluster::OtherBusyOnNode(int i) const {
+  for (size_t j = 0; j < instances_.size(); ++j) {
+    if (static_cast<int>(j) != i && instances_[j].cfg.node == instances_[i].cfg.node &&
+        instances_[j].in_flight > 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 void Cluster::TryStart(double now, int i) {
   Instance& inst = instances_[i];
   const int max_in_flight = std::min(inst.cfg.pp, inst.sched->max_in_flight());
   if (now < inst.stage_free_at || inst.in_flight >= max_in_flight) return;
   SimBatch batch = inst.sched->Schedule(now);
   if (batch.empty()) return;
-  const StageTimes t = PipelineTimes(inst.cfg.coeffs, ShapeOf(inst, batch), inst.cfg.pp);
+  StageTimes t = PipelineTimes(inst.cfg.coeffs, ShapeOf(inst, batch), inst.cfg.pp);
+  if (inst.cfg.corun_slowdown != 1.0 && OtherBusyOnNode(i)) {
+    t.stage_s *= inst.cfg.corun_slowdown;
+    t.step_s *= inst.cfg.corun_slowdown;
+  }
   inst.stage_free_at = now + t.stage_s;
   // Batches leave the pipeline in the order they entered it.
   inst.last_done = std::max(now + t.step_s, inst.last_done);

@@ -34,6 +34,10 @@ struct InstanceConfig {
   int node = 0;  // node of its first device: KV between instances on one node uses NVLink
   StepCoeffs coeffs;
   SchedPolicy policy;
+  // Step-time factor when another instance on the same node is mid-step as this one starts a step
+  // (instances sharing a machine's cores, caches and memory bandwidth: on one CPU host they slow
+  // each other down). 1: independent devices.
+  double corun_slowdown = 1.0;
 };
 
 struct ClusterLinks {

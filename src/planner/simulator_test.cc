@@ -67,6 +67,37 @@ TEST(Simulator, FixedBatchDecodeStepTime) {
   EXPECT_EQ(r->num_steps, 1 + (output - 1));
 }
 
+// A prefill of 10 ms and decode steps of 1 ms. Request 0 arrives at 0 (prefill alone: 10 ms),
+// request 1 at 10.5 ms, while request 0 decodes: its prefill step starts with the decode
+// instance mid-step, so it takes 10 ms x corun_slowdown when both share a node, 10 ms otherwise.
+TEST(Simulator, CorunSlowdownStretchesStepsThatOverlapAnotherInstancesStep) {
+  auto run = [](double slowdown, int decode_node) {
+    InstanceConfig prefill;
+    prefill.role = Role::kPrefill;
+    prefill.coeffs = ConstantPrefill(10);
+    prefill.corun_slowdown = slowdown;
+    InstanceConfig decode;
+    decode.role = Role::kDecode;
+    decode.node = decode_node;
+    decode.coeffs.decode_small = decode.coeffs.decode_large = {1.0, 0, 0};
+    decode.corun_slowdown = slowdown;
+    std::vector<InstanceConfig> insts = {prefill, decode};
+    std::vector<SimRequest> reqs = {{0, 0.0, 100, 11}, {1, 0.0105, 100, 2}};
+    auto r = Simulate(insts, ClusterLinks{}, reqs, SimOptions{});
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return *r;
+  };
+  const SimResult alone = run(1.0, 0), shared = run(2.0, 0), apart = run(2.0, 1);
+  EXPECT_NEAR(alone.requests[0].ttft_s(), 0.010, 1e-9);
+  EXPECT_NEAR(shared.requests[0].ttft_s(), 0.010, 1e-9);  // nothing else ran: not slowed
+  EXPECT_NEAR(alone.requests[1].ttft_s(), 0.010, 1e-9);
+  EXPECT_NEAR(shared.requests[1].ttft_s(), 0.020, 1e-9);
+  EXPECT_NEAR(apart.requests[1].ttft_s(), 0.010, 1e-9);  // another node: independent
+  // Request 0's decode steps that start during request 1's prefill take 2 ms instead of 1.
+  EXPECT_GT(shared.requests[0].finish_s, alone.requests[0].finish_s + 0.005);
+  EXPECT_NEAR(apart.requests[0].finish_s, alone.requests[0].finish_s, 1e-9);
+}
+
 TEST(Simulator, KvTransferDelaysDecodeByBytesOverBandwidth) {
   InstanceConfig prefill, decode;
   prefill.role = Role::kPrefill;

@@ -47,31 +47,84 @@ Result<std::vector<RequestResult>> MeasuredFromBenchJson(const nlohmann::json& b
   return out;
 }
 
-Result<RealOverheads> SolveOverheads(const std::vector<IdleProbe>& probes, double measured_tpot_s,
-                                     double modelled_tpot_s) {
-  if (probes.empty()) return InvalidArgument("overheads: no idle probes");
-  // Least squares of resid = fixed + per_token · prompt_len.
-  const double n = static_cast<double>(probes.size());
+namespace {
+
+// Least squares of y = p0 + p1·x with p0 >= lo0 and p1 >= lo1 (the unconstrained fit, else each
+// bound in turn with the other refitted; the feasible candidate with the smaller residual).
+// `flat`: the xs do not differ, p1 is not identifiable.
+struct Line {
+  double p0 = 0.0, p1 = 0.0;
+  bool flat = false;
+};
+Line FitBoundedLine(const std::vector<double>& x, const std::vector<double>& y, double lo0,
+                    double lo1) {
+  const double n = static_cast<double>(x.size());
   double sx = 0, sy = 0, sxx = 0, sxy = 0;
-  for (const IdleProbe& p : probes) {
-    const double x = p.prompt_len, y = p.measured_ttft_s - p.modelled_ttft_s;
-    sx += x;
-    sy += y;
-    sxx += x * x;
-    sxy += x * y;
+  for (size_t i = 0; i < x.size(); ++i) {
+    sx += x[i];
+    sy += y[i];
+    sxx += x[i] * x[i];
+    sxy += x[i] * y[i];
   }
-  RealOverheads o;
+  Line out;
   const double det = n * sxx - sx * sx;
-  if (det > 1e-9 * std::max(1.0, sxx * n)) o.per_token_s = (n * sxy - sx * sy) / det;
-  o.per_token_s = std::max(0.0, o.per_token_s);
-  // The fixed cost from the shortest prompt, where the latency model's own error (relative, so
-  // growing with the step time) disturbs it least.
-  const IdleProbe* shortest = &probes[0];
-  for (const IdleProbe& p : probes)
-    if (p.prompt_len < shortest->prompt_len) shortest = &p;
-  o.fixed_s = std::max(0.0, shortest->measured_ttft_s - shortest->modelled_ttft_s -
-                                o.per_token_s * shortest->prompt_len);
-  o.decode_step_ms = std::max(0.0, (measured_tpot_s - modelled_tpot_s) * 1e3);
+  if (!(det > 1e-12 * std::max(1.0, n * sxx))) {
+    out.flat = true;
+    return out;
+  }
+  auto sse = [&](const Line& l) {
+    double e = 0;
+    for (size_t i = 0; i < x.size(); ++i) e += std::pow(y[i] - l.p0 - l.p1 * x[i], 2);
+    return e;
+  };
+  Line free{(sxx * sy - sx * sxy) / det, (n * sxy - sx * sy) / det};
+  if (free.p0 >= lo0 && free.p1 >= lo1) return free;
+  // p0 held at lo0: p1 = Σx(y − lo0) / Σx²; p1 held at lo1: p0 = mean(y − lo1·x).
+  Line a{lo0, std::max(lo1, sxx > 0 ? (sxy - lo0 * sx) / sxx : lo1)};
+  Line b{std::max(lo0, (sy - lo1 * sx) / n), lo1};
+  return sse(a) <= sse(b) ? a : b;
+}
+
+}  // namespace
+
+Result<RealOverheads> SolveOverheads(const std::vector<IdleProbe>& probes,
+                                     const std::vector<DecodeProbe>& decode_probes) {
+  if (probes.empty()) return InvalidArgument("overheads: no idle TTFT probes");
+  if (decode_probes.empty()) return InvalidArgument("overheads: no decode probes");
+  RealOverheads o;
+  std::vector<double> x, y;
+  for (const DecodeProbe& d : decode_probes) {
+    if (d.batch < 1) return InvalidArgument("overheads: a decode probe's batch must be >= 1");
+    x.push_back(d.batch);
+    y.push_back((d.measured_tpot_s - d.modelled_tpot_s) * 1e3);
+  }
+  const Line decode = FitBoundedLine(x, y, 0.0, 0.0);
+  if (decode.flat) {  // one batch size: all per sequence
+    double per_seq = 0;
+    for (size_t i = 0; i < x.size(); ++i) per_seq += y[i] / x[i];
+    o.decode_seq_ms = std::max(0.0, per_seq / static_cast<double>(x.size()));
+  } else {
+    o.decode_fixed_ms = decode.p0;
+    o.decode_seq_ms = decode.p1;
+  }
+  // The first token's step is a batch-1 decode step, calibrated as above.
+  const double first_step_extra_s = (o.decode_fixed_ms + o.decode_seq_ms) * 1e-3;
+  x.clear();
+  y.clear();
+  for (const IdleProbe& p : probes) {
+    x.push_back(p.modelled_prefill_s);
+    y.push_back(p.measured_ttft_s - (p.modelled_ttft_s - p.modelled_prefill_s) -
+                first_step_extra_s);
+  }
+  const Line prefill = FitBoundedLine(x, y, 0.0, kMinPrefillScale);
+  if (prefill.flat) {  // one prompt length: the latency model's prefill as it is
+    double resid = 0;
+    for (size_t i = 0; i < x.size(); ++i) resid += y[i] - x[i];
+    o.fixed_s = std::max(0.0, resid / static_cast<double>(x.size()));
+  } else {
+    o.fixed_s = prefill.p0;
+    o.prefill_scale = prefill.p1;
+  }
   return o;
 }
 

@@ -18,28 +18,49 @@ namespace pd::planner {
 Result<std::vector<RequestResult>> MeasuredFromBenchJson(const nlohmann::json& bench,
                                                          const std::string& source);
 
-// Idle probes (one request at a time) against what the latency model predicts for them.
+// Idle probes (one request at a time) through the real deployment, against what the latency
+// model predicts for them.
 struct IdleProbe {
   int prompt_len = 0;
   double measured_ttft_s = 0.0;
-  double modelled_ttft_s = 0.0;  // prefill step + the decode step of the last prompt token
+  double modelled_ttft_s = 0.0;     // prefill step + the decode step of the last prompt token
+  double modelled_prefill_s = 0.0;  // the prefill step alone (part of modelled_ttft_s)
+};
+// A decode probe: `batch` requests sent together (short prompts, long outputs, so they decode
+// side by side), their mean TPOT against the modelled decode step at that batch.
+struct DecodeProbe {
+  int batch = 1;
+  double measured_tpot_s = 0.0;
+  double modelled_tpot_s = 0.0;
 };
 
-// What the real system adds to the latency model, solved from the probes:
-//   measured − modelled TTFT = fixed_s + prompt_len · per_token_s
-// per_token_s: the least-squares slope (>= 0); fixed_s: what is left at the shortest prompt (>= 0),
-// where the latency model's relative error weighs least.
-// fixed_s: HTTP, router and hand-over messages; per_token_s: the KV transfer's bytes over the
-// loopback fabric. decode_step_ms: per decode step beyond the runner's forward pass (scheduling,
-// sampling, streaming), from an idle multi-token probe.
+// What the real deployment adds to (or scales in) the latency model, fitted from the probes:
+//   measured TPOT − modelled decode step        = decode_fixed_ms + batch · decode_seq_ms
+//   measured TTFT − calibrated first decode step = fixed_s + prefill_scale · modelled prefill step
+// (the first token's step is a batch-1 decode step, so its calibrated time is the modelled one
+// plus decode_fixed_ms + decode_seq_ms)
+// fixed_s: HTTP, router and hand-over messages; prefill_scale: how much slower (> 1) the prefill
+// instance computes a step than `pdserve profile`'s isolated runner did (and the KV transfer,
+// which also grows with the prompt); decode_fixed_ms / decode_seq_ms: per decode step and per
+// sequence in a step beyond the forward pass (scheduling, sampling, detokenising, streaming).
+// Least squares with non-negative terms (prefill_scale >= kMinPrefillScale): when the
+// unconstrained fit makes one negative it is held at its bound and the other refitted. With
+// probes of one prompt length only, prefill_scale stays 1 and fixed_s takes the residual; with
+// decode probes of one batch size only, the residual is all per sequence.
+inline constexpr double kMinPrefillScale = 0.25;
 struct RealOverheads {
   double fixed_s = 0.0;
-  double per_token_s = 0.0;
-  double decode_step_ms = 0.0;
+  double prefill_scale = 1.0;
+  double decode_fixed_ms = 0.0;
+  double decode_seq_ms = 0.0;
+  // Step-time factors while the other instance computes (InstanceConfig::corun_slowdown), from
+  // co-run probes; SolveOverheads leaves them at 1.
+  double corun_prefill = 1.0;
+  double corun_decode = 1.0;
 };
-// At least one probe; with probes of one prompt length only, per_token_s is 0.
-Result<RealOverheads> SolveOverheads(const std::vector<IdleProbe>& probes, double measured_tpot_s,
-                                     double modelled_tpot_s);
+// InvalidArgument without TTFT probes, or without decode probes, or with a batch < 1.
+Result<RealOverheads> SolveOverheads(const std::vector<IdleProbe>& probes,
+                                     const std::vector<DecodeProbe>& decode_probes);
 
 struct ComparisonRow {
   double rate = 0.0;

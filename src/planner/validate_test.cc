@@ -34,35 +34,66 @@ TEST(Validate, MalformedBenchJsonIsAClearError) {
   EXPECT_NE(bad.status().message().find("request 0 is malformed"), std::string::npos);
 }
 
-TEST(Validate, SolveOverheadsRecoversFixedAndPerTokenCosts) {
-  // resid = 5 ms + 0.01 ms per token.
-  std::vector<IdleProbe> probes;
-  for (int len : {16, 128, 256}) probes.push_back({len, 0.1 + 0.005 + 1e-5 * len, 0.1});
-  auto o = SolveOverheads(probes, 0.004, 0.003);
-  ASSERT_TRUE(o.ok());
-  EXPECT_NEAR(o->fixed_s, 0.005, 1e-9);
-  EXPECT_NEAR(o->per_token_s, 1e-5, 1e-12);
-  EXPECT_NEAR(o->decode_step_ms, 1.0, 1e-9);
-  // Costs never go negative: a real system faster than the model adds nothing.
-  std::vector<IdleProbe> faster = {{16, 0.05, 0.1}, {256, 0.02, 0.1}};
-  auto z = SolveOverheads(faster, 0.001, 0.003);
+// A TTFT probe whose modelled prefill step is `prefill_ms` and first decode step 1 ms, measured
+// as `fixed_ms` + scale · prefill + 1 ms.
+IdleProbe Probe(int len, double prefill_ms, double fixed_ms, double scale) {
+  return {len, (fixed_ms + scale * prefill_ms + 1.0) * 1e-3, (prefill_ms + 1.0) * 1e-3,
+          prefill_ms * 1e-3};
+}
+
+TEST(Validate, SolveOverheadsRecoversFixedCostPrefillScaleAndDecodeCosts) {
+  // The real prefill is 1.4x the profile, 3 ms fixed; decode 0.1 ms per step + 0.2 per sequence.
+  std::vector<IdleProbe> probes = {Probe(16, 1.5, 3, 1.4), Probe(128, 12, 3, 1.4),
+                                   Probe(256, 28, 3, 1.4)};
+  std::vector<DecodeProbe> decode = {{1, 1.3e-3, 1.0e-3}, {8, 3.4e-3, 1.7e-3}};
+  auto o = SolveOverheads(probes, decode);
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_NEAR(o->fixed_s, 2.7e-3, 1e-9);  // 3 ms less the first token's 0.3 ms decode costs
+  EXPECT_NEAR(o->prefill_scale, 1.4, 1e-9);
+  EXPECT_NEAR(o->decode_fixed_ms, 0.1, 1e-9);
+  EXPECT_NEAR(o->decode_seq_ms, 0.2, 1e-9);
+}
+
+TEST(Validate, SolveOverheadsKeepsEveryTermWithinItsBound) {
+  // The real system faster than the model everywhere: no cost, the scale at its floor.
+  std::vector<IdleProbe> faster = {Probe(16, 2, 0, 0.1), Probe(256, 40, 0, 0.1)};
+  auto z = SolveOverheads(faster, {{1, 0.5e-3, 1e-3}, {8, 1e-3, 2e-3}});
   ASSERT_TRUE(z.ok());
-  EXPECT_EQ(z->per_token_s, 0.0);
   EXPECT_EQ(z->fixed_s, 0.0);
-  EXPECT_EQ(z->decode_step_ms, 0.0);
-  // A model that overestimates long prompts does not hide the short prompt's fixed cost.
-  std::vector<IdleProbe> noisy = {
-      {16, 0.0066, 0.0018}, {128, 0.0124, 0.0165}, {256, 0.0285, 0.0413}};
-  auto n = SolveOverheads(noisy, 0, 0);
-  ASSERT_TRUE(n.ok());
-  EXPECT_EQ(n->per_token_s, 0.0);
-  EXPECT_NEAR(n->fixed_s, 0.0048, 1e-12);
-  // One prompt length: no slope.
-  auto one = SolveOverheads({{64, 0.2, 0.1}}, 0, 0);
+  EXPECT_EQ(z->prefill_scale, kMinPrefillScale);
+  EXPECT_EQ(z->decode_fixed_ms, 0.0);
+  EXPECT_EQ(z->decode_seq_ms, 0.0);
+  // A slope that would make the fixed cost negative: fixed held at 0, the scale refitted.
+  std::vector<IdleProbe> steep = {Probe(16, 2, -1, 1.5), Probe(256, 40, -1, 1.5)};
+  auto s = SolveOverheads(steep, {{1, 1e-3, 1e-3}});
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->fixed_s, 0.0);
+  EXPECT_GT(s->prefill_scale, 1.4);
+  EXPECT_LT(s->prefill_scale, 1.5);
+  // Per-sequence cost falling with the batch: all per step instead.
+  auto d = SolveOverheads({Probe(16, 2, 1, 1)}, {{1, 1.5e-3, 1e-3}, {8, 1.4e-3, 1e-3}});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->decode_seq_ms, 0.0);
+  EXPECT_NEAR(d->decode_fixed_ms, 0.45, 1e-9);
+}
+
+TEST(Validate, SolveOverheadsWithOneShapeEachFallsBackToTheModelsForm) {
+  // One prompt length: the scale is not identifiable, the residual is all fixed.
+  auto one = SolveOverheads({Probe(64, 10, 2, 1.5)}, {{4, 2e-3, 1e-3}});
   ASSERT_TRUE(one.ok());
-  EXPECT_EQ(one->per_token_s, 0.0);
-  EXPECT_NEAR(one->fixed_s, 0.1, 1e-12);
-  EXPECT_EQ(SolveOverheads({}, 0, 0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(one->prefill_scale, 1.0);
+  EXPECT_NEAR(one->fixed_s, 6.75e-3, 1e-12);  // 2 ms + 0.5 x 10 ms, less the 0.25 ms below
+  // One batch size: the residual is per sequence (1 ms over a batch of 4).
+  EXPECT_EQ(one->decode_fixed_ms, 0.0);
+  EXPECT_NEAR(one->decode_seq_ms, 0.25, 1e-12);
+}
+
+TEST(Validate, SolveOverheadsNeedsProbesOfBothKinds) {
+  EXPECT_EQ(SolveOverheads({}, {{1, 1e-3, 1e-3}}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SolveOverheads({Probe(16, 1, 1, 1)}, {}).status().code(), StatusCode::kInvalidArgument);
+  auto bad = SolveOverheads({Probe(16, 1, 1, 1)}, {{0, 1e-3, 1e-3}});
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("batch must be >= 1"), std::string::npos);
 }
 
 TEST(Validate, ComparisonTableHasEveryMetricAndTheRelativeDifference) {

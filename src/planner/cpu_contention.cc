@@ -1,0 +1,83 @@
+#include "planner/cpu_contention.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+
+#include "common/file_util.h"
+
+namespace pd::planner {
+
+Result<CpuTimes> ParseSchedstat(const std::string& text) {
+  unsigned long long run = 0, wait = 0, slices = 0;
+  char extra = 0;
+  if (std::sscanf(text.c_str(), "%llu %llu %llu %c", &run, &wait, &slices, &extra) != 3) {
+    return InvalidArgument("schedstat: expected 'RUN_NS WAIT_NS SLICES', got '" + text + "'");
+  }
+  return CpuTimes{static_cast<double>(run) * 1e-9, static_cast<double>(wait) * 1e-9};
+}
+
+Result<CpuTimes> ProcessCpuTimes(pid_t pid) {
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec);
+  if (ec) return NotFound(dir + ": " + ec.message());
+  CpuTimes sum;
+  bool any = false;
+  for (const auto& task : it) {
+    auto text = ReadFileToString(task.path().string() + "/schedstat");
+    if (!text.ok()) continue;  // the thread exited meanwhile
+    ASSIGN_OR_RETURN(CpuTimes t, ParseSchedstat(*text));
+    sum.run_s += t.run_s;
+    sum.wait_s += t.wait_s;
+    any = true;
+  }
+  if (!any) return NotFound(dir + ": no thread has a readable schedstat");
+  return sum;
+}
+
+double Stretch(const CpuTimes& before, const CpuTimes& after) {
+  const double run = after.run_s - before.run_s;
+  const double wait = after.wait_s - before.wait_s;
+  if (!(run > 0)) return 1.0;
+  return (run + std::max(0.0, wait)) / run;
+}
+
+double ProcessCpuSeconds(pid_t pid) {
+  auto stat = ReadFileToString("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat.ok()) return 0.0;
+  const size_t close = stat->rfind(')');  // the command name may hold spaces
+  if (close == std::string::npos) return 0.0;
+  unsigned long utime = 0, stime = 0;
+  // After ") ": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime
+  if (std::sscanf(stat->c_str() + close + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
+                  &utime, &stime) != 2) {
+    return 0.0;
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+std::vector<ChildProcess> ChildrenOf(pid_t ppid) {
+  std::vector<ChildProcess> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    auto stat = ReadFileToString(e.path().string() + "/stat");
+    if (!stat.ok()) continue;
+    const size_t close = stat->rfind(')');  // the command name may hold spaces and parentheses
+    int parent = 0;
+    char state = 0;
+    if (close == std::string::npos ||
+        std::sscanf(stat->c_str() + close + 1, " %c %d", &state, &parent) != 2 || parent != ppid) {
+      continue;
+    }
+    auto cmdline = ReadFileToString(e.path().string() + "/cmdline");
+    out.push_back({static_cast<pid_t>(std::stol(name)), cmdline.ok() ? *cmdline : ""});
+  }
+  return out;
+}
+
+}  // namespace pd::planner

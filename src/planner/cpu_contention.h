@@ -1,0 +1,38 @@
+// How much CPU contention stretched a process's work, read from the kernel's scheduler statistics
+// (/proc/PID/task/TID/schedstat: nanoseconds on a CPU, nanoseconds runnable but waiting for one).
+// `pdserve validate-sim` uses it to measure what the simulator cannot know: how much of each
+// instance's time went to waiting for a core that other processes (the bench client, the router,
+// anything else on the machine) held.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace pd::planner {
+
+struct CpuTimes {
+  double run_s = 0.0;   // on a CPU
+  double wait_s = 0.0;  // runnable, waiting on a run queue
+};
+
+// One schedstat line ("RUN_NS WAIT_NS SLICES"). InvalidArgument when it is not one.
+Result<CpuTimes> ParseSchedstat(const std::string& text);
+// Summed over every thread of process `pid` (threads that exited are not counted). NotFound when
+// the process is gone or the kernel has no schedstat.
+Result<CpuTimes> ProcessCpuTimes(pid_t pid);
+// The step-time stretch between two readings: (run + wait) / run, 1 when nothing ran.
+double Stretch(const CpuTimes& before, const CpuTimes& after);
+// CPU seconds (user + system) process `pid` has used so far (/proc/PID/stat); 0 when unreadable.
+double ProcessCpuSeconds(pid_t pid);
+// Live processes whose parent is `ppid`, with their NUL-separated argv.
+struct ChildProcess {
+  pid_t pid = 0;
+  std::string cmdline;
+};
+std::vector<ChildProcess> ChildrenOf(pid_t ppid);
+
+}  // namespace pd::planner

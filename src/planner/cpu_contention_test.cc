@@ -1,0 +1,61 @@
+#include "planner/cpu_contention.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+
+namespace pd::planner {
+namespace {
+
+TEST(CpuContention, ParsesSchedstatLines) {
+  auto t = ParseSchedstat("2000000000 500000000 42\n");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_DOUBLE_EQ(t->run_s, 2.0);
+  EXPECT_DOUBLE_EQ(t->wait_s, 0.5);
+  for (const char* bad : {"", "12 34", "a b c", "1 2 3 4"}) {
+    EXPECT_EQ(ParseSchedstat(bad).status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(CpuContention, StretchIsRunPlusWaitOverRun) {
+  EXPECT_DOUBLE_EQ(Stretch({1.0, 0.5}, {3.0, 1.5}), 1.5);  // 2 s run, 1 s waiting
+  EXPECT_DOUBLE_EQ(Stretch({1.0, 0.5}, {1.0, 0.9}), 1.0);  // nothing ran
+  EXPECT_DOUBLE_EQ(Stretch({1.0, 0.5}, {2.0, 0.5}), 1.0);  // no wait
+}
+
+TEST(CpuContention, ReadsThisProcessAndFindsItsChildren) {
+  auto before = ProcessCpuTimes(getpid());
+  if (!before.ok()) GTEST_SKIP() << "no schedstat: " << before.status().ToString();
+  // Burn ~20 ms of CPU: the run time must grow.
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+  volatile double x = 1.0;
+  while (std::chrono::steady_clock::now() < end) x = std::sqrt(x + 1.0);
+  auto after = ProcessCpuTimes(getpid());
+  ASSERT_TRUE(after.ok());
+  EXPECT_GT(after->run_s - before->run_s, 0.005);
+  EXPECT_GE(Stretch(*before, *after), 1.0);
+
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    execl("/bin/sleep", "sleep", "5", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  bool found = false;
+  for (int attempt = 0; attempt < 200 && !found; ++attempt) {  // until exec has happened
+    for (const ChildProcess& c : ChildrenOf(getpid())) {
+      if (c.pid == child && c.cmdline.rfind("sleep", 0) == 0) found = true;
+    }
+    if (!found) usleep(5000);
+  }
+  EXPECT_TRUE(found);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  EXPECT_EQ(ProcessCpuTimes(child).status().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace pd::planner
