@@ -221,6 +221,8 @@ struct Refusal {
   std::string words;     // what the error must say
 };
 
+void PrintTo(const Refusal& r, std::ostream* os) { *os << r.name; }
+
 class UpPlanRefusalTest : public ::testing::TestWithParam<Refusal> {};
 
 TEST_P(UpPlanRefusalTest, ExitsNonzeroWithAClearErrorAndStartsNothing) {
