@@ -115,6 +115,7 @@ RequestResult SendStreaming(const Endpoint& endpoint, const GenerationRequest& r
   cli.set_connection_timeout(endpoint.timeout_s, 0);
   cli.set_read_timeout(endpoint.timeout_s, 0);
   cli.set_keep_alive(false);
+  cli.set_tcp_nodelay(true);  // the request goes out at once, not after a delayed ACK
   httplib::Request req;
   req.method = "POST";
   req.path = request.path;

@@ -166,6 +166,7 @@ void Router::Forward(const httplib::Request& req, httplib::Response& res) {
   Outstanding count(b.outstanding);
   httplib::Client client(b.url);
   client.set_read_timeout(options_.upstream_timeout_s, 0);
+  client.set_tcp_nodelay(true);
   auto up = req.method == "GET" ? client.Get(req.path.c_str(), ForwardedHeaders(req))
                                 : client.Post(req.path.c_str(), ForwardedHeaders(req), req.body,
                                               "application/json");
@@ -206,6 +207,7 @@ void Router::ForwardStream(Backend& b, const httplib::Request& req, httplib::Res
     };
     httplib::Client client(url);
     client.set_read_timeout(timeout_s, 0);
+    client.set_tcp_nodelay(true);
     httplib::Response r;
     httplib::Error err = httplib::Error::Success;
     bool ok = client.send(up, r, err);
