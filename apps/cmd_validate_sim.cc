@@ -11,14 +11,14 @@
 //    on the profile's prefill step (the prefill instance computes slower than the isolated
 //    runner `pdserve profile` timed; the KV transfer grows with the prompt too); decode probes at
 //    batch 1 and 8 fit a cost per decode step and per sequence per step beyond the forward pass
-//    (scheduling, sampling, detokenising, streaming); and the CPU the bench client and router
-//    spend per request, which at rate R takes R x that many core-seconds per second from the
-//    pinned instances' cores.
+//    (scheduling, sampling, detokenising, streaming); co-run probes, how much each instance slows
+//    down while the other computes; and the CPU the bench client and router spend.
 // 4. Per rate: `pdserve bench`'s own runner (Poisson arrivals, the random dataset, a fixed seed,
 //    ignore_eos) against the router, and the simulator on the same requests (the same lengths
 //    and arrival times, regenerated from the seed with the bench's generators), running
 //    engine::Scheduler with the instances' policy and pdserve's hand-over (first token sampled by
-//    the decode instance) twice: with the latency model alone and calibrated.
+//    the decode instance): with the latency model alone, calibrated, and calibrated with each
+//    instance's steps scaled by the CPU contention (schedstat) of the run against the probes'.
 // 5. Side by side: SLO attainment and p50/p90 TTFT and TPOT, simulated vs measured.
 #include <fcntl.h>
 #include <sched.h>
@@ -85,8 +85,7 @@ struct ValidateFlags {
   int max_num_seqs = 64;
   int max_num_batched_tokens = 512;
   bool pin_cores = true;
-  bool corun = true;             // measure and simulate the instances slowing each other down
-  bool model_contention = true;  // scale the calibrated steps by the measured CPU contention
+  bool corun = true;  // measure and simulate the instances slowing each other down
   std::string out;
   std::string up_log = "/tmp/pdserve-validate-sim-up.log";
 };
@@ -352,11 +351,12 @@ std::vector<planner::InstanceConfig> Slowed(std::vector<planner::InstanceConfig>
 }
 
 struct RateResult {
-  planner::ComparisonRow raw;  // the latency model alone
-  planner::ComparisonRow calibrated;
-  Stretches stretch;               // of the instances during the run (measured)
-  Stretches contention;            // the step-time factors the calibrated simulation used
-  double client_router_cores = 0;  // measured during the run
+  planner::ComparisonRow raw;         // the latency model alone
+  planner::ComparisonRow steady;      // calibrated by the probes
+  planner::ComparisonRow calibrated;  // and scaled by the per-run CPU contention
+  Stretches stretch;                  // of the instances during the run (measured)
+  Stretches contention;               // the step-time factors the calibrated simulation used
+  double client_router_cores = 0;     // measured during the run
 };
 
 Result<RateResult> RunRate(const ValidateFlags& f, const bench::DatasetSpec& spec, double rate,
@@ -385,14 +385,16 @@ Result<RateResult> RunRate(const ValidateFlags& f, const bench::DatasetSpec& spe
   out.client_router_cores = (ClientRouterCpuSeconds(up_pid) - cpu0) / std::max(wall_s, 1e-9);
   ASSIGN_OR_RETURN(auto measured, planner::MeasuredFromBenchJson(real.json, "bench result"));
   ASSIGN_OR_RETURN(auto reqs, BenchRequests(spec, n, rate, f.seed));
-  if (f.model_contention) {
-    out.contention = {out.stretch.prefill / cal.stretch.prefill,
-                      out.stretch.decode / cal.stretch.decode};
-  }
+  out.contention = {out.stretch.prefill / cal.stretch.prefill,
+                    out.stretch.decode / cal.stretch.decode};
   const auto raw_insts = Instances(f, coeffs, planner::RealOverheads{}, kv_tokens);
   const auto cal_insts = Slowed(Instances(f, coeffs, cal.overheads, kv_tokens), out.contention);
-  out.raw.rate = out.calibrated.rate = rate;
-  out.raw.measured = out.calibrated.measured = planner::Summarize(measured, slo);
+  out.raw.rate = out.calibrated.rate = out.steady.rate = rate;
+  out.raw.measured = out.calibrated.measured = out.steady.measured =
+      planner::Summarize(measured, slo);
+  ASSIGN_OR_RETURN(out.steady.simulated,
+                   SimulateRate(Instances(f, coeffs, cal.overheads, kv_tokens), links, reqs, slo,
+                                cal.overheads.fixed_s));
   ASSIGN_OR_RETURN(out.raw.simulated, SimulateRate(raw_insts, links, reqs, slo, 0.0));
   ASSIGN_OR_RETURN(out.calibrated.simulated,
                    SimulateRate(cal_insts, links, reqs, slo, cal.overheads.fixed_s));
@@ -456,13 +458,14 @@ int RunValidate(const ValidateFlags& f) {
   spec.random_input_len = f.input_len;
   spec.random_output_len = f.output_len;
   spec.random_range_ratio = f.range_ratio;
-  std::vector<planner::ComparisonRow> raw, calibrated;
+  std::vector<planner::ComparisonRow> raw, steady, calibrated;
   std::string contention;
   for (double rate : rates) {
     auto r = RunRate(f, spec, rate, slo, *coeffs, kv_tokens, links, *cal, *dep);
     if (!r.ok()) return Fail(r.status().ToString());
     raw.push_back(r->raw);
     calibrated.push_back(r->calibrated);
+    steady.push_back(r->steady);
     char line[320];
     std::snprintf(line, sizeof(line),
                   "  rate %.3g: bench client + router used %.2f cores; waiting for a core "
@@ -481,19 +484,23 @@ int RunValidate(const ValidateFlags& f) {
   std::printf("\nthe latency model alone (the profile, nothing calibrated):\n%s",
               planner::FormatComparison(raw).c_str());
   std::printf(
-      "\ncalibrated through this deployment (prefill x%.3f, fixed %.2f ms, decode +%.3f ms/step "
-      "+%.3f ms/seq, co-run prefill x%.3f decode x%.3f, CPU contention measured per run%s):\n%s%s",
+      "\ncalibrated through this deployment by the probes (prefill x%.3f, fixed %.2f ms, decode "
+      "+%.3f ms/step +%.3f ms/seq, co-run prefill x%.3f decode x%.3f):\n%s",
       cal->overheads.prefill_scale, cal->overheads.fixed_s * 1e3, cal->overheads.decode_fixed_ms,
       cal->overheads.decode_seq_ms, cal->overheads.corun_prefill, cal->overheads.corun_decode,
-      f.model_contention ? "" : " off", planner::FormatComparison(calibrated).c_str(),
-      contention.c_str());
+      planner::FormatComparison(steady).c_str());
+  std::printf(
+      "\nthe same, each instance's steps also scaled by the CPU contention of each run against "
+      "the probes' (experimental):\n%s%s",
+      planner::FormatComparison(calibrated).c_str(), contention.c_str());
   if (!f.out.empty()) {
     nlohmann::json j = {{"model", f.model},
                         {"threads", f.threads},
                         {"slo", {{"ttft_s", slo.ttft_s}, {"tpot_s", slo.tpot_s}}},
                         {"calibration", OverheadsJson(*cal)},
-                        {"rows", planner::ComparisonToJson(calibrated)},
-                        {"rows_uncalibrated", planner::ComparisonToJson(raw)}};
+                        {"rows", planner::ComparisonToJson(steady)},
+                        {"rows_uncalibrated", planner::ComparisonToJson(raw)},
+                        {"rows_with_contention", planner::ComparisonToJson(calibrated)}};
     if (Status s = WriteStringToFile(f.out, j.dump(2) + "\n"); !s.ok()) return Fail(s.ToString());
   }
   return 0;
@@ -525,8 +532,6 @@ CommandRunner SetUpValidate(CLI::App* app) {
   app->add_flag("!--no-pin", f->pin_cores, "do not pin the instances to cores");
   app->add_flag("!--no-corun", f->corun,
                 "do not measure or simulate the instances slowing each other down");
-  app->add_flag("!--no-contention", f->model_contention,
-                "do not scale the calibrated steps by the CPU contention measured in each run");
   app->add_option("--out", f->out, "also write the comparison as JSON");
   app->add_option("--up-log", f->up_log, "where pdserve up's output goes")->capture_default_str();
   return [f] { return RunValidate(*f); };

@@ -70,17 +70,19 @@ class ContentionWindow {
  public:
   explicit ContentionWindow(const Deployment& d)
       : d_(d), p0_(Read(d.prefill)), d0_(Read(d.decode)) {}
+  // The stretch of each instance's busy (compute) threads since construction.
   Stretches Finish() const {
-    return {planner::Stretch(p0_, Read(d_.prefill)), planner::Stretch(d0_, Read(d_.decode))};
+    return {planner::BusyThreadsStretch(p0_, Read(d_.prefill)),
+            planner::BusyThreadsStretch(d0_, Read(d_.decode))};
   }
 
  private:
-  static planner::CpuTimes Read(pid_t pid) {
-    auto t = planner::ProcessCpuTimes(pid);
-    return t.ok() ? *t : planner::CpuTimes{};
+  static planner::ThreadCpuTimes Read(pid_t pid) {
+    auto t = planner::ProcessThreadCpuTimes(pid);
+    return t.ok() ? *t : planner::ThreadCpuTimes{};
   }
   Deployment d_;
-  planner::CpuTimes p0_, d0_;
+  planner::ThreadCpuTimes p0_, d0_;
 };
 
 }  // namespace pd::apps::validate_sim

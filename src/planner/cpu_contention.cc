@@ -19,23 +19,50 @@ Result<CpuTimes> ParseSchedstat(const std::string& text) {
   return CpuTimes{static_cast<double>(run) * 1e-9, static_cast<double>(wait) * 1e-9};
 }
 
-Result<CpuTimes> ProcessCpuTimes(pid_t pid) {
+Result<ThreadCpuTimes> ProcessThreadCpuTimes(pid_t pid) {
   const std::string dir = "/proc/" + std::to_string(pid) + "/task";
   std::error_code ec;
   std::filesystem::directory_iterator it(dir, ec);
   if (ec) return NotFound(dir + ": " + ec.message());
-  CpuTimes sum;
-  bool any = false;
+  ThreadCpuTimes out;
   for (const auto& task : it) {
     auto text = ReadFileToString(task.path().string() + "/schedstat");
     if (!text.ok()) continue;  // the thread exited meanwhile
     ASSIGN_OR_RETURN(CpuTimes t, ParseSchedstat(*text));
+    out[static_cast<pid_t>(std::stol(task.path().filename().string()))] = t;
+  }
+  if (out.empty()) return NotFound(dir + ": no thread has a readable schedstat");
+  return out;
+}
+
+Result<CpuTimes> ProcessCpuTimes(pid_t pid) {
+  ASSIGN_OR_RETURN(ThreadCpuTimes threads, ProcessThreadCpuTimes(pid));
+  CpuTimes sum;
+  for (const auto& [tid, t] : threads) {
     sum.run_s += t.run_s;
     sum.wait_s += t.wait_s;
-    any = true;
   }
-  if (!any) return NotFound(dir + ": no thread has a readable schedstat");
   return sum;
+}
+
+double BusyThreadsStretch(const ThreadCpuTimes& before, const ThreadCpuTimes& after,
+                          double busy_share) {
+  std::map<pid_t, CpuTimes> delta;
+  double busiest = 0.0;
+  for (const auto& [tid, t] : after) {
+    auto b = before.find(tid);
+    const CpuTimes from = b != before.end() ? b->second : CpuTimes{};
+    delta[tid] = {t.run_s - from.run_s, t.wait_s - from.wait_s};
+    busiest = std::max(busiest, delta[tid].run_s);
+  }
+  CpuTimes sum;
+  for (const auto& [tid, d] : delta) {
+    if (busiest > 0 && d.run_s >= busy_share * busiest) {
+      sum.run_s += d.run_s;
+      sum.wait_s += d.wait_s;
+    }
+  }
+  return Stretch(CpuTimes{}, sum);
 }
 
 double Stretch(const CpuTimes& before, const CpuTimes& after) {

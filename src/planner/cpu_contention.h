@@ -7,6 +7,7 @@
 
 #include <sys/types.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -21,11 +22,19 @@ struct CpuTimes {
 
 // One schedstat line ("RUN_NS WAIT_NS SLICES"). InvalidArgument when it is not one.
 Result<CpuTimes> ParseSchedstat(const std::string& text);
-// Summed over every thread of process `pid` (threads that exited are not counted). NotFound when
-// the process is gone or the kernel has no schedstat.
+// Per thread (by thread id) of process `pid`. NotFound when the process is gone or the kernel has
+// no schedstat.
+using ThreadCpuTimes = std::map<pid_t, CpuTimes>;
+Result<ThreadCpuTimes> ProcessThreadCpuTimes(pid_t pid);
+// Summed over every thread of process `pid` (threads that exited are not counted).
 Result<CpuTimes> ProcessCpuTimes(pid_t pid);
 // The step-time stretch between two readings: (run + wait) / run, 1 when nothing ran.
 double Stretch(const CpuTimes& before, const CpuTimes& after);
+// The stretch of the threads that did the work between two readings of one process: those whose
+// run time grew by at least `busy_share` of the busiest thread's (an instance's compute threads,
+// not its mostly idle HTTP and fabric threads, whose short runs wait proportionally longer).
+double BusyThreadsStretch(const ThreadCpuTimes& before, const ThreadCpuTimes& after,
+                          double busy_share = 0.25);
 // CPU seconds (user + system) process `pid` has used so far (/proc/PID/stat); 0 when unreadable.
 double ProcessCpuSeconds(pid_t pid);
 // Live processes whose parent is `ppid`, with their NUL-separated argv.

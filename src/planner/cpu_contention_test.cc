@@ -26,6 +26,16 @@ TEST(CpuContention, StretchIsRunPlusWaitOverRun) {
   EXPECT_DOUBLE_EQ(Stretch({1.0, 0.5}, {2.0, 0.5}), 1.0);  // no wait
 }
 
+TEST(CpuContention, BusyThreadsStretchIgnoresMostlyIdleThreads) {
+  // Thread 1 computed 1 s and waited 0.5 s; thread 2 ran 10 ms and waited 1 s (an idle server
+  // thread woken now and then); thread 3 is new and computed 0.5 s without waiting.
+  ThreadCpuTimes before = {{1, {10.0, 2.0}}, {2, {1.0, 5.0}}};
+  ThreadCpuTimes after = {{1, {11.0, 2.5}}, {2, {1.01, 6.0}}, {3, {0.5, 0.0}}};
+  EXPECT_DOUBLE_EQ(BusyThreadsStretch(before, after), 2.0 / 1.5);           // threads 1 and 3
+  EXPECT_NEAR(BusyThreadsStretch(before, after, 0.0), 3.01 / 1.51, 1e-12);  // every thread
+  EXPECT_DOUBLE_EQ(BusyThreadsStretch(after, after), 1.0);                  // nothing ran
+}
+
 TEST(CpuContention, ReadsThisProcessAndFindsItsChildren) {
   auto before = ProcessCpuTimes(getpid());
   if (!before.ok()) GTEST_SKIP() << "no schedstat: " << before.status().ToString();
