@@ -1,0 +1,176 @@
+// Private to the decode messenger: DecodeMessenger::Impl's definition and the per-request and
+// per-peer state it keeps, shared by decode_side.cc (lifecycle, peers, handshake, the public
+// class) and decode_side_transfer.cc (the per-request transfer flow). Not for other users.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "messenger/channel.h"
+#include "messenger/decode_side.h"
+#include "messenger/handshake.h"
+
+namespace pd::messenger {
+namespace decode_internal {
+
+// Shared by a request's engine callbacks and the messenger thread.
+struct RequestInfo {
+  std::vector<int32_t> prefill_tokens;  // the prompt without its last token
+  std::mutex mu;
+  Status failure;  // GUARDED_BY(mu): set before the messenger aborts the request
+};
+
+struct Req {
+  int64_t id = 0;
+  uint64_t wire_id = 0;  // the current attempt's (each attempt has its own)
+  std::shared_ptr<RequestInfo> info;
+  std::vector<int32_t> pages;  // the reserved page table (whole prompt)
+  bool holding = false;        // the messenger's own reference on `pages` (RetainPages)
+  bool done_received = false;  // the current attempt's PrefillDone (ok) arrived
+  int attempts = 0;
+  std::vector<int> tried;  // peer indices
+  bool in_flight = false;
+  int peer = -1;
+  uint32_t imm = 0;
+  int meta_slot = -1;
+  double start = 0.0;
+  double deadline = 0.0;
+  int64_t attempt_ns = 0;  // when the current attempt's PrefillRequest went out (trace only)
+};
+
+struct Peer {
+  PrefillPeer config;
+  transfer::PeerAddr addr;
+  bool have_addr = false;
+  PeerStatus::State state = PeerStatus::State::kWaiting;
+  std::string reason;
+  ShardScheme scheme;
+  int outstanding = 0;
+  double last_hello = -1e9;
+  double hello_interval = 0.0;  // grows while the peer is down
+};
+
+struct PendingSend {
+  int peer = -1;
+  double deadline = 0.0;
+};
+
+// An attempt that ended while its prefill instance may still write: its pages (a reference of
+// their own) and metadata slot stay out of use until that instance answers PrefillDone (it does so
+// once every write it posted has completed), is found unreachable, or the deadline passes.
+struct Fence {
+  int peer = -1;
+  int meta_slot = -1;
+  std::vector<int32_t> pages;  // empty: no page reference held
+  double deadline = 0.0;
+};
+
+}  // namespace decode_internal
+
+using decode_internal::Fence;
+using decode_internal::Peer;
+using decode_internal::PendingSend;
+using decode_internal::Req;
+using decode_internal::RequestInfo;
+
+class DecodeMessenger::Impl {
+ public:
+  Impl(DecodeMessenger* owner, const DecodeMessengerOptions& options, engine::ModelRunner& runner)
+      : owner_(owner),
+        options_(options),
+        spec_(runner.region().spec()),
+        runner_(runner),
+        meta_bytes_(static_cast<uint32_t>(runner.config().hidden_size) * 4),
+        format_(MakeKvFormat(options.model_hash, spec_)),
+        scheme_(MakeShardScheme(runner.config(), runner.num_ranks())),
+        codec_(options.cluster_secret),
+        queue_(std::make_shared<TaskQueue>()) {
+    std::random_device rd;
+    wire_prefix_ = (static_cast<uint64_t>(rd()) << 32);
+    next_imm_ = rd() | 1u;
+    for (const PrefillPeer& p : options.peers) {
+      Peer peer;
+      peer.config = p;
+      peers_.push_back(std::move(peer));
+    }
+  }
+
+  Status Init();
+  void Stop();
+  Status WaitForPeers(double timeout_s);
+  std::vector<PeerStatus> Peers() const;
+  Result<int64_t> Submit(std::vector<int32_t> prompt, const engine::SamplingParams& sampling,
+                         engine::OutputCallback on_output);
+  const std::string& address() const { return domain_->info().address; }
+
+ private:
+  void Loop();
+  void Greet();
+  void OnMessage(const std::string& bytes);
+  void OnHelloReply(const HelloReply& reply, uint64_t seq);
+  void OnPrefillDone(const PrefillDone& done, uint64_t seq);
+  void OnReserved(int64_t id, std::vector<int32_t> pages, std::shared_ptr<RequestInfo> info);
+  void StartAttempt(Req* r, const Status& last_error);
+  void OnKvArrived(int64_t id, uint32_t imm);
+  void FailAttempt(Req* r, const Status& status);
+  // Ends the current attempt; with `fence` its pages and metadata slot wait in fences_ for the
+  // prefill instance to stop writing, else the slot is free at once.
+  void EndAttempt(Req* r, bool fence);
+  void ReleaseHold(Req* r);
+  void ReleaseFence(uint64_t wire_id);
+  void Fail(Req* r, const Status& status);
+  void OnEnded(int64_t id);
+  void CheckDeadlines();
+  int PickPeer(const Req& r) const;
+  Req* Find(int64_t id);
+  void UpdateActive();
+  // Sends a control message to peers_[peer]; `on_fail` (messenger thread) runs if it fails or
+  // misses send_timeout_s, after which the peer is marked down.
+  void Send(int peer, const Message& m);
+  void OnSendDone(transfer::TransferId id, const Status& status);
+  void MarkDown(int peer, const Status& why);
+
+  DecodeMessenger* const owner_;
+  const DecodeMessengerOptions options_;
+  const engine::KvCacheSpec spec_;
+  engine::ModelRunner& runner_;
+  const uint32_t meta_bytes_;
+  const KvFormat format_;
+  const ShardScheme scheme_;
+  FrameCodec codec_;
+  std::shared_ptr<TaskQueue> queue_;
+  std::unique_ptr<transfer::Domain> domain_;
+  std::vector<transfer::MemoryRegion> kv_mrs_;  // per rank, all in the one domain
+  transfer::MemoryRegion meta_mr_;
+  std::vector<uint8_t> meta_buffer_;  // (kMetaSlots, meta_bytes): where prefill writes metadata
+  std::thread thread_;
+  std::atomic<bool> stopped_{false};
+  uint64_t wire_prefix_ = 0;
+
+  mutable std::mutex peers_mu_;  // peers_ is read by WaitForPeers / Peers / Submit
+  std::condition_variable peers_cv_;
+  std::vector<Peer> peers_;  // GUARDED_BY(peers_mu_) for readers; written on the messenger thread
+
+  // Messenger thread only.
+  ReplayGuard replay_;
+  std::unordered_map<int64_t, std::unique_ptr<Req>> reqs_;
+  std::unordered_map<uint64_t, int64_t> by_wire_;
+  std::unordered_map<transfer::TransferId, PendingSend> sends_;
+  std::vector<int> free_meta_slots_;
+  std::unordered_map<uint64_t, Fence> fences_;  // by attempt wire id
+  uint32_t next_imm_ = 1;
+  uint32_t next_wire_ = 1;
+
+  static constexpr int kMetaSlots = 1024;
+};
+
+}  // namespace pd::messenger

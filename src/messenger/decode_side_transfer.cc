@@ -1,0 +1,357 @@
+// The decode messenger's per-request transfer flow (decode_side.h's header comment tells the
+// story): Submit and the page reservation, each attempt (StartAttempt, the imm counter firing in
+// OnKvArrived, PrefillDone, EndAttempt/FailAttempt and the retry), failing a request, its end,
+// the fences that keep an ended attempt's pages and metadata slot out of use, and the deadlines.
+// Lifecycle and peers are in decode_side.cc; Impl's definition in decode_side_impl.h.
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "common/log.h"
+#include "messenger/decode_side_impl.h"
+
+namespace pd::messenger {
+namespace {
+
+bool Retryable(StatusCode code) {
+  return code != StatusCode::kInvalidArgument && code != StatusCode::kOutOfRange &&
+         code != StatusCode::kFailedPrecondition && code != StatusCode::kUnimplemented;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ requests
+
+Result<int64_t> DecodeMessenger::Impl::Submit(std::vector<int32_t> prompt,
+                                              const engine::SamplingParams& sampling,
+                                              engine::OutputCallback on_output) {
+  engine::AsyncEngine& inner = *owner_->inner_;
+  if (prompt.size() < 2) return inner.Submit(std::move(prompt), sampling, std::move(on_output));
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    if (std::none_of(peers_.begin(), peers_.end(),
+                     [](const Peer& p) { return p.state == PeerStatus::State::kAccepted; })) {
+      return Unavailable("no prefill instance has accepted this decode instance");
+    }
+  }
+  auto info = std::make_shared<RequestInfo>();
+  info->prefill_tokens.assign(prompt.begin(), prompt.end() - 1);
+  std::weak_ptr<TaskQueue> weak = queue_;
+  auto wrapped = [this, info, weak, cb = std::move(on_output)](const engine::RequestOutput& out) {
+    if (!out.finished()) {
+      if (cb) cb(out);
+      return;
+    }
+    engine::RequestOutput copy = out;
+    {
+      std::lock_guard<std::mutex> lock(info->mu);
+      if (!info->failure.ok() && copy.finish_reason == engine::FinishReason::kAbort) {
+        copy.finish_reason = engine::FinishReason::kError;
+        copy.error = info->failure;
+      }
+    }
+    if (auto q = weak.lock()) q->Post([this, id = out.request_id] { OnEnded(id); });
+    if (cb) cb(copy);
+  };
+  // On the engine thread, before an abort of this request could free its pages: the messenger
+  // takes a reference of its own for the transfer (see Fence).
+  auto on_reserved = [this, info, weak](int64_t id, const std::vector<int32_t>& pages) {
+    auto q = weak.lock();
+    if (q == nullptr) return;
+    owner_->inner_->RetainPages(pages);
+    q->Post([this, id, pages, info] { OnReserved(id, pages, info); });
+  };
+  return inner.SubmitRemoteKv(std::move(prompt), sampling, std::move(wrapped),
+                              std::move(on_reserved));
+}
+
+void DecodeMessenger::Impl::OnReserved(int64_t id, std::vector<int32_t> pages,
+                                       std::shared_ptr<RequestInfo> info) {
+  auto r = std::make_unique<Req>();
+  r->id = id;
+  r->info = std::move(info);
+  r->pages = std::move(pages);
+  r->holding = true;  // taken in on_reserved
+  r->start = NowSeconds();
+  Req* raw = r.get();
+  reqs_[id] = std::move(r);
+  owner_->metrics_.Started();
+  StartAttempt(raw, OkStatus());
+}
+
+void DecodeMessenger::Impl::StartAttempt(Req* r, const Status& last_error) {
+  const int peer = PickPeer(*r);
+  if (peer < 0) {
+    Fail(r, last_error.ok() ? Unavailable("no prefill instance available")
+                            : Status(last_error.code(), last_error.message() +
+                                                            " (and no other prefill instance "
+                                                            "to retry on)"));
+    return;
+  }
+  if (free_meta_slots_.empty()) {
+    Fail(r, ResourceExhausted("every metadata slot is in use"));
+    return;
+  }
+  // A fresh wire id per attempt: a late PrefillDone of an earlier attempt lifts only its fence.
+  r->wire_id = wire_prefix_ | next_wire_++;
+  r->done_received = false;
+  if (!r->holding) {  // a retry: the earlier attempt's reference went to its fence
+    owner_->inner_->RetainPages(r->pages);
+    r->holding = true;
+  }
+  const uint32_t num_tokens = static_cast<uint32_t>(r->info->prefill_tokens.size());
+  const uint32_t num_pages = PagesForTokens(num_tokens, spec_.page_size);
+  auto expected = ExpectedWrites(peers_[peer].scheme, scheme_, format_, num_pages, r->wire_id);
+  if (!expected.ok()) {
+    Fail(r, expected.status());
+    return;
+  }
+  const uint32_t imm = next_imm_++;
+  const int64_t id = r->id;
+  std::weak_ptr<TaskQueue> weak = queue_;
+  auto waiter = domain_->imm_counters().Expect(imm, *expected, [this, weak, id, imm] {
+    if (auto q = weak.lock()) q->Post([this, id, imm] { OnKvArrived(id, imm); });
+  });
+  if (!waiter.ok()) {
+    Fail(r, waiter.status());
+    return;
+  }
+  r->meta_slot = free_meta_slots_.back();
+  free_meta_slots_.pop_back();
+  by_wire_[r->wire_id] = id;
+  // The canary the prefill's metadata write must replace (every float a NaN no computation makes).
+  std::memset(meta_buffer_.data() + size_t{meta_bytes_} * r->meta_slot, 0xFF, meta_bytes_);
+  r->imm = imm;
+  r->peer = peer;
+  r->in_flight = true;
+  r->attempts++;
+  r->tried.push_back(peer);
+  r->deadline = NowSeconds() + options_.transfer_timeout_ms / 1000.0;
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    peers_[peer].outstanding++;
+  }
+  UpdateActive();
+  PrefillRequest m;
+  m.request_id = r->wire_id;
+  m.transfer_imm = imm;
+  m.token_ids = r->info->prefill_tokens;
+  m.decode_scheme = scheme_;
+  for (const transfer::MemoryRegion& mr : kv_mrs_)
+    m.rank_regions.push_back(mr.descriptor.ToBytes());
+  m.dst_pages.assign(r->pages.begin(), r->pages.begin() + num_pages);
+  m.metadata_region = meta_mr_.descriptor.ToBytes();
+  m.metadata_offset = uint64_t{meta_bytes_} * r->meta_slot;
+  m.metadata_bytes = meta_bytes_;
+  m.deadline_ms = options_.transfer_timeout_ms;
+  if (options_.tracer != nullptr) {
+    r->attempt_ns = Tracer::NowNs();
+    options_.tracer->Instant("prefill request sent", "kv",
+                             {{"request", std::to_string(r->wire_id)},
+                              {"peer", peers_[peer].config.name},
+                              {"attempt", int64_t{r->attempts}},
+                              {"tokens", int64_t{num_tokens}},
+                              {"expected_writes", static_cast<int64_t>(*expected)}});
+  }
+  Send(peer, m);  // a failure marks the peer down, which fails this attempt
+}
+
+void DecodeMessenger::Impl::OnKvArrived(int64_t id, uint32_t imm) {
+  Req* r = Find(id);
+  if (r == nullptr || !r->in_flight || r->imm != imm) return;
+  std::vector<float> hidden(meta_bytes_ / sizeof(float));
+  std::memcpy(hidden.data(), meta_buffer_.data() + size_t{meta_bytes_} * r->meta_slot, meta_bytes_);
+  const auto canary = std::count_if(hidden.begin(), hidden.end(), [](float v) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    return bits == 0xFFFFFFFFu;
+  });
+  if (canary != 0) {
+    r->done_received = true;  // the counter fired: every write of the attempt has landed
+    FailAttempt(r, DataLoss("prefill instance " + peers_[r->peer].config.name +
+                            ": every write landed but the metadata was not written (" +
+                            std::to_string(canary) + " of " + std::to_string(hidden.size()) +
+                            " hidden-state values still hold the canary)"));
+    return;
+  }
+  if (options_.on_metadata) options_.on_metadata(id, hidden);
+  const uint64_t num_pages =
+      PagesForTokens(static_cast<uint32_t>(r->info->prefill_tokens.size()), spec_.page_size);
+  const uint64_t bytes = num_pages * spec_.num_layers * spec_.page_bytes() + meta_bytes_;
+  owner_->metrics_.Succeeded(NowSeconds() - r->start, bytes, num_pages * spec_.num_layers + 1);
+  if (options_.tracer != nullptr) {
+    options_.tracer->Complete("kv transfer", "kv", r->attempt_ns, Tracer::NowNs(),
+                              {{"request", std::to_string(r->wire_id)},
+                               {"peer", peers_[r->peer].config.name},
+                               {"attempt", int64_t{r->attempts}},
+                               {"bytes", static_cast<int64_t>(bytes)}});
+    options_.tracer->Instant("kv ready", "kv", {{"request", std::to_string(r->wire_id)}});
+  }
+  EndAttempt(r, /*fence=*/false);  // every write of this attempt has landed
+  ReleaseHold(r);
+  owner_->inner_->MarkKvReady(id);
+}
+
+void DecodeMessenger::Impl::OnPrefillDone(const PrefillDone& done, uint64_t seq) {
+  if (auto f = fences_.find(done.request_id); f != fences_.end()) {
+    if (Status s = replay_.Check(peers_[f->second.peer].config.fabric_address, seq); !s.ok()) {
+      return;
+    }
+    ReleaseFence(done.request_id);  // that instance has stopped writing for the attempt
+    return;
+  }
+  auto it = by_wire_.find(done.request_id);
+  if (it == by_wire_.end()) return;
+  Req* r = Find(it->second);
+  if (r == nullptr || !r->in_flight) return;
+  if (Status s = replay_.Check(peers_[r->peer].config.fabric_address, seq); !s.ok()) return;
+  if (done.status_code == 0) {  // the imm counter says when the writes have landed
+    r->done_received = true;
+    return;
+  }
+  r->done_received = true;  // an error answer: that instance has stopped writing for it
+  FailAttempt(r, Status(static_cast<StatusCode>(done.status_code),
+                        "prefill instance " + peers_[r->peer].config.name + ": " + done.message));
+}
+
+void DecodeMessenger::Impl::EndAttempt(Req* r, bool fence) {
+  if (!r->in_flight) return;
+  r->in_flight = false;
+  domain_->imm_counters().Remove(r->imm);
+  by_wire_.erase(r->wire_id);
+  if (fence && !r->done_received && peers_[r->peer].state != PeerStatus::State::kDown) {
+    Fence& f = fences_[r->wire_id];
+    f.peer = r->peer;
+    f.meta_slot = r->meta_slot;
+    if (r->holding) f.pages = r->pages;  // the attempt's reference moves to the fence
+    r->holding = false;
+    f.deadline = r->deadline + options_.fence_grace_s;
+  } else {
+    free_meta_slots_.push_back(r->meta_slot);
+  }
+  r->meta_slot = -1;
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    peers_[r->peer].outstanding--;
+  }
+  UpdateActive();
+}
+
+void DecodeMessenger::Impl::FailAttempt(Req* r, const Status& status) {
+  if (!r->in_flight) return;
+  PD_LOG_WARN("decode messenger: request {} attempt {} failed: {}", r->id, r->attempts,
+              status.ToString());
+  const int old_peer = r->peer;
+  const uint64_t wire_id = r->wire_id;
+  if (options_.tracer != nullptr) {
+    options_.tracer->Instant("attempt failed", "kv",
+                             {{"request", std::to_string(wire_id)},
+                              {"peer", peers_[old_peer].config.name},
+                              {"attempt", int64_t{r->attempts}},
+                              {"error", status.ToString()}});
+  }
+  EndAttempt(r, /*fence=*/true);
+  if (Retryable(status.code()) && r->attempts < options_.max_attempts && PickPeer(*r) >= 0) {
+    owner_->metrics_.Retried();
+    StartAttempt(r, status);  // before the Cancel, which a dead peer may hold up
+  } else {
+    Fail(r, status);
+  }
+  if (peers_[old_peer].state == PeerStatus::State::kAccepted) Send(old_peer, Cancel{wire_id});
+}
+
+void DecodeMessenger::Impl::Fail(Req* r, const Status& status) {
+  owner_->metrics_.Failed();
+  if (options_.tracer != nullptr) {
+    options_.tracer->Instant("transfer failed", "kv",
+                             {{"request", std::to_string(r->wire_id)},
+                              {"attempts", int64_t{r->attempts}},
+                              {"error", status.ToString()}});
+  }
+  {
+    std::lock_guard<std::mutex> lock(r->info->mu);
+    r->info->failure =
+        Status(status.code(), "KV transfer failed after " + std::to_string(r->attempts) +
+                                  " attempt(s): " + status.message());
+  }
+  owner_->inner_->Abort(r->id);  // the final output comes back as kError (see Submit)
+}
+
+void DecodeMessenger::Impl::OnEnded(int64_t id) {
+  Req* r = Find(id);
+  if (r == nullptr) return;
+  if (r->in_flight) {
+    if (peers_[r->peer].state == PeerStatus::State::kAccepted) Send(r->peer, Cancel{r->wire_id});
+    EndAttempt(r, /*fence=*/true);
+  }
+  ReleaseHold(r);
+  reqs_.erase(id);
+}
+
+void DecodeMessenger::Impl::ReleaseHold(Req* r) {
+  if (!r->holding) return;
+  r->holding = false;
+  owner_->inner_->ReleasePages(r->pages);
+}
+
+void DecodeMessenger::Impl::ReleaseFence(uint64_t wire_id) {
+  auto it = fences_.find(wire_id);
+  if (it == fences_.end()) return;
+  if (!it->second.pages.empty()) owner_->inner_->ReleasePages(std::move(it->second.pages));
+  free_meta_slots_.push_back(it->second.meta_slot);
+  fences_.erase(it);
+}
+
+void DecodeMessenger::Impl::CheckDeadlines() {
+  const double now = NowSeconds();
+  // The domain posts sends in order, so only the oldest pending send can be the one that is
+  // stuck (a dead peer); those behind it were merely waiting and get a fresh deadline.
+  if (!sends_.empty()) {
+    auto oldest = std::min_element(sends_.begin(), sends_.end(),
+                                   [](const auto& a, const auto& b) { return a.first < b.first; });
+    if (now > oldest->second.deadline) {
+      const transfer::TransferId id = oldest->first;
+      const int peer = oldest->second.peer;
+      sends_.erase(oldest);
+      for (auto& [other, send] : sends_) send.deadline = now + options_.send_timeout_s;
+      domain_->Cancel(id);  // unblocks the queue behind it
+      MarkDown(peer, DeadlineExceeded("a control message was not delivered within " +
+                                      std::to_string(options_.send_timeout_s) + " s"));
+    }
+  }
+  std::vector<uint64_t> expired;
+  for (const auto& [wire, f] : fences_) {
+    if (now > f.deadline) expired.push_back(wire);
+  }
+  for (uint64_t wire : expired) {
+    PD_LOG_WARN(
+        "decode messenger: prefill instance {} never confirmed the end of transfer {}; its "
+        "pages are reused after {} s",
+        peers_[fences_[wire].peer].config.name, wire, options_.fence_grace_s);
+    ReleaseFence(wire);
+  }
+  std::vector<Req*> late;
+  for (auto& [id, r] : reqs_) {
+    if (r->in_flight && now > r->deadline) late.push_back(r.get());
+  }
+  for (Req* r : late) {
+    FailAttempt(r, DeadlineExceeded("prefill instance " + peers_[r->peer].config.name +
+                                    " did not complete the KV transfer within " +
+                                    std::to_string(options_.transfer_timeout_ms) + " ms"));
+  }
+}
+
+Req* DecodeMessenger::Impl::Find(int64_t id) {
+  auto it = reqs_.find(id);
+  return it == reqs_.end() ? nullptr : it->second.get();
+}
+
+void DecodeMessenger::Impl::UpdateActive() {
+  int64_t n = 0;
+  for (auto& [id, r] : reqs_) n += r->in_flight ? 1 : 0;
+  owner_->metrics_.SetActive(n);
+}
+
+}  // namespace pd::messenger
