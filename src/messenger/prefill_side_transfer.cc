@@ -1,0 +1,276 @@
+// The prefill messenger's transfer tracking: engine events (the step observer's chunks become
+// LayerWork, the engine's final output), posting each layer's page writes once the runner's
+// progress says the layer is final, the metadata write, write completions, and a transfer's end
+// (Fail, TryFinish, deadlines). Lifecycle and control messages are in prefill_side.cc; Impl's
+// definition in prefill_side_impl.h.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/log.h"
+#include "messenger/prefill_side_impl.h"
+
+namespace pd::messenger {
+
+// ------------------------------------------------------------------ engine events
+
+void PrefillMessenger::Impl::OnStep(const engine::StepInfo& info) {
+  // A step index seen again means the step that had it failed before running: forget its work.
+  work_.erase(std::remove_if(work_.begin(), work_.end(),
+                             [&](const LayerWork& w) { return w.runner_step >= info.runner_step; }),
+              work_.end());
+  for (const engine::PrefillChunk& c : info.prefill_chunks) {
+    auto it = by_engine_id_.find(c.request_id);
+    if (it == by_engine_id_.end()) continue;
+    Transfer* t = Find(it->second);
+    if (t == nullptr || !t->error.ok()) continue;
+    if (t->src_pages.empty()) t->src_pages = c.page_table;
+    if (t->src_pages != c.page_table || t->src_pages.size() != t->dst_pages.size()) {
+      Fail(t, Internal("the engine's page table of request " + std::to_string(t->request_id) +
+                       " changed or does not match the destination pages"));
+      continue;
+    }
+    const int end = c.start_pos + c.num_tokens;
+    const int target =
+        c.is_last_chunk ? (end + spec_.page_size - 1) / spec_.page_size : end / spec_.page_size;
+    if (target > t->pages_scheduled || c.is_last_chunk) {
+      work_.push_back(
+          {t->request_id, info.runner_step, t->pages_scheduled, target, 0, c.is_last_chunk});
+      t->pages_scheduled = target;
+    }
+  }
+}
+
+void PrefillMessenger::Impl::OnEngineDone(const engine::RequestOutput& out) {
+  auto it = by_engine_id_.find(out.request_id);
+  if (it == by_engine_id_.end()) return;
+  Transfer* t = Find(it->second);
+  by_engine_id_.erase(it);
+  if (t == nullptr) {  // cannot happen: transfers wait for their engine request
+    if (out.prefill_result) engine_->ReleasePages(out.prefill_result->page_table);
+    return;
+  }
+  t->engine_done = true;
+  if (out.prefill_result) {
+    t->kept_pages = out.prefill_result->page_table;
+    t->last_hidden = out.prefill_result->last_hidden;
+  } else if (t->error.ok()) {
+    Fail(t, out.error.ok() ? Cancelled("the prefill engine aborted the request") : out.error);
+    return;
+  }
+  MaybePostMetadata(t);
+  TryFinish(t);
+}
+
+// ------------------------------------------------------------------ writes
+
+void PrefillMessenger::Impl::PostReady(uint64_t progress) {
+  for (LayerWork& w : work_) {
+    Transfer* t = Find(w.request_id);
+    if (t == nullptr || !t->error.ok()) {
+      w.next_layer = num_layers_;  // dropped below
+      continue;
+    }
+    while (w.next_layer < num_layers_ &&
+           progress >= w.runner_step * num_layers_ + w.next_layer + 1) {
+      if (w.end_page > w.first_page) PostLayer(t, w, w.next_layer);
+      ++w.next_layer;
+      if (!t->error.ok()) break;
+    }
+    if (w.next_layer == num_layers_ && w.is_last && t->error.ok()) {
+      t->kv_posted = true;
+      MaybePostMetadata(t);
+    }
+  }
+  work_.erase(std::remove_if(work_.begin(), work_.end(),
+                             [&](const LayerWork& w) { return w.next_layer >= num_layers_; }),
+              work_.end());
+}
+
+transfer::Completion PrefillMessenger::Impl::WriteDone(uint64_t request_id,
+                                                       std::shared_ptr<transfer::TransferId> id) {
+  std::weak_ptr<TaskQueue> weak = queue_;
+  return [this, weak, request_id, id](const Status& status) {
+    if (auto q = weak.lock())
+      q->Post([this, request_id, id, status] { OnWriteDone(request_id, *id, status); });
+  };
+}
+
+void PrefillMessenger::Impl::Track(Transfer* t, Result<transfer::TransferId> id, uint64_t bytes,
+                                   uint32_t writes) {
+  if (!id.ok()) {
+    Fail(t, id.status().WithContext("posting KV writes"));
+    return;
+  }
+  t->outstanding++;
+  t->inflight.insert(*id);
+  t->num_writes += writes;
+  t->bytes += bytes;
+}
+
+// One paged write per run of the transfer's shard plan: from the run's source rank's region into
+// its destination rank's region, for pages [w.first_page, w.end_page) of layer `layer`.
+void PrefillMessenger::Impl::PostLayer(Transfer* t, const LayerWork& w, int layer) {
+  const int64_t begin_ns = options_.tracer != nullptr ? Tracer::NowNs() : 0;
+  std::vector<uint32_t> src_pages, dst_pages;
+  for (int k = w.first_page; k < w.end_page; ++k) {
+    src_pages.push_back(static_cast<uint32_t>(t->src_pages[k]));
+    dst_pages.push_back(static_cast<uint32_t>(t->dst_pages[k]));
+  }
+  const uint32_t n = static_cast<uint32_t>(src_pages.size());
+  const RunGeometry g{layer, static_cast<uint64_t>(runner_.region().num_pages()), t->dst_num_pages,
+                      0, 0};
+  uint64_t layer_bytes = 0;
+  uint32_t layer_writes = 0;
+  Result<transfer::TransferId> last = Internal("no run");
+  for (const ShardSlice& slice : t->plan.slices) {
+    for (const PageRun& run : slice.runs) {
+      transfer::PagedWriteRequest req;
+      req.src = kv_mrs_[static_cast<size_t>(slice.src_rank)];
+      req.dst = t->dst[static_cast<size_t>(slice.dst_rank)];
+      req.src_pages = src_pages;
+      req.dst_pages = dst_pages;
+      SetRunGeometry(t->plan, run, g, &req);
+      req.imm = t->imm;
+      // The completion carries the id, which exists only once Submit returns: share a slot.
+      auto slot = std::make_shared<transfer::TransferId>(0);
+      last = domain_->SubmitPagedWrite(std::move(req), WriteDone(t->request_id, slot));
+      if (last.ok()) *slot = *last;
+      layer_bytes += uint64_t{n} * run.bytes;
+      layer_writes += n;
+      Track(t, last, uint64_t{n} * run.bytes, n);
+      if (!t->error.ok()) return;
+    }
+  }
+  if (options_.tracer != nullptr) {
+    TracePosted(last, t->request_id, layer, begin_ns,
+                {{"request", std::to_string(t->request_id)},
+                 {"layer", int64_t{layer}},
+                 {"step", static_cast<int64_t>(w.runner_step)},
+                 {"first_page", int64_t{w.first_page}},
+                 {"pages", int64_t{n}},
+                 {"writes", int64_t{layer_writes}},
+                 {"bytes", static_cast<int64_t>(layer_bytes)}});
+  }
+}
+
+// "post writes" (or "post metadata") over the submit call; the write's flight is traced when
+// its completion arrives (OnWriteDone).
+void PrefillMessenger::Impl::TracePosted(Result<transfer::TransferId> id, uint64_t request_id,
+                                         int layer, int64_t begin_ns, TraceArgs args) {
+  const int64_t now = Tracer::NowNs();
+  if (!id.ok()) args.push_back({"error", id.status().ToString()});
+  options_.tracer->Complete(layer < 0 ? "post metadata" : "post writes", "kv", begin_ns, now,
+                            std::move(args));
+  if (id.ok()) traced_[*id] = {request_id, layer, now};
+}
+
+void PrefillMessenger::Impl::MaybePostMetadata(Transfer* t) {
+  if (!t->kv_posted || !t->engine_done || t->meta_posted || !t->error.ok()) return;
+  if (t->last_hidden.size() * sizeof(float) != meta_bytes_) {
+    Fail(t, Internal("the engine's last hidden state has " + std::to_string(t->last_hidden.size()) +
+                     " floats, expected " + std::to_string(meta_bytes_ / 4)));
+    return;
+  }
+  const uint64_t offset = uint64_t{meta_bytes_} * t->meta_slot;
+  std::memcpy(meta_staging_.data() + offset, t->last_hidden.data(), meta_bytes_);
+  transfer::WriteRequest req;
+  req.src = meta_mr_;
+  req.src_offset = offset;
+  req.length = meta_bytes_;
+  req.dst = t->meta;
+  req.dst_offset = t->meta_offset;
+  req.imm = t->imm;
+  t->meta_posted = true;
+  const int64_t begin_ns = options_.tracer != nullptr ? Tracer::NowNs() : 0;
+  auto slot = std::make_shared<transfer::TransferId>(0);
+  auto id = domain_->SubmitWrite(req, WriteDone(t->request_id, slot));
+  if (id.ok()) *slot = *id;
+  if (options_.tracer != nullptr) {
+    TracePosted(
+        id, t->request_id, -1, begin_ns,
+        {{"request", std::to_string(t->request_id)}, {"bytes", static_cast<int64_t>(meta_bytes_)}});
+  }
+  Track(t, id, meta_bytes_, 1);
+}
+
+void PrefillMessenger::Impl::OnWriteDone(uint64_t request_id, transfer::TransferId id,
+                                         const Status& status) {
+  if (auto it = traced_.find(id); it != traced_.end()) {
+    const TracedWrite w = it->second;
+    traced_.erase(it);
+    options_.tracer->Complete(w.layer < 0 ? "metadata write" : "write layer", "kv", w.posted_ns,
+                              Tracer::NowNs(),
+                              {{"request", std::to_string(w.request_id)},
+                               {"layer", int64_t{w.layer}},
+                               {"ok", int64_t{status.ok() ? 1 : 0}}});
+  }
+  Transfer* t = Find(request_id);
+  if (t == nullptr) return;
+  t->outstanding--;
+  t->inflight.erase(id);
+  if (!status.ok() && t->error.ok()) Fail(t, status.WithContext("KV write"));
+  TryFinish(t);
+}
+
+// ------------------------------------------------------------------ life cycle
+
+void PrefillMessenger::Impl::Fail(Transfer* t, const Status& status) {
+  if (!t->error.ok()) return;
+  t->error = status;
+  if (options_.tracer != nullptr) {
+    options_.tracer->Instant(
+        "transfer failed", "kv",
+        {{"request", std::to_string(t->request_id)}, {"error", status.ToString()}});
+  }
+  for (transfer::TransferId x : t->inflight) domain_->Cancel(x);
+  if (!t->engine_done) engine_->Abort(t->engine_id);
+  TryFinish(t);
+}
+
+void PrefillMessenger::Impl::TryFinish(Transfer* t) {
+  if (!t->engine_done || t->outstanding > 0) return;
+  if (t->error.ok() && !t->meta_posted) return;  // writes still to come
+  if (!t->kept_pages.empty()) engine_->ReleasePages(std::move(t->kept_pages));
+  free_meta_slots_.push_back(t->meta_slot);
+  SendDone(t->peer, t->request_id, t->error, t->num_writes);
+  if (options_.tracer != nullptr) {
+    options_.tracer->Complete(
+        "transfer", "kv", static_cast<int64_t>(t->start_time * 1e9), Tracer::NowNs(),
+        {{"request", std::to_string(t->request_id)},
+         {"tokens", int64_t{t->num_tokens}},
+         {"writes", int64_t{t->num_writes}},
+         {"bytes", static_cast<int64_t>(t->bytes)},
+         {"status", t->error.ok() ? std::string("ok") : t->error.ToString()}});
+  }
+  if (t->error.ok()) {
+    owner_->metrics_.Succeeded(NowSeconds() - t->start_time, t->bytes, t->num_writes);
+  } else {
+    owner_->metrics_.Failed();
+    PD_LOG_WARN("prefill messenger: request {} failed: {}", t->request_id, t->error.ToString());
+  }
+  transfers_.erase(t->request_id);  // t is gone
+  owner_->metrics_.SetActive(static_cast<int64_t>(transfers_.size()));
+}
+
+void PrefillMessenger::Impl::CheckDeadlines() {
+  const double now = NowSeconds();
+  std::vector<Transfer*> late;
+  for (auto& [id, t] : transfers_) {
+    if (t->error.ok() && now > t->deadline) late.push_back(t.get());
+  }
+  for (Transfer* t : late) {
+    Fail(t, DeadlineExceeded("KV transfer of request " + std::to_string(t->request_id) +
+                             " missed its deadline"));
+  }
+}
+
+Transfer* PrefillMessenger::Impl::Find(uint64_t request_id) {
+  auto it = transfers_.find(request_id);
+  return it == transfers_.end() ? nullptr : it->second.get();
+}
+
+}  // namespace pd::messenger
