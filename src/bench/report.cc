@@ -127,38 +127,45 @@ bool MeetsSlo(const RequestResult& r, double tpot,
   return true;
 }
 
-}  // namespace
-
-BenchmarkSummary Summarize(const RunInfo& info, const std::vector<RequestResult>& results,
-                           const std::vector<std::string>& percentile_metrics,
-                           const std::vector<double>& percentiles,
-                           const std::map<std::string, double>& goodput_ms) {
+// What the per-request results add up to: the latency samples (seconds) and the totals.
+struct Tally {
   std::vector<double> ttfts, tpots, itls, e2els;
   long long total_input = 0, total_output = 0;
   int completed = 0, good = 0;
   std::map<int, int> failures_by_status;
   json input_lens = json::array(), output_lens = json::array(), ttft_list = json::array(),
        itl_list = json::array(), errors = json::array();
+};
+
+Tally TallyResults(const std::vector<RequestResult>& results,
+                   const std::map<std::string, double>& goodput_ms) {
+  Tally s;
   for (const RequestResult& r : results) {
     if (!r.success) {
-      failures_by_status[r.http_status]++;
-      errors.push_back(r.error);
+      s.failures_by_status[r.http_status]++;
+      s.errors.push_back(r.error);
       continue;
     }
-    ++completed;
-    total_input += r.prompt_len;
-    total_output += r.output_len;
+    ++s.completed;
+    s.total_input += r.prompt_len;
+    s.total_output += r.output_len;
     const double tpot = r.output_len > 1 ? (r.latency - r.ttft) / (r.output_len - 1) : 0.0;
-    if (r.output_len > 1) tpots.push_back(tpot);
-    ttfts.push_back(r.ttft);
-    e2els.push_back(r.latency);
-    itls.insert(itls.end(), r.itl.begin(), r.itl.end());
-    if (!goodput_ms.empty() && MeetsSlo(r, tpot, goodput_ms)) ++good;
-    input_lens.push_back(r.prompt_len);
-    output_lens.push_back(r.output_len);
-    ttft_list.push_back(r.ttft);
-    itl_list.push_back(r.itl);
+    if (r.output_len > 1) s.tpots.push_back(tpot);
+    s.ttfts.push_back(r.ttft);
+    s.e2els.push_back(r.latency);
+    s.itls.insert(s.itls.end(), r.itl.begin(), r.itl.end());
+    if (!goodput_ms.empty() && MeetsSlo(r, tpot, goodput_ms)) ++s.good;
+    s.input_lens.push_back(r.prompt_len);
+    s.output_lens.push_back(r.output_len);
+    s.ttft_list.push_back(r.ttft);
+    s.itl_list.push_back(r.itl);
   }
+  return s;
+}
+
+// The run's settings and totals under vLLM's field names (the latency metrics come later).
+json RunJson(const RunInfo& info, size_t num_results, const Tally& s,
+             const std::map<std::string, double>& goodput_ms) {
   const double duration = std::max(info.duration, 1e-9);
   json j;
   char date[32];
@@ -175,66 +182,90 @@ BenchmarkSummary Summarize(const RunInfo& info, const std::vector<RequestResult>
   j["burstiness"] = info.burstiness;
   j["max_concurrency"] = info.max_concurrency > 0 ? json(info.max_concurrency) : json(nullptr);
   j["duration"] = info.duration;
-  j["completed"] = completed;
-  j["failed"] = static_cast<int>(results.size()) - completed;
-  j["total_input_tokens"] = total_input;
-  j["total_output_tokens"] = total_output;
-  j["request_throughput"] = completed / duration;
-  j["request_goodput"] = goodput_ms.empty() ? json(nullptr) : json(good / duration);
+  j["completed"] = s.completed;
+  j["failed"] = static_cast<int>(num_results) - s.completed;
+  j["total_input_tokens"] = s.total_input;
+  j["total_output_tokens"] = s.total_output;
+  j["request_throughput"] = s.completed / duration;
+  j["request_goodput"] = goodput_ms.empty() ? json(nullptr) : json(s.good / duration);
   j["slo_attainment"] =
-      goodput_ms.empty() || results.empty() ? json(nullptr) : json(double(good) / results.size());
-  j["output_throughput"] = total_output / duration;
-  j["total_token_throughput"] = (total_input + total_output) / duration;
-  j["input_lens"] = input_lens;
-  j["output_lens"] = output_lens;
-  j["ttfts"] = ttft_list;
-  j["itls"] = itl_list;
-  j["errors"] = errors;
+      goodput_ms.empty() || num_results == 0 ? json(nullptr) : json(double(s.good) / num_results);
+  j["output_throughput"] = s.total_output / duration;
+  j["total_token_throughput"] = (s.total_input + s.total_output) / duration;
+  j["input_lens"] = s.input_lens;
+  j["output_lens"] = s.output_lens;
+  j["ttfts"] = s.ttft_list;
+  j["itls"] = s.itl_list;
+  j["errors"] = s.errors;
+  return j;
+}
 
+// The printed report's totals, up to the latency sections.
+std::string RunText(const RunInfo& info, size_t num_results, const Tally& s,
+                    const std::map<std::string, double>& goodput_ms) {
+  const double duration = std::max(info.duration, 1e-9);
   std::string t = Header(" Serving Benchmark Result ", '=');
-  t += LineInt("Successful requests:", completed);
-  t += LineInt("Failed requests:", static_cast<long long>(results.size()) - completed);
-  for (const auto& [status, n] : failures_by_status)
+  t += LineInt("Successful requests:", s.completed);
+  t += LineInt("Failed requests:", static_cast<long long>(num_results) - s.completed);
+  for (const auto& [status, n] : s.failures_by_status)
     t += LineInt(
         "  failed with HTTP " + (status ? std::to_string(status) : std::string("error")) + ":", n);
   if (info.max_concurrency > 0) t += LineInt("Maximum request concurrency:", info.max_concurrency);
   t += Line("Benchmark duration (s):", info.duration);
-  t += LineInt("Total input tokens:", total_input);
-  t += LineInt("Total generated tokens:", total_output);
-  t += Line("Request throughput (req/s):", completed / duration);
+  t += LineInt("Total input tokens:", s.total_input);
+  t += LineInt("Total generated tokens:", s.total_output);
+  t += Line("Request throughput (req/s):", s.completed / duration);
   if (!goodput_ms.empty()) {
-    t += Line("Request goodput (req/s):", good / duration);
-    t += Line("SLO attainment (%):", results.empty() ? 0.0 : 100.0 * good / results.size());
+    t += Line("Request goodput (req/s):", s.good / duration);
+    t += Line("SLO attainment (%):", num_results == 0 ? 0.0 : 100.0 * s.good / num_results);
   }
-  t += Line("Output token throughput (tok/s):", total_output / duration);
-  t += Line("Total Token throughput (tok/s):", (total_input + total_output) / duration);
+  t += Line("Output token throughput (tok/s):", s.total_output / duration);
+  t += Line("Total Token throughput (tok/s):", (s.total_input + s.total_output) / duration);
+  return t;
+}
 
+// Mean, median, std and the percentiles of each latency metric into `j`; a section of the printed
+// report for each metric in `percentile_metrics`.
+void AddLatencyMetrics(const Tally& s, const std::vector<std::string>& percentile_metrics,
+                       const std::vector<double>& percentiles, json* j, std::string* t) {
   struct MetricDef {
     const char* key;
     const char* title;
     const char* label;
     const std::vector<double>* values;
   };
-  const MetricDef defs[] = {{"ttft", "Time to First Token", "TTFT", &ttfts},
-                            {"tpot", "Time per Output Token (excl. 1st token)", "TPOT", &tpots},
-                            {"itl", "Inter-token Latency", "ITL", &itls},
-                            {"e2el", "End-to-end Latency", "E2EL", &e2els}};
+  const MetricDef defs[] = {{"ttft", "Time to First Token", "TTFT", &s.ttfts},
+                            {"tpot", "Time per Output Token (excl. 1st token)", "TPOT", &s.tpots},
+                            {"itl", "Inter-token Latency", "ITL", &s.itls},
+                            {"e2el", "End-to-end Latency", "E2EL", &s.e2els}};
   std::set<std::string> selected(percentile_metrics.begin(), percentile_metrics.end());
   for (const MetricDef& d : defs) {
     std::vector<double> ms;
     for (double v : *d.values) ms.push_back(v * 1000.0);
     const std::string k = d.key;
-    j["mean_" + k + "_ms"] = Mean(ms);
-    j["median_" + k + "_ms"] = Percentile(ms, 50);
-    j["std_" + k + "_ms"] = StdDev(ms);
-    for (double p : percentiles) j["p" + PercentileKey(p) + "_" + k + "_ms"] = Percentile(ms, p);
+    (*j)["mean_" + k + "_ms"] = Mean(ms);
+    (*j)["median_" + k + "_ms"] = Percentile(ms, 50);
+    (*j)["std_" + k + "_ms"] = StdDev(ms);
+    for (double p : percentiles) (*j)["p" + PercentileKey(p) + "_" + k + "_ms"] = Percentile(ms, p);
     if (!selected.count(k)) continue;
-    t += Header(std::string(d.title), '-');
-    t += Line(std::string("Mean ") + d.label + " (ms):", Mean(ms));
-    t += Line(std::string("Median ") + d.label + " (ms):", Percentile(ms, 50));
+    *t += Header(std::string(d.title), '-');
+    *t += Line(std::string("Mean ") + d.label + " (ms):", Mean(ms));
+    *t += Line(std::string("Median ") + d.label + " (ms):", Percentile(ms, 50));
     for (double p : percentiles)
-      t += Line("P" + PercentileKey(p) + " " + d.label + " (ms):", Percentile(ms, p));
+      *t += Line("P" + PercentileKey(p) + " " + d.label + " (ms):", Percentile(ms, p));
   }
+}
+
+}  // namespace
+
+BenchmarkSummary Summarize(const RunInfo& info, const std::vector<RequestResult>& results,
+                           const std::vector<std::string>& percentile_metrics,
+                           const std::vector<double>& percentiles,
+                           const std::map<std::string, double>& goodput_ms) {
+  const Tally tally = TallyResults(results, goodput_ms);
+  json j = RunJson(info, results.size(), tally, goodput_ms);
+  std::string t = RunText(info, results.size(), tally, goodput_ms);
+  AddLatencyMetrics(tally, percentile_metrics, percentiles, &j, &t);
   t += std::string(50, '=') + "\n";
   return {j, t};
 }
