@@ -200,9 +200,9 @@ Status ParseStop(const json& doc, const ProtocolLimits& limits, std::vector<std:
   return OkStatus();
 }
 
-// Fields shared by both APIs: sampling, streaming and the unsupported-value checks.
-Status ParseCommon(const json& doc, const ProtocolLimits& limits, GenerateRequest* req) {
-  std::optional<int64_t> n, best_of, max_tokens, top_k, seed;
+// Values we do not support: n and best_of other than 1, penalties other than 0.
+Status CheckUnsupported(const json& doc) {
+  std::optional<int64_t> n, best_of;
   RETURN_IF_ERROR(GetInt(doc, "n", &n));
   if (n && *n != 1)
     return InvalidArgument("'n' = " + std::to_string(*n) + " is not supported (only n = 1)");
@@ -216,6 +216,12 @@ Status ParseCommon(const json& doc, const ProtocolLimits& limits, GenerateReques
     if (v && *v != 0.0)
       return InvalidArgument(std::string("'") + penalty + "' is not supported (only 0)");
   }
+  return OkStatus();
+}
+
+// max_tokens (chat also takes max_completion_tokens), temperature, top_p, top_k, seed, ignore_eos.
+Status ParseSampling(const json& doc, const ProtocolLimits& limits, GenerateRequest* req) {
+  std::optional<int64_t> max_tokens, top_k, seed;
   RETURN_IF_ERROR(GetInt(doc, "max_tokens", &max_tokens));
   if (req->kind == ApiKind::kChat && !max_tokens)
     RETURN_IF_ERROR(GetInt(doc, "max_completion_tokens", &max_tokens));
@@ -250,6 +256,13 @@ Status ParseCommon(const json& doc, const ProtocolLimits& limits, GenerateReques
   RETURN_IF_ERROR(GetInt(doc, "seed", &seed));
   if (seed) req->sampling.seed = static_cast<uint64_t>(*seed);
   RETURN_IF_ERROR(GetBool(doc, "ignore_eos", &req->sampling.ignore_eos));
+  return OkStatus();
+}
+
+// Fields shared by both APIs: sampling, streaming and the unsupported-value checks.
+Status ParseCommon(const json& doc, const ProtocolLimits& limits, GenerateRequest* req) {
+  RETURN_IF_ERROR(CheckUnsupported(doc));
+  RETURN_IF_ERROR(ParseSampling(doc, limits, req));
   RETURN_IF_ERROR(GetBool(doc, "return_tokens_as_token_ids", &req->return_tokens_as_token_ids));
   RETURN_IF_ERROR(GetBool(doc, "skip_special_tokens", &req->skip_special_tokens));
   RETURN_IF_ERROR(ParseStop(doc, limits, &req->stop));
