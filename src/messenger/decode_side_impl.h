@@ -120,6 +120,7 @@ class DecodeMessenger::Impl {
   void OnPrefillDone(const PrefillDone& done, uint64_t seq);
   void OnReserved(int64_t id, std::vector<int32_t> pages, std::shared_ptr<RequestInfo> info);
   void StartAttempt(Req* r, const Status& last_error);
+  void SendPrefillRequest(Req* r, uint32_t num_pages, uint64_t expected);
   void OnKvArrived(int64_t id, uint32_t imm);
   void FailAttempt(Req* r, const Status& status);
   // Ends the current attempt; with `fence` its pages and metadata slot wait in fences_ for the

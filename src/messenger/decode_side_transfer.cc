@@ -134,6 +134,15 @@ void DecodeMessenger::Impl::StartAttempt(Req* r, const Status& last_error) {
     peers_[peer].outstanding++;
   }
   UpdateActive();
+  SendPrefillRequest(r, num_pages, *expected);
+}
+
+// The attempt's PrefillRequest to peers_[r->peer]: the prompt without its last token, our rank
+// regions, the first `num_pages` reserved pages, the metadata slot and the deadline.
+void DecodeMessenger::Impl::SendPrefillRequest(Req* r, uint32_t num_pages, uint64_t expected) {
+  const int peer = r->peer;
+  const uint32_t num_tokens = static_cast<uint32_t>(r->info->prefill_tokens.size());
+  const uint32_t imm = r->imm;
   PrefillRequest m;
   m.request_id = r->wire_id;
   m.transfer_imm = imm;
@@ -153,7 +162,7 @@ void DecodeMessenger::Impl::StartAttempt(Req* r, const Status& last_error) {
                               {"peer", peers_[peer].config.name},
                               {"attempt", int64_t{r->attempts}},
                               {"tokens", int64_t{num_tokens}},
-                              {"expected_writes", static_cast<int64_t>(*expected)}});
+                              {"expected_writes", static_cast<int64_t>(expected)}});
   }
   Send(peer, m);  // a failure marks the peer down, which fails this attempt
 }
