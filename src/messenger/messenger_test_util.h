@@ -150,9 +150,10 @@ struct Outcome {
   Status error;
 };
 
-// Runs one greedy request to its end through any AsyncEngine.
+// Runs one greedy request to its end through any AsyncEngine (a test failure if it has not ended
+// after `timeout_s`).
 inline Outcome Generate(engine::AsyncEngine& engine, const std::vector<int32_t>& prompt,
-                        int max_tokens, int64_t* id_out = nullptr) {
+                        int max_tokens, int64_t* id_out = nullptr, double timeout_s = kDeadlineS) {
   std::mutex mu;
   std::condition_variable cv;
   Outcome outcome;
@@ -178,16 +179,18 @@ inline Outcome Generate(engine::AsyncEngine& engine, const std::vector<int32_t>&
   }
   if (id_out != nullptr) *id_out = *id;
   std::unique_lock<std::mutex> lock(mu);
-  EXPECT_TRUE(cv.wait_for(lock, std::chrono::duration<double>(kDeadlineS), [&] { return done; }))
+  EXPECT_TRUE(cv.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return done; }))
       << "request did not finish";
   return outcome;
 }
 
-inline bool AllPagesFree(const engine::AsyncEngine& e) {
-  return WaitUntil([&] {
-    auto s = e.stats();
-    return s.num_free_pages == s.num_total_pages && s.num_awaiting_kv == 0;
-  });
+inline bool AllPagesFree(const engine::AsyncEngine& e, double timeout_s = kDeadlineS) {
+  return WaitUntil(
+      [&] {
+        auto s = e.stats();
+        return s.num_free_pages == s.num_total_pages && s.num_awaiting_kv == 0;
+      },
+      timeout_s);
 }
 
 // A bare domain speaking the wire protocol, scripted by the test. Its own thread handles what

@@ -7,14 +7,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <chrono>
-#include <condition_variable>
-#include <deque>
-#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
-#include <optional>
-#include <thread>
+#include <string>
+#include <vector>
 
 #include "engine/async_engine.h"
 #include "engine/engine.h"
@@ -31,19 +28,14 @@ namespace {
 
 using testing::Async;
 using testing::FakePeer;
+using testing::Generate;
 using ::testing::HasSubstr;
-using testing::PrefillInstance;
-constexpr double kDeadlineS = 60.0;
 using testing::kSecret;  // FakePeer speaks with it too
-
-bool WaitUntil(const std::function<bool()>& pred, double timeout_s = kDeadlineS) {
-  const double end = NowSeconds() + timeout_s;
-  while (!pred()) {
-    if (NowSeconds() > end) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
+using testing::Outcome;
+using testing::PrefillInstance;
+using testing::WaitUntil;
+// Twice the shared guard: a TP 4 instance runs 4 ranks' engines on one thread each.
+constexpr double kTpDeadlineS = 60.0;
 
 // One tiny model per KV head count: 8 query heads and 40 MLP columns split over TP 1, 2 and 4.
 const engine::testing::TinyModel& Model(int kv_heads) {
@@ -124,46 +116,7 @@ std::vector<int32_t> PromptOf(int len, int salt) {
   return p;
 }
 
-struct Outcome {
-  std::vector<int32_t> tokens;
-  Status error;
-  bool finished = false;
-};
-
-Outcome Generate(engine::AsyncEngine& engine, const std::vector<int32_t>& prompt, int max_tokens) {
-  std::mutex mu;
-  std::condition_variable cv;
-  Outcome outcome;
-  engine::SamplingParams p;
-  p.temperature = 0.0f;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  auto id = engine.Submit(prompt, p, [&](const engine::RequestOutput& out) {
-    std::lock_guard<std::mutex> lock(mu);
-    outcome.tokens.insert(outcome.tokens.end(), out.new_token_ids.begin(), out.new_token_ids.end());
-    if (out.finished()) {
-      outcome.error = out.error;
-      outcome.finished = true;
-      cv.notify_all();
-    }
-  });
-  if (!id.ok()) {
-    outcome.error = id.status();
-    return outcome;
-  }
-  std::unique_lock<std::mutex> lock(mu);
-  EXPECT_TRUE(cv.wait_for(lock, std::chrono::duration<double>(kDeadlineS), [&] {
-    return outcome.finished;
-  })) << "request did not finish";
-  return outcome;
-}
-
-bool AllPagesFree(const engine::AsyncEngine& e) {
-  return WaitUntil([&] {
-    auto s = e.stats();
-    return s.num_free_pages == s.num_total_pages && s.num_awaiting_kv == 0;
-  });
-}
+bool AllPagesFree(const engine::AsyncEngine& e) { return testing::AllPagesFree(e, kTpDeadlineS); }
 
 // ------------------------------------------------------------------ golden, every pairing
 
@@ -176,7 +129,8 @@ TEST_P(MessengerTpGoldenTest, EveryTpPairingGivesTheColocatedTp1GreedyTokens) {
   std::vector<Outcome> want;
   {
     auto colocated = Async(MakeEngine(s, 1));
-    for (const auto& p : prompts) want.push_back(Generate(*colocated, p, kTokens));
+    for (const auto& p : prompts)
+      want.push_back(Generate(*colocated, p, kTokens, nullptr, kTpDeadlineS));
     colocated->Shutdown();
   }
   for (int ptp : {1, 2, 4}) {
@@ -185,10 +139,10 @@ TEST_P(MessengerTpGoldenTest, EveryTpPairingGivesTheColocatedTp1GreedyTokens) {
     for (int dtp : {1, 2, 4}) {
       SCOPED_TRACE("prefill TP " + std::to_string(ptp) + " -> decode TP " + std::to_string(dtp));
       auto decode = StartDecode(s, dtp, prefill->messenger->fabric_address());
-      ASSERT_TRUE(decode->WaitForPeers(kDeadlineS).ok());
+      ASSERT_TRUE(decode->WaitForPeers(kTpDeadlineS).ok());
       const uint64_t before = prefill->messenger->metrics().succeeded();
       for (size_t i = 0; i < prompts.size(); ++i) {
-        Outcome got = Generate(*decode, prompts[i], kTokens);
+        Outcome got = Generate(*decode, prompts[i], kTokens, nullptr, kTpDeadlineS);
         ASSERT_TRUE(got.error.ok()) << got.error.ToString();
         EXPECT_EQ(got.tokens, want[i].tokens) << "prompt " << i;
       }
@@ -196,7 +150,8 @@ TEST_P(MessengerTpGoldenTest, EveryTpPairingGivesTheColocatedTp1GreedyTokens) {
       EXPECT_EQ(decode->metrics().failed(), 0u);
       EXPECT_TRUE(AllPagesFree(*decode));
       EXPECT_TRUE(WaitUntil(
-          [&] { return prefill->messenger->metrics().succeeded() == before + prompts.size(); }));
+          [&] { return prefill->messenger->metrics().succeeded() == before + prompts.size(); },
+          kTpDeadlineS));
       decode->Shutdown();
     }
     EXPECT_TRUE(AllPagesFree(*prefill->engine));
@@ -309,10 +264,10 @@ TEST(MessengerTpHandshakeTest, DecodeRefusesAPrefillSchemeItCannotPlanFor) {
   });
   if (prefill == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
   auto decode = StartDecode(s, 2, prefill->address());
-  Status st = decode->WaitForPeers(kDeadlineS);
+  Status st = decode->WaitForPeers(kTpDeadlineS);
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(st.message(), HasSubstr("cannot pair prefill tp_size 3 with decode tp_size 2"));
-  Outcome o = Generate(*decode, PromptOf(5, 1), 2);
+  Outcome o = Generate(*decode, PromptOf(5, 1), 2, nullptr, kTpDeadlineS);
   EXPECT_EQ(o.error.code(), StatusCode::kUnavailable);
   EXPECT_TRUE(AllPagesFree(*decode));
 }
