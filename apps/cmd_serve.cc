@@ -72,7 +72,60 @@ int FinishTrace(const Tracer* tracer, const std::string& path, int rc) {
   return rc;
 }
 
-int RunServe(const ServeFlags& f) {
+// --compute-cpus: the listed CPUs (empty when the flag is), each one this process may use.
+Result<std::vector<int>> ParseComputeCpus(const std::string& list) {
+  std::vector<int> compute_cpus;
+  if (list.empty()) return compute_cpus;
+  auto cpus = ParseCpuList(list);
+  if (!cpus.ok()) return InvalidArgument("--compute-cpus: " + cpus.status().message());
+  const std::vector<int> allowed = CurrentThreadCpus();
+  for (int c : *cpus) {
+    if (std::find(allowed.begin(), allowed.end(), c) == allowed.end())
+      return InvalidArgument("--compute-cpus: CPU " + std::to_string(c) +
+                             " is not one this process may use");
+  }
+  compute_cpus = *std::move(cpus);
+  return compute_cpus;
+}
+
+// The engine's options from the flags; without --threads, --compute-cpus's CPUs are split over
+// the ranks.
+engine::EngineOptions MakeEngineOptions(const ServeFlags& f, engine::KvLayout layout,
+                                        int max_model_len, const std::vector<int>& compute_cpus,
+                                        Tracer* tracer) {
+  engine::EngineOptions eo;
+  eo.runner.tracer = tracer;
+  eo.runner.kv.page_size = f.page_size;
+  eo.runner.kv.layout = layout;
+  eo.runner.kv_cache_bytes = f.kv_cache_bytes;
+  eo.runner.num_threads =
+      f.threads > 0 || compute_cpus.empty()
+          ? f.threads
+          : std::max<int>(1, static_cast<int>(compute_cpus.size()) / f.tensor_parallel_size);
+  eo.runner.tensor_parallel_size = f.tensor_parallel_size;
+  eo.scheduler.max_num_seqs = f.max_num_seqs;
+  eo.scheduler.max_num_batched_tokens = f.max_num_batched_tokens;
+  eo.scheduler.max_model_len = max_model_len;
+  return eo;
+}
+
+server::ServerOptions MakeServerOptions(const ServeFlags& f, int max_model_len) {
+  server::ServerOptions so;
+  so.host = f.host;
+  so.port = f.port;
+  so.served_model_name = f.served_model_name.empty() ? f.model : f.served_model_name;
+  so.model_path = f.model;
+  so.api_key = f.api_key;
+  so.max_model_len = max_model_len;
+  so.http.num_threads =
+      f.http_threads > 0 ? f.http_threads : std::min(1024, f.max_pending_requests + 16);
+  so.http.max_queued_connections = f.max_queued_connections;
+  so.http.max_body_bytes = f.max_body_bytes;
+  return so;
+}
+
+// Blocks SIGINT and SIGTERM (returned, for sigwait) and ignores SIGPIPE.
+sigset_t BlockStopSignals() {
   // Block the stop signals before any thread starts, so every thread inherits the mask and the
   // main thread receives them in sigwait.
   sigset_t stop_signals;
@@ -81,6 +134,11 @@ int RunServe(const ServeFlags& f) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   ::signal(SIGPIPE, SIG_IGN);  // a client that hangs up is an error on that socket only
+  return stop_signals;
+}
+
+int RunServe(const ServeFlags& f) {
+  const sigset_t stop_signals = BlockStopSignals();
 
   auto layout = engine::ParseKvLayout(f.kv_layout);
   if (!layout.ok()) return Fail("--kv-layout: " + layout.status().message());
@@ -95,31 +153,11 @@ int RunServe(const ServeFlags& f) {
   RoleFlags roles = f.roles;
   roles.tracer = tracer->get();
 
-  std::vector<int> compute_cpus;
-  if (!f.compute_cpus.empty()) {
-    auto cpus = ParseCpuList(f.compute_cpus);
-    if (!cpus.ok()) return Fail("--compute-cpus: " + cpus.status().message());
-    const std::vector<int> allowed = CurrentThreadCpus();
-    for (int c : *cpus) {
-      if (std::find(allowed.begin(), allowed.end(), c) == allowed.end())
-        return Fail("--compute-cpus: CPU " + std::to_string(c) +
-                    " is not one this process may use");
-    }
-    compute_cpus = *std::move(cpus);
-  }
-  engine::EngineOptions eo;
-  eo.runner.tracer = roles.tracer;
-  eo.runner.kv.page_size = f.page_size;
-  eo.runner.kv.layout = *layout;
-  eo.runner.kv_cache_bytes = f.kv_cache_bytes;
-  eo.runner.num_threads =
-      f.threads > 0 || compute_cpus.empty()
-          ? f.threads
-          : std::max<int>(1, static_cast<int>(compute_cpus.size()) / f.tensor_parallel_size);
-  eo.runner.tensor_parallel_size = f.tensor_parallel_size;
-  eo.scheduler.max_num_seqs = f.max_num_seqs;
-  eo.scheduler.max_num_batched_tokens = f.max_num_batched_tokens;
-  eo.scheduler.max_model_len = max_model_len;
+  auto cpus = ParseComputeCpus(f.compute_cpus);
+  if (!cpus.ok()) return Fail(cpus.status().message());
+  const std::vector<int> compute_cpus = *std::move(cpus);
+  const engine::EngineOptions eo =
+      MakeEngineOptions(f, *layout, max_model_len, compute_cpus, roles.tracer);
   // --compute-cpus: the model's threads (pool workers and rank threads, started by Create, inherit
   // the main thread's affinity; the engine loop pins itself) run there; HTTP, fabric and KV
   // messenger threads, started later, keep every CPU.
@@ -139,17 +177,7 @@ int RunServe(const ServeFlags& f) {
   auto async = CreateRoleEngine(roles, *weights, std::move(eng).value(), ao);
   if (!async.ok()) return Fail(async.status().ToString());
 
-  server::ServerOptions so;
-  so.host = f.host;
-  so.port = f.port;
-  so.served_model_name = f.served_model_name.empty() ? f.model : f.served_model_name;
-  so.model_path = f.model;
-  so.api_key = f.api_key;
-  so.max_model_len = max_model_len;
-  so.http.num_threads =
-      f.http_threads > 0 ? f.http_threads : std::min(1024, f.max_pending_requests + 16);
-  so.http.max_queued_connections = f.max_queued_connections;
-  so.http.max_body_bytes = f.max_body_bytes;
+  server::ServerOptions so = MakeServerOptions(f, max_model_len);
   if (auto* decode = dynamic_cast<messenger::DecodeMessenger*>(async->get())) {
     // The decode instance's KV transfer counters and histogram, beside the serving metrics.
     so.extra_metrics = [decode] { return decode->metrics().PrometheusText("decode"); };
