@@ -72,6 +72,34 @@ struct Relay {
   }
 };
 
+// The relay's worker thread: sends `up` to the decode instance at `url` and queues its status and
+// body chunks into `relay` as they arrive, until the answer ends or the relay is cancelled.
+void RelayUpstream(const std::shared_ptr<Relay>& relay, const std::string& url, int timeout_s,
+                   httplib::Request up) {
+  up.response_handler = [relay](const httplib::Response& r) {
+    std::lock_guard<std::mutex> lock(relay->mu);
+    relay->have_status = true;
+    relay->status = r.status;
+    relay->content_type = r.get_header_value("Content-Type");
+    relay->cv.notify_all();
+    return true;
+  };
+  up.content_receiver = [relay](const char* data, size_t len, uint64_t, uint64_t) {
+    relay->Push(std::string(data, len));
+    return !relay->cancel.load();  // false closes the upstream: the decode instance aborts
+  };
+  httplib::Client client(url);
+  client.set_read_timeout(timeout_s, 0);
+  client.set_tcp_nodelay(true);
+  httplib::Response r;
+  httplib::Error err = httplib::Error::Success;
+  bool ok = client.send(up, r, err);
+  std::lock_guard<std::mutex> lock(relay->mu);
+  if (!ok && !relay->cancel.load()) relay->error = httplib::to_string(err);
+  relay->done = true;
+  relay->cv.notify_all();
+}
+
 }  // namespace
 
 Router::Router(const RouterOptions& options) : options_(options), http_(options.http) {}
@@ -193,28 +221,7 @@ void Router::ForwardStream(Backend& b, const httplib::Request& req, httplib::Res
   up.headers.emplace("Content-Type", "application/json");
   up.body = req.body;
   relay->worker = std::thread([relay, url, timeout_s, up]() mutable {
-    up.response_handler = [relay](const httplib::Response& r) {
-      std::lock_guard<std::mutex> lock(relay->mu);
-      relay->have_status = true;
-      relay->status = r.status;
-      relay->content_type = r.get_header_value("Content-Type");
-      relay->cv.notify_all();
-      return true;
-    };
-    up.content_receiver = [relay](const char* data, size_t len, uint64_t, uint64_t) {
-      relay->Push(std::string(data, len));
-      return !relay->cancel.load();  // false closes the upstream: the decode instance aborts
-    };
-    httplib::Client client(url);
-    client.set_read_timeout(timeout_s, 0);
-    client.set_tcp_nodelay(true);
-    httplib::Response r;
-    httplib::Error err = httplib::Error::Success;
-    bool ok = client.send(up, r, err);
-    std::lock_guard<std::mutex> lock(relay->mu);
-    if (!ok && !relay->cancel.load()) relay->error = httplib::to_string(err);
-    relay->done = true;
-    relay->cv.notify_all();
+    RelayUpstream(relay, url, timeout_s, std::move(up));
   });
   auto finish = [relay, &b] {
     relay->cancel.store(true);
