@@ -232,6 +232,54 @@ std::string LimitMessage(LimitHit hit, const HttpLimits& limits) {
   return "request body exceeds the limit of " + std::to_string(limits.max_body_bytes) + " bytes";
 }
 
+// The status (0: none) and `message` of a request whose headers break a limit: too many headers
+// (431), an unreadable Content-Length (400), or one over max_body_bytes (413).
+int CheckHeaders(const httplib::Request& req, const HttpLimits& limits, std::string* message) {
+  int status = 0;
+  if (req.headers.size() > static_cast<size_t>(limits.max_header_count)) {
+    status = 431;
+    *message = "too many request headers: " + std::to_string(req.headers.size()) + " (limit " +
+               std::to_string(limits.max_header_count) + ")";
+  } else if (req.has_header("Content-Length")) {
+    const std::string value = req.get_header_value("Content-Length");
+    char* end = nullptr;
+    errno = 0;
+    unsigned long long length = std::strtoull(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || errno != 0) {
+      status = 400;
+      *message = "invalid Content-Length: " + value;
+    } else if (length > limits.max_body_bytes) {
+      status = 413;
+      *message = "request body of " + value + " bytes exceeds the limit of " +
+                 std::to_string(limits.max_body_bytes) + " bytes";
+    }
+  }
+  return status;
+}
+
+// The message of an error response without a body; a read limit this thread's connection hit
+// also sets the response's status and closes the connection.
+std::string ErrorMessage(const httplib::Request& req, const HttpLimits& limits,
+                         httplib::Response* res) {
+  BudgetedSocketStream* stream = tl_stream;
+  const LimitHit hit = stream != nullptr ? stream->hit() : LimitHit::kNone;
+  std::string message;
+  if (hit != LimitHit::kNone) {
+    res->status = hit == LimitHit::kHeaders ? 431 : 413;
+    message = LimitMessage(hit, limits);
+    res->set_header("Connection", "close");
+  } else if (res->status == 413) {
+    message = LimitMessage(LimitHit::kBody, limits);
+  } else if (res->status == 404) {
+    message = "no route for " + req.method + " " + req.path;
+  } else if (res->status == 400) {
+    message = "malformed HTTP request";
+  } else {
+    message = "HTTP error " + std::to_string(res->status);
+  }
+  return message;
+}
+
 }  // namespace
 
 LimitedHttpServer::LimitedHttpServer(const HttpLimits& limits) : limits_(limits) {
@@ -251,25 +299,7 @@ LimitedHttpServer::LimitedHttpServer(const HttpLimits& limits) : limits_(limits)
     BudgetedSocketStream* stream = tl_stream;
     if (stream != nullptr) stream->HeadersDone();
     std::string message;
-    int status = 0;
-    if (req.headers.size() > static_cast<size_t>(limits_.max_header_count)) {
-      status = 431;
-      message = "too many request headers: " + std::to_string(req.headers.size()) + " (limit " +
-                std::to_string(limits_.max_header_count) + ")";
-    } else if (req.has_header("Content-Length")) {
-      const std::string value = req.get_header_value("Content-Length");
-      char* end = nullptr;
-      errno = 0;
-      unsigned long long length = std::strtoull(value.c_str(), &end, 10);
-      if (value.empty() || *end != '\0' || errno != 0) {
-        status = 400;
-        message = "invalid Content-Length: " + value;
-      } else if (length > limits_.max_body_bytes) {
-        status = 413;
-        message = "request body of " + value + " bytes exceeds the limit of " +
-                  std::to_string(limits_.max_body_bytes) + " bytes";
-      }
-    }
+    const int status = CheckHeaders(req, limits_, &message);
     if (status == 0) return httplib::Server::HandlerResponse::Unhandled;
     if (stream != nullptr) stream->set_must_close();  // the body stays unread
     res.status = status;
@@ -282,22 +312,7 @@ LimitedHttpServer::LimitedHttpServer(const HttpLimits& limits) : limits_(limits)
       [this](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty() || res.is_chunked_content_provider_)
           return httplib::Server::HandlerResponse::Unhandled;
-        BudgetedSocketStream* stream = tl_stream;
-        const LimitHit hit = stream != nullptr ? stream->hit() : LimitHit::kNone;
-        std::string message;
-        if (hit != LimitHit::kNone) {
-          res.status = hit == LimitHit::kHeaders ? 431 : 413;
-          message = LimitMessage(hit, limits_);
-          res.set_header("Connection", "close");
-        } else if (res.status == 413) {
-          message = LimitMessage(LimitHit::kBody, limits_);
-        } else if (res.status == 404) {
-          message = "no route for " + req.method + " " + req.path;
-        } else if (res.status == 400) {
-          message = "malformed HTTP request";
-        } else {
-          message = "HTTP error " + std::to_string(res.status);
-        }
+        const std::string message = ErrorMessage(req, limits_, &res);
         res.set_content(ErrorBody(res.status, message), "application/json");
         return httplib::Server::HandlerResponse::Handled;
       }));
