@@ -44,6 +44,19 @@ Result<FiInfoPtr> GetInfo(const DomainOptions& options) {
   return FiInfoPtr(info);
 }
 
+// What the provider granted (`info`), as DomainInfo's fields (all but the address).
+void FillDomainInfo(const fi_info& info, DomainInfo* out) {
+  out->provider = info.fabric_attr->prov_name ? info.fabric_attr->prov_name : "";
+  out->fabric = info.fabric_attr->name ? info.fabric_attr->name : "";
+  out->domain = info.domain_attr->name ? info.domain_attr->name : "";
+  out->mode = info.mode;
+  out->mr_mode = static_cast<uint64_t>(info.domain_attr->mr_mode);
+  out->cq_data_size = info.domain_attr->cq_data_size;
+  out->inject_size = info.tx_attr->inject_size;
+  out->max_msg_size = info.ep_attr->max_msg_size;
+  out->rma_iov_limit = info.tx_attr->rma_iov_limit;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<DomainWorker>> DomainWorker::Open(const DomainOptions& options,
@@ -116,15 +129,7 @@ Status DomainWorker::OpenFabric(DomainInfo* out) {
 
   mr_mode_ = static_cast<uint64_t>(info->domain_attr->mr_mode);
   max_msg_size_ = info->ep_attr->max_msg_size;
-  out->provider = info->fabric_attr->prov_name ? info->fabric_attr->prov_name : "";
-  out->fabric = info->fabric_attr->name ? info->fabric_attr->name : "";
-  out->domain = info->domain_attr->name ? info->domain_attr->name : "";
-  out->mode = info->mode;
-  out->mr_mode = mr_mode_;
-  out->cq_data_size = info->domain_attr->cq_data_size;
-  out->inject_size = info->tx_attr->inject_size;
-  out->max_msg_size = max_msg_size_;
-  out->rma_iov_limit = info->tx_attr->rma_iov_limit;
+  FillDomainInfo(*info, out);
   out->address = address_;
   PD_LOG_DEBUG("fabric domain {} ({}): mode {} mr_mode {} cq_data_size {} wait_fd {}", out->domain,
                out->provider, ModeToString(out->mode), MrModeToString(out->mr_mode),
