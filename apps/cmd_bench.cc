@@ -60,17 +60,13 @@ int Usage(const std::string& message) {
   return 2;
 }
 
-int RunBench(const BenchFlags& f) {
-  // A server that sheds load closes connections we may still be writing to: that is a failed
-  // request, not a reason to die.
-  ::signal(SIGPIPE, SIG_IGN);
+// The benchmark's options from the flags; InvalidArgument names the flag that is wrong.
+Result<bench::BenchOptions> MakeOptions(const BenchFlags& f) {
   bench::BenchOptions o;
-  auto endpoint = bench::ParseBaseUrl(f.base_url);
-  if (!endpoint.ok()) return Usage(endpoint.status().message());
-  o.endpoint = *endpoint;
+  ASSIGN_OR_RETURN(o.endpoint, bench::ParseBaseUrl(f.base_url));
   o.endpoint.api_key = f.api_key;
   if (f.endpoint != "/v1/completions" && f.endpoint != "/v1/chat/completions")
-    return Usage("--endpoint must be /v1/completions or /v1/chat/completions");
+    return InvalidArgument("--endpoint must be /v1/completions or /v1/chat/completions");
   o.endpoint_path = f.endpoint;
   o.model = f.model;
   o.dataset.name = f.dataset_name;
@@ -78,7 +74,7 @@ int RunBench(const BenchFlags& f) {
   o.dataset.random_output_len = f.random_output_len;
   o.dataset.random_range_ratio = f.random_range_ratio;
   o.dataset.length_scale = f.length_scale;
-  if (f.num_prompts < 1) return Usage("--num-prompts must be at least 1");
+  if (f.num_prompts < 1) return InvalidArgument("--num-prompts must be at least 1");
   o.num_prompts = f.num_prompts;
   if (f.request_rate == "inf") {
     o.request_rate = INFINITY;
@@ -86,48 +82,54 @@ int RunBench(const BenchFlags& f) {
     char* end = nullptr;
     o.request_rate = std::strtod(f.request_rate.c_str(), &end);
     if (*end != '\0' || !(o.request_rate > 0))
-      return Usage("--request-rate must be a positive number or inf");
+      return InvalidArgument("--request-rate must be a positive number or inf");
   }
-  if (!(f.burstiness > 0)) return Usage("--burstiness must be positive");
+  if (!(f.burstiness > 0)) return InvalidArgument("--burstiness must be positive");
   o.burstiness = f.burstiness;
   o.max_concurrency = f.max_concurrency;
   o.seed = f.seed;
   o.ignore_eos = f.ignore_eos;
-  auto goodput = bench::ParseGoodput(f.goodput);
-  if (!goodput.ok()) return Usage(goodput.status().message());
-  o.goodput_ms = *goodput;
-  auto metrics = bench::ParseMetricNames(f.percentile_metrics);
-  if (!metrics.ok()) return Usage(metrics.status().message());
-  o.percentile_metrics = *metrics;
-  auto percentiles = bench::ParsePercentiles(f.metric_percentiles);
-  if (!percentiles.ok()) return Usage(percentiles.status().message());
-  o.metric_percentiles = *percentiles;
+  ASSIGN_OR_RETURN(o.goodput_ms, bench::ParseGoodput(f.goodput));
+  ASSIGN_OR_RETURN(o.percentile_metrics, bench::ParseMetricNames(f.percentile_metrics));
+  ASSIGN_OR_RETURN(o.metric_percentiles, bench::ParsePercentiles(f.metric_percentiles));
+  return o;
+}
 
-  auto summary = bench::RunBenchmark(o);
+// --save-result / --result-filename: the summary's JSON into --result-dir; 1 when it cannot be
+// written.
+int SaveResult(const BenchFlags& f, const nlohmann::json& json) {
+  std::string name = f.result_filename;
+  if (name.empty()) {
+    std::string model = json.value("model_id", "model");
+    for (char& c : model)
+      if (c == '/') c = '-';
+    name = "pdserve-" + f.request_rate + "qps-" + model + "-" + json.value("date", "now") + ".json";
+  }
+  const std::string path =
+      f.result_dir.empty() || name.front() == '/' ? name : f.result_dir + "/" + name;
+  std::ofstream out(path);
+  out << json.dump(2) << "\n";
+  if (!out) {
+    std::fprintf(stderr, "bench: cannot write %s\n", path.c_str());
+    return 1;
+  }
+  std::printf("saved results to %s\n", path.c_str());
+  return 0;
+}
+
+int RunBench(const BenchFlags& f) {
+  // A server that sheds load closes connections we may still be writing to: that is a failed
+  // request, not a reason to die.
+  ::signal(SIGPIPE, SIG_IGN);
+  auto o = MakeOptions(f);
+  if (!o.ok()) return Usage(o.status().message());
+  auto summary = bench::RunBenchmark(*o);
   if (!summary.ok()) {
     std::fprintf(stderr, "bench: %s\n", summary.status().ToString().c_str());
     return 1;
   }
   std::fputs(summary->text.c_str(), stdout);
-  if (f.save_result || !f.result_filename.empty()) {
-    std::string name = f.result_filename;
-    if (name.empty()) {
-      std::string model = summary->json.value("model_id", "model");
-      for (char& c : model)
-        if (c == '/') c = '-';
-      name = "pdserve-" + f.request_rate + "qps-" + model + "-" +
-             summary->json.value("date", "now") + ".json";
-    }
-    const std::string path =
-        f.result_dir.empty() || name.front() == '/' ? name : f.result_dir + "/" + name;
-    std::ofstream out(path);
-    out << summary->json.dump(2) << "\n";
-    if (!out) {
-      std::fprintf(stderr, "bench: cannot write %s\n", path.c_str());
-      return 1;
-    }
-    std::printf("saved results to %s\n", path.c_str());
-  }
+  if (f.save_result || !f.result_filename.empty()) return SaveResult(f, summary->json);
   return 0;
 }
 
