@@ -140,17 +140,24 @@ bool MidTransfer(int port) {
       60s);
 }
 
-TEST(DisaggFaultTest, PrefillKilledMidTransferIsRetriedOnTheOther) {
-  const int port = PickPort();
-  const std::string secret = SecretFile("s_retry", "fault-secret");
-  Process p0, p1, decode;
+// Two slow prefill instances on port+1 and port+2 and a decode instance on port+8 that uses both,
+// with the given transfer deadline.
+void StartTwoSlowPrefills(int port, const std::string& secret_name, int timeout_ms, Process& p0,
+                          Process& p1, Process& decode) {
+  const std::string secret = SecretFile(secret_name, "fault-secret");
   ASSERT_TRUE(p0.Start(ServeArgs(port + 1, SlowPrefill(secret, 32))));
   ASSERT_TRUE(p1.Start(ServeArgs(port + 2, SlowPrefill(secret, 32))));
   ASSERT_FALSE(p0.WaitForLine("prefill instance on", 120s).empty()) << p0.output();
   ASSERT_FALSE(p1.WaitForLine("prefill instance on", 120s).empty()) << p1.output();
-  ASSERT_TRUE(StartAndWaitFor(
-      decode, ServeArgs(port + 8, DecodeRole(secret, Url(port + 1) + "," + Url(port + 2), 5000)),
-      "on http://", 120s));
+  const std::string peers = Url(port + 1) + "," + Url(port + 2);
+  ASSERT_TRUE(StartAndWaitFor(decode, ServeArgs(port + 8, DecodeRole(secret, peers, timeout_ms)),
+                              "on http://", 120s));
+}
+
+TEST(DisaggFaultTest, PrefillKilledMidTransferIsRetriedOnTheOther) {
+  const int port = PickPort();
+  Process p0, p1, decode;
+  ASSERT_NO_FATAL_FAILURE(StartTwoSlowPrefills(port, "s_retry", 5000, p0, p1, decode));
 
   const int kRequests = 8, kLen = 240;
   Burst burst(port + 8, kRequests, kLen, 4);
@@ -172,6 +179,29 @@ TEST(DisaggFaultTest, PrefillKilledMidTransferIsRetriedOnTheOther) {
   EXPECT_EQ(Metric(port + 2, "pdserve:kv_transfers_active", kRole), 0);
   EXPECT_EQ(decode.Stop(SIGTERM, 30s), 0);
   EXPECT_THAT(decode.output(), HasSubstr("attempt 1 failed"));
+  EXPECT_EQ(p1.Stop(SIGTERM, 30s), 0);
+  if (HasFailure()) ADD_FAILURE() << decode.output() << "\n--- prefill 1:\n" << p1.output();
+}
+
+// The decode side's heartbeats notice the dead instance: with a two-minute transfer deadline the
+// requests still complete (retried on the other instance) well inside the clients' 90 s timeout.
+TEST(DisaggFaultTest, PrefillKilledMidTransferIsNoticedLongBeforeTheDeadline) {
+  const int port = PickPort();
+  Process p0, p1, decode;
+  ASSERT_NO_FATAL_FAILURE(StartTwoSlowPrefills(port, "s_heartbeat", 120000, p0, p1, decode));
+
+  Burst burst(port + 8, 6, 240, 4);
+  ASSERT_TRUE(MidTransfer(port + 1)) << p0.output();
+  kill(p0.pid(), SIGKILL);
+  for (const auto& [status, body] : burst.Join()) {
+    ASSERT_NE(status, -1) << "a request waited for its transfer deadline";
+    EXPECT_EQ(status, 200) << body.dump();
+  }
+  EXPECT_GE(Metric(port + 8, "pdserve:kv_transfer_retries_total", kDecodeRole), 1);
+  EXPECT_TRUE(PagesFree(port + 8));
+  EXPECT_TRUE(PagesFree(port + 2));
+  EXPECT_EQ(decode.Stop(SIGTERM, 30s), 0);
+  EXPECT_THAT(decode.output(), HasSubstr("is unreachable"));
   EXPECT_EQ(p1.Stop(SIGTERM, 30s), 0);
   if (HasFailure()) ADD_FAILURE() << decode.output() << "\n--- prefill 1:\n" << p1.output();
 }

@@ -33,6 +33,7 @@ void DecodeMessenger::Impl::Loop() {
   if (options_.tracer != nullptr) options_.tracer->SetThreadName("decode messenger");
   do {
     Greet();
+    Heartbeat();
     CheckDeadlines();
   } while (queue_->RunFor(std::chrono::milliseconds(20)));
 }
@@ -79,13 +80,35 @@ void DecodeMessenger::Impl::Greet() {
       p.addr = *addr;
       p.have_addr = true;
     }
-    Hello hello;
-    hello.instance_name = options_.instance_name;
-    hello.format = format_;
-    hello.scheme = scheme_;
-    hello.fabric_address = address();
-    Send(static_cast<int>(i), hello);
+    Send(static_cast<int>(i), MakeHello());
   }
+}
+
+// A prefill instance killed mid-transfer writes nothing more and says nothing: only a send to it
+// can tell (it fails, or is not delivered within send_timeout_s; either marks the peer down,
+// which retries its attempts elsewhere). A live instance answers with a HelloReply that changes
+// nothing.
+void DecodeMessenger::Impl::Heartbeat() {
+  if (options_.heartbeat_s <= 0) return;
+  const double now = NowSeconds();
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    Peer& p = peers_[i];
+    if (p.state != PeerStatus::State::kAccepted || p.outstanding == 0 ||
+        now - p.last_heartbeat < options_.heartbeat_s) {
+      continue;
+    }
+    p.last_heartbeat = now;
+    Send(static_cast<int>(i), MakeHello());
+  }
+}
+
+Hello DecodeMessenger::Impl::MakeHello() const {
+  Hello hello;
+  hello.instance_name = options_.instance_name;
+  hello.format = format_;
+  hello.scheme = scheme_;
+  hello.fabric_address = address();
+  return hello;
 }
 
 void DecodeMessenger::Impl::Send(int peer, const Message& m) {
@@ -180,12 +203,13 @@ void DecodeMessenger::Impl::OnHelloReply(const HelloReply& reply, uint64_t seq) 
   }
   {
     std::lock_guard<std::mutex> lock(peers_mu_);
-    if (it->state == PeerStatus::State::kWaiting || it->state == PeerStatus::State::kDown) {
-      it->state = reason.empty() ? PeerStatus::State::kAccepted : PeerStatus::State::kRefused;
-      it->hello_interval = 0.0;
-      it->reason = reason;
-      it->scheme = reply.scheme;
+    if (it->state != PeerStatus::State::kWaiting && it->state != PeerStatus::State::kDown) {
+      return;  // a heartbeat's answer, or a late duplicate
     }
+    it->state = reason.empty() ? PeerStatus::State::kAccepted : PeerStatus::State::kRefused;
+    it->hello_interval = 0.0;
+    it->reason = reason;
+    it->scheme = reply.scheme;
   }
   peers_cv_.notify_all();
   if (reason.empty()) {

@@ -54,6 +54,10 @@ struct DecodeMessengerOptions {
   // A control message not delivered within this is cancelled and its peer marked down (a send to
   // a dead peer would otherwise hold up the domain's queue until its op timeout).
   double send_timeout_s = 1.0;
+  // Every this often a peer with attempts in flight is sent a Hello (answered like the first):
+  // one that died mid-transfer is then noticed when the send fails or is not delivered within
+  // send_timeout_s, not at the transfer deadline. 0: no heartbeats.
+  double heartbeat_s = 0.25;
   int max_attempts = 2;  // the first try and one retry on another instance
   // An attempt that ended early (failed, cancelled, aborted) keeps its pages and metadata slot out
   // of use until its prefill instance answers PrefillDone (sent once all its writes completed) or

@@ -57,6 +57,7 @@ struct Peer {
   int outstanding = 0;
   double last_hello = -1e9;
   double hello_interval = 0.0;  // grows while the peer is down
+  double last_heartbeat = -1e9;
 };
 
 struct PendingSend {
@@ -115,6 +116,8 @@ class DecodeMessenger::Impl {
  private:
   void Loop();
   void Greet();
+  void Heartbeat();
+  Hello MakeHello() const;
   void OnMessage(const std::string& bytes);
   void OnHelloReply(const HelloReply& reply, uint64_t seq);
   void OnPrefillDone(const PrefillDone& done, uint64_t seq);

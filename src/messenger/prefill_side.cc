@@ -133,8 +133,10 @@ void PrefillMessenger::Impl::OnHello(const Hello& hello, uint64_t seq) {
   reply.scheme = scheme_;
   reply.fabric_address = address();
   if (ok.ok()) {
-    if (peers_.emplace(hello.fabric_address, *peer).second) owner_->num_peers_.fetch_add(1);
-    PD_LOG_INFO("prefill messenger: accepted decode instance '{}'", hello.instance_name);
+    if (peers_.emplace(hello.fabric_address, *peer).second) {  // else a heartbeat
+      owner_->num_peers_.fetch_add(1);
+      PD_LOG_INFO("prefill messenger: accepted decode instance '{}'", hello.instance_name);
+    }
   } else {
     PD_LOG_WARN("prefill messenger: refused decode instance '{}': {}", hello.instance_name,
                 ok.message());
