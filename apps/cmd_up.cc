@@ -8,6 +8,7 @@
 // as soon as one of them dies (exit 1 then). Children get SIGTERM if this process dies.
 #include <fcntl.h>
 #include <httplib.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -52,6 +53,7 @@ struct UpFlags {
   int kv_transfer_timeout_ms = 30000;
   std::string trace;  // --trace FILE: each instance writes FILE with its name before the extension
   bool pin_cores = false;
+  bool pin_whole = false;  // --pin-whole-instances: every thread of instance k on CPU k
   double start_timeout_s = 300.0;
   std::string plan;  // a pdserve-plan-v1 file: instance counts and threads come from it
 };
@@ -64,7 +66,8 @@ struct Child {
   std::string trace_file;  // its --trace file, if any
 };
 
-pid_t Spawn(const std::vector<std::string>& args) {
+// `cpu` >= 0: the child and every thread it starts run on that CPU only.
+pid_t Spawn(const std::vector<std::string>& args, int cpu) {
   pid_t pid = fork();
   if (pid != 0) return pid;
   // Child: die with the parent, take the default signal mask, become the instance.
@@ -72,6 +75,12 @@ pid_t Spawn(const std::vector<std::string>& args) {
   sigset_t none;
   sigemptyset(&none);
   pthread_sigmask(SIG_SETMASK, &none, nullptr);
+  if (cpu >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    sched_setaffinity(0, sizeof(set), &set);
+  }
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -201,7 +210,7 @@ bool ApplyPlan(UpFlags* f) {
   planner::LocalLimits limits;
   limits.cores = static_cast<int>(std::thread::hardware_concurrency());
   limits.engine_tp = kServeHasTensorParallel;
-  limits.pin_cores = f->pin_cores;
+  limits.pin_cores = f->pin_cores || f->pin_whole;
   auto plan = planner::LocalPlanFromJson(*text, f->plan, limits);
   if (!plan.ok()) {
     std::fprintf(stderr, "up: --plan: %s\n", plan.status().message().c_str());
@@ -253,11 +262,12 @@ int RunUp(const UpFlags& flags) {
     }
     // --pin-cores: instance k's model threads on CPU k (serve --compute-cpus); its HTTP, fabric
     // and KV messenger threads may run anywhere, as a NIC's transfers take no compute cycles.
-    if (f.pin_cores && ncpu > 0) {
-      args.insert(args.end(),
-                  {"--compute-cpus", std::to_string(static_cast<int>(children.size()) % ncpu)});
-    }
-    c.pid = Spawn(args);
+    // --pin-whole-instances: all of instance k on CPU k (the instances then disturb each other
+    // less, but each one's I/O threads take its own compute's cycles).
+    const int cpu = ncpu > 0 ? static_cast<int>(children.size()) % ncpu : -1;
+    if ((f.pin_cores || f.pin_whole) && cpu >= 0)
+      args.insert(args.end(), {"--compute-cpus", std::to_string(cpu)});
+    c.pid = Spawn(args, f.pin_whole ? cpu : -1);
     children.push_back(c);
     return children.size() - 1;
   };
@@ -368,6 +378,9 @@ PD_REGISTER_COMMAND(
       app->add_option("--trace", f->trace,
                       "Chrome trace-event JSON per instance: FILE with the instance's name "
                       "inserted before the extension (t.json -> t.prefill0.json)");
+      app->add_flag("--pin-whole-instances", f->pin_whole,
+                    "--pin-cores, and every thread of instance k on CPU k, HTTP, fabric and KV "
+                    "messenger threads too (better for mixed load on few cores; see README)");
       app->add_flag("--pin-cores", f->pin_cores,
                     "pin instance k's model threads to CPU k (its HTTP, fabric and KV messenger "
                     "threads are not pinned)");

@@ -149,7 +149,10 @@ Status StartUp(const ValidateFlags& f, UpProcess* up) {
                                    std::to_string(f.max_num_seqs),
                                    "--max-num-batched-tokens",
                                    std::to_string(f.max_num_batched_tokens)};
-  if (f.pin_cores) args.push_back("--pin-cores");
+  // Whole instances pinned: the simulator models instances that do not disturb each other, and
+  // with only two cores the decode instance's streaming threads would otherwise run on the
+  // prefill core (measured: attainment 82-84% vs 92-96% at ~18 req/s).
+  if (f.pin_cores) args.insert(args.end(), {"--pin-cores", "--pin-whole-instances"});
   const int log = open(f.up_log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (log < 0) return IoError(f.up_log + ": " + std::strerror(errno));
   up->pid = fork();

@@ -191,6 +191,27 @@ TEST(DisaggUpTest, PinCoresPinsTheModelThreadsOnly) {
   EXPECT_EQ(up.Stop(SIGTERM, 60s), 0) << up.output();
 }
 
+// --pin-whole-instances: every thread of instance k on CPU k.
+TEST(DisaggUpTest, PinWholeInstancesPinsEveryThread) {
+  const unsigned ncpu = std::thread::hardware_concurrency();
+  const int port = PickPort();
+  Process up;
+  ASSERT_TRUE(up.Start({kBinary, "up", "--model", ModelDir(), "--port", std::to_string(port),
+                        "--threads", "1", "--max-model-len", "256", "--pin-whole-instances",
+                        "--served-model-name", "m"}));
+  const pid_t prefill = PidOnLine(up.WaitForLine("prefill 0 on", 180s));
+  const pid_t decode = PidOnLine(up.WaitForLine("decode 0 on", 60s));
+  ASSERT_FALSE(up.WaitForLine("router (OpenAI API) on", 60s).empty()) << up.output();
+  ASSERT_GT(prefill, 0);
+  ASSERT_GT(decode, 0);
+  const std::string decode_cpu = ncpu > 1 ? "1" : "0";
+  for (const auto& [name, cpus] : ThreadCpus(prefill)) EXPECT_EQ(cpus, "0") << name;
+  for (const auto& [name, cpus] : ThreadCpus(decode)) EXPECT_EQ(cpus, decode_cpu) << name;
+  auto [code, body] = Complete(port, {1, 2, 3}, 4);
+  EXPECT_EQ(code, 200) << body.dump();
+  EXPECT_EQ(up.Stop(SIGTERM, 60s), 0) << up.output();
+}
+
 TEST(DisaggUpTest, ServeRefusesABadComputeCpuList) {
   for (const char* bad : {"x", "3-1", "4096", "1023"}) {
     Process serve;
