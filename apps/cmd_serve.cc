@@ -74,8 +74,7 @@ int FinishTrace(const Tracer* tracer, const std::string& path, int rc) {
 
 // --compute-cpus: the listed CPUs (empty when the flag is), each one this process may use.
 Result<std::vector<int>> ParseComputeCpus(const std::string& list) {
-  std::vector<int> compute_cpus;
-  if (list.empty()) return compute_cpus;
+  if (list.empty()) return std::vector<int>();
   auto cpus = ParseCpuList(list);
   if (!cpus.ok()) return InvalidArgument("--compute-cpus: " + cpus.status().message());
   const std::vector<int> allowed = CurrentThreadCpus();
@@ -84,8 +83,7 @@ Result<std::vector<int>> ParseComputeCpus(const std::string& list) {
       return InvalidArgument("--compute-cpus: CPU " + std::to_string(c) +
                              " is not one this process may use");
   }
-  compute_cpus = *std::move(cpus);
-  return compute_cpus;
+  return cpus;
 }
 
 // The engine's options from the flags; without --threads, --compute-cpus's CPUs are split over

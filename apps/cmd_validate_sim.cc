@@ -21,7 +21,6 @@
 //    instance's steps scaled by the CPU contention (schedstat) of the run against the probes'.
 // 5. Side by side: SLO attainment and p50/p90 TTFT and TPOT, simulated vs measured.
 #include <fcntl.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -43,6 +42,7 @@
 #include "bench/datasets.h"
 #include "bench/runner.h"
 #include "common/file_util.h"
+#include "common/thread_util.h"
 #include "engine/model_runner.h"
 #include "model/weights.h"
 #ifdef PD_PLANNER_HAS_ENGINE_SCHEDULER
@@ -95,18 +95,6 @@ int Fail(const std::string& message) {
   return 1;
 }
 
-void PinThisThread(int core) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (core >= 0) {
-    CPU_SET(core, &set);
-  } else {
-    for (int c = 0; c < static_cast<int>(std::thread::hardware_concurrency()); ++c)
-      CPU_SET(c, &set);
-  }
-  sched_setaffinity(0, sizeof(set), &set);
-}
-
 // The profile from the file, or a quick one measured here on core 0 (the runner's threads
 // inherit the affinity).
 Result<planner::StepCoeffs> LoadOrProfile(const ValidateFlags& f) {
@@ -121,12 +109,13 @@ Result<planner::StepCoeffs> LoadOrProfile(const ValidateFlags& f) {
   engine::ModelRunnerOptions ro;
   ro.num_threads = f.threads;
   ro.num_pages = planner::PagesNeeded(po, ro.kv.page_size);
-  if (f.pin_cores) PinThisThread(0);
+  const std::vector<int> all_cpus = CurrentThreadCpus();
+  if (f.pin_cores) (void)PinCurrentThread({0});
   auto runner = engine::ModelRunner::Create(weights, ro);
   if (!runner.ok()) return runner.status();
   auto r = planner::ProfileRunner(**runner, po);
   runner->reset();
-  PinThisThread(-1);
+  if (f.pin_cores) (void)PinCurrentThread(all_cpus);
   if (!r.ok()) return r.status();
   std::printf("%s", planner::FormatProfile(*r).c_str());
   return r->coeffs;

@@ -121,6 +121,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, DisaggGoldenTest,
                                   "_budget" + std::to_string(i.param.budget);
                          });
 
+// The pid on one of up's "NAME on URL (pid N)" lines; -1 if none.
+pid_t PidOnLine(const std::string& line) {
+  const size_t at = line.find("(pid ");
+  return at == std::string::npos ? -1 : std::atoi(line.c_str() + at + 5);
+}
+
 TEST(DisaggUpTest, StopsEveryInstanceWhenOneDies) {
   const int port = PickPort();
   Process up;
@@ -129,7 +135,7 @@ TEST(DisaggUpTest, StopsEveryInstanceWhenOneDies) {
   std::string line = up.WaitForLine("prefill 0 on", 180s);
   ASSERT_FALSE(line.empty()) << up.output();
   ASSERT_FALSE(up.WaitForLine("router (OpenAI API) on", 60s).empty()) << up.output();
-  pid_t prefill = std::atoi(line.substr(line.find("(pid ") + 5).c_str());
+  const pid_t prefill = PidOnLine(line);
   ASSERT_GT(prefill, 0);
   kill(prefill, SIGKILL);
   EXPECT_EQ(up.Wait(60s), 1);
@@ -158,11 +164,6 @@ std::string CpusOfThread(pid_t pid, const std::string& name) {
   for (const auto& [n, cpus] : ThreadCpus(pid))
     if (n == name) return cpus;
   return "(no thread " + name + ")";
-}
-
-pid_t PidOnLine(const std::string& line) {
-  const size_t at = line.find("(pid ");
-  return at == std::string::npos ? -1 : std::atoi(line.c_str() + at + 5);
 }
 
 // --pin-cores: instance k's model thread on CPU k; its fabric, KV messenger and HTTP threads

@@ -97,15 +97,10 @@ struct PrefillInstance {
 
 // A started prefill instance ("prefill"), or null when the fabric provider is unavailable.
 // `tracer` (may be null) traces both its engine and its messenger.
-inline std::unique_ptr<PrefillInstance> StartPrefill(const Shape& s, std::string secret = kSecret,
-                                                     Tracer* tracer = nullptr) {
-  auto e = MakeEngine(s, tracer);
-  PrefillMessengerOptions o;
-  o.instance_name = "prefill";
-  o.cluster_secret = std::move(secret);
-  o.model_hash = Hash();
-  o.domain = transfer::testing::LoopbackOptions();
-  o.tracer = tracer;
+// A prefill messenger over `e`, observing its steps, started on its async engine (null when
+// the fabric is unavailable).
+inline std::unique_ptr<PrefillInstance> LaunchPrefill(std::unique_ptr<engine::Engine> e,
+                                                      const PrefillMessengerOptions& o) {
   auto m = PrefillMessenger::Create(o, e->runner());
   if (!m.ok()) return nullptr;
   e->SetStepObserver((*m)->step_observer());
@@ -114,6 +109,17 @@ inline std::unique_ptr<PrefillInstance> StartPrefill(const Shape& s, std::string
   p->engine = Async(std::move(e));
   p->messenger->Start(p->engine.get());
   return p;
+}
+
+inline std::unique_ptr<PrefillInstance> StartPrefill(const Shape& s, std::string secret = kSecret,
+                                                     Tracer* tracer = nullptr) {
+  PrefillMessengerOptions o;
+  o.instance_name = "prefill";
+  o.cluster_secret = std::move(secret);
+  o.model_hash = Hash();
+  o.domain = transfer::testing::LoopbackOptions();
+  o.tracer = tracer;
+  return LaunchPrefill(MakeEngine(s, tracer), o);
 }
 
 // A decode messenger over an untraced engine; `tracer` (may be null) traces the messenger.

@@ -31,6 +31,7 @@ using testing::FakePeer;
 using testing::Generate;
 using ::testing::HasSubstr;
 using testing::kSecret;  // FakePeer speaks with it too
+using testing::LaunchPrefill;
 using testing::Outcome;
 using testing::PrefillInstance;
 using testing::WaitUntil;
@@ -78,20 +79,12 @@ std::unique_ptr<engine::Engine> MakeEngine(const TpCase& s, int tp) {
 }
 
 std::unique_ptr<PrefillInstance> StartPrefill(const TpCase& s, int tp) {
-  auto e = MakeEngine(s, tp);
   PrefillMessengerOptions o;
   o.instance_name = "prefill-tp" + std::to_string(tp);
   o.cluster_secret = kSecret;
   o.model_hash = ModelFingerprint(Model(s.kv_heads).weights);
   o.domain = transfer::testing::LoopbackOptions();
-  auto m = PrefillMessenger::Create(o, e->runner());
-  if (!m.ok()) return nullptr;
-  e->SetStepObserver((*m)->step_observer());
-  auto p = std::make_unique<PrefillInstance>();
-  p->messenger = std::move(m).value();
-  p->engine = Async(std::move(e));
-  p->messenger->Start(p->engine.get());
-  return p;
+  return LaunchPrefill(MakeEngine(s, tp), o);
 }
 
 std::unique_ptr<DecodeMessenger> StartDecode(const TpCase& s, int tp, const std::string& peer) {

@@ -116,7 +116,10 @@ void PrefillMessenger::Impl::OnHello(const Hello& hello, uint64_t seq) {
     owner_->metrics_.Rejected();
     return;
   }
-  auto peer = domain_->AddPeer(hello.fabric_address);
+  // A known peer's Hello is a heartbeat: its address is in the AV already.
+  auto known = peers_.find(hello.fabric_address);
+  Result<transfer::PeerAddr> peer =
+      known != peers_.end() ? known->second : domain_->AddPeer(hello.fabric_address);
   if (!peer.ok()) {
     PD_LOG_WARN("prefill messenger: Hello from '{}': {}", hello.instance_name,
                 peer.status().ToString());
