@@ -97,8 +97,10 @@ void Micro(const MicroArgs& a) {
     __m512 wv[NG][2];
 #pragma GCC unroll 4
     for (int g = 0; g < NG; ++g) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + g * a.group_bytes + (k + kPrefetchK) * step),
-                   _MM_HINT_T0);
+      const char* ahead =
+          reinterpret_cast<const char*>(w + g * a.group_bytes + (k + kPrefetchK) * step);
+      _mm_prefetch(ahead, _MM_HINT_T0);
+      if constexpr (!kBf16) _mm_prefetch(ahead + 64, _MM_HINT_T0);  // f32: two lines per k
       LoadK<kBf16>(w + g * a.group_bytes, k, wv[g][0], wv[g][1]);
     }
 #pragma GCC unroll 16
