@@ -2,6 +2,7 @@
 #include "engine/kernels.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "common/check.h"
@@ -161,11 +162,31 @@ WeightMatrix PackPanel32(ThreadPool& pool, const WeightMatrix* srcs, int num_src
   return packed;
 }
 
+// Decode rows (up to kDealRows) deal panel groups out in chunks of kDealGroups[rows]: whole
+// passes of the AVX-512 streaming kernel (4, 4, 3, 2 groups per pass for 1..4 rows).
+constexpr int64_t kDealRows = 4;
+constexpr int64_t kDealGroups[kDealRows + 1] = {0, 8, 8, 6, 8};
+
 void ParallelMatmul(ThreadPool& pool, const IsaKernels& isa, const float* x, int64_t num_rows,
                     int64_t ldx, const WeightMatrix& w, float* out, int64_t ldo) {
   if (w.layout == WeightLayout::kPanel32) {
     PD_CHECK(isa.matmul_panel != nullptr) << isa.name << " has no kPanel32 matmul";
     const int64_t groups = (w.n + kPanelRows - 1) / kPanelRows;
+    if (num_rows <= kDealRows && pool.num_threads() > 1) {
+      // Decode: bound by memory bandwidth, which the threads do not always get in equal shares,
+      // so chunks of groups are dealt out as threads ask (a fixed split left one thread waiting
+      // ~7% of each step). Each output is still computed whole by one thread: same bits.
+      const int64_t chunk = kDealGroups[num_rows];
+      const int64_t chunks = (groups + chunk - 1) / chunk;
+      std::atomic<int64_t> next{0};
+      pool.ParallelFor(pool.num_threads(), [&](int64_t, int64_t) {
+        for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
+             c = next.fetch_add(1, std::memory_order_relaxed))
+          isa.matmul_panel(x, num_rows, ldx, w, c * chunk * kPanelRows,
+                           std::min(w.n, (c + 1) * chunk * kPanelRows), out, ldo);
+      });
+      return;
+    }
     pool.ParallelFor(groups, [&](int64_t begin, int64_t end) {
       isa.matmul_panel(x, num_rows, ldx, w, begin * kPanelRows, std::min(w.n, end * kPanelRows),
                        out, ldo);

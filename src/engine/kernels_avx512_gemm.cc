@@ -9,9 +9,9 @@
 // results are bit-identical across batch sizes (a blocked pass resumes its chain from `out`).
 //
 // Decode (rows <= kStreamRows) walks each group's whole k in one pass, several groups at once,
-// x read in place, the next pass's first lines fetched into L2 during this one. More rows block k
-// (kKc) and groups (kGroupsPerBlock, in L2), pack each block of x rows k-major (in L1) and pass
-// every row block over the groups. Every path prefetches ahead of each weight stream.
+// x read in place, each stream prefetched near (L1) and far (L2) ahead, the next pass's first
+// lines fetched into L2 during this one. More rows block k (kKc) and groups (kGroupsPerBlock, in
+// L2), pack each block of x rows k-major (in L1) and pass every row block over the groups. Every path prefetches ahead of each weight stream.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -35,6 +35,10 @@ constexpr int kMaxMr = 14;              // 28 accumulators + 2 weight vectors + 
 // weights converted in the loop keep kMaxMr x 1 group, 2 shift/mask ops per 2*MR FMAs).
 constexpr int kWideMr = 6;
 constexpr int64_t kPrefetchK = 24;  // decode: prefetch this many k steps ahead (1.5 KiB bf16)
+// Decode also prefetches each stream this many k steps ahead into L2 (6 KiB bf16): more lines in
+// flight than the L1 fill buffers allow; measured +10% decode bandwidth (0.89 -> 0.96-1.01 of the
+// then read probe, which then gained the same way of reading).
+constexpr int64_t kPrefetchFarK = 96;
 
 inline int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t Clamp16(int64_t v) { return v < 0 ? 0 : (v > 16 ? 16 : v); }
@@ -97,10 +101,15 @@ void Micro(const MicroArgs& a) {
     __m512 wv[NG][2];
 #pragma GCC unroll 4
     for (int g = 0; g < NG; ++g) {
-      const char* ahead =
-          reinterpret_cast<const char*>(w + g * a.group_bytes + (k + kPrefetchK) * step);
+      const uint8_t* wg = w + g * a.group_bytes;
+      const char* ahead = reinterpret_cast<const char*>(wg + (k + kPrefetchK) * step);
       _mm_prefetch(ahead, _MM_HINT_T0);
       if constexpr (!kBf16) _mm_prefetch(ahead + 64, _MM_HINT_T0);  // f32: two lines per k
+      if constexpr (!kPacked) {  // decode: also far ahead into L2
+        const char* far = reinterpret_cast<const char*>(wg + (k + kPrefetchFarK) * step);
+        _mm_prefetch(far, _MM_HINT_T1);
+        if constexpr (!kBf16) _mm_prefetch(far + 64, _MM_HINT_T1);
+      }
       LoadK<kBf16>(w + g * a.group_bytes, k, wv[g][0], wv[g][1]);
     }
 #pragma GCC unroll 16
