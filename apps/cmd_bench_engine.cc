@@ -10,9 +10,10 @@
 // tokens/s of one 512-token prompt. Beside them: the memory read bandwidth (a STREAM-like read of a
 // buffer far larger than the last-level cache, same thread count) and the peak FMA rate, and the
 // fraction of each that a row reaches. Decode: (weight bytes + KV bytes read per step) x steps/s /
-// read bandwidth, against the read probe run just before that row (the host's bandwidth is shared
-// and drifts; the header gives the run's best probe). Prefill: flops/s / peak (the better of an
-// FMA measurement before and after the rows).
+// read bandwidth. The host's bandwidth is shared and drifts, so a decode row is measured as
+// --pairs alternating (read probe, decode) pairs, side by side, and reports the pair with the
+// median ratio (its tokens/s, GB/s and probe); the header gives the run's best probe. Prefill:
+// flops/s / peak (the better of an FMA measurement before and after the rows).
 //
 // The runner is driven directly with synthetic page tables: the KV pages of every context are
 // filled once with bounded random values, then the same decode step (one new token per sequence at
@@ -53,7 +54,8 @@ struct BenchEngineFlags {
   std::string preset;
   bool json = false;
   int threads = 2;
-  double seconds = 2.0;  // least time measured per decode row
+  double seconds = 3.0;  // least time measured per decode row (all pairs together)
+  int pairs = 5;         // (read probe, decode) pairs per decode row
   int prefill_tokens = 512;
   int kv_gib = 2;  // cap on the KV region: sequences beyond it share pages (still far over the LLC)
   std::string models_root = "models";
@@ -182,6 +184,24 @@ Result<Row> BenchDecode(ModelRunner& runner, const std::string& name, int batch,
   return r;
 }
 
+// A decode row as `pairs` alternating (read probe, decode) pairs of seconds/pairs each: the pair
+// whose decode/probe ratio is the median, so drift of the host's bandwidth hits both sides alike.
+Result<Row> BenchDecodePaired(ModelRunner& runner, engine::ReadBandwidthProbe& probe,
+                              const std::string& name, int batch, int context, double seconds,
+                              int pairs) {
+  std::vector<Row> rows;
+  for (int i = 0; i < pairs; ++i) {
+    const double read = probe.Measure();
+    ASSIGN_OR_RETURN(Row r, BenchDecode(runner, name, batch, context, seconds / pairs));
+    r.read_gbytes_per_s = read;
+    rows.push_back(r);
+  }
+  auto ratio = [](const Row& r) { return r.bytes_per_s / 1e9 / r.read_gbytes_per_s; };
+  std::sort(rows.begin(), rows.end(),
+            [&](const Row& a, const Row& b) { return ratio(a) < ratio(b); });
+  return rows[rows.size() / 2];
+}
+
 Result<Row> BenchPrefill(ModelRunner& runner, const std::string& name, int tokens) {
   const model::ModelConfig& c = runner.config();
   auto tables =
@@ -242,9 +262,8 @@ Status BenchModel(const std::string& dir, const std::string& name, const BenchEn
       if (f.phase == "prefill") break;
       std::fprintf(stderr, "bench-engine: %s: decode batch %d context %d\n", name.c_str(), batch,
                    context);
-      const double read = probe.Measure();
-      ASSIGN_OR_RETURN(Row r, BenchDecode(*runner, name, batch, context, f.seconds));
-      r.read_gbytes_per_s = read;
+      ASSIGN_OR_RETURN(Row r,
+                       BenchDecodePaired(*runner, probe, name, batch, context, f.seconds, f.pairs));
       std::fprintf(stderr, "bench-engine:   %.1f tokens/s, %.1f GB/s\n", r.tokens_per_s,
                    r.bytes_per_s / 1e9);
       rows->push_back(r);
@@ -343,6 +362,7 @@ void Print(const std::vector<Row>& rows, double bw, double peak, const BenchEngi
   if (f.json) {
     nlohmann::json j = {{"read_gbytes_per_s", bw},
                         {"peak_gflops", peak},
+                        {"decode_pairs", f.pairs},
                         {"threads", f.threads},
                         {"tensor_parallel_size", f.tensor_parallel_size}};
     j["rows"] = nlohmann::json::array();
@@ -360,6 +380,7 @@ void Print(const std::vector<Row>& rows, double bw, double peak, const BenchEngi
   }
   std::printf("machine: memory read %.1f GB/s (best probe), peak FMA %.1f GFLOP/s (%d threads)\n",
               bw, peak, f.threads);
+  std::printf("decode rows: the median-ratio pair of %d (read probe, decode) pairs\n", f.pairs);
   std::printf("%-12s %-8s %5s %7s %10s %8s %8s %8s %8s %8s\n", "model", "phase", "batch", "context",
               "tokens/s", "GB/s", "read", "bw_frac", "GFLOP/s", "fl_frac");
   for (const Row& r : rows)
@@ -398,7 +419,7 @@ int RunBenchEngine(const BenchEngineFlags& f) {
     return 0;
   }
   engine::ThreadPool pool(f.threads);
-  auto probe = engine::ReadBandwidthProbe::Create(pool, {0, 3});
+  auto probe = engine::ReadBandwidthProbe::Create(pool, {0, 1});  // one round per pair
   if (!probe.ok()) {
     std::fprintf(stderr, "bench-engine: %s\n", probe.status().ToString().c_str());
     return 1;
@@ -430,6 +451,9 @@ CommandRunner SetUpCommand(CLI::App* app) {
       ->capture_default_str();
   app->add_option("--seconds", f->seconds, "least seconds measured per decode row")
       ->check(CLI::Range(0.0, 600.0))
+      ->capture_default_str();
+  app->add_option("--pairs", f->pairs, "(read probe, decode) pairs per decode row; median")
+      ->check(CLI::Range(1, 99))
       ->capture_default_str();
   app->add_option("--prefill-tokens", f->prefill_tokens, "prompt length")
       ->check(CLI::Range(1, 1 << 20))

@@ -15,7 +15,7 @@ class ThreadPool;
 
 struct ReadBandwidthOptions {
   size_t buffer_bytes = 0;  // 0: max(1 GiB, 4 x the last-level cache)
-  int repeats = 5;          // passes over the buffer; the best is reported
+  int repeats = 5;  // rounds over the buffer (each round reads it once per way); the best counts
 };
 
 // A buffer kept allocated (and faulted in) so the bandwidth can be measured again and again, e.g.
@@ -31,7 +31,10 @@ class ReadBandwidthProbe {
   ReadBandwidthProbe& operator=(const ReadBandwidthProbe&) = delete;
 
   // GB/s (1e9 bytes per second) that all of the pool's threads read together, each streaming its
-  // own contiguous part of the buffer: the best of `repeats` passes.
+  // own contiguous part of the buffer: the best of `repeats` rounds, each round one pass per way
+  // of reading a part (AVX-512: one stream; 4 or 8 interleaved streams, without software
+  // prefetch, with it into L1, and with it into L1 and far ahead into L2, as the decode matmul
+  // streams several weight panels; a single stream alone measured ~10% under what decode reached).
   double Measure();
   size_t buffer_bytes() const { return bytes_; }
 
