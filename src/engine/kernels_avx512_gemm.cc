@@ -11,7 +11,8 @@
 // Decode (rows <= kStreamRows) walks each group's whole k in one pass, several groups at once,
 // x read in place, each stream prefetched near (L1) and far (L2) ahead, the next pass's first
 // lines fetched into L2 during this one. More rows block k (kKc) and groups (kGroupsPerBlock, in
-// L2), pack each block of x rows k-major (in L1) and pass every row block over the groups. Every path prefetches ahead of each weight stream.
+// L2), pack each block of x rows k-major (in L1) and pass every row block over the groups. Every
+// path prefetches ahead of each weight stream.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
