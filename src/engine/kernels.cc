@@ -162,10 +162,24 @@ WeightMatrix PackPanel32(ThreadPool& pool, const WeightMatrix* srcs, int num_src
   return packed;
 }
 
-// Decode rows (up to kDealRows) deal panel groups out in chunks of kDealGroups[rows]: whole
-// passes of the AVX-512 streaming kernel (4, 4, 3, 2 groups per pass for 1..4 rows).
-constexpr int64_t kDealRows = 4;
-constexpr int64_t kDealGroups[kDealRows + 1] = {0, 8, 8, 6, 8};
+// Decode batches (up to kDealRows rows) deal panel groups out to the threads in chunks as they
+// ask: the threads do not always get equal shares of the machine (perf showed one waiting ~7% of
+// each step on a fixed split, at batch 1 and at batch 32). Each output is still computed whole by
+// one thread in one FMA chain: same bits.
+constexpr int64_t kDealRows = 64;
+// Up to kStreamDealRows rows: chunks of kStreamDealGroups[rows] groups, whole passes of the
+// AVX-512 streaming kernel (4, 4, 3, 2 groups per pass for 1..4 rows). More rows: about
+// kChunksPerThread chunks per thread of whole 8-group runs (the blocked kernel packs x once per
+// chunk, so fewer, larger chunks).
+constexpr int64_t kStreamDealRows = 4;
+constexpr int64_t kStreamDealGroups[kStreamDealRows + 1] = {0, 8, 8, 6, 8};
+constexpr int64_t kChunksPerThread = 4;
+
+int64_t DealChunkGroups(int64_t rows, int64_t groups, int threads) {
+  if (rows <= kStreamDealRows) return kStreamDealGroups[rows];
+  const int64_t chunk = (groups + kChunksPerThread * threads - 1) / (kChunksPerThread * threads);
+  return std::max<int64_t>(8, (chunk + 7) / 8 * 8);
+}
 
 void ParallelMatmul(ThreadPool& pool, const IsaKernels& isa, const float* x, int64_t num_rows,
                     int64_t ldx, const WeightMatrix& w, float* out, int64_t ldo) {
@@ -173,10 +187,7 @@ void ParallelMatmul(ThreadPool& pool, const IsaKernels& isa, const float* x, int
     PD_CHECK(isa.matmul_panel != nullptr) << isa.name << " has no kPanel32 matmul";
     const int64_t groups = (w.n + kPanelRows - 1) / kPanelRows;
     if (num_rows <= kDealRows && pool.num_threads() > 1) {
-      // Decode: bound by memory bandwidth, which the threads do not always get in equal shares,
-      // so chunks of groups are dealt out as threads ask (a fixed split left one thread waiting
-      // ~7% of each step). Each output is still computed whole by one thread: same bits.
-      const int64_t chunk = kDealGroups[num_rows];
+      const int64_t chunk = DealChunkGroups(num_rows, groups, pool.num_threads());
       const int64_t chunks = (groups + chunk - 1) / chunk;
       std::atomic<int64_t> next{0};
       pool.ParallelFor(pool.num_threads(), [&](int64_t, int64_t) {

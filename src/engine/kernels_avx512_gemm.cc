@@ -106,7 +106,7 @@ void Micro(const MicroArgs& a) {
       const char* ahead = reinterpret_cast<const char*>(wg + (k + kPrefetchK) * step);
       _mm_prefetch(ahead, _MM_HINT_T0);
       if constexpr (!kBf16) _mm_prefetch(ahead + 64, _MM_HINT_T0);  // f32: two lines per k
-      if constexpr (!kPacked) {  // decode: also far ahead into L2
+      if constexpr (!kPacked || kBf16) {  // decode: also far ahead into L2
         const char* far = reinterpret_cast<const char*>(wg + (k + kPrefetchFarK) * step);
         _mm_prefetch(far, _MM_HINT_T1);
         if constexpr (!kBf16) _mm_prefetch(far + 64, _MM_HINT_T1);
