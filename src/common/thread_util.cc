@@ -2,6 +2,8 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -81,6 +83,42 @@ std::vector<int> CurrentThreadCpus() {
     if (CPU_ISSET(c, &set)) cpus.push_back(c);
   }
   return cpus;
+}
+
+namespace {
+
+// struct sched_attr of sched_setattr(2) (glibc has no wrapper before 2.41).
+struct SchedAttr {
+  uint32_t size;
+  uint32_t sched_policy;
+  uint64_t sched_flags;
+  int32_t sched_nice;
+  uint32_t sched_priority;
+  uint64_t sched_runtime;
+  uint64_t sched_deadline;
+  uint64_t sched_period;
+};
+
+}  // namespace
+
+Status SetCurrentThreadLatencySensitive(int64_t slice_ns) {
+  if (slice_ns <= 0) return InvalidArgument("slice must be positive");
+  SchedAttr a{};
+  if (syscall(SYS_sched_getattr, 0, &a, sizeof(a), 0) != 0)
+    return Internal(std::string("sched_getattr: ") + std::strerror(errno));
+  if (a.sched_policy != SCHED_OTHER) return OkStatus();  // real-time or batch: leave it
+  a.size = sizeof(a);
+  a.sched_flags = 0;
+  a.sched_runtime = static_cast<uint64_t>(slice_ns);
+  if (syscall(SYS_sched_setattr, 0, &a, 0) != 0)
+    return Internal(std::string("sched_setattr: ") + std::strerror(errno));
+  return OkStatus();
+}
+
+int64_t CurrentThreadSliceNs() {
+  SchedAttr a{};
+  if (syscall(SYS_sched_getattr, 0, &a, sizeof(a), 0) != 0) return -1;
+  return static_cast<int64_t>(a.sched_runtime);
 }
 
 }  // namespace pd

@@ -6,6 +6,7 @@
 //   starts afterwards inherit it.
 #pragma once
 
+#include <cstdint>
 #include <string_view>
 #include <vector>
 
@@ -21,5 +22,15 @@ Result<std::vector<int>> ParseCpuList(std::string_view list);
 
 Status PinCurrentThread(const std::vector<int>& cpus);
 std::vector<int> CurrentThreadCpus();
+
+// For threads that sleep most of the time and must run as soon as they are woken (HTTP, KV
+// messenger threads): asks the kernel's fair scheduler (EEVDF, Linux 6.6+) for a short time slice
+// (sched_setattr's sched_runtime, SCHED_OTHER, nice unchanged), so that on wake-up the thread
+// preempts a CPU-bound thread with the default slice (about 1-3 ms) instead of waiting for that
+// slice to end. Best effort: kernels without custom slices ignore the value or refuse it (an
+// error Status the caller may log and ignore). The default slice: kLatencySliceNs.
+inline constexpr int64_t kLatencySliceNs = 100'000;
+Status SetCurrentThreadLatencySensitive(int64_t slice_ns = kLatencySliceNs);
+int64_t CurrentThreadSliceNs();  // the calling thread's sched_runtime (0: default), -1 on error
 
 }  // namespace pd

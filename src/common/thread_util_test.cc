@@ -54,5 +54,23 @@ TEST(SetCurrentThreadNameTest, NamesAndCutsAt15Bytes) {
   EXPECT_EQ(got, "pd-a-very-long-");
 }
 
+TEST(SetCurrentThreadLatencySensitiveTest, SetsTheSliceOfTheCallingThreadOnly) {
+  EXPECT_EQ(SetCurrentThreadLatencySensitive(0).code(), StatusCode::kInvalidArgument);
+  int64_t before = 0, after = 0, other = 0;
+  Status status;
+  std::thread t([&] {
+    before = CurrentThreadSliceNs();
+    status = SetCurrentThreadLatencySensitive(123'000);
+    after = CurrentThreadSliceNs();
+  });
+  t.join();
+  std::thread u([&] { other = CurrentThreadSliceNs(); });
+  u.join();
+  if (!status.ok()) GTEST_SKIP() << "this kernel takes no custom slice: " << status.ToString();
+  EXPECT_NE(before, 123'000);
+  EXPECT_EQ(after, 123'000);
+  EXPECT_NE(other, 123'000);
+}
+
 }  // namespace
 }  // namespace pd
