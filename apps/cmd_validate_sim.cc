@@ -6,20 +6,25 @@
 // 1. The latency model: --profile FILE (from `pdserve profile` on the same model and threads),
 //    or a quick profile run here, pinned to core 0 like the prefill instance.
 // 2. `pdserve up` (1 prefill + 1 decode, --pin-cores: each on its own core) as a child process.
-// 3. Calibration through the deployment, measured each run and printed: idle TTFT probes at three
-//    prompt lengths fit a fixed cost per request (HTTP, router, hand-over messages) and a scale
-//    on the profile's prefill step (the prefill instance computes slower than the isolated
-//    runner `pdserve profile` timed; the KV transfer grows with the prompt too); decode probes at
-//    batch 1 and 8 fit a cost per decode step and per sequence per step beyond the forward pass
-//    (scheduling, sampling, detokenising, streaming); co-run probes, how much each instance slows
-//    down while the other computes; and the CPU the bench client and router spend.
-// 4. Per rate: `pdserve bench`'s own runner (Poisson arrivals, the random dataset, a fixed seed,
-//    ignore_eos) against the router, and the simulator on the same requests (the same lengths
-//    and arrival times, regenerated from the seed with the bench's generators), running
-//    engine::Scheduler with the instances' policy and pdserve's hand-over (first token sampled by
-//    the decode instance): with the latency model alone, calibrated, and calibrated with each
-//    instance's steps scaled by the CPU contention (schedstat) of the run against the probes'.
-// 5. Side by side: SLO attainment and p50/p90 TTFT and TPOT, simulated vs measured.
+// 3. A warm-up (60 requests at 20 req/s, another seed), then calibration through the deployment
+//    by probe sets, one before the first bench round and one after each (the machine drifts; the
+//    calibration is the median over the sets): idle TTFT probes at three prompt lengths (with the
+//    prefill instance's compute-thread CPU time from schedstat: a scale on the profile's prefill
+//    step; the rest of the TTFT is a fixed cost and a KV transfer time per prompt token, which
+//    hold no instance), decode probes at batch 1 and 8 (a cost per decode step and per sequence
+//    per step beyond the forward pass), co-run pairs (how much each instance slows down while the
+//    other computes) and the CPU per request and per token that the bench client and router and
+//    each instance's non-compute threads spend (schedstat).
+// 4. Rounds: per round, `pdserve bench`'s own runner (Poisson arrivals, the random dataset, a
+//    fixed seed, ignore_eos) against the router at each rate (20/40/60% of the calibrated
+//    capacity unless --rate is given); the measured side is the median of the rounds.
+// 5. The simulator on the same requests (the same lengths and arrival times, regenerated from the
+//    seed with the bench's generators), running engine::Scheduler with the instances' policy and
+//    pdserve's hand-over (first token sampled by the decode instance): with the latency model
+//    alone, and calibrated, each instance's steps stretched by the CPU share that the client,
+//    the router and its own non-compute threads take at that rate.
+// 6. Side by side: SLO attainment and p50/p90 TTFT and TPOT, simulated vs measured, and the noise:
+//    how far the rounds spread (the machine) and how far reseeded simulations spread (sampling).
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -53,6 +58,7 @@
 #include "planner/profiler.h"
 #include "planner/simulator.h"
 #include "planner/validate.h"
+#include "planner/validate_stats.h"
 
 namespace pd::apps {
 namespace {
@@ -60,26 +66,35 @@ namespace {
 using validate_sim::BatchTpot;
 using validate_sim::ClientRouterCpuSeconds;
 using validate_sim::ContentionWindow;
+using validate_sim::CorunFactors;
+using validate_sim::CorunSample;
+using validate_sim::CpuPerRequest;
+using validate_sim::CpuWindow;
 using validate_sim::Deployment;
 using validate_sim::FindInstances;
 using validate_sim::MeasureCorun;
 using validate_sim::Median;
 using validate_sim::ProbeRequest;
 using validate_sim::Stretches;
+using validate_sim::ThreadTimes;
+using validate_sim::TpotOf;
 using validate_sim::UpProcess;
 
 struct ValidateFlags {
   std::string model;
   std::string profile;  // "" : profile here (--quick)
   int threads = 1;
-  std::vector<double> rates;  // empty: 25%, 50%, 75% of the modelled capacity
+  std::vector<double> rates;  // empty: 20%, 40%, 60% of the calibrated capacity
   int port = 8700;
   uint64_t seed = 1;
   int input_len = 128;
   int output_len = 32;
   double range_ratio = 0.5;
   double seconds_per_rate = 60.0;
-  int max_prompts = 200;
+  int max_prompts = 300;
+  int rounds = 3;           // bench rounds per rate (same seed): the measured side is their median
+  int sampling_seeds = 8;   // reseeded simulations per rate: the spread a workload's sample gives
+  int corun_pairs = 3;      // per probe set
   double ttft_slo_s = 0.0;  // 0: 3x the idle TTFT of a mean prompt
   double tpot_slo_s = 0.0;  // 0: 2x the idle TPOT
   int max_num_seqs = 64;
@@ -184,78 +199,102 @@ struct Calibration {
   planner::RealOverheads overheads;
   double idle_ttft_s = 0.0;  // at the mean prompt
   double idle_tpot_s = 0.0;
-  double client_router_cpu_s = 0.0;  // CPU seconds of bench client + router per idle request
-  Stretches stretch;                 // of the instances during the probes
+  planner::ClientCpuCost client_cpu;  // bench client + router, per request and output token
+  planner::ClientCpuCost prefill_own_cpu, decode_own_cpu;  // instances' non-compute threads
+  Stretches stretch;                                       // of the instances during the probes
 };
 
-// Idle TTFT probes: prompts of 16 tokens and of the dataset's mean and 2x mean, two tokens each
-// (the median of seven after a warm-up). Decode probes: one request of the mean prompt with
-// output_len tokens, and `batch` requests of 16-token prompts with 4x output_len tokens sent
-// together (the median of three each).
-Result<Calibration> Calibrate(const ValidateFlags& f, const planner::StepCoeffs& c,
-                              const Deployment& dep) {
-  const pid_t up_pid = dep.up;
+// Where the probes go and the salt of their synthetic prompts.
+struct ProbeTarget {
   bench::Endpoint ep;
-  ep.port = f.port;
-  ASSIGN_OR_RETURN(bench::ServerInfo info, bench::GetServerInfo(ep));
-  std::vector<planner::IdleProbe> probes;
-  Calibration cal;
-  const ContentionWindow window(dep);
+  std::string model;
+  Deployment dep;
   uint64_t salt = 1;
-  // Round-robin over the lengths, so that a burst of load from elsewhere on the machine hits every
-  // length alike; the first round warms up, the median of the next seven counts.
+  Result<bench::RequestResult> Send(int prompt_len, int max_tokens) {
+    bench::GenerationRequest r = ProbeRequest(prompt_len, max_tokens, salt++);
+    r.model = model;
+    bench::RequestResult m = bench::SendStreaming(ep, r);
+    if (!m.success) return Unavailable("probe failed: " + m.error);
+    return m;
+  }
+};
+
+constexpr int kTtftRounds = 12;  // the first warms up
+constexpr int kTpotProbes = 7;
+constexpr int kBatchProbes = 5;
+constexpr int kWarmUpPrompts = 60;
+constexpr double kWarmUpRate = 20;  // req/s: about a third of this machine's capacity
+
+// Idle TTFT probes: prompts of 16 tokens and of the dataset's mean and 2x mean, two tokens each,
+// round-robin over the lengths (a burst of load from elsewhere hits every length alike); the
+// median of 11 after a warm-up round. Also the client's and router's CPU per such request.
+Result<std::vector<planner::IdleProbe>> TtftProbes(const ValidateFlags& f,
+                                                   const planner::StepCoeffs& c, ProbeTarget& t,
+                                                   CpuPerRequest* cpu) {
   const std::vector<int> lens = {16, f.input_len, 2 * f.input_len};
   std::vector<std::vector<double>> ttft(lens.size());
-  for (int round = 0; round < 8; ++round) {
+  const CpuWindow window(t.dep);
+  std::vector<std::vector<double>> compute(lens.size());
+  for (int round = 0; round < kTtftRounds; ++round) {
     for (size_t k = 0; k < lens.size(); ++k) {
-      bench::GenerationRequest r = ProbeRequest(lens[k], 2, salt++);
-      r.model = info.model_id;
-      bench::RequestResult m = bench::SendStreaming(ep, r);
-      if (!m.success) return Unavailable("idle probe failed: " + m.error);
-      if (round > 0) ttft[k].push_back(m.ttft);
+      const planner::ThreadCpuTimes before = ThreadTimes(t.dep.prefill);
+      ASSIGN_OR_RETURN(bench::RequestResult m, t.Send(lens[k], 2));
+      const double cpu = planner::BusiestThreadRunSeconds(before, ThreadTimes(t.dep.prefill));
+      if (round > 0) {
+        ttft[k].push_back(m.ttft);
+        compute[k].push_back(cpu);
+      }
     }
   }
+  *cpu = window.PerRequest(kTtftRounds * lens.size());
+  std::vector<planner::IdleProbe> probes;
   for (size_t k = 0; k < lens.size(); ++k) {
-    probes.push_back(
-        {lens[k], Median(ttft[k]), ModelledTtftS(c, lens[k]), ModelledPrefillS(c, lens[k])});
+    probes.push_back({lens[k], Median(ttft[k]), ModelledTtftS(c, lens[k]),
+                      ModelledPrefillS(c, lens[k]), Median(compute[k])});
   }
-  cal.idle_ttft_s = probes[1].measured_ttft_s;
+  return probes;
+}
+
+// Decode probes: one request of the mean prompt with output_len tokens (the median of 7, and the
+// client's and router's CPU per such request), and `batch` requests of 16-token prompts with
+// 4x output_len tokens sent together (the median of 5).
+Result<std::vector<planner::DecodeProbe>> DecodeProbes(const ValidateFlags& f,
+                                                       const planner::StepCoeffs& c, ProbeTarget& t,
+                                                       CpuPerRequest* cpu) {
   std::vector<double> tpot;
-  const double cpu0 = ClientRouterCpuSeconds(up_pid);
-  for (int rep = 0; rep < 3; ++rep) {
-    bench::GenerationRequest r = ProbeRequest(f.input_len, f.output_len, salt++);
-    r.model = info.model_id;
-    bench::RequestResult m = bench::SendStreaming(ep, r);
-    if (!m.success || m.output_len < 2) return Unavailable("idle TPOT probe failed: " + m.error);
-    tpot.push_back((m.latency - m.ttft) / (m.output_len - 1));
+  const CpuWindow window(t.dep);
+  for (int rep = 0; rep < kTpotProbes; ++rep) {
+    ASSIGN_OR_RETURN(bench::RequestResult m, t.Send(f.input_len, f.output_len));
+    if (m.output_len < 2) return Unavailable("idle TPOT probe: fewer than 2 tokens came back");
+    tpot.push_back(TpotOf(m));
   }
-  cal.client_router_cpu_s = (ClientRouterCpuSeconds(up_pid) - cpu0) / 3;
-  cal.idle_tpot_s = Median(tpot);
+  *cpu = window.PerRequest(kTpotProbes);
   std::vector<planner::DecodeProbe> decode = {
-      {1, cal.idle_tpot_s, c.DecodeMs(1, f.input_len + f.output_len / 2) * 1e-3}};
+      {1, Median(tpot), c.DecodeMs(1, f.input_len + f.output_len / 2) * 1e-3}};
   const int batch = std::min(8, f.max_num_seqs);
   if (batch > 1) {
     const int out = 4 * f.output_len;
     std::vector<double> batch_tpot;
-    for (int rep = 0; rep < 3; ++rep) {
-      ASSIGN_OR_RETURN(double t, BatchTpot(ep, info.model_id, batch, 16, out, salt));
-      salt += batch;
-      batch_tpot.push_back(t);
+    for (int rep = 0; rep < kBatchProbes; ++rep) {
+      ASSIGN_OR_RETURN(double tp, BatchTpot(t.ep, t.model, batch, 16, out, t.salt));
+      t.salt += batch;
+      batch_tpot.push_back(tp);
     }
     decode.push_back(
         {batch, Median(batch_tpot), c.DecodeMs(batch, int64_t(batch) * (16 + out / 2)) * 1e-3});
   }
-  cal.stretch = window.Finish();
-  ASSIGN_OR_RETURN(cal.overheads, planner::SolveOverheads(probes, decode));
-  if (f.corun) {
-    ASSIGN_OR_RETURN(cal.overheads,
-                     MeasureCorun(ep, info.model_id, f.input_len, f.output_len, cal.overheads));
-  }
+  return decode;
+}
+
+void PrintCalibration(const std::vector<planner::IdleProbe>& probes,
+                      const std::vector<planner::DecodeProbe>& decode, const Calibration& cal) {
   std::printf("idle probes through the deployment (measured vs latency model):\n");
   for (const auto& p : probes) {
-    std::printf("  prompt %5d: TTFT %.2f ms measured, %.2f ms modelled (prefill step %.2f ms)\n",
-                p.prompt_len, p.measured_ttft_s * 1e3, p.modelled_ttft_s * 1e3,
-                p.modelled_prefill_s * 1e3);
+    std::printf(
+        "  prompt %5d: TTFT %.2f ms measured, %.2f ms modelled; prefill step %.2f ms modelled, "
+        "the prefill instance computed %.2f ms\n",
+        p.prompt_len, p.measured_ttft_s * 1e3, p.modelled_ttft_s * 1e3, p.modelled_prefill_s * 1e3,
+        p.measured_prefill_cpu_s * 1e3);
   }
   for (const auto& d : decode) {
     std::printf("  batch %2d: TPOT %.3f ms measured, %.3f ms modelled (forward pass only)\n",
@@ -264,12 +303,126 @@ Result<Calibration> Calibrate(const ValidateFlags& f, const planner::StepCoeffs&
   const planner::RealOverheads& o = cal.overheads;
   std::printf(
       "calibrated from these probes (fed to the calibrated simulation): prefill steps x%.3f "
-      "(this deployment's prefill instance vs the profile), fixed %.2f ms per request (HTTP, "
-      "router, hand-over), decode %.3f ms per step + %.3f ms per sequence per step (sampling, "
-      "detokenising, streaming); bench client + router use %.2f ms CPU per request; waiting "
-      "for a core stretched the prefill instance's work x%.3f, the decode instance's x%.3f\n",
-      o.prefill_scale, o.fixed_s * 1e3, o.decode_fixed_ms, o.decode_seq_ms,
-      cal.client_router_cpu_s * 1e3, cal.stretch.prefill, cal.stretch.decode);
+      "(this deployment's prefill instance's compute thread vs the profile), fixed %.2f ms per "
+      "request (HTTP, router, hand-over) and %.4f ms per prompt token (KV transfer; neither holds "
+      "an instance), decode %.3f ms per step + %.3f ms per sequence per step (sampling, "
+      "detokenising, streaming); bench client + router use %.3f ms CPU per request + %.4f ms per "
+      "output token, the prefill instance's non-compute threads %.3f ms + %.4f ms/token, the "
+      "decode instance's %.3f ms + %.4f ms/token (schedstat); waiting for a core stretched the "
+      "prefill instance's work x%.3f, the decode instance's x%.3f (not used)\n",
+      o.prefill_scale, o.fixed_s * 1e3, o.transfer_s_per_token * 1e3, o.decode_fixed_ms,
+      o.decode_seq_ms, cal.client_cpu.per_request_s * 1e3, cal.client_cpu.per_token_s * 1e3,
+      cal.prefill_own_cpu.per_request_s * 1e3, cal.prefill_own_cpu.per_token_s * 1e3,
+      cal.decode_own_cpu.per_request_s * 1e3, cal.decode_own_cpu.per_token_s * 1e3,
+      cal.stretch.prefill, cal.stretch.decode);
+}
+
+// Before any probe: the bench's workload, 60 requests at 20 req/s
+// (another seed; not compared), so that the instances' KV pages, caches and the connections'
+// paths are as warm as in the bench rounds that follow.
+Status WarmUp(const ValidateFlags& f) {
+  bench::BenchOptions bo;
+  bo.endpoint.port = f.port;
+  bo.dataset.name = "random";
+  bo.dataset.random_input_len = f.input_len;
+  bo.dataset.random_output_len = f.output_len;
+  bo.dataset.random_range_ratio = f.range_ratio;
+  bo.num_prompts = kWarmUpPrompts;
+  bo.request_rate = kWarmUpRate;
+  bo.seed = f.seed + 7919;
+  bo.ignore_eos = true;
+  return bench::RunBenchmark(bo).status();
+}
+
+// One set of calibration probes: idle TTFT and decode probes, the client's and router's CPU, the
+// co-run pairs. validate-sim takes one before the first bench round and one after each round, so
+// the calibration spans the same stretch of time as the runs it is compared with (this machine
+// drifts by 10-30% over minutes; a burst of probes catches one moment of it).
+struct ProbeSet {
+  std::vector<planner::IdleProbe> ttft;
+  std::vector<planner::DecodeProbe> decode;
+  CpuPerRequest cpu_short, cpu_long;  // per 2-token / output_len request
+  std::vector<CorunSample> corun;
+  Stretches stretch;
+};
+
+Result<ProbeSet> RunProbes(const ValidateFlags& f, const planner::StepCoeffs& c,
+                           const Deployment& dep, int set) {
+  ProbeTarget t;
+  t.ep.port = f.port;
+  t.dep = dep;
+  t.salt = 1 + 100000ull * set;
+  ASSIGN_OR_RETURN(bench::ServerInfo info, bench::GetServerInfo(t.ep));
+  t.model = info.model_id;
+  ProbeSet ps;
+  const ContentionWindow window(dep);
+  ASSIGN_OR_RETURN(ps.ttft, TtftProbes(f, c, t, &ps.cpu_short));
+  ASSIGN_OR_RETURN(ps.decode, DecodeProbes(f, c, t, &ps.cpu_long));
+  ps.stretch = window.Finish();
+  if (f.corun) {
+    ASSIGN_OR_RETURN(ps.corun, MeasureCorun(t.ep, t.model, dep.prefill, f.input_len, f.output_len,
+                                            f.corun_pairs, t.salt + 50000));
+  }
+  std::fprintf(stderr,
+               "validate-sim: probe set %d: TTFT %.2f / %.2f / %.2f ms, TPOT %.3f (batch 1) / %.3f "
+               "ms (batch %d)\n",
+               set, ps.ttft[0].measured_ttft_s * 1e3, ps.ttft[1].measured_ttft_s * 1e3,
+               ps.ttft[2].measured_ttft_s * 1e3, ps.decode[0].measured_tpot_s * 1e3,
+               ps.decode.back().measured_tpot_s * 1e3, ps.decode.back().batch);
+  return ps;
+}
+
+double MedianOver(const std::vector<ProbeSet>& sets, double (*get)(const ProbeSet&, size_t),
+                  size_t k) {
+  std::vector<double> v;
+  for (const ProbeSet& s : sets) v.push_back(get(s, k));
+  return Median(v);
+}
+
+// A CPU cost per request and per output token from the probe sets' medians.
+Result<planner::ClientCpuCost> CpuCost(const ValidateFlags& f, const std::vector<ProbeSet>& sets,
+                                       double CpuPerRequest::*part) {
+  std::vector<double> short_cost, long_cost;
+  for (const ProbeSet& s : sets) {
+    short_cost.push_back(s.cpu_short.*part);
+    long_cost.push_back(s.cpu_long.*part);
+  }
+  return planner::SolveClientCpuCost(2, Median(short_cost), f.output_len, Median(long_cost));
+}
+
+// The calibration from probe sets: each probe's median over the sets, the co-run pairs pooled.
+Result<Calibration> Combine(const ValidateFlags& f, const std::vector<ProbeSet>& sets, bool print) {
+  if (sets.empty()) return InvalidArgument("no calibration probes");
+  std::vector<planner::IdleProbe> ttft = sets[0].ttft;
+  std::vector<planner::DecodeProbe> decode = sets[0].decode;
+  for (size_t k = 0; k < ttft.size(); ++k) {
+    ttft[k].measured_ttft_s = MedianOver(
+        sets, [](const ProbeSet& s, size_t i) { return s.ttft[i].measured_ttft_s; }, k);
+    ttft[k].measured_prefill_cpu_s = MedianOver(
+        sets, [](const ProbeSet& s, size_t i) { return s.ttft[i].measured_prefill_cpu_s; }, k);
+  }
+  for (size_t k = 0; k < decode.size(); ++k) {
+    decode[k].measured_tpot_s = MedianOver(
+        sets, [](const ProbeSet& s, size_t i) { return s.decode[i].measured_tpot_s; }, k);
+  }
+  Calibration cal;
+  cal.stretch = sets[0].stretch;
+  cal.idle_ttft_s = ttft[1].measured_ttft_s;
+  cal.idle_tpot_s = decode[0].measured_tpot_s;
+  ASSIGN_OR_RETURN(cal.client_cpu, CpuCost(f, sets, &CpuPerRequest::client));
+  ASSIGN_OR_RETURN(cal.prefill_own_cpu, CpuCost(f, sets, &CpuPerRequest::prefill_own));
+  ASSIGN_OR_RETURN(cal.decode_own_cpu, CpuCost(f, sets, &CpuPerRequest::decode_own));
+  ASSIGN_OR_RETURN(cal.overheads, planner::SolveOverheads(ttft, decode));
+  std::vector<CorunSample> pooled;
+  for (const ProbeSet& s : sets) pooled.insert(pooled.end(), s.corun.begin(), s.corun.end());
+  const std::string corun = CorunFactors(pooled, &cal.overheads);
+  if (print) {
+    std::printf(
+        "calibration: the median of %zu probe sets (before the first bench round and "
+        "after each)\n%s",
+        sets.size(), corun.c_str());
+    PrintCalibration(ttft, decode, cal);
+  }
   return cal;
 }
 
@@ -330,8 +483,7 @@ Result<planner::Summary> SimulateRate(std::span<const planner::InstanceConfig> i
   return planner::Summarize(sim.requests, slo);
 }
 
-// The step times of each instance scaled by how much more (or less) waiting for a core stretched
-// its work during the run than during the probes the calibration came from.
+// The step times of each instance scaled by `factor`.
 std::vector<planner::InstanceConfig> Slowed(std::vector<planner::InstanceConfig> insts,
                                             const Stretches& factor) {
   for (auto& inst : insts) {
@@ -342,21 +494,43 @@ std::vector<planner::InstanceConfig> Slowed(std::vector<planner::InstanceConfig>
   return insts;
 }
 
-struct RateResult {
-  planner::ComparisonRow raw;         // the latency model alone
-  planner::ComparisonRow steady;      // calibrated by the probes
-  planner::ComparisonRow calibrated;  // and scaled by the per-run CPU contention
-  Stretches stretch;                  // of the instances during the run (measured)
-  Stretches contention;               // the step-time factors the calibrated simulation used
-  double client_router_cores = 0;     // measured during the run
+int MachineCores() { return std::max<int>(1, CurrentThreadCpus().size()); }
+
+// The calibrated deployment at `rate`: the probes' calibration, each instance's steps stretched
+// by the share of its core that other work takes at that rate: the bench client and router
+// (unpinned: from both cores alike) and the instance's own HTTP, fabric and messenger threads
+// (pinned with it), their CPU measured by the probes. Of the instance's own threads only the part
+// per request counts (receiving the request, the KV transfer): their work per token (streaming
+// it) runs between that instance's steps, so the decode probes' per-sequence cost holds it
+// already.
+Result<std::vector<planner::InstanceConfig>> CalibratedAt(const ValidateFlags& f,
+                                                          const planner::StepCoeffs& c,
+                                                          const Calibration& cal, int64_t kv_tokens,
+                                                          double rate) {
+  Stretches k;
+  const planner::ClientCpuCost prefill_own{cal.prefill_own_cpu.per_request_s, 0.0};
+  const planner::ClientCpuCost decode_own{cal.decode_own_cpu.per_request_s, 0.0};
+  ASSIGN_OR_RETURN(k.prefill, planner::BackgroundCpuStretch(cal.client_cpu, rate, f.output_len,
+                                                            MachineCores(), prefill_own));
+  ASSIGN_OR_RETURN(k.decode, planner::BackgroundCpuStretch(cal.client_cpu, rate, f.output_len,
+                                                           MachineCores(), decode_own));
+  return Slowed(Instances(f, c, cal.overheads, kv_tokens), k);
+}
+
+// One bench run at one rate, measured.
+struct RoundResult {
+  planner::Summary measured;
+  double client_router_cores = 0;  // measured during the run
+  Stretches stretch;               // waiting for a core, measured during the run (not used)
 };
 
-Result<RateResult> RunRate(const ValidateFlags& f, const bench::DatasetSpec& spec, double rate,
-                           const planner::Slo& slo, const planner::StepCoeffs& coeffs,
-                           int64_t kv_tokens, const planner::ClusterLinks& links,
-                           const Calibration& cal, const Deployment& dep) {
-  const pid_t up_pid = dep.up;
-  const int n = std::clamp(static_cast<int>(rate * f.seconds_per_rate), 20, f.max_prompts);
+int PromptsAt(const ValidateFlags& f, double rate) {
+  return std::clamp(static_cast<int>(rate * f.seconds_per_rate), 20, f.max_prompts);
+}
+
+Result<RoundResult> BenchRound(const ValidateFlags& f, const bench::DatasetSpec& spec, double rate,
+                               const planner::Slo& slo, const Deployment& dep) {
+  const int n = PromptsAt(f, rate);
   std::fprintf(stderr, "validate-sim: rate %.3g req/s, %d requests\n", rate, n);
   bench::BenchOptions bo;
   bo.endpoint.port = f.port;
@@ -366,62 +540,195 @@ Result<RateResult> RunRate(const ValidateFlags& f, const bench::DatasetSpec& spe
   bo.seed = f.seed;
   bo.ignore_eos = true;
   bo.goodput_ms = {{"ttft", slo.ttft_s * 1e3}, {"tpot", slo.tpot_s * 1e3}};
-  const double cpu0 = ClientRouterCpuSeconds(up_pid);
+  const double cpu0 = ClientRouterCpuSeconds(dep.up);
   const auto wall0 = std::chrono::steady_clock::now();
   const ContentionWindow window(dep);
   ASSIGN_OR_RETURN(bench::BenchmarkSummary real, bench::RunBenchmark(bo));
-  RateResult out;
+  RoundResult out;
   out.stretch = window.Finish();
   const double wall_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
-  out.client_router_cores = (ClientRouterCpuSeconds(up_pid) - cpu0) / std::max(wall_s, 1e-9);
+  out.client_router_cores = (ClientRouterCpuSeconds(dep.up) - cpu0) / std::max(wall_s, 1e-9);
   ASSIGN_OR_RETURN(auto measured, planner::MeasuredFromBenchJson(real.json, "bench result"));
-  ASSIGN_OR_RETURN(auto reqs, BenchRequests(spec, n, rate, f.seed));
-  out.contention = {out.stretch.prefill / cal.stretch.prefill,
-                    out.stretch.decode / cal.stretch.decode};
-  const auto raw_insts = Instances(f, coeffs, planner::RealOverheads{}, kv_tokens);
-  const auto cal_insts = Slowed(Instances(f, coeffs, cal.overheads, kv_tokens), out.contention);
-  out.raw.rate = out.calibrated.rate = out.steady.rate = rate;
-  out.raw.measured = out.calibrated.measured = out.steady.measured =
-      planner::Summarize(measured, slo);
-  ASSIGN_OR_RETURN(out.steady.simulated,
-                   SimulateRate(Instances(f, coeffs, cal.overheads, kv_tokens), links, reqs, slo,
-                                cal.overheads.fixed_s));
-  ASSIGN_OR_RETURN(out.raw.simulated, SimulateRate(raw_insts, links, reqs, slo, 0.0));
-  ASSIGN_OR_RETURN(out.calibrated.simulated,
-                   SimulateRate(cal_insts, links, reqs, slo, cal.overheads.fixed_s));
+  out.measured = planner::Summarize(measured, slo);
   return out;
+}
+
+// Everything about one rate: the simulations beside the median of the bench rounds, and the
+// spreads that say how much of a difference is noise.
+struct RateReport {
+  planner::ComparisonRow raw, calibrated;
+  std::vector<RoundResult> rounds;
+  planner::Spread machine;    // over the bench rounds (the same requests each time)
+  planner::Spread sampling;   // the calibrated simulation over reseeded workloads
+  double modelled_cores = 0;  // the bench client's and router's CPU the simulation assumes
+};
+
+Status SimulateRateReport(const ValidateFlags& f, const bench::DatasetSpec& spec,
+                          const planner::Slo& slo, const planner::StepCoeffs& coeffs,
+                          int64_t kv_tokens, const planner::ClusterLinks& links,
+                          const Calibration& cal, RateReport* r) {
+  const double rate = r->raw.rate;
+  const int n = PromptsAt(f, rate);
+  std::vector<planner::Summary> measured;
+  for (const RoundResult& rr : r->rounds) measured.push_back(rr.measured);
+  r->raw.measured = r->calibrated.measured = planner::MedianSummary(measured);
+  r->machine = planner::RelativeSpread(measured);
+  r->modelled_cores = rate * cal.client_cpu.Seconds(f.output_len);
+  ASSIGN_OR_RETURN(auto cal_insts, CalibratedAt(f, coeffs, cal, kv_tokens, rate));
+  ASSIGN_OR_RETURN(auto reqs, BenchRequests(spec, n, rate, f.seed));
+  // The calibrated KV transfer: its time per prompt token, as the link's bandwidth.
+  planner::ClusterLinks cal_links = links;
+  if (cal.overheads.transfer_s_per_token > 0) {
+    cal_links.intra_node_bw = links.kv_bytes_per_token / cal.overheads.transfer_s_per_token;
+  }
+  ASSIGN_OR_RETURN(r->calibrated.simulated,
+                   SimulateRate(cal_insts, cal_links, reqs, slo, cal.overheads.fixed_s));
+  ASSIGN_OR_RETURN(r->raw.simulated,
+                   SimulateRate(Instances(f, coeffs, planner::RealOverheads{}, kv_tokens), links,
+                                reqs, slo, 0.0));
+  std::vector<planner::Summary> reseeded;
+  for (int k = 1; k <= f.sampling_seeds; ++k) {
+    ASSIGN_OR_RETURN(auto other, BenchRequests(spec, n, rate, f.seed + k));
+    ASSIGN_OR_RETURN(planner::Summary s,
+                     SimulateRate(cal_insts, cal_links, other, slo, cal.overheads.fixed_s));
+    reseeded.push_back(s);
+  }
+  r->sampling = planner::RelativeSpread(reseeded);
+  return OkStatus();
 }
 
 nlohmann::json OverheadsJson(const Calibration& cal) {
   const planner::RealOverheads& o = cal.overheads;
-  return {{"fixed_s", o.fixed_s},
-          {"prefill_scale", o.prefill_scale},
-          {"decode_fixed_ms", o.decode_fixed_ms},
-          {"decode_seq_ms", o.decode_seq_ms},
-          {"corun_prefill", o.corun_prefill},
-          {"corun_decode", o.corun_decode},
-          {"client_router_cpu_s_per_request", cal.client_router_cpu_s},
-          {"probe_stretch", {{"prefill", cal.stretch.prefill}, {"decode", cal.stretch.decode}}}};
+  return {
+      {"fixed_s", o.fixed_s},
+      {"prefill_scale", o.prefill_scale},
+      {"transfer_s_per_token", o.transfer_s_per_token},
+      {"decode_fixed_ms", o.decode_fixed_ms},
+      {"decode_seq_ms", o.decode_seq_ms},
+      {"corun_prefill", o.corun_prefill},
+      {"corun_decode", o.corun_decode},
+      {"client_router_cpu_s_per_request", cal.client_cpu.per_request_s},
+      {"client_router_cpu_s_per_token", cal.client_cpu.per_token_s},
+      {"prefill_own_cpu_s", {cal.prefill_own_cpu.per_request_s, cal.prefill_own_cpu.per_token_s}},
+      {"decode_own_cpu_s", {cal.decode_own_cpu.per_request_s, cal.decode_own_cpu.per_token_s}},
+      {"probe_stretch", {{"prefill", cal.stretch.prefill}, {"decode", cal.stretch.decode}}}};
 }
 
-std::vector<double> DefaultRates(const ValidateFlags& f, const planner::StepCoeffs& c,
-                                 const Calibration& cal, int64_t kv_tokens) {
-  // Capacity (calibrated): the slower of prefill (one mean prompt per step) and decode (a full
-  // batch).
+nlohmann::json SpreadJson(const planner::Spread& s) {
+  return {{"attainment", s.attainment},
+          {"ttft_p50", s.ttft_p50},
+          {"ttft_p90", s.ttft_p90},
+          {"tpot_p50", s.tpot_p50},
+          {"tpot_p90", s.tpot_p90}};
+}
+
+// The calibrated capacity: the rate at which the prefill instance, its steps slowed by the
+// co-run factor (at high load the decode instance is almost always busy), is busy all the time
+// with prompts of the mean length. The 128/32 workload is prefill-bound on this engine; the
+// decode side's bound (a batch of 16) is taken too in case a workload is not.
+double CalibratedCapacity(const ValidateFlags& f, const planner::StepCoeffs& c,
+                          const Calibration& cal, int64_t kv_tokens) {
   const auto insts = Instances(f, c, cal.overheads, kv_tokens);
   const double prefill_s =
-      insts[0].coeffs.PrefillMs(f.input_len, double(f.input_len) * f.input_len) * 1e-3;
+      insts[0].coeffs.PrefillMs(f.input_len, double(f.input_len) * f.input_len) * 1e-3 *
+      cal.overheads.corun_prefill;
   const int b = std::min(f.max_num_seqs, 16);
   const double decode_s =
-      insts[1].coeffs.DecodeMs(b, int64_t(b) * (f.input_len + f.output_len / 2)) * 1e-3;
-  const double cap = std::min(1.0 / prefill_s, b / (decode_s * f.output_len));
-  return {0.25 * cap, 0.5 * cap, 0.75 * cap};
+      insts[1].coeffs.DecodeMs(b, int64_t(b) * (f.input_len + f.output_len / 2)) * 1e-3 *
+      cal.overheads.corun_decode;
+  return std::min(1.0 / prefill_s, b / (decode_s * f.output_len));
+}
+
+// Below 75%: there a 25% slower spell of this machine (the probe sets drift that much within a
+// run) takes the prefill instance to 94% busy, and the rounds of one run disagreed by up to 87%
+// in attainment and 270% in TTFT p50.
+constexpr double kLoadShares[] = {0.2, 0.4, 0.6};
+
+void PrintReports(const ValidateFlags& f, const planner::Slo& slo, const Calibration& cal,
+                  const std::vector<RateReport>& reports, const std::string& rate_rule) {
+  std::printf(
+      "\n%s, 1 prefill + 1 decode, %d thread(s) each%s; random dataset %d/%d tokens (range "
+      "%.2g), Poisson, seed %llu; SLO TTFT %.1f ms, TPOT %.1f ms; %s; measured = the median of "
+      "%d bench rounds per rate (rates interleaved, the same requests each round)\n",
+      f.model.c_str(), f.threads, f.pin_cores ? ", pinned" : "", f.input_len, f.output_len,
+      f.range_ratio, static_cast<unsigned long long>(f.seed), slo.ttft_s * 1e3, slo.tpot_s * 1e3,
+      rate_rule.c_str(), f.rounds);
+  std::vector<planner::ComparisonRow> raw, calibrated;
+  for (const RateReport& r : reports) {
+    raw.push_back(r.raw);
+    calibrated.push_back(r.calibrated);
+  }
+  std::printf("\nthe latency model alone (the profile, nothing calibrated):\n%s",
+              planner::FormatComparison(raw).c_str());
+  const planner::RealOverheads& o = cal.overheads;
+  std::printf(
+      "\ncalibrated through this deployment by the probes (prefill x%.3f, fixed %.2f ms, decode "
+      "+%.3f ms/step +%.3f ms/seq, co-run prefill x%.3f decode x%.3f, client + router %.3f "
+      "ms/request + %.4f ms/token of CPU taken from %d cores):\n%s",
+      o.prefill_scale, o.fixed_s * 1e3, o.decode_fixed_ms, o.decode_seq_ms, o.corun_prefill,
+      o.corun_decode, cal.client_cpu.per_request_s * 1e3, cal.client_cpu.per_token_s * 1e3,
+      MachineCores(), planner::FormatComparison(calibrated).c_str());
+  std::printf(
+      "\nnoise, (max - min) / median per metric: machine = over the %d bench rounds (the same "
+      "requests); sampling = the calibrated simulation over %d reseeded workloads of the same "
+      "size\n",
+      f.rounds, f.sampling_seeds);
+  for (const RateReport& r : reports) {
+    std::printf("  rate %.3g (%d requests): machine %s; sampling %s\n", r.raw.rate,
+                r.raw.measured.num_requests, planner::FormatSpread(r.machine).c_str(),
+                planner::FormatSpread(r.sampling).c_str());
+    for (size_t k = 0; k < r.rounds.size(); ++k) {
+      const RoundResult& rr = r.rounds[k];
+      const planner::Summary& m = rr.measured;
+      std::printf(
+          "    round %zu: att %.1f%%, TTFT p50 %.2f p90 %.2f ms, TPOT p50 %.3f p90 %.3f ms; "
+          "client + router %.3f cores (modelled %.3f); waited for a core: prefill x%.3f, decode "
+          "x%.3f\n",
+          k + 1, 100 * m.attainment, m.ttft_p50_s * 1e3, m.ttft_p90_s * 1e3, m.tpot_p50_s * 1e3,
+          m.tpot_p90_s * 1e3, rr.client_router_cores, r.modelled_cores, rr.stretch.prefill,
+          rr.stretch.decode);
+    }
+  }
+}
+
+nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo, const Calibration& cal,
+                          const std::vector<RateReport>& reports) {
+  std::vector<planner::ComparisonRow> raw, calibrated;
+  nlohmann::json noise = nlohmann::json::array();
+  for (const RateReport& r : reports) {
+    raw.push_back(r.raw);
+    calibrated.push_back(r.calibrated);
+    nlohmann::json rounds = nlohmann::json::array();
+    for (const RoundResult& rr : r.rounds) {
+      rounds.push_back({{"attainment", rr.measured.attainment},
+                        {"ttft_p50_s", rr.measured.ttft_p50_s},
+                        {"ttft_p90_s", rr.measured.ttft_p90_s},
+                        {"tpot_p50_s", rr.measured.tpot_p50_s},
+                        {"tpot_p90_s", rr.measured.tpot_p90_s},
+                        {"client_router_cores", rr.client_router_cores}});
+    }
+    noise.push_back({{"rate", r.raw.rate},
+                     {"machine", SpreadJson(r.machine)},
+                     {"sampling", SpreadJson(r.sampling)},
+                     {"modelled_client_router_cores", r.modelled_cores},
+                     {"rounds", rounds}});
+  }
+  return {{"model", f.model},
+          {"threads", f.threads},
+          {"slo", {{"ttft_s", slo.ttft_s}, {"tpot_s", slo.tpot_s}}},
+          {"calibration", OverheadsJson(cal)},
+          {"rows", planner::ComparisonToJson(calibrated)},
+          {"rows_uncalibrated", planner::ComparisonToJson(raw)},
+          {"noise", noise}};
 }
 
 int RunValidate(const ValidateFlags& f) {
-  if (f.threads < 1 || f.input_len < 2 || f.output_len < 2) {
-    return Fail("--threads >= 1, --input-len >= 2 and --output-len >= 2");
+  if (f.threads < 1 || f.input_len < 2 || f.output_len < 2 || f.rounds < 1 ||
+      f.sampling_seeds < 0 || f.corun_pairs < 1) {
+    return Fail(
+        "--threads >= 1, --input-len >= 2, --output-len >= 2, --rounds >= 1, "
+        "--sampling-seeds >= 0 and --corun-pairs >= 1");
   }
   auto coeffs = LoadOrProfile(f);
   if (!coeffs.ok()) return Fail(coeffs.status().ToString());
@@ -435,65 +742,60 @@ int RunValidate(const ValidateFlags& f) {
   if (Status s = StartUp(f, &up); !s.ok()) return Fail(s.ToString());
   auto dep = FindInstances(up.pid);
   if (!dep.ok()) return Fail(dep.status().ToString());
-  auto cal = Calibrate(f, *coeffs, *dep);
+  if (Status s = WarmUp(f); !s.ok()) return Fail(s.ToString());
+  std::vector<ProbeSet> sets;
+  auto first = RunProbes(f, *coeffs, *dep, 0);
+  if (!first.ok()) return Fail(first.status().ToString());
+  sets.push_back(*first);
+  // The SLOs and the rates come from the first probe set: fixed before any bench round.
+  auto cal = Combine(f, sets, false);
   if (!cal.ok()) return Fail(cal.status().ToString());
   planner::Slo slo{f.ttft_slo_s > 0 ? f.ttft_slo_s : 3 * cal->idle_ttft_s,
                    f.tpot_slo_s > 0 ? f.tpot_slo_s : 2 * cal->idle_tpot_s};
-  // The KV transfer is part of what the prefill calibration measured (it grows with the prompt).
+  // Uncalibrated, the KV transfer takes no time; calibrated, the probes' transfer time per token.
   planner::ClusterLinks links;
   links.kv_bytes_per_token = kv_bytes_per_token;
   links.intra_node_bw = 1e18;
-  const std::vector<double> rates =
-      f.rates.empty() ? DefaultRates(f, *coeffs, *cal, kv_tokens) : f.rates;
+  std::vector<double> rates = f.rates;
+  std::string rate_rule = "rates given with --rate";
+  if (rates.empty()) {
+    const double cap = CalibratedCapacity(f, *coeffs, *cal, kv_tokens);
+    for (double share : kLoadShares) rates.push_back(share * cap);
+    char rule[160];
+    std::snprintf(rule, sizeof(rule),
+                  "rates 20/40/60%% of the calibrated capacity %.1f req/s (first probe set; mean "
+                  "prompts, prefill steps x co-run)",
+                  cap);
+    rate_rule = rule;
+  }
   bench::DatasetSpec spec;
   spec.name = "random";
   spec.random_input_len = f.input_len;
   spec.random_output_len = f.output_len;
   spec.random_range_ratio = f.range_ratio;
-  std::vector<planner::ComparisonRow> raw, steady, calibrated;
-  std::string contention;
-  for (double rate : rates) {
-    auto r = RunRate(f, spec, rate, slo, *coeffs, kv_tokens, links, *cal, *dep);
-    if (!r.ok()) return Fail(r.status().ToString());
-    raw.push_back(r->raw);
-    calibrated.push_back(r->calibrated);
-    steady.push_back(r->steady);
-    char line[320];
-    std::snprintf(line, sizeof(line),
-                  "  rate %.3g: bench client + router used %.2f cores; waiting for a core "
-                  "stretched prefill x%.3f, decode x%.3f (measured); calibrated steps scaled "
-                  "x%.3f (prefill), x%.3f (decode) against the probes\n",
-                  rate, r->client_router_cores, r->stretch.prefill, r->stretch.decode,
-                  r->contention.prefill, r->contention.decode);
-    contention += line;
+  std::vector<RateReport> reports(rates.size());
+  for (int round = 0; round < f.rounds; ++round) {
+    for (size_t i = 0; i < rates.size(); ++i) {
+      auto r = BenchRound(f, spec, rates[i], slo, *dep);
+      if (!r.ok()) return Fail(r.status().ToString());
+      reports[i].rounds.push_back(*r);
+    }
+    auto set = RunProbes(f, *coeffs, *dep, round + 1);
+    if (!set.ok()) return Fail(set.status().ToString());
+    sets.push_back(*set);
   }
   up.Stop();
-  std::printf(
-      "\n%s, 1 prefill + 1 decode, %d thread(s) each%s; random dataset %d/%d tokens (range "
-      "%.2g), Poisson, seed %llu; SLO TTFT %.1f ms, TPOT %.1f ms\n",
-      f.model.c_str(), f.threads, f.pin_cores ? ", pinned" : "", f.input_len, f.output_len,
-      f.range_ratio, static_cast<unsigned long long>(f.seed), slo.ttft_s * 1e3, slo.tpot_s * 1e3);
-  std::printf("\nthe latency model alone (the profile, nothing calibrated):\n%s",
-              planner::FormatComparison(raw).c_str());
-  std::printf(
-      "\ncalibrated through this deployment by the probes (prefill x%.3f, fixed %.2f ms, decode "
-      "+%.3f ms/step +%.3f ms/seq, co-run prefill x%.3f decode x%.3f):\n%s",
-      cal->overheads.prefill_scale, cal->overheads.fixed_s * 1e3, cal->overheads.decode_fixed_ms,
-      cal->overheads.decode_seq_ms, cal->overheads.corun_prefill, cal->overheads.corun_decode,
-      planner::FormatComparison(steady).c_str());
-  std::printf(
-      "\nthe same, each instance's steps also scaled by the CPU contention of each run against "
-      "the probes' (experimental):\n%s%s",
-      planner::FormatComparison(calibrated).c_str(), contention.c_str());
+  cal = Combine(f, sets, true);
+  if (!cal.ok()) return Fail(cal.status().ToString());
+  for (size_t i = 0; i < rates.size(); ++i) {
+    reports[i].raw.rate = reports[i].calibrated.rate = rates[i];
+    Status s = SimulateRateReport(f, spec, slo, *coeffs, kv_tokens, links, *cal, &reports[i]);
+    if (!s.ok()) return Fail(s.ToString());
+  }
+  PrintReports(f, slo, *cal, reports, rate_rule);
   if (!f.out.empty()) {
-    nlohmann::json j = {{"model", f.model},
-                        {"threads", f.threads},
-                        {"slo", {{"ttft_s", slo.ttft_s}, {"tpot_s", slo.tpot_s}}},
-                        {"calibration", OverheadsJson(*cal)},
-                        {"rows", planner::ComparisonToJson(steady)},
-                        {"rows_uncalibrated", planner::ComparisonToJson(raw)},
-                        {"rows_with_contention", planner::ComparisonToJson(calibrated)}};
-    if (Status s = WriteStringToFile(f.out, j.dump(2) + "\n"); !s.ok()) return Fail(s.ToString());
+    const std::string text = ReportJson(f, slo, *cal, reports).dump(2) + "\n";
+    if (Status s = WriteStringToFile(f.out, text); !s.ok()) return Fail(s.ToString());
   }
   return 0;
 }
@@ -504,7 +806,7 @@ CommandRunner SetUpValidate(CLI::App* app) {
   app->add_option("--profile,--latency-model", f->profile,
                   "latency model from `pdserve profile` (default: a quick profile here)");
   app->add_option("--threads", f->threads, "compute threads per instance")->capture_default_str();
-  app->add_option("--rate", f->rates, "request rates (default: 25/50/75% of capacity)");
+  app->add_option("--rate", f->rates, "request rates (default: 20/40/60% of capacity)");
   app->add_option("--port", f->port, "router port (instances: P+1, P+2)")->capture_default_str();
   app->add_option("--seed", f->seed)->capture_default_str();
   app->add_option("--input-len", f->input_len, "random dataset: prompt tokens")
@@ -515,7 +817,14 @@ CommandRunner SetUpValidate(CLI::App* app) {
       ->capture_default_str();
   app->add_option("--seconds-per-rate", f->seconds_per_rate, "arrival span per rate")
       ->capture_default_str();
-  app->add_option("--max-prompts", f->max_prompts, "requests per rate at most")
+  app->add_option("--max-prompts", f->max_prompts, "requests per rate and round at most")
+      ->capture_default_str();
+  app->add_option("--rounds", f->rounds, "bench rounds per rate; the measured side is the median")
+      ->capture_default_str();
+  app->add_option("--sampling-seeds", f->sampling_seeds,
+                  "reseeded simulations per rate that show the sampling noise")
+      ->capture_default_str();
+  app->add_option("--corun-pairs", f->corun_pairs, "interleaved alone/busy co-run probe pairs")
       ->capture_default_str();
   app->add_option("--ttft", f->ttft_slo_s, "TTFT SLO, s (default: 3x idle TTFT)");
   app->add_option("--tpot", f->tpot_slo_s, "TPOT SLO, s (default: 2x idle TPOT)");

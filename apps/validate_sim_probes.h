@@ -3,6 +3,8 @@
 // each other down on one machine.
 #pragma once
 
+#include <sys/types.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -15,6 +17,7 @@
 #include "bench/client.h"
 #include "bench/datasets.h"
 #include "common/status.h"
+#include "planner/cpu_contention.h"
 #include "planner/validate.h"
 
 namespace pd::apps::validate_sim {
@@ -61,57 +64,115 @@ inline Result<double> BatchTpot(const bench::Endpoint& ep, const std::string& mo
 }
 
 // Co-run probes: how much slower each instance's steps are while the other instance computes
-// (the two share this machine's cores, caches and memory bandwidth, and the router and client
-// relay the other's traffic). Decode: the TPOT of a 16-token prompt with 4x output_len tokens,
-// alone and while a thread keeps the prefill instance busy with back-to-back 2L-token prompts.
-// Prefill: the TTFT of 2L-token prompts (less the fixed cost), alone and while four requests with
-// 16x output_len tokens decode. Medians of three; factors below 1 (noise) are taken as 1.
-inline Result<planner::RealOverheads> MeasureCorun(const bench::Endpoint& ep,
-                                                   const std::string& model, int input_len,
-                                                   int output_len, planner::RealOverheads o) {
-  const int long_prompt = 2 * input_len;
-  auto send = [&](int len, int max_tokens, uint64_t salt) {
-    bench::GenerationRequest r = ProbeRequest(len, max_tokens, salt);
+// (the two share this machine's cores, caches and memory bandwidth). Decode: the TPOT of a
+// 16-token prompt with 4x output_len tokens, alone and while a thread keeps the prefill instance
+// busy with back-to-back 2L-token prompts (their requests cost the client and router little).
+// Prefill: the prefill instance's CPU time (schedstat, time on a CPU) for a 2L-token prompt, alone
+// and while four requests with 16x output_len tokens decode. Its TTFT would also count the time
+// the client and router, relaying the four streams, took the prefill core while the decode core
+// was busy: that is the background CPU the simulation models on its own (per request and token,
+// BackgroundCpuStretch), so it must not be counted twice. `pairs` alone/busy
+// pairs, interleaved, so that a slow spell of the machine hits both sides of a pair; the factor is
+// the median of the pairs' ratios. Factors below 1 (noise) are taken as 1.
+struct CorunSample {
+  double decode_alone = 0, decode_busy = 0, prefill_alone = 0, prefill_busy = 0;
+  // The prefill instance's CPU time (schedstat: on a CPU, not waiting for one) for the prompt.
+  double prefill_alone_cpu = 0, prefill_busy_cpu = 0;
+};
+// CPU seconds process `pid` spent on a CPU so far (schedstat); 0 when unreadable.
+inline double RunSeconds(pid_t pid) {
+  auto t = planner::ProcessCpuTimes(pid);
+  return t.ok() ? t->run_s : 0.0;
+}
+inline Result<CorunSample> CorunPair(const bench::Endpoint& ep, const std::string& model,
+                                     pid_t prefill_pid, int input_len, int output_len,
+                                     uint64_t salt) {
+  auto send = [&](int len, int max_tokens, uint64_t s) {
+    bench::GenerationRequest r = ProbeRequest(len, max_tokens, s);
     r.model = model;
     return bench::SendStreaming(ep, r);
   };
-  std::vector<double> alone, busy;
-  for (int rep = 0; rep < 3; ++rep) alone.push_back(TpotOf(send(16, 4 * output_len, 500 + rep)));
+  const int long_prompt = 2 * input_len;
+  CorunSample out;
+  out.decode_alone = TpotOf(send(16, 4 * output_len, salt));
   {
     std::atomic<bool> stop{false};
     std::thread prefill_load([&] {
-      for (uint64_t salt = 600; !stop.load(); ++salt) send(long_prompt, 1, salt);
+      for (uint64_t s = salt + 1000; !stop.load(); ++s) send(long_prompt, 1, s);
     });
-    for (int rep = 0; rep < 3; ++rep) busy.push_back(TpotOf(send(16, 4 * output_len, 700 + rep)));
+    out.decode_busy = TpotOf(send(16, 4 * output_len, salt + 1));
     stop = true;
     prefill_load.join();
   }
-  std::vector<double> p_alone, p_busy;
-  for (int rep = 0; rep < 4; ++rep) {
-    const bench::RequestResult m = send(long_prompt, 2, 800 + rep);
-    if (!m.success) return Unavailable("co-run probe failed: " + m.error);
-    if (rep > 0) p_alone.push_back(m.ttft);
+  double cpu0 = RunSeconds(prefill_pid);
+  const bench::RequestResult alone = send(long_prompt, 2, salt + 2);
+  if (!alone.success) return Unavailable("co-run probe failed: " + alone.error);
+  out.prefill_alone_cpu = RunSeconds(prefill_pid) - cpu0;
+  out.prefill_alone = alone.ttft;
+  std::vector<std::thread> decode_load;
+  for (int i = 0; i < 4; ++i) {
+    decode_load.emplace_back([&, i] { send(16, 16 * output_len, salt + 2000 + i); });
   }
-  {
-    std::vector<std::thread> decode_load;
-    for (int i = 0; i < 4; ++i) {
-      decode_load.emplace_back([&, i] { send(16, 16 * output_len, 900 + i); });
-    }
-    // Let the four reach the decode instance (a 64-token prefill, the hand-over) first.
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    for (int rep = 0; rep < 3; ++rep) p_busy.push_back(send(long_prompt, 2, 950 + rep).ttft);
-    for (auto& t : decode_load) t.join();
+  // Let the four reach the decode instance (a 16-token prefill, the hand-over) first.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  cpu0 = RunSeconds(prefill_pid);
+  out.prefill_busy = send(long_prompt, 2, salt + 3).ttft;
+  out.prefill_busy_cpu = RunSeconds(prefill_pid) - cpu0;
+  for (auto& t : decode_load) t.join();
+  if (!(out.decode_alone > 0) || !(out.decode_busy > 0) || !(out.prefill_busy > 0) ||
+      !(out.prefill_alone_cpu > 0) || !(out.prefill_busy_cpu > 0)) {
+    return Unavailable("co-run probes: no timing came back");
   }
-  const double d_alone = Median(alone), p_idle = Median(p_alone) - o.fixed_s;
-  if (!(d_alone > 0) || !(p_idle > 0)) return Unavailable("co-run probes: no timing came back");
-  o.corun_decode = std::clamp(Median(busy) / d_alone, 1.0, 4.0);
-  o.corun_prefill = std::clamp((Median(p_busy) - o.fixed_s) / p_idle, 1.0, 4.0);
-  std::printf(
-      "co-run probes: decode TPOT %.3f ms alone, %.3f ms with the prefill instance busy "
-      "(x%.3f); prefill TTFT %.2f ms alone, %.2f ms with four sequences decoding (x%.3f)\n",
-      d_alone * 1e3, Median(busy) * 1e3, o.corun_decode, Median(p_alone) * 1e3,
-      Median(p_busy) * 1e3, o.corun_prefill);
-  return o;
+  return out;
+}
+
+// `pairs` co-run pairs after a warm-up request of the long prompt.
+inline Result<std::vector<CorunSample>> MeasureCorun(const bench::Endpoint& ep,
+                                                     const std::string& model, pid_t prefill_pid,
+                                                     int input_len, int output_len, int pairs,
+                                                     uint64_t salt) {
+  if (pairs < 1) return InvalidArgument("co-run probes: at least one pair");
+  (void)bench::SendStreaming(ep, [&] {
+    bench::GenerationRequest r = ProbeRequest(2 * input_len, 2, salt);
+    r.model = model;
+    return r;
+  }());
+  std::vector<CorunSample> out;
+  for (int k = 0; k < pairs; ++k) {
+    ASSIGN_OR_RETURN(CorunSample s,
+                     CorunPair(ep, model, prefill_pid, input_len, output_len, salt + 1 + 10 * k));
+    out.push_back(s);
+  }
+  return out;
+}
+
+// The co-run factors from pooled pairs: the median of the pairs' ratios, at least 1 (below is
+// noise), at most 4. Returns the line that describes them ("" without pairs).
+inline std::string CorunFactors(const std::vector<CorunSample>& pairs, planner::RealOverheads* o) {
+  std::vector<double> d_ratio, p_ratio, d_alone, d_busy, p_alone, p_busy;
+  for (const CorunSample& s : pairs) {
+    d_ratio.push_back(s.decode_busy / s.decode_alone);
+    p_ratio.push_back(s.prefill_busy_cpu / s.prefill_alone_cpu);
+    d_alone.push_back(s.decode_alone);
+    d_busy.push_back(s.decode_busy);
+    p_alone.push_back(s.prefill_alone);
+    p_busy.push_back(s.prefill_busy);
+  }
+  if (pairs.empty()) return "";
+  o->corun_decode = std::clamp(Median(d_ratio), 1.0, 4.0);
+  o->corun_prefill = std::clamp(Median(p_ratio), 1.0, 4.0);
+  char line[512];
+  std::snprintf(
+      line, sizeof(line),
+      "co-run probes (%zu interleaved pairs, medians): decode TPOT %.3f ms alone, %.3f ms with the "
+      "prefill instance busy (x%.3f, pairs %.2f-%.2f); prefill TTFT %.2f ms alone, %.2f ms with "
+      "four sequences decoding (CPU time x%.3f, pairs %.2f-%.2f)\n",
+      pairs.size(), Median(d_alone) * 1e3, Median(d_busy) * 1e3, o->corun_decode,
+      *std::min_element(d_ratio.begin(), d_ratio.end()),
+      *std::max_element(d_ratio.begin(), d_ratio.end()), Median(p_alone) * 1e3,
+      Median(p_busy) * 1e3, o->corun_prefill, *std::min_element(p_ratio.begin(), p_ratio.end()),
+      *std::max_element(p_ratio.begin(), p_ratio.end()));
+  return line;
 }
 
 }  // namespace pd::apps::validate_sim

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -41,6 +42,18 @@ struct UpProcess {
 // with their own accounts): CPU seconds so far, the part of the load the simulator does not run.
 inline double ClientRouterCpuSeconds(pid_t up_pid) {
   return planner::ProcessCpuSeconds(getpid()) + planner::ProcessCpuSeconds(up_pid);
+}
+
+// The same from the kernel's schedstat (nanoseconds, where /proc/PID/stat counts 10 ms ticks):
+// for the probes, whose requests are sent from this thread and relayed by the router's
+// persistent threads (threads that exited are not counted).
+inline double ClientRouterRunSeconds(pid_t up_pid) {
+  double s = 0;
+  for (pid_t p : {getpid(), up_pid}) {
+    auto t = planner::ProcessCpuTimes(p);
+    if (t.ok()) s += t->run_s;
+  }
+  return s;
 }
 
 // The processes of the deployment `up` started.
@@ -82,6 +95,39 @@ class ContentionWindow {
     return t.ok() ? *t : planner::ThreadCpuTimes{};
   }
   Deployment d_;
+  planner::ThreadCpuTimes p0_, d0_;
+};
+
+// The threads of process `pid` (empty when unreadable).
+inline planner::ThreadCpuTimes ThreadTimes(pid_t pid) {
+  auto t = planner::ProcessThreadCpuTimes(pid);
+  return t.ok() ? *t : planner::ThreadCpuTimes{};
+}
+
+// CPU per request over a window of sequential probe requests: the client's and router's, and
+// each instance's threads' other than its compute thread (HTTP, fabric, messenger; pinned with
+// it, so on its core).
+struct CpuPerRequest {
+  double client = 0, prefill_own = 0, decode_own = 0;
+};
+class CpuWindow {
+ public:
+  explicit CpuWindow(const Deployment& d)
+      : d_(d), client0_(ClientRouterRunSeconds(d.up)), p0_(Read(d.prefill)), d0_(Read(d.decode)) {}
+  CpuPerRequest PerRequest(int requests) const {
+    const double n = std::max(1, requests);
+    return {(ClientRouterRunSeconds(d_.up) - client0_) / n,
+            planner::OtherThreadsRunSeconds(p0_, Read(d_.prefill)) / n,
+            planner::OtherThreadsRunSeconds(d0_, Read(d_.decode)) / n};
+  }
+
+ private:
+  static planner::ThreadCpuTimes Read(pid_t pid) {
+    auto t = planner::ProcessThreadCpuTimes(pid);
+    return t.ok() ? *t : planner::ThreadCpuTimes{};
+  }
+  Deployment d_;
+  double client0_;
   planner::ThreadCpuTimes p0_, d0_;
 };
 

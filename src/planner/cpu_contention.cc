@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <utility>
 
 #include "common/file_util.h"
 
@@ -63,6 +64,29 @@ double BusyThreadsStretch(const ThreadCpuTimes& before, const ThreadCpuTimes& af
     }
   }
   return Stretch(CpuTimes{}, sum);
+}
+
+namespace {
+// Summed run time of every thread and the busiest thread's, between two readings.
+std::pair<double, double> SumAndBusiest(const ThreadCpuTimes& before, const ThreadCpuTimes& after) {
+  double sum = 0.0, busiest = 0.0;
+  for (const auto& [tid, t] : after) {
+    auto b = before.find(tid);
+    const double run = t.run_s - (b != before.end() ? b->second.run_s : 0.0);
+    sum += run;
+    busiest = std::max(busiest, run);
+  }
+  return {sum, busiest};
+}
+}  // namespace
+
+double OtherThreadsRunSeconds(const ThreadCpuTimes& before, const ThreadCpuTimes& after) {
+  const auto [sum, busiest] = SumAndBusiest(before, after);
+  return sum - busiest;
+}
+
+double BusiestThreadRunSeconds(const ThreadCpuTimes& before, const ThreadCpuTimes& after) {
+  return SumAndBusiest(before, after).second;
 }
 
 double Stretch(const CpuTimes& before, const CpuTimes& after) {

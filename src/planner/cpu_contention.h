@@ -35,6 +35,11 @@ double Stretch(const CpuTimes& before, const CpuTimes& after);
 // not its mostly idle HTTP and fabric threads, whose short runs wait proportionally longer).
 double BusyThreadsStretch(const ThreadCpuTimes& before, const ThreadCpuTimes& after,
                           double busy_share = 0.25);
+// Run time between two readings of every thread but the busiest (an instance's compute thread):
+// what its HTTP, fabric and messenger threads took from its cores. 0 with no thread.
+double OtherThreadsRunSeconds(const ThreadCpuTimes& before, const ThreadCpuTimes& after);
+// Run time between two readings of the busiest thread alone (0 with no thread).
+double BusiestThreadRunSeconds(const ThreadCpuTimes& before, const ThreadCpuTimes& after);
 // CPU seconds (user + system) process `pid` has used so far (/proc/PID/stat); 0 when unreadable.
 double ProcessCpuSeconds(pid_t pid);
 // Live processes whose parent is `ppid`, with their NUL-separated argv.

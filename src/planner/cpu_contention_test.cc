@@ -26,6 +26,18 @@ TEST(CpuContention, StretchIsRunPlusWaitOverRun) {
   EXPECT_DOUBLE_EQ(Stretch({1.0, 0.5}, {2.0, 0.5}), 1.0);  // no wait
 }
 
+TEST(CpuContention, OtherThreadsRunSecondsLeavesOutTheBusiestThread) {
+  const ThreadCpuTimes before = {{1, {1.0, 0.0}}, {2, {0.5, 0.0}}, {3, {0.1, 0.0}}};
+  // Thread 1 computed 2 s, thread 2 ran 0.25 s, thread 3 nothing, thread 4 (new) 0.05 s.
+  const ThreadCpuTimes after = {
+      {1, {3.0, 0.0}}, {2, {0.75, 0.0}}, {3, {0.1, 0.0}}, {4, {0.05, 0.0}}};
+  EXPECT_NEAR(OtherThreadsRunSeconds(before, after), 0.30, 1e-12);
+  EXPECT_NEAR(BusiestThreadRunSeconds(before, after), 2.0, 1e-12);
+  EXPECT_DOUBLE_EQ(BusiestThreadRunSeconds(before, {}), 0.0);
+  EXPECT_DOUBLE_EQ(OtherThreadsRunSeconds(before, {}), 0.0);
+  EXPECT_DOUBLE_EQ(OtherThreadsRunSeconds({}, {{7, {0.2, 0.0}}}), 0.0);  // only the busiest
+}
+
 TEST(CpuContention, BusyThreadsStretchIgnoresMostlyIdleThreads) {
   // Thread 1 computed 1 s and waited 0.5 s; thread 2 ran 10 ms and waited 1 s (an idle server
   // thread woken now and then); thread 3 is new and computed 0.5 s without waiting.
@@ -39,11 +51,16 @@ TEST(CpuContention, BusyThreadsStretchIgnoresMostlyIdleThreads) {
 TEST(CpuContention, ReadsThisProcessAndFindsItsChildren) {
   auto before = ProcessCpuTimes(getpid());
   if (!before.ok()) GTEST_SKIP() << "no schedstat: " << before.status().ToString();
-  // Burn ~20 ms of CPU: the run time must grow.
-  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+  // Burn CPU until schedstat shows 5 ms more run time (on a busy machine 20 ms of wall time may
+  // hold less than that); a reader that never sees it grow fails after 10 s.
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   volatile double x = 1.0;
-  while (std::chrono::steady_clock::now() < end) x = std::sqrt(x + 1.0);
   auto after = ProcessCpuTimes(getpid());
+  while (after.ok() && after->run_s - before->run_s <= 0.005 &&
+         std::chrono::steady_clock::now() < end) {
+    for (int i = 0; i < 10000; ++i) x = std::sqrt(x + 1.0);
+    after = ProcessCpuTimes(getpid());
+  }
   ASSERT_TRUE(after.ok());
   EXPECT_GT(after->run_s - before->run_s, 0.005);
   EXPECT_GE(Stretch(*before, *after), 1.0);

@@ -85,6 +85,33 @@ Line FitBoundedLine(const std::vector<double>& x, const std::vector<double>& y, 
   return sse(a) <= sse(b) ? a : b;
 }
 
+// The prefill scale from the instance's measured compute time, the rest of the TTFT as a fixed
+// cost and a transfer time per prompt token.
+void SolveMeasuredPrefill(const std::vector<IdleProbe>& probes, double first_step_extra_s,
+                          RealOverheads* o) {
+  double cm = 0, mm = 0;
+  for (const IdleProbe& p : probes) {
+    cm += p.measured_prefill_cpu_s * p.modelled_prefill_s;
+    mm += p.modelled_prefill_s * p.modelled_prefill_s;
+  }
+  o->prefill_scale = std::max(kMinPrefillScale, cm / mm);
+  std::vector<double> x, y;
+  for (const IdleProbe& p : probes) {
+    x.push_back(p.prompt_len);
+    y.push_back(p.measured_ttft_s - (p.modelled_ttft_s - p.modelled_prefill_s) -
+                first_step_extra_s - o->prefill_scale * p.modelled_prefill_s);
+  }
+  const Line rest = FitBoundedLine(x, y, 0.0, 0.0);
+  if (rest.flat) {
+    double sum = 0;
+    for (double v : y) sum += v;
+    o->fixed_s = std::max(0.0, sum / static_cast<double>(y.size()));
+  } else {
+    o->fixed_s = rest.p0;
+    o->transfer_s_per_token = rest.p1;
+  }
+}
+
 }  // namespace
 
 Result<RealOverheads> SolveOverheads(const std::vector<IdleProbe>& probes,
@@ -109,6 +136,13 @@ Result<RealOverheads> SolveOverheads(const std::vector<IdleProbe>& probes,
   }
   // The first token's step is a batch-1 decode step, calibrated as above.
   const double first_step_extra_s = (o.decode_fixed_ms + o.decode_seq_ms) * 1e-3;
+  const bool measured = std::all_of(probes.begin(), probes.end(), [](const IdleProbe& p) {
+    return p.measured_prefill_cpu_s > 0 && p.modelled_prefill_s > 0;
+  });
+  if (measured) {
+    SolveMeasuredPrefill(probes, first_step_extra_s, &o);
+    return o;
+  }
   x.clear();
   y.clear();
   for (const IdleProbe& p : probes) {

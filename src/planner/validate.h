@@ -25,6 +25,8 @@ struct IdleProbe {
   double measured_ttft_s = 0.0;
   double modelled_ttft_s = 0.0;     // prefill step + the decode step of the last prompt token
   double modelled_prefill_s = 0.0;  // the prefill step alone (part of modelled_ttft_s)
+  // The prefill instance's compute thread's CPU time for the prompt (schedstat); 0: not measured.
+  double measured_prefill_cpu_s = 0.0;
 };
 // A decode probe: `batch` requests sent together (short prompts, long outputs, so they decode
 // side by side), their mean TPOT against the modelled decode step at that batch.
@@ -47,6 +49,13 @@ struct DecodeProbe {
 // unconstrained fit makes one negative it is held at its bound and the other refitted. With
 // probes of one prompt length only, prefill_scale stays 1 and fixed_s takes the residual; with
 // decode probes of one batch size only, the residual is all per sequence.
+// When every TTFT probe carries measured_prefill_cpu_s, the prefill instance's occupation is
+// measured rather than inferred: prefill_scale = Σ cpu·m / Σ m² over the probes (m the modelled
+// step; at least kMinPrefillScale), and what the TTFT holds beyond it (the KV transfer and the
+// hand-over, which run after the step while the instance computes the next prompt) is fitted as
+//   measured TTFT − calibrated first decode step − prefill_scale · m = fixed_s +
+//   transfer_s_per_token · L
+// (both >= 0; one prompt length: all fixed).
 inline constexpr double kMinPrefillScale = 0.25;
 struct RealOverheads {
   double fixed_s = 0.0;
@@ -57,6 +66,9 @@ struct RealOverheads {
   // co-run probes; SolveOverheads leaves them at 1.
   double corun_prefill = 1.0;
   double corun_decode = 1.0;
+  // Latency per prompt token between the prefill step's end and the first token that does not
+  // hold the prefill instance (the KV transfer): ClusterLinks' per-token transfer time.
+  double transfer_s_per_token = 0.0;
 };
 // InvalidArgument without TTFT probes, or without decode probes, or with a batch < 1.
 Result<RealOverheads> SolveOverheads(const std::vector<IdleProbe>& probes,

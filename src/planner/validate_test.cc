@@ -54,6 +54,39 @@ TEST(Validate, SolveOverheadsRecoversFixedCostPrefillScaleAndDecodeCosts) {
   EXPECT_NEAR(o->decode_seq_ms, 0.2, 1e-9);
 }
 
+TEST(Validate, SolveOverheadsTakesTheMeasuredPrefillComputeAndFitsTheRestAsTransfer) {
+  // The prefill instance computes 1.2x the profile (measured); the TTFT also holds 2 ms fixed and
+  // 0.01 ms per prompt token of transfer; decode 0.1 ms per step + 0.2 per sequence.
+  std::vector<IdleProbe> probes;
+  for (auto [len, prefill_ms] : {std::pair{16, 1.5}, {128, 12.0}, {256, 28.0}}) {
+    IdleProbe p = Probe(len, prefill_ms, 0, 1.2);
+    p.measured_ttft_s += (2.0 + 0.3 + 0.01 * len) * 1e-3;  // + the first step's 0.3 ms extra
+    p.measured_prefill_cpu_s = 1.2 * prefill_ms * 1e-3;
+    probes.push_back(p);
+  }
+  auto o = SolveOverheads(probes, {{1, 1.3e-3, 1.0e-3}, {8, 3.4e-3, 1.7e-3}});
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_NEAR(o->prefill_scale, 1.2, 1e-9);
+  EXPECT_NEAR(o->fixed_s, 2.0e-3, 1e-9);
+  EXPECT_NEAR(o->transfer_s_per_token, 0.01e-3, 1e-12);
+  // One probe without its compute time: the TTFT-only fit, no transfer term.
+  probes[1].measured_prefill_cpu_s = 0;
+  auto old = SolveOverheads(probes, {{1, 1.3e-3, 1.0e-3}, {8, 3.4e-3, 1.7e-3}});
+  ASSERT_TRUE(old.ok());
+  EXPECT_DOUBLE_EQ(old->transfer_s_per_token, 0.0);
+}
+
+TEST(Validate, SolveOverheadsWithMeasuredPrefillKeepsTheRestNonNegative) {
+  // The TTFT holds less than the measured compute (noise): no fixed cost, no transfer.
+  std::vector<IdleProbe> probes = {Probe(16, 1.5, 0, 1.0), Probe(256, 28, 0, 1.0)};
+  for (IdleProbe& p : probes) p.measured_prefill_cpu_s = 1.5 * p.modelled_prefill_s;
+  auto o = SolveOverheads(probes, {{1, 1.0e-3, 1.0e-3}});
+  ASSERT_TRUE(o.ok());
+  EXPECT_NEAR(o->prefill_scale, 1.5, 1e-9);
+  EXPECT_DOUBLE_EQ(o->fixed_s, 0.0);
+  EXPECT_DOUBLE_EQ(o->transfer_s_per_token, 0.0);
+}
+
 TEST(Validate, SolveOverheadsKeepsEveryTermWithinItsBound) {
   // The real system faster than the model everywhere: no cost, the scale at its floor.
   std::vector<IdleProbe> faster = {Probe(16, 2, 0, 0.1), Probe(256, 40, 0, 0.1)};

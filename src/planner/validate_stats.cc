@@ -1,0 +1,106 @@
+#include "planner/validate_stats.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace pd::planner {
+namespace {
+
+double UpperMedian(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <typename Get>
+double MedianOf(std::span<const Summary> rounds, Get get) {
+  std::vector<double> v;
+  for (const Summary& s : rounds) v.push_back(get(s));
+  return UpperMedian(std::move(v));
+}
+
+template <typename Get>
+double SpreadOf(std::span<const Summary> rounds, Get get) {
+  std::vector<double> v;
+  for (const Summary& s : rounds) v.push_back(get(s));
+  if (v.empty()) return 0.0;
+  const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+  const double mid = UpperMedian(v);
+  return mid == 0.0 ? 0.0 : (*hi - *lo) / std::fabs(mid);
+}
+
+}  // namespace
+
+Summary MedianSummary(std::span<const Summary> rounds) {
+  Summary m;
+  if (rounds.empty()) return m;
+  m.attainment = MedianOf(rounds, [](const Summary& s) { return s.attainment; });
+  m.ttft_attainment = MedianOf(rounds, [](const Summary& s) { return s.ttft_attainment; });
+  m.tpot_attainment = MedianOf(rounds, [](const Summary& s) { return s.tpot_attainment; });
+  m.ttft_p50_s = MedianOf(rounds, [](const Summary& s) { return s.ttft_p50_s; });
+  m.ttft_p90_s = MedianOf(rounds, [](const Summary& s) { return s.ttft_p90_s; });
+  m.ttft_mean_s = MedianOf(rounds, [](const Summary& s) { return s.ttft_mean_s; });
+  m.tpot_p50_s = MedianOf(rounds, [](const Summary& s) { return s.tpot_p50_s; });
+  m.tpot_p90_s = MedianOf(rounds, [](const Summary& s) { return s.tpot_p90_s; });
+  m.tpot_mean_s = MedianOf(rounds, [](const Summary& s) { return s.tpot_mean_s; });
+  for (const Summary& s : rounds) {
+    if (s.attainment == m.attainment) {
+      m.num_requests = s.num_requests;
+      m.num_failed = s.num_failed;
+      break;
+    }
+  }
+  return m;
+}
+
+Spread RelativeSpread(std::span<const Summary> rounds) {
+  Spread s;
+  s.attainment = SpreadOf(rounds, [](const Summary& r) { return r.attainment; });
+  s.ttft_p50 = SpreadOf(rounds, [](const Summary& r) { return r.ttft_p50_s; });
+  s.ttft_p90 = SpreadOf(rounds, [](const Summary& r) { return r.ttft_p90_s; });
+  s.tpot_p50 = SpreadOf(rounds, [](const Summary& r) { return r.tpot_p50_s; });
+  s.tpot_p90 = SpreadOf(rounds, [](const Summary& r) { return r.tpot_p90_s; });
+  return s;
+}
+
+std::string FormatSpread(const Spread& s) {
+  char line[160];
+  std::snprintf(
+      line, sizeof(line), "att %.0f%% | TTFT p50 %.0f%% p90 %.0f%% | TPOT p50 %.0f%% p90 %.0f%%",
+      100 * s.attainment, 100 * s.ttft_p50, 100 * s.ttft_p90, 100 * s.tpot_p50, 100 * s.tpot_p90);
+  return line;
+}
+
+Result<ClientCpuCost> SolveClientCpuCost(double tokens_a, double cpu_a, double tokens_b,
+                                         double cpu_b) {
+  if (!(tokens_a > 0) || !(tokens_b > 0) || tokens_a == tokens_b) {
+    return InvalidArgument("client CPU probes need two different, positive output lengths");
+  }
+  if (!(cpu_a >= 0) || !(cpu_b >= 0)) {
+    return InvalidArgument("client CPU probes: CPU seconds must be >= 0");
+  }
+  ClientCpuCost c;
+  c.per_token_s = (cpu_b - cpu_a) / (tokens_b - tokens_a);
+  c.per_request_s = cpu_a - c.per_token_s * tokens_a;
+  if (c.per_token_s < 0) {
+    c = {(cpu_a + cpu_b) / 2, 0.0};
+  } else if (c.per_request_s < 0) {  // all per token: the least-squares slope through 0
+    c = {0.0, (cpu_a * tokens_a + cpu_b * tokens_b) / (tokens_a * tokens_a + tokens_b * tokens_b)};
+  }
+  return c;
+}
+
+Result<double> BackgroundCpuStretch(const ClientCpuCost& shared, double rate,
+                                    double mean_output_tokens, int cores,
+                                    const ClientCpuCost& own) {
+  if (!(rate >= 0) || cores < 1) {
+    return InvalidArgument("background CPU: the rate must be >= 0 and the cores >= 1");
+  }
+  const double per_request =
+      shared.Seconds(mean_output_tokens) / cores + own.Seconds(mean_output_tokens);
+  const double u = std::min(0.9, rate * per_request);
+  return 1.0 / (1.0 - u);
+}
+
+}  // namespace pd::planner

@@ -1,0 +1,54 @@
+// `pdserve validate-sim`'s statistics: the median of repeated bench rounds, how far repeated
+// rounds (machine noise) or reseeded workloads (sampling noise) spread a metric, and the CPU the
+// bench client and router take from the instances' cores.
+#pragma once
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "planner/metrics.h"
+
+namespace pd::planner {
+
+// Metric by metric, the median of `rounds` (the upper median for an even count, like the probes'
+// medians); num_requests and num_failed from the round with the median attainment. An empty span
+// gives an empty Summary.
+Summary MedianSummary(std::span<const Summary> rounds);
+
+// (max − min) / median of each compared metric over `rounds`; 0 for a metric whose median is 0.
+struct Spread {
+  double attainment = 0.0, ttft_p50 = 0.0, ttft_p90 = 0.0, tpot_p50 = 0.0, tpot_p90 = 0.0;
+};
+Spread RelativeSpread(std::span<const Summary> rounds);
+// "att 4% | TTFT p50 3% p90 9% | TPOT p50 2% p90 6%"
+std::string FormatSpread(const Spread& s);
+
+// CPU seconds the bench client and router spend on one request: a fixed part (HTTP, routing,
+// the hand-over's control messages) and a part per output token (each streamed token crosses
+// the router and the client).
+struct ClientCpuCost {
+  double per_request_s = 0.0;
+  double per_token_s = 0.0;
+  double Seconds(double output_tokens) const { return per_request_s + per_token_s * output_tokens; }
+};
+// From two probe sets: requests of `tokens_a` output tokens cost `cpu_a` CPU seconds each,
+// requests of `tokens_b` cost `cpu_b`. Both parts are kept non-negative (a negative slope means
+// the per-token part was lost in the noise: it becomes 0 and the fixed part the mean).
+// InvalidArgument when the token counts are equal or not positive, or a cost is negative.
+Result<ClientCpuCost> SolveClientCpuCost(double tokens_a, double cpu_a, double tokens_b,
+                                         double cpu_b);
+
+// The step-time stretch of an instance while other work shares its core at `rate` requests/s of
+// `mean_output_tokens` tokens: the bench client and router, unpinned, take `shared` from every one
+// of the machine's `cores` cores alike; the instance's own HTTP, fabric and messenger threads,
+// pinned with it, take `own` from its core alone. The share u = rate · (shared / cores + own) of
+// the core goes to them, so a step of t seconds of CPU takes t / (1 − u). u is capped at 0.9
+// (beyond it the client cannot keep up anyway). InvalidArgument for a negative rate or fewer than
+// one core.
+Result<double> BackgroundCpuStretch(const ClientCpuCost& shared, double rate,
+                                    double mean_output_tokens, int cores,
+                                    const ClientCpuCost& own = {});
+
+}  // namespace pd::planner

@@ -1,0 +1,96 @@
+#include "planner/validate_stats.h"
+
+#include <gtest/gtest.h>
+
+namespace pd::planner {
+namespace {
+
+Summary Round(double att, double ttft50, double tpot90, int failed = 0) {
+  Summary s;
+  s.num_requests = 100;
+  s.num_failed = failed;
+  s.attainment = att;
+  s.ttft_p50_s = ttft50;
+  s.ttft_p90_s = 2 * ttft50;
+  s.tpot_p50_s = tpot90 / 2;
+  s.tpot_p90_s = tpot90;
+  return s;
+}
+
+TEST(ValidateStats, MedianSummaryTakesEachMetricsMedianSeparately) {
+  const std::vector<Summary> rounds = {Round(0.9, 0.030, 0.004, 1), Round(0.7, 0.010, 0.002, 3),
+                                       Round(0.8, 0.020, 0.009, 2)};
+  const Summary m = MedianSummary(rounds);
+  EXPECT_DOUBLE_EQ(m.attainment, 0.8);
+  EXPECT_DOUBLE_EQ(m.ttft_p50_s, 0.020);
+  EXPECT_DOUBLE_EQ(m.ttft_p90_s, 0.040);
+  EXPECT_DOUBLE_EQ(m.tpot_p90_s, 0.004);  // from round 1, while TTFT's came from round 3
+  EXPECT_EQ(m.num_failed, 2);             // the round with the median attainment
+  EXPECT_EQ(m.num_requests, 100);
+}
+
+TEST(ValidateStats, MedianOfAnEvenCountIsTheUpperOneAndOfNothingIsEmpty) {
+  const std::vector<Summary> two = {Round(0.5, 0.01, 0.001), Round(0.6, 0.02, 0.002)};
+  EXPECT_DOUBLE_EQ(MedianSummary(two).attainment, 0.6);
+  const Summary none = MedianSummary({});
+  EXPECT_EQ(none.num_requests, 0);
+  EXPECT_DOUBLE_EQ(none.ttft_p50_s, 0.0);
+}
+
+TEST(ValidateStats, RelativeSpreadIsRangeOverMedian) {
+  const std::vector<Summary> rounds = {Round(0.9, 0.030, 0.004), Round(0.7, 0.010, 0.002),
+                                       Round(0.8, 0.020, 0.010)};
+  const Spread s = RelativeSpread(rounds);
+  EXPECT_NEAR(s.attainment, 0.2 / 0.8, 1e-12);
+  EXPECT_NEAR(s.ttft_p50, 0.020 / 0.020, 1e-12);
+  EXPECT_NEAR(s.tpot_p90, 0.008 / 0.004, 1e-12);
+  EXPECT_DOUBLE_EQ(RelativeSpread({}).attainment, 0.0);
+  const std::vector<Summary> zero = {Round(0.0, 0.01, 0.001), Round(0.0, 0.01, 0.001)};
+  EXPECT_DOUBLE_EQ(RelativeSpread(zero).attainment, 0.0);  // median 0: no spread reported
+  EXPECT_DOUBLE_EQ(RelativeSpread(zero).ttft_p50, 0.0);    // identical rounds
+  EXPECT_EQ(FormatSpread(s), "att 25% | TTFT p50 100% p90 100% | TPOT p50 200% p90 200%");
+}
+
+TEST(ValidateStats, ClientCpuCostSplitsFixedAndPerTokenParts) {
+  // 1 ms per request + 0.05 ms per token: 2 tokens cost 1.1 ms, 32 tokens 2.6 ms.
+  auto c = SolveClientCpuCost(2, 1.1e-3, 32, 2.6e-3);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_NEAR(c->per_request_s, 1e-3, 1e-12);
+  EXPECT_NEAR(c->per_token_s, 0.05e-3, 1e-12);
+  EXPECT_NEAR(c->Seconds(10), 1.5e-3, 1e-12);
+}
+
+TEST(ValidateStats, ClientCpuCostKeepsBothPartsNonNegative) {
+  auto flat = SolveClientCpuCost(2, 2e-3, 32, 1e-3);  // longer outputs cheaper: noise
+  ASSERT_TRUE(flat.ok());
+  EXPECT_DOUBLE_EQ(flat->per_token_s, 0.0);
+  EXPECT_NEAR(flat->per_request_s, 1.5e-3, 1e-12);
+  auto steep = SolveClientCpuCost(2, 0.1e-3, 32, 3.2e-3);  // would need a negative fixed part
+  ASSERT_TRUE(steep.ok());
+  EXPECT_DOUBLE_EQ(steep->per_request_s, 0.0);
+  EXPECT_NEAR(steep->per_token_s, (0.2e-3 + 102.4e-3) / (4 + 1024), 1e-12);
+}
+
+TEST(ValidateStats, ClientCpuCostRefusesUnusableProbes) {
+  EXPECT_EQ(SolveClientCpuCost(8, 1e-3, 8, 2e-3).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SolveClientCpuCost(0, 1e-3, 8, 2e-3).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SolveClientCpuCost(2, -1e-3, 8, 2e-3).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ValidateStats, BackgroundCpuStretchIsOneOverTheCoreShareLeft) {
+  const ClientCpuCost cost{1e-3, 0.1e-3};  // 4 ms for 30 tokens
+  // 50 req/s x 4 ms = 0.2 cores over 2 cores: u = 0.1, stretch 1 / 0.9.
+  auto s = BackgroundCpuStretch(cost, 50, 30, 2);
+  ASSERT_TRUE(s.ok());
+  EXPECT_NEAR(*s, 1 / 0.9, 1e-12);
+  EXPECT_DOUBLE_EQ(*BackgroundCpuStretch(cost, 0, 30, 2), 1.0);
+  EXPECT_NEAR(*BackgroundCpuStretch(cost, 1e6, 30, 2), 10.0, 1e-9);  // u capped at 0.9
+  // The instance's own threads, 2 ms per request on its core alone: u = 0.1 + 50 x 2 ms = 0.2.
+  EXPECT_NEAR(*BackgroundCpuStretch(cost, 50, 30, 2, ClientCpuCost{2e-3, 0.0}), 1 / 0.8, 1e-12);
+  EXPECT_NEAR(*BackgroundCpuStretch({}, 50, 30, 1, ClientCpuCost{0.0, 0.1e-3}), 1 / 0.85, 1e-12);
+  EXPECT_EQ(BackgroundCpuStretch(cost, -1, 30, 2).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(BackgroundCpuStretch(cost, 1, 30, 0).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pd::planner
