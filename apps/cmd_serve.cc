@@ -176,6 +176,7 @@ int RunServe(const ServeFlags& f) {
   if (!async.ok()) return Fail(async.status().ToString());
 
   server::ServerOptions so = MakeServerOptions(f, max_model_len);
+  so.tracer = roles.tracer;
   if (auto* decode = dynamic_cast<messenger::DecodeMessenger*>(async->get())) {
     // The decode instance's KV transfer counters and histogram, beside the serving metrics.
     so.extra_metrics = [decode] { return decode->metrics().PrometheusText("decode"); };

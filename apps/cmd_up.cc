@@ -300,6 +300,13 @@ int RunUp(const UpFlags& flags) {
   ro.host = f.host;
   ro.port = f.port;
   ro.backends = decode_urls;
+  std::unique_ptr<Tracer> router_trace;  // --trace: FILE.router.json, written when up stops
+  if (!f.trace.empty()) {
+    TracerOptions to;
+    to.process_name = "router";
+    router_trace = std::make_unique<Tracer>(to);
+    ro.tracer = router_trace.get();
+  }
   auto router = server::Router::Create(ro);
   if (!router.ok() || !(*router)->Start().ok()) {
     std::fprintf(stderr, "up: the router cannot listen on %s:%d\n", f.host.c_str(), f.port);
@@ -332,6 +339,13 @@ int RunUp(const UpFlags& flags) {
     }
   }
   (*router)->Stop();
+  if (router_trace != nullptr) {
+    const std::string path = TracePathFor(f.trace, "router");
+    if (Status s = router_trace->WriteToFile(path); !s.ok()) {
+      std::fprintf(stderr, "pdserve up: --trace: %s\n", s.ToString().c_str());
+      exit_code = 1;
+    }
+  }
   StopAll(children);
   if (own_secret) unlink(secret_file.c_str());
   std::printf("pdserve up: stopped\n");

@@ -4,6 +4,7 @@
   report.py side-by-side --title T A.json "label A" B.json "label B"
   report.py layer-bytes PREFILL.metrics MODEL_DIR
   report.py low-load DISAGG.json[,...] COLOCATED.json[,...] TRANSFER.json LAYER_BYTES
+            [ROUTED.json[,...]]   (colocated behind `pdserve router`: the router's own share)
 """
 import json
 import os
@@ -75,9 +76,9 @@ def layer_bytes(args):
 
 
 def low_load(args):
-    if len(args) != 4:
+    if len(args) not in (4, 5):
         sys.exit("usage: report.py low-load DISAGG.json[,...] COLOCATED.json[,...] TRANSFER.json "
-                 "LAYER_BYTES")
+                 "LAYER_BYTES [ROUTED.json[,...]]")
     ds = [load(p) for p in args[0].split(",")]
     cs = [load(p) for p in args[1].split(",")]
     if len(ds) != len(cs):
@@ -104,6 +105,12 @@ def low_load(args):
     print(f"goal: one layer's transfer ({nbytes} bytes, fabric write p50 {layer_ms:.3f} ms) "
           f"+ one decode step (TPOT p50 {step_ms:.2f} ms) = {goal:.2f} ms")
     print(f"added / goal = {added / goal:.2f} ({'met' if added <= goal else 'NOT met'})")
+    if len(args) == 5:
+        rs = [load(p) for p in args[4].split(",")]
+        routed = med(rs, "median_ttft_ms") - med(cs, "median_ttft_ms")
+        print(f"colocated behind the same router (`pdserve router`), TTFT p50: "
+              f"{med(rs, 'median_ttft_ms'):.2f} ms; the router's own share of the added TTFT: "
+              f"{routed:.2f} ms (median over {len(rs)} rounds; not part of the goal's figure)")
 
 
 def main():

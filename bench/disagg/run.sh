@@ -118,6 +118,18 @@ start_colocated() {
   METRICS_URLS="colocated=$URL/metrics"
 }
 
+# start_router: `pdserve router` in front of $URL (as `up` puts it in front of its decode
+# instances); URL becomes the router's.
+start_router() {
+  local port log
+  port=$(free_ports)
+  log=$OUT/router.$RUN.log
+  "$PDSERVE" --log-level warn router --decode "$URL" --port "$port" > "$log" 2>&1 &
+  PIDS+=($!)
+  wait_for "$log" "router on http" $! > /dev/null
+  URL=http://127.0.0.1:$port
+}
+
 save_metrics() {
   local kv name url
   for kv in $METRICS_URLS; do
@@ -157,19 +169,38 @@ if [ "$SCENARIO" = low-load ] || [ "$SCENARIO" = all ]; then
   LOW_FLAGS=(--dataset-name random --random-input-len 512 --random-output-len 16
     --num-prompts "$(n 30 10)" --max-concurrency 1 --seed 2 --ignore-eos)
   # Rounds alternate disaggregated and colocated, so drift on a shared machine hits both alike;
-  # the report takes the median over rounds of each round's TTFT p50.
-  low_d=() low_c=()
+  # the report takes the median over rounds of each round's TTFT p50. The disaggregated and
+  # colocated runs are traced (--trace) for bench/disagg/stages.py's per-stage table.
+  low_d=() low_c=() low_r=() low_dt=() low_ct=()
   for r in $(seq "$(n 3 2)"); do
-    RUN=low-disagg$r; start_disagg; run_bench low-disagg$r "${LOW_FLAGS[@]}"
-    RUN=low-colocated$r; start_colocated 0 1; run_bench low-colocated$r "${LOW_FLAGS[@]}"
+    RUN=low-disagg$r; start_disagg --trace "$OUT/low-disagg$r.trace.json"
+    run_bench low-disagg$r "${LOW_FLAGS[@]}"
+    RUN=low-colocated$r; start_colocated 0 1 --trace "$OUT/low-colocated$r.trace.json"
+    run_bench low-colocated$r "${LOW_FLAGS[@]}"
+    RUN=low-routed$r; start_colocated 0 1; start_router; run_bench low-routed$r "${LOW_FLAGS[@]}"
     low_d+=("$OUT/low-disagg$r.json") low_c+=("$OUT/low-colocated$r.json")
+    low_r+=("$OUT/low-routed$r.json")
+    low_dt+=("$OUT/low-disagg$r.trace") low_ct+=("$OUT/low-colocated$r.trace")
   done
   # One layer's KV of a 512-token prompt, written over the fabric as transfer-bench measures it.
   layer_bytes=$("$PY" "$ROOT/bench/disagg/report.py" layer-bytes "$OUT/low-disagg1.prefill.metrics" "$MODEL")
   "$PDSERVE" --log-level warn transfer-bench --min-bytes "$layer_bytes" --max-bytes "$layer_bytes" \
     --bytes-per-row $((layer_bytes * 64)) --repeats 5 --json > "$OUT/low-transfer.json"
   "$PY" "$ROOT/bench/disagg/report.py" low-load "$(IFS=,; echo "${low_d[*]}")" \
-    "$(IFS=,; echo "${low_c[*]}")" "$OUT/low-transfer.json" "$layer_bytes"
+    "$(IFS=,; echo "${low_c[*]}")" "$OUT/low-transfer.json" "$layer_bytes" \
+    "$(IFS=,; echo "${low_r[*]}")"
+  # Where the time goes (bench/disagg/stages.py on the traces), and the added TTFT with the
+  # prefill step's run-to-run variation taken out.
+  "$PY" "$ROOT/bench/disagg/stages.py" overhead "$(IFS=,; echo "${low_dt[*]}")" \
+    "$(IFS=,; echo "${low_ct[*]}")" "$(IFS=,; echo "${low_d[*]}")" "$(IFS=,; echo "${low_c[*]}")" ||
+    echo "bench/disagg: stages.py overhead failed (traces in $OUT)" >&2
+  echo "bench/disagg: per-stage table of round 1 (disaggregated):"
+  "$PY" "$ROOT/bench/disagg/stages.py" disagg "$OUT/low-disagg1.trace.router.json" \
+    "$OUT/low-disagg1.trace.decode0.json" "$OUT/low-disagg1.trace.prefill0.json" \
+    "$OUT/low-disagg1.json" || echo "bench/disagg: stages.py disagg failed" >&2
+  echo "bench/disagg: per-stage table of round 1 (colocated):"
+  "$PY" "$ROOT/bench/disagg/stages.py" colocated "$OUT/low-colocated1.trace.json" \
+    "$OUT/low-colocated1.json" || echo "bench/disagg: stages.py colocated failed" >&2
 fi
 
 if [ "$SCENARIO" = stall ] || [ "$SCENARIO" = all ]; then

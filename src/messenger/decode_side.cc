@@ -30,6 +30,7 @@ Status DecodeMessenger::Impl::Init() {
 
 void DecodeMessenger::Impl::Loop() {
   SetCurrentThreadName("pd-decode-kv");
+  (void)SetCurrentThreadLatencySensitive();  // best effort: on every request's path
   if (options_.tracer != nullptr) options_.tracer->SetThreadName("decode messenger");
   do {
     Greet();

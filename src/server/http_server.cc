@@ -5,6 +5,7 @@
 #include <ctime>
 
 #include "common/log.h"
+#include "common/thread_util.h"
 #include "server/generation.h"
 #include "server/openai_response.h"
 
@@ -30,6 +31,10 @@ class InflightSlot {
 
 int64_t UnixSeconds() { return static_cast<int64_t>(std::time(nullptr)); }
 
+void TraceInstant(Tracer* tracer, std::string_view name) {
+  if (tracer != nullptr) tracer->Instant(name, "http");
+}
+
 }  // namespace
 
 // What a generation response keeps between calls of its content provider.
@@ -40,6 +45,7 @@ struct StreamState {
   bool stream = false;
   bool role_sent = false;
   bool include_usage = false;
+  bool first_token_written = false;
 };
 
 OpenAiServer::OpenAiServer(const ServerOptions& options, engine::AsyncEngine* engine,
@@ -91,7 +97,10 @@ Status OpenAiServer::Start() {
     port_ = options_.port;
   }
   http_.SetListenBacklog(1024);
-  listen_thread_ = std::thread([this] { http_.listen_after_bind(); });
+  listen_thread_ = std::thread([this] {
+    (void)SetCurrentThreadLatencySensitive();  // best effort: it accepts every connection
+    http_.listen_after_bind();
+  });
   PD_LOG_INFO("serving {} on http://{}:{}", options_.served_model_name, options_.host, port_);
   return OkStatus();
 }
@@ -204,6 +213,7 @@ void OpenAiServer::HandleGenerate(ApiKind kind, const httplib::Request& req,
 std::shared_ptr<StreamState> OpenAiServer::StartGeneration(ApiKind kind,
                                                            const httplib::Request& req,
                                                            httplib::Response& res) {
+  TraceInstant(options_.tracer, "http request");
   if (!Authorized(req, res)) return nullptr;
   if (req.body.size() > options_.http.max_body_bytes) {
     SendError(res, 413,
@@ -216,6 +226,7 @@ std::shared_ptr<StreamState> OpenAiServer::StartGeneration(ApiKind kind,
   GenerateRequest request = std::move(parsed).value();
   auto ids = Tokenize(request);
   if (!ids.ok()) return SendStatus(res, ids.status()), nullptr;
+  TraceInstant(options_.tracer, "tokenized");
   if (Status st = FinalizeGenerateRequest(*ids, limits_, &request); !st.ok())
     return SendStatus(res, st), nullptr;
   if (stopping_) return SendError(res, 503, "server is shutting down"), nullptr;
@@ -238,6 +249,7 @@ std::shared_ptr<StreamState> OpenAiServer::StartGeneration(ApiKind kind,
     }
     return nullptr;
   }
+  TraceInstant(options_.tracer, "engine submitted");
   ResponseFormat format;
   format.kind = kind;
   char id[48];
@@ -312,6 +324,8 @@ bool OpenAiServer::PumpStream(StreamState& state, httplib::DataSink& sink) {
         gen.Abort();
         return false;
       }
+      if (!state.first_token_written) TraceInstant(options_.tracer, "first token written");
+      state.first_token_written = true;
       if (!delta.finished) continue;
       const auto stats = gen.stats();
       if (state.include_usage &&

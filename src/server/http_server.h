@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "common/status.h"
+#include "common/trace.h"
 #include "engine/async_engine.h"
 #include "model/tokenizer.h"
 #include "server/http_transport.h"
@@ -34,6 +35,9 @@ struct ServerOptions {
   HttpLimits http;
   // Appended to /metrics (Prometheus text), e.g. a decode instance's KV transfer metrics.
   std::function<std::string()> extra_metrics;
+  // Borrowed, may be null: instants along each generation request ("http request", "tokenized",
+  // "engine submitted", "first token written").
+  Tracer* tracer = nullptr;
 };
 
 struct StreamState;

@@ -204,6 +204,9 @@ class BoundedThreadPool final : public httplib::TaskQueue {
  private:
   void Work() {
     SetCurrentThreadName("pd-http");
+    // Best effort: a request's thread runs as soon as it is woken (its first token is written
+    // while the engine's thread computes the next step, maybe on the same CPU).
+    (void)SetCurrentThreadLatencySensitive();
     for (;;) {
       std::function<void()> fn;
       {

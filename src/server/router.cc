@@ -1,16 +1,85 @@
 #include "server/router.h"
 
+#include <poll.h>
+
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "common/thread_util.h"
+
 namespace pd::server {
+
+namespace {
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+struct IdleClient {
+  std::unique_ptr<httplib::Client> client;
+  SteadyTime since;
+};
+
+// True when an idle kept-alive connection can carry another request: open, and nothing to read
+// (an idle connection turns readable only when the peer closed it or sent something unasked).
+bool Reusable(httplib::Client& c) {
+  if (!c.is_socket_open()) return false;
+  pollfd p{c.socket(), POLLIN, 0};
+  return ::poll(&p, 1, 0) == 0;
+}
+
+}  // namespace
 
 struct Router::Backend {
   std::string url;
   std::atomic<int> outstanding{0};
+  std::mutex mu;
+  std::vector<IdleClient> idle;  // GUARDED_BY(mu): kept-alive connections, the newest last
+};
+
+// A client whose connection to the decode instance is kept alive between requests.
+class Router::Upstream {
+ public:
+  Upstream(Router& router, Backend& backend) : router_(router), backend_(backend) {
+    const auto now = std::chrono::steady_clock::now();
+    const auto max_idle = std::chrono::duration<double>(router.options_.upstream_idle_s);
+    std::lock_guard<std::mutex> lock(backend.mu);
+    while (!backend.idle.empty() && client_ == nullptr) {
+      IdleClient c = std::move(backend.idle.back());
+      backend.idle.pop_back();
+      if (now - c.since < max_idle && Reusable(*c.client)) client_ = std::move(c.client);
+    }
+  }
+  Upstream(const Upstream&) = delete;
+  Upstream& operator=(const Upstream&) = delete;
+  // Back to the pool when the exchange ended cleanly (Keep() was called) and the connection is
+  // still open; closed otherwise.
+  ~Upstream() {
+    if (client_ == nullptr || !keep_ || !client_->is_socket_open()) return;
+    std::lock_guard<std::mutex> lock(backend_.mu);
+    if (static_cast<int>(backend_.idle.size()) >= router_.options_.max_idle_upstream) return;
+    backend_.idle.push_back({std::move(client_), std::chrono::steady_clock::now()});
+  }
+
+  httplib::Client& client() {
+    if (client_ == nullptr) {
+      client_ = std::make_unique<httplib::Client>(backend_.url);
+      client_->set_keep_alive(true);
+      client_->set_read_timeout(router_.options_.upstream_timeout_s, 0);
+      client_->set_tcp_nodelay(true);
+      router_.connections_.fetch_add(1);
+    }
+    return *client_;
+  }
+  void Keep() { keep_ = true; }
+
+ private:
+  Router& router_;
+  Backend& backend_;
+  std::unique_ptr<httplib::Client> client_;
+  bool keep_ = false;
 };
 
 namespace {
@@ -51,32 +120,60 @@ bool WantsStream(const std::string& body) {
   }
 }
 
-// The upstream half of a relayed stream: a thread reads the decode instance's answer into a queue
-// the HTTP thread drains into the client's connection.
+void TraceInstant(Tracer* tracer, std::string_view name) {
+  if (tracer != nullptr) tracer->Instant(name, "http");
+}
+
+// The upstream half of a relayed stream: a thread reads the decode instance's answer. Chunks
+// that arrive before the client's response has started are queued; once the HTTP thread has
+// written them and parked in its content provider (sink set), the reading thread writes each new
+// chunk straight into the client's connection: no thread hand-off per chunk.
 struct Relay {
   std::mutex mu;
   std::condition_variable cv;
   bool have_status = false;
   int status = 0;
   std::string content_type;
-  std::deque<std::string> chunks;
+  std::deque<std::string> chunks;     // GUARDED_BY(mu): read, not yet written to the client
+  httplib::DataSink* sink = nullptr;  // GUARDED_BY(mu): the parked provider's sink
+  bool client_gone = false;           // GUARDED_BY(mu): a write to the client failed
+  bool first_written = false;         // GUARDED_BY(mu)
   bool done = false;
   std::string error;
   std::atomic<bool> cancel{false};
   std::thread worker;
+  Tracer* tracer = nullptr;
 
-  void Push(std::string chunk) {
+  // Under mu: writes `c` to the client; false (and client_gone) when it has gone away.
+  bool WriteLocked(httplib::DataSink& s, const std::string& c) {
+    if (!s.write(c.data(), c.size())) {
+      client_gone = true;
+      return false;
+    }
+    if (!first_written) TraceInstant(tracer, "router first chunk written");
+    first_written = true;
+    return true;
+  }
+  // The reading thread: a chunk from the decode instance. False stops the upstream read.
+  bool Receive(std::string chunk) {
     std::lock_guard<std::mutex> lock(mu);
+    if (sink != nullptr) {
+      if (!WriteLocked(*sink, chunk)) cv.notify_all();
+      return !client_gone;
+    }
     chunks.push_back(std::move(chunk));
     cv.notify_all();
+    return true;
   }
 };
 
-// The relay's worker thread: sends `up` to the decode instance at `url` and queues its status and
-// body chunks into `relay` as they arrive, until the answer ends or the relay is cancelled.
-void RelayUpstream(const std::shared_ptr<Relay>& relay, const std::string& url, int timeout_s,
-                   httplib::Request up) {
-  up.response_handler = [relay](const httplib::Response& r) {
+// The relay's worker: sends `up` to the decode instance on `client` and queues its status and
+// body chunks into `relay` as they arrive, until the answer ends or the relay is cancelled. True
+// when the answer was read to its end (the connection may carry another request).
+bool RelayUpstream(const std::shared_ptr<Relay>& relay, httplib::Client& client,
+                   httplib::Request up, Tracer* tracer) {
+  up.response_handler = [relay, tracer](const httplib::Response& r) {
+    TraceInstant(tracer, "router upstream status");
     std::lock_guard<std::mutex> lock(relay->mu);
     relay->have_status = true;
     relay->status = r.status;
@@ -84,20 +181,22 @@ void RelayUpstream(const std::shared_ptr<Relay>& relay, const std::string& url, 
     relay->cv.notify_all();
     return true;
   };
-  up.content_receiver = [relay](const char* data, size_t len, uint64_t, uint64_t) {
-    relay->Push(std::string(data, len));
-    return !relay->cancel.load();  // false closes the upstream: the decode instance aborts
+  up.content_receiver = [relay, tracer, first = true](const char* data, size_t len, uint64_t,
+                                                      uint64_t) mutable {
+    if (first) TraceInstant(tracer, "router first chunk read");
+    first = false;
+    // false closes the upstream: the decode instance aborts
+    return relay->Receive(std::string(data, len)) && !relay->cancel.load();
   };
-  httplib::Client client(url);
-  client.set_read_timeout(timeout_s, 0);
-  client.set_tcp_nodelay(true);
   httplib::Response r;
   httplib::Error err = httplib::Error::Success;
+  TraceInstant(tracer, "router upstream send");
   bool ok = client.send(up, r, err);
   std::lock_guard<std::mutex> lock(relay->mu);
   if (!ok && !relay->cancel.load()) relay->error = httplib::to_string(err);
   relay->done = true;
   relay->cv.notify_all();
+  return ok && !relay->cancel.load();
 }
 
 }  // namespace
@@ -156,7 +255,10 @@ Status Router::Start() {
                        std::to_string(options_.port));
   }
   http_.SetListenBacklog(1024);
-  listen_thread_ = std::thread([this] { http_.listen_after_bind(); });
+  listen_thread_ = std::thread([this] {
+    (void)SetCurrentThreadLatencySensitive();  // best effort: it accepts every connection
+    http_.listen_after_bind();
+  });
   return OkStatus();
 }
 
@@ -185,6 +287,7 @@ int Router::Pick() {
 }
 
 void Router::Forward(const httplib::Request& req, httplib::Response& res) {
+  TraceInstant(options_.tracer, "router request");
   requests_.fetch_add(1);
   Backend& b = *backends_[Pick()];
   if (req.method == "POST" && WantsStream(req.body)) {
@@ -192,9 +295,8 @@ void Router::Forward(const httplib::Request& req, httplib::Response& res) {
     return;
   }
   Outstanding count(b.outstanding);
-  httplib::Client client(b.url);
-  client.set_read_timeout(options_.upstream_timeout_s, 0);
-  client.set_tcp_nodelay(true);
+  Upstream upstream(*this, b);
+  httplib::Client& client = upstream.client();
   auto up = req.method == "GET" ? client.Get(req.path.c_str(), ForwardedHeaders(req))
                                 : client.Post(req.path.c_str(), ForwardedHeaders(req), req.body,
                                               "application/json");
@@ -203,6 +305,7 @@ void Router::Forward(const httplib::Request& req, httplib::Response& res) {
     SendError(res, 502, "decode instance " + b.url + ": " + httplib::to_string(up.error()));
     return;
   }
+  upstream.Keep();
   res.status = up->status;
   if (up->has_header("Retry-After"))
     res.set_header("Retry-After", up->get_header_value("Retry-After"));
@@ -211,17 +314,20 @@ void Router::Forward(const httplib::Request& req, httplib::Response& res) {
 
 void Router::ForwardStream(Backend& b, const httplib::Request& req, httplib::Response& res) {
   auto relay = std::make_shared<Relay>();
+  relay->tracer = options_.tracer;
   b.outstanding.fetch_add(1);
   const std::string url = b.url;
-  const int timeout_s = options_.upstream_timeout_s;
   httplib::Request up;
   up.method = "POST";
   up.path = req.path;
   up.headers = ForwardedHeaders(req);
   up.headers.emplace("Content-Type", "application/json");
   up.body = req.body;
-  relay->worker = std::thread([relay, url, timeout_s, up]() mutable {
-    RelayUpstream(relay, url, timeout_s, std::move(up));
+  relay->worker = std::thread([this, relay, &b, up]() mutable {
+    SetCurrentThreadName("pd-router-up");
+    (void)SetCurrentThreadLatencySensitive();  // best effort: it writes the client's chunks
+    Upstream upstream(*this, b);
+    if (RelayUpstream(relay, upstream.client(), std::move(up), options_.tracer)) upstream.Keep();
   });
   auto finish = [relay, &b] {
     relay->cancel.store(true);
@@ -251,15 +357,18 @@ void Router::ForwardStream(Backend& b, const httplib::Request& req, httplib::Res
       "text/event-stream",
       [relay](size_t, httplib::DataSink& sink) {
         std::unique_lock<std::mutex> lock(relay->mu);
-        relay->cv.wait(lock, [&] { return !relay->chunks.empty() || relay->done; });
-        while (!relay->chunks.empty()) {
-          std::string c = std::move(relay->chunks.front());
-          relay->chunks.pop_front();
-          lock.unlock();
-          if (!sink.write(c.data(), c.size())) return false;  // the client went away
-          lock.lock();
+        for (; !relay->chunks.empty(); relay->chunks.pop_front()) {
+          if (!relay->WriteLocked(sink, relay->chunks.front())) return false;  // client gone
         }
-        if (relay->done) sink.done();
+        // Parked until the answer ends: the reading thread writes the rest itself.
+        relay->sink = &sink;
+        relay->cv.wait(lock, [&] { return relay->done || relay->client_gone; });
+        relay->sink = nullptr;
+        if (relay->client_gone) return false;
+        for (; !relay->chunks.empty(); relay->chunks.pop_front()) {
+          if (!relay->WriteLocked(sink, relay->chunks.front())) return false;
+        }
+        sink.done();
         return true;
       },
       [finish](bool) { finish(); });

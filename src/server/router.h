@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/trace.h"
 #include "server/http_transport.h"
 
 namespace pd::server {
@@ -24,7 +25,15 @@ struct RouterOptions {
   int port = 8000;                    // 0: any free port
   std::vector<std::string> backends;  // decode instances' base URLs, "http://127.0.0.1:8001"
   int upstream_timeout_s = 600;       // per read from a decode instance
+  // Connections to decode instances are kept alive and reused: at most this many idle ones per
+  // decode instance, each reused only within upstream_idle_s of its last answer (below the
+  // decode instance's keep-alive timeout, 5 s by default, so it has not closed it meanwhile).
+  int max_idle_upstream = 32;
+  double upstream_idle_s = 2.0;
   HttpLimits http;
+  // Borrowed, may be null: instants per streamed request ("router request", "router upstream
+  // sent", "router upstream status", "router first chunk read", "router first chunk written").
+  Tracer* tracer = nullptr;
 };
 
 class Router {
@@ -36,9 +45,12 @@ class Router {
   int port() const { return port_; }
   // Requests in flight per backend, in options order.
   std::vector<int> outstanding() const;
+  // Upstream connections opened so far (reusing a kept-alive one opens none).
+  uint64_t upstream_connections() const { return connections_.load(); }
 
  private:
   struct Backend;
+  class Upstream;
   explicit Router(const RouterOptions& options);
   int Pick();
   void Forward(const httplib::Request& req, httplib::Response& res);
@@ -52,6 +64,7 @@ class Router {
   std::atomic<uint64_t> requests_{0};
   std::atomic<uint64_t> failures_{0};
   std::atomic<uint64_t> round_robin_{0};
+  std::atomic<uint64_t> connections_{0};
 };
 
 }  // namespace pd::server

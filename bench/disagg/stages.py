@@ -1,0 +1,239 @@
+#!/usr/bin/python3
+"""Per-stage time table of requests sent one at a time, from `--trace` files.
+
+  stages.py disagg ROUTER.json DECODE.json PREFILL.json [BENCH.json]
+  stages.py colocated SERVE.json [BENCH.json]
+  stages.py overhead DISAGG_PREFIX[,...] COLOCATED_PREFIX[,...] DISAGG_BENCH[,...] COLO_BENCH[,...]
+      (prefixes: the --trace FILE without .json; rounds in the same order in every list)
+
+The trace files are those `pdserve up --trace FILE` (FILE.router.json, FILE.decode0.json,
+FILE.prefill0.json) and `pdserve serve --trace FILE` write. Every file's timestamps are on the
+machine's steady clock, so events of different processes compare. Requests must have run one at a
+time (`pdserve bench --max-concurrency 1`): each request's events are those between its
+"router request" (colocated: "http request") and the next one's.
+
+For each milestone the table gives the median over requests of its time since the request reached
+the router (colocated: the HTTP server) and of the step from the milestone before it; with a bench
+JSON, the client's TTFT median and the part of it outside the servers (connect, send, read).
+"""
+import json
+import statistics
+import sys
+
+
+def load(path, tag):
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    out = []
+    for e in events:
+        if e.get("ph") not in ("X", "i", "I"):
+            continue
+        ts = float(e["ts"])
+        out.append({"tag": tag, "name": e["name"], "ts": ts, "end": ts + float(e.get("dur", 0)),
+                    "args": e.get("args", {})})
+    return out
+
+
+def first(events, tag, name, after, key="ts"):
+    """The first event `name` of `tag` beginning at or after `after`: its `key` time, or None."""
+    for e in events:
+        if e["tag"] == tag and e["name"] == name and e["ts"] >= after:
+            return e[key], e
+    return None, None
+
+
+def disagg_milestones(seg):
+    m = []
+
+    def add(label, value):
+        if value is not None:
+            m.append((label, value))
+        return value
+
+    t0 = add("router: request accepted", first(seg, "R", "router request", 0)[0])
+    add("router: upstream send begins", first(seg, "R", "router upstream send", t0)[0])
+    t = add("decode: HTTP request parsed", first(seg, "D", "http request", t0)[0])
+    if t is None:
+        return None
+    t = add("decode: tokenized", first(seg, "D", "tokenized", t)[0])
+    t = add("decode: engine submit returned", first(seg, "D", "engine submitted", t)[0])
+    sent = add("decode: PrefillRequest sent", first(seg, "D", "prefill request sent", t0)[0])
+    # Traced once the engine has it: its step may have begun already.
+    add("prefill: PrefillRequest received", first(seg, "P", "prefill request", t0)[0])
+    _, step = first(seg, "P", "step", sent if sent is not None else t0)
+    if step is not None:
+        add("prefill: engine step begins", step["ts"])
+        layers = [e for e in seg if e["tag"] == "P" and e["name"] == "layer" and
+                  step["ts"] <= e["ts"] <= step["end"]]
+        if layers:
+            add("prefill: layer 0 compute ends", min(e["end"] for e in layers))
+            add("prefill: last layer compute ends", max(e["end"] for e in layers))
+        add("prefill: engine step ends", step["end"])
+        posts = [e for e in seg if e["tag"] == "P" and e["name"] == "post writes" and
+                 e["ts"] >= step["ts"]]
+        if posts:
+            add("prefill: last layer's writes posted", max(e["end"] for e in posts))
+        add("prefill: metadata write posted", first(seg, "P", "post metadata", step["ts"], "end")[0])
+    t = add("decode: imm counter fired (kv ready)", first(seg, "D", "kv ready", t0)[0])
+    if t is not None:
+        _, dstep = first(seg, "D", "step", t)
+        if dstep is not None:
+            add("decode: first decode step begins", dstep["ts"])
+            add("decode: first decode step ends", dstep["end"])
+    add("decode: first token written", first(seg, "D", "first token written", t0)[0])
+    add("router: upstream status read", first(seg, "R", "router upstream status", t0)[0])
+    add("router: first chunk read", first(seg, "R", "router first chunk read", t0)[0])
+    add("router: first chunk written", first(seg, "R", "router first chunk written", t0)[0])
+    return m
+
+
+def colocated_milestones(seg):
+    m = []
+
+    def add(label, value):
+        if value is not None:
+            m.append((label, value))
+        return value
+
+    t0 = add("server: HTTP request parsed", first(seg, "S", "http request", 0)[0])
+    t = add("server: tokenized", first(seg, "S", "tokenized", t0)[0])
+    t = add("server: engine submit returned", first(seg, "S", "engine submitted", t)[0])
+    _, step = first(seg, "S", "step", t0)
+    if step is not None:
+        add("server: engine step begins", step["ts"])
+        layers = [e for e in seg if e["tag"] == "S" and e["name"] == "layer" and
+                  step["ts"] <= e["ts"] <= step["end"]]
+        if layers:
+            add("server: last layer compute ends", max(e["end"] for e in layers))
+        add("server: engine step ends", step["end"])
+    add("server: first token written", first(seg, "S", "first token written", t0)[0])
+    return m
+
+
+def segments(events, start_tag, start_name):
+    events.sort(key=lambda e: e["ts"])
+    starts = [e["ts"] for e in events if e["tag"] == start_tag and e["name"] == start_name]
+    for i, s in enumerate(starts):
+        end = starts[i + 1] if i + 1 < len(starts) else float("inf")
+        yield [e for e in events if s <= e["ts"] < end]
+
+
+def table(rows_per_request, ttft_ms=None):
+    labels = []
+    for rows in rows_per_request:
+        for label, _ in rows:
+            if label not in labels:
+                labels.append(label)
+    offsets = {label: [] for label in labels}
+    for rows in rows_per_request:
+        t0 = rows[0][1]
+        for label, v in rows:
+            offsets[label].append((v - t0) / 1000.0)
+    med = {label: statistics.median(v) for label, v in offsets.items() if v}
+    order = sorted(med, key=lambda label: (med[label], labels.index(label)))
+    print(f"{len(rows_per_request)} requests; medians in ms")
+    print(f"{'milestone':42s} {'since start':>11s} {'step':>8s}")
+    prev = None
+    for label in order:
+        step = "" if prev is None else f"{med[label] - med[prev]:8.3f}"
+        print(f"{label:42s} {med[label]:11.3f} {step:>8s}")
+        prev = label
+    if ttft_ms is not None and order:
+        print(f"{'client TTFT (bench, median)':42s} {ttft_ms:11.3f}")
+        print(f"{'  outside the servers (client side)':42s} {ttft_ms - med[order[-1]]:11.3f}")
+
+
+def bench_ttft_ms(path):
+    with open(path) as f:
+        j = json.load(f)
+    if "ttfts" in j:
+        vals = [v for v in j["ttfts"] if v and v > 0]
+        if vals:
+            return statistics.median(vals) * 1000.0
+    return j.get("median_ttft_ms")
+
+
+def prefill_steps_ms(reqs):
+    """Each request's prefill engine step duration (None where not traced)."""
+    out = []
+    for rows in reqs:
+        out.append(None)
+        d = dict(rows)
+        for a, b in (("prefill: engine step begins", "prefill: engine step ends"),
+                     ("server: engine step begins", "server: engine step ends")):
+            if a in d and b in d:
+                out[-1] = (d[b] - d[a]) / 1000.0
+    return out
+
+
+def ttft_minus_step_ms(reqs, bench_path):
+    """Median over requests of (client TTFT - prefill step). Requests ran one at a time, so the
+    bench's TTFTs and the traced requests pair up in order; if their counts differ, the
+    difference of the two medians."""
+    steps = prefill_steps_ms(reqs)
+    with open(bench_path) as f:
+        ttfts = [v * 1000.0 for v in json.load(f).get("ttfts", []) if v and v > 0]
+    if len(ttfts) == len(steps) and all(x is not None for x in steps):
+        return statistics.median(t - x for t, x in zip(ttfts, steps))
+    steps = [x for x in steps if x is not None]
+    if not steps or not ttfts:
+        return None
+    return statistics.median(ttfts) - statistics.median(steps)
+
+
+def complete(reqs):
+    return [r for r in reqs if r and any("first token written" in label for label, _ in r)]
+
+
+def overhead(argv):
+    """TTFT minus the prefill step's compute, per round, for both deployments: the prefill's
+    compute time varies from run to run on a shared machine by more than what disaggregation
+    adds, and subtracting it leaves what the goal is about."""
+    d_pre, c_pre, d_bench, c_bench = (a.split(",") for a in argv)
+    d_over, c_over = [], []
+    for dp, cp, db, cb in zip(d_pre, c_pre, d_bench, c_bench):
+        ev = load(dp + ".router.json", "R") + load(dp + ".decode0.json", "D") + \
+            load(dp + ".prefill0.json", "P")
+        d = ttft_minus_step_ms(complete(
+            [disagg_milestones(s) for s in segments(ev, "R", "router request")]), db)
+        c = ttft_minus_step_ms(complete(
+            [colocated_milestones(s) for s in segments(load(cp + ".json", "S"), "S",
+                                                       "http request")]), cb)
+        if d is None or c is None:
+            print("stages: a round's traces have no complete request", file=sys.stderr)
+            return 1
+        d_over.append(d)
+        c_over.append(c)
+    rounds = ", ".join(f"{d:.2f}/{c:.2f}" for d, c in zip(d_over, c_over))
+    added = statistics.median(d_over) - statistics.median(c_over)
+    print(f"TTFT p50 minus the prefill step's compute (traced; disaggregated/colocated per round, "
+          f"ms): {rounds}")
+    print(f"added TTFT p50 outside the prefill's compute: {added:.2f} ms (median over "
+          f"{len(d_over)} rounds; the prefill step's run-to-run variation removed)")
+    return 0
+
+
+def main(argv):
+    if len(argv) == 6 and argv[1] == "overhead":
+        return overhead(argv[2:])
+    if len(argv) >= 5 and argv[1] == "disagg":
+        events = load(argv[2], "R") + load(argv[3], "D") + load(argv[4], "P")
+        reqs = [disagg_milestones(s) for s in segments(events, "R", "router request")]
+        bench = argv[5] if len(argv) > 5 else None
+    elif len(argv) >= 3 and argv[1] == "colocated":
+        events = load(argv[2], "S")
+        reqs = [colocated_milestones(s) for s in segments(events, "S", "http request")]
+        bench = argv[3] if len(argv) > 3 else None
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    reqs = complete(reqs)
+    if not reqs:
+        print("stages: no complete request in the traces", file=sys.stderr)
+        return 1
+    table(reqs, bench_ttft_ms(bench) if bench else None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
