@@ -267,6 +267,25 @@ TEST_P(IsaTest, ParallelPanelMatmulMatchesReference) {
   for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4) << i;
 }
 
+// Decode batches (up to 64 rows) deal chunks of groups to whichever thread asks: every column
+// is still written, once, with the bits of a single-threaded call.
+TEST_P(IsaTest, ParallelPanelMatmulDealtInChunksEqualsOneThread) {
+  if (isa_->matmul_panel == nullptr) GTEST_SKIP() << isa_->name << " has no panel kernel";
+  ThreadPool pool(2);
+  const int64_t n = 32 * 41 + 7, k = 96;  // 42 groups: several chunks at every batch size
+  PanelWeights pw({n}, k, true, 21, pool);
+  for (int64_t rows : {1, 2, 3, 4, 13, 32, 64}) {
+    std::vector<float> x = Random(rows * k, 30 + rows);
+    std::vector<float> want(rows * n, NAN), got(rows * n, NAN);
+    isa_->matmul_panel(x.data(), rows, k, pw.w, 0, n, want.data(), n);
+    ParallelMatmul(pool, *isa_, x.data(), rows, k, pw.w, got.data(), n);
+    for (int64_t i = 0; i < rows * n; ++i) {
+      ASSERT_FALSE(std::isnan(got[i])) << rows << " rows: column " << i % n << " not written";
+      ASSERT_EQ(got[i], want[i]) << rows << " rows, element " << i;
+    }
+  }
+}
+
 TEST(PackPanel32Test, LaysOutGroupsAsDocumented) {
   ThreadPool pool(2);
   Weights a = MakeWeights(20, 3, true, 1), b = MakeWeights(15, 3, true, 2);
