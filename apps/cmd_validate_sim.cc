@@ -623,21 +623,28 @@ nlohmann::json SpreadJson(const planner::Spread& s) {
           {"tpot_p90", s.tpot_p90}};
 }
 
-// The calibrated capacity: the rate at which the prefill instance, its steps slowed by the
-// co-run factor (at high load the decode instance is almost always busy), is busy all the time
-// with prompts of the mean length. The 128/32 workload is prefill-bound on this engine; the
-// decode side's bound (a batch of 16) is taken too in case a workload is not.
-double CalibratedCapacity(const ValidateFlags& f, const planner::StepCoeffs& c,
-                          const Calibration& cal, int64_t kv_tokens) {
+// The calibrated capacity: the rate at which the prefill instance is busy all the time with
+// prompts of the mean length, its steps slowed by the co-run factor (at high load the decode
+// instance is almost always busy) and by the CPU that the client, the router and its own
+// non-compute threads take from its core per request (SaturationRate). The 128/32 workload is
+// prefill-bound on this engine; the decode side's bound (batches of 16, the same accounting) is
+// taken too in case a workload is not.
+Result<double> CalibratedCapacity(const ValidateFlags& f, const planner::StepCoeffs& c,
+                                  const Calibration& cal, int64_t kv_tokens) {
   const auto insts = Instances(f, c, cal.overheads, kv_tokens);
+  const double shared = cal.client_cpu.Seconds(f.output_len) / MachineCores();
   const double prefill_s =
       insts[0].coeffs.PrefillMs(f.input_len, double(f.input_len) * f.input_len) * 1e-3 *
       cal.overheads.corun_prefill;
+  ASSIGN_OR_RETURN(double prefill_cap,
+                   planner::SaturationRate(prefill_s, shared + cal.prefill_own_cpu.per_request_s));
   const int b = std::min(f.max_num_seqs, 16);
   const double decode_s =
       insts[1].coeffs.DecodeMs(b, int64_t(b) * (f.input_len + f.output_len / 2)) * 1e-3 *
-      cal.overheads.corun_decode;
-  return std::min(1.0 / prefill_s, b / (decode_s * f.output_len));
+      cal.overheads.corun_decode * f.output_len / b;
+  ASSIGN_OR_RETURN(double decode_cap,
+                   planner::SaturationRate(decode_s, shared + cal.decode_own_cpu.per_request_s));
+  return std::min(prefill_cap, decode_cap);
 }
 
 // Below 75%: there a 25% slower spell of this machine (the probe sets drift that much within a
@@ -759,12 +766,15 @@ int RunValidate(const ValidateFlags& f) {
   std::vector<double> rates = f.rates;
   std::string rate_rule = "rates given with --rate";
   if (rates.empty()) {
-    const double cap = CalibratedCapacity(f, *coeffs, *cal, kv_tokens);
+    auto capacity = CalibratedCapacity(f, *coeffs, *cal, kv_tokens);
+    if (!capacity.ok()) return Fail(capacity.status().ToString());
+    const double cap = *capacity;
     for (double share : kLoadShares) rates.push_back(share * cap);
-    char rule[160];
+    char rule[320];
     std::snprintf(rule, sizeof(rule),
                   "rates 20/40/60%% of the calibrated capacity %.1f req/s (first probe set; mean "
-                  "prompts, prefill steps x co-run)",
+                  "prompts, prefill steps x co-run, less the client's, router's and its own "
+                  "threads' CPU)",
                   cap);
     rate_rule = rule;
   }

@@ -2,12 +2,16 @@
 # Simulator against reality on this machine (issue #7, "Done when" #2):
 #   1. a small model (make-model --arch qwen3 --preset small) unless MODEL is given,
 #   2. `pdserve profile` on it with the instances' thread count (the simulator's latency model),
-#   3. `pdserve validate-sim`: `pdserve up` (1 prefill + 1 decode, each pinned to its own core),
-#      probes through the deployment that calibrate the latency model (fixed cost, prefill scale,
-#      decode per-step/per-sequence costs, co-run slowdowns) and schedstat's CPU contention,
-#      `pdserve bench` at three Poisson rates (fixed seed, random dataset) and the simulator on the
-#      same requests, uncalibrated and calibrated, side by side (docs/planner.md).
-# One run takes about 2 minutes. Usage:
+#   3. `pdserve validate-sim`: `pdserve up` (1 prefill + 1 decode, each pinned whole to its own
+#      core), a warm-up, probe sets through the deployment before the first bench round and after
+#      each (their medians calibrate the latency model: the prefill instance's measured compute,
+#      fixed and per-token transfer latency, decode per-step/per-sequence costs, co-run slowdowns,
+#      the CPU that client, router and the instances' non-compute threads take per request), then
+#      3 rounds of `pdserve bench` at 20/40/60% of the calibrated capacity (300 requests of
+#      128/32 tokens each, fixed seed, random dataset), the median per rate beside the simulator
+#      on the same requests, and the noise: machine (spread over rounds) vs sampling (spread over
+#      reseeded simulations) (docs/planner.md).
+# One run takes about 2-2.5 minutes (fits one /work/exp/quiet.sh call). Usage:
 #   bench/planner/sim_vs_real.sh [PDSERVE] [extra validate-sim flags, e.g. --rate 2 --rate 4]
 set -euo pipefail
 PDSERVE=${1:-build/apps/pdserve}

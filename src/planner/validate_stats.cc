@@ -103,4 +103,11 @@ Result<double> BackgroundCpuStretch(const ClientCpuCost& shared, double rate,
   return 1.0 / (1.0 - u);
 }
 
+Result<double> SaturationRate(double work_s, double background_s) {
+  if (!(work_s > 0) || !(background_s >= 0)) {
+    return InvalidArgument("saturation rate: work must be > 0 and background CPU >= 0");
+  }
+  return 1.0 / (work_s + background_s);
+}
+
 }  // namespace pd::planner

@@ -51,4 +51,10 @@ Result<double> BackgroundCpuStretch(const ClientCpuCost& shared, double rate,
                                     double mean_output_tokens, int cores,
                                     const ClientCpuCost& own = {});
 
+// The rate at which an instance is busy all the time: each request holds it for `work_s` of CPU,
+// stretched by BackgroundCpuStretch while other work takes `background_s` of its core per request
+// (rate · work_s / (1 − rate · background_s) = 1, so rate = 1 / (work_s + background_s)).
+// InvalidArgument unless work_s > 0 and background_s >= 0.
+Result<double> SaturationRate(double work_s, double background_s);
+
 }  // namespace pd::planner

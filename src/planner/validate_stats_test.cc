@@ -92,5 +92,20 @@ TEST(ValidateStats, BackgroundCpuStretchIsOneOverTheCoreShareLeft) {
   EXPECT_EQ(BackgroundCpuStretch(cost, 1, 30, 0).status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST(ValidateStats, SaturationRateKeepsTheStretchedInstanceExactlyBusy) {
+  // 10 ms of work per request; the client and router take 2 ms per request over 2 cores (1 ms
+  // from this core) and the instance's own threads 1 ms: 2 ms of background per request.
+  const ClientCpuCost shared{2e-3, 0.0}, own{1e-3, 0.0};
+  auto rate = SaturationRate(10e-3, 2e-3);
+  ASSERT_TRUE(rate.ok());
+  EXPECT_NEAR(*rate, 1 / 12e-3, 1e-9);
+  auto stretch = BackgroundCpuStretch(shared, *rate, 0, 2, own);
+  ASSERT_TRUE(stretch.ok());
+  EXPECT_NEAR(*rate * 10e-3 * *stretch, 1.0, 1e-12);  // busy all the time
+  EXPECT_NEAR(*SaturationRate(10e-3, 0), 100.0, 1e-9);
+  EXPECT_EQ(SaturationRate(0, 1e-3).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SaturationRate(1e-3, -1e-3).status().code(), StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace pd::planner
