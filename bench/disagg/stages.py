@@ -12,9 +12,11 @@ machine's steady clock, so events of different processes compare. Requests must 
 time (`pdserve bench --max-concurrency 1`): each request's events are those between its
 "router request" (colocated: "http request") and the next one's.
 
-For each milestone the table gives the median over requests of its time since the request reached
-the router (colocated: the HTTP server) and of the step from the milestone before it; with a bench
-JSON, the client's TTFT median and the part of it outside the servers (connect, send, read).
+For each milestone on the request's critical chain the table gives the median over requests of
+the time from the milestone before it, and the running sum of those medians from the request
+reaching the router (colocated: the HTTP server); milestones off the chain are listed with their
+median offset. With a bench JSON, the client's TTFT median and the part of it outside the servers
+(connect, send, read).
 """
 import json
 import statistics
@@ -118,29 +120,48 @@ def segments(events, start_tag, start_name):
         yield [e for e in events if s <= e["ts"] < end]
 
 
+# Milestones off the request's critical chain (shown by their offset, not summed).
+SIDE = ("router: upstream status read", "prefill: PrefillRequest received",
+        "prefill: layer 0 compute ends", "prefill: last layer's writes posted")
+
+
 def table(rows_per_request, ttft_ms=None):
-    labels = []
+    """Each step of the chain is the median over requests of the time from the chain's previous
+    milestone; `cumulative` sums those medians (so the steps add up to it)."""
+    chain = []
     for rows in rows_per_request:
         for label, _ in rows:
-            if label not in labels:
-                labels.append(label)
-    offsets = {label: [] for label in labels}
+            if label not in chain and label not in SIDE:
+                chain.append(label)
+    steps = {label: [] for label in chain}
+    side = {label: [] for label in SIDE}
     for rows in rows_per_request:
+        d = dict(rows)
         t0 = rows[0][1]
-        for label, v in rows:
-            offsets[label].append((v - t0) / 1000.0)
-    med = {label: statistics.median(v) for label, v in offsets.items() if v}
-    order = sorted(med, key=lambda label: (med[label], labels.index(label)))
-    print(f"{len(rows_per_request)} requests; medians in ms")
-    print(f"{'milestone':42s} {'since start':>11s} {'step':>8s}")
-    prev = None
-    for label in order:
-        step = "" if prev is None else f"{med[label] - med[prev]:8.3f}"
-        print(f"{label:42s} {med[label]:11.3f} {step:>8s}")
-        prev = label
-    if ttft_ms is not None and order:
-        print(f"{'client TTFT (bench, median)':42s} {ttft_ms:11.3f}")
-        print(f"{'  outside the servers (client side)':42s} {ttft_ms - med[order[-1]]:11.3f}")
+        prev = None
+        for label in chain:
+            if label not in d:
+                continue
+            if prev is not None:
+                steps[label].append((d[label] - d[prev]) / 1000.0)
+            prev = label
+        for label in SIDE:
+            if label in d:
+                side[label].append((d[label] - t0) / 1000.0)
+    print(f"{len(rows_per_request)} requests; ms; step = median over requests of the time since "
+          f"the milestone above")
+    print(f"{'milestone':42s} {'step':>8s} {'cumulative':>11s}")
+    total = 0.0
+    for k, label in enumerate(chain):
+        step = statistics.median(steps[label]) if steps[label] else 0.0
+        total += step
+        print(f"{label:42s} {'' if k == 0 else f'{step:8.3f}':>8s} {total:11.3f}")
+    for label in SIDE:
+        if side[label]:
+            print(f"  (side) {label:34s} at {statistics.median(side[label]):8.3f}")
+    if ttft_ms is not None:
+        print(f"{'client TTFT (bench, median)':42s} {'':8s} {ttft_ms:11.3f}")
+        print(f"{'  outside the servers (client side)':42s} {'':8s} {ttft_ms - total:11.3f}")
 
 
 def bench_ttft_ms(path):
