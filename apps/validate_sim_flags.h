@@ -1,0 +1,35 @@
+// `pdserve validate-sim`'s command-line flags, shared by its calibration and report code.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pd::apps::validate_sim {
+
+struct ValidateFlags {
+  std::string model;
+  std::string profile;  // "" : profile here (--quick)
+  int threads = 1;
+  std::vector<double> rates;  // empty: 20%, 40%, 60% of the calibrated capacity
+  int port = 8700;
+  uint64_t seed = 1;
+  int input_len = 128;
+  int output_len = 32;
+  double range_ratio = 0.5;
+  double seconds_per_rate = 60.0;
+  int max_prompts = 300;
+  int rounds = 3;           // bench rounds per rate (same seed): the measured side is their median
+  int sampling_seeds = 8;   // reseeded simulations per rate: the spread a workload's sample gives
+  int corun_pairs = 3;      // per probe set
+  double ttft_slo_s = 0.0;  // 0: 3x the idle TTFT of a mean prompt
+  double tpot_slo_s = 0.0;  // 0: 2x the idle TPOT
+  int max_num_seqs = 64;
+  int max_num_batched_tokens = 512;
+  bool pin_cores = true;
+  bool corun = true;  // measure and simulate the instances slowing each other down
+  std::string out;
+  std::string up_log = "/tmp/pdserve-validate-sim-up.log";
+};
+
+}  // namespace pd::apps::validate_sim

@@ -1,0 +1,139 @@
+// `pdserve validate-sim`'s results: the measured rounds and simulations per rate, printed side
+// by side and as JSON.
+#pragma once
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "apps/validate_sim_calibration.h"
+#include "apps/validate_sim_flags.h"
+#include "apps/validate_sim_up.h"
+#include "planner/validate.h"
+#include "planner/validate_stats.h"
+
+namespace pd::apps::validate_sim {
+
+// One bench run at one rate, measured.
+struct RoundResult {
+  planner::Summary measured;
+  double client_router_cores = 0;  // measured during the run
+  Stretches stretch;               // waiting for a core, measured during the run (not used)
+};
+
+// Everything about one rate: the simulations beside the median of the bench rounds, and the
+// spreads that say how much of a difference is noise.
+struct RateReport {
+  planner::ComparisonRow raw, calibrated;
+  std::vector<RoundResult> rounds;
+  planner::Spread machine;    // over the bench rounds (the same requests each time)
+  planner::Spread sampling;   // the calibrated simulation over reseeded workloads
+  double modelled_cores = 0;  // the bench client's and router's CPU the simulation assumes
+};
+
+inline nlohmann::json OverheadsJson(const Calibration& cal) {
+  const planner::RealOverheads& o = cal.overheads;
+  return {
+      {"fixed_s", o.fixed_s},
+      {"prefill_scale", o.prefill_scale},
+      {"transfer_s_per_token", o.transfer_s_per_token},
+      {"decode_fixed_ms", o.decode_fixed_ms},
+      {"decode_seq_ms", o.decode_seq_ms},
+      {"corun_prefill", o.corun_prefill},
+      {"corun_decode", o.corun_decode},
+      {"client_router_cpu_s_per_request", cal.client_cpu.per_request_s},
+      {"client_router_cpu_s_per_token", cal.client_cpu.per_token_s},
+      {"prefill_own_cpu_s", {cal.prefill_own_cpu.per_request_s, cal.prefill_own_cpu.per_token_s}},
+      {"decode_own_cpu_s", {cal.decode_own_cpu.per_request_s, cal.decode_own_cpu.per_token_s}},
+      {"probe_stretch", {{"prefill", cal.stretch.prefill}, {"decode", cal.stretch.decode}}}};
+}
+
+inline nlohmann::json SpreadJson(const planner::Spread& s) {
+  return {{"attainment", s.attainment},
+          {"ttft_p50", s.ttft_p50},
+          {"ttft_p90", s.ttft_p90},
+          {"tpot_p50", s.tpot_p50},
+          {"tpot_p90", s.tpot_p90}};
+}
+
+inline void PrintReports(const ValidateFlags& f, const planner::Slo& slo, const Calibration& cal,
+                         const std::vector<RateReport>& reports, const std::string& rate_rule) {
+  std::printf(
+      "\n%s, 1 prefill + 1 decode, %d thread(s) each%s; random dataset %d/%d tokens (range "
+      "%.2g), Poisson, seed %llu; SLO TTFT %.1f ms, TPOT %.1f ms; %s; measured = the median of "
+      "%d bench rounds per rate (rates interleaved, the same requests each round)\n",
+      f.model.c_str(), f.threads, f.pin_cores ? ", pinned" : "", f.input_len, f.output_len,
+      f.range_ratio, static_cast<unsigned long long>(f.seed), slo.ttft_s * 1e3, slo.tpot_s * 1e3,
+      rate_rule.c_str(), f.rounds);
+  std::vector<planner::ComparisonRow> raw, calibrated;
+  for (const RateReport& r : reports) {
+    raw.push_back(r.raw);
+    calibrated.push_back(r.calibrated);
+  }
+  std::printf("\nthe latency model alone (the profile, nothing calibrated):\n%s",
+              planner::FormatComparison(raw).c_str());
+  const planner::RealOverheads& o = cal.overheads;
+  std::printf(
+      "\ncalibrated through this deployment by the probes (prefill x%.3f, fixed %.2f ms, decode "
+      "+%.3f ms/step +%.3f ms/seq, co-run prefill x%.3f decode x%.3f, client + router %.3f "
+      "ms/request + %.4f ms/token of CPU taken from %d cores):\n%s",
+      o.prefill_scale, o.fixed_s * 1e3, o.decode_fixed_ms, o.decode_seq_ms, o.corun_prefill,
+      o.corun_decode, cal.client_cpu.per_request_s * 1e3, cal.client_cpu.per_token_s * 1e3,
+      MachineCores(), planner::FormatComparison(calibrated).c_str());
+  std::printf(
+      "\nnoise, (max - min) / median per metric: machine = over the %d bench rounds (the same "
+      "requests); sampling = the calibrated simulation over %d reseeded workloads of the same "
+      "size\n",
+      f.rounds, f.sampling_seeds);
+  for (const RateReport& r : reports) {
+    std::printf("  rate %.3g (%d requests): machine %s; sampling %s\n", r.raw.rate,
+                r.raw.measured.num_requests, planner::FormatSpread(r.machine).c_str(),
+                planner::FormatSpread(r.sampling).c_str());
+    for (size_t k = 0; k < r.rounds.size(); ++k) {
+      const RoundResult& rr = r.rounds[k];
+      const planner::Summary& m = rr.measured;
+      std::printf(
+          "    round %zu: att %.1f%%, TTFT p50 %.2f p90 %.2f ms, TPOT p50 %.3f p90 %.3f ms; "
+          "client + router %.3f cores (modelled %.3f); waited for a core: prefill x%.3f, decode "
+          "x%.3f\n",
+          k + 1, 100 * m.attainment, m.ttft_p50_s * 1e3, m.ttft_p90_s * 1e3, m.tpot_p50_s * 1e3,
+          m.tpot_p90_s * 1e3, rr.client_router_cores, r.modelled_cores, rr.stretch.prefill,
+          rr.stretch.decode);
+    }
+  }
+}
+
+inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo,
+                                 const Calibration& cal, const std::vector<RateReport>& reports) {
+  std::vector<planner::ComparisonRow> raw, calibrated;
+  nlohmann::json noise = nlohmann::json::array();
+  for (const RateReport& r : reports) {
+    raw.push_back(r.raw);
+    calibrated.push_back(r.calibrated);
+    nlohmann::json rounds = nlohmann::json::array();
+    for (const RoundResult& rr : r.rounds) {
+      rounds.push_back({{"attainment", rr.measured.attainment},
+                        {"ttft_p50_s", rr.measured.ttft_p50_s},
+                        {"ttft_p90_s", rr.measured.ttft_p90_s},
+                        {"tpot_p50_s", rr.measured.tpot_p50_s},
+                        {"tpot_p90_s", rr.measured.tpot_p90_s},
+                        {"client_router_cores", rr.client_router_cores}});
+    }
+    noise.push_back({{"rate", r.raw.rate},
+                     {"machine", SpreadJson(r.machine)},
+                     {"sampling", SpreadJson(r.sampling)},
+                     {"modelled_client_router_cores", r.modelled_cores},
+                     {"rounds", rounds}});
+  }
+  return {{"model", f.model},
+          {"threads", f.threads},
+          {"slo", {{"ttft_s", slo.ttft_s}, {"tpot_s", slo.tpot_s}}},
+          {"calibration", OverheadsJson(cal)},
+          {"rows", planner::ComparisonToJson(calibrated)},
+          {"rows_uncalibrated", planner::ComparisonToJson(raw)},
+          {"noise", noise}};
+}
+
+}  // namespace pd::apps::validate_sim
