@@ -52,7 +52,6 @@ void PrefillMessenger::Impl::Start(engine::AsyncEngine* engine) {
 
 void PrefillMessenger::Impl::Loop() {
   SetCurrentThreadName("pd-prefill-kv");
-  (void)SetCurrentThreadLatencySensitive();  // best effort: on every request's path
   if (options_.tracer != nullptr) options_.tracer->SetThreadName("prefill messenger");
   const engine::LayerProgress& progress = runner_.progress();
   while (!stop_.load()) {
