@@ -15,6 +15,9 @@
 //    per step beyond the forward pass), co-run pairs (how much each instance slows down while the
 //    other computes) and the CPU per request and per token that the bench client and router and
 //    each instance's non-compute threads spend (schedstat).
+// 3b. The load run, once the rates are fixed: 100 requests of the bench's workload at the lowest
+//    rate (another seed; not compared), during which the bench client's and router's CPU is
+//    measured: under load they take 1.5-2.5x the CPU per request the sequential probes show.
 // 4. Rounds: per round, `pdserve bench`'s own runner (Poisson arrivals, the random dataset, a
 //    fixed seed, ignore_eos) against the router at each rate (20/40/60% of the calibrated
 //    capacity unless --rate is given); the measured side is the median of the rounds.
@@ -22,7 +25,7 @@
 //    seed with the bench's generators), running engine::Scheduler with the instances' policy and
 //    pdserve's hand-over (first token sampled by the decode instance): with the latency model
 //    alone, and calibrated, each instance's steps stretched by the CPU share that the client,
-//    the router and its own non-compute threads take at that rate.
+//    the router (their cost from the load run) and its own non-compute threads take at that rate.
 // 6. Side by side: SLO attainment and p50/p90 TTFT and TPOT, simulated vs measured, and the noise:
 //    how far the rounds spread (the machine) and how far reseeded simulations spread (sampling).
 #include <fcntl.h>
@@ -77,6 +80,7 @@ using validate_sim::CpuPerRequest;
 using validate_sim::CpuWindow;
 using validate_sim::Deployment;
 using validate_sim::FindInstances;
+using validate_sim::LoadRunCpu;
 using validate_sim::MachineCores;
 using validate_sim::MeasureCorun;
 using validate_sim::Median;
@@ -185,6 +189,7 @@ bench::DatasetSpec SpecOf(const ValidateFlags& f) {
   return spec;
 }
 
+constexpr int kLoadRunPrompts = 100;
 constexpr int kWarmUpPrompts = 60;
 constexpr double kWarmUpRate = 20;  // req/s: about a third of this machine's capacity
 
@@ -284,9 +289,9 @@ Result<std::vector<planner::InstanceConfig>> CalibratedAt(const ValidateFlags& f
   Stretches k;
   const planner::ClientCpuCost prefill_own{cal.prefill_own_cpu.per_request_s, 0.0};
   const planner::ClientCpuCost decode_own{cal.decode_own_cpu.per_request_s, 0.0};
-  ASSIGN_OR_RETURN(k.prefill, planner::BackgroundCpuStretch(cal.client_cpu, rate, f.output_len,
+  ASSIGN_OR_RETURN(k.prefill, planner::BackgroundCpuStretch(cal.StretchCpu(), rate, f.output_len,
                                                             MachineCores(), prefill_own));
-  ASSIGN_OR_RETURN(k.decode, planner::BackgroundCpuStretch(cal.client_cpu, rate, f.output_len,
+  ASSIGN_OR_RETURN(k.decode, planner::BackgroundCpuStretch(cal.StretchCpu(), rate, f.output_len,
                                                            MachineCores(), decode_own));
   return Slowed(Instances(f, c, cal.overheads, kv_tokens), k);
 }
@@ -331,7 +336,7 @@ Status SimulateRateReport(const ValidateFlags& f, const bench::DatasetSpec& spec
   for (const RoundResult& rr : r->rounds) measured.push_back(rr.measured);
   r->raw.measured = r->calibrated.measured = planner::MedianSummary(measured);
   r->machine = planner::RelativeSpread(measured);
-  r->modelled_cores = rate * cal.client_cpu.Seconds(f.output_len);
+  r->modelled_cores = rate * cal.StretchCpu().Seconds(f.output_len);
   ASSIGN_OR_RETURN(auto cal_insts, CalibratedAt(f, coeffs, cal, kv_tokens, rate));
   ASSIGN_OR_RETURN(auto reqs, BenchRequests(spec, n, rate, f.seed));
   // The calibrated KV transfer: its time per prompt token, as the link's bandwidth.
@@ -404,6 +409,33 @@ Result<std::vector<double>> ChooseRates(const ValidateFlags& f, const planner::S
   return rates;
 }
 
+// The load run, after the rates are fixed and before the first compared round: the bench's
+// workload at the lowest compared rate (another seed; not compared), during which the bench
+// client's and router's CPU is measured: concurrent requests cost them 1.5-2.5x what the
+// sequential probes do, and the calibrated simulation's stretch needs the cost under load.
+Result<LoadRunCpu> LoadRun(const ValidateFlags& f, double rate, const Deployment& dep) {
+  bench::BenchOptions bo;
+  bo.endpoint.port = f.port;
+  bo.dataset = SpecOf(f);
+  bo.num_prompts = kLoadRunPrompts;
+  bo.request_rate = rate;
+  bo.seed = f.seed + 104729;
+  bo.ignore_eos = true;
+  ASSIGN_OR_RETURN(std::vector<bench::LengthPair> lengths,
+                   bench::SampleLengths(bo.dataset, bo.num_prompts, bo.seed));
+  LoadRunCpu load;
+  load.rate = rate;
+  load.requests = bo.num_prompts;
+  for (const bench::LengthPair& l : lengths) load.mean_output_tokens += l.output_len;
+  load.mean_output_tokens /= std::max<size_t>(1, lengths.size());
+  std::fprintf(stderr, "validate-sim: load run, %d requests at %.3g req/s\n", bo.num_prompts, rate);
+  const double cpu0 = ClientRouterCpuSeconds(dep.up);
+  ASSIGN_OR_RETURN(bench::BenchmarkSummary run, bench::RunBenchmark(bo));
+  (void)run;
+  load.cpu_s = ClientRouterCpuSeconds(dep.up) - cpu0;
+  return load;
+}
+
 // The measured side: `f.rounds` rounds of bench runs over the rates, a probe set after each.
 Status RunRounds(const ValidateFlags& f, const bench::DatasetSpec& spec,
                  const std::vector<double>& rates, const planner::Slo& slo, const Deployment& dep,
@@ -458,11 +490,12 @@ Status Validate(const ValidateFlags& f) {
   std::string rate_rule;
   ASSIGN_OR_RETURN(const std::vector<double> rates,
                    ChooseRates(f, coeffs, cal, kv.tokens, &rate_rule));
+  ASSIGN_OR_RETURN(const LoadRunCpu load, LoadRun(f, rates.front(), dep));
   const bench::DatasetSpec spec = SpecOf(f);
   std::vector<RateReport> reports;
   RETURN_IF_ERROR(RunRounds(f, spec, rates, slo, dep, coeffs, &sets, &reports));
   up.Stop();
-  ASSIGN_OR_RETURN(cal, Combine(f, sets, true));
+  ASSIGN_OR_RETURN(cal, Combine(f, sets, true, &load));
   // Uncalibrated, the KV transfer takes no time; calibrated, the probes' transfer time per token.
   planner::ClusterLinks links;
   links.kv_bytes_per_token = kv.bytes_per_token;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,36 @@ struct Calibration {
   planner::ClientCpuCost client_cpu;  // bench client + router, per request and output token
   planner::ClientCpuCost prefill_own_cpu, decode_own_cpu;  // instances' non-compute threads
   Stretches stretch;                                       // of the instances during the probes
+  // The bench client's and router's cost measured under load (the load run), in the probes'
+  // split; unset when not measured. The calibrated simulation's stretch uses it when set.
+  std::optional<planner::ClientCpuCost> client_cpu_loaded;
+  const planner::ClientCpuCost& StretchCpu() const {
+    return client_cpu_loaded ? *client_cpu_loaded : client_cpu;
+  }
 };
+
+// The bench client's and router's CPU over the load run: an uncompared bench run at the lowest
+// compared rate.
+struct LoadRunCpu {
+  double rate = 0;
+  int requests = 0;
+  double mean_output_tokens = 0;
+  double cpu_s = 0;  // client + router, /proc/PID/stat
+};
+
+// The client's and router's CPU per request under load beside the sequential probes' figure.
+inline void PrintLoadRun(const ValidateFlags& f, const LoadRunCpu& load, const Calibration& cal) {
+  const double loaded = cal.StretchCpu().Seconds(f.output_len);
+  const double probes = cal.client_cpu.Seconds(f.output_len);
+  std::printf(
+      "bench client + router under load (the load run: %d requests at %.3g req/s, not compared): "
+      "%.3f ms CPU per request of %d output tokens (%.3f ms + %.4f ms/token), vs %.3f ms from the "
+      "sequential probes (x%.2f); the calibrated simulation's stretch uses the load run's "
+      "(%.3f cores at the load run's rate, %.3f by the probes' figure)\n",
+      load.requests, load.rate, loaded * 1e3, f.output_len, cal.StretchCpu().per_request_s * 1e3,
+      cal.StretchCpu().per_token_s * 1e3, probes * 1e3, probes > 0 ? loaded / probes : 0.0,
+      load.rate * loaded, load.rate * probes);
+}
 
 // Where the probes go and the salt of their synthetic prompts.
 struct ProbeTarget {
@@ -208,8 +238,9 @@ inline Result<planner::ClientCpuCost> CpuCost(const ValidateFlags& f,
 }
 
 // The calibration from probe sets: each probe's median over the sets, the co-run pairs pooled.
+// With `load`, also the client's and router's cost under load, in the probes' split.
 inline Result<Calibration> Combine(const ValidateFlags& f, const std::vector<ProbeSet>& sets,
-                                   bool print) {
+                                   bool print, const LoadRunCpu* load = nullptr) {
   if (sets.empty()) return InvalidArgument("no calibration probes");
   std::vector<planner::IdleProbe> ttft = sets[0].ttft;
   std::vector<planner::DecodeProbe> decode = sets[0].decode;
@@ -231,6 +262,11 @@ inline Result<Calibration> Combine(const ValidateFlags& f, const std::vector<Pro
   ASSIGN_OR_RETURN(cal.prefill_own_cpu, CpuCost(f, sets, &CpuPerRequest::prefill_own));
   ASSIGN_OR_RETURN(cal.decode_own_cpu, CpuCost(f, sets, &CpuPerRequest::decode_own));
   ASSIGN_OR_RETURN(cal.overheads, planner::SolveOverheads(ttft, decode));
+  if (load != nullptr) {
+    ASSIGN_OR_RETURN(cal.client_cpu_loaded,
+                     planner::LoadedClientCpuCost(cal.client_cpu, load->cpu_s, load->requests,
+                                                  load->mean_output_tokens));
+  }
   std::vector<CorunSample> pooled;
   for (const ProbeSet& s : sets) pooled.insert(pooled.end(), s.corun.begin(), s.corun.end());
   const std::string corun = CorunFactors(pooled, &cal.overheads);
@@ -240,6 +276,7 @@ inline Result<Calibration> Combine(const ValidateFlags& f, const std::vector<Pro
         "after each)\n%s",
         sets.size(), corun.c_str());
     PrintCalibration(ttft, decode, cal);
+    if (load != nullptr) PrintLoadRun(f, *load, cal);
   }
   return cal;
 }

@@ -45,6 +45,8 @@ inline nlohmann::json OverheadsJson(const Calibration& cal) {
       {"corun_decode", o.corun_decode},
       {"client_router_cpu_s_per_request", cal.client_cpu.per_request_s},
       {"client_router_cpu_s_per_token", cal.client_cpu.per_token_s},
+      {"client_router_cpu_loaded_s",
+       {cal.StretchCpu().per_request_s, cal.StretchCpu().per_token_s}},
       {"prefill_own_cpu_s", {cal.prefill_own_cpu.per_request_s, cal.prefill_own_cpu.per_token_s}},
       {"decode_own_cpu_s", {cal.decode_own_cpu.per_request_s, cal.decode_own_cpu.per_token_s}},
       {"probe_stretch", {{"prefill", cal.stretch.prefill}, {"decode", cal.stretch.decode}}}};
@@ -78,10 +80,12 @@ inline void PrintReports(const ValidateFlags& f, const planner::Slo& slo, const 
   std::printf(
       "\ncalibrated through this deployment by the probes (prefill x%.3f, fixed %.2f ms, decode "
       "+%.3f ms/step +%.3f ms/seq, co-run prefill x%.3f decode x%.3f, client + router %.3f "
-      "ms/request + %.4f ms/token of CPU taken from %d cores):\n%s",
+      "ms/request + %.4f ms/token of CPU taken from %d cores, measured under load by the load "
+      "run; the sequential probes measured %.3f + %.4f):\n%s",
       o.prefill_scale, o.fixed_s * 1e3, o.decode_fixed_ms, o.decode_seq_ms, o.corun_prefill,
-      o.corun_decode, cal.client_cpu.per_request_s * 1e3, cal.client_cpu.per_token_s * 1e3,
-      MachineCores(), planner::FormatComparison(calibrated).c_str());
+      o.corun_decode, cal.StretchCpu().per_request_s * 1e3, cal.StretchCpu().per_token_s * 1e3,
+      MachineCores(), cal.client_cpu.per_request_s * 1e3, cal.client_cpu.per_token_s * 1e3,
+      planner::FormatComparison(calibrated).c_str());
   std::printf(
       "\nnoise, (max - min) / median per metric: machine = over the %d bench rounds (the same "
       "requests); sampling = the calibrated simulation over %d reseeded workloads of the same "

@@ -91,6 +91,19 @@ Result<ClientCpuCost> SolveClientCpuCost(double tokens_a, double cpu_a, double t
   return c;
 }
 
+Result<ClientCpuCost> LoadedClientCpuCost(const ClientCpuCost& probe, double cpu_s, int requests,
+                                          double mean_output_tokens) {
+  if (requests < 1 || !(cpu_s >= 0) || !(mean_output_tokens >= 0)) {
+    return InvalidArgument(
+        "loaded client CPU: at least one request, CPU seconds and mean output tokens >= 0");
+  }
+  const double per_request = cpu_s / requests;
+  const double probe_mean = probe.Seconds(mean_output_tokens);
+  if (!(probe_mean > 0)) return ClientCpuCost{per_request, 0.0};
+  const double k = per_request / probe_mean;
+  return ClientCpuCost{probe.per_request_s * k, probe.per_token_s * k};
+}
+
 Result<double> BackgroundCpuStretch(const ClientCpuCost& shared, double rate,
                                     double mean_output_tokens, int cores,
                                     const ClientCpuCost& own) {

@@ -40,6 +40,15 @@ struct ClientCpuCost {
 Result<ClientCpuCost> SolveClientCpuCost(double tokens_a, double cpu_a, double tokens_b,
                                          double cpu_b);
 
+// The same cost as measured under load: `cpu_s` CPU seconds over a bench run of `requests`
+// requests of `mean_output_tokens` output tokens on average (concurrent requests cost the client
+// and router more than the probes' one at a time). Split like the probes' `probe` cost: both its
+// parts scaled by one factor, so that a mean request costs what was measured; all of it per
+// request when the probes measured nothing. InvalidArgument when requests < 1, or cpu_s or
+// mean_output_tokens is negative.
+Result<ClientCpuCost> LoadedClientCpuCost(const ClientCpuCost& probe, double cpu_s, int requests,
+                                          double mean_output_tokens);
+
 // The step-time stretch of an instance while other work shares its core at `rate` requests/s of
 // `mean_output_tokens` tokens: the bench client and router, unpinned, take `shared` from every one
 // of the machine's `cores` cores alike; the instance's own HTTP, fabric and messenger threads,

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 namespace pd::planner {
 namespace {
 
@@ -69,6 +71,40 @@ TEST(ValidateStats, ClientCpuCostKeepsBothPartsNonNegative) {
   ASSERT_TRUE(steep.ok());
   EXPECT_DOUBLE_EQ(steep->per_request_s, 0.0);
   EXPECT_NEAR(steep->per_token_s, (0.2e-3 + 102.4e-3) / (4 + 1024), 1e-12);
+}
+
+TEST(ValidateStats, LoadedClientCpuCostKeepsTheProbesSplitAtTheMeasuredMean) {
+  const ClientCpuCost probe{1e-3, 0.0625e-3};  // 3 ms for a 32-token request
+  // 100 requests of 32 tokens cost 0.6 s under load: 6 ms each, twice the probes' figure.
+  auto c = LoadedClientCpuCost(probe, 0.6, 100, 32);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_NEAR(c->per_request_s, 2e-3, 1e-12);
+  EXPECT_NEAR(c->per_token_s, 0.125e-3, 1e-12);
+  EXPECT_NEAR(c->Seconds(32), 6e-3, 1e-12);
+  // Cheaper under load scales down alike.
+  auto cheaper = LoadedClientCpuCost(probe, 0.15, 100, 32);
+  ASSERT_TRUE(cheaper.ok());
+  EXPECT_NEAR(cheaper->Seconds(32), 1.5e-3, 1e-12);
+  EXPECT_NEAR(cheaper->per_request_s / cheaper->per_token_s, 16.0, 1e-9);
+}
+
+TEST(ValidateStats, LoadedClientCpuCostWithoutAProbeFigureIsAllPerRequest) {
+  auto c = LoadedClientCpuCost({}, 0.4, 100, 32);
+  ASSERT_TRUE(c.ok());
+  EXPECT_NEAR(c->per_request_s, 4e-3, 1e-12);
+  EXPECT_EQ(c->per_token_s, 0.0);
+  auto none = LoadedClientCpuCost({1e-3, 0.0}, 0.0, 10, 32);  // nothing measured: costs nothing
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->Seconds(32), 0.0);
+}
+
+TEST(ValidateStats, LoadedClientCpuCostRefusesUnusableRuns) {
+  const ClientCpuCost probe{1e-3, 0.0};
+  EXPECT_EQ(LoadedClientCpuCost(probe, 0.5, 0, 32).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(LoadedClientCpuCost(probe, -0.5, 10, 32).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(LoadedClientCpuCost(probe, 0.5, 10, -1).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(LoadedClientCpuCost(probe, std::nan(""), 10, 32).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST(ValidateStats, ClientCpuCostRefusesUnusableProbes) {
