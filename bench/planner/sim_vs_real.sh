@@ -6,7 +6,8 @@
 #      core), a warm-up, probe sets through the deployment before the first bench round and after
 #      each (their medians calibrate the latency model: the prefill instance's measured compute,
 #      fixed and per-token transfer latency, decode per-step/per-sequence costs, co-run slowdowns,
-#      the CPU that client, router and the instances' non-compute threads take per request), then
+#      the CPU that client, router and the instances' non-compute threads take per request), a
+#      load run at the lowest rate (uncompared: the client's and router's CPU under load), then
 #      3 rounds of `pdserve bench` at 20/40/60% of the calibrated capacity (300 requests of
 #      128/32 tokens each, fixed seed, random dataset), the median per rate beside the simulator
 #      on the same requests, and the noise: machine (spread over rounds) vs sampling (spread over
