@@ -1,8 +1,8 @@
 #include "planner/validate_stats.h"
 
-#include <gtest/gtest.h>
-
 #include <cmath>
+
+#include <gtest/gtest.h>
 
 namespace pd::planner {
 namespace {
