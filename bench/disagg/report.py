@@ -104,7 +104,16 @@ def low_load(args):
     print(f"added TTFT p50: {added:.2f} ms")
     print(f"goal: one layer's transfer ({nbytes} bytes, fabric write p50 {layer_ms:.3f} ms) "
           f"+ one decode step (TPOT p50 {step_ms:.2f} ms) = {goal:.2f} ms")
-    print(f"added / goal = {added / goal:.2f} ({'met' if added <= goal else 'NOT met'})")
+    # The colocated side alone moves between rounds; a figure inside that spread shows nothing.
+    noise = max(c["median_ttft_ms"] for c in cs) - min(c["median_ttft_ms"] for c in cs)
+    if added > goal:
+        verdict = "NOT met"
+    elif len(cs) > 1 and noise > goal:
+        verdict = (f"inconclusive: colocated TTFT p50 alone moved {noise:.2f} ms between rounds, "
+                   f"more than the goal")
+    else:
+        verdict = "met"
+    print(f"added / goal = {added / goal:.2f} ({verdict})")
     if len(args) == 5:
         rs = [load(p) for p in args[4].split(",")]
         routed = med(rs, "median_ttft_ms") - med(cs, "median_ttft_ms")
