@@ -189,6 +189,19 @@ bench::DatasetSpec SpecOf(const ValidateFlags& f) {
   return spec;
 }
 
+// The bench's options for `n` requests of `spec` at `rate` req/s against the deployment.
+bench::BenchOptions BenchAt(const ValidateFlags& f, const bench::DatasetSpec& spec, int n,
+                            double rate, uint64_t seed) {
+  bench::BenchOptions bo;
+  bo.endpoint.port = f.port;
+  bo.dataset = spec;
+  bo.num_prompts = n;
+  bo.request_rate = rate;
+  bo.seed = seed;
+  bo.ignore_eos = true;
+  return bo;
+}
+
 constexpr int kLoadRunPrompts = 100;
 constexpr int kWarmUpPrompts = 60;
 constexpr double kWarmUpRate = 20;  // req/s: about a third of this machine's capacity
@@ -197,14 +210,8 @@ constexpr double kWarmUpRate = 20;  // req/s: about a third of this machine's ca
 // (another seed; not compared), so that the instances' KV pages, caches and the connections'
 // paths are as warm as in the bench rounds that follow.
 Status WarmUp(const ValidateFlags& f) {
-  bench::BenchOptions bo;
-  bo.endpoint.port = f.port;
-  bo.dataset = SpecOf(f);
-  bo.num_prompts = kWarmUpPrompts;
-  bo.request_rate = kWarmUpRate;
-  bo.seed = f.seed + 7919;
-  bo.ignore_eos = true;
-  return bench::RunBenchmark(bo).status();
+  return bench::RunBenchmark(BenchAt(f, SpecOf(f), kWarmUpPrompts, kWarmUpRate, f.seed + 7919))
+      .status();
 }
 
 // The two instances as `pdserve up` runs them: engine policy, KV capacity of the default region,
@@ -304,13 +311,7 @@ Result<RoundResult> BenchRound(const ValidateFlags& f, const bench::DatasetSpec&
                                const planner::Slo& slo, const Deployment& dep) {
   const int n = PromptsAt(f, rate);
   std::fprintf(stderr, "validate-sim: rate %.3g req/s, %d requests\n", rate, n);
-  bench::BenchOptions bo;
-  bo.endpoint.port = f.port;
-  bo.dataset = spec;
-  bo.num_prompts = n;
-  bo.request_rate = rate;
-  bo.seed = f.seed;
-  bo.ignore_eos = true;
+  bench::BenchOptions bo = BenchAt(f, spec, n, rate, f.seed);
   bo.goodput_ms = {{"ttft", slo.ttft_s * 1e3}, {"tpot", slo.tpot_s * 1e3}};
   const double cpu0 = ClientRouterCpuSeconds(dep.up);
   const auto wall0 = std::chrono::steady_clock::now();
@@ -414,13 +415,7 @@ Result<std::vector<double>> ChooseRates(const ValidateFlags& f, const planner::S
 // client's and router's CPU is measured: concurrent requests cost them 1.5-2.5x what the
 // sequential probes do, and the calibrated simulation's stretch needs the cost under load.
 Result<LoadRunCpu> LoadRun(const ValidateFlags& f, double rate, const Deployment& dep) {
-  bench::BenchOptions bo;
-  bo.endpoint.port = f.port;
-  bo.dataset = SpecOf(f);
-  bo.num_prompts = kLoadRunPrompts;
-  bo.request_rate = rate;
-  bo.seed = f.seed + 104729;
-  bo.ignore_eos = true;
+  const bench::BenchOptions bo = BenchAt(f, SpecOf(f), kLoadRunPrompts, rate, f.seed + 104729);
   ASSIGN_OR_RETURN(std::vector<bench::LengthPair> lengths,
                    bench::SampleLengths(bo.dataset, bo.num_prompts, bo.seed));
   LoadRunCpu load;
