@@ -228,6 +228,109 @@ bool ApplyPlan(UpFlags* f) {
   return true;
 }
 
+// The instances `up` started and the cluster secret file they share.
+struct LocalDeployment {
+  explicit LocalDeployment(const UpFlags& flags) : f(flags) {}
+  LocalDeployment(const LocalDeployment&) = delete;
+  LocalDeployment& operator=(const LocalDeployment&) = delete;
+  ~LocalDeployment() { Stop(); }
+
+  // Stops every child and removes the secret file if up wrote it. Idempotent.
+  void Stop() {
+    StopAll(children);
+    if (own_secret && !secret_file.empty()) unlink(secret_file.c_str());
+    own_secret = false;
+  }
+
+  const UpFlags& f;
+  std::string secret_file;
+  bool own_secret = false;
+  std::vector<Child> children;
+};
+
+// Starts one instance: `pdserve serve` with up's flags plus `extra`; its index in d.children.
+// --pin-cores: instance k's model threads on CPU k (serve --compute-cpus); its HTTP, fabric and KV
+// messenger threads may run anywhere, as a NIC's transfers take no compute cycles.
+// --pin-whole-instances: all of instance k on CPU k (the instances then disturb each other less,
+// but each one's I/O threads take its own compute's cycles).
+size_t StartInstance(LocalDeployment& d, const std::string& name, int port,
+                     const std::vector<std::string>& extra) {
+  const UpFlags& f = d.f;
+  std::vector<std::string> args = ServeArgs(f, d.secret_file, port);
+  args.insert(args.end(), extra.begin(), extra.end());
+  Child c{name, "http://" + f.host + ":" + std::to_string(port), -1, true, ""};
+  if (!f.trace.empty()) {  // "prefill 0" -> FILE.prefill0.json
+    std::string tag = name;
+    tag.erase(std::remove(tag.begin(), tag.end(), ' '), tag.end());
+    c.trace_file = TracePathFor(f.trace, tag);
+    args.insert(args.end(), {"--trace", c.trace_file});
+  }
+  const int ncpu = static_cast<int>(std::thread::hardware_concurrency());
+  const int cpu = ncpu > 0 ? static_cast<int>(d.children.size()) % ncpu : -1;
+  if ((f.pin_cores || f.pin_whole) && cpu >= 0)
+    args.insert(args.end(), {"--compute-cpus", std::to_string(cpu)});
+  c.pid = Spawn(args, f.pin_whole ? cpu : -1);
+  d.children.push_back(c);
+  return d.children.size() - 1;
+}
+
+// The prefill instances, healthy, then the decode instances (which connect to them), healthy.
+// Their URLs into `decode_urls`; false (after saying why) when one did not come up.
+bool StartInstances(LocalDeployment& d, std::vector<std::string>* decode_urls) {
+  const UpFlags& f = d.f;
+  std::string prefill_urls;
+  for (int i = 0; i < f.num_prefill; ++i) {
+    size_t k = StartInstance(
+        d, "prefill " + std::to_string(i), f.port + 1 + i,
+        {"--role", "prefill", "--tensor-parallel-size", std::to_string(f.prefill_tp)});
+    prefill_urls += (i ? "," : "") + d.children[k].url;
+  }
+  for (size_t k = 0; k < d.children.size(); ++k) {
+    if (!WaitHealthy(d.children[k], d.children, f.start_timeout_s)) return false;
+  }
+  for (int j = 0; j < f.num_decode; ++j) {
+    size_t k = StartInstance(d, "decode " + std::to_string(j), f.port + 1 + f.num_prefill + j,
+                             {"--role", "decode", "--prefill-peers", prefill_urls,
+                              "--tensor-parallel-size", std::to_string(f.decode_tp)});
+    decode_urls->push_back(d.children[k].url);
+  }
+  for (size_t k = f.num_prefill; k < d.children.size(); ++k) {
+    if (!WaitHealthy(d.children[k], d.children, f.start_timeout_s)) return false;
+  }
+  return true;
+}
+
+void PrintWhere(const LocalDeployment& d) {
+  for (const Child& c : d.children) {
+    std::printf("pdserve up: %s on %s (pid %d)\n", c.name.c_str(), c.url.c_str(), c.pid);
+    if (!c.trace_file.empty()) {
+      std::printf("pdserve up: %s traces to %s (written when it stops)\n", c.name.c_str(),
+                  c.trace_file.c_str());
+    }
+  }
+  std::printf("pdserve up: router (OpenAI API) on http://%s:%d\n", d.f.host.c_str(), d.f.port);
+  std::fflush(stdout);
+}
+
+// Waits for SIGINT / SIGTERM (exit 0) or a child's death (exit 1).
+int Supervise(LocalDeployment& d, const sigset_t& signals) {
+  while (true) {
+    siginfo_t info;
+    timespec tick{0, 200 * 1000 * 1000};
+    int sig = sigtimedwait(&signals, &info, &tick);
+    if (sig == SIGINT || sig == SIGTERM) {
+      std::printf("pdserve up: signal %d: stopping every instance\n", sig);
+      return 0;
+    }
+    int status = 0;
+    if (Child* dead = ReapDead(d.children, &status)) {
+      std::fprintf(stderr, "pdserve up: %s (pid %d) %s: stopping every instance\n",
+                   dead->name.c_str(), dead->pid, DescribeExit(status).c_str());
+      return 1;
+    }
+  }
+}
+
 int RunUp(const UpFlags& flags) {
   UpFlags f = flags;
   if (!f.plan.empty() && !ApplyPlan(&f)) return 2;
@@ -242,60 +345,15 @@ int RunUp(const UpFlags& flags) {
   sigaddset(&signals, SIGCHLD);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  std::string secret_file = f.cluster_secret_file;
-  const bool own_secret = secret_file.empty();
-  if (own_secret && (secret_file = WriteSecretFile()).empty()) {
+  LocalDeployment d(f);
+  d.secret_file = f.cluster_secret_file;
+  d.own_secret = d.secret_file.empty();
+  if (d.own_secret && (d.secret_file = WriteSecretFile()).empty()) {
     std::fprintf(stderr, "up: cannot write a cluster secret file in /tmp\n");
     return 1;
   }
-  std::vector<Child> children;
-  const int ncpu = static_cast<int>(std::thread::hardware_concurrency());
-  auto start = [&](const std::string& name, int port, std::vector<std::string> extra) {
-    std::vector<std::string> args = ServeArgs(f, secret_file, port);
-    args.insert(args.end(), extra.begin(), extra.end());
-    Child c{name, "http://" + f.host + ":" + std::to_string(port), -1, true, ""};
-    if (!f.trace.empty()) {  // "prefill 0" -> FILE.prefill0.json
-      std::string tag = name;
-      tag.erase(std::remove(tag.begin(), tag.end(), ' '), tag.end());
-      c.trace_file = TracePathFor(f.trace, tag);
-      args.insert(args.end(), {"--trace", c.trace_file});
-    }
-    // --pin-cores: instance k's model threads on CPU k (serve --compute-cpus); its HTTP, fabric
-    // and KV messenger threads may run anywhere, as a NIC's transfers take no compute cycles.
-    // --pin-whole-instances: all of instance k on CPU k (the instances then disturb each other
-    // less, but each one's I/O threads take its own compute's cycles).
-    const int cpu = ncpu > 0 ? static_cast<int>(children.size()) % ncpu : -1;
-    if ((f.pin_cores || f.pin_whole) && cpu >= 0)
-      args.insert(args.end(), {"--compute-cpus", std::to_string(cpu)});
-    c.pid = Spawn(args, f.pin_whole ? cpu : -1);
-    children.push_back(c);
-    return children.size() - 1;
-  };
-  int exit_code = 0;
-  auto fail = [&]() {
-    StopAll(children);
-    if (own_secret) unlink(secret_file.c_str());
-    return 1;
-  };
-  std::string prefill_urls;
-  for (int i = 0; i < f.num_prefill; ++i) {
-    size_t k = start("prefill " + std::to_string(i), f.port + 1 + i,
-                     {"--role", "prefill", "--tensor-parallel-size", std::to_string(f.prefill_tp)});
-    prefill_urls += (i ? "," : "") + children[k].url;
-  }
-  for (size_t k = 0; k < children.size(); ++k) {
-    if (!WaitHealthy(children[k], children, f.start_timeout_s)) return fail();
-  }
   std::vector<std::string> decode_urls;
-  for (int j = 0; j < f.num_decode; ++j) {
-    size_t k = start("decode " + std::to_string(j), f.port + 1 + f.num_prefill + j,
-                     {"--role", "decode", "--prefill-peers", prefill_urls, "--tensor-parallel-size",
-                      std::to_string(f.decode_tp)});
-    decode_urls.push_back(children[k].url);
-  }
-  for (size_t k = f.num_prefill; k < children.size(); ++k) {
-    if (!WaitHealthy(children[k], children, f.start_timeout_s)) return fail();
-  }
+  if (!StartInstances(d, &decode_urls)) return 1;
   server::RouterOptions ro;
   ro.host = f.host;
   ro.port = f.port;
@@ -310,34 +368,10 @@ int RunUp(const UpFlags& flags) {
   auto router = server::Router::Create(ro);
   if (!router.ok() || !(*router)->Start().ok()) {
     std::fprintf(stderr, "up: the router cannot listen on %s:%d\n", f.host.c_str(), f.port);
-    return fail();
+    return 1;
   }
-  for (const Child& c : children) {
-    std::printf("pdserve up: %s on %s (pid %d)\n", c.name.c_str(), c.url.c_str(), c.pid);
-    if (!c.trace_file.empty()) {
-      std::printf("pdserve up: %s traces to %s (written when it stops)\n", c.name.c_str(),
-                  c.trace_file.c_str());
-    }
-  }
-  std::printf("pdserve up: router (OpenAI API) on http://%s:%d\n", f.host.c_str(), f.port);
-  std::fflush(stdout);
-
-  while (true) {
-    siginfo_t info;
-    timespec tick{0, 200 * 1000 * 1000};
-    int sig = sigtimedwait(&signals, &info, &tick);
-    if (sig == SIGINT || sig == SIGTERM) {
-      std::printf("pdserve up: signal %d: stopping every instance\n", sig);
-      break;
-    }
-    int status = 0;
-    if (Child* dead = ReapDead(children, &status)) {
-      std::fprintf(stderr, "pdserve up: %s (pid %d) %s: stopping every instance\n",
-                   dead->name.c_str(), dead->pid, DescribeExit(status).c_str());
-      exit_code = 1;
-      break;
-    }
-  }
+  PrintWhere(d);
+  int exit_code = Supervise(d, signals);
   (*router)->Stop();
   if (router_trace != nullptr) {
     const std::string path = TracePathFor(f.trace, "router");
@@ -346,8 +380,7 @@ int RunUp(const UpFlags& flags) {
       exit_code = 1;
     }
   }
-  StopAll(children);
-  if (own_secret) unlink(secret_file.c_str());
+  d.Stop();
   std::printf("pdserve up: stopped\n");
   std::fflush(stdout);
   return exit_code;
