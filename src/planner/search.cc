@@ -226,6 +226,74 @@ Result<InstanceConfig> MakeInstance(const PlannerInputs& in, Role role, Parallel
   return c;
 }
 
+namespace {
+
+// High affinity: every pair of phase configurations, replicated in the ratio of their goodputs
+// within the cluster; DistServe takes the best of each phase, which is the same pair whenever the
+// cluster has room for both. unit_devices stays 0 when no pair fits.
+Plan SearchHighAffinity(const PlannerInputs& in, const std::vector<PhaseChoice>& prefill,
+                        const std::vector<PhaseChoice>& decode) {
+  Plan best;
+  best.mode = "disaggregated";
+  best.affinity = Affinity::kHigh;
+  double best_per_device = 0.0;
+  for (const auto& p : prefill) {
+    for (const auto& d : decode) {
+      if (p.goodput <= 0 || d.goodput <= 0) continue;
+      Plan cand = best;
+      cand.prefill = p;
+      cand.decode = d;
+      if (!BestCounts(p, d, in.cluster.devices(), 1, &cand)) continue;
+      if (cand.estimated_goodput / cand.unit_devices > best_per_device * (1 + 1e-9)) {
+        best_per_device = cand.estimated_goodput / cand.unit_devices;
+        best = cand;
+      }
+    }
+  }
+  return best;
+}
+
+// Low affinity: k nodes per unit, per node a prefill and a decode segment of the same layers, so
+// the KV moves over the intra-node link (`decode_intra`: decode goodputs at that bandwidth).
+Plan SearchLowAffinity(const PlannerInputs& in, const std::vector<PhaseChoice>& prefill,
+                       const std::vector<PhaseChoice>& decode_intra) {
+  Plan best;
+  best.mode = "disaggregated";
+  best.affinity = Affinity::kLow;
+  double best_per_device = 0.0;
+  for (int k = 1; k <= in.cluster.num_nodes; ++k) {
+    for (const auto& p : prefill) {
+      for (const auto& d : decode_intra) {
+        if (p.par.pp % k != 0 || d.par.pp % k != 0 || p.goodput <= 0 || d.goodput <= 0) continue;
+        Plan cand = best;
+        cand.prefill = {{p.par.tp, p.par.pp}, p.goodput};
+        cand.decode = {{d.par.tp, d.par.pp}, d.goodput};
+        PhaseChoice ps{{p.par.tp, p.par.pp / k}, p.goodput},
+            ds{{d.par.tp, d.par.pp / k}, d.goodput};
+        if (!BestCounts(ps, ds, in.cluster.devices_per_node, k, &cand)) continue;
+        if (cand.estimated_goodput / cand.unit_devices > best_per_device * (1 + 1e-9)) {
+          best_per_device = cand.estimated_goodput / cand.unit_devices;
+          best = cand;
+        }
+      }
+    }
+  }
+  return best;
+}
+
+// The colocated baseline: one instance of the best colocated configuration.
+Plan ColocatedBaseline(const PhaseChoice& best) {
+  Plan c;
+  c.mode = "colocated";
+  c.colocated = best;
+  c.num_colocated = 1;
+  c.unit_devices = best.par.devices();
+  c.estimated_goodput = c.goodput = best.goodput;
+  return c;
+}
+
+}  // namespace
+
 Result<PlanReport> SearchPlacement(const PlannerInputs& in) {
   if (in.model == nullptr) return InvalidArgument("planner inputs have no latency model");
   if (in.lengths.empty()) return InvalidArgument("planner inputs have no request lengths");
@@ -253,46 +321,8 @@ Result<PlanReport> SearchPlacement(const PlannerInputs& in) {
                               in.shape.name + ", " + std::to_string(in.cluster.devices()) +
                               " devices)");
   }
-  // High affinity: every pair of phase configurations, replicated in the ratio of their goodputs
-  // within the cluster; DistServe takes the best of each phase, which is the same pair whenever
-  // the cluster has room for both.
-  r.high.mode = "disaggregated";
-  r.high.affinity = Affinity::kHigh;
-  double best_high = 0.0;
-  for (const auto& p : r.prefill_table) {
-    for (const auto& d : r.decode_table) {
-      if (p.goodput <= 0 || d.goodput <= 0) continue;
-      Plan cand = r.high;
-      cand.prefill = p;
-      cand.decode = d;
-      if (!BestCounts(p, d, in.cluster.devices(), 1, &cand)) continue;
-      if (cand.estimated_goodput / cand.unit_devices > best_high * (1 + 1e-9)) {
-        best_high = cand.estimated_goodput / cand.unit_devices;
-        r.high = cand;
-      }
-    }
-  }
-  // Low affinity: k nodes per unit, per node a prefill and a decode segment of the same layers.
-  r.low.mode = "disaggregated";
-  r.low.affinity = Affinity::kLow;
-  double best_low = 0.0;
-  for (int k = 1; k <= in.cluster.num_nodes; ++k) {
-    for (const auto& p : r.prefill_table) {
-      for (const auto& d : decode_intra) {
-        if (p.par.pp % k != 0 || d.par.pp % k != 0 || p.goodput <= 0 || d.goodput <= 0) continue;
-        Plan cand = r.low;
-        cand.prefill = {{p.par.tp, p.par.pp}, p.goodput};
-        cand.decode = {{d.par.tp, d.par.pp}, d.goodput};
-        PhaseChoice ps{{p.par.tp, p.par.pp / k}, p.goodput},
-            ds{{d.par.tp, d.par.pp / k}, d.goodput};
-        if (!BestCounts(ps, ds, in.cluster.devices_per_node, k, &cand)) continue;
-        if (cand.estimated_goodput / cand.unit_devices > best_low * (1 + 1e-9)) {
-          best_low = cand.estimated_goodput / cand.unit_devices;
-          r.low = cand;
-        }
-      }
-    }
-  }
+  r.high = SearchHighAffinity(in, r.prefill_table, r.decode_table);
+  r.low = SearchLowAffinity(in, r.prefill_table, decode_intra);
   // Both units simulated whole, side by side.
   Status unit_status[2];
   ParallelFor(2, in.threads, [&](int i) {
@@ -302,12 +332,7 @@ Result<PlanReport> SearchPlacement(const PlannerInputs& in) {
   RETURN_IF_ERROR(unit_status[0]);
   RETURN_IF_ERROR(unit_status[1]);
   r.units_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-  // Colocated baseline: one instance of the best configuration.
-  r.colocated.mode = "colocated";
-  r.colocated.colocated = *bc;
-  r.colocated.num_colocated = 1;
-  r.colocated.unit_devices = bc->par.devices();
-  r.colocated.estimated_goodput = r.colocated.goodput = bc->goodput;
+  r.colocated = ColocatedBaseline(*bc);
   if (r.high.unit_devices == 0 && r.low.unit_devices == 0) {
     return FailedPrecondition("no prefill and decode pair fits in " +
                               std::to_string(in.cluster.devices()) + " devices");
