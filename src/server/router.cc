@@ -56,11 +56,14 @@ class Router::Upstream {
   Upstream& operator=(const Upstream&) = delete;
   // Back to the pool when the exchange ended cleanly (Keep() was called) and the connection is
   // still open; closed otherwise.
-  ~Upstream() {
-    if (client_ == nullptr || !keep_ || !client_->is_socket_open()) return;
+  ~Upstream() { Release(); }
+  // Gives the connection back now (to the pool, or closed); the destructor does it otherwise.
+  void Release() {
+    std::unique_ptr<httplib::Client> c = std::move(client_);
+    if (c == nullptr || !keep_ || !c->is_socket_open()) return;
     std::lock_guard<std::mutex> lock(backend_.mu);
     if (static_cast<int>(backend_.idle.size()) >= router_.options_.max_idle_upstream) return;
-    backend_.idle.push_back({std::move(client_), std::chrono::steady_clock::now()});
+    backend_.idle.push_back({std::move(c), std::chrono::steady_clock::now()});
   }
 
   httplib::Client& client() {
@@ -169,7 +172,8 @@ struct Relay {
 
 // The relay's worker: sends `up` to the decode instance on `client` and queues its status and
 // body chunks into `relay` as they arrive, until the answer ends or the relay is cancelled. True
-// when the answer was read to its end (the connection may carry another request).
+// when the answer was read to its end (the connection may carry another request). The caller
+// marks the relay done once the connection is back in the pool.
 bool RelayUpstream(const std::shared_ptr<Relay>& relay, httplib::Client& client,
                    httplib::Request up, Tracer* tracer) {
   up.response_handler = [relay, tracer](const httplib::Response& r) {
@@ -194,8 +198,6 @@ bool RelayUpstream(const std::shared_ptr<Relay>& relay, httplib::Client& client,
   bool ok = client.send(up, r, err);
   std::lock_guard<std::mutex> lock(relay->mu);
   if (!ok && !relay->cancel.load()) relay->error = httplib::to_string(err);
-  relay->done = true;
-  relay->cv.notify_all();
   return ok && !relay->cancel.load();
 }
 
@@ -328,6 +330,11 @@ void Router::ForwardStream(Backend& b, const httplib::Request& req, httplib::Res
     (void)SetCurrentThreadLatencySensitive();  // best effort: it writes the client's chunks
     Upstream upstream(*this, b);
     if (RelayUpstream(relay, upstream.client(), std::move(up), options_.tracer)) upstream.Keep();
+    // Back in the pool before the client sees the answer end, so its next request reuses it.
+    upstream.Release();
+    std::lock_guard<std::mutex> lock(relay->mu);
+    relay->done = true;
+    relay->cv.notify_all();
   });
   auto finish = [relay, &b] {
     relay->cancel.store(true);
