@@ -20,14 +20,16 @@ bool ImmWaiter::WaitFor(double timeout_s) const {
   return cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return reached_; });
 }
 
+// The callback runs before the waiter reports the count reached, so whoever sees reached() or
+// returns from WaitFor also sees everything the callback did.
 void ImmCounterTable::Fire(Entry& entry) {
+  if (entry.callback) entry.callback();
   {
     std::lock_guard<std::mutex> lock(entry.waiter->mu_);
     entry.waiter->received_ = entry.received;
     entry.waiter->reached_ = true;
   }
   entry.waiter->cv_.notify_all();
-  if (entry.callback) entry.callback();
 }
 
 Result<std::shared_ptr<const ImmWaiter>> ImmCounterTable::Expect(uint32_t imm, uint64_t count,

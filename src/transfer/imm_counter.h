@@ -5,7 +5,8 @@
 //
 // Thread safety: every method may be called from any thread. Domain workers call OnArrival;
 // callbacks run on the thread whose call completed the count (a worker, or Expect's caller when
-// the writes had already landed) and must not block.
+// the writes had already landed) and must not block; a counter's callback has returned before
+// its waiter reports the count reached.
 #pragma once
 
 #include <condition_variable>
