@@ -83,7 +83,6 @@ using validate_sim::FindInstances;
 using validate_sim::LoadRunCpu;
 using validate_sim::MachineCores;
 using validate_sim::MeasureCorun;
-using validate_sim::Median;
 using validate_sim::PrintReports;
 using validate_sim::ProbeRequest;
 using validate_sim::ProbeSet;

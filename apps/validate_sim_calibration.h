@@ -111,8 +111,8 @@ inline Result<std::vector<planner::IdleProbe>> TtftProbes(const ValidateFlags& f
   *cpu = window.PerRequest(kTtftRounds * lens.size());
   std::vector<planner::IdleProbe> probes;
   for (size_t k = 0; k < lens.size(); ++k) {
-    probes.push_back({lens[k], Median(ttft[k]), ModelledTtftS(c, lens[k]),
-                      ModelledPrefillS(c, lens[k]), Median(compute[k])});
+    probes.push_back({lens[k], planner::UpperMedian(ttft[k]), ModelledTtftS(c, lens[k]),
+                      ModelledPrefillS(c, lens[k]), planner::UpperMedian(compute[k])});
   }
   return probes;
 }
@@ -132,7 +132,7 @@ inline Result<std::vector<planner::DecodeProbe>> DecodeProbes(const ValidateFlag
   }
   *cpu = window.PerRequest(kTpotProbes);
   std::vector<planner::DecodeProbe> decode = {
-      {1, Median(tpot), c.DecodeMs(1, f.input_len + f.output_len / 2) * 1e-3}};
+      {1, planner::UpperMedian(tpot), c.DecodeMs(1, f.input_len + f.output_len / 2) * 1e-3}};
   const int batch = std::min(8, f.max_num_seqs);
   if (batch > 1) {
     const int out = 4 * f.output_len;
@@ -142,8 +142,8 @@ inline Result<std::vector<planner::DecodeProbe>> DecodeProbes(const ValidateFlag
       t.salt += batch;
       batch_tpot.push_back(tp);
     }
-    decode.push_back(
-        {batch, Median(batch_tpot), c.DecodeMs(batch, int64_t(batch) * (16 + out / 2)) * 1e-3});
+    decode.push_back({batch, planner::UpperMedian(batch_tpot),
+                      c.DecodeMs(batch, int64_t(batch) * (16 + out / 2)) * 1e-3});
   }
   return decode;
 }
@@ -222,7 +222,7 @@ inline double MedianOver(const std::vector<ProbeSet>& sets, double (*get)(const 
                          size_t k) {
   std::vector<double> v;
   for (const ProbeSet& s : sets) v.push_back(get(s, k));
-  return Median(v);
+  return planner::UpperMedian(v);
 }
 
 // A CPU cost per request and per output token from the probe sets' medians.
@@ -234,7 +234,8 @@ inline Result<planner::ClientCpuCost> CpuCost(const ValidateFlags& f,
     short_cost.push_back(s.cpu_short.*part);
     long_cost.push_back(s.cpu_long.*part);
   }
-  return planner::SolveClientCpuCost(2, Median(short_cost), f.output_len, Median(long_cost));
+  return planner::SolveClientCpuCost(2, planner::UpperMedian(short_cost), f.output_len,
+                                     planner::UpperMedian(long_cost));
 }
 
 // The calibration from probe sets: each probe's median over the sets, the co-run pairs pooled.

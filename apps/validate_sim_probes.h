@@ -19,6 +19,7 @@
 #include "common/status.h"
 #include "planner/cpu_contention.h"
 #include "planner/validate.h"
+#include "planner/validate_stats.h"
 
 namespace pd::apps::validate_sim {
 
@@ -30,11 +31,6 @@ inline bench::GenerationRequest ProbeRequest(int prompt_len, int max_tokens, uin
   r.max_tokens = max_tokens;
   r.ignore_eos = true;
   return r;
-}
-
-inline double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 inline double TpotOf(const bench::RequestResult& m) {
@@ -159,18 +155,19 @@ inline std::string CorunFactors(const std::vector<CorunSample>& pairs, planner::
     p_busy.push_back(s.prefill_busy);
   }
   if (pairs.empty()) return "";
-  o->corun_decode = std::clamp(Median(d_ratio), 1.0, 4.0);
-  o->corun_prefill = std::clamp(Median(p_ratio), 1.0, 4.0);
+  o->corun_decode = std::clamp(planner::UpperMedian(d_ratio), 1.0, 4.0);
+  o->corun_prefill = std::clamp(planner::UpperMedian(p_ratio), 1.0, 4.0);
   char line[512];
   std::snprintf(
       line, sizeof(line),
       "co-run probes (%zu interleaved pairs, medians): decode TPOT %.3f ms alone, %.3f ms with the "
       "prefill instance busy (x%.3f, pairs %.2f-%.2f); prefill TTFT %.2f ms alone, %.2f ms with "
       "four sequences decoding (CPU time x%.3f, pairs %.2f-%.2f)\n",
-      pairs.size(), Median(d_alone) * 1e3, Median(d_busy) * 1e3, o->corun_decode,
-      *std::min_element(d_ratio.begin(), d_ratio.end()),
-      *std::max_element(d_ratio.begin(), d_ratio.end()), Median(p_alone) * 1e3,
-      Median(p_busy) * 1e3, o->corun_prefill, *std::min_element(p_ratio.begin(), p_ratio.end()),
+      pairs.size(), planner::UpperMedian(d_alone) * 1e3, planner::UpperMedian(d_busy) * 1e3,
+      o->corun_decode, *std::min_element(d_ratio.begin(), d_ratio.end()),
+      *std::max_element(d_ratio.begin(), d_ratio.end()), planner::UpperMedian(p_alone) * 1e3,
+      planner::UpperMedian(p_busy) * 1e3, o->corun_prefill,
+      *std::min_element(p_ratio.begin(), p_ratio.end()),
       *std::max_element(p_ratio.begin(), p_ratio.end()));
   return line;
 }

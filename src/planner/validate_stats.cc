@@ -5,13 +5,13 @@
 #include <cstdio>
 
 namespace pd::planner {
-namespace {
-
 double UpperMedian(std::vector<double> v) {
   if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
+
+namespace {
 
 template <typename Get>
 double MedianOf(std::span<const Summary> rounds, Get get) {

@@ -12,6 +12,9 @@
 
 namespace pd::planner {
 
+// The middle value of `v` (the upper one of the two for an even count); 0 for none.
+double UpperMedian(std::vector<double> v);
+
 // Metric by metric, the median of `rounds` (the upper median for an even count, like the probes'
 // medians); num_requests and num_failed from the round with the median attainment. An empty span
 // gives an empty Summary.
