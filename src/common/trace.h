@@ -89,6 +89,11 @@ class Tracer {
 };
 
 // Records one complete event from construction to destruction; does nothing when tracer is null.
+// tracer->Instant(name, cat) when there is a tracer; for code whose tracer is optional.
+inline void TraceInstant(Tracer* tracer, std::string_view name, std::string_view cat) {
+  if (tracer != nullptr) tracer->Instant(name, cat);
+}
+
 class TraceSpan {
  public:
   TraceSpan(Tracer* tracer, std::string_view name, std::string_view cat)

@@ -31,10 +31,6 @@ class InflightSlot {
 
 int64_t UnixSeconds() { return static_cast<int64_t>(std::time(nullptr)); }
 
-void TraceInstant(Tracer* tracer, std::string_view name) {
-  if (tracer != nullptr) tracer->Instant(name, "http");
-}
-
 }  // namespace
 
 // What a generation response keeps between calls of its content provider.
@@ -213,7 +209,7 @@ void OpenAiServer::HandleGenerate(ApiKind kind, const httplib::Request& req,
 std::shared_ptr<StreamState> OpenAiServer::StartGeneration(ApiKind kind,
                                                            const httplib::Request& req,
                                                            httplib::Response& res) {
-  TraceInstant(options_.tracer, "http request");
+  TraceInstant(options_.tracer, "http request", "http");
   if (!Authorized(req, res)) return nullptr;
   if (req.body.size() > options_.http.max_body_bytes) {
     SendError(res, 413,
@@ -226,7 +222,7 @@ std::shared_ptr<StreamState> OpenAiServer::StartGeneration(ApiKind kind,
   GenerateRequest request = std::move(parsed).value();
   auto ids = Tokenize(request);
   if (!ids.ok()) return SendStatus(res, ids.status()), nullptr;
-  TraceInstant(options_.tracer, "tokenized");
+  TraceInstant(options_.tracer, "tokenized", "http");
   if (Status st = FinalizeGenerateRequest(*ids, limits_, &request); !st.ok())
     return SendStatus(res, st), nullptr;
   if (stopping_) return SendError(res, 503, "server is shutting down"), nullptr;
@@ -249,7 +245,7 @@ std::shared_ptr<StreamState> OpenAiServer::StartGeneration(ApiKind kind,
     }
     return nullptr;
   }
-  TraceInstant(options_.tracer, "engine submitted");
+  TraceInstant(options_.tracer, "engine submitted", "http");
   ResponseFormat format;
   format.kind = kind;
   char id[48];
@@ -324,7 +320,7 @@ bool OpenAiServer::PumpStream(StreamState& state, httplib::DataSink& sink) {
         gen.Abort();
         return false;
       }
-      if (!state.first_token_written) TraceInstant(options_.tracer, "first token written");
+      if (!state.first_token_written) TraceInstant(options_.tracer, "first token written", "http");
       state.first_token_written = true;
       if (!delta.finished) continue;
       const auto stats = gen.stats();

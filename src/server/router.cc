@@ -123,10 +123,6 @@ bool WantsStream(const std::string& body) {
   }
 }
 
-void TraceInstant(Tracer* tracer, std::string_view name) {
-  if (tracer != nullptr) tracer->Instant(name, "http");
-}
-
 // The upstream half of a relayed stream: a thread reads the decode instance's answer. Chunks
 // that arrive before the client's response has started are queued; once the HTTP thread has
 // written them and parked in its content provider (sink set), the reading thread writes each new
@@ -153,7 +149,7 @@ struct Relay {
       client_gone = true;
       return false;
     }
-    if (!first_written) TraceInstant(tracer, "router first chunk written");
+    if (!first_written) TraceInstant(tracer, "router first chunk written", "http");
     first_written = true;
     return true;
   }
@@ -175,9 +171,10 @@ struct Relay {
 // when the answer was read to its end (the connection may carry another request). The caller
 // marks the relay done once the connection is back in the pool.
 bool RelayUpstream(const std::shared_ptr<Relay>& relay, httplib::Client& client,
-                   httplib::Request up, Tracer* tracer) {
+                   httplib::Request up) {
+  Tracer* const tracer = relay->tracer;
   up.response_handler = [relay, tracer](const httplib::Response& r) {
-    TraceInstant(tracer, "router upstream status");
+    TraceInstant(tracer, "router upstream status", "http");
     std::lock_guard<std::mutex> lock(relay->mu);
     relay->have_status = true;
     relay->status = r.status;
@@ -187,14 +184,14 @@ bool RelayUpstream(const std::shared_ptr<Relay>& relay, httplib::Client& client,
   };
   up.content_receiver = [relay, tracer, first = true](const char* data, size_t len, uint64_t,
                                                       uint64_t) mutable {
-    if (first) TraceInstant(tracer, "router first chunk read");
+    if (first) TraceInstant(tracer, "router first chunk read", "http");
     first = false;
     // false closes the upstream: the decode instance aborts
     return relay->Receive(std::string(data, len)) && !relay->cancel.load();
   };
   httplib::Response r;
   httplib::Error err = httplib::Error::Success;
-  TraceInstant(tracer, "router upstream send");
+  TraceInstant(tracer, "router upstream send", "http");
   bool ok = client.send(up, r, err);
   std::lock_guard<std::mutex> lock(relay->mu);
   if (!ok && !relay->cancel.load()) relay->error = httplib::to_string(err);
@@ -289,7 +286,7 @@ int Router::Pick() {
 }
 
 void Router::Forward(const httplib::Request& req, httplib::Response& res) {
-  TraceInstant(options_.tracer, "router request");
+  TraceInstant(options_.tracer, "router request", "http");
   requests_.fetch_add(1);
   Backend& b = *backends_[Pick()];
   if (req.method == "POST" && WantsStream(req.body)) {
@@ -329,7 +326,7 @@ void Router::ForwardStream(Backend& b, const httplib::Request& req, httplib::Res
     SetCurrentThreadName("pd-router-up");
     (void)SetCurrentThreadLatencySensitive();  // best effort: it writes the client's chunks
     Upstream upstream(*this, b);
-    if (RelayUpstream(relay, upstream.client(), std::move(up), options_.tracer)) upstream.Keep();
+    if (RelayUpstream(relay, upstream.client(), std::move(up))) upstream.Keep();
     // Back in the pool before the client sees the answer end, so its next request reuses it.
     upstream.Release();
     std::lock_guard<std::mutex> lock(relay->mu);
