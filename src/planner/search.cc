@@ -228,6 +228,16 @@ Result<InstanceConfig> MakeInstance(const PlannerInputs& in, Role role, Parallel
 
 namespace {
 
+// Estimated goodput per device of one unit; 0 before a unit is chosen.
+double EstimatedPerDevice(const Plan& p) {
+  return p.unit_devices > 0 ? p.estimated_goodput / p.unit_devices : 0.0;
+}
+
+// `cand` replaces `*best` when it serves clearly more per device (ties keep the earlier one).
+void KeepIfBetter(const Plan& cand, Plan* best) {
+  if (EstimatedPerDevice(cand) > EstimatedPerDevice(*best) * (1 + 1e-9)) *best = cand;
+}
+
 // High affinity: every pair of phase configurations, replicated in the ratio of their goodputs
 // within the cluster; DistServe takes the best of each phase, which is the same pair whenever the
 // cluster has room for both. unit_devices stays 0 when no pair fits.
@@ -236,7 +246,6 @@ Plan SearchHighAffinity(const PlannerInputs& in, const std::vector<PhaseChoice>&
   Plan best;
   best.mode = "disaggregated";
   best.affinity = Affinity::kHigh;
-  double best_per_device = 0.0;
   for (const auto& p : prefill) {
     for (const auto& d : decode) {
       if (p.goodput <= 0 || d.goodput <= 0) continue;
@@ -244,10 +253,7 @@ Plan SearchHighAffinity(const PlannerInputs& in, const std::vector<PhaseChoice>&
       cand.prefill = p;
       cand.decode = d;
       if (!BestCounts(p, d, in.cluster.devices(), 1, &cand)) continue;
-      if (cand.estimated_goodput / cand.unit_devices > best_per_device * (1 + 1e-9)) {
-        best_per_device = cand.estimated_goodput / cand.unit_devices;
-        best = cand;
-      }
+      KeepIfBetter(cand, &best);
     }
   }
   return best;
@@ -260,7 +266,6 @@ Plan SearchLowAffinity(const PlannerInputs& in, const std::vector<PhaseChoice>& 
   Plan best;
   best.mode = "disaggregated";
   best.affinity = Affinity::kLow;
-  double best_per_device = 0.0;
   for (int k = 1; k <= in.cluster.num_nodes; ++k) {
     for (const auto& p : prefill) {
       for (const auto& d : decode_intra) {
@@ -271,10 +276,7 @@ Plan SearchLowAffinity(const PlannerInputs& in, const std::vector<PhaseChoice>& 
         PhaseChoice ps{{p.par.tp, p.par.pp / k}, p.goodput},
             ds{{d.par.tp, d.par.pp / k}, d.goodput};
         if (!BestCounts(ps, ds, in.cluster.devices_per_node, k, &cand)) continue;
-        if (cand.estimated_goodput / cand.unit_devices > best_per_device * (1 + 1e-9)) {
-          best_per_device = cand.estimated_goodput / cand.unit_devices;
-          best = cand;
-        }
+        KeepIfBetter(cand, &best);
       }
     }
   }
