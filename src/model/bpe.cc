@@ -22,6 +22,54 @@ const BpeModel::Rule* BpeModel::Find(int32_t left, int32_t right) const {
   return it == rules_.end() ? nullptr : &it->second;
 }
 
+namespace {
+
+// The word's symbols: a doubly linked list over its bytes; a merged-away symbol has id -1.
+struct Symbol {
+  int32_t id;
+  int32_t prev;
+  int32_t next;
+};
+
+// A possible merge of the symbol at `pos` with the next one, ordered by (rank, position).
+struct Candidate {
+  int32_t rank;
+  int32_t pos;
+  int32_t result;
+  bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+};
+
+// Merges the adjacent pair of lowest (rank, position) until no ranked pair remains.
+// find(left, right) returns the pair's rule ({rank, result}) or nullptr.
+template <typename FindFn>
+void MergeSymbols(std::vector<Symbol>& symbols, const FindFn& find) {
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
+  const auto push_pair = [&](int32_t pos, int32_t left_id, int32_t right_id) {
+    if (const auto* r = find(left_id, right_id)) queue.push({r->rank, pos, r->result});
+  };
+  for (int32_t i = 0; symbols[i].next >= 0; i = symbols[i].next) {
+    push_pair(i, symbols[i].id, symbols[i + 1].id);
+  }
+  while (!queue.empty()) {
+    const Candidate top = queue.top();
+    queue.pop();
+    Symbol& left = symbols[top.pos];
+    if (left.id < 0 || left.next < 0) continue;
+    Symbol& right = symbols[left.next];
+    // A stale entry: one of its symbols has changed since it was queued.
+    const auto* current = find(left.id, right.id);
+    if (current == nullptr || current->result != top.result) continue;
+    left.id = top.result;
+    left.next = right.next;
+    if (right.next >= 0) symbols[right.next].prev = top.pos;
+    right.id = -1;
+    if (left.prev >= 0) push_pair(left.prev, symbols[left.prev].id, left.id);
+    if (left.next >= 0) push_pair(top.pos, left.id, symbols[left.next].id);
+  }
+}
+
+}  // namespace
+
 void BpeModel::EncodeWord(std::string_view word, std::vector<int32_t>* ids) const {
   if (word.size() == 1) {
     ids->push_back(byte_ids_[static_cast<unsigned char>(word[0])]);
@@ -34,55 +82,13 @@ void BpeModel::EncodeWord(std::string_view word, std::vector<int32_t>* ids) cons
       return;
     }
   }
-  // symbols: a doubly linked list over the word's bytes; a merged-away symbol has id -1.
-  struct Symbol {
-    int32_t id;
-    int32_t prev;
-    int32_t next;
-  };
   const int32_t n = static_cast<int32_t>(word.size());
   std::vector<Symbol> symbols(n);
   for (int32_t i = 0; i < n; ++i) {
     symbols[i] =
         Symbol{byte_ids_[static_cast<unsigned char>(word[i])], i - 1, i + 1 < n ? i + 1 : -1};
   }
-  struct Candidate {
-    int32_t rank;
-    int32_t pos;
-    int32_t result;
-    bool operator>(const Candidate& o) const {
-      return rank != o.rank ? rank > o.rank : pos > o.pos;
-    }
-  };
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
-  for (int32_t i = 0; i + 1 < n; ++i) {
-    if (const Rule* r = Find(symbols[i].id, symbols[i + 1].id)) queue.push({r->rank, i, r->result});
-  }
-  while (!queue.empty()) {
-    const Candidate top = queue.top();
-    queue.pop();
-    Symbol& left = symbols[top.pos];
-    if (left.id < 0 || left.next < 0) continue;
-    const int32_t right_pos = left.next;
-    Symbol& right = symbols[right_pos];
-    // A stale entry: one of its symbols has changed since it was queued.
-    const Rule* current = Find(left.id, right.id);
-    if (current == nullptr || current->result != top.result) continue;
-    left.id = top.result;
-    left.next = right.next;
-    if (right.next >= 0) symbols[right.next].prev = top.pos;
-    right.id = -1;
-    if (left.prev >= 0) {
-      if (const Rule* r = Find(symbols[left.prev].id, left.id)) {
-        queue.push({r->rank, left.prev, r->result});
-      }
-    }
-    if (left.next >= 0) {
-      if (const Rule* r = Find(left.id, symbols[left.next].id)) {
-        queue.push({r->rank, top.pos, r->result});
-      }
-    }
-  }
+  MergeSymbols(symbols, [this](int32_t left, int32_t right) { return Find(left, right); });
   for (int32_t i = 0; i >= 0; i = symbols[i].next) ids->push_back(symbols[i].id);
 }
 
