@@ -24,7 +24,8 @@ struct ProfileFlags {
   bool quick = false;
   int page_size = 16;
   std::string kv_layout = "hnd";
-  int repeats = 0;  // 0: the sweep's default
+  int repeats = 0;                                   // 0: the sweep's default
+  std::vector<int> decode_batches, decode_contexts;  // both given: the decode grid
 };
 
 int Fail(const std::string& message) {
@@ -44,6 +45,11 @@ int RunProfile(const ProfileFlags& f) {
   planner::ProfileOptions po =
       planner::DefaultProfileOptions(f.quick, 1024, std::min(max_pos, 2048));
   if (f.repeats > 0) po.repeats = f.repeats;
+  if (!f.decode_batches.empty() || !f.decode_contexts.empty()) {
+    const Status s =
+        planner::SetDecodeGrid(&po, f.decode_batches, f.decode_contexts, std::min(max_pos, 2048));
+    if (!s.ok()) return Fail("--decode-batches / --decode-contexts: " + s.message());
+  }
   po.progress = [](const std::string& what) {
     std::fprintf(stderr, "pdserve profile: %s\n", what.c_str());
   };
@@ -83,6 +89,12 @@ PD_REGISTER_COMMAND(
       app->add_option("--kv-layout", f->kv_layout, "hnd | nhd (as serve)")->capture_default_str();
       app->add_option("--repeats", f->repeats,
                       "timed passes per shape (median); 0: the sweep's default");
+      app->add_option("--decode-batches", f->decode_batches,
+                      "decode shapes: these batches x --decode-contexts instead of the sweep's")
+          ->delimiter(',');
+      app->add_option("--decode-contexts", f->decode_contexts,
+                      "decode shapes: these contexts x --decode-batches")
+          ->delimiter(',');
       return [f] { return RunProfile(*f); };
     });
 

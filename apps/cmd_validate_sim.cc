@@ -15,9 +15,9 @@
 //    per step beyond the forward pass), co-run pairs (how much each instance slows down while the
 //    other computes) and the CPU per request and per token that the bench client and router and
 //    each instance's non-compute threads spend (schedstat).
-// 3b. The load run, once the rates are fixed: 100 requests of the bench's workload at the lowest
+// 3b. The load run, once the rates are fixed: 300 requests of the bench's workload at the highest
 //    rate (another seed; not compared), during which the bench client's and router's CPU is
-//    measured: under load they take 1.5-2.5x the CPU per request the sequential probes show.
+//    measured: under load they take 1.5-3x the CPU per request the sequential probes show.
 // 4. Rounds: per round, `pdserve bench`'s own runner (Poisson arrivals, the random dataset, a
 //    fixed seed, ignore_eos) against the router at each rate (20/40/60% of the calibrated
 //    capacity unless --rate is given); the measured side is the median of the rounds.
@@ -51,6 +51,7 @@
 #include "bench/runner.h"
 #include "common/file_util.h"
 #include "common/thread_util.h"
+#include "common/trace.h"
 #include "engine/model_runner.h"
 #include "model/weights.h"
 #ifdef PD_PLANNER_HAS_ENGINE_SCHEDULER
@@ -63,6 +64,7 @@
 #include "apps/validate_sim_up.h"
 #include "planner/profiler.h"
 #include "planner/simulator.h"
+#include "planner/step_stats.h"
 #include "planner/validate.h"
 #include "planner/validate_stats.h"
 
@@ -148,6 +150,7 @@ Status StartUp(const ValidateFlags& f, UpProcess* up) {
   // with only two cores the decode instance's streaming threads would otherwise run on the
   // prefill core (measured: attainment 82-84% vs 92-96% at ~18 req/s).
   if (f.pin_cores) args.insert(args.end(), {"--pin-cores", "--pin-whole-instances"});
+  if (!f.trace.empty()) args.insert(args.end(), {"--trace", f.trace});
   const int log = open(f.up_log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (log < 0) return IoError(f.up_log + ": " + std::strerror(errno));
   up->pid = fork();
@@ -201,7 +204,8 @@ bench::BenchOptions BenchAt(const ValidateFlags& f, const bench::DatasetSpec& sp
   return bo;
 }
 
-constexpr int kLoadRunPrompts = 100;
+// As many as a compared round: 100 gave per-request figures 1.5-2.5x apart between runs.
+constexpr int kLoadRunPrompts = 300;
 constexpr int kWarmUpPrompts = 60;
 constexpr double kWarmUpRate = 20;  // req/s: about a third of this machine's capacity
 
@@ -255,14 +259,17 @@ Result<std::vector<planner::SimRequest>> BenchRequests(const bench::DatasetSpec&
 Result<planner::Summary> SimulateRate(std::span<const planner::InstanceConfig> insts,
                                       const planner::ClusterLinks& links,
                                       const std::vector<planner::SimRequest>& reqs,
-                                      const planner::Slo& slo, double fixed_s) {
+                                      const planner::Slo& slo, double fixed_s,
+                                      std::vector<planner::SimStep>* steps = nullptr) {
   planner::SimOptions so;
   so.slo = slo;
   so.first_token_on_decode = true;
+  so.record_steps = steps != nullptr;
 #ifdef PD_PLANNER_HAS_ENGINE_SCHEDULER
   so.make_scheduler = planner::EngineSchedulerFactory();
 #endif
   ASSIGN_OR_RETURN(planner::SimResult sim, planner::Simulate(insts, links, reqs, so));
+  if (steps != nullptr) *steps = std::move(sim.steps);
   for (auto& r : sim.requests) {
     if (r.first_token_s >= 0) r.first_token_s += fixed_s;
     if (r.finish_s >= 0) r.finish_s += fixed_s;
@@ -315,8 +322,10 @@ Result<RoundResult> BenchRound(const ValidateFlags& f, const bench::DatasetSpec&
   const double cpu0 = ClientRouterCpuSeconds(dep.up);
   const auto wall0 = std::chrono::steady_clock::now();
   const ContentionWindow window(dep);
-  ASSIGN_OR_RETURN(bench::BenchmarkSummary real, bench::RunBenchmark(bo));
   RoundResult out;
+  out.begin_s = Tracer::NowNs() * 1e-9;
+  ASSIGN_OR_RETURN(bench::BenchmarkSummary real, bench::RunBenchmark(bo));
+  out.end_s = Tracer::NowNs() * 1e-9;
   out.stretch = window.Finish();
   const double wall_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
@@ -344,8 +353,8 @@ Status SimulateRateReport(const ValidateFlags& f, const bench::DatasetSpec& spec
   if (cal.overheads.transfer_s_per_token > 0) {
     cal_links.intra_node_bw = links.kv_bytes_per_token / cal.overheads.transfer_s_per_token;
   }
-  ASSIGN_OR_RETURN(r->calibrated.simulated,
-                   SimulateRate(cal_insts, cal_links, reqs, slo, cal.overheads.fixed_s));
+  ASSIGN_OR_RETURN(r->calibrated.simulated, SimulateRate(cal_insts, cal_links, reqs, slo,
+                                                         cal.overheads.fixed_s, &r->sim_steps));
   ASSIGN_OR_RETURN(r->raw.simulated,
                    SimulateRate(Instances(f, coeffs, planner::RealOverheads{}, kv_tokens), links,
                                 reqs, slo, 0.0));
@@ -410,9 +419,13 @@ Result<std::vector<double>> ChooseRates(const ValidateFlags& f, const planner::S
 }
 
 // The load run, after the rates are fixed and before the first compared round: the bench's
-// workload at the lowest compared rate (another seed; not compared), during which the bench
-// client's and router's CPU is measured: concurrent requests cost them 1.5-2.5x what the
-// sequential probes do, and the calibrated simulation's stretch needs the cost under load.
+// workload at the highest compared rate (another seed; not compared), during which the bench
+// client's and router's CPU is measured: concurrent requests cost them 1.5-3x what the
+// sequential probes do, and the calibrated simulation's stretch needs the cost under load. The
+// highest rate, because the stretch's error is the rate times the cost's error, and because per
+// request the two took more at the lowest rate (a run whose rounds measured 5.4-7.7 ms per
+// request at 12.3 req/s and 3.6-4.5 ms at 37; its 100-request load run at 12.3 req/s measured
+// 9.2 ms, and the simulation stretched the higher rates' steps by 2.4x the rounds' CPU).
 Result<LoadRunCpu> LoadRun(const ValidateFlags& f, double rate, const Deployment& dep) {
   const bench::BenchOptions bo = BenchAt(f, SpecOf(f), kLoadRunPrompts, rate, f.seed + 104729);
   ASSIGN_OR_RETURN(std::vector<bench::LengthPair> lengths,
@@ -443,6 +456,40 @@ Status RunRounds(const ValidateFlags& f, const bench::DatasetSpec& spec,
     }
     ASSIGN_OR_RETURN(ProbeSet set, RunProbes(f, c, dep, round + 1));
     sets->push_back(set);
+  }
+  return OkStatus();
+}
+
+// With --trace: per rate, the real decode instance's steps in the bench rounds (their windows on
+// the traces' clock, pooled) beside the calibrated simulation's, per batch size; a step is
+// "corun" when a prefill step was running as it started (the simulator's co-run rule).
+constexpr int kStepTableBatches = 8;
+constexpr double kMaxLoopGapS = 2e-3;  // a longer gap is the engine waiting for work
+Status PrintStepComparisons(const ValidateFlags& f, const std::vector<RateReport>& reports) {
+  ASSIGN_OR_RETURN(const std::string decode_text,
+                   ReadFileToString(TracePathFor(f.trace, "decode0")));
+  ASSIGN_OR_RETURN(const std::string prefill_text,
+                   ReadFileToString(TracePathFor(f.trace, "prefill0")));
+  std::printf(
+      "\ndecode steps by batch size, real (--trace, the bench rounds) vs the calibrated "
+      "simulation (decode-only steps; corun = a prefill step running as it started; gap = the "
+      "engine loop between a step and the next, gaps over %.0f ms left out):\n",
+      kMaxLoopGapS * 1e3);
+  for (const RateReport& r : reports) {
+    std::vector<planner::StepRecord> real;
+    for (const RoundResult& rr : r.rounds) {
+      ASSIGN_OR_RETURN(auto d, planner::EngineStepsFromTrace(decode_text, rr.begin_s, rr.end_s));
+      ASSIGN_OR_RETURN(auto p, planner::EngineStepsFromTrace(prefill_text, rr.begin_s, rr.end_s));
+      planner::MarkCorun(d, p);
+      real.insert(real.end(), d.begin(), d.end());
+    }
+    planner::SimResult sim;
+    sim.steps = r.sim_steps;
+    const auto sim_steps = planner::StepsOfInstance(sim, 1);
+    const auto real_rows = planner::SummarizeDecodeSteps(real, kStepTableBatches, kMaxLoopGapS);
+    const auto sim_rows = planner::SummarizeDecodeSteps(sim_steps, kStepTableBatches, kMaxLoopGapS);
+    std::printf("rate %.3g req/s:\n%s", r.raw.rate,
+                planner::FormatStepComparison(real_rows, sim_rows).c_str());
   }
   return OkStatus();
 }
@@ -484,7 +531,7 @@ Status Validate(const ValidateFlags& f) {
   std::string rate_rule;
   ASSIGN_OR_RETURN(const std::vector<double> rates,
                    ChooseRates(f, coeffs, cal, kv.tokens, &rate_rule));
-  ASSIGN_OR_RETURN(const LoadRunCpu load, LoadRun(f, rates.front(), dep));
+  ASSIGN_OR_RETURN(const LoadRunCpu load, LoadRun(f, rates.back(), dep));
   const bench::DatasetSpec spec = SpecOf(f);
   std::vector<RateReport> reports;
   RETURN_IF_ERROR(RunRounds(f, spec, rates, slo, dep, coeffs, &sets, &reports));
@@ -499,6 +546,11 @@ Status Validate(const ValidateFlags& f) {
     RETURN_IF_ERROR(SimulateRateReport(f, spec, slo, coeffs, kv.tokens, links, cal, &reports[i]));
   }
   PrintReports(f, slo, cal, reports, rate_rule);
+  if (!f.trace.empty()) {
+    if (Status s = PrintStepComparisons(f, reports); !s.ok()) {
+      std::fprintf(stderr, "validate-sim: --trace: %s\n", s.ToString().c_str());
+    }
+  }
   if (f.out.empty()) return OkStatus();
   return WriteStringToFile(f.out, ReportJson(f, slo, cal, reports).dump(2) + "\n");
 }
@@ -543,6 +595,9 @@ CommandRunner SetUpValidate(CLI::App* app) {
                 "do not measure or simulate the instances slowing each other down");
   app->add_option("--out", f->out, "also write the comparison as JSON");
   app->add_option("--up-log", f->up_log, "where pdserve up's output goes")->capture_default_str();
+  app->add_option("--trace", f->trace,
+                  "pdserve up --trace FILE (the instances' Chrome traces); prints the real decode "
+                  "steps per batch size beside the simulation's");
   return [f] { return RunValidate(*f); };
 }
 

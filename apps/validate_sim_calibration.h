@@ -45,7 +45,7 @@ struct Calibration {
   }
 };
 
-// The bench client's and router's CPU over the load run: an uncompared bench run at the lowest
+// The bench client's and router's CPU over the load run: an uncompared bench run at the highest
 // compared rate.
 struct LoadRunCpu {
   double rate = 0;
@@ -206,8 +206,8 @@ inline Result<ProbeSet> RunProbes(const ValidateFlags& f, const planner::StepCoe
   ASSIGN_OR_RETURN(ps.decode, DecodeProbes(f, c, t, &ps.cpu_long));
   ps.stretch = window.Finish();
   if (f.corun) {
-    ASSIGN_OR_RETURN(ps.corun, MeasureCorun(t.ep, t.model, dep.prefill, f.input_len, f.output_len,
-                                            f.corun_pairs, t.salt + 50000));
+    ASSIGN_OR_RETURN(ps.corun, MeasureCorun(t.ep, t.model, dep.prefill, dep.decode, f.input_len,
+                                            f.output_len, f.corun_pairs, t.salt + 50000));
   }
   std::fprintf(stderr,
                "validate-sim: probe set %d: TTFT %.2f / %.2f / %.2f ms, TPOT %.3f (batch 1) / %.3f "

@@ -30,6 +30,9 @@ struct ValidateFlags {
   bool corun = true;  // measure and simulate the instances slowing each other down
   std::string out;
   std::string up_log = "/tmp/pdserve-validate-sim-up.log";
+  // `pdserve up --trace FILE`: the instances' Chrome traces; the decode instance's steps in the
+  // bench rounds are then printed beside the calibrated simulation's, per batch size.
+  std::string trace;
 };
 
 }  // namespace pd::apps::validate_sim

@@ -60,29 +60,44 @@ inline Result<double> BatchTpot(const bench::Endpoint& ep, const std::string& mo
 }
 
 // Co-run probes: how much slower each instance's steps are while the other instance computes
-// (the two share this machine's cores, caches and memory bandwidth). Decode: the TPOT of a
-// 16-token prompt with 4x output_len tokens, alone and while a thread keeps the prefill instance
-// busy with back-to-back 2L-token prompts (their requests cost the client and router little).
-// Prefill: the prefill instance's CPU time (schedstat, time on a CPU) for a 2L-token prompt, alone
-// and while four requests with 16x output_len tokens decode. Its TTFT would also count the time
-// the client and router, relaying the four streams, took the prefill core while the decode core
-// was busy: that is the background CPU the simulation models on its own (per request and token,
-// BackgroundCpuStretch), so it must not be counted twice. `pairs` alone/busy
-// pairs, interleaved, so that a slow spell of the machine hits both sides of a pair; the factor is
-// the median of the pairs' ratios. Factors below 1 (noise) are taken as 1.
+// (the two share this machine's caches and memory bandwidth). Both sides are measured as the
+// CPU time of the instance's compute thread (schedstat: time on a CPU, not waiting for one), so
+// that only the slowdown of the computation itself is counted; time the instance lost to other
+// threads on its core is the background CPU the simulation models on its own (per request and
+// token, BackgroundCpuStretch), and must not be counted twice.
+// Decode: a 16-token prompt with 4x output_len tokens, alone and while a thread keeps the prefill
+// instance busy with back-to-back 2L-token prompts. Its TPOT is kept for the report only: with
+// the prefill instance busy it also holds the hand-overs of those prompts (the decode instance's
+// HTTP, messenger and fabric threads receive each one on its core), which the own-thread stretch
+// models (a TPOT ratio counted them twice: a trace at 37 req/s showed decode steps 4% slower
+// while a prefill step ran, the TPOT ratio said 7%). Prefill: a 2L-token prompt, alone and while
+// four requests with 16x output_len tokens decode (its TTFT would also count the client and
+// router relaying the four streams on the prefill core). `pairs` alone/busy pairs, interleaved,
+// so that a slow spell of the machine hits both sides of a pair; the factor is the median of the
+// pairs' ratios (planner::CorunFactor).
 struct CorunSample {
   double decode_alone = 0, decode_busy = 0, prefill_alone = 0, prefill_busy = 0;
-  // The prefill instance's CPU time (schedstat: on a CPU, not waiting for one) for the prompt.
+  // The instances' compute-thread CPU time for the decode probe / the prompt.
+  double decode_alone_cpu = 0, decode_busy_cpu = 0;
   double prefill_alone_cpu = 0, prefill_busy_cpu = 0;
 };
+// CPU seconds the busiest thread of `pid` (an instance's compute thread) spends while `run` runs.
+template <typename F>
+double ComputeThreadSeconds(pid_t pid, F&& run) {
+  auto before = planner::ProcessThreadCpuTimes(pid);
+  run();
+  auto after = planner::ProcessThreadCpuTimes(pid);
+  if (!before.ok() || !after.ok()) return 0.0;
+  return planner::BusiestThreadRunSeconds(*before, *after);
+}
 // CPU seconds process `pid` spent on a CPU so far (schedstat); 0 when unreadable.
 inline double RunSeconds(pid_t pid) {
   auto t = planner::ProcessCpuTimes(pid);
   return t.ok() ? t->run_s : 0.0;
 }
 inline Result<CorunSample> CorunPair(const bench::Endpoint& ep, const std::string& model,
-                                     pid_t prefill_pid, int input_len, int output_len,
-                                     uint64_t salt) {
+                                     pid_t prefill_pid, pid_t decode_pid, int input_len,
+                                     int output_len, uint64_t salt) {
   auto send = [&](int len, int max_tokens, uint64_t s) {
     bench::GenerationRequest r = ProbeRequest(len, max_tokens, s);
     r.model = model;
@@ -90,13 +105,15 @@ inline Result<CorunSample> CorunPair(const bench::Endpoint& ep, const std::strin
   };
   const int long_prompt = 2 * input_len;
   CorunSample out;
-  out.decode_alone = TpotOf(send(16, 4 * output_len, salt));
+  out.decode_alone_cpu = ComputeThreadSeconds(
+      decode_pid, [&] { out.decode_alone = TpotOf(send(16, 4 * output_len, salt)); });
   {
     std::atomic<bool> stop{false};
     std::thread prefill_load([&] {
       for (uint64_t s = salt + 1000; !stop.load(); ++s) send(long_prompt, 1, s);
     });
-    out.decode_busy = TpotOf(send(16, 4 * output_len, salt + 1));
+    out.decode_busy_cpu = ComputeThreadSeconds(
+        decode_pid, [&] { out.decode_busy = TpotOf(send(16, 4 * output_len, salt + 1)); });
     stop = true;
     prefill_load.join();
   }
@@ -116,7 +133,8 @@ inline Result<CorunSample> CorunPair(const bench::Endpoint& ep, const std::strin
   out.prefill_busy_cpu = RunSeconds(prefill_pid) - cpu0;
   for (auto& t : decode_load) t.join();
   if (!(out.decode_alone > 0) || !(out.decode_busy > 0) || !(out.prefill_busy > 0) ||
-      !(out.prefill_alone_cpu > 0) || !(out.prefill_busy_cpu > 0)) {
+      !(out.decode_alone_cpu > 0) || !(out.decode_busy_cpu > 0) || !(out.prefill_alone_cpu > 0) ||
+      !(out.prefill_busy_cpu > 0)) {
     return Unavailable("co-run probes: no timing came back");
   }
   return out;
@@ -125,8 +143,8 @@ inline Result<CorunSample> CorunPair(const bench::Endpoint& ep, const std::strin
 // `pairs` co-run pairs after a warm-up request of the long prompt.
 inline Result<std::vector<CorunSample>> MeasureCorun(const bench::Endpoint& ep,
                                                      const std::string& model, pid_t prefill_pid,
-                                                     int input_len, int output_len, int pairs,
-                                                     uint64_t salt) {
+                                                     pid_t decode_pid, int input_len,
+                                                     int output_len, int pairs, uint64_t salt) {
   if (pairs < 1) return InvalidArgument("co-run probes: at least one pair");
   (void)bench::SendStreaming(ep, [&] {
     bench::GenerationRequest r = ProbeRequest(2 * input_len, 2, salt);
@@ -135,40 +153,49 @@ inline Result<std::vector<CorunSample>> MeasureCorun(const bench::Endpoint& ep,
   }());
   std::vector<CorunSample> out;
   for (int k = 0; k < pairs; ++k) {
-    ASSIGN_OR_RETURN(CorunSample s,
-                     CorunPair(ep, model, prefill_pid, input_len, output_len, salt + 1 + 10 * k));
+    ASSIGN_OR_RETURN(CorunSample s, CorunPair(ep, model, prefill_pid, decode_pid, input_len,
+                                              output_len, salt + 1 + 10 * k));
     out.push_back(s);
   }
   return out;
 }
 
-// The co-run factors from pooled pairs: the median of the pairs' ratios, at least 1 (below is
-// noise), at most 4. Returns the line that describes them ("" without pairs).
+// The co-run factors from pooled pairs: the median of the pairs' compute-CPU ratios, at least 1
+// (below is noise), at most 4 (planner::CorunFactor). Returns the line that describes them (""
+// without pairs).
 inline std::string CorunFactors(const std::vector<CorunSample>& pairs, planner::RealOverheads* o) {
-  std::vector<double> d_ratio, p_ratio, d_alone, d_busy, p_alone, p_busy;
+  std::vector<double> d_ratio, p_ratio, d_alone, d_busy, p_alone, p_busy, d_cpu_alone, d_cpu_busy,
+      p_cpu_alone, p_cpu_busy;
   for (const CorunSample& s : pairs) {
-    d_ratio.push_back(s.decode_busy / s.decode_alone);
+    d_ratio.push_back(s.decode_busy_cpu / s.decode_alone_cpu);
     p_ratio.push_back(s.prefill_busy_cpu / s.prefill_alone_cpu);
+    d_cpu_alone.push_back(s.decode_alone_cpu);
+    d_cpu_busy.push_back(s.decode_busy_cpu);
+    p_cpu_alone.push_back(s.prefill_alone_cpu);
+    p_cpu_busy.push_back(s.prefill_busy_cpu);
     d_alone.push_back(s.decode_alone);
     d_busy.push_back(s.decode_busy);
     p_alone.push_back(s.prefill_alone);
     p_busy.push_back(s.prefill_busy);
   }
   if (pairs.empty()) return "";
-  o->corun_decode = std::clamp(planner::UpperMedian(d_ratio), 1.0, 4.0);
-  o->corun_prefill = std::clamp(planner::UpperMedian(p_ratio), 1.0, 4.0);
-  char line[512];
+  o->corun_decode = planner::CorunFactor(d_cpu_alone, d_cpu_busy);
+  o->corun_prefill = planner::CorunFactor(p_cpu_alone, p_cpu_busy);
+  char line[768];
   std::snprintf(
       line, sizeof(line),
-      "co-run probes (%zu interleaved pairs, medians): decode TPOT %.3f ms alone, %.3f ms with the "
-      "prefill instance busy (x%.3f, pairs %.2f-%.2f); prefill TTFT %.2f ms alone, %.2f ms with "
-      "four sequences decoding (CPU time x%.3f, pairs %.2f-%.2f)\n",
-      pairs.size(), planner::UpperMedian(d_alone) * 1e3, planner::UpperMedian(d_busy) * 1e3,
+      "co-run probes (%zu interleaved pairs, medians): decode compute thread %.2f ms CPU alone, "
+      "%.2f ms with the prefill instance busy (x%.3f, pairs %.2f-%.2f; TPOT %.3f / %.3f ms, not "
+      "used); prefill compute thread %.2f / %.2f ms CPU with four sequences decoding (x%.3f, pairs "
+      "%.2f-%.2f; TTFT %.2f / %.2f ms, not used)\n",
+      pairs.size(), planner::UpperMedian(d_cpu_alone) * 1e3, planner::UpperMedian(d_cpu_busy) * 1e3,
       o->corun_decode, *std::min_element(d_ratio.begin(), d_ratio.end()),
-      *std::max_element(d_ratio.begin(), d_ratio.end()), planner::UpperMedian(p_alone) * 1e3,
-      planner::UpperMedian(p_busy) * 1e3, o->corun_prefill,
+      *std::max_element(d_ratio.begin(), d_ratio.end()), planner::UpperMedian(d_alone) * 1e3,
+      planner::UpperMedian(d_busy) * 1e3, planner::UpperMedian(p_cpu_alone) * 1e3,
+      planner::UpperMedian(p_cpu_busy) * 1e3, o->corun_prefill,
       *std::min_element(p_ratio.begin(), p_ratio.end()),
-      *std::max_element(p_ratio.begin(), p_ratio.end()));
+      *std::max_element(p_ratio.begin(), p_ratio.end()), planner::UpperMedian(p_alone) * 1e3,
+      planner::UpperMedian(p_busy) * 1e3);
   return line;
 }
 

@@ -11,6 +11,7 @@
 #include "apps/validate_sim_calibration.h"
 #include "apps/validate_sim_flags.h"
 #include "apps/validate_sim_up.h"
+#include "planner/simulator.h"
 #include "planner/validate.h"
 #include "planner/validate_stats.h"
 
@@ -21,6 +22,7 @@ struct RoundResult {
   planner::Summary measured;
   double client_router_cores = 0;  // measured during the run
   Stretches stretch;               // waiting for a core, measured during the run (not used)
+  double begin_s = 0, end_s = 0;   // steady clock (the traces' clock), around the bench run
 };
 
 // Everything about one rate: the simulations beside the median of the bench rounds, and the
@@ -28,8 +30,9 @@ struct RoundResult {
 struct RateReport {
   planner::ComparisonRow raw, calibrated;
   std::vector<RoundResult> rounds;
-  planner::Spread machine;    // over the bench rounds (the same requests each time)
-  planner::Spread sampling;   // the calibrated simulation over reseeded workloads
+  planner::Spread machine;                  // over the bench rounds (the same requests each time)
+  planner::Spread sampling;                 // the calibrated simulation over reseeded workloads
+  std::vector<planner::SimStep> sim_steps;  // the calibrated simulation's, on the bench's requests
   double modelled_cores = 0;  // the bench client's and router's CPU the simulation assumes
 };
 

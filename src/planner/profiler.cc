@@ -35,6 +35,26 @@ ProfileOptions DefaultProfileOptions(bool quick, int max_tokens, int max_context
   return o;
 }
 
+Status SetDecodeGrid(ProfileOptions* options, const std::vector<int>& batches,
+                     const std::vector<int>& contexts, int max_context) {
+  if (batches.empty() || contexts.empty()) {
+    return InvalidArgument("decode grid: give both the batches and the contexts");
+  }
+  for (int b : batches) {
+    if (b < 1) return InvalidArgument("decode grid: batch " + std::to_string(b) + " < 1");
+  }
+  for (int c : contexts) {
+    if (c < 1 || c > max_context) {
+      return InvalidArgument("decode grid: context " + std::to_string(c) + " outside [1, " +
+                             std::to_string(max_context) + "]");
+    }
+  }
+  options->decode_shapes.clear();
+  for (int b : batches)
+    for (int c : contexts) options->decode_shapes.push_back({b, c});
+  return OkStatus();
+}
+
 int PagesNeeded(const ProfileOptions& options, int page_size) {
   int64_t pages = 1;
   auto per_seq = [&](int len) { return (len + page_size - 1) / page_size; };

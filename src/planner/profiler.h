@@ -42,6 +42,13 @@ struct ProfileOptions {
 // prefill step and max_context positions per sequence).
 ProfileOptions DefaultProfileOptions(bool quick, int max_tokens = 1024, int max_context = 2048);
 
+// Replaces the sweep's decode shapes with the grid batches × contexts (so that the fit describes
+// the shapes a workload produces: the linear decode form cannot follow this engine's steps from
+// batch 1 to 32 at once). InvalidArgument when either list is empty or holds a value < 1, or a
+// context exceeds max_context.
+Status SetDecodeGrid(ProfileOptions* options, const std::vector<int>& batches,
+                     const std::vector<int>& contexts, int max_context);
+
 // KV pages the largest shape of the sweep needs with distinct pages per sequence.
 int PagesNeeded(const ProfileOptions& options, int page_size);
 

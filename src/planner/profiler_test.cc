@@ -134,5 +134,29 @@ TEST(Profiler, DefaultSweepsStayWithinTheirLimits) {
   EXPECT_EQ(PagesNeeded(o, 16), 4);  // 2 x ceil(17/16) = 4 > 3 x 1
 }
 
+TEST(Profiler, DecodeGridReplacesTheSweepsDecodeShapes) {
+  ProfileOptions o = DefaultProfileOptions(true, 1024, 2048);
+  const size_t prefill = o.prefill_shapes.size();
+  ASSERT_TRUE(SetDecodeGrid(&o, {1, 2, 8}, {64, 240}, 2048).ok());
+  ASSERT_EQ(o.decode_shapes.size(), 6u);
+  EXPECT_EQ(o.decode_shapes[0].batch, 1);
+  EXPECT_EQ(o.decode_shapes[0].length, 64);
+  EXPECT_EQ(o.decode_shapes[5].batch, 8);
+  EXPECT_EQ(o.decode_shapes[5].length, 240);
+  EXPECT_EQ(o.prefill_shapes.size(), prefill);  // prefill untouched
+  EXPECT_EQ(PagesNeeded(o, 16), 8 * 15);  // 8 sequences of 240 positions; more than any prompt
+}
+
+TEST(Profiler, DecodeGridRefusesEmptyOrOutOfRangeListsAndKeepsTheSweep) {
+  ProfileOptions o = DefaultProfileOptions(true, 1024, 2048);
+  const size_t n = o.decode_shapes.size();
+  EXPECT_FALSE(SetDecodeGrid(&o, {}, {64}, 2048).ok());
+  EXPECT_FALSE(SetDecodeGrid(&o, {1}, {}, 2048).ok());
+  EXPECT_FALSE(SetDecodeGrid(&o, {0, 2}, {64}, 2048).ok());
+  EXPECT_FALSE(SetDecodeGrid(&o, {1}, {64, 4096}, 2048).ok());
+  EXPECT_FALSE(SetDecodeGrid(&o, {1}, {0}, 2048).ok());
+  EXPECT_EQ(o.decode_shapes.size(), n);
+}
+
 }  // namespace
 }  // namespace pd::planner

@@ -285,10 +285,16 @@ void Cluster::TryStart(double now, int i) {
   if (now < inst.stage_free_at || inst.in_flight >= max_in_flight) return;
   SimBatch batch = inst.sched->Schedule(now);
   if (batch.empty()) return;
-  StageTimes t = PipelineTimes(inst.cfg.coeffs, ShapeOf(inst, batch), inst.cfg.pp);
-  if (inst.cfg.corun_slowdown != 1.0 && OtherBusyOnNode(i)) {
+  const StepShape shape = ShapeOf(inst, batch);
+  StageTimes t = PipelineTimes(inst.cfg.coeffs, shape, inst.cfg.pp);
+  const bool corun = OtherBusyOnNode(i);
+  if (inst.cfg.corun_slowdown != 1.0 && corun) {
     t.stage_s *= inst.cfg.corun_slowdown;
     t.step_s *= inst.cfg.corun_slowdown;
+  }
+  if (opts_.record_steps) {
+    result_.steps.push_back(
+        {i, now, t.step_s, shape.decode_seqs, shape.decode_context, shape.prefill_tokens, corun});
   }
   inst.stage_free_at = now + t.stage_s;
   // Batches leave the pipeline in the order they entered it.

@@ -66,6 +66,19 @@ struct SimOptions {
   // the first token, so TTFT includes the KV transfer and that step. false: DistServe's
   // accounting (the first token comes from the prefill step).
   bool first_token_on_decode = false;
+  // Record every step in SimResult::steps (for comparing the simulated steps with a real trace).
+  bool record_steps = false;
+};
+
+// One simulated step, as recorded with SimOptions::record_steps.
+struct SimStep {
+  int instance = 0;
+  double start_s = 0.0;
+  double duration_s = 0.0;  // the whole step, co-run factor included
+  int decode_seqs = 0;
+  int64_t decode_context = 0;
+  int64_t prefill_tokens = 0;
+  bool corun = false;  // another instance on its node was mid-step as it started
 };
 
 struct SimResult {
@@ -75,6 +88,7 @@ struct SimResult {
   int64_t num_steps = 0;
   int64_t num_preemptions = 0;
   double end_time_s = 0.0;
+  std::vector<SimStep> steps;  // with SimOptions::record_steps, in start order
 };
 
 // Seconds to move `tokens` tokens of KV between a prefill and a decode instance.

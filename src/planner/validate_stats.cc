@@ -123,4 +123,14 @@ Result<double> SaturationRate(double work_s, double background_s) {
   return 1.0 / (work_s + background_s);
 }
 
+double CorunFactor(std::span<const double> alone, std::span<const double> busy) {
+  if (alone.size() != busy.size()) return 1.0;
+  std::vector<double> ratios;
+  for (size_t i = 0; i < alone.size(); ++i) {
+    if (alone[i] > 0 && busy[i] > 0) ratios.push_back(busy[i] / alone[i]);
+  }
+  if (ratios.empty()) return 1.0;
+  return std::clamp(UpperMedian(std::move(ratios)), 1.0, 4.0);
+}
+
 }  // namespace pd::planner

@@ -63,6 +63,12 @@ Result<double> BackgroundCpuStretch(const ClientCpuCost& shared, double rate,
                                     double mean_output_tokens, int cores,
                                     const ClientCpuCost& own = {});
 
+// A co-run factor (InstanceConfig::corun_slowdown) from interleaved alone/busy pairs of the same
+// work's cost (an instance's compute-thread CPU time alone, and while the other instance
+// computes): the median of the pairs' busy/alone ratios, held in [1, 4] (below 1 is noise).
+// Pairs with a non-positive side are skipped; 1 when none is left or the spans differ in length.
+double CorunFactor(std::span<const double> alone, std::span<const double> busy);
+
 // The rate at which an instance is busy all the time: each request holds it for `work_s` of CPU,
 // stretched by BackgroundCpuStretch while other work takes `background_s` of its core per request
 // (rate · work_s / (1 − rate · background_s) = 1, so rate = 1 / (work_s + background_s)).

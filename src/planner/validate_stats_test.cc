@@ -143,5 +143,23 @@ TEST(ValidateStats, SaturationRateKeepsTheStretchedInstanceExactlyBusy) {
   EXPECT_EQ(SaturationRate(1e-3, -1e-3).status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST(ValidateStats, CorunFactorIsTheMedianPairRatioHeldBetweenOneAndFour) {
+  // Ratios 1.10, 1.30, 1.05: the median pair, not the ratio of the sums (1.30 would pull it).
+  const std::vector<double> alone = {1.0, 2.0, 4.0}, busy = {1.1, 2.6, 4.2};
+  EXPECT_NEAR(CorunFactor(alone, busy), 1.10, 1e-12);
+  // Faster while busy is noise: 1. A ratio past 4 is capped.
+  EXPECT_EQ(CorunFactor(std::vector<double>{2.0, 2.0}, std::vector<double>{1.5, 1.9}), 1.0);
+  EXPECT_EQ(CorunFactor(std::vector<double>{1.0}, std::vector<double>{9.0}), 4.0);
+}
+
+TEST(ValidateStats, CorunFactorSkipsUnmeasuredPairsAndIsOneWithoutAny) {
+  // The pair with a zero side (an unreadable schedstat) is left out: median of 1.2 and 1.4.
+  EXPECT_NEAR(CorunFactor(std::vector<double>{1.0, 0.0, 1.0}, std::vector<double>{1.2, 5.0, 1.4}),
+              1.4, 1e-12);
+  EXPECT_EQ(CorunFactor(std::vector<double>{}, std::vector<double>{}), 1.0);
+  EXPECT_EQ(CorunFactor(std::vector<double>{0.0}, std::vector<double>{1.0}), 1.0);
+  EXPECT_EQ(CorunFactor(std::vector<double>{1.0, 1.0}, std::vector<double>{2.0}), 1.0);
+}
+
 }  // namespace
 }  // namespace pd::planner

@@ -1,0 +1,139 @@
+#include "planner/step_stats.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+namespace pd::planner {
+
+Result<std::vector<StepRecord>> EngineStepsFromTrace(const std::string& json_text, double begin_s,
+                                                     double end_s) {
+  std::vector<StepRecord> out;
+  try {
+    const nlohmann::json doc = nlohmann::json::parse(json_text);
+    if (!doc.contains("traceEvents") || !doc["traceEvents"].is_array()) {
+      return InvalidArgument("trace: no 'traceEvents' array");
+    }
+    for (const auto& e : doc["traceEvents"]) {
+      if (e.value("name", "") != "step" || e.value("cat", "") != "engine" ||
+          e.value("ph", "") != "X") {
+        continue;
+      }
+      const auto& args = e.contains("args") ? e["args"] : nlohmann::json::object();
+      if (!e.contains("ts") || !e.contains("dur") || !args.contains("decodes") ||
+          !args.contains("prefill_tokens")) {
+        return InvalidArgument("trace: a step event lacks ts, dur, decodes or prefill_tokens");
+      }
+      StepRecord r;
+      r.start_s = e["ts"].get<double>() * 1e-6;  // the file's unit: microseconds
+      r.duration_s = e["dur"].get<double>() * 1e-6;
+      r.decode_seqs = args["decodes"].get<int>();
+      r.prefill_tokens = args["prefill_tokens"].get<int64_t>();
+      if (r.start_s >= begin_s && r.start_s <= end_s) out.push_back(r);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument(std::string("trace: ") + e.what());
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const StepRecord& a, const StepRecord& b) { return a.start_s < b.start_s; });
+  return out;
+}
+
+void MarkCorun(std::span<StepRecord> steps, std::span<const StepRecord> other) {
+  // Both in start order; `j` is the first step of `other` that may still be running.
+  size_t j = 0;
+  for (StepRecord& s : steps) {
+    while (j < other.size() && other[j].start_s + other[j].duration_s <= s.start_s) ++j;
+    s.corun = false;
+    // Steps of one instance do not overlap, so only other[j] and the few after it that started
+    // before s can be running at s's start.
+    for (size_t k = j; k < other.size() && other[k].start_s <= s.start_s; ++k) {
+      if (other[k].start_s + other[k].duration_s > s.start_s) {
+        s.corun = true;
+        break;
+      }
+    }
+  }
+}
+
+std::vector<StepRecord> StepsOfInstance(const SimResult& sim, int instance) {
+  std::vector<StepRecord> out;
+  for (const SimStep& s : sim.steps) {
+    if (s.instance != instance) continue;
+    out.push_back({s.start_s, s.duration_s, s.decode_seqs, s.prefill_tokens, s.corun});
+  }
+  return out;
+}
+
+std::vector<BatchStepStats> SummarizeDecodeSteps(std::span<const StepRecord> steps, int max_batch,
+                                                 double max_gap_s) {
+  max_batch = std::max(1, max_batch);
+  std::vector<BatchStepStats> rows(max_batch);
+  struct Sums {
+    double all = 0, alone = 0, corun = 0, gap = 0;
+  };
+  std::vector<Sums> sums(max_batch);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const StepRecord& s = steps[i];
+    if (s.prefill_tokens > 0 || s.decode_seqs < 1) continue;
+    const int row = std::min(s.decode_seqs, max_batch) - 1;
+    BatchStepStats& r = rows[row];
+    ++r.count;
+    sums[row].all += s.duration_s;
+    if (s.corun) {
+      ++r.corun_count;
+      sums[row].corun += s.duration_s;
+    } else {
+      sums[row].alone += s.duration_s;
+    }
+    if (i + 1 < steps.size()) {
+      const double gap = steps[i + 1].start_s - (s.start_s + s.duration_s);
+      if (gap >= 0 && gap <= max_gap_s) {
+        ++r.gap_count;
+        sums[row].gap += gap;
+      }
+    }
+  }
+  for (int b = 0; b < max_batch; ++b) {
+    BatchStepStats& r = rows[b];
+    r.batch = b + 1;
+    const int64_t alone = r.count - r.corun_count;
+    if (r.count > 0) r.mean_s = sums[b].all / r.count;
+    if (alone > 0) r.mean_alone_s = sums[b].alone / alone;
+    if (r.corun_count > 0) r.mean_corun_s = sums[b].corun / r.corun_count;
+    if (r.gap_count > 0) r.mean_gap_s = sums[b].gap / r.gap_count;
+  }
+  return rows;
+}
+
+std::string FormatStepComparison(std::span<const BatchStepStats> real,
+                                 std::span<const BatchStepStats> sim) {
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof(line), "%6s | %7s %6s %7s %7s %7s %6s | %7s %6s %7s %7s %7s  (ms)\n",
+                "batch", "real n", "corun", "mean", "alone", "corun", "gap", "sim n", "corun",
+                "mean", "alone", "corun");
+  out += line;
+  const size_t n = std::max(real.size(), sim.size());
+  for (size_t i = 0; i < n; ++i) {
+    const BatchStepStats r = i < real.size() ? real[i] : BatchStepStats{};
+    const BatchStepStats s = i < sim.size() ? sim[i] : BatchStepStats{};
+    if (r.count == 0 && s.count == 0) continue;
+    auto share = [](const BatchStepStats& x) {
+      return x.count > 0 ? 100.0 * x.corun_count / x.count : 0.0;
+    };
+    const bool last = i + 1 == n;
+    char batch[32];
+    std::snprintf(batch, sizeof(batch), "%zu%s", i + 1, last ? "+" : "");
+    std::snprintf(line, sizeof(line),
+                  "%6s | %7lld %5.0f%% %7.3f %7.3f %7.3f %6.3f | %7lld %5.0f%% %7.3f %7.3f %7.3f\n",
+                  batch, static_cast<long long>(r.count), share(r), r.mean_s * 1e3,
+                  r.mean_alone_s * 1e3, r.mean_corun_s * 1e3, r.mean_gap_s * 1e3,
+                  static_cast<long long>(s.count), share(s), s.mean_s * 1e3, s.mean_alone_s * 1e3,
+                  s.mean_corun_s * 1e3);
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace pd::planner

@@ -1,0 +1,59 @@
+// Engine steps, simulated or read from a real instance's `--trace` file, summarised per batch
+// size: how many steps ran with b sequences decoding, how long they took alone and while the
+// other instance on the machine was mid-step, and how long the engine loop took between a step's
+// end and the next step's start. `pdserve validate-sim --trace FILE` prints the real decode
+// instance's steps beside the calibrated simulation's, so a TPOT difference can be traced to the
+// batch sizes (the scheduler), the step times (the latency model) or the loop between steps.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "planner/simulator.h"
+
+namespace pd::planner {
+
+struct StepRecord {
+  double start_s = 0.0;
+  double duration_s = 0.0;
+  int decode_seqs = 0;
+  int64_t prefill_tokens = 0;
+  bool corun = false;  // the other instance was mid-step as this one started
+};
+
+// The engine's "step" events (category "engine", args "decodes" and "prefill_tokens") of a
+// Chrome trace-event file (`pdserve serve --trace`), in start order, between begin_s and end_s
+// (seconds on the trace's clock, steady-clock; a step counts when it starts in the window).
+// InvalidArgument when the text is not such a file or a step lacks its arguments.
+Result<std::vector<StepRecord>> EngineStepsFromTrace(const std::string& json_text, double begin_s,
+                                                     double end_s);
+
+// Sets each step's `corun`: whether a step of `other` (start order) was running as it started
+// (the simulator's rule for its co-run factor).
+void MarkCorun(std::span<StepRecord> steps, std::span<const StepRecord> other);
+
+// The steps instance `instance` of a simulation took (SimOptions::record_steps).
+std::vector<StepRecord> StepsOfInstance(const SimResult& sim, int instance);
+
+// Per number of decoding sequences (steps with a prefill chunk left out: a decode instance runs
+// none): the step count, the mean step time overall, alone and while the other instance was
+// mid-step, and the mean loop gap (the next step's start minus this one's end) over the gaps of
+// at most `max_gap_s` (longer ones are the engine waiting for work). A row per batch size from
+// 1 to `max_batch`, larger batches pooled in the last row; empty rows have count 0.
+struct BatchStepStats {
+  int batch = 0;  // decoding sequences (the last row: this many or more)
+  int64_t count = 0, corun_count = 0, gap_count = 0;
+  double mean_s = 0.0, mean_alone_s = 0.0, mean_corun_s = 0.0, mean_gap_s = 0.0;
+};
+std::vector<BatchStepStats> SummarizeDecodeSteps(std::span<const StepRecord> steps, int max_batch,
+                                                 double max_gap_s);
+
+// Real beside simulated, a line per batch size with steps on either side:
+// "batch  real n  corun%  mean  alone  corun  gap | sim n  corun%  mean  alone  corun".
+std::string FormatStepComparison(std::span<const BatchStepStats> real,
+                                 std::span<const BatchStepStats> sim);
+
+}  // namespace pd::planner

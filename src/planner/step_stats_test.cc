@@ -1,0 +1,131 @@
+#include "planner/step_stats.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace pd::planner {
+namespace {
+
+// A Chrome trace as `pdserve serve --trace` writes it: engine steps among other events.
+std::string Trace() {
+  return R"({"traceEvents":[
+    {"name":"thread_name","cat":"__metadata","ph":"M","ts":0,"pid":1,"tid":1,"args":{"name":"engine"}},
+    {"name":"step","cat":"engine","ph":"X","ts":3000,"dur":500,"pid":1,"tid":1,
+     "args":{"step":2,"prefill_chunks":0,"prefill_tokens":0,"decodes":2}},
+    {"name":"layer","cat":"compute","ph":"X","ts":1000,"dur":100,"pid":1,"tid":1,"args":{}},
+    {"name":"step","cat":"engine","ph":"X","ts":1000,"dur":400,"pid":1,"tid":1,
+     "args":{"step":1,"prefill_chunks":0,"prefill_tokens":0,"decodes":1}},
+    {"name":"step","cat":"engine","ph":"X","ts":9000,"dur":900,"pid":1,"tid":1,
+     "args":{"step":3,"prefill_chunks":1,"prefill_tokens":16,"decodes":1}},
+    {"name":"http request","cat":"http","ph":"i","ts":1500,"pid":1,"tid":2,"args":{}}
+  ],"displayTimeUnit":"ms"})";
+}
+
+TEST(StepStats, EngineStepsFromTraceKeepsStepsInTheWindowInStartOrder) {
+  auto all = EngineStepsFromTrace(Trace(), 0.0, 1.0);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  ASSERT_EQ(all->size(), 3u);
+  EXPECT_DOUBLE_EQ((*all)[0].start_s, 1e-3);
+  EXPECT_DOUBLE_EQ((*all)[0].duration_s, 0.4e-3);
+  EXPECT_EQ((*all)[0].decode_seqs, 1);
+  EXPECT_EQ((*all)[1].decode_seqs, 2);
+  EXPECT_EQ((*all)[2].prefill_tokens, 16);
+  // A step counts when it starts in the window.
+  auto window = EngineStepsFromTrace(Trace(), 2e-3, 9e-3);
+  ASSERT_TRUE(window.ok());
+  ASSERT_EQ(window->size(), 2u);
+  EXPECT_EQ((*window)[0].decode_seqs, 2);
+}
+
+TEST(StepStats, EngineStepsFromTraceRefusesWhatIsNotATrace) {
+  EXPECT_FALSE(EngineStepsFromTrace("not json", 0, 1).ok());
+  EXPECT_FALSE(EngineStepsFromTrace(R"({"events":[]})", 0, 1).ok());
+  // A step without its batch arguments cannot be sorted into a row.
+  EXPECT_FALSE(
+      EngineStepsFromTrace(
+          R"({"traceEvents":[{"name":"step","cat":"engine","ph":"X","ts":1,"dur":2}]})", 0, 1)
+          .ok());
+}
+
+TEST(StepStats, MarkCorunIsTheOtherInstanceMidStepAtTheStart) {
+  std::vector<StepRecord> decode = {{1.0, 0.1, 1, 0, true},
+                                    {2.0, 0.1, 1, 0, false},
+                                    {3.0, 0.1, 1, 0, false},
+                                    {4.5, 0.1, 1, 0, false}};
+  const std::vector<StepRecord> prefill = {{1.5, 1.0, 0, 128, false},   // covers 2.0
+                                           {2.6, 0.4, 0, 128, false},   // ends exactly at 3.0
+                                           {4.0, 1.0, 0, 128, false}};  // covers 4.5
+  MarkCorun(decode, prefill);
+  EXPECT_FALSE(decode[0].corun);  // before any prefill step (the stale flag is cleared)
+  EXPECT_TRUE(decode[1].corun);
+  EXPECT_FALSE(decode[2].corun);
+  EXPECT_TRUE(decode[3].corun);
+}
+
+TEST(StepStats, SummarizeDecodeStepsByBatchWithLoopGaps) {
+  // batch 1 alone 0.4 ms, gap 0.1 ms; batch 1 corun 0.6 ms, then a 5 ms wait (not a loop gap);
+  // batch 2 0.5 ms, gap 0.2 ms; a prefill step (left out); batch 9 pooled into the last row.
+  const std::vector<StepRecord> steps = {{0.0000, 0.0004, 1, 0, false},
+                                         {0.0005, 0.0006, 1, 0, true},
+                                         {0.0061, 0.0005, 2, 0, false},
+                                         {0.0068, 0.0010, 1, 64, false},
+                                         {0.0080, 0.0020, 9, 0, false}};
+  const auto rows = SummarizeDecodeSteps(steps, 4, 2e-3);
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[0].batch, 1);
+  EXPECT_EQ(rows[0].count, 2);
+  EXPECT_EQ(rows[0].corun_count, 1);
+  EXPECT_NEAR(rows[0].mean_s, 0.0005, 1e-12);
+  EXPECT_NEAR(rows[0].mean_alone_s, 0.0004, 1e-12);
+  EXPECT_NEAR(rows[0].mean_corun_s, 0.0006, 1e-12);
+  EXPECT_EQ(rows[0].gap_count, 1);  // the 5 ms wait is left out
+  EXPECT_NEAR(rows[0].mean_gap_s, 0.0001, 1e-12);
+  EXPECT_EQ(rows[1].count, 1);
+  EXPECT_NEAR(rows[1].mean_gap_s, 0.0002, 1e-12);
+  EXPECT_EQ(rows[2].count, 0);
+  EXPECT_EQ(rows[3].batch, 4);
+  EXPECT_EQ(rows[3].count, 1);      // 9 sequences, in the last row
+  EXPECT_EQ(rows[3].gap_count, 0);  // the last step has no next
+  const std::string table = FormatStepComparison(rows, rows);
+  EXPECT_NE(table.find("4+"), std::string::npos);
+  EXPECT_EQ(table.find("\n     3 |"), std::string::npos);  // no row with no steps
+}
+
+TEST(StepStats, SimulatorRecordsEachStepWithItsCorunFlag) {
+  InstanceConfig prefill;
+  prefill.role = Role::kPrefill;
+  prefill.coeffs.prefill = {10.0, 0, 0};      // 10 ms per step
+  prefill.policy.max_num_batched_tokens = 8;  // one 8-token prompt per step
+  InstanceConfig decode;
+  decode.role = Role::kDecode;
+  decode.coeffs.decode_small = {1.0, 0, 0};  // 1 ms per step
+  decode.coeffs.decode_threshold = 95;
+  decode.corun_slowdown = 2.0;
+  const std::vector<InstanceConfig> insts = {prefill, decode};
+  // The second prompt's prefill (10-20 ms) runs while the first one decodes (from 10 ms).
+  const std::vector<SimRequest> reqs = {{0, 0.0, 8, 3}, {1, 0.0, 8, 3}};
+  SimOptions so;
+  so.record_steps = true;
+  auto r = Simulate(insts, ClusterLinks{}, reqs, so);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const auto d = StepsOfInstance(*r, 1);
+  const auto p = StepsOfInstance(*r, 0);
+  ASSERT_FALSE(d.empty());
+  ASSERT_FALSE(p.empty());
+  EXPECT_EQ(static_cast<int64_t>(d.size() + p.size()), r->num_steps);
+  for (const StepRecord& s : d) {
+    EXPECT_EQ(s.prefill_tokens, 0);
+    EXPECT_NEAR(s.duration_s, s.corun ? 2e-3 : 1e-3, 1e-12);
+  }
+  EXPECT_TRUE(d.front().corun);  // the first decode step starts as the second prompt prefills
+  EXPECT_NEAR(d.front().start_s, 0.010, 1e-12);
+  // Without record_steps nothing is kept.
+  auto quiet = Simulate(insts, ClusterLinks{}, reqs, SimOptions{});
+  ASSERT_TRUE(quiet.ok());
+  EXPECT_TRUE(quiet->steps.empty());
+}
+
+}  // namespace
+}  // namespace pd::planner
