@@ -38,6 +38,7 @@ struct ServeFlags {
   size_t kv_cache_bytes = 256ull << 20;
   int threads = 0;
   std::string compute_cpus;  // empty: every thread may run on any CPU the process may
+  std::string io_cpus;       // HTTP, fabric and KV messenger threads; empty: any CPU
   int tensor_parallel_size = 1;
   std::string api_key;
   int max_pending_requests = 256;
@@ -72,15 +73,16 @@ int FinishTrace(const Tracer* tracer, const std::string& path, int rc) {
   return rc;
 }
 
-// --compute-cpus: the listed CPUs (empty when the flag is), each one this process may use.
-Result<std::vector<int>> ParseComputeCpus(const std::string& list) {
+// --compute-cpus / --io-cpus (`flag`): the listed CPUs (empty when the flag is), each one this
+// process may use.
+Result<std::vector<int>> ParseCpusFlag(const std::string& flag, const std::string& list) {
   if (list.empty()) return std::vector<int>();
   auto cpus = ParseCpuList(list);
-  if (!cpus.ok()) return InvalidArgument("--compute-cpus: " + cpus.status().message());
+  if (!cpus.ok()) return InvalidArgument(flag + ": " + cpus.status().message());
   const std::vector<int> allowed = CurrentThreadCpus();
   for (int c : *cpus) {
     if (std::find(allowed.begin(), allowed.end(), c) == allowed.end())
-      return InvalidArgument("--compute-cpus: CPU " + std::to_string(c) +
+      return InvalidArgument(flag + ": CPU " + std::to_string(c) +
                              " is not one this process may use");
   }
   return cpus;
@@ -151,18 +153,20 @@ int RunServe(const ServeFlags& f) {
   RoleFlags roles = f.roles;
   roles.tracer = tracer->get();
 
-  auto cpus = ParseComputeCpus(f.compute_cpus);
+  auto cpus = ParseCpusFlag("--compute-cpus", f.compute_cpus);
   if (!cpus.ok()) return Fail(cpus.status().message());
   const std::vector<int> compute_cpus = *std::move(cpus);
+  auto io = ParseCpusFlag("--io-cpus", f.io_cpus);
+  if (!io.ok()) return Fail(io.status().message());
   const engine::EngineOptions eo =
       MakeEngineOptions(f, *layout, max_model_len, compute_cpus, roles.tracer);
   // --compute-cpus: the model's threads (pool workers and rank threads, started by Create, inherit
   // the main thread's affinity; the engine loop pins itself) run there; HTTP, fabric and KV
-  // messenger threads, started later, keep every CPU.
+  // messenger threads, started later, on --io-cpus (default: every CPU).
   const std::vector<int> all_cpus = CurrentThreadCpus();
   if (!compute_cpus.empty()) (void)PinCurrentThread(compute_cpus);
   auto eng = engine::Engine::Create(*weights, eo);
-  if (!compute_cpus.empty()) (void)PinCurrentThread(all_cpus);
+  if (!compute_cpus.empty() || !io->empty()) (void)PinCurrentThread(io->empty() ? all_cpus : *io);
   if (!eng.ok()) return Fail(eng.status().ToString());
   engine::AsyncEngineOptions ao;
   ao.max_pending_requests = f.max_pending_requests;
@@ -223,6 +227,9 @@ PD_REGISTER_COMMAND(serve, "Serve a model with the OpenAI-compatible HTTP API", 
   app->add_option("--compute-cpus", f->compute_cpus,
                   "CPUs for the model's threads, e.g. 0 or 0-3 (HTTP, fabric and KV messenger "
                   "threads stay on every CPU; --threads defaults to their number / ranks)");
+  app->add_option("--io-cpus", f->io_cpus,
+                  "CPUs for the HTTP, fabric and KV messenger threads, e.g. 1 or 2-3 (default: "
+                  "every CPU)");
   app->add_option("--tensor-parallel-size", f->tensor_parallel_size,
                   "ranks (threads) splitting heads, KV heads and MLP columns (every role: the KV "
                   "messenger moves every rank's cache by the shard plan)")

@@ -26,6 +26,7 @@
 
 #include "apps/command.h"
 #include "common/file_util.h"
+#include "common/thread_util.h"
 #include "common/trace.h"
 #include "planner/deployment.h"
 #include "server/router.h"
@@ -54,6 +55,10 @@ struct UpFlags {
   std::string trace;  // --trace FILE: each instance writes FILE with its name before the extension
   bool pin_cores = false;
   bool pin_whole = false;  // --pin-whole-instances: every thread of instance k on CPU k
+  // --pin-cores: where every instance's (and the router's) I/O threads run: "auto" (the CPUs no
+  // prefill instance computes on), "any", or a CPU list.
+  std::string io_cpus = "auto";
+  std::string fabric_provider = "tcp;ofi_rxm";
   double start_timeout_s = 300.0;
   std::string plan;  // a pdserve-plan-v1 file: instance counts and threads come from it
 };
@@ -90,30 +95,15 @@ pid_t Spawn(const std::vector<std::string>& args, int cpu) {
 }
 
 std::vector<std::string> ServeArgs(const UpFlags& f, const std::string& secret_file, int port) {
-  std::vector<std::string> a = {"pdserve",
-                                "serve",
-                                "--model",
-                                f.model,
-                                "--host",
-                                f.host,
-                                "--port",
-                                std::to_string(port),
-                                "--kv-layout",
-                                f.kv_layout,
-                                "--page-size",
-                                std::to_string(f.page_size),
-                                "--threads",
-                                std::to_string(f.threads),
-                                "--max-num-batched-tokens",
-                                std::to_string(f.max_num_batched_tokens),
-                                "--max-num-seqs",
-                                std::to_string(f.max_num_seqs),
-                                "--cluster-secret-file",
-                                secret_file,
-                                "--fabric-node",
-                                f.host,
-                                "--kv-transfer-timeout-ms",
-                                std::to_string(f.kv_transfer_timeout_ms)};
+  std::vector<std::string> a = {
+      "pdserve", "serve", "--model", f.model, "--host", f.host, "--port", std::to_string(port),
+      "--kv-layout", f.kv_layout, "--page-size", std::to_string(f.page_size), "--threads",
+      std::to_string(f.threads), "--max-num-batched-tokens",
+      std::to_string(f.max_num_batched_tokens), "--max-num-seqs", std::to_string(f.max_num_seqs),
+      "--cluster-secret-file", secret_file, "--fabric-provider", f.fabric_provider, "--fabric-node",
+      // shm names each endpoint after its node: let it pick one each
+      f.fabric_provider == "shm" ? "" : f.host, "--kv-transfer-timeout-ms",
+      std::to_string(f.kv_transfer_timeout_ms)};
   if (!f.served_model_name.empty()) {
     a.insert(a.end(), {"--served-model-name", f.served_model_name});
   }
@@ -122,6 +112,19 @@ std::vector<std::string> ServeArgs(const UpFlags& f, const std::string& secret_f
   }
   if (!f.kv_cache_bytes.empty()) a.insert(a.end(), {"--kv-cache-bytes", f.kv_cache_bytes});
   return a;
+}
+
+// The CPUs of every instance's HTTP, fabric and KV messenger threads and of the router ("": not
+// pinned). With --pin-cores and --io-cpus auto: the CPUs no prefill instance computes on, so the
+// KV writes (copied by the CPU through the TCP stack over loopback) and the decode side's receives
+// do not take cycles from a prefill's compute; none left: not pinned.
+std::string IoCpus(const UpFlags& f) {
+  if (!f.pin_cores || f.pin_whole || f.io_cpus == "any") return "";
+  if (f.io_cpus != "auto") return f.io_cpus;
+  const int ncpu = static_cast<int>(std::thread::hardware_concurrency());
+  std::string list;
+  for (int c = f.num_prefill; c < ncpu; ++c) list += (list.empty() ? "" : ",") + std::to_string(c);
+  return list;
 }
 
 // Reaps children that exited; returns the first one found dead (or nullptr).
@@ -269,6 +272,7 @@ size_t StartInstance(LocalDeployment& d, const std::string& name, int port,
   const int cpu = ncpu > 0 ? static_cast<int>(d.children.size()) % ncpu : -1;
   if ((f.pin_cores || f.pin_whole) && cpu >= 0)
     args.insert(args.end(), {"--compute-cpus", std::to_string(cpu)});
+  if (const std::string io = IoCpus(f); !io.empty()) args.insert(args.end(), {"--io-cpus", io});
   c.pid = Spawn(args, f.pin_whole ? cpu : -1);
   d.children.push_back(c);
   return d.children.size() - 1;
@@ -338,6 +342,11 @@ int RunUp(const UpFlags& flags) {
     std::fprintf(stderr, "up: --prefill and --decode must be >= 1\n");
     return 2;
   }
+  auto io_cpus = ParseCpuList(IoCpus(f));
+  if (!IoCpus(f).empty() && !io_cpus.ok()) {
+    std::fprintf(stderr, "up: --io-cpus: %s\n", io_cpus.status().message().c_str());
+    return 2;
+  }
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
@@ -354,6 +363,8 @@ int RunUp(const UpFlags& flags) {
   }
   std::vector<std::string> decode_urls;
   if (!StartInstances(d, &decode_urls)) return 1;
+  // The router's threads (started by Create and Start) inherit the I/O CPUs.
+  if (!IoCpus(f).empty()) (void)PinCurrentThread(*io_cpus);
   server::RouterOptions ro;
   ro.host = f.host;
   ro.port = f.port;
@@ -429,8 +440,17 @@ PD_REGISTER_COMMAND(
                     "--pin-cores, and every thread of instance k on CPU k, HTTP, fabric and KV "
                     "messenger threads too (better for mixed load on few cores; see README)");
       app->add_flag("--pin-cores", f->pin_cores,
-                    "pin instance k's model threads to CPU k (its HTTP, fabric and KV messenger "
-                    "threads are not pinned)");
+                    "pin instance k's model threads to CPU k, and every instance's HTTP, fabric "
+                    "and KV messenger threads (and the router) to --io-cpus");
+      app->add_option("--io-cpus", f->io_cpus,
+                      "with --pin-cores: CPUs of the HTTP, fabric, KV messenger and router "
+                      "threads: auto (the CPUs no prefill instance computes on; none left: any), "
+                      "any, or a list such as 1,3")
+          ->capture_default_str();
+      app->add_option("--fabric-provider", f->fabric_provider,
+                      "libfabric provider of the KV transfers (tcp;ofi_rxm over loopback; shm: "
+                      "one host, copied by the kernel between the processes)")
+          ->capture_default_str();
       app->add_option("--plan", f->plan,
                       "a plan JSON from `pdserve plan --out`: its prefill/decode counts and "
                       "threads replace --prefill/--decode/--threads");

@@ -77,6 +77,7 @@ struct GoldenShape {
   std::string layout;
   int page_size;
   int budget;  // max-num-batched-tokens: below the prompt lengths, prefill is chunked
+  std::string provider = "tcp;ofi_rxm";  // up --fabric-provider
 };
 
 class DisaggGoldenTest : public ::testing::TestWithParam<GoldenShape> {};
@@ -92,7 +93,8 @@ TEST_P(DisaggGoldenTest, UpGivesTheColocatedGreedyTokens) {
   Process up;
   std::vector<std::string> uargs =
       testing::UpArgv(kBinary, ModelDir(), 1, 1, port,
-                      {"--threads", "1", "--max-model-len", "256", "--served-model-name", "m"});
+                      {"--threads", "1", "--max-model-len", "256", "--served-model-name", "m",
+                       "--fabric-provider", s.provider});
   uargs.insert(uargs.end(), shape.begin(), shape.end());
   ASSERT_TRUE(StartAndWaitFor(up, uargs, "router (OpenAI API) on", 180s));
 
@@ -115,10 +117,12 @@ TEST_P(DisaggGoldenTest, UpGivesTheColocatedGreedyTokens) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, DisaggGoldenTest,
                          ::testing::Values(GoldenShape{"hnd", 16, 512}, GoldenShape{"nhd", 4, 7},
-                                           GoldenShape{"hnd", 1, 6}),
+                                           GoldenShape{"hnd", 1, 6},
+                                           GoldenShape{"hnd", 16, 7, "shm"}),
                          [](const ::testing::TestParamInfo<GoldenShape>& i) {
                            return i.param.layout + "_page" + std::to_string(i.param.page_size) +
-                                  "_budget" + std::to_string(i.param.budget);
+                                  "_budget" + std::to_string(i.param.budget) +
+                                  (i.param.provider == "shm" ? "_shm" : "");
                          });
 
 // The pid on one of up's "NAME on URL (pid N)" lines; -1 if none.
@@ -166,16 +170,23 @@ std::string CpusOfThread(pid_t pid, const std::string& name) {
   return "(no thread " + name + ")";
 }
 
-// --pin-cores: instance k's model thread on CPU k; its fabric, KV messenger and HTTP threads
-// keep every CPU (they stand in for a NIC and the host's I/O, not the compute).
-TEST(DisaggUpTest, PinCoresPinsTheModelThreadsOnly) {
+// --pin-cores: instance k's model thread on CPU k; every instance's fabric, KV messenger and HTTP
+// threads on --io-cpus: by default (auto) the CPUs no prefill instance computes on (CPUs 1..n-1
+// with one prefill instance), every CPU with --io-cpus any.
+class DisaggPinCoresTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DisaggPinCoresTest, PinsTheModelThreadsToTheirCoreAndIoThreadsToIoCpus) {
   const unsigned ncpu = std::thread::hardware_concurrency();
   const std::string all = ThreadCpus(getpid()).front().second;  // this test is not pinned
+  const bool any = GetParam() == "any";
+  const std::string all_but_0 =
+      ncpu == 1 ? all : (ncpu == 2 ? "1" : "1-" + std::to_string(ncpu - 1));
+  const std::string io = any ? all : all_but_0;
   const int port = PickPort();
   Process up;
-  ASSERT_TRUE(
-      up.Start({kBinary, "up", "--model", ModelDir(), "--port", std::to_string(port), "--threads",
-                "1", "--max-model-len", "256", "--pin-cores", "--served-model-name", "m"}));
+  ASSERT_TRUE(up.Start({kBinary, "up", "--model", ModelDir(), "--port", std::to_string(port),
+                        "--threads", "1", "--max-model-len", "256", "--pin-cores",
+                        "--served-model-name", "m", "--io-cpus", GetParam()}));
   const pid_t prefill = PidOnLine(up.WaitForLine("prefill 0 on", 180s));
   const pid_t decode = PidOnLine(up.WaitForLine("decode 0 on", 60s));
   ASSERT_FALSE(up.WaitForLine("router (OpenAI API) on", 60s).empty()) << up.output();
@@ -183,13 +194,24 @@ TEST(DisaggUpTest, PinCoresPinsTheModelThreadsOnly) {
   ASSERT_GT(decode, 0);
   EXPECT_EQ(CpusOfThread(prefill, "pd-engine"), "0");
   EXPECT_EQ(CpusOfThread(decode, "pd-engine"), ncpu > 1 ? "1" : "0");
-  for (pid_t pid : {prefill, decode}) EXPECT_EQ(CpusOfThread(pid, "pd-fabric"), all) << pid;
-  EXPECT_EQ(CpusOfThread(decode, "pd-http"), all);
-  EXPECT_EQ(CpusOfThread(prefill, "pd-prefill-kv"), all);
-  EXPECT_EQ(CpusOfThread(decode, "pd-decode-kv"), all);
+  for (pid_t pid : {prefill, decode}) EXPECT_EQ(CpusOfThread(pid, "pd-fabric"), io) << pid;
+  EXPECT_EQ(CpusOfThread(decode, "pd-http"), io);
+  EXPECT_EQ(CpusOfThread(prefill, "pd-prefill-kv"), io);
+  EXPECT_EQ(CpusOfThread(decode, "pd-decode-kv"), io);
+  EXPECT_EQ(CpusOfThread(up.pid(), "pd-http"), io);  // the router's
   auto [code, body] = Complete(port, {1, 2, 3}, 4);
   EXPECT_EQ(code, 200) << body.dump();
   EXPECT_EQ(up.Stop(SIGTERM, 60s), 0) << up.output();
+}
+
+INSTANTIATE_TEST_SUITE_P(IoCpus, DisaggPinCoresTest, ::testing::Values("auto", "any"));
+
+TEST(DisaggUpTest, UpRefusesABadIoCpuList) {
+  Process up;
+  ASSERT_TRUE(up.Start({kBinary, "up", "--model", ModelDir(), "--port", std::to_string(PickPort()),
+                        "--pin-cores", "--io-cpus", "3-1"}));
+  EXPECT_EQ(up.Wait(60s), 2);
+  EXPECT_THAT(up.output(), HasSubstr("up: --io-cpus: ")) << up.output();
 }
 
 // --pin-whole-instances: every thread of instance k on CPU k.
@@ -213,12 +235,14 @@ TEST(DisaggUpTest, PinWholeInstancesPinsEveryThread) {
   EXPECT_EQ(up.Stop(SIGTERM, 60s), 0) << up.output();
 }
 
-TEST(DisaggUpTest, ServeRefusesABadComputeCpuList) {
-  for (const char* bad : {"x", "3-1", "4096", "1023"}) {
-    Process serve;
-    ASSERT_TRUE(serve.Start(ServeArgs(PickPort(), {"--compute-cpus", bad})));
-    EXPECT_EQ(serve.Wait(120s), 1) << bad;
-    EXPECT_THAT(serve.output(), HasSubstr("serve: --compute-cpus: ")) << serve.output();
+TEST(DisaggUpTest, ServeRefusesABadComputeOrIoCpuList) {
+  for (const std::string flag : {"--compute-cpus", "--io-cpus"}) {
+    for (const char* bad : {"x", "3-1", "4096", "1023"}) {
+      Process serve;
+      ASSERT_TRUE(serve.Start(ServeArgs(PickPort(), {flag, bad})));
+      EXPECT_EQ(serve.Wait(120s), 1) << flag << " " << bad;
+      EXPECT_THAT(serve.output(), HasSubstr("serve: " + flag + ": ")) << serve.output();
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 # the reports side by side (bench/disagg/report.py).
 #
 #   bench/disagg/run.sh [--model DIR] [--pdserve BIN] [--scenario NAME] [--out DIR] [--quick]
+#                       [--fabric-provider P] [--io-cpus auto|any|LIST]
 #
 # Scenarios (default: all):
 #   demo      a chat-like workload (sharegpt-like lengths scaled to this CPU, Poisson arrivals);
@@ -14,6 +15,9 @@
 #   stall     long prompts arriving while others decode: colocated decode steps wait behind
 #             prefill chunks; p99 ITL of the disaggregated deployment against colocated's.
 #
+# --fabric-provider: `up`'s libfabric provider (default tcp;ofi_rxm, the fabric over loopback;
+# shm: one host, no TCP stack). --io-cpus: `up`'s CPUs for the instances' HTTP, fabric and KV
+# messenger threads (default auto: those no prefill instance computes on).
 # The model defaults to models/demo-qwen3-small (created with `pdserve make-model` if missing).
 # Results (the bench JSON of every run and the instances' /metrics) go to --out.
 set -euo pipefail
@@ -24,9 +28,11 @@ MODEL=$ROOT/models/demo-qwen3-small
 SCENARIO=all
 OUT=
 QUICK=0
+PROVIDER="tcp;ofi_rxm"
+IO_CPUS=auto
 PY=/usr/bin/python3
 
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL=$2; shift 2 ;;
@@ -34,6 +40,10 @@ while [ $# -gt 0 ]; do
     --scenario) SCENARIO=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --quick) QUICK=1; shift ;;
+    --fabric-provider) PROVIDER=$2; shift 2 ;;
+    --fabric-provider=*) PROVIDER=${1#*=}; shift ;;
+    --io-cpus) IO_CPUS=$2; shift 2 ;;
+    --io-cpus=*) IO_CPUS=${1#*=}; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench/disagg: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
@@ -50,6 +60,9 @@ fi
 [ -n "$OUT" ] || OUT=$(mktemp -d /tmp/pdserve-disagg.XXXXXX)
 mkdir -p "$OUT"
 NCPU=$(nproc)
+PROVIDER_FLAGS=()
+[ "$PROVIDER" = "tcp;ofi_rxm" ] || PROVIDER_FLAGS=(--fabric-provider "$PROVIDER")
+[ "$IO_CPUS" = auto ] || PROVIDER_FLAGS+=(--io-cpus "$IO_CPUS")
 
 PIDS=()
 cleanup() {
@@ -97,7 +110,7 @@ start_disagg() {
   port=$(free_ports)
   log=$OUT/up.$RUN.log
   "$PDSERVE" --log-level warn up --model "$MODEL" --prefill 1 --decode 1 --port "$port" \
-    --threads 1 --pin-cores "$@" > "$log" 2>&1 &
+    --threads 1 --pin-cores "${PROVIDER_FLAGS[@]}" "$@" > "$log" 2>&1 &
   PIDS+=($!)
   wait_for "$log" "router (OpenAI API) on" $! > /dev/null
   URL=http://127.0.0.1:$port
@@ -186,6 +199,7 @@ if [ "$SCENARIO" = low-load ] || [ "$SCENARIO" = all ]; then
   layer_bytes=$("$PY" "$ROOT/bench/disagg/report.py" layer-bytes "$OUT/low-disagg1.prefill.metrics" "$MODEL")
   "$PDSERVE" --log-level warn transfer-bench --min-bytes "$layer_bytes" --max-bytes "$layer_bytes" \
     --bytes-per-row $((layer_bytes * 64)) --repeats 5 --json > "$OUT/low-transfer.json"
+  echo "bench/disagg: low-load: up --fabric-provider $PROVIDER --io-cpus $IO_CPUS"
   "$PY" "$ROOT/bench/disagg/report.py" low-load "$(IFS=,; echo "${low_d[*]}")" \
     "$(IFS=,; echo "${low_c[*]}")" "$OUT/low-transfer.json" "$layer_bytes" \
     "$(IFS=,; echo "${low_r[*]}")"

@@ -278,11 +278,12 @@ Status PrefillMessenger::Impl::Admit(const PrefillRequest& r, Transfer* t) {
                              " transfers in flight (max " + std::to_string(options_.max_transfers) +
                              ")");
   }
-  for (const transfer::MemoryDescriptor& d : dsts) {
-    ASSIGN_OR_RETURN(transfer::RemoteRegion remote, domain_->AddRemote(d));
-    t->dst.push_back(std::move(remote));
-  }
-  ASSIGN_OR_RETURN(t->meta, domain_->AddRemote(meta));
+  RETURN_IF_ERROR(meta.Validate().WithContext(id + ": the metadata region"));
+  // Every region belongs to the sender (checked above and in OnPrefillRequest), whose address is
+  // in the AV since its Hello: no Domain::AddRemote, a round trip through the fabric worker per
+  // region on the way to the prefill's start.
+  for (const transfer::MemoryDescriptor& d : dsts) t->dst.push_back({d, t->peer.fi_addr});
+  t->meta = {meta, t->peer.fi_addr};
   t->imm = r.transfer_imm;
   t->num_tokens = static_cast<int>(r.token_ids.size());
   t->dst_pages = r.dst_pages;

@@ -219,9 +219,10 @@ int DomainWorker::PollCq() {
 void DomainWorker::HandleCompletion(const fi_cq_data_entry& e) {
   auto* ctx = static_cast<OpContext*>(e.op_context);
   if (e.flags & FI_REMOTE_CQ_DATA) {
-    // A write carrying an immediate landed. With FI_RX_CQ_DATA it consumed a posted receive.
+    // A write carrying an immediate landed. With FI_RX_CQ_DATA it consumed a posted receive (the
+    // event's context); without it the context is none of ours and must not be read.
     imm_->OnArrival(static_cast<uint32_t>(e.data));
-    if (ctx != nullptr && ctx->kind == OpContext::Kind::kRecv) {
+    if (rx_cq_data_ && ctx != nullptr && ctx->kind == OpContext::Kind::kRecv) {
       Status s = PostRecv(ctx->buffer);
       if (!s.ok()) PD_LOG_ERROR("reposting receive: {}", s.ToString());
     }

@@ -128,6 +128,7 @@ Status DomainWorker::OpenFabric(DomainInfo* out) {
   address_.assign(name, name_len);
 
   mr_mode_ = static_cast<uint64_t>(info->domain_attr->mr_mode);
+  rx_cq_data_ = (info->mode & FI_RX_CQ_DATA) != 0;
   max_msg_size_ = info->ep_attr->max_msg_size;
   FillDomainInfo(*info, out);
   out->address = address_;

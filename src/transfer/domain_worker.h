@@ -115,6 +115,9 @@ class DomainWorker {
   std::shared_ptr<ImmCounterTable> imm_;
   FiInfoPtr fi_;
   uint64_t mr_mode_ = 0;
+  // FI_RX_CQ_DATA: remote CQ data consumes a posted receive, whose context the event carries.
+  // Without it the event's op_context is not ours (shm leaves it undefined, not null).
+  bool rx_cq_data_ = false;
   uint64_t max_msg_size_ = 0;
   std::string address_;
 
