@@ -114,6 +114,11 @@ Result<planner::StepCoeffs> LoadOrProfile(const ValidateFlags& f) {
                f.model.c_str(), f.threads);
   ASSIGN_OR_RETURN(model::ModelWeights weights, model::LoadModelWeights(f.model));
   planner::ProfileOptions po = planner::DefaultProfileOptions(true, 1024, 1024);
+  // Decode shapes over what the workload gives the decode instance (as sim_vs_real.sh does).
+  const int lo = std::max(1, static_cast<int>(f.input_len * (1 - f.range_ratio)));
+  const int hi = static_cast<int>((f.input_len + f.output_len) * (1 + f.range_ratio));
+  RETURN_IF_ERROR(planner::SetDecodeGrid(
+      &po, {1, 2, 4, 8, 16}, {lo, f.input_len + f.output_len / 2, std::min(hi, 1024)}, 1024));
   engine::ModelRunnerOptions ro;
   ro.num_threads = f.threads;
   ro.num_pages = planner::PagesNeeded(po, ro.kv.page_size);
@@ -290,20 +295,23 @@ std::vector<planner::InstanceConfig> Slowed(std::vector<planner::InstanceConfig>
 
 // The calibrated deployment at `rate`: the probes' calibration, each instance's steps stretched
 // by the share of its core that other work takes at that rate: the bench client and router
-// (unpinned: from both cores alike) and the instance's own HTTP, fabric and messenger threads
-// (pinned with it), their CPU measured by the probes. Of the instance's own threads only the part
-// per request counts (receiving the request, the KV transfer): their work per token (streaming
-// it) runs between that instance's steps, so the decode probes' per-sequence cost holds it
-// already.
+// (unpinned: from both cores alike) and, for the decode instance, its own HTTP, fabric and
+// messenger threads (pinned with it) per request (receiving the request and the KV: work that
+// comes with other requests, while it decodes), their CPU measured by the probes. Their work per
+// token (streaming it) runs between that instance's steps, so the decode probes' per-sequence
+// cost holds it already. The prefill instance's own threads are in its calibrated step: they
+// send a prompt's KV during that prompt's step, and the probes measure how long the step held
+// the compute thread, waiting for them included. (A 1/(1 - u) stretch by their share, right for
+// work that comes independently of the steps, gave 1.08x at 37 req/s where a trace showed the
+// steps 1.3x their compute thread's CPU time, at idle and under load alike.)
 Result<std::vector<planner::InstanceConfig>> CalibratedAt(const ValidateFlags& f,
                                                           const planner::StepCoeffs& c,
                                                           const Calibration& cal, int64_t kv_tokens,
                                                           double rate) {
   Stretches k;
-  const planner::ClientCpuCost prefill_own{cal.prefill_own_cpu.per_request_s, 0.0};
   const planner::ClientCpuCost decode_own{cal.decode_own_cpu.per_request_s, 0.0};
   ASSIGN_OR_RETURN(k.prefill, planner::BackgroundCpuStretch(cal.StretchCpu(), rate, f.output_len,
-                                                            MachineCores(), prefill_own));
+                                                            MachineCores()));
   ASSIGN_OR_RETURN(k.decode, planner::BackgroundCpuStretch(cal.StretchCpu(), rate, f.output_len,
                                                            MachineCores(), decode_own));
   return Slowed(Instances(f, c, cal.overheads, kv_tokens), k);
@@ -371,8 +379,9 @@ Status SimulateRateReport(const ValidateFlags& f, const bench::DatasetSpec& spec
 
 // The calibrated capacity: the rate at which the prefill instance is busy all the time with
 // prompts of the mean length, its steps slowed by the co-run factor (at high load the decode
-// instance is almost always busy) and by the CPU that the client, the router and its own
-// non-compute threads take from its core per request (SaturationRate). The 128/32 workload is
+// instance is almost always busy) and by the CPU that the client and the router take from its
+// core per request (SaturationRate; its own threads' work is in its calibrated step; the decode
+// side's own threads count as in the stretch). The 128/32 workload is
 // prefill-bound on this engine; the decode side's bound (batches of 16, the same accounting) is
 // taken too in case a workload is not.
 Result<double> CalibratedCapacity(const ValidateFlags& f, const planner::StepCoeffs& c,
@@ -382,8 +391,7 @@ Result<double> CalibratedCapacity(const ValidateFlags& f, const planner::StepCoe
   const double prefill_s =
       insts[0].coeffs.PrefillMs(f.input_len, double(f.input_len) * f.input_len) * 1e-3 *
       cal.overheads.corun_prefill;
-  ASSIGN_OR_RETURN(double prefill_cap,
-                   planner::SaturationRate(prefill_s, shared + cal.prefill_own_cpu.per_request_s));
+  ASSIGN_OR_RETURN(double prefill_cap, planner::SaturationRate(prefill_s, shared));
   const int b = std::min(f.max_num_seqs, 16);
   const double decode_s =
       insts[1].coeffs.DecodeMs(b, int64_t(b) * (f.input_len + f.output_len / 2)) * 1e-3 *

@@ -89,22 +89,25 @@ constexpr int kBatchProbes = 5;
 
 // Idle TTFT probes: prompts of 16 tokens and of the dataset's mean and 2x mean, two tokens each,
 // round-robin over the lengths (a burst of load from elsewhere hits every length alike); the
-// median of 11 after a warm-up round. Also the client's and router's CPU per such request.
+// median of 11 after a warm-up round, with how long the prompt held the prefill instance's
+// compute thread (on its core or waiting for it: its own threads, pinned with it, send the KV
+// during the step). Also the client's and router's CPU per such request.
 inline Result<std::vector<planner::IdleProbe>> TtftProbes(const ValidateFlags& f,
                                                           const planner::StepCoeffs& c,
                                                           ProbeTarget& t, CpuPerRequest* cpu) {
   const std::vector<int> lens = {16, f.input_len, 2 * f.input_len};
   std::vector<std::vector<double>> ttft(lens.size());
   const CpuWindow window(t.dep);
-  std::vector<std::vector<double>> compute(lens.size());
+  std::vector<std::vector<double>> held(lens.size()), run(lens.size());
   for (int round = 0; round < kTtftRounds; ++round) {
     for (size_t k = 0; k < lens.size(); ++k) {
       const planner::ThreadCpuTimes before = ThreadTimes(t.dep.prefill);
       ASSIGN_OR_RETURN(bench::RequestResult m, t.Send(lens[k], 2));
-      const double cpu = planner::BusiestThreadRunSeconds(before, ThreadTimes(t.dep.prefill));
+      const planner::CpuTimes c = planner::BusiestThreadTimes(before, ThreadTimes(t.dep.prefill));
       if (round > 0) {
         ttft[k].push_back(m.ttft);
-        compute[k].push_back(cpu);
+        held[k].push_back(c.run_s + c.wait_s);
+        run[k].push_back(c.run_s);
       }
     }
   }
@@ -112,7 +115,8 @@ inline Result<std::vector<planner::IdleProbe>> TtftProbes(const ValidateFlags& f
   std::vector<planner::IdleProbe> probes;
   for (size_t k = 0; k < lens.size(); ++k) {
     probes.push_back({lens[k], planner::UpperMedian(ttft[k]), ModelledTtftS(c, lens[k]),
-                      ModelledPrefillS(c, lens[k]), planner::UpperMedian(compute[k])});
+                      ModelledPrefillS(c, lens[k]), planner::UpperMedian(held[k]),
+                      planner::UpperMedian(run[k])});
   }
   return probes;
 }
@@ -155,9 +159,9 @@ inline void PrintCalibration(const std::vector<planner::IdleProbe>& probes,
   for (const auto& p : probes) {
     std::printf(
         "  prompt %5d: TTFT %.2f ms measured, %.2f ms modelled; prefill step %.2f ms modelled, "
-        "the prefill instance computed %.2f ms\n",
+        "the prefill instance's compute thread held %.2f ms (%.2f ms on its core)\n",
         p.prompt_len, p.measured_ttft_s * 1e3, p.modelled_ttft_s * 1e3, p.modelled_prefill_s * 1e3,
-        p.measured_prefill_cpu_s * 1e3);
+        p.measured_prefill_cpu_s * 1e3, p.measured_prefill_run_s * 1e3);
   }
   for (const auto& d : decode) {
     std::printf("  batch %2d: TPOT %.3f ms measured, %.3f ms modelled (forward pass only)\n",
@@ -166,7 +170,8 @@ inline void PrintCalibration(const std::vector<planner::IdleProbe>& probes,
   const planner::RealOverheads& o = cal.overheads;
   std::printf(
       "calibrated from these probes (fed to the calibrated simulation): prefill steps x%.3f "
-      "(this deployment's prefill instance's compute thread vs the profile), fixed %.2f ms per "
+      "(how long a prompt held this deployment's prefill compute thread vs the profile), fixed "
+      "%.2f ms per "
       "request (HTTP, router, hand-over) and %.4f ms per prompt token (KV transfer; neither holds "
       "an instance), decode %.3f ms per step + %.3f ms per sequence per step (sampling, "
       "detokenising, streaming); bench client + router use %.3f ms CPU per request + %.4f ms per "
@@ -250,6 +255,8 @@ inline Result<Calibration> Combine(const ValidateFlags& f, const std::vector<Pro
         sets, [](const ProbeSet& s, size_t i) { return s.ttft[i].measured_ttft_s; }, k);
     ttft[k].measured_prefill_cpu_s = MedianOver(
         sets, [](const ProbeSet& s, size_t i) { return s.ttft[i].measured_prefill_cpu_s; }, k);
+    ttft[k].measured_prefill_run_s = MedianOver(
+        sets, [](const ProbeSet& s, size_t i) { return s.ttft[i].measured_prefill_run_s; }, k);
   }
   for (size_t k = 0; k < decode.size(); ++k) {
     decode[k].measured_tpot_s = MedianOver(

@@ -89,6 +89,19 @@ double BusiestThreadRunSeconds(const ThreadCpuTimes& before, const ThreadCpuTime
   return SumAndBusiest(before, after).second;
 }
 
+CpuTimes BusiestThreadTimes(const ThreadCpuTimes& before, const ThreadCpuTimes& after) {
+  CpuTimes best;
+  bool any = false;
+  for (const auto& [tid, t] : after) {
+    auto b = before.find(tid);
+    const CpuTimes from = b != before.end() ? b->second : CpuTimes{};
+    const CpuTimes d{t.run_s - from.run_s, t.wait_s - from.wait_s};
+    if (!any || d.run_s > best.run_s) best = d;
+    any = true;
+  }
+  return best;
+}
+
 double Stretch(const CpuTimes& before, const CpuTimes& after) {
   const double run = after.run_s - before.run_s;
   const double wait = after.wait_s - before.wait_s;

@@ -40,6 +40,9 @@ double BusyThreadsStretch(const ThreadCpuTimes& before, const ThreadCpuTimes& af
 double OtherThreadsRunSeconds(const ThreadCpuTimes& before, const ThreadCpuTimes& after);
 // Run time between two readings of the busiest thread alone (0 with no thread).
 double BusiestThreadRunSeconds(const ThreadCpuTimes& before, const ThreadCpuTimes& after);
+// Run and wait time between two readings of the thread that ran longest (zero with no thread):
+// an instance's compute thread, on its core and runnable but waiting for it.
+CpuTimes BusiestThreadTimes(const ThreadCpuTimes& before, const ThreadCpuTimes& after);
 // CPU seconds (user + system) process `pid` has used so far (/proc/PID/stat); 0 when unreadable.
 double ProcessCpuSeconds(pid_t pid);
 // Live processes whose parent is `ppid`, with their NUL-separated argv.

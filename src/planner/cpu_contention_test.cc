@@ -48,6 +48,20 @@ TEST(CpuContention, BusyThreadsStretchIgnoresMostlyIdleThreads) {
   EXPECT_DOUBLE_EQ(BusyThreadsStretch(after, after), 1.0);                  // nothing ran
 }
 
+TEST(CpuContention, BusiestThreadTimesAreTheLongestRunnersRunAndWait) {
+  // Thread 2 ran longest (0.8 s) and waited 0.3 s; thread 1 waited longer but ran less; thread 3
+  // is new.
+  ThreadCpuTimes before = {{1, {10.0, 2.0}}, {2, {1.0, 5.0}}};
+  ThreadCpuTimes after = {{1, {10.5, 4.0}}, {2, {1.8, 5.3}}, {3, {0.2, 0.0}}};
+  const CpuTimes t = BusiestThreadTimes(before, after);
+  EXPECT_NEAR(t.run_s, 0.8, 1e-12);
+  EXPECT_NEAR(t.wait_s, 0.3, 1e-12);
+  EXPECT_NEAR(BusiestThreadRunSeconds(before, after), t.run_s, 1e-12);
+  const CpuTimes none = BusiestThreadTimes(before, {});
+  EXPECT_EQ(none.run_s, 0.0);
+  EXPECT_EQ(none.wait_s, 0.0);
+}
+
 TEST(CpuContention, ReadsThisProcessAndFindsItsChildren) {
   auto before = ProcessCpuTimes(getpid());
   if (!before.ok()) GTEST_SKIP() << "no schedstat: " << before.status().ToString();

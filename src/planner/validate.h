@@ -25,8 +25,12 @@ struct IdleProbe {
   double measured_ttft_s = 0.0;
   double modelled_ttft_s = 0.0;     // prefill step + the decode step of the last prompt token
   double modelled_prefill_s = 0.0;  // the prefill step alone (part of modelled_ttft_s)
-  // The prefill instance's compute thread's CPU time for the prompt (schedstat); 0: not measured.
+  // How long the prefill instance's compute thread was held by the prompt (schedstat); 0: not
+  // measured. validate-sim gives its time on its core plus its time runnable but waiting for it:
+  // the instance's own messenger and fabric threads, pinned with it, send each layer's KV while
+  // the step computes, and the step takes that long (a trace showed steps 1.3x their compute).
   double measured_prefill_cpu_s = 0.0;
+  double measured_prefill_run_s = 0.0;  // of which on its core (reported only)
 };
 // A decode probe: `batch` requests sent together (short prompts, long outputs, so they decode
 // side by side), their mean TPOT against the modelled decode step at that batch.
