@@ -468,40 +468,6 @@ Status RunRounds(const ValidateFlags& f, const bench::DatasetSpec& spec,
   return OkStatus();
 }
 
-// With --trace: per rate, the real decode instance's steps in the bench rounds (their windows on
-// the traces' clock, pooled) beside the calibrated simulation's, per batch size; a step is
-// "corun" when a prefill step was running as it started (the simulator's co-run rule).
-constexpr int kStepTableBatches = 8;
-constexpr double kMaxLoopGapS = 2e-3;  // a longer gap is the engine waiting for work
-Status PrintStepComparisons(const ValidateFlags& f, const std::vector<RateReport>& reports) {
-  ASSIGN_OR_RETURN(const std::string decode_text,
-                   ReadFileToString(TracePathFor(f.trace, "decode0")));
-  ASSIGN_OR_RETURN(const std::string prefill_text,
-                   ReadFileToString(TracePathFor(f.trace, "prefill0")));
-  std::printf(
-      "\ndecode steps by batch size, real (--trace, the bench rounds) vs the calibrated "
-      "simulation (decode-only steps; corun = a prefill step running as it started; gap = the "
-      "engine loop between a step and the next, gaps over %.0f ms left out):\n",
-      kMaxLoopGapS * 1e3);
-  for (const RateReport& r : reports) {
-    std::vector<planner::StepRecord> real;
-    for (const RoundResult& rr : r.rounds) {
-      ASSIGN_OR_RETURN(auto d, planner::EngineStepsFromTrace(decode_text, rr.begin_s, rr.end_s));
-      ASSIGN_OR_RETURN(auto p, planner::EngineStepsFromTrace(prefill_text, rr.begin_s, rr.end_s));
-      planner::MarkCorun(d, p);
-      real.insert(real.end(), d.begin(), d.end());
-    }
-    planner::SimResult sim;
-    sim.steps = r.sim_steps;
-    const auto sim_steps = planner::StepsOfInstance(sim, 1);
-    const auto real_rows = planner::SummarizeDecodeSteps(real, kStepTableBatches, kMaxLoopGapS);
-    const auto sim_rows = planner::SummarizeDecodeSteps(sim_steps, kStepTableBatches, kMaxLoopGapS);
-    std::printf("rate %.3g req/s:\n%s", r.raw.rate,
-                planner::FormatStepComparison(real_rows, sim_rows).c_str());
-  }
-  return OkStatus();
-}
-
 // The serve default: an f32 KV region of 256 MiB.
 struct KvLayout {
   double bytes_per_token = 0;
