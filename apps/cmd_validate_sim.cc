@@ -7,7 +7,7 @@
 //    or a quick profile run here, pinned to core 0 like the prefill instance.
 // 2. `pdserve up` (1 prefill + 1 decode, --pin-cores: each on its own core) as a child process.
 // 3. A warm-up (60 requests at 20 req/s, another seed), then calibration through the deployment
-//    by probe sets, one before the first bench round and one after each (the machine drifts; the
+//    by probe sets, three before the first bench round and one after each (the machine drifts; the
 //    calibration is the median over the sets): idle TTFT probes at three prompt lengths (with the
 //    prefill instance's compute-thread CPU time from schedstat: a scale on the profile's prefill
 //    step; the rest of the TTFT is a fixed cost and a KV transfer time per prompt token, which
@@ -406,22 +406,35 @@ Result<double> CalibratedCapacity(const ValidateFlags& f, const planner::StepCoe
 // in attainment and 270% in TTFT p50.
 constexpr double kLoadShares[] = {0.2, 0.4, 0.6};
 
-// The rates: --rate, or 20/40/60% of the calibrated capacity (from the first probe set, so fixed
-// before any bench round). `rule` says which.
+// Probe sets before the first round: the compared rates come from the median of their
+// capacities (planner::SteadyCapacity), not from one set that may catch a fast or slow spell of
+// this machine (one set put a run's rates 25% higher than the next three sets would have).
+constexpr int kPreRoundProbeSets = 3;
+
+// The rates: --rate, or 20/40/60% of the calibrated capacity (the median over the pre-round
+// probe sets, each calibrated alone, so fixed before any bench round). `rule` says which.
 Result<std::vector<double>> ChooseRates(const ValidateFlags& f, const planner::StepCoeffs& c,
-                                        const Calibration& cal, int64_t kv_tokens,
+                                        const std::vector<ProbeSet>& pre_round, int64_t kv_tokens,
                                         std::string* rule) {
   *rule = "rates given with --rate";
   if (!f.rates.empty()) return f.rates;
-  ASSIGN_OR_RETURN(const double cap, CalibratedCapacity(f, c, cal, kv_tokens));
+  std::vector<double> caps;
+  std::string each;
+  for (const ProbeSet& set : pre_round) {
+    ASSIGN_OR_RETURN(const Calibration one, Combine(f, {set}, false));
+    ASSIGN_OR_RETURN(const double cap, CalibratedCapacity(f, c, one, kv_tokens));
+    caps.push_back(cap);
+    each += (each.empty() ? "" : ", ") + std::to_string(cap).substr(0, 5);
+  }
+  ASSIGN_OR_RETURN(const double cap, planner::SteadyCapacity(caps));
   std::vector<double> rates;
   for (double share : kLoadShares) rates.push_back(share * cap);
-  char text[320];
+  char text[400];
   std::snprintf(text, sizeof(text),
-                "rates 20/40/60%% of the calibrated capacity %.1f req/s (first probe set; mean "
-                "prompts, prefill steps x co-run, less the client's, router's and its own "
-                "threads' CPU)",
-                cap);
+                "rates 20/40/60%% of the calibrated capacity %.1f req/s (median of %zu pre-round "
+                "probe sets' capacities: %s; mean prompts, prefill steps x co-run, less the "
+                "client's, router's and its own threads' CPU)",
+                cap, caps.size(), each.c_str());
   *rule = text;
   return rates;
 }
@@ -462,7 +475,7 @@ Status RunRounds(const ValidateFlags& f, const bench::DatasetSpec& spec,
       ASSIGN_OR_RETURN(RoundResult r, BenchRound(f, spec, rates[i], slo, dep));
       (*reports)[i].rounds.push_back(r);
     }
-    ASSIGN_OR_RETURN(ProbeSet set, RunProbes(f, c, dep, round + 1));
+    ASSIGN_OR_RETURN(ProbeSet set, RunProbes(f, c, dep, round + kPreRoundProbeSets));
     sets->push_back(set);
   }
   return OkStatus();
@@ -496,15 +509,17 @@ Status Validate(const ValidateFlags& f) {
   ASSIGN_OR_RETURN(const Deployment dep, FindInstances(up.pid));
   RETURN_IF_ERROR(WarmUp(f));
   std::vector<ProbeSet> sets;
-  ASSIGN_OR_RETURN(ProbeSet first, RunProbes(f, coeffs, dep, 0));
-  sets.push_back(first);
-  // The SLOs and the rates come from the first probe set: fixed before any bench round.
+  for (int k = 0; k < kPreRoundProbeSets; ++k) {
+    ASSIGN_OR_RETURN(ProbeSet set, RunProbes(f, coeffs, dep, k));
+    sets.push_back(set);
+  }
+  // The SLOs and the rates come from the pre-round probe sets: fixed before any bench round.
   ASSIGN_OR_RETURN(Calibration cal, Combine(f, sets, false));
   const planner::Slo slo{f.ttft_slo_s > 0 ? f.ttft_slo_s : 3 * cal.idle_ttft_s,
                          f.tpot_slo_s > 0 ? f.tpot_slo_s : 2 * cal.idle_tpot_s};
   std::string rate_rule;
   ASSIGN_OR_RETURN(const std::vector<double> rates,
-                   ChooseRates(f, coeffs, cal, kv.tokens, &rate_rule));
+                   ChooseRates(f, coeffs, sets, kv.tokens, &rate_rule));
   ASSIGN_OR_RETURN(const LoadRunCpu load, LoadRun(f, rates.back(), dep));
   const bench::DatasetSpec spec = SpecOf(f);
   std::vector<RateReport> reports;

@@ -186,7 +186,7 @@ inline void PrintCalibration(const std::vector<planner::IdleProbe>& probes,
 }
 
 // One set of calibration probes: idle TTFT and decode probes, the client's and router's CPU, the
-// co-run pairs. validate-sim takes one before the first bench round and one after each round, so
+// co-run pairs. validate-sim takes three before the first bench round and one after each round, so
 // the calibration spans the same stretch of time as the runs it is compared with (this machine
 // drifts by 10-30% over minutes; a burst of probes catches one moment of it).
 struct ProbeSet {
@@ -280,7 +280,7 @@ inline Result<Calibration> Combine(const ValidateFlags& f, const std::vector<Pro
   const std::string corun = CorunFactors(pooled, &cal.overheads);
   if (print) {
     std::printf(
-        "calibration: the median of %zu probe sets (before the first bench round and "
+        "calibration: the median of %zu probe sets (three before the first bench round and "
         "after each)\n%s",
         sets.size(), corun.c_str());
     PrintCalibration(ttft, decode, cal);

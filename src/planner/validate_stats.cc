@@ -11,6 +11,19 @@ double UpperMedian(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+Result<double> SteadyCapacity(std::vector<double> per_set) {
+  if (per_set.size() < 2) {
+    return InvalidArgument("steady capacity: at least 2 pre-round probe sets");
+  }
+  for (double c : per_set) {
+    if (!(c > 0) || !std::isfinite(c)) {
+      return InvalidArgument("steady capacity: a probe set's capacity is not positive");
+    }
+  }
+  std::sort(per_set.begin(), per_set.end());
+  return per_set[(per_set.size() - 1) / 2];
+}
+
 namespace {
 
 template <typename Get>

@@ -15,6 +15,13 @@ namespace pd::planner {
 // The middle value of `v` (the upper one of the two for an even count); 0 for none.
 double UpperMedian(std::vector<double> v);
 
+// The capacity that fixes the compared rates, from the capacities calibrated from each of the
+// probe sets taken before any round (at least 2; `pdserve validate-sim` takes 3): their median,
+// the lower of the two middle ones for an even count (a fast spell of the machine must not raise
+// the rates; one set caught in one put a run's rates 25% higher). InvalidArgument for fewer than
+// 2 sets or a capacity that is not positive and finite.
+Result<double> SteadyCapacity(std::vector<double> per_set);
+
 // Metric by metric, the median of `rounds` (the upper median for an even count, like the probes'
 // medians); num_requests and num_failed from the round with the median attainment. An empty span
 // gives an empty Summary.

@@ -39,6 +39,34 @@ TEST(ValidateStats, MedianOfAnEvenCountIsTheUpperOneAndOfNothingIsEmpty) {
   EXPECT_DOUBLE_EQ(none.ttft_p50_s, 0.0);
 }
 
+TEST(ValidateStats, SteadyCapacityIgnoresOneFastSet) {
+  // Run 3 of 2026-11-29: the first set caught a fast spell (+25%); the median does not follow it.
+  auto c = SteadyCapacity({85.7, 68.9, 68.0});
+  ASSERT_TRUE(c.ok());
+  EXPECT_DOUBLE_EQ(*c, 68.9);
+  auto slow = SteadyCapacity({50.0, 69.0, 70.0, 90.0, 71.0});
+  ASSERT_TRUE(slow.ok());
+  EXPECT_DOUBLE_EQ(*slow, 70.0);
+}
+
+TEST(ValidateStats, SteadyCapacityOfAnEvenCountIsTheLowerMiddle) {
+  auto two = SteadyCapacity({80.0, 60.0});
+  ASSERT_TRUE(two.ok());
+  EXPECT_DOUBLE_EQ(*two, 60.0);
+  auto four = SteadyCapacity({60.0, 90.0, 70.0, 80.0});
+  ASSERT_TRUE(four.ok());
+  EXPECT_DOUBLE_EQ(*four, 70.0);
+}
+
+TEST(ValidateStats, SteadyCapacityRejectsOneSetAndBadCapacities) {
+  EXPECT_EQ(SteadyCapacity({}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SteadyCapacity({60.0}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SteadyCapacity({60.0, 0.0, 70.0}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SteadyCapacity({60.0, -1.0}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SteadyCapacity({60.0, std::nan("")}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SteadyCapacity({60.0, INFINITY}).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(ValidateStats, RelativeSpreadIsRangeOverMedian) {
   const std::vector<Summary> rounds = {Round(0.9, 0.030, 0.004), Round(0.7, 0.010, 0.002),
                                        Round(0.8, 0.020, 0.010)};
