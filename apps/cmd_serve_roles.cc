@@ -34,6 +34,10 @@ void AddRoleFlags(CLI::App* app, RoleFlags* f) {
   app->add_option("--peer-wait-s", f->peer_wait_s,
                   "decode role: how long to wait for prefill instances at start")
       ->capture_default_str();
+  app->add_option("--peer-silence-s", f->peer_silence_s,
+                  "prefill role: drop (abort, free the pages of) the requests of a decode instance "
+                  "that has sent nothing, not even a heartbeat, for this long; 0: off")
+      ->capture_default_str();
   app->add_option("--trace", f->trace_file,
                   "write a Chrome trace-event JSON (chrome://tracing, Perfetto) here at shutdown");
 }
@@ -51,6 +55,7 @@ Status ValidateRoleFlags(const RoleFlags& f) {
   if (f.kv_transfer_timeout_ms <= 0) {
     return InvalidArgument("--kv-transfer-timeout-ms must be positive");
   }
+  if (!(f.peer_silence_s >= 0)) return InvalidArgument("--peer-silence-s must be >= 0");
   return OkStatus();
 }
 
@@ -145,6 +150,7 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
   mo.model_hash = messenger::ModelFingerprint(weights);
   mo.domain = DomainFor(flags);
   mo.max_transfers = ao.max_pending_requests;
+  mo.peer_silence_s = flags.peer_silence_s;
   mo.tracer = flags.tracer;
   auto messenger = messenger::PrefillMessenger::Create(mo, eng->runner());
   if (!messenger.ok()) return fail(messenger.status().WithContext("fabric"));

@@ -7,6 +7,9 @@
 //   - kill -9 of a decode instance while its requests are in prefill: the prefill instance
 //     cancels and frees them (kv usage back to 0, its failure counter rises) and serves a new
 //     decode instance afterwards;
+//   - SIGSTOP of a decode instance (silent, sockets open) while its prompts are queued and in
+//     prefill: the prefill instance drops them after --peer-silence-s and frees their pages;
+//     resumed, the decode instance answers every client;
 //   - 100 streaming requests aborted at seeded random points through `pdserve up`;
 //   - malformed, truncated and unauthenticated control messages from a test client with its own
 //     fabric endpoint (tests/disagg_wire_client.h): the prefill instance refuses each one (a
@@ -274,6 +277,61 @@ TEST(DisaggFaultTest, DecodeKilledWhileItsRequestsAreInPrefillIsCancelledByThePr
   EXPECT_EQ(decode2.Stop(SIGTERM, 30s), 0);
   EXPECT_EQ(prefill.Stop(SIGTERM, 30s), 0);
   if (HasFailure()) ADD_FAILURE() << prefill.output();
+}
+
+// ------------------------------------------------------------------ SIGSTOP decode
+
+// A stopped (or wedged) decode instance keeps its sockets open: its transfers' writes neither
+// fail nor complete, and no send to it fails. The prefill instance notices the silence (no
+// heartbeat for --peer-silence-s) and drops its queued and running prefills long before their
+// deadline (60 s here), freeing their pages. Resumed, the decode instance hears PrefillDone
+// errors and answers each client, with the tokens (a retry) or a clear error: nothing hangs.
+TEST(DisaggFaultTest, StoppedDecodeHasItsPrefillsDroppedAfterItsSilenceAndRecovers) {
+  const int port = PickPort();
+  const std::string secret = SecretFile("s_stop", "fault-secret");
+  std::vector<std::string> prefill_role = SlowPrefill(secret, 16);
+  prefill_role.insert(prefill_role.end(), {"--peer-silence-s", "1.5"});
+  Process prefill, decode;
+  ASSERT_TRUE(
+      StartAndWaitFor(prefill, ServeArgs(port + 1, prefill_role), "prefill instance on", 120s));
+  ASSERT_TRUE(StartAndWaitFor(decode, ServeArgs(port + 8, DecodeRole(secret, Url(port + 1), 60000)),
+                              "on http://", 120s));
+  {
+    Burst burst(port + 8, 6, 240, 4);
+    ASSERT_TRUE(
+        WaitFor([&] { return Metric(port + 1, "pdserve:kv_transfers_active", kRole) >= 3; }, 60s))
+        << prefill.output();
+    ASSERT_EQ(kill(decode.pid(), SIGSTOP), 0);
+    // 1.5 s of silence, then a deadline scan: well within 15 s, far before the 60 s deadline.
+    EXPECT_TRUE(
+        WaitFor([&] { return Metric(port + 1, "pdserve:kv_transfers_active", kRole) == 0; }, 15s))
+        << prefill.output();
+    EXPECT_TRUE(testing::PagesFreeAt(kHost, port + 1, 5s));
+    EXPECT_GE(Metric(port + 1, "pdserve:kv_transfers_dropped_silent_peer_total", kRole), 1);
+    EXPECT_EQ(Metric(port + 1, "pdserve:num_requests_running"), 0);
+    EXPECT_EQ(Metric(port + 1, "pdserve:num_requests_waiting"), 0);
+    ASSERT_EQ(kill(decode.pid(), SIGCONT), 0);
+    // Each answered within its 90 s read timeout: tokens (finished before the stop) or the drop.
+    int dropped = 0;
+    for (const auto& [status, body] : burst.Join()) {
+      if (status == 200) continue;
+      EXPECT_EQ(status, 500) << body.dump();
+      EXPECT_THAT(body.dump(), HasSubstr("KV transfer failed"));
+      if (body.dump().find("its decode instance has sent nothing for 1.5 s") != std::string::npos) {
+        ++dropped;
+      }
+    }
+    EXPECT_GE(dropped, 1);
+  }
+  EXPECT_TRUE(PagesFree(port + 8));
+  EXPECT_TRUE(PagesFree(port + 1));
+  // Both still serve.
+  auto [status, body] = CompleteAt(kHost, port + 8, PromptOf(100, 3), 4, 90);
+  EXPECT_EQ(status, 200) << body.dump();
+  EXPECT_TRUE(PagesFree(port + 1));
+  EXPECT_EQ(decode.Stop(SIGTERM, 30s), 0);
+  EXPECT_EQ(prefill.Stop(SIGTERM, 30s), 0);
+  if (HasFailure()) ADD_FAILURE() << prefill.output() << decode.output();
 }
 
 // ------------------------------------------------------------------ aborted streams

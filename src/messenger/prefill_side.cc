@@ -136,6 +136,7 @@ void PrefillMessenger::Impl::OnHello(const Hello& hello, uint64_t seq) {
   reply.scheme = scheme_;
   reply.fabric_address = address();
   if (ok.ok()) {
+    Heard(hello.fabric_address);
     if (peers_.emplace(hello.fabric_address, *peer).second) {  // else a heartbeat
       owner_->num_peers_.fetch_add(1);
       PD_LOG_INFO("prefill messenger: accepted decode instance '{}'", hello.instance_name);
@@ -180,6 +181,7 @@ void PrefillMessenger::Impl::OnPrefillRequest(const PrefillRequest& request, uin
     owner_->metrics_.Rejected();
     return;
   }
+  Heard(region->fabric_addr);
   auto t = std::make_unique<Transfer>();
   t->request_id = request.request_id;
   t->peer = peer->second;
@@ -301,6 +303,7 @@ void PrefillMessenger::Impl::OnCancel(const Cancel& cancel, uint64_t seq) {
     owner_->metrics_.Rejected();
     return;
   }
+  Heard(t->peer.fabric_addr);
   Fail(t, Cancelled("request " + std::to_string(cancel.request_id) +
                     " cancelled by the decode instance"));
 }

@@ -46,6 +46,12 @@ struct PrefillMessengerOptions {
   transfer::DomainOptions domain;     // provider, node; on_message is set by the messenger
   int max_transfers = 256;            // in flight; beyond: PrefillDone ResourceExhausted
   uint32_t max_deadline_ms = 120000;  // a request's deadline is capped to this
+  // A transfer whose decode peer has sent nothing (Hello, heartbeat, request, Cancel) for this
+  // long is failed: its engine request aborted (queued or running), its pages freed, and counted
+  // in kv_transfers_dropped_silent_peer_total. Decode instances Hello every
+  // DecodeMessengerOptions::heartbeat_s (0.25 s) while they have attempts in flight, so the default
+  // is 8 heartbeats. 0: off (only the request's deadline applies).
+  double peer_silence_s = 2.0;
   // Borrowed, outlives the messenger; null: no trace. Events: "post writes" per request and
   // layer, "write layer" (post -> completion), "post metadata", "transfer", "transfer failed".
   Tracer* tracer = nullptr;

@@ -107,6 +107,8 @@ class PrefillMessenger::Impl {
   void Fail(Transfer* t, const Status& status);
   void TryFinish(Transfer* t);
   void CheckDeadlines();
+  void Heard(const std::string& fabric_address);
+  bool Silent(const Transfer& t, double now) const;
   void SendDone(const transfer::PeerAddr& peer, uint64_t request_id, const Status& status,
                 uint32_t num_writes);
   Transfer* Find(uint64_t request_id);
@@ -132,6 +134,7 @@ class PrefillMessenger::Impl {
   // Messenger thread only.
   ReplayGuard replay_;
   std::unordered_map<std::string, transfer::PeerAddr> peers_;  // accepted, by fabric address
+  std::unordered_map<std::string, double> last_heard_;         // NowSeconds(), by address
   std::unordered_map<uint64_t, std::unique_ptr<Transfer>> transfers_;
   std::unordered_map<int64_t, uint64_t> by_engine_id_;
   std::vector<int> free_meta_slots_;

@@ -4,6 +4,7 @@
 // (Fail, TryFinish, deadlines). Lifecycle and control messages are in prefill_side.cc; Impl's
 // definition in prefill_side_impl.h.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -266,6 +267,30 @@ void PrefillMessenger::Impl::CheckDeadlines() {
     Fail(t, DeadlineExceeded("KV transfer of request " + std::to_string(t->request_id) +
                              " missed its deadline"));
   }
+  std::vector<Transfer*> orphaned;
+  for (auto& [id, t] : transfers_) {
+    if (t->error.ok() && Silent(*t, now)) orphaned.push_back(t.get());
+  }
+  for (Transfer* t : orphaned) {
+    owner_->metrics_.DroppedSilentPeer();
+    char silence[32];
+    std::snprintf(silence, sizeof(silence), "%g", options_.peer_silence_s);
+    Fail(t, Unavailable("request " + std::to_string(t->request_id) +
+                        " dropped: its decode instance has sent nothing for " + silence + " s"));
+  }
+}
+
+void PrefillMessenger::Impl::Heard(const std::string& fabric_address) {
+  last_heard_[fabric_address] = NowSeconds();
+}
+
+// A SIGSTOPped or wedged decode instance keeps its sockets open, so its writes neither fail nor
+// complete: without this its queued and running prefills would hold their pages until their
+// deadlines (up to max_deadline_ms).
+bool PrefillMessenger::Impl::Silent(const Transfer& t, double now) const {
+  if (options_.peer_silence_s <= 0) return false;
+  auto it = last_heard_.find(t.peer.fabric_addr);
+  return it != last_heard_.end() && now - it->second > options_.peer_silence_s;
 }
 
 Transfer* PrefillMessenger::Impl::Find(uint64_t request_id) {

@@ -30,6 +30,10 @@ std::string TransferMetrics::PrometheusText(const std::string& role) const {
   counter("kv_control_messages_rejected_total",
           "Control messages dropped: malformed, unauthenticated, replayed or from an unknown peer.",
           rejected());
+  counter("kv_transfers_dropped_silent_peer_total",
+          "KV transfers dropped (pages freed) because their decode peer sent nothing for "
+          "peer_silence_s.",
+          dropped_silent());
   out +=
       "# HELP pdserve:kv_transfers_active KV transfers in flight.\n"
       "# TYPE pdserve:kv_transfers_active gauge\npdserve:kv_transfers_active" +

@@ -19,6 +19,8 @@ class TransferMetrics {
   void Retried() { retried_.fetch_add(1, std::memory_order_relaxed); }
   // A control message refused before it could act: bad frame, MAC, replay or unknown sender.
   void Rejected() { rejected_.fetch_add(1, std::memory_order_relaxed); }
+  // A transfer dropped because its decode peer fell silent (prefill side).
+  void DroppedSilentPeer() { dropped_silent_.fetch_add(1, std::memory_order_relaxed); }
   void SetActive(int64_t n) { active_.store(n, std::memory_order_relaxed); }
 
   uint64_t started() const { return started_.load(); }
@@ -26,6 +28,7 @@ class TransferMetrics {
   uint64_t failed() const { return failed_.load(); }
   uint64_t retried() const { return retried_.load(); }
   uint64_t rejected() const { return rejected_.load(); }
+  uint64_t dropped_silent() const { return dropped_silent_.load(); }
   uint64_t bytes() const { return bytes_.load(); }
   int64_t active() const { return active_.load(); }
 
@@ -34,6 +37,7 @@ class TransferMetrics {
 
  private:
   std::atomic<uint64_t> started_{0}, succeeded_{0}, failed_{0}, retried_{0}, rejected_{0};
+  std::atomic<uint64_t> dropped_silent_{0};
   std::atomic<uint64_t> bytes_{0}, writes_{0};
   std::atomic<int64_t> active_{0};
   std::array<std::atomic<uint64_t>, kBuckets.size() + 1> bucket_counts_{};  // last: +Inf
