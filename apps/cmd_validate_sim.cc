@@ -265,7 +265,8 @@ Result<planner::Summary> SimulateRate(std::span<const planner::InstanceConfig> i
                                       const planner::ClusterLinks& links,
                                       const std::vector<planner::SimRequest>& reqs,
                                       const planner::Slo& slo, double fixed_s,
-                                      std::vector<planner::SimStep>* steps = nullptr) {
+                                      std::vector<planner::SimStep>* steps = nullptr,
+                                      std::vector<planner::RequestResult>* requests = nullptr) {
   planner::SimOptions so;
   so.slo = slo;
   so.first_token_on_decode = true;
@@ -279,6 +280,7 @@ Result<planner::Summary> SimulateRate(std::span<const planner::InstanceConfig> i
     if (r.first_token_s >= 0) r.first_token_s += fixed_s;
     if (r.finish_s >= 0) r.finish_s += fixed_s;
   }
+  if (requests != nullptr) *requests = sim.requests;
   return planner::Summarize(sim.requests, slo);
 }
 
@@ -361,8 +363,9 @@ Status SimulateRateReport(const ValidateFlags& f, const bench::DatasetSpec& spec
   if (cal.overheads.transfer_s_per_token > 0) {
     cal_links.intra_node_bw = links.kv_bytes_per_token / cal.overheads.transfer_s_per_token;
   }
-  ASSIGN_OR_RETURN(r->calibrated.simulated, SimulateRate(cal_insts, cal_links, reqs, slo,
-                                                         cal.overheads.fixed_s, &r->sim_steps));
+  ASSIGN_OR_RETURN(r->calibrated.simulated,
+                   SimulateRate(cal_insts, cal_links, reqs, slo, cal.overheads.fixed_s,
+                                &r->sim_steps, &r->sim_requests));
   ASSIGN_OR_RETURN(r->raw.simulated,
                    SimulateRate(Instances(f, coeffs, planner::RealOverheads{}, kv_tokens), links,
                                 reqs, slo, 0.0));

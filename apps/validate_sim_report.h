@@ -2,6 +2,7 @@
 // by side and as JSON.
 #pragma once
 
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -36,6 +37,7 @@ struct RateReport {
   planner::Spread machine;                  // over the bench rounds (the same requests each time)
   planner::Spread sampling;                 // the calibrated simulation over reseeded workloads
   std::vector<planner::SimStep> sim_steps;  // the calibrated simulation's, on the bench's requests
+  std::vector<planner::RequestResult> sim_requests;  // the same simulation's (fixed_s included)
   double modelled_cores = 0;  // the bench client's and router's CPU the simulation assumes
 };
 
@@ -146,6 +148,44 @@ inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo
           {"noise", noise}};
 }
 
+// With --trace: the calibrated simulation's TTFT parts per request (p50 / p90, ms): waiting at the
+// prefill instance, its step, the hand-over (KV transfer), the decode instance until the first
+// token (its queue and step, with fixed_s); and the rounds' windows on the traces' clock, for
+// comparing with the real parts from the traces (bench/planner/ttft_parts.py).
+inline void PrintSimTtftParts(const RateReport& r) {
+  std::vector<double> wait, step, handover, decode;
+  std::vector<double> step_end, step_len;
+  for (const planner::SimStep& s : r.sim_steps) {
+    if (s.instance != 0) continue;
+    step_end.push_back(s.start_s + s.duration_s);
+    step_len.push_back(s.duration_s);
+  }
+  for (const planner::RequestResult& q : r.sim_requests) {
+    if (q.prefill_done_s < 0 || q.kv_arrived_s < 0 || q.first_token_s < 0) continue;
+    double len = 0;  // the prefill step that ended when this prompt's did
+    for (size_t i = 0; i < step_end.size(); ++i) {
+      if (std::abs(step_end[i] - q.prefill_done_s) < 1e-9) len = step_len[i];
+    }
+    step.push_back(len);
+    wait.push_back(q.prefill_done_s - q.arrival_s - len);
+    handover.push_back(q.kv_arrived_s - q.prefill_done_s);
+    decode.push_back(q.first_token_s - q.kv_arrived_s);
+  }
+  auto pp = [](const std::vector<double>& v) {
+    char b[64];
+    std::snprintf(b, sizeof(b), "%.2f / %.2f", planner::Percentile(v, 0.5) * 1e3,
+                  planner::Percentile(v, 0.9) * 1e3);
+    return std::string(b);
+  };
+  std::printf(
+      "simulated TTFT parts at %.3g req/s (p50 / p90 ms): prefill wait %s, prefill step %s, "
+      "hand-over %s, decode to first token (with fixed) %s\n",
+      r.raw.rate, pp(wait).c_str(), pp(step).c_str(), pp(handover).c_str(), pp(decode).c_str());
+  for (const RoundResult& rr : r.rounds) {
+    std::printf("round window %.3g req/s: %.6f %.6f\n", r.raw.rate, rr.begin_s, rr.end_s);
+  }
+}
+
 // With --trace: per rate, the real decode instance's steps in the bench rounds (their windows on
 // the traces' clock, pooled) beside the calibrated simulation's, per batch size; a step is
 // "corun" when a prefill step was running as it started (the simulator's co-run rule).
@@ -176,6 +216,7 @@ inline Status PrintStepComparisons(const ValidateFlags& f, const std::vector<Rat
     const auto sim_rows = planner::SummarizeDecodeSteps(sim_steps, kStepTableBatches, kMaxLoopGapS);
     std::printf("rate %.3g req/s:\n%s", r.raw.rate,
                 planner::FormatStepComparison(real_rows, sim_rows).c_str());
+    PrintSimTtftParts(r);
   }
   return OkStatus();
 }

@@ -15,6 +15,10 @@ struct RequestResult {
   double arrival_s = 0.0;
   double first_token_s = -1.0;  // -1: never produced
   double finish_s = -1.0;
+  // Disaggregated with the first token on the decode instance (SimOptions::first_token_on_decode):
+  // when the prefill step ended and when the KV reached the decode instance (-1: not yet).
+  double prefill_done_s = -1.0;
+  double kv_arrived_s = -1.0;
   bool failed = false;  // could not be served (e.g. larger than the KV cache)
 
   bool done() const { return !failed && finish_s >= 0; }

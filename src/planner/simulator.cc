@@ -242,6 +242,7 @@ void Cluster::CheckTpotBound(double now, int64_t req, double min_step_s) {
 }
 
 void Cluster::OnKvArrived(double now, int inst, int64_t req) {
+  result_.requests[req].kv_arrived_s = now;
   Instance& in = instances_[inst];
   --in.incoming;
   CheckTpotBound(now, req, in.min_token_step_s);
@@ -309,6 +310,7 @@ void Cluster::TryStart(double now, int i) {
 bool Cluster::OnToken(double now, Instance& inst, int64_t req) {
   RequestResult& out = result_.requests[req];
   if (inst.cfg.role == Role::kPrefill && opts_.first_token_on_decode) {
+    out.prefill_done_s = now;
     const int dest = PickLeastLoaded(Role::kDecode);
     ++instances_[dest].incoming;
     const double xfer = KvTransferSeconds(inst.cfg, instances_[dest].cfg, links_, out.prompt_len);

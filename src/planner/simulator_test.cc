@@ -137,6 +137,9 @@ TEST(Simulator, FirstTokenOnDecodeCountsTransferAndDecodeStepInTtft) {
   EXPECT_NEAR(r->requests[0].ttft_s(), 0.05 + 0.02 + 0.1 + 0.01, 1e-12);
   EXPECT_NEAR(r->requests[0].tpot_s(), 0.01, 1e-12);
   EXPECT_EQ(r->num_steps, 1 + 4);  // one prefill step, four decode steps
+  // The TTFT's parts: the prefill step ends, the KV arrives, the decode step gives the token.
+  EXPECT_NEAR(r->requests[0].prefill_done_s, 0.05, 1e-12);
+  EXPECT_NEAR(r->requests[0].kv_arrived_s, 0.05 + 0.02 + 0.1, 1e-12);
   // A one-token answer still moves to the decode instance for its only token.
   reqs[0].output_len = 1;
   auto one = Simulate(insts, links, reqs, o);
@@ -147,6 +150,7 @@ TEST(Simulator, FirstTokenOnDecodeCountsTransferAndDecodeStepInTtft) {
   auto ds = Simulate(insts, links, reqs, SimOptions{});
   ASSERT_TRUE(ds.ok());
   EXPECT_NEAR(ds->requests[0].ttft_s(), 0.05, 1e-12);
+  EXPECT_EQ(ds->requests[0].prefill_done_s, -1.0);  // the first token left the prefill step
   EXPECT_NEAR(ds->requests[0].finish_s, 0.05 + 0.12 + 3 * 0.01, 1e-12);
 }
 
