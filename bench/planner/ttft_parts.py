@@ -6,7 +6,8 @@ Usage: ttft_parts.py TRACE_BASE VALIDATE_LOG
   VALIDATE_LOG: validate-sim's stdout (its "round window RATE req/s: BEGIN END" lines, the
                 traces' clock in seconds)
 
-Per rate, over the bench rounds' windows, p50 / p90 in ms of each request's parts, joined by the
+Per rate and bench round (its window; the traces hold their first 200,000 events each, so
+the later rounds may be missing), p50 / p90 in ms of each request's parts, joined by the
 messenger's request id:
   front:     the decode instance sent the prefill request -> the prefill instance got it
   wait:      the prefill instance got it -> the engine step that computed it started
@@ -64,28 +65,29 @@ def main():
     dsteps.sort()
     starts = [s for s, _ in dsteps]
     import bisect
-    for rate, ws in windows.items():
-        parts = {'front': [], 'wait': [], 'step': [], 'hand-over': [], 'decode': []}
-        for rid, b in got.items():
-            t = b * 1e-6
-            if not any(lo <= t <= hi for lo, hi in ws):
-                continue
-            if rid not in step_of or step_of[rid] not in steps or rid not in ready:
-                continue
-            s0, s1 = steps[step_of[rid]]
-            d = ready[rid]
-            if rid in sent:
-                parts['front'].append(b - sent[rid])
-            parts['wait'].append(s0 - b)
-            parts['step'].append(s1 - s0)
-            parts['hand-over'].append(d - s1)
-            i = bisect.bisect_left(starts, d)
-            if i < len(dsteps):
-                parts['decode'].append(dsteps[i][1] - d)
-        text = ', '.join('%s %.2f / %.2f' % (k, pct(v, 0.5) * 1e-3, pct(v, 0.9) * 1e-3)
-                         for k, v in parts.items())
-        print('real TTFT parts at %s req/s (%d requests, p50 / p90 ms): %s' %
-              (rate, len(parts['wait']), text))
+    for rate, rounds in windows.items():
+      for k, ws in enumerate([[w] for w in rounds]):
+          parts = {'front': [], 'wait': [], 'step': [], 'hand-over': [], 'decode': []}
+          for rid, b in got.items():
+              t = b * 1e-6
+              if not any(lo <= t <= hi for lo, hi in ws):
+                  continue
+              if rid not in step_of or step_of[rid] not in steps or rid not in ready:
+                  continue
+              s0, s1 = steps[step_of[rid]]
+              d = ready[rid]
+              if rid in sent:
+                  parts['front'].append(b - sent[rid])
+              parts['wait'].append(s0 - b)
+              parts['step'].append(s1 - s0)
+              parts['hand-over'].append(d - s1)
+              i = bisect.bisect_left(starts, d)
+              if i < len(dsteps):
+                  parts['decode'].append(dsteps[i][1] - d)
+          text = ', '.join('%s %.2f / %.2f' % (k, pct(v, 0.5) * 1e-3, pct(v, 0.9) * 1e-3)
+                           for k, v in parts.items())
+          print('real TTFT parts at %s req/s, round %d (%d requests traced, p50 / p90 ms): %s' %
+                (rate, k + 1, len(parts['wait']), text))
 
 
 if __name__ == '__main__':
