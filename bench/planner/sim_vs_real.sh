@@ -4,11 +4,12 @@
 #   2. `pdserve profile` on it with the instances' thread count (the simulator's latency model;
 #      decode shapes over the batches and contexts this workload produces),
 #   3. `pdserve validate-sim`: `pdserve up` (1 prefill + 1 decode, each pinned whole to its own
-#      core), a warm-up, probe sets through the deployment before the first bench round and after
+#      core), a warm-up, probe sets through the deployment (three before the first bench round, whose
+#      median capacity fixes the rates, and one after
 #      each (their medians calibrate the latency model: the prefill instance's measured compute,
 #      fixed and per-token transfer latency, decode per-step/per-sequence costs, co-run slowdowns,
 #      the CPU that client, router and the instances' non-compute threads take per request), a
-#      load run at the lowest rate (uncompared: the client's and router's CPU under load), then
+#      load run at the highest rate (uncompared: the client's and router's CPU under load), then
 #      3 rounds of `pdserve bench` at 20/40/60% of the calibrated capacity (300 requests of
 #      128/32 tokens each, fixed seed, random dataset), the median per rate beside the simulator
 #      on the same requests, and the noise: machine (spread over rounds) vs sampling (spread over
