@@ -189,12 +189,19 @@ template <typename Fn>
 void DealGroups(ThreadPool& pool, int64_t rows, int64_t groups, Fn&& fn) {
   std::atomic<int64_t> next{0};
   const int threads = pool.num_threads();
-  pool.ParallelFor(threads, [&](int64_t, int64_t) {
+  if (rows <= kStreamDealRows) {  // fixed chunks: chunk c is [c*size, (c+1)*size)
+    const int64_t size = kStreamDealGroups[rows], chunks = (groups + size - 1) / size;
+    pool.ParallelFor(threads, [&](int64_t, int64_t) {
+      for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
+           c = next.fetch_add(1, std::memory_order_relaxed))
+        fn(c * size, std::min(groups, (c + 1) * size));
+    });
+    return;
+  }
+  pool.ParallelFor(threads, [&](int64_t, int64_t) {  // guided: next is the first undealt group
     int64_t g = next.load(std::memory_order_relaxed);
     while (g < groups) {
-      const int64_t size = rows <= kStreamDealRows ? kStreamDealGroups[rows]
-                                                   : GuidedChunkGroups(groups - g, threads);
-      const int64_t end = std::min(groups, g + size);
+      const int64_t end = std::min(groups, g + GuidedChunkGroups(groups - g, threads));
       if (!next.compare_exchange_weak(g, end, std::memory_order_relaxed)) continue;  // g reloaded
       fn(g, end);
       g = next.load(std::memory_order_relaxed);

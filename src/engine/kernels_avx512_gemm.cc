@@ -135,7 +135,8 @@ void Micro(const MicroArgs& a) {
   // The first k steps also prefetch: a row of the next tile each (its lines are not in L1) and
   // one or two lines of the next block's weights each.
   const int64_t out_steps = a.next_out != nullptr ? Min(kn, MR) : 0;
-  const int64_t pf_steps = a.pf_spread ? 0 : Min(kn, a.pf_lines);
+  const bool spread = kPacked && a.pf_spread;  // never in the streaming kernels (<= 4 rows)
+  const int64_t pf_steps = spread ? 0 : Min(kn, a.pf_lines);
   const int64_t head = out_steps > pf_steps ? out_steps : pf_steps;
   int64_t k = 0;
   for (; k < head; ++k) {
@@ -154,7 +155,7 @@ void Micro(const MicroArgs& a) {
     }
     step_k(k);
   }
-  if (a.pf_spread) {  // line l at the first step k with l*kn <= k*pf_lines
+  if (spread) {  // line l at the first step k with l*kn <= k*pf_lines
     for (int64_t line = 0; k < kn; ++k) {
       for (; line < a.pf_lines && line * kn <= k * a.pf_lines; ++line) {
 #pragma GCC unroll 4
