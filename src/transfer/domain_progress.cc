@@ -4,6 +4,7 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
+#include <sched.h>
 #include <unistd.h>
 #include <algorithm>
 
@@ -11,6 +12,7 @@
 #include "common/log.h"
 #include "common/thread_util.h"
 #include "transfer/domain_worker.h"
+#include "transfer/poll_policy.h"
 
 namespace pd::transfer {
 namespace {
@@ -37,6 +39,7 @@ void DomainWorker::Run() {
     CheckDeadlines();
     if (n > 0) {
       idle = 0;
+      naps_since_activity_ = 0;
       continue;
     }
     if (++idle < kSpinPolls) continue;
@@ -65,8 +68,20 @@ void DomainWorker::Block(int timeout_ms) {
     fid* cq_fid = &cq_->fid;
     if (fi_trywait(fabric_.get(), &cq_fid, 1) != FI_SUCCESS) return;  // progress needed first
     nfds = 2;
-  } else {
-    timeout_ms = std::min(timeout_ms, 1);  // no wait object: nap briefly, then poll again
+  } else {  // no wait object: nap briefly (NoWaitObjectPoll), then poll again
+    const int us = std::min(NoWaitObjectPoll::NapUs(naps_since_activity_++), timeout_ms * 1000);
+    if (us == 0) {
+      sched_yield();
+      return;
+    }
+    timespec ts{0, us * 1000L};
+    if (ppoll(fds, 1, &ts, nullptr) > 0 && (fds[0].revents & POLLIN)) {
+      uint64_t value;
+      ssize_t n = read(wake_fd_, &value, sizeof(value));
+      (void)n;
+      naps_since_activity_ = 0;  // a command: a posted op's completion may follow soon
+    }
+    return;
   }
   if (poll(fds, nfds, timeout_ms) > 0 && (fds[0].revents & POLLIN)) {
     uint64_t value;

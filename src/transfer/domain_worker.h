@@ -108,6 +108,7 @@ class DomainWorker {
   void Finish(Transfer* t, const Status& status);
   void CheckDeadlines();
   void Block(int timeout_ms);
+  int naps_since_activity_ = 0;  // worker thread; Block's naps when the CQ has no wait object
   OpContext* NewContext(OpContext::Kind kind, Transfer* t);
   void FreeContext(OpContext* ctx);
 
