@@ -259,14 +259,11 @@ Result<RoundResult> BenchRound(const ValidateFlags& f, const bench::DatasetSpec&
 // hand-over, the router's and HTTP edges): the load run (uncompared, another seed, before any
 // round) simulated as calibrated without a fixed cost gives each request's engines' part
 // (prefill wait and step, transfer, first decode step: these matched the trace), and
-// planner::LoadedFixedLatency the median of measured TTFT less that. The engines' part comes
-// from `at_load`, the calibration of the probe sets taken before the load run (the machine as it
-// was then; the sets after the rounds may catch another spell, and one run's slow post-round
-// sets put the simulated engines above the load run's TTFT). It replaces the idle figure in `cal`
-// (kept in idle_fixed_s); without the load run's TTFTs the idle figure stays.
+// planner::LoadedFixedLatency the median of measured TTFT less that. It replaces the idle figure
+// in `cal` (kept in idle_fixed_s); without the load run's TTFTs the idle figure stays.
 Status LoadedFixed(const ValidateFlags& f, const planner::StepCoeffs& c, int64_t kv_tokens,
                    const planner::ClusterLinks& links, const planner::Slo& slo,
-                   const LoadRunCpu& load, const Calibration& at_load, Calibration* cal) {
+                   const LoadRunCpu& load, Calibration* cal) {
   const double idle = cal->overheads.fixed_s;
   if (load.ttfts_s.empty()) {
     std::printf(
@@ -275,11 +272,11 @@ Status LoadedFixed(const ValidateFlags& f, const planner::StepCoeffs& c, int64_t
         idle * 1e3);
     return OkStatus();
   }
-  ASSIGN_OR_RETURN(auto insts, CalibratedAt(f, c, at_load, kv_tokens, load.rate));
+  ASSIGN_OR_RETURN(auto insts, CalibratedAt(f, c, *cal, kv_tokens, load.rate));
   ASSIGN_OR_RETURN(auto reqs, BenchRequests(SpecOf(f), load.requests, load.rate, load.seed));
   std::vector<planner::RequestResult> sim;
-  ASSIGN_OR_RETURN(planner::Summary unused, SimulateRate(insts, CalibratedLinks(links, at_load),
-                                                         reqs, slo, 0.0, nullptr, &sim));
+  ASSIGN_OR_RETURN(planner::Summary unused, SimulateRate(insts, CalibratedLinks(links, *cal), reqs,
+                                                         slo, 0.0, nullptr, &sim));
   (void)unused;
   std::vector<double> engines;
   for (const planner::RequestResult& r : sim)
@@ -289,10 +286,9 @@ Status LoadedFixed(const ValidateFlags& f, const planner::StepCoeffs& c, int64_t
   cal->overheads.fixed_s = loaded;
   std::printf(
       "fixed latency outside the engines: %.2f ms idle (probes), %.2f ms under load (load "
-      "run, %zu requests at %.3g req/s: median of measured TTFT less the engines' part simulated "
-      "as the pre-round probe sets calibrate them, whose idle figure was %.2f ms); the "
-      "calibrated simulation uses the load figure\n",
-      idle * 1e3, loaded * 1e3, load.ttfts_s.size(), load.rate, at_load.overheads.fixed_s * 1e3);
+      "run, %zu requests at %.3g req/s: median of measured TTFT less the calibrated "
+      "simulation's engines' part); the calibrated simulation uses the load figure\n",
+      idle * 1e3, loaded * 1e3, load.ttfts_s.size(), load.rate);
   return OkStatus();
 }
 
@@ -479,7 +475,6 @@ Status Validate(const ValidateFlags& f) {
   ASSIGN_OR_RETURN(const std::vector<double> rates,
                    ChooseRates(f, coeffs, sets, kv.tokens, &rate_rule));
   ASSIGN_OR_RETURN(const LoadRunCpu load, LoadRun(f, rates.back(), dep));
-  ASSIGN_OR_RETURN(const Calibration at_load, Combine(f, sets, false, &load));  // pre-round sets
   const bench::DatasetSpec spec = SpecOf(f);
   std::vector<RateReport> reports;
   RETURN_IF_ERROR(RunRounds(f, spec, rates, slo, dep, coeffs, &sets, &reports));
@@ -489,7 +484,7 @@ Status Validate(const ValidateFlags& f) {
   planner::ClusterLinks links;
   links.kv_bytes_per_token = kv.bytes_per_token;
   links.intra_node_bw = 1e18;
-  RETURN_IF_ERROR(LoadedFixed(f, coeffs, kv.tokens, links, slo, load, at_load, &cal));
+  RETURN_IF_ERROR(LoadedFixed(f, coeffs, kv.tokens, links, slo, load, &cal));
   for (size_t i = 0; i < rates.size(); ++i) {
     reports[i].raw.rate = reports[i].calibrated.rate = rates[i];
     RETURN_IF_ERROR(SimulateRateReport(f, spec, slo, coeffs, kv.tokens, links, cal, &reports[i]));
