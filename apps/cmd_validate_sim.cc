@@ -61,7 +61,6 @@
 #include "apps/validate_sim_flags.h"
 #include "apps/validate_sim_probes.h"
 #include "apps/validate_sim_report.h"
-#include "apps/validate_sim_simulate.h"
 #include "apps/validate_sim_up.h"
 #include "planner/profiler.h"
 #include "planner/simulator.h"
@@ -73,9 +72,6 @@ namespace pd::apps {
 namespace {
 
 using validate_sim::BatchTpot;
-using validate_sim::BenchRequests;
-using validate_sim::CalibratedAt;
-using validate_sim::CalibratedLinks;
 using validate_sim::Calibration;
 using validate_sim::ClientRouterCpuSeconds;
 using validate_sim::Combine;
@@ -86,7 +82,6 @@ using validate_sim::CpuPerRequest;
 using validate_sim::CpuWindow;
 using validate_sim::Deployment;
 using validate_sim::FindInstances;
-using validate_sim::Instances;
 using validate_sim::LoadRunCpu;
 using validate_sim::MachineCores;
 using validate_sim::MeasureCorun;
@@ -97,7 +92,6 @@ using validate_sim::RateReport;
 using validate_sim::ReportJson;
 using validate_sim::RoundResult;
 using validate_sim::RunProbes;
-using validate_sim::SimulateRate;
 using validate_sim::Stretches;
 using validate_sim::ThreadTimes;
 using validate_sim::TpotOf;
@@ -228,6 +222,103 @@ Status WarmUp(const ValidateFlags& f) {
       .status();
 }
 
+// The two instances as `pdserve up` runs them: engine policy, KV capacity of the default region,
+// with the calibration applied to the step times.
+std::vector<planner::InstanceConfig> Instances(const ValidateFlags& f, planner::StepCoeffs c,
+                                               const planner::RealOverheads& o, int64_t kv_tokens) {
+  planner::InstanceConfig p;
+  p.role = planner::Role::kPrefill;
+  p.coeffs = c;
+  for (double& k : p.coeffs.prefill) k *= o.prefill_scale;
+  p.policy.max_num_seqs = f.max_num_seqs;
+  p.policy.max_num_batched_tokens = f.max_num_batched_tokens;
+  p.policy.enable_chunked_prefill = true;
+  p.policy.kv_capacity_tokens = kv_tokens;
+  p.corun_slowdown = o.corun_prefill;
+  planner::InstanceConfig d = p;
+  d.role = planner::Role::kDecode;
+  d.coeffs = c;
+  d.corun_slowdown = o.corun_decode;
+  // Scheduling once per step; sampling, detokenising and streaming once per sequence in a step.
+  for (auto* form : {&d.coeffs.decode_small, &d.coeffs.decode_large}) {
+    (*form)[0] += o.decode_fixed_ms;
+    (*form)[2] += o.decode_seq_ms;
+  }
+  return {p, d};
+}
+
+// The bench's requests for a rate, regenerated with its own generators.
+Result<std::vector<planner::SimRequest>> BenchRequests(const bench::DatasetSpec& spec, int n,
+                                                       double rate, uint64_t seed) {
+  ASSIGN_OR_RETURN(std::vector<bench::LengthPair> lengths, bench::SampleLengths(spec, n, seed));
+  const std::vector<double> arrivals = bench::ArrivalTimes(n, rate, 1.0, seed);
+  std::vector<planner::SimRequest> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back({i, arrivals[i], lengths[i].prompt_len, lengths[i].output_len});
+  }
+  return out;
+}
+
+// The simulator on the bench's requests; `fixed_s` added to each request's first token and end
+// (on the way in and the first token's way out).
+Result<planner::Summary> SimulateRate(std::span<const planner::InstanceConfig> insts,
+                                      const planner::ClusterLinks& links,
+                                      const std::vector<planner::SimRequest>& reqs,
+                                      const planner::Slo& slo, double fixed_s,
+                                      std::vector<planner::SimStep>* steps = nullptr,
+                                      std::vector<planner::RequestResult>* requests = nullptr) {
+  planner::SimOptions so;
+  so.slo = slo;
+  so.first_token_on_decode = true;
+  so.record_steps = steps != nullptr;
+#ifdef PD_PLANNER_HAS_ENGINE_SCHEDULER
+  so.make_scheduler = planner::EngineSchedulerFactory();
+#endif
+  ASSIGN_OR_RETURN(planner::SimResult sim, planner::Simulate(insts, links, reqs, so));
+  if (steps != nullptr) *steps = std::move(sim.steps);
+  for (auto& r : sim.requests) {
+    if (r.first_token_s >= 0) r.first_token_s += fixed_s;
+    if (r.finish_s >= 0) r.finish_s += fixed_s;
+  }
+  if (requests != nullptr) *requests = sim.requests;
+  return planner::Summarize(sim.requests, slo);
+}
+
+// The step times of each instance scaled by `factor`.
+std::vector<planner::InstanceConfig> Slowed(std::vector<planner::InstanceConfig> insts,
+                                            const Stretches& factor) {
+  for (auto& inst : insts) {
+    const double k = inst.role == planner::Role::kPrefill ? factor.prefill : factor.decode;
+    for (auto* form : {&inst.coeffs.prefill, &inst.coeffs.decode_small, &inst.coeffs.decode_large})
+      for (double& v : *form) v *= k;
+  }
+  return insts;
+}
+
+// The calibrated deployment at `rate`: the probes' calibration, each instance's steps stretched
+// by the share of its core that other work takes at that rate: the bench client and router
+// (unpinned: from both cores alike) and, for the decode instance, its own HTTP, fabric and
+// messenger threads (pinned with it) per request (receiving the request and the KV: work that
+// comes with other requests, while it decodes), their CPU measured by the probes. Their work per
+// token (streaming it) runs between that instance's steps, so the decode probes' per-sequence
+// cost holds it already. The prefill instance's own threads are in its calibrated step: they
+// send a prompt's KV during that prompt's step, and the probes measure how long the step held
+// the compute thread, waiting for them included. (A 1/(1 - u) stretch by their share, right for
+// work that comes independently of the steps, gave 1.08x at 37 req/s where a trace showed the
+// steps 1.3x their compute thread's CPU time, at idle and under load alike.)
+Result<std::vector<planner::InstanceConfig>> CalibratedAt(const ValidateFlags& f,
+                                                          const planner::StepCoeffs& c,
+                                                          const Calibration& cal, int64_t kv_tokens,
+                                                          double rate) {
+  Stretches k;
+  const planner::ClientCpuCost decode_own{cal.decode_own_cpu.per_request_s, 0.0};
+  ASSIGN_OR_RETURN(k.prefill, planner::BackgroundCpuStretch(cal.StretchCpu(), rate, f.output_len,
+                                                            MachineCores()));
+  ASSIGN_OR_RETURN(k.decode, planner::BackgroundCpuStretch(cal.StretchCpu(), rate, f.output_len,
+                                                           MachineCores(), decode_own));
+  return Slowed(Instances(f, c, cal.overheads, kv_tokens), k);
+}
+
 int PromptsAt(const ValidateFlags& f, double rate) {
   return std::clamp(static_cast<int>(rate * f.seconds_per_rate), 20, f.max_prompts);
 }
@@ -254,44 +345,6 @@ Result<RoundResult> BenchRound(const ValidateFlags& f, const bench::DatasetSpec&
   return out;
 }
 
-// The fixed per-request latency outside the engines under load (the idle probes measure
-// 1.4-1.6 ms; a traced run showed ~4 ms under load: the hop to the prefill instance, the
-// hand-over, the router's and HTTP edges): the load run (uncompared, another seed, before any
-// round) simulated as calibrated without a fixed cost gives each request's engines' part
-// (prefill wait and step, transfer, first decode step: these matched the trace), and
-// planner::LoadedFixedLatency the median of measured TTFT less that. It replaces the idle figure
-// in `cal` (kept in idle_fixed_s); without the load run's TTFTs the idle figure stays.
-Status LoadedFixed(const ValidateFlags& f, const planner::StepCoeffs& c, int64_t kv_tokens,
-                   const planner::ClusterLinks& links, const planner::Slo& slo,
-                   const LoadRunCpu& load, Calibration* cal) {
-  const double idle = cal->overheads.fixed_s;
-  if (load.ttfts_s.empty()) {
-    std::printf(
-        "fixed latency outside the engines: %.2f ms (idle probes; the load run had a "
-        "failed request, so no figure under load)\n",
-        idle * 1e3);
-    return OkStatus();
-  }
-  ASSIGN_OR_RETURN(auto insts, CalibratedAt(f, c, *cal, kv_tokens, load.rate));
-  ASSIGN_OR_RETURN(auto reqs, BenchRequests(SpecOf(f), load.requests, load.rate, load.seed));
-  std::vector<planner::RequestResult> sim;
-  ASSIGN_OR_RETURN(planner::Summary unused, SimulateRate(insts, CalibratedLinks(links, *cal), reqs,
-                                                         slo, 0.0, nullptr, &sim));
-  (void)unused;
-  std::vector<double> engines;
-  for (const planner::RequestResult& r : sim)
-    engines.push_back(r.first_token_s < 0 ? -1 : r.ttft_s());
-  ASSIGN_OR_RETURN(const double loaded, planner::LoadedFixedLatency(load.ttfts_s, engines));
-  cal->idle_fixed_s = idle;
-  cal->overheads.fixed_s = loaded;
-  std::printf(
-      "fixed latency outside the engines: %.2f ms idle (probes), %.2f ms under load (load "
-      "run, %zu requests at %.3g req/s: median of measured TTFT less the calibrated "
-      "simulation's engines' part); the calibrated simulation uses the load figure\n",
-      idle * 1e3, loaded * 1e3, load.ttfts_s.size(), load.rate);
-  return OkStatus();
-}
-
 Status SimulateRateReport(const ValidateFlags& f, const bench::DatasetSpec& spec,
                           const planner::Slo& slo, const planner::StepCoeffs& coeffs,
                           int64_t kv_tokens, const planner::ClusterLinks& links,
@@ -305,7 +358,11 @@ Status SimulateRateReport(const ValidateFlags& f, const bench::DatasetSpec& spec
   r->modelled_cores = rate * cal.StretchCpu().Seconds(f.output_len);
   ASSIGN_OR_RETURN(auto cal_insts, CalibratedAt(f, coeffs, cal, kv_tokens, rate));
   ASSIGN_OR_RETURN(auto reqs, BenchRequests(spec, n, rate, f.seed));
-  const planner::ClusterLinks cal_links = CalibratedLinks(links, cal);
+  // The calibrated KV transfer: its time per prompt token, as the link's bandwidth.
+  planner::ClusterLinks cal_links = links;
+  if (cal.overheads.transfer_s_per_token > 0) {
+    cal_links.intra_node_bw = links.kv_bytes_per_token / cal.overheads.transfer_s_per_token;
+  }
   ASSIGN_OR_RETURN(r->calibrated.simulated,
                    SimulateRate(cal_insts, cal_links, reqs, slo, cal.overheads.fixed_s,
                                 &r->sim_steps, &r->sim_requests));
@@ -405,16 +462,8 @@ Result<LoadRunCpu> LoadRun(const ValidateFlags& f, double rate, const Deployment
   std::fprintf(stderr, "validate-sim: load run, %d requests at %.3g req/s\n", bo.num_prompts, rate);
   const double cpu0 = ClientRouterCpuSeconds(dep.up);
   ASSIGN_OR_RETURN(bench::BenchmarkSummary run, bench::RunBenchmark(bo));
+  (void)run;
   load.cpu_s = ClientRouterCpuSeconds(dep.up) - cpu0;
-  load.seed = bo.seed;
-  ASSIGN_OR_RETURN(auto measured, planner::MeasuredFromBenchJson(run.json, "load run"));
-  for (const planner::RequestResult& r : measured) {
-    if (r.failed) {  // unpaired with the simulation's: no loaded fixed latency (LoadedFixed says)
-      load.ttfts_s.clear();
-      return load;
-    }
-    load.ttfts_s.push_back(r.first_token_s);
-  }
   return load;
 }
 
@@ -484,7 +533,6 @@ Status Validate(const ValidateFlags& f) {
   planner::ClusterLinks links;
   links.kv_bytes_per_token = kv.bytes_per_token;
   links.intra_node_bw = 1e18;
-  RETURN_IF_ERROR(LoadedFixed(f, coeffs, kv.tokens, links, slo, load, &cal));
   for (size_t i = 0; i < rates.size(); ++i) {
     reports[i].raw.rate = reports[i].calibrated.rate = rates[i];
     RETURN_IF_ERROR(SimulateRateReport(f, spec, slo, coeffs, kv.tokens, links, cal, &reports[i]));

@@ -40,9 +40,6 @@ struct Calibration {
   // The bench client's and router's cost measured under load (the load run), in the probes'
   // split; unset when not measured. The calibrated simulation's stretch uses it when set.
   std::optional<planner::ClientCpuCost> client_cpu_loaded;
-  // The idle probes' fixed per-request latency outside the engines, kept here when
-  // overheads.fixed_s is replaced by the figure measured under load (the load run); unset if not.
-  std::optional<double> idle_fixed_s;
   const planner::ClientCpuCost& StretchCpu() const {
     return client_cpu_loaded ? *client_cpu_loaded : client_cpu;
   }
@@ -55,10 +52,6 @@ struct LoadRunCpu {
   int requests = 0;
   double mean_output_tokens = 0;
   double cpu_s = 0;  // client + router, /proc/PID/stat
-  uint64_t seed = 0;
-  // Its measured TTFT per request, in request order; empty when a request failed (the
-  // simulation's requests could not be paired with them).
-  std::vector<double> ttfts_s;
 };
 
 // The client's and router's CPU per request under load beside the sequential probes' figure.

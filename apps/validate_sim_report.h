@@ -45,7 +45,6 @@ inline nlohmann::json OverheadsJson(const Calibration& cal) {
   const planner::RealOverheads& o = cal.overheads;
   return {
       {"fixed_s", o.fixed_s},
-      {"fixed_s_idle", cal.idle_fixed_s.value_or(o.fixed_s)},
       {"prefill_scale", o.prefill_scale},
       {"transfer_s_per_token", o.transfer_s_per_token},
       {"decode_fixed_ms", o.decode_fixed_ms},

@@ -24,21 +24,6 @@ Result<double> SteadyCapacity(std::vector<double> per_set) {
   return per_set[(per_set.size() - 1) / 2];
 }
 
-Result<double> LoadedFixedLatency(std::span<const double> measured_ttft_s,
-                                  std::span<const double> engine_ttft_s) {
-  if (measured_ttft_s.size() != engine_ttft_s.size()) {
-    return InvalidArgument("loaded fixed latency: measured and simulated requests differ in count");
-  }
-  std::vector<double> diffs;
-  for (size_t i = 0; i < measured_ttft_s.size(); ++i) {
-    const double m = measured_ttft_s[i], e = engine_ttft_s[i];
-    if (!std::isfinite(m) || !std::isfinite(e) || m < 0 || e < 0) continue;
-    diffs.push_back(m - e);
-  }
-  if (diffs.empty()) return InvalidArgument("loaded fixed latency: no request with both sides");
-  return std::max(0.0, UpperMedian(std::move(diffs)));
-}
-
 namespace {
 
 template <typename Get>

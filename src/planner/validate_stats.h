@@ -22,17 +22,6 @@ double UpperMedian(std::vector<double> v);
 // 2 sets or a capacity that is not positive and finite.
 Result<double> SteadyCapacity(std::vector<double> per_set);
 
-// The fixed per-request latency outside the engines as measured under load (issue #7: the idle
-// probes' 1.4-1.6 ms was ~4 ms under load: the hop to the prefill instance, the hand-over's
-// control messages, the router's and HTTP edges). Per request of an uncompared load run: its
-// measured TTFT less what the calibrated simulation without a fixed cost gives the same request
-// (prefill queue wait, prefill step, KV transfer, first decode step); the upper median of these
-// differences, 0 when it is negative. Pairs where either side is negative or not finite (the
-// simulation's -1: never produced) are skipped. InvalidArgument when the spans differ in length
-// or no pair is left.
-Result<double> LoadedFixedLatency(std::span<const double> measured_ttft_s,
-                                  std::span<const double> engine_ttft_s);
-
 // Metric by metric, the median of `rounds` (the upper median for an even count, like the probes'
 // medians); num_requests and num_failed from the round with the median attainment. An empty span
 // gives an empty Summary.

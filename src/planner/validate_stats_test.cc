@@ -1,7 +1,6 @@
 #include "planner/validate_stats.h"
 
 #include <cmath>
-#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -38,41 +37,6 @@ TEST(ValidateStats, MedianOfAnEvenCountIsTheUpperOneAndOfNothingIsEmpty) {
   const Summary none = MedianSummary({});
   EXPECT_EQ(none.num_requests, 0);
   EXPECT_DOUBLE_EQ(none.ttft_p50_s, 0.0);
-}
-
-TEST(ValidateStats, LoadedFixedLatencyIsTheMedianPerRequestResidual) {
-  // Measured TTFT less the engines' part per request: residuals 4, 3, 5, 4.5, 20 ms (one request
-  // caught behind a slow spell): the upper median, 4.5 ms, not the mean (7.3) nor the difference
-  // of the medians.
-  const std::vector<double> measured = {0.010, 0.013, 0.009, 0.0145, 0.050};
-  const std::vector<double> engines = {0.006, 0.010, 0.004, 0.010, 0.030};
-  auto f = LoadedFixedLatency(measured, engines);
-  ASSERT_TRUE(f.ok()) << f.status().ToString();
-  EXPECT_NEAR(*f, 0.0045, 1e-12);
-}
-
-TEST(ValidateStats, LoadedFixedLatencySkipsUnservedRequestsAndIsNotNegative) {
-  // The simulation's -1 (never produced) and a non-finite measurement are skipped.
-  const std::vector<double> measured = {0.010, 0.020, std::nan(""), 0.012};
-  const std::vector<double> engines = {0.007, -1.0, 0.001, 0.008};
-  auto f = LoadedFixedLatency(measured, engines);
-  ASSERT_TRUE(f.ok());
-  EXPECT_NEAR(*f, 0.004, 1e-12);  // residuals 3 and 4 ms: the upper one
-  // The engines slower than measured: no negative fixed cost.
-  auto neg = LoadedFixedLatency(std::vector<double>{0.005}, std::vector<double>{0.006});
-  ASSERT_TRUE(neg.ok());
-  EXPECT_EQ(*neg, 0.0);
-}
-
-TEST(ValidateStats, LoadedFixedLatencyRejectsMismatchedOrEmptyRuns) {
-  EXPECT_EQ(LoadedFixedLatency(std::vector<double>{0.01, 0.02}, std::vector<double>{0.01})
-                .status()
-                .code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(LoadedFixedLatency({}, {}).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(
-      LoadedFixedLatency(std::vector<double>{0.01}, std::vector<double>{-1.0}).status().code(),
-      StatusCode::kInvalidArgument);
 }
 
 TEST(ValidateStats, SteadyCapacityIgnoresOneFastSet) {
