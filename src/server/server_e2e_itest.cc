@@ -293,20 +293,24 @@ TEST(ServerE2ETest, TwoHundredRequestsWithCancellationsFreeEveryPage) {
   EXPECT_EQ(failed.load(), 0);
   EXPECT_EQ(cancelled.load(), kRequests / 4);
   EXPECT_EQ(completed.load(), kRequests - kRequests / 4);
-  // Every page comes back and the counters add up.
+  // Every page comes back and the counters add up. A hung-up request is aborted unless it ran
+  // all its tokens first: the tiny model runs 200 steps in a few ms, so a client thread starved
+  // of CPU after the first token (ctest -j2) can hang up after the end. Those count as "length".
   std::string m;
+  const auto finished = [&](const std::string& reason) {
+    return MetricValue(
+        m, "pdserve:request_success_total" + kLabels + ",finished_reason=\"" + reason + "\"}");
+  };
   EXPECT_TRUE(WaitFor(
       [&] {
         m = s.Metrics();
         return MetricValue(m, "pdserve:kv_cache_usage_perc" + kLabels + "}") == 0 &&
-               MetricValue(m, "pdserve:request_success_total" + kLabels +
-                                  ",finished_reason=\"abort\"}") == kRequests / 4;
+               finished("abort") + finished("length") == kRequests;
       },
       30s))
       << m;
-  EXPECT_EQ(
-      MetricValue(m, "pdserve:request_success_total" + kLabels + ",finished_reason=\"length\"}"),
-      kRequests - kRequests / 4);
+  EXPECT_GE(finished("abort"), 1) << m;  // the hang-ups did abort requests
+  EXPECT_LE(finished("abort"), kRequests / 4) << m;
   EXPECT_EQ(MetricValue(m, "pdserve:num_requests_running" + kLabels + "}"), 0);
   EXPECT_EQ(MetricValue(m, "pdserve:num_requests_waiting" + kLabels + "}"), 0);
   EXPECT_EQ(s.client().Get("/health")->status, 200);
