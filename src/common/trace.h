@@ -43,8 +43,10 @@ struct TraceEvent {
 
 struct TracerOptions {
   // Events past this are dropped and counted (the first ones are kept); an event takes a few
-  // hundred bytes, so the default bounds a trace to ~100 MB.
-  size_t max_events = 200'000;
+  // hundred bytes, so the default bounds a trace to ~300 MB. (200,000 cut the decode instance's
+  // trace of one `pdserve validate-sim` run at ~40% of its ~470,000 events: one per layer and
+  // step; its outside-latency calibration needs the load run and prints the rounds' figures.)
+  size_t max_events = 1'000'000;
   std::string process_name;  // shown for the process; empty: none
 };
 
