@@ -13,7 +13,10 @@
 // read bandwidth. The host's bandwidth is shared and drifts, so a decode row is measured as
 // --pairs alternating (read probe, decode) pairs, side by side, and reports the pair with the
 // median ratio (its tokens/s, GB/s and probe); the header gives the run's best probe. Prefill:
-// flops/s / peak (the better of an FMA measurement before and after the rows).
+// flops/s / peak (the better of an FMA measurement before and after the rows). The header also
+// gives the AVX-512 BF16 dot-product (vdpbf16ps) peak where the CPU has it ("n/a" otherwise; JSON
+// "peak_bf16dot_gflops", absent then): on the machine this was tuned on it is half the FMA rate,
+// which is why the kernels convert bf16 weights and use f32 FMA.
 //
 // The runner is driven directly with synthetic page tables: the KV pages of every context are
 // filled once with bounded random values, then the same decode step (one new token per sequence at
@@ -358,13 +361,16 @@ void PrintTp(const std::vector<TpRow>& rows, bool json) {
 
 // bw: the best read probe of the run; each row's bw_fraction is against the probe measured just
 // before it (the host's memory bandwidth is shared and drifts within a run).
-void Print(const std::vector<Row>& rows, double bw, double peak, const BenchEngineFlags& f) {
+// bf16dot: the vdpbf16ps peak, 0 when the CPU has none (the JSON field is then absent).
+void Print(const std::vector<Row>& rows, double bw, double peak, double bf16dot,
+           const BenchEngineFlags& f) {
   if (f.json) {
     nlohmann::json j = {{"read_gbytes_per_s", bw},
                         {"peak_gflops", peak},
                         {"decode_pairs", f.pairs},
                         {"threads", f.threads},
                         {"tensor_parallel_size", f.tensor_parallel_size}};
+    if (bf16dot > 0) j["peak_bf16dot_gflops"] = bf16dot;
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows)
       j["rows"].push_back({{"model", r.model},
@@ -380,6 +386,13 @@ void Print(const std::vector<Row>& rows, double bw, double peak, const BenchEngi
   }
   std::printf("machine: memory read %.1f GB/s (best probe), peak FMA %.1f GFLOP/s (%d threads)\n",
               bw, peak, f.threads);
+  if (bf16dot > 0)
+    std::printf(
+        "machine: peak bf16 dot (vdpbf16ps) %.1f GFLOP/s = %.2f of the FMA peak: "
+        "kernels use f32 FMA\n",
+        bf16dot, bf16dot / peak);
+  else
+    std::printf("machine: peak bf16 dot (vdpbf16ps) n/a (no avx512_bf16)\n");
   std::printf("decode rows: the median-ratio pair of %d (read probe, decode) pairs\n", f.pairs);
   std::printf("%-12s %-8s %5s %7s %10s %8s %8s %8s %8s %8s\n", "model", "phase", "batch", "context",
               "tokens/s", "GB/s", "read", "bw_frac", "GFLOP/s", "fl_frac");
@@ -434,9 +447,11 @@ int RunBenchEngine(const BenchEngineFlags& f) {
     }
   }
   peak = std::max(peak, engine::MeasurePeakGflops(pool));  // the best of the run's two
+  // The bf16 dot-product peak, beside the FMA peak: 0 when the CPU lacks avx512_bf16.
+  const Result<double> bf16dot = engine::MeasurePeakBf16DotGflops(pool);
   double bw = (*probe)->Measure();
   for (const Row& r : rows) bw = std::max(bw, r.read_gbytes_per_s);
-  Print(rows, bw, peak, f);
+  Print(rows, bw, peak, bf16dot.ok() ? *bf16dot : 0.0, f);
   return 0;
 }
 

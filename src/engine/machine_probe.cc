@@ -127,6 +127,22 @@ __attribute__((target("avx2,fma"))) float FmaAvx2(long iterations) {
   return r;
 }
 
+// 24 independent vdpbf16ps chains, as FmaAvx512: acc += pairs of bf16 products of a and b.
+__attribute__((target("avx512f,avx512bf16"))) float DotBf16Avx512(long iterations) {
+  __m512 acc[24];
+  for (int i = 0; i < 24; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
+  // bf16 bit patterns: 0x3f80 = 1.0, 0x38d1 ~= 1e-4.
+  const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80);
+  const __m512bh b = (__m512bh)_mm512_set1_epi16(0x38d1);
+  for (long it = 0; it < iterations; ++it) {
+#pragma GCC unroll 24
+    for (int i = 0; i < 24; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < 24; ++i) s = _mm512_add_ps(s, acc[i]);
+  return _mm512_reduce_add_ps(s);
+}
+
 // Flops per iteration of the FMA loop of the widest ISA.
 double FlopsPerIteration() {
   const CpuFeatures& f = DetectCpuFeatures();
@@ -243,6 +259,21 @@ double MeasurePeakGflops(ThreadPool& pool, long iterations) {
   });
   const double seconds = Now() - t0;
   return FlopsPerIteration() * static_cast<double>(iterations) * threads / seconds / 1e9;
+}
+
+Result<double> MeasurePeakBf16DotGflops(ThreadPool& pool, long iterations,
+                                        const CpuFeatures& features) {
+  if (!features.avx512_bf16) return Unimplemented("this CPU has no avx512_bf16 (vdpbf16ps)");
+  const int threads = pool.num_threads();
+  std::atomic<float> sink{0};
+  pool.ParallelFor(threads, [&](int64_t, int64_t) { sink.store(DotBf16Avx512(iterations / 100)); });
+  const double t0 = Now();
+  pool.ParallelFor(threads, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) sink.store(DotBf16Avx512(iterations));
+  });
+  const double seconds = Now() - t0;
+  constexpr double kFlopsPerIteration = 24.0 * 16 * 4;  // 16 lanes x (2 products + 2 adds)
+  return kFlopsPerIteration * static_cast<double>(iterations) * threads / seconds / 1e9;
 }
 
 }  // namespace pd::engine

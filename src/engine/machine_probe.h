@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "common/status.h"
+#include "engine/cpu_features.h"
 
 namespace pd::engine {
 
@@ -53,6 +54,14 @@ Result<double> MeasureReadBandwidth(ThreadPool& pool, const ReadBandwidthOptions
 // GFLOP/s (an FMA counts 2) of all of the pool's threads together, with the widest f32 FMA the
 // CPU has; each thread runs `iterations` rounds of 24 independent vector FMAs.
 double MeasurePeakGflops(ThreadPool& pool, long iterations = 20'000'000);
+
+// GFLOP/s of all of the pool's threads together with the AVX-512 BF16 dot product (vdpbf16ps zmm:
+// 16 lanes x 2 bf16 products, each product and its add counted = 64 flops per instruction), each
+// thread running `iterations` rounds of 24 independent chains like the FMA probe. It is printed
+// beside the FMA peak so the choice of f32 FMA for the kernels rests on a figure of every run.
+// Unimplemented when `features` lacks avx512_bf16 (the default: this CPU's).
+Result<double> MeasurePeakBf16DotGflops(ThreadPool& pool, long iterations = 20'000'000,
+                                        const CpuFeatures& features = DetectCpuFeatures());
 
 // The last-level cache size in bytes from sysfs (0 when unknown).
 size_t LastLevelCacheBytes();

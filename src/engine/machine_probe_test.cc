@@ -31,6 +31,27 @@ TEST(MachineProbeTest, PeakGflopsIsPositive) {
   EXPECT_GT(MeasurePeakGflops(pool, 20000), 0.0);
 }
 
+TEST(MachineProbeTest, Bf16DotPeakIsPositiveWhenSupported) {
+  ThreadPool pool(2);
+  Result<double> gflops = MeasurePeakBf16DotGflops(pool, 20000);
+  if (!DetectCpuFeatures().avx512_bf16) {
+    EXPECT_EQ(gflops.status().code(), StatusCode::kUnimplemented);
+    GTEST_SKIP() << "this CPU has no avx512_bf16";
+  }
+  ASSERT_TRUE(gflops.ok()) << gflops.status().ToString();
+  EXPECT_GT(*gflops, 0.0);
+}
+
+TEST(MachineProbeTest, Bf16DotPeakIsUnimplementedWithoutTheFeature) {
+  ThreadPool pool(1);
+  CpuFeatures without = DetectCpuFeatures();
+  without.avx512_bf16 = false;
+  Result<double> gflops = MeasurePeakBf16DotGflops(pool, 20000, without);
+  ASSERT_FALSE(gflops.ok());
+  EXPECT_EQ(gflops.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(gflops.status().ToString().find("avx512_bf16"), std::string::npos);
+}
+
 TEST(MachineProbeTest, LastLevelCacheIsKnownOnLinux) {
   // sysfs may be absent in some containers; when present the size is at least 64 KiB.
   const size_t llc = LastLevelCacheBytes();
