@@ -13,10 +13,13 @@
 // read bandwidth. The host's bandwidth is shared and drifts, so a decode row is measured as
 // --pairs alternating (read probe, decode) pairs, side by side, and reports the pair with the
 // median ratio (its tokens/s, GB/s and probe); the header gives the run's best probe. Prefill:
-// flops/s / peak (the better of an FMA measurement before and after the rows). The header also
-// gives the AVX-512 BF16 dot-product (vdpbf16ps) peak where the CPU has it ("n/a" otherwise; JSON
-// "peak_bf16dot_gflops", absent then): on the machine this was tuned on it is half the FMA rate,
-// which is why the kernels convert bf16 weights and use f32 FMA.
+// flops/s / peak, where the host's FMA rate also drifts (phases at half the rate), so a prefill
+// row is --pairs alternating (FMA probe, prefill) pairs after a warm-up and reports the pair with
+// the median prefill/probe ratio, its fraction against that pair's probe; decode rows' flops
+// fraction is against the run's peak (the better of an FMA measurement before and after the rows).
+// The header also gives the AVX-512 BF16 dot-product (vdpbf16ps) peak where the CPU has it ("n/a"
+// otherwise; JSON "peak_bf16dot_gflops", absent then): on the machine this was tuned on it is half
+// the FMA rate, which is why the kernels convert bf16 weights and use f32 FMA.
 //
 // The runner is driven directly with synthetic page tables: the KV pages of every context are
 // filled once with bounded random values, then the same decode step (one new token per sequence at
@@ -88,6 +91,7 @@ struct Row {
   int batch = 0, context = 0;
   double tokens_per_s = 0, bytes_per_s = 0, flops_per_s = 0;
   double read_gbytes_per_s = 0;  // the read probe measured just before this row
+  double peak_gflops = 0;        // prefill: the FMA probe measured just before this row
 };
 
 double Now() {
@@ -205,6 +209,7 @@ Result<Row> BenchDecodePaired(ModelRunner& runner, engine::ReadBandwidthProbe& p
   return rows[rows.size() / 2];
 }
 
+// One timed prefill of `tokens` tokens (the runner warmed up by the caller).
 Result<Row> BenchPrefill(ModelRunner& runner, const std::string& name, int tokens) {
   const model::ModelConfig& c = runner.config();
   auto tables =
@@ -214,12 +219,9 @@ Result<Row> BenchPrefill(ModelRunner& runner, const std::string& name, int token
   ForwardBatch fb;
   fb.seqs.push_back(SeqStep{0, 0, ids, tables[0], true});
   ForwardOutput out;
-  double best = 1e30;
-  for (int rep = 0; rep < 2; ++rep) {  // the first run also warms up
-    const double t0 = Now();
-    RETURN_IF_ERROR(runner.Forward(fb, &out));
-    best = std::min(best, Now() - t0);
-  }
+  const double t0 = Now();
+  RETURN_IF_ERROR(runner.Forward(fb, &out));
+  const double best = Now() - t0;
   Row r{name, "prefill", 1, tokens};
   r.tokens_per_s = tokens / best;
   double flops = 2 * LayerMatrixParams(c) * tokens + 2.0 * c.vocab_size * c.hidden_size;
@@ -227,6 +229,25 @@ Result<Row> BenchPrefill(ModelRunner& runner, const std::string& name, int token
   r.flops_per_s = flops / best;
   r.bytes_per_s = (WeightBytes(c, 2) + tokens * KvBytesPerToken(runner)) / best;
   return r;
+}
+
+// A prefill row as `pairs` alternating (FMA probe, prefill) pairs after one warm-up prefill: the
+// pair whose prefill/probe flops ratio is the median, so a phase in which the host's FMA rate
+// drops hits both sides alike and the fraction of peak compares between runs.
+Result<Row> BenchPrefillPaired(ModelRunner& runner, engine::ThreadPool& pool,
+                               const std::string& name, int tokens, int pairs) {
+  RETURN_IF_ERROR(BenchPrefill(runner, name, tokens));  // warm-up
+  std::vector<Row> rows;
+  for (int i = 0; i < pairs; ++i) {
+    const double peak = engine::MeasurePeakGflops(pool);
+    ASSIGN_OR_RETURN(Row r, BenchPrefill(runner, name, tokens));
+    r.peak_gflops = peak;
+    rows.push_back(r);
+  }
+  auto ratio = [](const Row& r) { return r.flops_per_s / 1e9 / r.peak_gflops; };
+  std::sort(rows.begin(), rows.end(),
+            [&](const Row& a, const Row& b) { return ratio(a) < ratio(b); });
+  return rows[rows.size() / 2];
 }
 
 // The model of a preset in models/, written with the synthetic writer when missing.
@@ -245,7 +266,8 @@ Result<std::string> EnsureModel(const std::string& root, const std::string& pres
 }
 
 Status BenchModel(const std::string& dir, const std::string& name, const BenchEngineFlags& f,
-                  engine::ReadBandwidthProbe& probe, std::vector<Row>* rows) {
+                  engine::ThreadPool& probe_pool, engine::ReadBandwidthProbe& probe,
+                  std::vector<Row>* rows) {
   ASSIGN_OR_RETURN(model::ModelWeights weights, model::LoadModelWeights(dir));
   engine::ModelRunnerOptions o;
   o.num_threads = f.threads;
@@ -274,8 +296,10 @@ Status BenchModel(const std::string& dir, const std::string& name, const BenchEn
   if (f.phase == "decode") return OkStatus();
   std::fprintf(stderr, "bench-engine: %s: prefill %d tokens\n", name.c_str(), f.prefill_tokens);
   const double read = probe.Measure();
-  ASSIGN_OR_RETURN(Row r, BenchPrefill(*runner, name, f.prefill_tokens));
+  ASSIGN_OR_RETURN(Row r, BenchPrefillPaired(*runner, probe_pool, name, f.prefill_tokens, f.pairs));
   r.read_gbytes_per_s = read;
+  std::fprintf(stderr, "bench-engine:   %.1f tokens/s, %.3f of the FMA probe beside it\n",
+               r.tokens_per_s, r.flops_per_s / 1e9 / r.peak_gflops);
   rows->push_back(r);
   return OkStatus();
 }
@@ -361,6 +385,11 @@ void PrintTp(const std::vector<TpRow>& rows, bool json) {
 
 // bw: the best read probe of the run; each row's bw_fraction is against the probe measured just
 // before it (the host's memory bandwidth is shared and drifts within a run).
+// The FMA peak a row's flops fraction is against: a prefill row's own probe, else the run's best.
+double RowPeak(const Row& r, double run_peak) {
+  return r.peak_gflops > 0 ? r.peak_gflops : run_peak;
+}
+
 // bf16dot: the vdpbf16ps peak, 0 when the CPU has none (the JSON field is then absent).
 void Print(const std::vector<Row>& rows, double bw, double peak, double bf16dot,
            const BenchEngineFlags& f) {
@@ -372,15 +401,17 @@ void Print(const std::vector<Row>& rows, double bw, double peak, double bf16dot,
                         {"tensor_parallel_size", f.tensor_parallel_size}};
     if (bf16dot > 0) j["peak_bf16dot_gflops"] = bf16dot;
     j["rows"] = nlohmann::json::array();
-    for (const Row& r : rows)
+    for (const Row& r : rows) {
       j["rows"].push_back({{"model", r.model},
                            {"phase", r.phase},
                            {"batch", r.batch},
                            {"context", r.context},
                            {"tokens_per_s", r.tokens_per_s},
                            {"bw_fraction", r.bytes_per_s / 1e9 / r.read_gbytes_per_s},
-                           {"flops_fraction", r.flops_per_s / 1e9 / peak},
+                           {"flops_fraction", r.flops_per_s / 1e9 / RowPeak(r, peak)},
                            {"read_gbytes_per_s", r.read_gbytes_per_s}});
+      if (r.peak_gflops > 0) j["rows"].back()["peak_gflops"] = r.peak_gflops;
+    }
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
@@ -393,14 +424,21 @@ void Print(const std::vector<Row>& rows, double bw, double peak, double bf16dot,
         bf16dot, bf16dot / peak);
   else
     std::printf("machine: peak bf16 dot (vdpbf16ps) n/a (no avx512_bf16)\n");
-  std::printf("decode rows: the median-ratio pair of %d (read probe, decode) pairs\n", f.pairs);
-  std::printf("%-12s %-8s %5s %7s %10s %8s %8s %8s %8s %8s\n", "model", "phase", "batch", "context",
-              "tokens/s", "GB/s", "read", "bw_frac", "GFLOP/s", "fl_frac");
+  std::printf(
+      "decode rows: the median-ratio pair of %d (read probe, decode) pairs; fl_frac "
+      "against the run's peak\n",
+      f.pairs);
+  std::printf(
+      "prefill rows: the median-ratio pair of %d (FMA probe, prefill) pairs; fl_frac "
+      "against that pair's probe (column peak)\n",
+      f.pairs);
+  std::printf("%-12s %-8s %5s %7s %10s %8s %8s %8s %8s %8s %8s\n", "model", "phase", "batch",
+              "context", "tokens/s", "GB/s", "read", "bw_frac", "GFLOP/s", "peak", "fl_frac");
   for (const Row& r : rows)
-    std::printf("%-12s %-8s %5d %7d %10.1f %8.1f %8.1f %8.3f %8.1f %8.3f\n", r.model.c_str(),
+    std::printf("%-12s %-8s %5d %7d %10.1f %8.1f %8.1f %8.3f %8.1f %8.1f %8.3f\n", r.model.c_str(),
                 r.phase.c_str(), r.batch, r.context, r.tokens_per_s, r.bytes_per_s / 1e9,
                 r.read_gbytes_per_s, r.bytes_per_s / 1e9 / r.read_gbytes_per_s, r.flops_per_s / 1e9,
-                r.flops_per_s / 1e9 / peak);
+                RowPeak(r, peak), r.flops_per_s / 1e9 / RowPeak(r, peak));
 }
 
 int RunBenchEngine(const BenchEngineFlags& f) {
@@ -440,7 +478,7 @@ int RunBenchEngine(const BenchEngineFlags& f) {
   double peak = engine::MeasurePeakGflops(pool);
   std::vector<Row> rows;
   for (const auto& [name, dir] : models) {
-    Status s = BenchModel(dir, name, f, **probe, &rows);
+    Status s = BenchModel(dir, name, f, pool, **probe, &rows);
     if (!s.ok()) {
       std::fprintf(stderr, "bench-engine: %s: %s\n", name.c_str(), s.ToString().c_str());
       return 1;
@@ -467,7 +505,9 @@ CommandRunner SetUpCommand(CLI::App* app) {
   app->add_option("--seconds", f->seconds, "least seconds measured per decode row")
       ->check(CLI::Range(0.0, 600.0))
       ->capture_default_str();
-  app->add_option("--pairs", f->pairs, "(read probe, decode) pairs per decode row; median")
+  app->add_option("--pairs", f->pairs,
+                  "(read probe, decode) pairs per decode row and (FMA probe, prefill) pairs per "
+                  "prefill row; the median-ratio pair is reported")
       ->check(CLI::Range(1, 99))
       ->capture_default_str();
   app->add_option("--prefill-tokens", f->prefill_tokens, "prompt length")
