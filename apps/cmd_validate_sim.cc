@@ -59,8 +59,10 @@
 #endif
 #include "apps/validate_sim_calibration.h"
 #include "apps/validate_sim_flags.h"
+#include "apps/validate_sim_outside.h"
 #include "apps/validate_sim_probes.h"
 #include "apps/validate_sim_report.h"
+#include "apps/validate_sim_simulate.h"
 #include "apps/validate_sim_up.h"
 #include "planner/profiler.h"
 #include "planner/simulator.h"
@@ -72,7 +74,12 @@ namespace pd::apps {
 namespace {
 
 using validate_sim::BatchTpot;
+using validate_sim::BenchRequests;
+using validate_sim::CalibratedAt;
+using validate_sim::CalibratedLinks;
+using validate_sim::CalibrateOutside;
 using validate_sim::Calibration;
+using validate_sim::ClientRequestsOf;
 using validate_sim::ClientRouterCpuSeconds;
 using validate_sim::Combine;
 using validate_sim::ContentionWindow;
@@ -82,6 +89,7 @@ using validate_sim::CpuPerRequest;
 using validate_sim::CpuWindow;
 using validate_sim::Deployment;
 using validate_sim::FindInstances;
+using validate_sim::Instances;
 using validate_sim::LoadRunCpu;
 using validate_sim::MachineCores;
 using validate_sim::MeasureCorun;
@@ -92,6 +100,7 @@ using validate_sim::RateReport;
 using validate_sim::ReportJson;
 using validate_sim::RoundResult;
 using validate_sim::RunProbes;
+using validate_sim::SimulateRate;
 using validate_sim::Stretches;
 using validate_sim::ThreadTimes;
 using validate_sim::TpotOf;
@@ -222,103 +231,6 @@ Status WarmUp(const ValidateFlags& f) {
       .status();
 }
 
-// The two instances as `pdserve up` runs them: engine policy, KV capacity of the default region,
-// with the calibration applied to the step times.
-std::vector<planner::InstanceConfig> Instances(const ValidateFlags& f, planner::StepCoeffs c,
-                                               const planner::RealOverheads& o, int64_t kv_tokens) {
-  planner::InstanceConfig p;
-  p.role = planner::Role::kPrefill;
-  p.coeffs = c;
-  for (double& k : p.coeffs.prefill) k *= o.prefill_scale;
-  p.policy.max_num_seqs = f.max_num_seqs;
-  p.policy.max_num_batched_tokens = f.max_num_batched_tokens;
-  p.policy.enable_chunked_prefill = true;
-  p.policy.kv_capacity_tokens = kv_tokens;
-  p.corun_slowdown = o.corun_prefill;
-  planner::InstanceConfig d = p;
-  d.role = planner::Role::kDecode;
-  d.coeffs = c;
-  d.corun_slowdown = o.corun_decode;
-  // Scheduling once per step; sampling, detokenising and streaming once per sequence in a step.
-  for (auto* form : {&d.coeffs.decode_small, &d.coeffs.decode_large}) {
-    (*form)[0] += o.decode_fixed_ms;
-    (*form)[2] += o.decode_seq_ms;
-  }
-  return {p, d};
-}
-
-// The bench's requests for a rate, regenerated with its own generators.
-Result<std::vector<planner::SimRequest>> BenchRequests(const bench::DatasetSpec& spec, int n,
-                                                       double rate, uint64_t seed) {
-  ASSIGN_OR_RETURN(std::vector<bench::LengthPair> lengths, bench::SampleLengths(spec, n, seed));
-  const std::vector<double> arrivals = bench::ArrivalTimes(n, rate, 1.0, seed);
-  std::vector<planner::SimRequest> out;
-  for (int i = 0; i < n; ++i) {
-    out.push_back({i, arrivals[i], lengths[i].prompt_len, lengths[i].output_len});
-  }
-  return out;
-}
-
-// The simulator on the bench's requests; `fixed_s` added to each request's first token and end
-// (on the way in and the first token's way out).
-Result<planner::Summary> SimulateRate(std::span<const planner::InstanceConfig> insts,
-                                      const planner::ClusterLinks& links,
-                                      const std::vector<planner::SimRequest>& reqs,
-                                      const planner::Slo& slo, double fixed_s,
-                                      std::vector<planner::SimStep>* steps = nullptr,
-                                      std::vector<planner::RequestResult>* requests = nullptr) {
-  planner::SimOptions so;
-  so.slo = slo;
-  so.first_token_on_decode = true;
-  so.record_steps = steps != nullptr;
-#ifdef PD_PLANNER_HAS_ENGINE_SCHEDULER
-  so.make_scheduler = planner::EngineSchedulerFactory();
-#endif
-  ASSIGN_OR_RETURN(planner::SimResult sim, planner::Simulate(insts, links, reqs, so));
-  if (steps != nullptr) *steps = std::move(sim.steps);
-  for (auto& r : sim.requests) {
-    if (r.first_token_s >= 0) r.first_token_s += fixed_s;
-    if (r.finish_s >= 0) r.finish_s += fixed_s;
-  }
-  if (requests != nullptr) *requests = sim.requests;
-  return planner::Summarize(sim.requests, slo);
-}
-
-// The step times of each instance scaled by `factor`.
-std::vector<planner::InstanceConfig> Slowed(std::vector<planner::InstanceConfig> insts,
-                                            const Stretches& factor) {
-  for (auto& inst : insts) {
-    const double k = inst.role == planner::Role::kPrefill ? factor.prefill : factor.decode;
-    for (auto* form : {&inst.coeffs.prefill, &inst.coeffs.decode_small, &inst.coeffs.decode_large})
-      for (double& v : *form) v *= k;
-  }
-  return insts;
-}
-
-// The calibrated deployment at `rate`: the probes' calibration, each instance's steps stretched
-// by the share of its core that other work takes at that rate: the bench client and router
-// (unpinned: from both cores alike) and, for the decode instance, its own HTTP, fabric and
-// messenger threads (pinned with it) per request (receiving the request and the KV: work that
-// comes with other requests, while it decodes), their CPU measured by the probes. Their work per
-// token (streaming it) runs between that instance's steps, so the decode probes' per-sequence
-// cost holds it already. The prefill instance's own threads are in its calibrated step: they
-// send a prompt's KV during that prompt's step, and the probes measure how long the step held
-// the compute thread, waiting for them included. (A 1/(1 - u) stretch by their share, right for
-// work that comes independently of the steps, gave 1.08x at 37 req/s where a trace showed the
-// steps 1.3x their compute thread's CPU time, at idle and under load alike.)
-Result<std::vector<planner::InstanceConfig>> CalibratedAt(const ValidateFlags& f,
-                                                          const planner::StepCoeffs& c,
-                                                          const Calibration& cal, int64_t kv_tokens,
-                                                          double rate) {
-  Stretches k;
-  const planner::ClientCpuCost decode_own{cal.decode_own_cpu.per_request_s, 0.0};
-  ASSIGN_OR_RETURN(k.prefill, planner::BackgroundCpuStretch(cal.StretchCpu(), rate, f.output_len,
-                                                            MachineCores()));
-  ASSIGN_OR_RETURN(k.decode, planner::BackgroundCpuStretch(cal.StretchCpu(), rate, f.output_len,
-                                                           MachineCores(), decode_own));
-  return Slowed(Instances(f, c, cal.overheads, kv_tokens), k);
-}
-
 int PromptsAt(const ValidateFlags& f, double rate) {
   return std::clamp(static_cast<int>(rate * f.seconds_per_rate), 20, f.max_prompts);
 }
@@ -342,6 +254,8 @@ Result<RoundResult> BenchRound(const ValidateFlags& f, const bench::DatasetSpec&
   out.client_router_cores = (ClientRouterCpuSeconds(dep.up) - cpu0) / std::max(wall_s, 1e-9);
   ASSIGN_OR_RETURN(auto measured, planner::MeasuredFromBenchJson(real.json, "bench result"));
   out.measured = planner::Summarize(measured, slo);
+  ASSIGN_OR_RETURN(out.client,
+                   ClientRequestsOf(real.json, bench::ArrivalTimes(n, rate, 1.0, f.seed)));
   return out;
 }
 
@@ -359,21 +273,18 @@ Status SimulateRateReport(const ValidateFlags& f, const bench::DatasetSpec& spec
   ASSIGN_OR_RETURN(auto cal_insts, CalibratedAt(f, coeffs, cal, kv_tokens, rate));
   ASSIGN_OR_RETURN(auto reqs, BenchRequests(spec, n, rate, f.seed));
   // The calibrated KV transfer: its time per prompt token, as the link's bandwidth.
-  planner::ClusterLinks cal_links = links;
-  if (cal.overheads.transfer_s_per_token > 0) {
-    cal_links.intra_node_bw = links.kv_bytes_per_token / cal.overheads.transfer_s_per_token;
-  }
-  ASSIGN_OR_RETURN(r->calibrated.simulated,
-                   SimulateRate(cal_insts, cal_links, reqs, slo, cal.overheads.fixed_s,
-                                &r->sim_steps, &r->sim_requests));
+  const planner::ClusterLinks cal_links = CalibratedLinks(links, cal);
+  ASSIGN_OR_RETURN(
+      r->calibrated.simulated,
+      SimulateRate(cal_insts, cal_links, reqs, slo, cal.outside, &r->sim_steps, &r->sim_requests));
   ASSIGN_OR_RETURN(r->raw.simulated,
                    SimulateRate(Instances(f, coeffs, planner::RealOverheads{}, kv_tokens), links,
-                                reqs, slo, 0.0));
+                                reqs, slo, planner::OutsideLatency()));
   std::vector<planner::Summary> reseeded;
   for (int k = 1; k <= f.sampling_seeds; ++k) {
     ASSIGN_OR_RETURN(auto other, BenchRequests(spec, n, rate, f.seed + k));
     ASSIGN_OR_RETURN(planner::Summary s,
-                     SimulateRate(cal_insts, cal_links, other, slo, cal.overheads.fixed_s));
+                     SimulateRate(cal_insts, cal_links, other, slo, cal.outside));
     reseeded.push_back(s);
   }
   r->sampling = planner::RelativeSpread(reseeded);
@@ -461,9 +372,12 @@ Result<LoadRunCpu> LoadRun(const ValidateFlags& f, double rate, const Deployment
   load.mean_output_tokens /= std::max<size_t>(1, lengths.size());
   std::fprintf(stderr, "validate-sim: load run, %d requests at %.3g req/s\n", bo.num_prompts, rate);
   const double cpu0 = ClientRouterCpuSeconds(dep.up);
+  load.begin_s = Tracer::NowNs() * 1e-9;
   ASSIGN_OR_RETURN(bench::BenchmarkSummary run, bench::RunBenchmark(bo));
-  (void)run;
+  load.end_s = Tracer::NowNs() * 1e-9;
   load.cpu_s = ClientRouterCpuSeconds(dep.up) - cpu0;
+  ASSIGN_OR_RETURN(load.client, ClientRequestsOf(run.json, bench::ArrivalTimes(bo.num_prompts, rate,
+                                                                               1.0, bo.seed)));
   return load;
 }
 
@@ -529,13 +443,17 @@ Status Validate(const ValidateFlags& f) {
   RETURN_IF_ERROR(RunRounds(f, spec, rates, slo, dep, coeffs, &sets, &reports));
   up.Stop();
   ASSIGN_OR_RETURN(cal, Combine(f, sets, true, &load));
+  for (size_t i = 0; i < rates.size(); ++i)
+    reports[i].raw.rate = reports[i].calibrated.rate = rates[i];
+  // The latency outside the engines, from the load run's traced requests (the rule is fixed in
+  // the code; the load run came before every compared round).
+  CalibrateOutside(f, load.client, load.begin_s, load.end_s, reports, &cal);
   // Uncalibrated, the KV transfer takes no time; calibrated, the probes' transfer time per token.
   planner::ClusterLinks links;
   links.kv_bytes_per_token = kv.bytes_per_token;
   links.intra_node_bw = 1e18;
-  for (size_t i = 0; i < rates.size(); ++i) {
-    reports[i].raw.rate = reports[i].calibrated.rate = rates[i];
-    RETURN_IF_ERROR(SimulateRateReport(f, spec, slo, coeffs, kv.tokens, links, cal, &reports[i]));
+  for (RateReport& r : reports) {
+    RETURN_IF_ERROR(SimulateRateReport(f, spec, slo, coeffs, kv.tokens, links, cal, &r));
   }
   PrintReports(f, slo, cal, reports, rate_rule);
   if (!f.trace.empty()) {

@@ -17,6 +17,7 @@
 #include "common/status.h"
 #include "common/thread_util.h"
 #include "planner/latency_model.h"
+#include "planner/ttft_parts.h"
 #include "planner/validate.h"
 #include "planner/validate_stats.h"
 
@@ -40,6 +41,10 @@ struct Calibration {
   // The bench client's and router's cost measured under load (the load run), in the probes'
   // split; unset when not measured. The calibrated simulation's stretch uses it when set.
   std::optional<planner::ClientCpuCost> client_cpu_loaded;
+  // The latency outside the engines added to each simulated request: the idle probes' fixed_s,
+  // or drawn from the load run's traced per-request figures (apps/validate_sim_outside.h).
+  planner::OutsideLatency outside;
+  std::string outside_rule = "idle probes' constant";
   const planner::ClientCpuCost& StretchCpu() const {
     return client_cpu_loaded ? *client_cpu_loaded : client_cpu;
   }
@@ -52,6 +57,10 @@ struct LoadRunCpu {
   int requests = 0;
   double mean_output_tokens = 0;
   double cpu_s = 0;  // client + router, /proc/PID/stat
+  // Per request (arrival, prompt, measured TTFT; empty when one failed) and the run's window on
+  // the traces' clock: the outside latency's sample (apps/validate_sim_outside.h).
+  std::vector<planner::ClientRequest> client;
+  double begin_s = 0, end_s = 0;
 };
 
 // The client's and router's CPU per request under load beside the sequential probes' figure.
@@ -270,6 +279,7 @@ inline Result<Calibration> Combine(const ValidateFlags& f, const std::vector<Pro
   ASSIGN_OR_RETURN(cal.prefill_own_cpu, CpuCost(f, sets, &CpuPerRequest::prefill_own));
   ASSIGN_OR_RETURN(cal.decode_own_cpu, CpuCost(f, sets, &CpuPerRequest::decode_own));
   ASSIGN_OR_RETURN(cal.overheads, planner::SolveOverheads(ttft, decode));
+  cal.outside = planner::OutsideLatency::Constant(cal.overheads.fixed_s);
   if (load != nullptr) {
     ASSIGN_OR_RETURN(cal.client_cpu_loaded,
                      planner::LoadedClientCpuCost(cal.client_cpu, load->cpu_s, load->requests,

@@ -27,6 +27,9 @@ struct RoundResult {
   double client_router_cores = 0;  // measured during the run
   Stretches stretch;               // waiting for a core, measured during the run (not used)
   double begin_s = 0, end_s = 0;   // steady clock (the traces' clock), around the bench run
+  // Per request: arrival, prompt length, measured TTFT (empty when a request failed: the bench's
+  // JSON then no longer says which arrival each TTFT belongs to).
+  std::vector<planner::ClientRequest> client;
 };
 
 // Everything about one rate: the simulations beside the median of the bench rounds, and the
@@ -57,7 +60,15 @@ inline nlohmann::json OverheadsJson(const Calibration& cal) {
        {cal.StretchCpu().per_request_s, cal.StretchCpu().per_token_s}},
       {"prefill_own_cpu_s", {cal.prefill_own_cpu.per_request_s, cal.prefill_own_cpu.per_token_s}},
       {"decode_own_cpu_s", {cal.decode_own_cpu.per_request_s, cal.decode_own_cpu.per_token_s}},
-      {"probe_stretch", {{"prefill", cal.stretch.prefill}, {"decode", cal.stretch.decode}}}};
+      {"probe_stretch", {{"prefill", cal.stretch.prefill}, {"decode", cal.stretch.decode}}},
+      {"outside_latency",
+       {{"rule", cal.outside_rule},
+        {"idle_fixed_s", o.fixed_s},
+        {"samples", cal.outside.num_samples()},
+        {"p10_s", cal.outside.Quantile(0.1)},
+        {"p50_s", cal.outside.Quantile(0.5)},
+        {"p90_s", cal.outside.Quantile(0.9)},
+        {"mean_s", cal.outside.Mean()}}}};
 }
 
 inline nlohmann::json SpreadJson(const planner::Spread& s) {
@@ -86,11 +97,13 @@ inline void PrintReports(const ValidateFlags& f, const planner::Slo& slo, const 
               planner::FormatComparison(raw).c_str());
   const planner::RealOverheads& o = cal.overheads;
   std::printf(
-      "\ncalibrated through this deployment by the probes (prefill x%.3f, fixed %.2f ms, decode "
+      "\ncalibrated through this deployment by the probes (prefill x%.3f, idle fixed %.2f ms, "
+      "outside the engines %s: p50 %.2f p90 %.2f ms, decode "
       "+%.3f ms/step +%.3f ms/seq, co-run prefill x%.3f decode x%.3f, client + router %.3f "
       "ms/request + %.4f ms/token of CPU taken from %d cores, measured under load by the load "
       "run; the sequential probes measured %.3f + %.4f):\n%s",
-      o.prefill_scale, o.fixed_s * 1e3, o.decode_fixed_ms, o.decode_seq_ms, o.corun_prefill,
+      o.prefill_scale, o.fixed_s * 1e3, cal.outside_rule.c_str(), cal.outside.Quantile(0.5) * 1e3,
+      cal.outside.Quantile(0.9) * 1e3, o.decode_fixed_ms, o.decode_seq_ms, o.corun_prefill,
       o.corun_decode, cal.StretchCpu().per_request_s * 1e3, cal.StretchCpu().per_token_s * 1e3,
       MachineCores(), cal.client_cpu.per_request_s * 1e3, cal.client_cpu.per_token_s * 1e3,
       planner::FormatComparison(calibrated).c_str());

@@ -13,7 +13,8 @@
 #      3 rounds of `pdserve bench` at 20/40/60% of the calibrated capacity (300 requests of
 #      128/32 tokens each, fixed seed, random dataset), the median per rate beside the simulator
 #      on the same requests, and the noise: machine (spread over rounds) vs sampling (spread over
-#      reseeded simulations) (docs/planner.md).
+#      reseeded simulations) (docs/planner.md). The instances are traced (--trace; the latency
+#      outside the engines is calibrated per request from the load run's traces).
 # One run takes about 2-2.5 minutes (fits one /work/exp/quiet.sh call). Usage:
 #   bench/planner/sim_vs_real.sh [PDSERVE] [extra validate-sim flags, e.g. --rate 2 --rate 4]
 set -euo pipefail
@@ -44,5 +45,5 @@ if command -v taskset > /dev/null; then PIN=(taskset -c 0); fi
   --decode-batches 1,2,4,8,16 --decode-contexts "$CONTEXTS" --out "$OUT/profile.json"
 "$PDSERVE" validate-sim --model "$MODEL" --threads "$THREADS" --profile "$OUT/profile.json" \
   --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --range-ratio "$RANGE" \
-  --out "$OUT/comparison.json" "$@"
+  --out "$OUT/comparison.json" --trace "$OUT/trace.json" "$@"
 echo "results: $OUT/profile.json $OUT/comparison.json"

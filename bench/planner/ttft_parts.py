@@ -6,8 +6,8 @@ Usage: ttft_parts.py TRACE_BASE VALIDATE_LOG
   VALIDATE_LOG: validate-sim's stdout (its "round window RATE req/s: BEGIN END" lines, the
                 traces' clock in seconds)
 
-Per rate and bench round (its window; the traces hold their first 200,000 events each, so
-the later rounds may be missing), p50 / p90 in ms of each request's parts, joined by the
+Per rate and bench round (its window; the traces hold their first 1,000,000 events each,
+200,000 before 2026-11-30, so the later rounds may be missing), p50 / p90 in ms of each request's parts, joined by the
 messenger's request id:
   front:     the decode instance sent the prefill request -> the prefill instance got it
   wait:      the prefill instance got it -> the engine step that computed it started
