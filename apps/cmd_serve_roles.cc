@@ -38,6 +38,11 @@ void AddRoleFlags(CLI::App* app, RoleFlags* f) {
                   "prefill role: drop (abort, free the pages of) the requests of a decode instance "
                   "that has sent nothing, not even a heartbeat, for this long; 0: off")
       ->capture_default_str();
+  app->add_option("--kv-wait-warm-ms", f->kv_wait_warm_ms,
+                  "decode role: while requests wait for their KV and nothing else runs, read the "
+                  "weights and the arrived KV back into the caches this often (only for models "
+                  "whose weights fit in 64 MiB); 0: off")
+      ->capture_default_str();
   app->add_option("--trace", f->trace_file,
                   "write a Chrome trace-event JSON (chrome://tracing, Perfetto) here at shutdown");
 }
@@ -56,6 +61,7 @@ Status ValidateRoleFlags(const RoleFlags& f) {
     return InvalidArgument("--kv-transfer-timeout-ms must be positive");
   }
   if (!(f.peer_silence_s >= 0)) return InvalidArgument("--peer-silence-s must be >= 0");
+  if (!(f.kv_wait_warm_ms >= 0)) return InvalidArgument("--kv-wait-warm-ms must be >= 0");
   return OkStatus();
 }
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "apps/command.h"
+#include "apps/idle_poll_flag.h"
 #include "common/file_util.h"
 #include "common/thread_util.h"
 #include "common/trace.h"
@@ -58,6 +59,8 @@ struct UpFlags {
   // --pin-cores: where every instance's (and the router's) I/O threads run: "auto" (the CPUs no
   // prefill instance computes on), "any", or a CPU list.
   std::string io_cpus = "auto";
+  double kv_wait_warm_ms = 2.0;               // decode instances' --kv-wait-warm-ms
+  int64_t idle_poll_us = kDefaultIdlePollUs;  // every instance's --idle-poll-us
   std::string fabric_provider = "tcp;ofi_rxm";
   double start_timeout_s = 300.0;
   std::string plan;  // a pdserve-plan-v1 file: instance counts and threads come from it
@@ -103,7 +106,7 @@ std::vector<std::string> ServeArgs(const UpFlags& f, const std::string& secret_f
       "--cluster-secret-file", secret_file, "--fabric-provider", f.fabric_provider, "--fabric-node",
       // shm names each endpoint after its node: let it pick one each
       f.fabric_provider == "shm" ? "" : f.host, "--kv-transfer-timeout-ms",
-      std::to_string(f.kv_transfer_timeout_ms)};
+      std::to_string(f.kv_transfer_timeout_ms), "--idle-poll-us", std::to_string(f.idle_poll_us)};
   if (!f.served_model_name.empty()) {
     a.insert(a.end(), {"--served-model-name", f.served_model_name});
   }
@@ -293,9 +296,10 @@ bool StartInstances(LocalDeployment& d, std::vector<std::string>* decode_urls) {
     if (!WaitHealthy(d.children[k], d.children, f.start_timeout_s)) return false;
   }
   for (int j = 0; j < f.num_decode; ++j) {
-    size_t k = StartInstance(d, "decode " + std::to_string(j), f.port + 1 + f.num_prefill + j,
-                             {"--role", "decode", "--prefill-peers", prefill_urls,
-                              "--tensor-parallel-size", std::to_string(f.decode_tp)});
+    size_t k = StartInstance(
+        d, "decode " + std::to_string(j), f.port + 1 + f.num_prefill + j,
+        {"--role", "decode", "--prefill-peers", prefill_urls, "--tensor-parallel-size",
+         std::to_string(f.decode_tp), "--kv-wait-warm-ms", std::to_string(f.kv_wait_warm_ms)});
     decode_urls->push_back(d.children[k].url);
   }
   for (size_t k = f.num_prefill; k < d.children.size(); ++k) {
@@ -340,6 +344,14 @@ int RunUp(const UpFlags& flags) {
   if (!f.plan.empty() && !ApplyPlan(&f)) return 2;
   if (f.num_prefill < 1 || f.num_decode < 1) {
     std::fprintf(stderr, "up: --prefill and --decode must be >= 1\n");
+    return 2;
+  }
+  if (!(f.kv_wait_warm_ms >= 0)) {
+    std::fprintf(stderr, "up: --kv-wait-warm-ms must be >= 0\n");
+    return 2;
+  }
+  if (Status s = CheckIdlePollUs(f.idle_poll_us); !s.ok()) {
+    std::fprintf(stderr, "up: %s\n", s.message().c_str());
     return 2;
   }
   auto io_cpus = ParseCpuList(IoCpus(f));
@@ -442,6 +454,15 @@ PD_REGISTER_COMMAND(
       app->add_flag("--pin-cores", f->pin_cores,
                     "pin instance k's model threads to CPU k, and every instance's HTTP, fabric "
                     "and KV messenger threads (and the router) to --io-cpus");
+      app->add_option("--kv-wait-warm-ms", f->kv_wait_warm_ms,
+                      "decode instances' cache-warming period while they wait for KV (serve "
+                      "--kv-wait-warm-ms); 0: off")
+          ->capture_default_str();
+      app->add_option("--idle-poll-us", f->idle_poll_us,
+                      "every instance's --idle-poll-us: an engine loop on a core of its own (with "
+                      "--pin-cores, the prefill instances') polls this long for work before it "
+                      "sleeps; 0: off")
+          ->capture_default_str();
       app->add_option("--io-cpus", f->io_cpus,
                       "with --pin-cores: CPUs of the HTTP, fabric, KV messenger and router "
                       "threads: auto (the CPUs no prefill instance computes on; none left: any), "

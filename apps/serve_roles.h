@@ -25,10 +25,11 @@ struct RoleFlags {
   std::string fabric_provider = "tcp;ofi_rxm";
   std::string fabric_node = "127.0.0.1";  // local address the fabric endpoint binds
   int kv_transfer_timeout_ms = 30000;
-  double peer_wait_s = 60.0;    // decode: how long to wait for prefill instances at start
-  double peer_silence_s = 2.0;  // prefill: drop transfers of a decode peer silent this long
-  std::string trace_file;       // --trace: Chrome trace-event JSON written at shutdown
-  Tracer* tracer = nullptr;     // made by RunServe from trace_file; given to the messengers
+  double peer_wait_s = 60.0;     // decode: how long to wait for prefill instances at start
+  double peer_silence_s = 2.0;   // prefill: drop transfers of a decode peer silent this long
+  double kv_wait_warm_ms = 2.0;  // decode: cache-warming period while waiting for KV; 0: off
+  std::string trace_file;        // --trace: Chrome trace-event JSON written at shutdown
+  Tracer* tracer = nullptr;      // made by RunServe from trace_file; given to the messengers
 };
 
 void AddRoleFlags(CLI::App* app, RoleFlags* flags);

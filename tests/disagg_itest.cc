@@ -214,6 +214,18 @@ TEST(DisaggUpTest, UpRefusesABadIoCpuList) {
   EXPECT_THAT(up.output(), HasSubstr("up: --io-cpus: ")) << up.output();
 }
 
+TEST(DisaggUpTest, UpAndServeRefuseANegativeKvWaitWarmPeriod) {
+  Process up;
+  ASSERT_TRUE(up.Start({kBinary, "up", "--model", ModelDir(), "--port", std::to_string(PickPort()),
+                        "--kv-wait-warm-ms", "-1"}));
+  EXPECT_EQ(up.Wait(60s), 2);
+  EXPECT_THAT(up.output(), HasSubstr("up: --kv-wait-warm-ms must be >= 0")) << up.output();
+  Process serve;
+  ASSERT_TRUE(serve.Start(ServeArgs(PickPort(), {"--kv-wait-warm-ms", "-0.5"})));
+  EXPECT_EQ(serve.Wait(120s), 1);
+  EXPECT_THAT(serve.output(), HasSubstr("--kv-wait-warm-ms must be >= 0")) << serve.output();
+}
+
 // --pin-whole-instances: every thread of instance k on CPU k.
 TEST(DisaggUpTest, PinWholeInstancesPinsEveryThread) {
   const unsigned ncpu = std::thread::hardware_concurrency();

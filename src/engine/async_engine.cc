@@ -2,6 +2,7 @@
 #include "engine/async_engine.h"
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -11,6 +12,7 @@
 
 #include "common/log.h"
 #include "common/thread_util.h"
+#include "engine/idle_poll.h"
 
 namespace pd::engine {
 namespace {
@@ -54,6 +56,7 @@ class AsyncEngineImpl final : public AsyncEngine {
   void DeliverReservations();
 
   void Loop();
+  void PollBeforeWaiting();  // options_.idle_poll_us: spin on news_ before the condvar wait
   // Moves queued submissions and aborts into the engine (loop thread).
   void Drain(std::vector<Submission>* submissions, std::vector<int64_t>* aborts);
   void Deliver(const RequestOutput& out);  // calls the callback; forgets finished requests
@@ -72,7 +75,9 @@ class AsyncEngineImpl final : public AsyncEngine {
   std::vector<int32_t> releases_;        // GUARDED_BY(mu_): pages to give back
   int num_pending_ = 0;                  // GUARDED_BY(mu_): queued + in the engine
   bool stop_ = false;                    // GUARDED_BY(mu_)
-  EngineStats stats_;                    // GUARDED_BY(mu_): refreshed after every step
+  // Set (under mu_) with anything the loop must act on; lets a cache-warming pass stop early.
+  std::atomic<bool> news_{false};
+  EngineStats stats_;  // GUARDED_BY(mu_): refreshed after every step
   std::atomic<int64_t> next_id_{1};
 
   std::unordered_map<int64_t, OutputCallback> callbacks_;               // loop thread only
@@ -126,6 +131,7 @@ Result<int64_t> AsyncEngineImpl::Enqueue(Submission sub) {
     }
     ++num_pending_;
     submissions_.push_back(std::move(sub));
+    news_.store(true, std::memory_order_relaxed);
   }
   cv_.notify_one();
   return id;
@@ -139,6 +145,7 @@ void AsyncEngineImpl::ReleasePages(std::vector<int32_t> pages) {
       return;
     }
     releases_.insert(releases_.end(), pages.begin(), pages.end());
+    news_.store(true, std::memory_order_relaxed);
   }
   cv_.notify_one();
 }
@@ -148,6 +155,7 @@ void AsyncEngineImpl::MarkKvReady(int64_t request_id) {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return;
     kv_ready_.push_back(request_id);
+    news_.store(true, std::memory_order_relaxed);
   }
   cv_.notify_one();
 }
@@ -157,6 +165,7 @@ void AsyncEngineImpl::Abort(int64_t request_id) {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return;
     aborts_.push_back(request_id);
+    news_.store(true, std::memory_order_relaxed);
   }
   cv_.notify_one();
 }
@@ -225,13 +234,27 @@ void AsyncEngineImpl::Loop() {
   std::vector<int64_t> aborts, kv_ready;
   std::vector<int32_t> releases;
   while (true) {
+    PollBeforeWaiting();
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] {
+      auto ready = [&] {
         return stop_ || !submissions_.empty() || !aborts_.empty() || !kv_ready_.empty() ||
                !releases_.empty() || engine_->HasWork();
-      });
+      };
+      if (options_.warm_period_s > 0 && engine_->AwaitsKv()) {
+        // Idle but for transfers in flight: keep what the first decode step reads cached.
+        const auto period = std::chrono::duration<double>(options_.warm_period_s);
+        if (!cv_.wait_for(lock, period, ready)) {
+          lock.unlock();
+          engine_->WarmCaches(options_.warm_max_bytes,
+                              [this] { return news_.load(std::memory_order_relaxed); });
+          continue;
+        }
+      } else {
+        cv_.wait(lock, ready);
+      }
       if (stop_) break;
+      news_.store(false, std::memory_order_relaxed);
       submissions.swap(submissions_);
       aborts.swap(aborts_);
       kv_ready.swap(kv_ready_);
@@ -265,6 +288,14 @@ void AsyncEngineImpl::Loop() {
     DeliverReservations();  // pages the step freed
   }
   AbortEverything();
+}
+
+void AsyncEngineImpl::PollBeforeWaiting() {
+  if (options_.idle_poll_us <= 0 || engine_->HasWork()) return;
+  IdlePollOptions po;
+  po.budget_ns = options_.idle_poll_us * 1000;
+  // news_ is set with everything the loop is woken for (under mu_, which the wait then takes).
+  (void)PollForFlag(news_, po, SteadyNowNs);
 }
 
 void AsyncEngineImpl::RefreshStats() {
@@ -309,6 +340,7 @@ void AsyncEngineImpl::Shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    news_.store(true, std::memory_order_relaxed);
   }
   cv_.notify_all();
   if (loop_.joinable()) {
@@ -334,6 +366,10 @@ void AsyncEngine::MarkKvReady(int64_t) {}
 Result<std::unique_ptr<AsyncEngine>> AsyncEngine::Create(std::unique_ptr<Engine> engine,
                                                          const AsyncEngineOptions& options) {
   if (engine == nullptr) return InvalidArgument("AsyncEngine needs an Engine");
+  if (options.idle_poll_us < 0 || options.idle_poll_us > 60'000'000'000) {
+    return InvalidArgument("idle_poll_us must be in [0, 6e10], got " +
+                           std::to_string(options.idle_poll_us));
+  }
   if (options.max_pending_requests < 1) {
     return InvalidArgument("max_pending_requests must be >= 1, got " +
                            std::to_string(options.max_pending_requests));

@@ -15,6 +15,19 @@ struct AsyncEngineOptions {
   // CPUs the engine loop thread (which runs the model's forward passes) is pinned to; empty: it
   // keeps the creating thread's affinity.
   std::vector<int> loop_cpus;
+  // Decode side: while requests wait for their KV and nothing else runs, the loop reads the
+  // weights and the arriving KV back into the caches every warm_period_s, so the first decode
+  // step does not run at the speed of memory left untouched through the prefill (cache_warm.h);
+  // 0 turns it off. Only when that memory is at most warm_max_bytes: a pass over more than the
+  // caches hold would only spend memory bandwidth.
+  double warm_period_s = 0.002;
+  size_t warm_max_bytes = 64ull << 20;  // When it runs out of work, the loop spins this long on an
+                                        // atomic "work arrived" flag before it
+  // sleeps on its condition variable (engine/idle_poll.h), so that work arriving meanwhile finds
+  // it running instead of having to wake its core: 70-120 us on a KVM guest whose idle vCPUs
+  // halt, against ~1 us. Only for a loop on CPUs no other busy thread uses (serve applies
+  // --idle-poll-us only when its --compute-cpus and --io-cpus are disjoint); 0: off.
+  int64_t idle_poll_us = 0;
 };
 
 // Called on the engine thread for every RequestOutput of the request, the last one finished().

@@ -49,6 +49,8 @@ class EngineImpl final : public Engine {
   Status AddRemoteKvRequest(Request request) override;
   std::vector<KvReservation> TakeKvReservations() override;
   Status MarkKvReady(int64_t request_id) override { return scheduler_.MarkKvReady(request_id); }
+  bool AwaitsKv() const override { return scheduler_.num_awaiting_kv() > 0; }
+  size_t WarmCaches(size_t max_bytes, const std::function<bool()>& stop) override;
 
  private:
   enum class Kind { kNormal, kPrefillOnly, kRemoteKv };
@@ -65,7 +67,8 @@ class EngineImpl final : public Engine {
   const Clock* const clock_;
   PagePool pool_;
   Scheduler scheduler_;
-  std::mt19937_64 seed_rng_;  // seeds for requests without one
+  std::vector<MemRange> warm_ranges_;  // WarmCaches' scratch
+  std::mt19937_64 seed_rng_;           // seeds for requests without one
   std::unordered_map<int64_t, std::unique_ptr<RequestState>> requests_;
   std::vector<RequestOutput> aborted_;  // reported at the next Step
   ForwardBatch forward_batch_;          // reused every step
@@ -140,6 +143,16 @@ Status EngineImpl::Add(Request request, Kind kind) {
   }
   requests_.emplace(request.id, std::move(state));
   return OkStatus();
+}
+
+size_t EngineImpl::WarmCaches(size_t max_bytes, const std::function<bool()>& stop) {
+  if (!AwaitsKv()) return 0;
+  warm_ranges_.clear();
+  runner_->AppendWarmRanges(scheduler_.AwaitingKvPages(), &warm_ranges_);
+  size_t total = 0;
+  for (const MemRange& r : warm_ranges_) total += r.bytes;
+  if (total == 0 || total > max_bytes) return 0;
+  return TouchRanges(warm_ranges_, stop);
 }
 
 std::vector<KvReservation> EngineImpl::TakeKvReservations() {

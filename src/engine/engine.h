@@ -113,6 +113,12 @@ class Engine {
   virtual std::vector<KvReservation> TakeKvReservations() = 0;
   // NotFound for an unknown request; FailedPrecondition when its pages are not reserved yet.
   virtual Status MarkKvReady(int64_t request_id) = 0;
+  // Decode side, while idle: true when a request waits for its KV (its pages reserved).
+  virtual bool AwaitsKv() const = 0;
+  // Reads the memory the next decode step will read (the weights, and the KV pages of requests
+  // waiting for their KV) back into the caches, stopping between chunks once stop() is true;
+  // only when that memory is at most max_bytes. Returns the bytes read. See cache_warm.h.
+  virtual size_t WarmCaches(size_t max_bytes, const std::function<bool()>& stop) = 0;
 };
 
 }  // namespace pd::engine

@@ -80,6 +80,7 @@ class Runner final : public ModelRunner {
   KvRegion& region() override { return *region_; }
   const LayerProgress& progress() const override { return progress_; }
   uint64_t steps_done() const override { return steps_done_; }
+  void AppendWarmRanges(std::span<const int32_t> pages, std::vector<MemRange>* out) override;
   void set_tracer(Tracer* tracer) { tracer_ = tracer; }
 
  private:
@@ -238,6 +239,32 @@ void Runner::Prepare(const ForwardBatch& batch) {
     for (int64_t r = b; r < e; ++r)
       LoadWeightRow(w_->embed.w, s_.tokens[r], s_.x.data() + r * c_.hidden_size);
   });
+}
+
+void Runner::AppendWarmRanges(std::span<const int32_t> pages, std::vector<MemRange>* out) {
+  auto add_matrix = [&](const WeightMatrix& m) {
+    if (m.data == nullptr) return;
+    const size_t bytes = m.layout == kernels::WeightLayout::kPanel32
+                             ? kernels::Panel32Bytes(m.n, m.k, m.bf16)
+                             : static_cast<size_t>(m.n * m.k) * (m.bf16 ? 2 : 4);
+    out->push_back({static_cast<const uint8_t*>(m.data), bytes});
+  };
+  if (w_->packed != nullptr) {  // every matrix a decode step multiplies by, in one buffer
+    out->push_back({w_->packed->data(), w_->packed->size()});
+  } else {
+    for (const RunnerLayerWeights& L : w_->layers) {
+      for (const LinearWeight* m : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
+        add_matrix(m->w);
+      }
+    }
+    add_matrix(w_->lm_head.w);
+  }
+  const size_t page_bytes = region_->spec().page_bytes();
+  for (int l = 0; l < region_->spec().num_layers; ++l) {
+    for (int32_t p : pages) {
+      if (p >= 0 && p < region_->num_pages()) out->push_back({region_->Block(l, p), page_bytes});
+    }
+  }
 }
 
 Status Runner::Forward(const ForwardBatch& batch, ForwardOutput* out) {

@@ -13,6 +13,7 @@
 #include "common/check.h"
 #include "common/status.h"
 #include "common/trace.h"
+#include "engine/cache_warm.h"
 #include "engine/kv_cache.h"
 #include "model/weights.h"
 
@@ -87,6 +88,12 @@ class ModelRunner {
   virtual KvRegion& region() = 0;
   virtual const LayerProgress& progress() const = 0;
   virtual uint64_t steps_done() const = 0;
+  // Appends the memory a decode step over `pages` reads (weights as the kernels read them, and
+  // those pages' KV in every layer), for TouchRanges (cache_warm.h). Default: nothing.
+  virtual void AppendWarmRanges(std::span<const int32_t> pages, std::vector<MemRange>* out) {
+    (void)pages;
+    (void)out;
+  }
   // Tensor-parallel ranks, each with its own region of the same num_pages (its KV head-shard);
   // region() is rank 0's, and progress() is rank 0's (the all-reduces keep the ranks in step:
   // with TP, a layer is counted once every rank has written its KV).

@@ -283,4 +283,15 @@ void Scheduler::Update(const ScheduledBatch& batch, std::span<const SeqUpdate> u
   }
 }
 
+std::vector<int32_t> Scheduler::AwaitingKvPages() const {
+  std::vector<int32_t> pages;
+  if (num_awaiting_kv_ == 0) return pages;
+  for (const auto& [id, seq] : seqs_) {
+    if (seq->state == SeqState::kAwaitingKv) {
+      pages.insert(pages.end(), seq->page_table.begin(), seq->page_table.end());
+    }
+  }
+  return pages;
+}
+
 }  // namespace pd::engine

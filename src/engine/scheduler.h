@@ -135,6 +135,8 @@ class Scheduler {
   int num_running() const { return static_cast<int>(running_.size()); }
   int num_awaiting_pages() const { return static_cast<int>(reserve_queue_.size()); }
   int num_awaiting_kv() const { return num_awaiting_kv_; }
+  // The pages of every sequence whose pages are reserved and whose KV has not arrived yet.
+  std::vector<int32_t> AwaitingKvPages() const;
   int64_t num_preemptions() const { return num_preemptions_; }
   int page_size() const { return page_size_; }
   // Pages a sequence of num_tokens tokens occupies.
