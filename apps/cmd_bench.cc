@@ -13,6 +13,7 @@
 
 #include "apps/command.h"
 #include "bench/runner.h"
+#include "common/thread_util.h"
 
 namespace pd::apps {
 namespace {
@@ -53,6 +54,7 @@ struct BenchFlags {
   std::string result_filename;
   std::string result_dir = ".";
   std::string api_key;
+  std::string cpus;  // empty: the client's threads run anywhere
 };
 
 int Usage(const std::string& message) {
@@ -92,6 +94,12 @@ Result<bench::BenchOptions> MakeOptions(const BenchFlags& f) {
   ASSIGN_OR_RETURN(o.goodput_ms, bench::ParseGoodput(f.goodput));
   ASSIGN_OR_RETURN(o.percentile_metrics, bench::ParseMetricNames(f.percentile_metrics));
   ASSIGN_OR_RETURN(o.metric_percentiles, bench::ParsePercentiles(f.metric_percentiles));
+  if (!f.cpus.empty()) {
+    auto cpus = ParseCpuList(f.cpus);
+    if (!cpus.ok()) return InvalidArgument("--cpus: " + cpus.status().message());
+    o.cpus = *cpus;
+    RETURN_IF_ERROR(bench::CheckClientCpus(o.cpus));
+  }
   return o;
 }
 
@@ -175,6 +183,9 @@ PD_REGISTER_COMMAND(
       app->add_option("--result-dir", f->result_dir, "directory for the JSON file")
           ->capture_default_str();
       app->add_option("--api-key", f->api_key, "sent as 'Authorization: Bearer KEY'");
+      app->add_option("--cpus", f->cpus,
+                      "CPUs the client's request threads run on, e.g. 0 or 2-3 (default: any); "
+                      "keeps the client off the cores the servers compute on");
       return [f] { return RunBench(*f); };
     });
 

@@ -4,7 +4,7 @@
 # the reports side by side (bench/disagg/report.py).
 #
 #   bench/disagg/run.sh [--model DIR] [--pdserve BIN] [--scenario NAME] [--out DIR] [--quick]
-#                       [--fabric-provider P] [--io-cpus auto|any|LIST]
+#                       [--fabric-provider P] [--io-cpus auto|any|LIST] [--client-cpus auto|any]
 #
 # Scenarios (default: all):
 #   demo      a chat-like workload (sharegpt-like lengths scaled to this CPU, Poisson arrivals);
@@ -18,6 +18,9 @@
 # --fabric-provider: `up`'s libfabric provider (default tcp;ofi_rxm, the fabric over loopback;
 # shm: one host, no TCP stack). --io-cpus: `up`'s CPUs for the instances' HTTP, fabric and KV
 # messenger threads (default auto: those no prefill instance computes on).
+# --client-cpus (low-load): auto (default) runs the bench client (`bench --cpus`) on the core that
+# is not running decode steps: disaggregated, the prefill instance's (CPU 0, idle by the first
+# token); colocated, the one its model thread does not use (CPU 1). any: the client unpinned.
 # The model defaults to models/demo-qwen3-small (created with `pdserve make-model` if missing).
 # Results (the bench JSON of every run and the instances' /metrics) go to --out.
 set -euo pipefail
@@ -30,9 +33,10 @@ OUT=
 QUICK=0
 PROVIDER="tcp;ofi_rxm"
 IO_CPUS=auto
+CLIENT_CPUS=auto
 PY=/usr/bin/python3
 
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL=$2; shift 2 ;;
@@ -44,12 +48,17 @@ while [ $# -gt 0 ]; do
     --fabric-provider=*) PROVIDER=${1#*=}; shift ;;
     --io-cpus) IO_CPUS=$2; shift 2 ;;
     --io-cpus=*) IO_CPUS=${1#*=}; shift ;;
+    --client-cpus) CLIENT_CPUS=$2; shift 2 ;;
+    --client-cpus=*) CLIENT_CPUS=${1#*=}; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench/disagg: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
 done
 case "$SCENARIO" in demo | low-load | stall | all) ;;
   *) echo "bench/disagg: --scenario must be demo, low-load, stall or all (got '$SCENARIO')" >&2; exit 2 ;;
+esac
+case "$CLIENT_CPUS" in auto | any) ;;
+  *) echo "bench/disagg: --client-cpus must be auto or any (got '$CLIENT_CPUS')" >&2; exit 2 ;;
 esac
 [ -x "$PDSERVE" ] || { echo "bench/disagg: $PDSERVE is not built (make build)" >&2; exit 1; }
 [ -x "$PY" ] || { echo "bench/disagg: $PY is missing (scripts/install-deps.sh installs it)" >&2; exit 1; }
@@ -184,13 +193,24 @@ if [ "$SCENARIO" = low-load ] || [ "$SCENARIO" = all ]; then
   # Rounds alternate disaggregated and colocated, so drift on a shared machine hits both alike;
   # the report takes the median over rounds of each round's TTFT p50. The disaggregated and
   # colocated runs are traced (--trace) for bench/disagg/stages.py's per-stage table.
+  # The bench client on the core not running decode steps (--client-cpus auto): else, woken onto
+  # the decode core, it waits behind the decode compute thread for its first token.
+  client_d=() client_c=()
+  if [ "$CLIENT_CPUS" = auto ] && [ "$NCPU" -gt 1 ]; then
+    client_d=(--cpus 0) client_c=(--cpus 1)
+    echo "bench/disagg: low-load clients: disaggregated on CPU 0 (the prefill instance's core)," \
+      "colocated on CPU 1 (the core its model thread does not use)"
+  else
+    echo "bench/disagg: low-load clients: not pinned"
+  fi
   low_d=() low_c=() low_r=() low_dt=() low_ct=()
   for r in $(seq "$(n 3 2)"); do
     RUN=low-disagg$r; start_disagg --trace "$OUT/low-disagg$r.trace.json"
-    run_bench low-disagg$r "${LOW_FLAGS[@]}"
+    run_bench low-disagg$r "${LOW_FLAGS[@]}" "${client_d[@]}"
     RUN=low-colocated$r; start_colocated 0 1 --trace "$OUT/low-colocated$r.trace.json"
-    run_bench low-colocated$r "${LOW_FLAGS[@]}"
-    RUN=low-routed$r; start_colocated 0 1; start_router; run_bench low-routed$r "${LOW_FLAGS[@]}"
+    run_bench low-colocated$r "${LOW_FLAGS[@]}" "${client_c[@]}"
+    RUN=low-routed$r; start_colocated 0 1; start_router
+    run_bench low-routed$r "${LOW_FLAGS[@]}" "${client_c[@]}"
     low_d+=("$OUT/low-disagg$r.json") low_c+=("$OUT/low-colocated$r.json")
     low_r+=("$OUT/low-routed$r.json")
     low_dt+=("$OUT/low-disagg$r.trace") low_ct+=("$OUT/low-colocated$r.trace")
@@ -199,7 +219,8 @@ if [ "$SCENARIO" = low-load ] || [ "$SCENARIO" = all ]; then
   layer_bytes=$("$PY" "$ROOT/bench/disagg/report.py" layer-bytes "$OUT/low-disagg1.prefill.metrics" "$MODEL")
   "$PDSERVE" --log-level warn transfer-bench --min-bytes "$layer_bytes" --max-bytes "$layer_bytes" \
     --bytes-per-row $((layer_bytes * 64)) --repeats 5 --json > "$OUT/low-transfer.json"
-  echo "bench/disagg: low-load: up --fabric-provider $PROVIDER --io-cpus $IO_CPUS"
+  echo "bench/disagg: low-load: up --fabric-provider $PROVIDER --io-cpus $IO_CPUS," \
+    "--client-cpus $CLIENT_CPUS"
   "$PY" "$ROOT/bench/disagg/report.py" low-load "$(IFS=,; echo "${low_d[*]}")" \
     "$(IFS=,; echo "${low_c[*]}")" "$OUT/low-transfer.json" "$layer_bytes" \
     "$(IFS=,; echo "${low_r[*]}")"

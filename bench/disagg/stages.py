@@ -15,8 +15,10 @@ time (`pdserve bench --max-concurrency 1`): each request's events are those betw
 For each milestone on the request's critical chain the table gives the median over requests of
 the time from the milestone before it, and the running sum of those medians from the request
 reaching the router (colocated: the HTTP server); milestones off the chain are listed with their
-median offset. With a bench JSON, the client's TTFT median and the part of it outside the servers
-(connect, send, read).
+median offset. With a bench JSON, the client's TTFT median and the part of it outside the servers;
+when the JSON has the steady-clock time each first token was read (`first_token_steady_times`,
+pdserve bench), "client: first token read" joins the chain, so the client's read of the first
+token is a per-request step like the others, and what remains outside is the connect and send.
 """
 import json
 import statistics
@@ -34,6 +36,14 @@ def load(path, tag):
         out.append({"tag": tag, "name": e["name"], "ts": ts, "end": ts + float(e.get("dur", 0)),
                     "args": e.get("args", {})})
     return out
+
+
+def load_bench(path):
+    """The bench client's first-token reads as events (tag C), if its JSON has their times."""
+    with open(path) as f:
+        times = json.load(f).get("first_token_steady_times", [])
+    return [{"tag": "C", "name": "first token read", "ts": t * 1e6, "end": t * 1e6, "args": {}}
+            for t in times if t and t > 0]
 
 
 def first(events, tag, name, after, key="ts"):
@@ -86,6 +96,7 @@ def disagg_milestones(seg):
     add("router: upstream status read", first(seg, "R", "router upstream status", t0)[0])
     add("router: first chunk read", first(seg, "R", "router first chunk read", t0)[0])
     add("router: first chunk written", first(seg, "R", "router first chunk written", t0)[0])
+    add("client: first token read", first(seg, "C", "first token read", t0)[0])
     return m
 
 
@@ -109,6 +120,7 @@ def colocated_milestones(seg):
             add("server: last layer compute ends", max(e["end"] for e in layers))
         add("server: engine step ends", step["end"])
     add("server: first token written", first(seg, "S", "first token written", t0)[0])
+    add("client: first token read", first(seg, "C", "first token read", t0)[0])
     return m
 
 
@@ -123,6 +135,14 @@ def segments(events, start_tag, start_name):
 # Milestones off the request's critical chain (shown by their offset, not summed).
 SIDE = ("router: upstream status read", "prefill: PrefillRequest received",
         "prefill: layer 0 compute ends", "prefill: last layer's writes posted")
+
+
+def p90_of(values):
+    """numpy.percentile(values, 90) with linear interpolation."""
+    v = sorted(values)
+    x = 0.9 * (len(v) - 1)
+    i = int(x)
+    return v[i] + (v[min(i + 1, len(v) - 1)] - v[i]) * (x - i)
 
 
 def table(rows_per_request, ttft_ms=None):
@@ -150,18 +170,21 @@ def table(rows_per_request, ttft_ms=None):
                 side[label].append((d[label] - t0) / 1000.0)
     print(f"{len(rows_per_request)} requests; ms; step = median over requests of the time since "
           f"the milestone above")
-    print(f"{'milestone':42s} {'step':>8s} {'cumulative':>11s}")
+    print(f"{'milestone':42s} {'step':>8s} {'cumulative':>11s} {'step p90':>9s}")
     total = 0.0
     for k, label in enumerate(chain):
         step = statistics.median(steps[label]) if steps[label] else 0.0
         total += step
-        print(f"{label:42s} {'' if k == 0 else f'{step:8.3f}':>8s} {total:11.3f}")
+        p90 = f"{p90_of(steps[label]):9.3f}" if k > 0 and steps[label] else ""
+        print(f"{label:42s} {'' if k == 0 else f'{step:8.3f}':>8s} {total:11.3f} {p90}")
     for label in SIDE:
         if side[label]:
             print(f"  (side) {label:34s} at {statistics.median(side[label]):8.3f}")
     if ttft_ms is not None:
+        rest = ("  before the servers (connect, send)" if "client: first token read" in chain
+                else "  outside the servers (client side)")
         print(f"{'client TTFT (bench, median)':42s} {'':8s} {ttft_ms:11.3f}")
-        print(f"{'  outside the servers (client side)':42s} {'':8s} {ttft_ms - total:11.3f}")
+        print(f"{rest:42s} {'':8s} {ttft_ms - total:11.3f}")
 
 
 def bench_ttft_ms(path):
@@ -239,12 +262,14 @@ def main(argv):
         return overhead(argv[2:])
     if len(argv) >= 5 and argv[1] == "disagg":
         events = load(argv[2], "R") + load(argv[3], "D") + load(argv[4], "P")
-        reqs = [disagg_milestones(s) for s in segments(events, "R", "router request")]
         bench = argv[5] if len(argv) > 5 else None
+        events += load_bench(bench) if bench else []
+        reqs = [disagg_milestones(s) for s in segments(events, "R", "router request")]
     elif len(argv) >= 3 and argv[1] == "colocated":
         events = load(argv[2], "S")
-        reqs = [colocated_milestones(s) for s in segments(events, "S", "http request")]
         bench = argv[3] if len(argv) > 3 else None
+        events += load_bench(bench) if bench else []
+        reqs = [colocated_milestones(s) for s in segments(events, "S", "http request")]
     else:
         print(__doc__, file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@
 #include "bench/datasets.h"
 #include "bench/report.h"
 #include "bench/runner.h"
+#include "common/thread_util.h"
 
 namespace pd::bench {
 namespace {
@@ -148,6 +149,7 @@ TEST(ClientTest, SseTimerTimesTextChunksAndReadsUsage) {
   t.Finish(&r);
   EXPECT_TRUE(r.success) << r.error;
   EXPECT_NEAR(r.ttft, 0.2, 1e-9);
+  EXPECT_NEAR(r.first_token_time, 10.2, 1e-9);  // on the clock the timer was given
   EXPECT_NEAR(r.latency, 0.5, 1e-9);
   ASSERT_EQ(r.itl.size(), 1u);
   EXPECT_NEAR(r.itl[0], 0.3, 1e-9);
@@ -229,6 +231,49 @@ TEST(RunnerTest, DrivesAServerAndCountsFailures) {
   EXPECT_EQ(s->json["model_id"], "stub");
   EXPECT_THAT(s->json["errors"][0].get<std::string>(), HasSubstr("HTTP 429: busy"));
   EXPECT_NEAR(s->json["slo_attainment"].get<double>(), 6.0 / 9, 1e-12);
+}
+
+// --cpus: every request is read on the one CPU given; a CPU this process may not use is refused
+// before anything is sent.
+TEST(RunnerTest, PinsTheClientThreadsToTheGivenCpus) {
+  httplib::Server server;
+  server.Get("/v1/models", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(R"({"data":[{"id":"stub","max_model_len":128}]})", "application/json");
+  });
+  server.Post("/v1/completions", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(
+        "data: {\"choices\":[{\"text\":\"x\"}]}\n\ndata: {\"choices\":[{\"text\":\"y\"}]}\n\n"
+        "data: [DONE]\n\n",
+        "text/event-stream");
+  });
+  int port = server.bind_to_any_port("127.0.0.1");
+  std::thread t([&] { server.listen_after_bind(); });
+  const std::vector<int> allowed = CurrentThreadCpus();
+  ASSERT_FALSE(allowed.empty());
+  BenchOptions o;
+  o.endpoint.port = port;
+  o.dataset.name = "random";
+  o.dataset.random_input_len = 8;
+  o.dataset.random_output_len = 2;
+  o.num_prompts = 4;
+  o.max_concurrency = 1;
+  o.cpus = {allowed.back()};
+  auto s = RunBenchmark(o);
+  o.cpus = {allowed.back(), 1023};
+  auto refused = RunBenchmark(o);
+  server.stop();
+  t.join();
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_EQ(s->json["completed"], 4);
+  ASSERT_EQ(s->json["client_cpus_at_first_token"].size(), 4u);
+  for (const auto& cpu : s->json["client_cpus_at_first_token"]) EXPECT_EQ(cpu, allowed.back());
+  for (const auto& d : s->json["client_run_delays_to_first_token"]) EXPECT_GE(d, 0.0);
+  ASSERT_EQ(s->json["first_token_steady_times"].size(), 4u);
+  for (const auto& t : s->json["first_token_steady_times"]) EXPECT_GT(t, 0.0);
+  EXPECT_EQ(CurrentThreadCpus(), allowed);  // the caller's thread is left as it was
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("--cpus: CPU 1023"));
 }
 
 TEST(RunnerTest, UnreachableServerIsAnError) {

@@ -1,6 +1,9 @@
 #include "bench/client.h"
 
 #include <httplib.h>
+#include <sched.h>
+
+#include <cstdio>
 
 #include <nlohmann/json.hpp>
 
@@ -98,6 +101,7 @@ void SseTimer::Finish(RequestResult* r) const {
   if (!error_.empty()) r->error = error_;
   if (first_ >= 0) {
     r->ttft = first_ - start_;
+    r->first_token_time = first_;
     r->latency = last_ - start_;
   }
   r->itl = itl_;
@@ -107,6 +111,21 @@ void SseTimer::Finish(RequestResult* r) const {
   if (!r->success && r->error.empty())
     r->error = done_ ? "HTTP " + std::to_string(r->http_status) : "stream ended early";
 }
+
+namespace {
+
+// The calling thread's total time runnable but not running (ns, /proc/thread-self/schedstat's
+// second field); -1 when the kernel does not say.
+int64_t CurrentThreadRunDelayNs() {
+  FILE* f = std::fopen("/proc/thread-self/schedstat", "r");
+  if (f == nullptr) return -1;
+  unsigned long long run_ns = 0, delay_ns = 0;
+  const int n = std::fscanf(f, "%llu %llu", &run_ns, &delay_ns);
+  std::fclose(f);
+  return n == 2 ? static_cast<int64_t>(delay_ns) : -1;
+}
+
+}  // namespace
 
 RequestResult SendStreaming(const Endpoint& endpoint, const GenerationRequest& request) {
   RequestResult result;
@@ -125,8 +144,10 @@ RequestResult SendStreaming(const Endpoint& endpoint, const GenerationRequest& r
   Clock& clock = SystemClock::Get();
   const double start = clock.NowSeconds();
   SseTimer timer(start);
+  int64_t delay_at_headers_ns = -1;
   std::string error_body;
   req.response_handler = [&](const httplib::Response& res) {
+    delay_at_headers_ns = CurrentThreadRunDelayNs();
     result.http_status = res.status;
     return true;
   };
@@ -135,7 +156,14 @@ RequestResult SendStreaming(const Endpoint& endpoint, const GenerationRequest& r
       if (error_body.size() < 4096) error_body.append(data, n);
       return true;
     }
+    const bool had_first = timer.has_first_token();
     timer.Feed(data, n, clock.NowSeconds());
+    if (!had_first && timer.has_first_token()) {
+      const int64_t delay_ns = CurrentThreadRunDelayNs();
+      if (delay_ns >= 0 && delay_at_headers_ns >= 0)
+        result.client_run_delay_to_first = (delay_ns - delay_at_headers_ns) * 1e-9;
+      result.client_cpu_at_first = sched_getcpu();
+    }
     return true;
   };
   auto res = cli.send(req);

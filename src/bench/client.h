@@ -40,6 +40,7 @@ class SseTimer {
   // Consumes bytes received at `now` (seconds, same clock as start).
   void Feed(const char* data, size_t size, double now);
   bool done() const { return done_; }
+  bool has_first_token() const { return first_ >= 0; }
   // Fills ttft, itl, latency, lengths and errors into *result.
   void Finish(RequestResult* result) const;
 

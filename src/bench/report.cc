@@ -134,7 +134,8 @@ struct Tally {
   int completed = 0, good = 0;
   std::map<int, int> failures_by_status;
   json input_lens = json::array(), output_lens = json::array(), ttft_list = json::array(),
-       itl_list = json::array(), errors = json::array();
+       itl_list = json::array(), errors = json::array(), run_delays = json::array(),
+       cpus = json::array(), first_token_times = json::array();
 };
 
 Tally TallyResults(const std::vector<RequestResult>& results,
@@ -159,6 +160,9 @@ Tally TallyResults(const std::vector<RequestResult>& results,
     s.output_lens.push_back(r.output_len);
     s.ttft_list.push_back(r.ttft);
     s.itl_list.push_back(r.itl);
+    s.run_delays.push_back(r.client_run_delay_to_first);
+    s.cpus.push_back(r.client_cpu_at_first);
+    s.first_token_times.push_back(r.first_token_time);
   }
   return s;
 }
@@ -197,6 +201,10 @@ json RunJson(const RunInfo& info, size_t num_results, const Tally& s,
   j["ttfts"] = s.ttft_list;
   j["itls"] = s.itl_list;
   j["errors"] = s.errors;
+  // pdserve's own (not vLLM's), one per successful request as ttfts: see RequestResult.
+  j["client_run_delays_to_first_token"] = s.run_delays;
+  j["client_cpus_at_first_token"] = s.cpus;
+  j["first_token_steady_times"] = s.first_token_times;
   return j;
 }
 

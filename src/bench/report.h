@@ -23,6 +23,15 @@ struct RequestResult {
   double latency = 0;       // send -> last byte
   std::vector<double> itl;  // gaps between streamed chunks after the first
   double start_time = 0;    // seconds since the benchmark started
+  // Where the client's reader thread was when the first token arrived (diagnostics, Linux; -1
+  // when unknown): the time it spent runnable but waiting for a CPU between reading the response
+  // headers and reading that token (schedstat's run delay, seconds: mostly its wake-up for the
+  // token, as a server sends the headers first), and the CPU it read it on.
+  double client_run_delay_to_first = -1;
+  int client_cpu_at_first = -1;
+  // When the first token was read, on the steady clock (seconds since boot, CLOCK_MONOTONIC as in
+  // pdserve's --trace files, so a request's server-side events pair with it); -1 when none came.
+  double first_token_time = -1;
 };
 
 // numpy.percentile with linear interpolation; 0 for an empty input.

@@ -1,5 +1,6 @@
 #include "bench/runner.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -8,6 +9,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/thread_util.h"
 
 namespace pd::bench {
 
@@ -63,7 +65,18 @@ std::vector<GenerationRequest> BuildRequests(const BenchOptions& o, const std::s
 
 }  // namespace
 
+Status CheckClientCpus(const std::vector<int>& cpus) {
+  const std::vector<int> allowed = CurrentThreadCpus();
+  for (int c : cpus) {
+    if (std::find(allowed.begin(), allowed.end(), c) == allowed.end())
+      return InvalidArgument("--cpus: CPU " + std::to_string(c) +
+                             " is not one this process may use");
+  }
+  return OkStatus();
+}
+
 Result<BenchmarkSummary> RunBenchmark(const BenchOptions& o) {
+  RETURN_IF_ERROR(CheckClientCpus(o.cpus));
   ASSIGN_OR_RETURN(ServerInfo info, GetServerInfo(o.endpoint));
   const std::string model = o.model.empty() ? info.model_id : o.model;
   DatasetSpec spec = o.dataset;
@@ -92,6 +105,9 @@ Result<BenchmarkSummary> RunBenchmark(const BenchOptions& o) {
                                       std::chrono::duration<double>(arrivals[i])));
     gate.Enter();
     workers.emplace_back([&, i] {
+      if (!o.cpus.empty()) {
+        if (Status s = PinCurrentThread(o.cpus); !s.ok()) PD_LOG_WARN("bench: {}", s.ToString());
+      }
       const double sent = clock.NowSeconds();
       results[i] = SendStreaming(o.endpoint, requests[i]);
       results[i].start_time = sent - start;

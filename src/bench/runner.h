@@ -26,9 +26,16 @@ struct BenchOptions {
   std::map<std::string, double> goodput_ms;
   std::vector<std::string> percentile_metrics = {"ttft", "tpot", "itl"};
   std::vector<double> metric_percentiles = {99};
+  // CPUs the client's request threads run on (each one this process may use); empty: anywhere.
+  // Keeps the client off the cores the servers compute on when both share a machine.
+  std::vector<int> cpus;
 };
 
-// Runs the benchmark (blocking). Unavailable when the server cannot be reached at all.
+// The CPUs (--cpus) checked: InvalidArgument names the first one this process may not use.
+Status CheckClientCpus(const std::vector<int>& cpus);
+
+// Runs the benchmark (blocking). Unavailable when the server cannot be reached at all;
+// InvalidArgument for a bad options.cpus.
 Result<BenchmarkSummary> RunBenchmark(const BenchOptions& options);
 
 }  // namespace pd::bench
