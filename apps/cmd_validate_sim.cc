@@ -277,6 +277,11 @@ Status SimulateRateReport(const ValidateFlags& f, const bench::DatasetSpec& spec
   ASSIGN_OR_RETURN(
       r->calibrated.simulated,
       SimulateRate(cal_insts, cal_links, reqs, slo, cal.outside, &r->sim_steps, &r->sim_requests));
+  // The same with the idle probes' constant outside the engines (the rule before the load run's
+  // traced sample): what the sample changed, on the same run.
+  ASSIGN_OR_RETURN(r->idle_outside,
+                   SimulateRate(cal_insts, cal_links, reqs, slo,
+                                planner::OutsideLatency::Constant(cal.overheads.fixed_s)));
   ASSIGN_OR_RETURN(r->raw.simulated,
                    SimulateRate(Instances(f, coeffs, planner::RealOverheads{}, kv_tokens), links,
                                 reqs, slo, planner::OutsideLatency()));
@@ -456,6 +461,7 @@ Status Validate(const ValidateFlags& f) {
     RETURN_IF_ERROR(SimulateRateReport(f, spec, slo, coeffs, kv.tokens, links, cal, &r));
   }
   PrintReports(f, slo, cal, reports, rate_rule);
+  validate_sim::PrintOutsideAb(cal, reports);
   if (!f.trace.empty()) {
     if (Status s = PrintStepComparisons(f, reports); !s.ok()) {
       std::fprintf(stderr, "validate-sim: --trace: %s\n", s.ToString().c_str());

@@ -42,7 +42,36 @@ struct RateReport {
   std::vector<planner::SimStep> sim_steps;  // the calibrated simulation's, on the bench's requests
   std::vector<planner::RequestResult> sim_requests;  // the same simulation's (fixed_s included)
   double modelled_cores = 0;  // the bench client's and router's CPU the simulation assumes
+  // The calibrated simulation with the idle probes' constant outside the engines instead.
+  planner::Summary idle_outside;
 };
+
+// The calibrated simulation with the load run's outside latency beside the same with the idle
+// constant, each against the measured median (printed when the load run's sample is used).
+inline void PrintOutsideAb(const Calibration& cal, const std::vector<RateReport>& reports) {
+  if (!cal.outside.sampled()) return;
+  std::printf(
+      "\noutside the engines: the load run's sample (used) vs the idle probes' constant %.2f ms, "
+      "calibrated simulation / measured (sim/real - 1):\n",
+      cal.overheads.fixed_s * 1e3);
+  auto cell = [](double sim, double real, double scale) {
+    char b[64];
+    std::snprintf(b, sizeof(b), "%.2f / %.2f (%+.1f%%)", sim * scale, real * scale,
+                  100 * planner::RelDiff(sim, real));
+    return std::string(b);
+  };
+  for (const RateReport& r : reports) {
+    const planner::Summary& m = r.calibrated.measured;
+    for (const auto& [name, s] :
+         {std::pair<const char*, const planner::Summary*>{"load run's", &r.calibrated.simulated},
+          {"idle const ", &r.idle_outside}}) {
+      std::printf("  %-8.3g %s: att (%%) %s, TTFT p50 %s, p90 %s ms\n", r.raw.rate, name,
+                  cell(s->attainment, m.attainment, 100).c_str(),
+                  cell(s->ttft_p50_s, m.ttft_p50_s, 1e3).c_str(),
+                  cell(s->ttft_p90_s, m.ttft_p90_s, 1e3).c_str());
+    }
+  }
+}
 
 inline nlohmann::json OverheadsJson(const Calibration& cal) {
   const planner::RealOverheads& o = cal.overheads;
@@ -132,11 +161,12 @@ inline void PrintReports(const ValidateFlags& f, const planner::Slo& slo, const 
 
 inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo,
                                  const Calibration& cal, const std::vector<RateReport>& reports) {
-  std::vector<planner::ComparisonRow> raw, calibrated;
+  std::vector<planner::ComparisonRow> raw, calibrated, idle_outside;
   nlohmann::json noise = nlohmann::json::array();
   for (const RateReport& r : reports) {
     raw.push_back(r.raw);
     calibrated.push_back(r.calibrated);
+    idle_outside.push_back({r.raw.rate, r.idle_outside, r.calibrated.measured});
     nlohmann::json rounds = nlohmann::json::array();
     for (const RoundResult& rr : r.rounds) {
       rounds.push_back({{"attainment", rr.measured.attainment},
@@ -158,6 +188,7 @@ inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo
           {"calibration", OverheadsJson(cal)},
           {"rows", planner::ComparisonToJson(calibrated)},
           {"rows_uncalibrated", planner::ComparisonToJson(raw)},
+          {"rows_idle_outside", planner::ComparisonToJson(idle_outside)},
           {"noise", noise}};
 }
 
