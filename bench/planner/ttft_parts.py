@@ -10,6 +10,7 @@ Per rate and bench round (its window; the traces hold their first 1,000,000 even
 200,000 before 2026-11-30, so the later rounds may be missing), p50 / p90 in ms of each request's parts, joined by the
 messenger's request id:
   front:     the decode instance sent the prefill request -> the prefill instance got it
+             (admitted it: "transfer" begins; or its step began, if earlier)
   wait:      the prefill instance got it -> the engine step that computed it started
   step:      that step (the "post writes" events name the step of each request's KV)
   hand-over: the step ended -> the decode instance had all of the KV ("kv ready")
@@ -47,8 +48,10 @@ def main():
     steps = {}
     for e in pre:
         a = e.get('args', {})
-        if e['name'] == 'prefill request':
-            got[a['request']] = e['ts']
+        if e['name'] == 'prefill request' or (e['name'] == 'transfer' and e.get('ph') == 'X'):
+            # The earlier: "transfer" begins at admission, "prefill request" is traced after
+            # the engine got the request (planner/ttft_parts.h).
+            got[a['request']] = min(got.get(a['request'], float('inf')), e['ts'])
         elif e['name'] == 'post writes' and a.get('step') is not None:
             step_of.setdefault(a['request'], a['step'])
         elif e['name'] == 'step':
@@ -75,6 +78,7 @@ def main():
               if rid not in step_of or step_of[rid] not in steps or rid not in ready:
                   continue
               s0, s1 = steps[step_of[rid]]
+              b = min(b, s0)  # had arrived by its step's start at the latest
               d = ready[rid]
               if rid in sent:
                   parts['front'].append(b - sent[rid])
