@@ -5,6 +5,7 @@
 #
 #   bench/disagg/run.sh [--model DIR] [--pdserve BIN] [--scenario NAME] [--out DIR] [--quick]
 #                       [--fabric-provider P] [--io-cpus auto|any|LIST] [--client-cpus auto|any]
+#                       [--idle-poll-us N]
 #
 # Scenarios (default: all):
 #   demo      a chat-like workload (sharegpt-like lengths scaled to this CPU, Poisson arrivals);
@@ -18,6 +19,8 @@
 # --fabric-provider: `up`'s libfabric provider (default tcp;ofi_rxm, the fabric over loopback;
 # shm: one host, no TCP stack). --io-cpus: `up`'s CPUs for the instances' HTTP, fabric and KV
 # messenger threads (default auto: those no prefill instance computes on).
+# --idle-poll-us: `up`'s (default: up's own): an engine loop with a core to itself polls this
+# long for work before it sleeps.
 # --client-cpus (low-load): auto (default) runs the bench client (`bench --cpus`) on the core that
 # is not running decode steps: disaggregated, the prefill instance's (CPU 0, idle by the first
 # token); colocated, the one its model thread does not use (CPU 1). any: the client unpinned.
@@ -34,9 +37,10 @@ QUICK=0
 PROVIDER="tcp;ofi_rxm"
 IO_CPUS=auto
 CLIENT_CPUS=auto
+IDLE_POLL=
 PY=/usr/bin/python3
 
-usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL=$2; shift 2 ;;
@@ -48,6 +52,8 @@ while [ $# -gt 0 ]; do
     --fabric-provider=*) PROVIDER=${1#*=}; shift ;;
     --io-cpus) IO_CPUS=$2; shift 2 ;;
     --io-cpus=*) IO_CPUS=${1#*=}; shift ;;
+    --idle-poll-us) IDLE_POLL=$2; shift 2 ;;
+    --idle-poll-us=*) IDLE_POLL=${1#*=}; shift ;;
     --client-cpus) CLIENT_CPUS=$2; shift 2 ;;
     --client-cpus=*) CLIENT_CPUS=${1#*=}; shift ;;
     -h | --help) usage; exit 0 ;;
@@ -72,6 +78,7 @@ NCPU=$(nproc)
 PROVIDER_FLAGS=()
 [ "$PROVIDER" = "tcp;ofi_rxm" ] || PROVIDER_FLAGS=(--fabric-provider "$PROVIDER")
 [ "$IO_CPUS" = auto ] || PROVIDER_FLAGS+=(--io-cpus "$IO_CPUS")
+[ -z "$IDLE_POLL" ] || PROVIDER_FLAGS+=(--idle-poll-us "$IDLE_POLL")
 
 PIDS=()
 cleanup() {
@@ -219,8 +226,8 @@ if [ "$SCENARIO" = low-load ] || [ "$SCENARIO" = all ]; then
   layer_bytes=$("$PY" "$ROOT/bench/disagg/report.py" layer-bytes "$OUT/low-disagg1.prefill.metrics" "$MODEL")
   "$PDSERVE" --log-level warn transfer-bench --min-bytes "$layer_bytes" --max-bytes "$layer_bytes" \
     --bytes-per-row $((layer_bytes * 64)) --repeats 5 --json > "$OUT/low-transfer.json"
-  echo "bench/disagg: low-load: up --fabric-provider $PROVIDER --io-cpus $IO_CPUS," \
-    "--client-cpus $CLIENT_CPUS"
+  echo "bench/disagg: low-load: up --fabric-provider $PROVIDER --io-cpus $IO_CPUS" \
+    "--idle-poll-us ${IDLE_POLL:-default}, --client-cpus $CLIENT_CPUS"
   "$PY" "$ROOT/bench/disagg/report.py" low-load "$(IFS=,; echo "${low_d[*]}")" \
     "$(IFS=,; echo "${low_c[*]}")" "$OUT/low-transfer.json" "$layer_bytes" \
     "$(IFS=,; echo "${low_r[*]}")"

@@ -80,11 +80,13 @@ class Collector {
   int num_finished_ = 0;
 };
 
-std::unique_ptr<AsyncEngine> MakeAsync(int max_pending, FakeRunner::Options ro = {}) {
+std::unique_ptr<AsyncEngine> MakeAsync(int max_pending, FakeRunner::Options ro = {},
+                                       int64_t idle_poll_us = 0) {
   auto engine = Engine::CreateWithRunner(FakeRunner::Make(ro), FakeEngineOptions(16, 4));
   PD_CHECK(engine.ok());
   AsyncEngineOptions ao;
   ao.max_pending_requests = max_pending;
+  ao.idle_poll_us = idle_poll_us;
   auto async = AsyncEngine::Create(std::move(engine).value(), ao);
   PD_CHECK(async.ok());
   return std::move(async).value();
@@ -281,6 +283,25 @@ TEST(AsyncEngineTest, DestructorEndsEveryRequestExactlyOnce) {
   }
 }
 
+// A loop that spins for an hour when idle must still notice each submission and the shutdown at
+// once (through the "work arrived" flag, not its budget): else this test hangs and times out.
+TEST(AsyncEngineTest, IdlePollingLoopSeesEachSubmissionAndTheShutdown) {
+  Collector collector;
+  {
+    auto async = MakeAsync(16, {}, /*idle_poll_us=*/3'600'000'000);
+    for (int i = 0; i < 5; ++i) {  // one at a time: the loop is idle (polling) before each
+      auto id = async->Submit(PromptOf(3 + i, i), Greedy(4), collector.Callback());
+      ASSERT_TRUE(id.ok()) << id.status().ToString();
+      ASSERT_TRUE(collector.WaitFinished(i + 1)) << "request " << i << " was not served";
+    }
+    const EngineStats stats = async->stats();
+    EXPECT_EQ(stats.num_free_pages, stats.num_total_pages);
+  }  // ~AsyncEngine while the loop polls
+  auto requests = collector.requests();
+  ASSERT_EQ(requests.size(), 5u);
+  for (const auto& [id, r] : requests) EXPECT_EQ(r.finish, FinishReason::kLength);
+}
+
 TEST(AsyncEngineTest, CreateRefusesBadArguments) {
   EXPECT_FALSE(AsyncEngine::Create(nullptr, {}).ok());
   auto engine = Engine::CreateWithRunner(FakeRunner::Make({}), FakeEngineOptions());
@@ -290,6 +311,13 @@ TEST(AsyncEngineTest, CreateRefusesBadArguments) {
   auto async = AsyncEngine::Create(std::move(engine).value(), ao);
   EXPECT_EQ(async.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(async.status().message(), HasSubstr("max_pending_requests"));
+  auto engine2 = Engine::CreateWithRunner(FakeRunner::Make({}), FakeEngineOptions());
+  ASSERT_TRUE(engine2.ok());
+  AsyncEngineOptions negative;
+  negative.idle_poll_us = -1;
+  auto refused = AsyncEngine::Create(std::move(engine2).value(), negative);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("idle_poll_us"));
 }
 
 }  // namespace
