@@ -235,10 +235,47 @@ void ParallelMatmul(ThreadPool& pool, const IsaKernels& isa, const float* x, int
   });
 }
 
+namespace {
+
+// ParallelAttention over windows of kAttnRows tokens (dealt from both ends, as tokens are there):
+// each window's run of tokens of one sequence is one attention_rows call, a lone token one
+// attention_item call.
+void ParallelAttentionRows(ThreadPool& pool, const IsaKernels& isa, const AttentionArgs& args,
+                           float* scratch, size_t scratch_stride) {
+  const int heads = args.kv.num_kv_heads;
+  const int tokens = args.num_tokens;
+  const int64_t windows = (tokens + kAttnRows - 1) / kAttnRows;
+  pool.ParallelFor(windows * heads, [&](int64_t begin, int64_t end, int thread) {
+    float* s = scratch + scratch_stride * thread;
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t slot = i / heads;
+      const int64_t window = slot % 2 == 0 ? slot / 2 : windows - 1 - slot / 2;
+      const int kv_head = static_cast<int>(i % heads);
+      const int w_end = static_cast<int>(std::min<int64_t>(tokens, (window + 1) * kAttnRows));
+      for (int t = static_cast<int>(window * kAttnRows); t < w_end;) {
+        const AttnSeq& seq = args.seqs[args.token_seq[t]];
+        const int run_end = std::min(w_end, seq.token_begin + seq.num_tokens);
+        if (run_end - t == 1) {
+          isa.attention_item(args, t, kv_head, s);
+        } else {
+          isa.attention_rows(args, t, run_end - t, kv_head, s);
+        }
+        t = run_end;
+      }
+    }
+  });
+}
+
+}  // namespace
+
 void ParallelAttention(ThreadPool& pool, const IsaKernels& isa, const AttentionArgs& args,
                        float* scratch, size_t scratch_stride) {
   const int heads = args.kv.num_kv_heads;
   const int tokens = args.num_tokens;
+  if (isa.attention_rows != nullptr && tokens > args.num_seqs) {  // some sequence has 2+ tokens
+    ParallelAttentionRows(pool, isa, args, scratch, scratch_stride);
+    return;
+  }
   // A prefill chunk's later tokens attend over more positions: items are dealt out from both ends
   // (token 0, T-1, 1, T-2, ...) so that every thread's contiguous range costs about the same.
   pool.ParallelFor(

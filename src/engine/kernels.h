@@ -74,11 +74,21 @@ struct AttentionArgs {
 // Positions processed per block by the online-softmax attention kernels.
 constexpr int kAttnBlock = 32;
 
-// Scratch floats one attention work item needs (fast kernels): for each query head sharing the
-// KV head, a block of scores, an accumulator and a copy of q padded to whole vectors, a running
-// max and sum, and 16x16 partial dot products.
+// Tokens of one sequence that one attention_rows work item takes at most: each K/V block is read
+// (and converted from bf16) once for all of them.
+constexpr int kAttnRows = 16;
+
+// Scratch floats one attention work item needs (fast kernels), attention_item's or
+// attention_rows', whichever is larger: for each query head sharing the KV head (and each of up to
+// kAttnRows tokens), a block of scores, an accumulator and a copy of q padded to whole vectors, a
+// running max and sum; 16x16 partial dot products per head; for attention_rows, one block of K
+// and V rows as f32.
 inline size_t AttentionItemScratchFloats(int group, int head_dim) {
-  return static_cast<size_t>(group) * (kAttnBlock + 2 * (head_dim + 16) + 2 + 256) + 64;
+  const size_t g = static_cast<size_t>(group), dv = static_cast<size_t>(head_dim + 16);
+  const size_t item = g * (kAttnBlock + 2 * dv + 2 + 256) + 64;
+  const size_t rows =
+      kAttnRows * g * (kAttnBlock + 2 * dv + 2) + g * 256 + 2 * kAttnBlock * dv + 64;
+  return item > rows ? item : rows;
 }
 
 // The fast kernels of one instruction set. Each computes a slice so callers can split work
@@ -102,6 +112,11 @@ struct IsaKernels {
   // out (dim) = x / sqrt(mean(x^2) + eps) * w, sum of squares in f64 (out may alias x).
   void (*silu_mul_row)(const float* gate, const float* up, int64_t dim, float* out);
   void (*rms_norm_row)(const float* x, const float* w, int64_t dim, float eps, float* out);
+  // attention_item for tokens [token, token + num_tokens) at once: consecutive tokens of one
+  // sequence, 1 <= num_tokens <= kAttnRows. Each token's output has the same bits as
+  // attention_item's (same operations in the same order). nullptr: this ISA has none.
+  void (*attention_rows)(const AttentionArgs& args, int token, int num_tokens, int kv_head,
+                         float* scratch) = nullptr;
 };
 
 using MatmulFn = void (*)(const float* x, int64_t num_rows, int64_t ldx, const WeightMatrix& w,

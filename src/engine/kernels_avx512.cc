@@ -477,6 +477,104 @@ void AttentionItemDv(const AttentionArgs& a, int token, int kv_head, float* scra
   }
 }
 
+// One token's state in AttentionRowsDv: scores (group, kAttnBlock), acc and qpad (group, dv),
+// running max and sum (group), laid out as in AttentionItemDv.
+struct RowState {
+  float *scores, *acc, *qpad, *m, *l;
+  RowState(float* base, int group, int dv)
+      : scores(base),
+        acc(scores + group * kAttnBlock),
+        qpad(acc + group * dv),
+        m(qpad + group * dv),
+        l(m + group) {}
+  static int Floats(int group, int dv) { return group * (kAttnBlock + 2 * dv + 2); }
+};
+
+// K and V rows of one block (positions b0..b0+nb) as f32 into kbuf/vbuf (nb, dv), tail lanes zero:
+// the values LoadKv gives (bf16 -> f32 is exact), so reading them back as f32 changes no bit.
+template <int DV>
+inline void ConvertBlockKv(const uint8_t* const* rows, int nb, int64_t v_offset, __mmask16 tail,
+                           float* kbuf, float* vbuf) {
+  for (int j = 0; j < nb; ++j)
+#pragma GCC unroll 8
+    for (int i = 0; i < DV; ++i) {
+      const __mmask16 m = i + 1 < DV ? 0xFFFF : tail;
+      _mm512_storeu_ps(kbuf + j * DV * 16 + i * 16, LoadKv(rows[j], true, i * 16, m));
+      _mm512_storeu_ps(vbuf + j * DV * 16 + i * 16, LoadKv(rows[j] + v_offset, true, i * 16, m));
+    }
+}
+
+// AttentionItemDv for tokens token0..token0+ntok (consecutive positions of one sequence): each
+// block's K/V rows are located (and converted from bf16) once for all of them, then every token
+// whose position reaches the block runs AttentionItemDv's steps on it; per token the same
+// operations in the same order, so the same bits.
+template <int DV>
+void AttentionRowsDv(const AttentionArgs& a, int token0, int ntok, int kv_head, float* scratch) {
+  const PagedKv& kv = a.kv;
+  const AttnSeq& seq = a.seqs[a.token_seq[token0]];
+  const int pos0 = seq.start_pos + (token0 - seq.token_begin), last = pos0 + ntok - 1;
+  const int group = a.num_heads / kv.num_kv_heads;
+  const int d = kv.head_dim, dv = DV * 16;
+  const __mmask16 tail = TailMask(d - (DV - 1) * 16);
+  const int state_floats = RowState::Floats(group, dv);
+  float* part = scratch + kAttnRows * state_floats;  // (group, 16, 16)
+  float* kbuf = part + group * 256;                  // (kAttnBlock, dv)
+  float* vbuf = kbuf + kAttnBlock * dv;              // (kAttnBlock, dv)
+  for (int t = 0; t < ntok; ++t) {
+    const RowState st(scratch + t * state_floats, group, dv);
+    const float* q0 =
+        a.q + static_cast<int64_t>(token0 + t) * a.ldq + static_cast<int64_t>(kv_head) * group * d;
+    for (int h = 0; h < group; ++h) {
+      st.m[h] = -__builtin_inff();
+      st.l[h] = 0;
+      for (int i = 0; i < DV; ++i) {
+        _mm512_storeu_ps(st.acc + h * dv + i * 16, _mm512_setzero_ps());
+        _mm512_storeu_ps(st.qpad + h * dv + i * 16,
+                         _mm512_maskz_loadu_ps(i + 1 < DV ? 0xFFFF : tail, q0 + h * d + i * 16));
+      }
+    }
+  }
+  const KvGeometry geo(kv, kv_head);
+  const uint8_t* rows[kAttnBlock];
+  const uint8_t* frows[kAttnBlock];  // rows of kbuf
+  for (int j = 0; j < kAttnBlock; ++j) frows[j] = reinterpret_cast<const uint8_t*>(kbuf + j * dv);
+  const int64_t f_offset = static_cast<int64_t>(kAttnBlock) * dv * 4;  // kbuf row -> vbuf row
+  for (int b0 = 0; b0 <= last; b0 += kAttnBlock) {
+    const int nb_all = static_cast<int>(Min(kAttnBlock, last + 1 - b0));
+    BlockRows(kv, seq.page_table, geo, b0, nb_all, rows);
+    const uint8_t* const* use = rows;
+    int64_t v_offset = geo.v_offset;
+    if (kv.bf16) {
+      ConvertBlockKv<DV>(rows, nb_all, geo.v_offset, tail, kbuf, vbuf);
+      use = frows;
+      v_offset = f_offset;
+    }
+    for (int t = 0; t < ntok; ++t) {
+      if (pos0 + t < b0) continue;  // this block is past the token's position
+      const int nb = static_cast<int>(Min(kAttnBlock, pos0 + t + 1 - b0));
+      const RowState st(scratch + t * state_floats, group, dv);
+      BlockScoresAny<DV>(st.qpad, group, use, nb, false, tail, a.scale, part, st.scores);
+      BlockSoftmax(group, nb, dv, st.scores, st.m, st.l, st.acc);
+      int h = 0;
+      for (; h + kPvHeads<DV> <= group; h += kPvHeads<DV>)
+        BlockPv<DV, kPvHeads<DV>>(use, nb, v_offset, false, tail, st.scores, dv, h, st.acc);
+      for (; h < group; ++h)
+        BlockPv<DV, 1>(use, nb, v_offset, false, tail, st.scores, dv, h, st.acc);
+    }
+  }
+  for (int t = 0; t < ntok; ++t) {
+    const RowState st(scratch + t * state_floats, group, dv);
+    for (int h = 0; h < group; ++h) {
+      float* out = a.out + static_cast<int64_t>(token0 + t) * a.ldo +
+                   (static_cast<int64_t>(kv_head) * group + h) * d;
+      const __m512 inv = _mm512_set1_ps(1.0f / st.l[h]);
+      for (int i = 0; i < DV; ++i)
+        _mm512_mask_storeu_ps(out + i * 16, i + 1 < DV ? 0xFFFF : tail,
+                              _mm512_mul_ps(inv, _mm512_loadu_ps(st.acc + h * dv + i * 16)));
+    }
+  }
+}
+
 using AttentionItemFn = void (*)(const AttentionArgs&, int, int, float*);
 constexpr AttentionItemFn kAttentionDv[] = {nullptr,
                                             AttentionItemDv<1>,
@@ -495,6 +593,29 @@ void AttentionItemAny(const AttentionArgs& a, int token, int kv_head, float* scr
     kAttentionDv[dvecs](a, token, kv_head, scratch);
   } else {
     AttentionItem(a, token, kv_head, scratch);
+  }
+}
+
+using AttentionRowsFn = void (*)(const AttentionArgs&, int, int, int, float*);
+constexpr AttentionRowsFn kAttentionRowsDv[] = {nullptr,
+                                                AttentionRowsDv<1>,
+                                                AttentionRowsDv<2>,
+                                                AttentionRowsDv<3>,
+                                                AttentionRowsDv<4>,
+                                                AttentionRowsDv<5>,
+                                                AttentionRowsDv<6>,
+                                                AttentionRowsDv<7>,
+                                                AttentionRowsDv<8>};
+
+// head_dim up to 128 takes the blocked kernel for all tokens at once, larger ones the general
+// per-token kernel.
+void AttentionRowsAny(const AttentionArgs& a, int token, int num_tokens, int kv_head,
+                      float* scratch) {
+  const int dvecs = (a.kv.head_dim + 15) / 16;
+  if (dvecs <= 8) {
+    kAttentionRowsDv[dvecs](a, token, num_tokens, kv_head, scratch);
+  } else {
+    for (int t = token; t < token + num_tokens; ++t) AttentionItem(a, t, kv_head, scratch);
   }
 }
 
@@ -534,7 +655,8 @@ void RmsNormRow(const float* x, const float* w, int64_t dim, float eps, float* o
 
 const IsaKernels& Avx512Kernels() {
   static const IsaKernels kAvx512 = {"avx512",          &Matmul,     Avx512PanelMatmul(),
-                                     &AttentionItemAny, &SiluMulRow, &RmsNormRow};
+                                     &AttentionItemAny, &SiluMulRow, &RmsNormRow,
+                                     &AttentionRowsAny};
   return kAvx512;
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -312,7 +313,8 @@ TEST(PackPanel32Test, LaysOutGroupsAsDocumented) {
 }
 
 // A paged KV region in plain memory with three sequences: 5 cached + 7 new tokens (a prefill
-// chunk), 40 cached + 1 new (a decode crossing attention blocks), and a 1-token prompt.
+// chunk; or first_start cached + first_len new), 40 cached + 1 new (a decode crossing attention
+// blocks), and a 1-token prompt.
 struct AttnFixture {
   std::vector<uint8_t> region;
   PagedKv kv;
@@ -322,9 +324,10 @@ struct AttnFixture {
   std::vector<float> q, want, got;
   AttentionArgs args;
 
-  AttnFixture(bool hnd, bool bf16, int head_dim, int page_size, int group) {
+  AttnFixture(bool hnd, bool bf16, int head_dim, int page_size, int group, int first_start = 5,
+              int first_len = 7) {
     const int kv_heads = 2, heads = kv_heads * group;
-    const int starts[3] = {5, 40, 0}, lens[3] = {7, 1, 1};
+    const int starts[3] = {first_start, 40, 0}, lens[3] = {first_len, 1, 1};
     kv.num_kv_heads = kv_heads;
     kv.head_dim = head_dim;
     kv.page_size = page_size;
@@ -366,7 +369,7 @@ struct AttnFixture {
     args.token_seq = token_seq.data();
     args.num_tokens = tokens;
     args.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-    std::vector<float> scratch(64);
+    std::vector<float> scratch(64 + first_start + first_len);  // a score per position
     args.out = want.data();
     ref::PagedAttention(args, scratch.data());
     args.out = got.data();
@@ -397,6 +400,55 @@ TEST_P(IsaTest, ParallelAttentionMatchesReference) {
   std::vector<float> scratch(stride * 3);
   ParallelAttention(pool, *isa_, f.args, scratch.data(), stride);
   for (size_t i = 0; i < f.want.size(); ++i) ASSERT_NEAR(f.got[i], f.want[i], 2e-5) << i;
+}
+
+// attention_rows over splits of a 37-token chunk at positions 30..66 (crossing two block ends)
+// into runs of 1 to kAttnRows tokens gives each token attention_item's exact bits.
+TEST_P(IsaTest, AttentionRowsEqualPerTokenItemsBitForBit) {
+  if (isa_->attention_rows == nullptr) GTEST_SKIP() << isa_->name << " has no attention_rows";
+  for (bool hnd : {true, false})
+    for (bool bf16 : {false, true})
+      for (int head_dim : {40, 64, 10, 128, 136})
+        for (int page_size : {1, 3, 16})
+          for (int group : {1, 3, 4}) {
+            AttnFixture f(hnd, bf16, head_dim, page_size, group, 30, 37);
+            std::vector<float> scratch(AttentionItemScratchFloats(group, head_dim), -1.0f);
+            for (int t = 0; t < 37; ++t)
+              for (int g = 0; g < 2; ++g) isa_->attention_item(f.args, t, g, scratch.data());
+            const std::vector<float> items(f.got.begin(), f.got.begin() + 37 * f.args.ldo);
+            for (size_t i = 0; i < items.size(); ++i)
+              ASSERT_NEAR(items[i], f.want[i], 2e-5) << "item d=" << head_dim << " at " << i;
+            for (int run : {1, 2, 3, 7, kAttnRows - 1, kAttnRows}) {
+              std::fill(f.got.begin(), f.got.end(), -7.0f);
+              for (int t = 0; t < 37; t += run)
+                for (int g = 0; g < 2; ++g)
+                  isa_->attention_rows(f.args, t, std::min(run, 37 - t), g, scratch.data());
+              ASSERT_EQ(std::memcmp(f.got.data(), items.data(), items.size() * sizeof(float)), 0)
+                  << "hnd=" << hnd << " bf16=" << bf16 << " d=" << head_dim << " page=" << page_size
+                  << " group=" << group << " run=" << run;
+              EXPECT_EQ(f.got[items.size()], -7.0f) << "wrote past its tokens";
+            }
+          }
+}
+
+// ParallelAttention over a long chunk, a decode token and a prompt token (windows mixing
+// sequences, rows and items) gives the per-token items' bits whatever the thread count.
+TEST_P(IsaTest, ParallelAttentionRowsEqualItemsForAnyThreadCount) {
+  for (bool bf16 : {false, true}) {
+    AttnFixture f(true, bf16, 64, 16, 4, 3, 70);
+    std::vector<float> scratch(AttentionItemScratchFloats(4, 64) * 3);
+    for (int t = 0; t < f.args.num_tokens; ++t)
+      for (int g = 0; g < 2; ++g) isa_->attention_item(f.args, t, g, scratch.data());
+    const std::vector<float> items = f.got;
+    for (size_t i = 0; i < items.size(); ++i) ASSERT_NEAR(items[i], f.want[i], 2e-5) << i;
+    for (int threads : {1, 2, 3}) {
+      ThreadPool pool(threads);
+      std::fill(f.got.begin(), f.got.end(), -7.0f);
+      ParallelAttention(pool, *isa_, f.args, scratch.data(), AttentionItemScratchFloats(4, 64));
+      ASSERT_EQ(std::memcmp(f.got.data(), items.data(), items.size() * sizeof(float)), 0)
+          << "bf16=" << bf16 << " threads=" << threads;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, IsaTest,
