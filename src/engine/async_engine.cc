@@ -1,6 +1,8 @@
 // AsyncEngine: one loop thread owns the Engine; other threads submit and abort through a queue.
 #include "engine/async_engine.h"
 
+#include <sched.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -246,8 +248,12 @@ void AsyncEngineImpl::Loop() {
         const auto period = std::chrono::duration<double>(options_.warm_period_s);
         if (!cv_.wait_for(lock, period, ready)) {
           lock.unlock();
-          engine_->WarmCaches(options_.warm_max_bytes,
-                              [this] { return news_.load(std::memory_order_relaxed); });
+          // A pass only fills time nothing else wants: it yields the CPU between chunks, so the
+          // I/O threads that receive the KV (often on this core) are never queued behind it.
+          engine_->WarmCaches(options_.warm_max_bytes, [this] {
+            sched_yield();
+            return news_.load(std::memory_order_relaxed);
+          });
           continue;
         }
       } else {

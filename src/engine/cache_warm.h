@@ -24,6 +24,6 @@ struct MemRange {
 // Reads every 64-byte line of each range once, in order. Before each chunk of chunk_bytes it
 // calls stop() and returns early if it is true. Returns the bytes read.
 size_t TouchRanges(std::span<const MemRange> ranges, const std::function<bool()>& stop,
-                   size_t chunk_bytes = 256 << 10);
+                   size_t chunk_bytes = 64 << 10);
 
 }  // namespace pd::engine
