@@ -25,7 +25,9 @@
 //    seed with the bench's generators), running engine::Scheduler with the instances' policy and
 //    pdserve's hand-over (first token sampled by the decode instance): with the latency model
 //    alone, and calibrated, each instance's steps stretched by the CPU share that the client,
-//    the router (their cost from the load run) and its own non-compute threads take at that rate.
+//    the router (their cost from the load run) and its own non-compute threads take at that rate;
+//    with --trace, the decode instance's stretch and co-run factor are the load run's traced ones
+//    (apps/validate_sim_decode_load.h).
 // 6. Side by side: SLO attainment and p50/p90 TTFT and TPOT, simulated vs measured, and the noise:
 //    how far the rounds spread (the machine) and how far reseeded simulations spread (sampling).
 #include <fcntl.h>
@@ -58,6 +60,7 @@
 #include "planner/engine_scheduler.h"
 #endif
 #include "apps/validate_sim_calibration.h"
+#include "apps/validate_sim_decode_load.h"
 #include "apps/validate_sim_flags.h"
 #include "apps/validate_sim_outside.h"
 #include "apps/validate_sim_probes.h"
@@ -76,6 +79,7 @@ namespace {
 using validate_sim::BatchTpot;
 using validate_sim::BenchRequests;
 using validate_sim::CalibratedAt;
+using validate_sim::CalibrateDecodeUnderLoad;
 using validate_sim::CalibratedLinks;
 using validate_sim::CalibrateOutside;
 using validate_sim::Calibration;
@@ -381,6 +385,7 @@ Result<LoadRunCpu> LoadRun(const ValidateFlags& f, double rate, const Deployment
   ASSIGN_OR_RETURN(bench::BenchmarkSummary run, bench::RunBenchmark(bo));
   load.end_s = Tracer::NowNs() * 1e-9;
   load.cpu_s = ClientRouterCpuSeconds(dep.up) - cpu0;
+  load.seed = bo.seed;
   ASSIGN_OR_RETURN(load.client, ClientRequestsOf(run.json, bench::ArrivalTimes(bo.num_prompts, rate,
                                                                                1.0, bo.seed)));
   return load;
@@ -457,6 +462,9 @@ Status Validate(const ValidateFlags& f) {
   planner::ClusterLinks links;
   links.kv_bytes_per_token = kv.bytes_per_token;
   links.intra_node_bw = 1e18;
+  // The decode steps' stretch and co-run factor under load, from the load run's traces (the rule
+  // is fixed in the code; the load run came before every compared round).
+  CalibrateDecodeUnderLoad(f, spec, coeffs, kv.tokens, links, slo, load, &cal);
   for (RateReport& r : reports) {
     RETURN_IF_ERROR(SimulateRateReport(f, spec, slo, coeffs, kv.tokens, links, cal, &r));
   }

@@ -45,6 +45,15 @@ struct Calibration {
   // or drawn from the load run's traced per-request figures (apps/validate_sim_outside.h).
   planner::OutsideLatency outside;
   std::string outside_rule = "idle probes' constant";
+  // The decode instance's steps under load, from the load run's traces
+  // (apps/validate_sim_decode_load.h): when set, `stretch` measured at `rate` replaces the
+  // schedstat CPU share's stretch of the decode steps (planner::StretchAtRate scales it to each
+  // rate), and overheads.corun_decode holds the load run's co-run factor (`corun_probes`: the
+  // probes' figure it replaced; equal when too few co-run steps were traced).
+  struct DecodeUnderLoad {
+    double stretch = 1.0, rate = 0.0, corun_probes = 1.0;
+  };
+  std::optional<DecodeUnderLoad> decode_load;
   const planner::ClientCpuCost& StretchCpu() const {
     return client_cpu_loaded ? *client_cpu_loaded : client_cpu;
   }
@@ -56,7 +65,8 @@ struct LoadRunCpu {
   double rate = 0;
   int requests = 0;
   double mean_output_tokens = 0;
-  double cpu_s = 0;  // client + router, /proc/PID/stat
+  double cpu_s = 0;   // client + router, /proc/PID/stat
+  uint64_t seed = 0;  // the bench's seed: its requests
   // Per request (arrival, prompt, measured TTFT; empty when one failed) and the run's window on
   // the traces' clock: the outside latency's sample (apps/validate_sim_outside.h).
   std::vector<planner::ClientRequest> client;

@@ -90,6 +90,11 @@ inline nlohmann::json OverheadsJson(const Calibration& cal) {
       {"prefill_own_cpu_s", {cal.prefill_own_cpu.per_request_s, cal.prefill_own_cpu.per_token_s}},
       {"decode_own_cpu_s", {cal.decode_own_cpu.per_request_s, cal.decode_own_cpu.per_token_s}},
       {"probe_stretch", {{"prefill", cal.stretch.prefill}, {"decode", cal.stretch.decode}}},
+      {"decode_under_load", cal.decode_load
+                                ? nlohmann::json{{"stretch", cal.decode_load->stretch},
+                                                 {"rate", cal.decode_load->rate},
+                                                 {"corun_probes", cal.decode_load->corun_probes}}
+                                : nlohmann::json(nullptr)},
       {"outside_latency",
        {{"rule", cal.outside_rule},
         {"idle_fixed_s", o.fixed_s},

@@ -104,7 +104,10 @@ inline std::vector<planner::InstanceConfig> Slowed(std::vector<planner::Instance
 // send a prompt's KV during that prompt's step, and the probes measure how long the step held
 // the compute thread, waiting for them included. (A 1/(1 - u) stretch by their share, right for
 // work that comes independently of the steps, gave 1.08x at 37 req/s where a trace showed the
-// steps 1.3x their compute thread's CPU time, at idle and under load alike.)
+// steps 1.3x their compute thread's CPU time, at idle and under load alike.) The decode
+// instance's stretch is the load run's traced one instead when measured (cal.decode_load:
+// apps/validate_sim_decode_load.h): the schedstat share gave x1.17 at 37 req/s where its traced
+// steps were about x1.02.
 inline Result<std::vector<planner::InstanceConfig>> CalibratedAt(const ValidateFlags& f,
                                                                  const planner::StepCoeffs& c,
                                                                  const Calibration& cal,
@@ -113,8 +116,13 @@ inline Result<std::vector<planner::InstanceConfig>> CalibratedAt(const ValidateF
   const planner::ClientCpuCost decode_own{cal.decode_own_cpu.per_request_s, 0.0};
   ASSIGN_OR_RETURN(k.prefill, planner::BackgroundCpuStretch(cal.StretchCpu(), rate, f.output_len,
                                                             MachineCores()));
-  ASSIGN_OR_RETURN(k.decode, planner::BackgroundCpuStretch(cal.StretchCpu(), rate, f.output_len,
-                                                           MachineCores(), decode_own));
+  if (cal.decode_load) {  // measured under load by the load run's traces
+    ASSIGN_OR_RETURN(k.decode,
+                     planner::StretchAtRate(cal.decode_load->stretch, cal.decode_load->rate, rate));
+  } else {
+    ASSIGN_OR_RETURN(k.decode, planner::BackgroundCpuStretch(cal.StretchCpu(), rate, f.output_len,
+                                                             MachineCores(), decode_own));
+  }
   return Slowed(Instances(f, c, cal.overheads, kv_tokens), k);
 }
 

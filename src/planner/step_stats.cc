@@ -106,6 +106,37 @@ std::vector<BatchStepStats> SummarizeDecodeSteps(std::span<const StepRecord> ste
   return rows;
 }
 
+Result<DecodeLoadFactors> DecodeFactorsUnderLoad(std::span<const BatchStepStats> real,
+                                                 std::span<const BatchStepStats> sim,
+                                                 int64_t min_steps) {
+  DecodeLoadFactors out;
+  double real_alone = 0, sim_alone = 0, real_corun = 0, corun_as_alone = 0;
+  for (size_t i = 0; i < real.size(); ++i) {
+    const BatchStepStats& r = real[i];
+    const int64_t alone = r.count - r.corun_count;
+    if (alone <= 0) continue;
+    const double loop = r.mean_gap_s;  // the engine loop after a step, both kinds alike
+    if (i < sim.size() && sim[i].count - sim[i].corun_count > 0) {
+      out.alone_steps += alone;
+      real_alone += alone * (r.mean_alone_s + loop);
+      sim_alone += alone * sim[i].mean_alone_s;
+    }
+    if (r.corun_count > 0) {
+      out.corun_steps += r.corun_count;
+      real_corun += r.corun_count * (r.mean_corun_s + loop);
+      corun_as_alone += r.corun_count * (r.mean_alone_s + loop);
+    }
+  }
+  if (out.alone_steps < std::max<int64_t>(1, min_steps) || !(sim_alone > 0)) {
+    return FailedPrecondition("decode steps under load: " + std::to_string(out.alone_steps) +
+                              " real steps ran alone with a simulated counterpart, fewer than " +
+                              std::to_string(min_steps));
+  }
+  out.stretch = real_alone / sim_alone;
+  if (corun_as_alone > 0) out.corun = real_corun / corun_as_alone;
+  return out;
+}
+
 std::string FormatStepComparison(std::span<const BatchStepStats> real,
                                  std::span<const BatchStepStats> sim) {
   std::string out;

@@ -51,6 +51,26 @@ struct BatchStepStats {
 std::vector<BatchStepStats> SummarizeDecodeSteps(std::span<const StepRecord> steps, int max_batch,
                                                  double max_gap_s);
 
+// The decode instance's steps under load against a simulation of the same requests whose decode
+// steps are not stretched (issue #7, from the uncompared load run): `stretch`, how much longer the
+// real decode-only steps that ran alone took, the engine loop after them included (the simulated
+// step holds that loop: its per-step and per-sequence costs come from the probes' TPOT), than the
+// simulated ones that ran alone; `corun`, how much longer the real ones took (loop included) when
+// a prefill step was running as they started than alone. Each pools the batch sizes weighted by
+// the real side's step counts of that kind; `real` and `sim` are SummarizeDecodeSteps rows (row
+// b-1: b sequences) with the same max_batch. A row counts for `stretch` when both sides have alone
+// steps, for `corun` when the real side has both kinds; with no co-run step `corun` stays 1 and
+// `corun_steps` 0. FailedPrecondition when fewer than `min_steps` real alone steps count.
+struct DecodeLoadFactors {
+  double stretch = 1.0;
+  double corun = 1.0;
+  int64_t alone_steps = 0;  // real steps behind `stretch`
+  int64_t corun_steps = 0;  // real steps behind `corun`
+};
+Result<DecodeLoadFactors> DecodeFactorsUnderLoad(std::span<const BatchStepStats> real,
+                                                 std::span<const BatchStepStats> sim,
+                                                 int64_t min_steps);
+
 // Real beside simulated, a line per batch size with steps on either side:
 // "batch  real n  corun%  mean  alone  corun  gap | sim n  corun%  mean  alone  corun".
 std::string FormatStepComparison(std::span<const BatchStepStats> real,

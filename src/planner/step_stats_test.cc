@@ -127,5 +127,66 @@ TEST(StepStats, SimulatorRecordsEachStepWithItsCorunFlag) {
   EXPECT_TRUE(quiet->steps.empty());
 }
 
+// A SummarizeDecodeSteps row: `alone` + `corun` steps of b sequences with these means (ms).
+BatchStepStats Row(int b, int64_t alone, int64_t corun, double alone_ms, double corun_ms,
+                   double gap_ms) {
+  BatchStepStats r;
+  r.batch = b;
+  r.count = alone + corun;
+  r.corun_count = corun;
+  r.gap_count = r.count;
+  r.mean_alone_s = alone_ms * 1e-3;
+  r.mean_corun_s = corun_ms * 1e-3;
+  r.mean_gap_s = gap_ms * 1e-3;
+  return r;
+}
+
+TEST(StepStats, DecodeFactorsUnderLoadPoolBatchSizesByTheRealCounts) {
+  // Real: 300 alone steps of 1 sequence at 0.5 + 0.1 ms loop, 100 of 2 at 0.7 + 0.2 ms; co-run:
+  // 100 of 1 at 0.56 ms, 100 of 2 at 0.79 ms. Simulated alone: 0.5 and 0.75 ms.
+  const std::vector<BatchStepStats> real = {Row(1, 300, 100, 0.5, 0.56, 0.1),
+                                            Row(2, 100, 100, 0.7, 0.79, 0.2)};
+  const std::vector<BatchStepStats> sim = {Row(1, 50, 10, 0.5, 0.6, 0.0),
+                                           Row(2, 20, 5, 0.75, 0.9, 0.0)};
+  auto f = DecodeFactorsUnderLoad(real, sim, 400);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->alone_steps, 400);
+  EXPECT_EQ(f->corun_steps, 200);
+  // (300 * 0.6 + 100 * 0.9) / (300 * 0.5 + 100 * 0.75) = 270 / 225.
+  EXPECT_NEAR(f->stretch, 1.2, 1e-12);
+  // (100 * 0.66 + 100 * 0.99) / (100 * 0.6 + 100 * 0.9) = 165 / 150.
+  EXPECT_NEAR(f->corun, 1.1, 1e-12);
+}
+
+TEST(StepStats, DecodeFactorsUnderLoadSkipRowsWithoutACounterpart) {
+  // Batch 2 has no simulated alone step (left out of the stretch) and batch 3 no real alone step
+  // (left out of both); batch 1 has no co-run step, so only batch 2's count for the co-run.
+  const std::vector<BatchStepStats> real = {Row(1, 10, 0, 0.5, 0.0, 0.1),
+                                            Row(2, 5, 5, 0.7, 0.84, 0.0), Row(3, 0, 7, 0, 9.0, 1)};
+  const std::vector<BatchStepStats> sim = {Row(1, 10, 0, 0.4, 0.0, 0.0), Row(2, 0, 3, 0, 2.0, 0)};
+  auto f = DecodeFactorsUnderLoad(real, sim, 10);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->alone_steps, 10);
+  EXPECT_NEAR(f->stretch, 0.6 / 0.4, 1e-12);
+  EXPECT_EQ(f->corun_steps, 5);
+  EXPECT_NEAR(f->corun, 1.2, 1e-12);
+  // No co-run step at all: the co-run factor stays 1.
+  const std::vector<BatchStepStats> alone_only = {Row(1, 10, 0, 0.5, 0.0, 0.1)};
+  auto g = DecodeFactorsUnderLoad(alone_only, sim, 1);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->corun_steps, 0);
+  EXPECT_EQ(g->corun, 1.0);
+}
+
+TEST(StepStats, DecodeFactorsUnderLoadRefuseTooFewSteps) {
+  const std::vector<BatchStepStats> real = {Row(1, 10, 0, 0.5, 0.0, 0.1)};
+  const std::vector<BatchStepStats> sim = {Row(1, 10, 0, 0.4, 0.0, 0.0)};
+  auto f = DecodeFactorsUnderLoad(real, sim, 11);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(DecodeFactorsUnderLoad(real, {}, 1).ok());  // nothing simulated
+  EXPECT_FALSE(DecodeFactorsUnderLoad({}, {}, 0).ok());    // nothing at all
+}
+
 }  // namespace
 }  // namespace pd::planner

@@ -136,6 +136,15 @@ Result<double> SaturationRate(double work_s, double background_s) {
   return 1.0 / (work_s + background_s);
 }
 
+Result<double> StretchAtRate(double measured, double measured_rate, double rate) {
+  if (!(measured > 0) || !(measured_rate > 0) || !(rate >= 0)) {
+    return InvalidArgument(
+        "stretch at a rate: the measured stretch and rate must be > 0, the rate >= 0");
+  }
+  const double u = std::min(0.9, (1.0 - 1.0 / measured) * rate / measured_rate);
+  return 1.0 / (1.0 - u);
+}
+
 double CorunFactor(std::span<const double> alone, std::span<const double> busy) {
   if (alone.size() != busy.size()) return 1.0;
   std::vector<double> ratios;

@@ -70,6 +70,14 @@ Result<double> BackgroundCpuStretch(const ClientCpuCost& shared, double rate,
                                     double mean_output_tokens, int cores,
                                     const ClientCpuCost& own = {});
 
+// The step-time stretch at `rate` of an instance whose steps were measured `measured` times the
+// unstretched model's at `measured_rate` (a traced run: DecodeFactorsUnderLoad): the share of its
+// core u = 1 − 1/measured that other work took there grows with the rate, u · rate /
+// measured_rate (capped at 0.9 as BackgroundCpuStretch; a negative share, steps faster than the
+// model, scales alike), and the stretch is 1 / (1 − u): `measured` at `measured_rate`, 1 at rate
+// 0. InvalidArgument unless measured > 0, measured_rate > 0 and rate >= 0.
+Result<double> StretchAtRate(double measured, double measured_rate, double rate);
+
 // A co-run factor (InstanceConfig::corun_slowdown) from interleaved alone/busy pairs of the same
 // work's cost (an instance's compute-thread CPU time alone, and while the other instance
 // computes): the median of the pairs' busy/alone ratios, held in [1, 4] (below 1 is noise).

@@ -189,5 +189,24 @@ TEST(ValidateStats, CorunFactorSkipsUnmeasuredPairsAndIsOneWithoutAny) {
   EXPECT_EQ(CorunFactor(std::vector<double>{1.0, 1.0}, std::vector<double>{2.0}), 1.0);
 }
 
+TEST(ValidateStats, StretchAtRateScalesTheMeasuredCoreShareWithTheRate) {
+  // 1.25 at 30 req/s: a fifth of the core; at 15 req/s a tenth, at 0 none.
+  auto at = [](double rate) { return StretchAtRate(1.25, 30.0, rate); };
+  ASSERT_TRUE(at(30).ok());
+  EXPECT_NEAR(*at(30), 1.25, 1e-12);
+  EXPECT_NEAR(*at(15), 1.0 / 0.9, 1e-12);
+  EXPECT_NEAR(*at(0), 1.0, 1e-12);
+  EXPECT_NEAR(*at(135), 10.0, 1e-9);  // the share capped at 0.9
+  // Steps faster than the model under load: the share is negative and scales alike.
+  EXPECT_NEAR(*StretchAtRate(0.8, 30.0, 15.0), 1.0 / 1.125, 1e-12);
+}
+
+TEST(ValidateStats, StretchAtRateRefusesUnusableMeasurements) {
+  EXPECT_EQ(StretchAtRate(0.0, 30, 10).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(StretchAtRate(1.1, 0.0, 10).ok());
+  EXPECT_FALSE(StretchAtRate(1.1, 30, -1).ok());
+  EXPECT_FALSE(StretchAtRate(std::nan(""), 30, 10).ok());
+}
+
 }  // namespace
 }  // namespace pd::planner
