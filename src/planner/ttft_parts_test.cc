@@ -242,5 +242,82 @@ TEST(TtftParts, SampledOutsideLatencyNeedsFiniteSamples) {
   EXPECT_EQ(OutsideLatency::Sampled({std::nan("")}).status().code(), StatusCode::kInvalidArgument);
 }
 
+// A request computed by the prefill step [begin_s, end_s].
+TracedRequest InStep(int prompt, double begin_s, double end_s) {
+  TracedRequest r;
+  r.prompt_tokens = prompt;
+  r.sent_s = r.got_s = begin_s - 0.001;
+  r.step_begin_s = begin_s;
+  r.step_end_s = end_s;
+  r.kv_ready_s = r.first_step_end_s = end_s + 0.001;
+  return r;
+}
+
+// 1 ms per token + 0.01 ms per token x context: whole prompts of 10 and 20 tokens (30 tokens,
+// Σ len² 500) model 35 ms, a 40-token prompt 56 ms, a 10-token one 11 ms.
+double LinearModel(const StepShape& s) { return 1e-3 * s.prefill_tokens + 1e-5 * s.prefill_sq; }
+
+TEST(TtftParts, PrefillStepSpreadIsEachStepOverTheModelOverTheMedian) {
+  const std::vector<TracedRequest> traced = {
+      InStep(10, 1.0, 1.070),  InStep(20, 1.0, 1.070),  // one step: 70 ms / 35 = x2
+      InStep(40, 2.0, 2.056),                           // 56 / 56 = x1
+      InStep(10, 3.0, 3.0055),                          // 5.5 / 11 = x0.5
+      InStep(10, 9.0, 9.1),                             // past the window: left out
+  };
+  std::vector<double> begins;
+  auto model = [&](const StepShape& s, double begin_s) {
+    begins.push_back(begin_s);
+    return LinearModel(s);
+  };
+  auto spread = PrefillStepSpread(traced, 0.5, 5.0, model, 3);
+  ASSERT_TRUE(spread.ok()) << spread.status().ToString();
+  ASSERT_EQ(spread->size(), 3u);
+  EXPECT_NEAR((*spread)[0], 0.5, 1e-9);
+  EXPECT_NEAR((*spread)[1], 1.0, 1e-9);
+  EXPECT_NEAR((*spread)[2], 2.0, 1e-9);
+  EXPECT_EQ(begins, (std::vector<double>{1.0, 2.0, 3.0}));
+  // The model's step may depend on when the step began (the co-run factor): the 40-token step's
+  // model doubled makes it x0.5, the median x0.5, so every ratio doubles.
+  auto corun = [](const StepShape& s, double begin_s) {
+    return LinearModel(s) * (begin_s == 2.0 ? 2.0 : 1.0);
+  };
+  spread = PrefillStepSpread(traced, 0.5, 5.0, corun, 3);
+  ASSERT_TRUE(spread.ok()) << spread.status().ToString();
+  ASSERT_EQ(spread->size(), 3u);
+  EXPECT_NEAR((*spread)[0], 1.0, 1e-9);
+  EXPECT_NEAR((*spread)[1], 1.0, 1e-9);
+  EXPECT_NEAR((*spread)[2], 4.0, 1e-9);
+}
+
+TEST(TtftParts, PrefillStepSpreadMedianOfAnEvenCountIsTheMiddlePairsMean) {
+  const std::vector<TracedRequest> traced = {InStep(10, 1.0, 1.011), InStep(10, 2.0, 2.022),
+                                             InStep(10, 3.0, 3.033), InStep(10, 4.0, 4.044)};
+  auto spread = PrefillStepSpread(
+      traced, 0, 10, [](const StepShape& s, double) { return LinearModel(s); }, 1);
+  ASSERT_TRUE(spread.ok()) << spread.status().ToString();
+  ASSERT_EQ(spread->size(), 4u);
+  EXPECT_NEAR((*spread)[0], 1 / 2.5, 1e-9);  // ratios 1..4, median 2.5
+  EXPECT_NEAR((*spread)[3], 4 / 2.5, 1e-9);
+}
+
+TEST(TtftParts, PrefillStepSpreadFailsWithTooFewStepsOrABadModel) {
+  const std::vector<TracedRequest> traced = {InStep(10, 1.0, 1.011), InStep(10, 2.0, 2.022)};
+  auto model = [](const StepShape& s, double) { return LinearModel(s); };
+  EXPECT_EQ(PrefillStepSpread(traced, 0, 10, model, 3).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(PrefillStepSpread(traced, 5, 10, model, 1).status().code(),  // none in the window
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(PrefillStepSpread({}, 0, 10, model, 0).status().code(),
+            StatusCode::kFailedPrecondition);
+  for (double bad : {0.0, -1.0, std::nan(""), HUGE_VAL}) {
+    EXPECT_EQ(PrefillStepSpread(
+                  traced, 0, 10, [bad](const StepShape&, double) { return bad; }, 1)
+                  .status()
+                  .code(),
+              StatusCode::kInvalidArgument)
+        << bad;
+  }
+}
+
 }  // namespace
 }  // namespace pd::planner
