@@ -525,9 +525,6 @@ CommandRunner SetUpValidate(CLI::App* app) {
   app->add_flag("!--no-pin", f->pin_cores, "do not pin the instances to cores");
   app->add_flag("!--no-corun", f->corun,
                 "do not measure or simulate the instances slowing each other down");
-  app->add_flag("--prefill-spread", f->prefill_spread,
-                "draw the simulated prefill steps from the load run's traced spread around the "
-                "model (needs --trace; off by default)");
   app->add_option("--out", f->out, "also write the comparison as JSON");
   app->add_option("--up-log", f->up_log, "where pdserve up's output goes")->capture_default_str();
   app->add_option("--trace", f->trace,

@@ -28,10 +28,6 @@ struct ValidateFlags {
   int max_num_batched_tokens = 512;
   bool pin_cores = true;
   bool corun = true;  // measure and simulate the instances slowing each other down
-  // Draw the simulated prefill steps from the load run's traced spread around the model
-  // (apps/validate_sim_prefill_spread.h). Off by default: the 03:22 run went 6 of 15 cells within
-  // 10% with it, about 9-10 without (the load run's spread, p90 x1.61, overstated the rounds').
-  bool prefill_spread = false;
   std::string out;
   std::string up_log = "/tmp/pdserve-validate-sim-up.log";
   // `pdserve up --trace FILE`: the instances' Chrome traces; the decode instance's steps in the

@@ -13,11 +13,7 @@
 // factor from it by the step's first request id, and since one draw over 300 requests is noisy
 // (offline on the 02:42 run, the TTFT p90 at 60% ranged 57-84 ms over 40 draws), every calibrated
 // figure is the median over kSpreadDraws draws (SimulateRateDrawn). Without --trace, or with
-// fewer than kMinSpreadSteps traced steps, the steps stay constant. Off unless --prefill-spread:
-// on the 03:22 run it made things worse (6 of 15 cells within 10%; re-simulated without it about
-// 9-10): that load run's spread (p90 x1.61, its TTFT p90 134 ms) held interference the rounds at
-// 40% and 60% did not see (their TTFT p90 +29% and +60%), while it closed the 20% TTFT p90
-// (-29% -> -7%). On the 02:42 run's artefacts offline: 13 -> 14 of 15.
+// fewer than kMinSpreadSteps traced steps, the steps stay constant.
 #pragma once
 
 #include <algorithm>
@@ -72,10 +68,6 @@ inline Result<std::vector<double>> MeasurePrefillSpread(const ValidateFlags& f,
 inline void CalibratePrefillSpread(const ValidateFlags& f, const planner::StepCoeffs& coeffs,
                                    int64_t kv_tokens, const LoadRunCpu& load, Calibration* cal) {
   std::printf("\nprefill steps' spread (the load run's traces, not compared): ");
-  if (!f.prefill_spread) {
-    std::printf("off (--prefill-spread); the simulated prefill step stays the model's\n");
-    return;
-  }
   if (f.trace.empty()) {
     std::printf("no --trace; the simulated prefill step stays the model's for its shape\n");
     return;
