@@ -63,7 +63,6 @@
 #include "apps/validate_sim_decode_load.h"
 #include "apps/validate_sim_flags.h"
 #include "apps/validate_sim_outside.h"
-#include "apps/validate_sim_prefill_spread.h"
 #include "apps/validate_sim_probes.h"
 #include "apps/validate_sim_report.h"
 #include "apps/validate_sim_simulate.h"
@@ -106,7 +105,6 @@ using validate_sim::ReportJson;
 using validate_sim::RoundResult;
 using validate_sim::RunProbes;
 using validate_sim::SimulateRate;
-using validate_sim::SimulateRateDrawn;
 using validate_sim::Stretches;
 using validate_sim::ThreadTimes;
 using validate_sim::TpotOf;
@@ -280,26 +278,22 @@ Status SimulateRateReport(const ValidateFlags& f, const bench::DatasetSpec& spec
   ASSIGN_OR_RETURN(auto reqs, BenchRequests(spec, n, rate, f.seed));
   // The calibrated KV transfer: its time per prompt token, as the link's bandwidth.
   const planner::ClusterLinks cal_links = CalibratedLinks(links, cal);
-  ASSIGN_OR_RETURN(r->calibrated.simulated,
-                   SimulateRateDrawn(cal_insts, cal_links, reqs, slo, cal.outside,
-                                     cal.prefill_spread, f.seed, &r->sim_steps, &r->sim_requests));
+  ASSIGN_OR_RETURN(
+      r->calibrated.simulated,
+      SimulateRate(cal_insts, cal_links, reqs, slo, cal.outside, &r->sim_steps, &r->sim_requests));
   // The same with the idle probes' constant outside the engines (the rule before the load run's
   // traced sample): what the sample changed, on the same run.
   ASSIGN_OR_RETURN(r->idle_outside,
-                   SimulateRateDrawn(cal_insts, cal_links, reqs, slo,
-                                     planner::OutsideLatency::Constant(cal.overheads.fixed_s),
-                                     cal.prefill_spread, f.seed));
+                   SimulateRate(cal_insts, cal_links, reqs, slo,
+                                planner::OutsideLatency::Constant(cal.overheads.fixed_s)));
   ASSIGN_OR_RETURN(r->raw.simulated,
                    SimulateRate(Instances(f, coeffs, planner::RealOverheads{}, kv_tokens), links,
                                 reqs, slo, planner::OutsideLatency()));
-  // Each reseeded workload with one draw of the prefill steps' factors (the median of
-  // kSpreadDraws per workload would take minutes): the sampling spread then holds the draw's too.
   std::vector<planner::Summary> reseeded;
   for (int k = 1; k <= f.sampling_seeds; ++k) {
     ASSIGN_OR_RETURN(auto other, BenchRequests(spec, n, rate, f.seed + k));
     ASSIGN_OR_RETURN(planner::Summary s,
-                     SimulateRateDrawn(cal_insts, cal_links, other, slo, cal.outside,
-                                       cal.prefill_spread, f.seed + k, nullptr, nullptr, 1));
+                     SimulateRate(cal_insts, cal_links, other, slo, cal.outside));
     reseeded.push_back(s);
   }
   r->sampling = planner::RelativeSpread(reseeded);
@@ -471,8 +465,6 @@ Status Validate(const ValidateFlags& f) {
   // The decode steps' stretch and co-run factor under load, from the load run's traces (the rule
   // is fixed in the code; the load run came before every compared round).
   CalibrateDecodeUnderLoad(f, spec, coeffs, kv.tokens, links, slo, load, &cal);
-  // The prefill steps' spread around the model, from the same traces (the same holds).
-  validate_sim::CalibratePrefillSpread(f, coeffs, kv.tokens, load, &cal);
   for (RateReport& r : reports) {
     RETURN_IF_ERROR(SimulateRateReport(f, spec, slo, coeffs, kv.tokens, links, cal, &r));
   }

@@ -31,10 +31,6 @@ inline double ModelledTtftS(const planner::StepCoeffs& c, int prompt) {
   return ModelledPrefillS(c, prompt) + c.DecodeMs(1, prompt + 1) * 1e-3;
 }
 
-// Calibrated figures with a prefill step spread are the median over this many draws
-// (apps/validate_sim_prefill_spread.h).
-inline constexpr int kSpreadDraws = 40;
-
 struct Calibration {
   planner::RealOverheads overheads;
   double idle_ttft_s = 0.0;  // at the mean prompt
@@ -58,9 +54,6 @@ struct Calibration {
     double stretch = 1.0, rate = 0.0, corun_probes = 1.0;
   };
   std::optional<DecodeUnderLoad> decode_load;
-  // The prefill steps' spread around the model (apps/validate_sim_prefill_spread.h): traced step
-  // over the calibrated model's for its shape, over the median; sorted. Empty: constant steps.
-  std::vector<double> prefill_spread;
   const planner::ClientCpuCost& StretchCpu() const {
     return client_cpu_loaded ? *client_cpu_loaded : client_cpu;
   }

@@ -102,15 +102,7 @@ inline nlohmann::json OverheadsJson(const Calibration& cal) {
         {"p10_s", cal.outside.Quantile(0.1)},
         {"p50_s", cal.outside.Quantile(0.5)},
         {"p90_s", cal.outside.Quantile(0.9)},
-        {"mean_s", cal.outside.Mean()}}},
-      {"prefill_spread", cal.prefill_spread.empty()
-                             ? nlohmann::json(nullptr)
-                             : nlohmann::json{{"steps", cal.prefill_spread.size()},
-                                              {"draws", kSpreadDraws},
-                                              {"p10", planner::Percentile(cal.prefill_spread, 0.1)},
-                                              {"p50", planner::Percentile(cal.prefill_spread, 0.5)},
-                                              {"p90", planner::Percentile(cal.prefill_spread, 0.9)},
-                                              {"max", cal.prefill_spread.back()}}}};
+        {"mean_s", cal.outside.Mean()}}}};
 }
 
 inline nlohmann::json SpreadJson(const planner::Spread& s) {

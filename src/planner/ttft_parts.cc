@@ -225,36 +225,4 @@ double OutsideLatency::Mean() const {
   return sum / static_cast<double>(samples_s_.size());
 }
 
-Result<std::vector<double>> PrefillStepSpread(
-    std::span<const TracedRequest> traced, double begin_s, double end_s,
-    const std::function<double(const StepShape& shape, double step_begin_s)>& model_s,
-    size_t min_steps) {
-  // step begin -> (its end, its shape)
-  std::map<double, std::pair<double, StepShape>> steps;
-  for (const TracedRequest& r : traced) {
-    if (r.step_begin_s < begin_s || r.step_begin_s > end_s || r.step_s() <= 0) continue;
-    auto& [end, shape] = steps[r.step_begin_s];
-    end = r.step_end_s;
-    shape.prefill_tokens += r.prompt_tokens;
-    shape.prefill_sq += static_cast<double>(r.prompt_tokens) * r.prompt_tokens;
-  }
-  if (steps.size() < std::max<size_t>(min_steps, 1)) {
-    return FailedPrecondition("prefill step spread: " + std::to_string(steps.size()) +
-                              " traced steps in the window, need " + std::to_string(min_steps));
-  }
-  std::vector<double> ratios;
-  for (const auto& [begin, step] : steps) {
-    const double model = model_s(step.second, begin);
-    if (!(model > 0) || !std::isfinite(model)) {
-      return InvalidArgument("prefill step spread: the model's step is not positive and finite");
-    }
-    ratios.push_back((step.first - begin) / model);
-  }
-  std::sort(ratios.begin(), ratios.end());
-  const size_t n = ratios.size();
-  const double median = n % 2 ? ratios[n / 2] : 0.5 * (ratios[n / 2 - 1] + ratios[n / 2]);
-  for (double& r : ratios) r /= median;
-  return ratios;
-}
-
 }  // namespace pd::planner

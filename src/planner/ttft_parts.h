@@ -13,13 +13,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
-#include "planner/latency_model.h"
 
 namespace pd::planner {
 
@@ -112,18 +110,5 @@ class OutsideLatency {
   std::vector<double> samples_s_;  // sorted, >= 0
   uint64_t seed_ = 0;
 };
-
-// The real prefill steps' spread around the latency model (issue #7, from the uncompared load
-// run): the traced prefill steps that began in [begin_s, end_s], each found through the requests
-// it computed (grouped by the step's begin; its shape: their prompts whole), its traced duration
-// over `model_s(shape, step_begin_s)` (the calibrated step for that shape, the co-run factor
-// included where it applies), every ratio divided by the ratios' median so that the median factor
-// is 1 (the p50s stay the model's; the spread lengthens the queues as the real steps' does).
-// Sorted. InvalidArgument when model_s gives a time that is not positive and finite;
-// FailedPrecondition with fewer than `min_steps` steps.
-Result<std::vector<double>> PrefillStepSpread(
-    std::span<const TracedRequest> traced, double begin_s, double end_s,
-    const std::function<double(const StepShape& shape, double step_begin_s)>& model_s,
-    size_t min_steps);
 
 }  // namespace pd::planner
