@@ -226,6 +226,21 @@ TEST(DisaggUpTest, UpAndServeRefuseANegativeKvWaitWarmPeriod) {
   EXPECT_THAT(serve.output(), HasSubstr("--kv-wait-warm-ms must be >= 0")) << serve.output();
 }
 
+TEST(DisaggUpTest, UpAndServeRefuseAnIdlePollOutOfRange) {
+  for (const char* bad : {"-5", "60000001"}) {
+    Process up;
+    ASSERT_TRUE(up.Start({kBinary, "up", "--model", ModelDir(), "--port",
+                          std::to_string(PickPort()), "--idle-poll-us", bad}));
+    EXPECT_EQ(up.Wait(60s), 2) << bad;
+    EXPECT_THAT(up.output(), HasSubstr("--idle-poll-us must be in [0, 60000000]")) << up.output();
+    Process serve;
+    ASSERT_TRUE(serve.Start(ServeArgs(PickPort(), {"--idle-poll-us", bad})));
+    EXPECT_NE(serve.Wait(120s), 0) << bad;
+    EXPECT_THAT(serve.output(), HasSubstr("--idle-poll-us must be in [0, 60000000]"))
+        << serve.output();
+  }
+}
+
 // --pin-whole-instances: every thread of instance k on CPU k.
 TEST(DisaggUpTest, PinWholeInstancesPinsEveryThread) {
   const unsigned ncpu = std::thread::hardware_concurrency();
