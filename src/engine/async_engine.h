@@ -21,8 +21,8 @@ struct AsyncEngineOptions {
   // 0 turns it off. Only when that memory is at most warm_max_bytes: a pass over more than the
   // caches hold would only spend memory bandwidth.
   double warm_period_s = 0.002;
-  size_t warm_max_bytes = 64ull << 20;  // When it runs out of work, the loop spins this long on an
-                                        // atomic "work arrived" flag before it
+  size_t warm_max_bytes = 64ull << 20;
+  // When it runs out of work, the loop spins this long on an atomic "work arrived" flag before it
   // sleeps on its condition variable (engine/idle_poll.h), so that work arriving meanwhile finds
   // it running instead of having to wake its core: 70-120 us on a KVM guest whose idle vCPUs
   // halt, against ~1 us. Only for a loop on CPUs no other busy thread uses (serve applies

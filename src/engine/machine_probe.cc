@@ -249,31 +249,30 @@ Result<double> MeasureReadBandwidth(ThreadPool& pool, const ReadBandwidthOptions
   return probe->Measure();
 }
 
-double MeasurePeakGflops(ThreadPool& pool, long iterations) {
+// Runs loop(iterations) on every pool thread at once (after a short warm-up) and returns the
+// GFLOP/s it reached, at flops_per_iteration per thread and iteration.
+double TimeArithmeticLoop(ThreadPool& pool, long iterations, float (*loop)(long),
+                          double flops_per_iteration) {
   const int threads = pool.num_threads();
   std::atomic<float> sink{0};
-  pool.ParallelFor(threads, [&](int64_t, int64_t) { sink.store(FmaLoop(iterations / 100)); });
+  pool.ParallelFor(threads, [&](int64_t, int64_t) { sink.store(loop(iterations / 100)); });
   const double t0 = Now();
   pool.ParallelFor(threads, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) sink.store(FmaLoop(iterations));
+    for (int64_t t = b; t < e; ++t) sink.store(loop(iterations));
   });
   const double seconds = Now() - t0;
-  return FlopsPerIteration() * static_cast<double>(iterations) * threads / seconds / 1e9;
+  return flops_per_iteration * static_cast<double>(iterations) * threads / seconds / 1e9;
+}
+
+double MeasurePeakGflops(ThreadPool& pool, long iterations) {
+  return TimeArithmeticLoop(pool, iterations, FmaLoop, FlopsPerIteration());
 }
 
 Result<double> MeasurePeakBf16DotGflops(ThreadPool& pool, long iterations,
                                         const CpuFeatures& features) {
   if (!features.avx512_bf16) return Unimplemented("this CPU has no avx512_bf16 (vdpbf16ps)");
-  const int threads = pool.num_threads();
-  std::atomic<float> sink{0};
-  pool.ParallelFor(threads, [&](int64_t, int64_t) { sink.store(DotBf16Avx512(iterations / 100)); });
-  const double t0 = Now();
-  pool.ParallelFor(threads, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) sink.store(DotBf16Avx512(iterations));
-  });
-  const double seconds = Now() - t0;
   constexpr double kFlopsPerIteration = 24.0 * 16 * 4;  // 16 lanes x (2 products + 2 adds)
-  return kFlopsPerIteration * static_cast<double>(iterations) * threads / seconds / 1e9;
+  return TimeArithmeticLoop(pool, iterations, DotBf16Avx512, kFlopsPerIteration);
 }
 
 }  // namespace pd::engine
