@@ -2,9 +2,10 @@
 // per request of the uncompared load run (300 requests at the highest compared rate, another
 // seed), the bench client's measured TTFT less the traced engines' part of the same request
 // (prefill queue wait, prefill step, KV hand-over, first decode step; planner/ttft_parts.h). The
-// idle probes put the rest at 1.4-1.6 ms; a traced run showed ~4 ms under load (p90 ~5 ms), and
-// the simulated TTFT was low under load while its prefill wait and step matched the trace within
-// 1 ms at p50. The calibrated simulation draws each request's outside latency from the load run's
+// idle probes put the rest at 1.4-1.6 ms. An earlier reading of ~4 ms under load was mostly a
+// tracing artefact (the prefill side traced a request's arrival after its step had begun); taken
+// from the messenger's admission it is ~2.3 ms p50 / ~4.2 ms p90 under load (02:19 run). The
+// calibrated simulation draws each request's outside latency from the load run's
 // sample (a rule fixed before any compared round; the rounds' own figures are printed beside it
 // but not used). Without --trace, or when too few requests join, the idle constant stays.
 #pragma once
