@@ -18,6 +18,11 @@
 // 3b. The load run, once the rates are fixed: 300 requests of the bench's workload at the highest
 //    rate (another seed; not compared), during which the bench client's and router's CPU is
 //    measured: under load they take 1.5-3x the CPU per request the sequential probes show.
+// 3c. Calibration runs: in every round, just before each rate's bench run, 100 requests at that
+//    rate (another seed per round; traced, not compared). Per rate, the median over its runs of
+//    the client's and router's CPU, the prefill and decode steps' stretch, the decode co-run
+//    factor and the outside latency replaces the load run's (apps/validate_sim_rate_cal.h); the
+//    load run's calibration is simulated beside it (not used).
 // 4. Rounds: per round, `pdserve bench`'s own runner (Poisson arrivals, the random dataset, a
 //    fixed seed, ignore_eos) against the router at each rate (20/40/60% of the calibrated
 //    capacity unless --rate is given); the measured side is the median of the rounds.
@@ -64,6 +69,7 @@
 #include "apps/validate_sim_flags.h"
 #include "apps/validate_sim_outside.h"
 #include "apps/validate_sim_probes.h"
+#include "apps/validate_sim_rate_cal.h"
 #include "apps/validate_sim_report.h"
 #include "apps/validate_sim_simulate.h"
 #include "apps/validate_sim_up.h"
@@ -370,8 +376,11 @@ Result<std::vector<double>> ChooseRates(const ValidateFlags& f, const planner::S
 // request the two took more at the lowest rate (a run whose rounds measured 5.4-7.7 ms per
 // request at 12.3 req/s and 3.6-4.5 ms at 37; its 100-request load run at 12.3 req/s measured
 // 9.2 ms, and the simulation stretched the higher rates' steps by 2.4x the rounds' CPU).
-Result<LoadRunCpu> LoadRun(const ValidateFlags& f, double rate, const Deployment& dep) {
-  const bench::BenchOptions bo = BenchAt(f, SpecOf(f), kLoadRunPrompts, rate, f.seed + 104729);
+// Also each calibration run (validate_sim_rate_cal.h): `n` requests of seed `seed` at `rate`.
+Result<LoadRunCpu> LoadRun(const ValidateFlags& f, double rate, const Deployment& dep,
+                           int n = kLoadRunPrompts, uint64_t seed = 0,
+                           const char* what = "load run") {
+  const bench::BenchOptions bo = BenchAt(f, SpecOf(f), n, rate, seed ? seed : f.seed + 104729);
   ASSIGN_OR_RETURN(std::vector<bench::LengthPair> lengths,
                    bench::SampleLengths(bo.dataset, bo.num_prompts, bo.seed));
   LoadRunCpu load;
@@ -379,7 +388,7 @@ Result<LoadRunCpu> LoadRun(const ValidateFlags& f, double rate, const Deployment
   load.requests = bo.num_prompts;
   for (const bench::LengthPair& l : lengths) load.mean_output_tokens += l.output_len;
   load.mean_output_tokens /= std::max<size_t>(1, lengths.size());
-  std::fprintf(stderr, "validate-sim: load run, %d requests at %.3g req/s\n", bo.num_prompts, rate);
+  std::fprintf(stderr, "validate-sim: %s, %d requests at %.3g req/s\n", what, bo.num_prompts, rate);
   const double cpu0 = ClientRouterCpuSeconds(dep.up);
   load.begin_s = Tracer::NowNs() * 1e-9;
   ASSIGN_OR_RETURN(bench::BenchmarkSummary run, bench::RunBenchmark(bo));
@@ -391,14 +400,20 @@ Result<LoadRunCpu> LoadRun(const ValidateFlags& f, double rate, const Deployment
   return load;
 }
 
-// The measured side: `f.rounds` rounds of bench runs over the rates, a probe set after each.
+// The measured side: `f.rounds` rounds of bench runs over the rates, each rate's preceded by an
+// uncompared calibration run at that rate (`cal_runs`, per rate), a probe set after each round.
 Status RunRounds(const ValidateFlags& f, const bench::DatasetSpec& spec,
                  const std::vector<double>& rates, const planner::Slo& slo, const Deployment& dep,
                  const planner::StepCoeffs& c, std::vector<ProbeSet>* sets,
-                 std::vector<RateReport>* reports) {
+                 std::vector<RateReport>* reports, std::vector<std::vector<LoadRunCpu>>* cal_runs) {
   reports->assign(rates.size(), RateReport{});
+  cal_runs->assign(rates.size(), {});
   for (int round = 0; round < f.rounds; ++round) {
     for (size_t i = 0; i < rates.size(); ++i) {
+      ASSIGN_OR_RETURN(LoadRunCpu cal_run,
+                       LoadRun(f, rates[i], dep, validate_sim::kCalRunPrompts,
+                               validate_sim::CalRunSeed(f, round), "calibration run"));
+      (*cal_runs)[i].push_back(std::move(cal_run));
       ASSIGN_OR_RETURN(RoundResult r, BenchRound(f, spec, rates[i], slo, dep));
       (*reports)[i].rounds.push_back(r);
     }
@@ -450,25 +465,56 @@ Status Validate(const ValidateFlags& f) {
   ASSIGN_OR_RETURN(const LoadRunCpu load, LoadRun(f, rates.back(), dep));
   const bench::DatasetSpec spec = SpecOf(f);
   std::vector<RateReport> reports;
-  RETURN_IF_ERROR(RunRounds(f, spec, rates, slo, dep, coeffs, &sets, &reports));
+  std::vector<std::vector<LoadRunCpu>> cal_runs;
+  RETURN_IF_ERROR(RunRounds(f, spec, rates, slo, dep, coeffs, &sets, &reports, &cal_runs));
   up.Stop();
+  ASSIGN_OR_RETURN(const Calibration probes, Combine(f, sets, false));
   ASSIGN_OR_RETURN(cal, Combine(f, sets, true, &load));
   for (size_t i = 0; i < rates.size(); ++i)
     reports[i].raw.rate = reports[i].calibrated.rate = rates[i];
   // The latency outside the engines, from the load run's traced requests (the rule is fixed in
   // the code; the load run came before every compared round).
-  CalibrateOutside(f, load.client, load.begin_s, load.end_s, reports, &cal);
+  const auto traced = validate_sim::ReadTracedRequests(f);
+  CalibrateOutside(f, load.client, load.begin_s, load.end_s, reports, traced, &cal);
   // Uncalibrated, the KV transfer takes no time; calibrated, the probes' transfer time per token.
   planner::ClusterLinks links;
   links.kv_bytes_per_token = kv.bytes_per_token;
   links.intra_node_bw = 1e18;
   // The decode steps' stretch and co-run factor under load, from the load run's traces (the rule
   // is fixed in the code; the load run came before every compared round).
-  CalibrateDecodeUnderLoad(f, spec, coeffs, kv.tokens, links, slo, load, &cal);
-  for (RateReport& r : reports) {
-    RETURN_IF_ERROR(SimulateRateReport(f, spec, slo, coeffs, kv.tokens, links, cal, &r));
+  const Result<validate_sim::TracedSteps> steps =
+      f.trace.empty() ? Result<validate_sim::TracedSteps>(FailedPrecondition("no --trace"))
+                      : validate_sim::ReadTracedSteps(f);
+  CalibrateDecodeUnderLoad(f, spec, coeffs, kv.tokens, links, slo, load, steps, &cal);
+  // Per rate, the median of that rate's calibration runs (apps/validate_sim_rate_cal.h); the single
+  // load run's calibration `cal` is simulated beside it (not used).
+  std::printf(
+      "\nunder load per rate (%d calibration runs of %d requests at each rate, one before each "
+      "round's bench run at that rate, not compared; per run / median, beside the single load "
+      "run's):\n",
+      f.rounds, validate_sim::kCalRunPrompts);
+  for (size_t i = 0; i < reports.size(); ++i) {
+    std::vector<planner::CalibrationRunFactors> runs;
+    for (const LoadRunCpu& run : cal_runs[i]) {
+      std::printf("  calibration window %.3g req/s: %.6f %.6f\n", run.rate, run.begin_s, run.end_s);
+      runs.push_back(validate_sim::FactorsOfRun(f, spec, coeffs, kv.tokens, links, slo, run, probes,
+                                                steps, traced));
+    }
+    std::optional<Calibration> spread;
+    ASSIGN_OR_RETURN(
+        const Calibration at_rate,
+        validate_sim::CalibrationAtRate(f, runs, cal, &reports[i].rate_calibration, &spread));
+    if (spread) {
+      RETURN_IF_ERROR(validate_sim::SimulateSpreadVariant(
+          f, spec, slo, coeffs, kv.tokens, links, *spread, PromptsAt(f, rates[i]), &reports[i]));
+    }
+    RETURN_IF_ERROR(
+        SimulateRateReport(f, spec, slo, coeffs, kv.tokens, links, at_rate, &reports[i]));
+    RETURN_IF_ERROR(validate_sim::SimulateSingleLoadRun(f, spec, slo, coeffs, kv.tokens, links, cal,
+                                                        PromptsAt(f, rates[i]), &reports[i]));
   }
   PrintReports(f, slo, cal, reports, rate_rule);
+  validate_sim::PrintSingleRunAb(reports);
   validate_sim::PrintOutsideAb(cal, reports);
   if (!f.trace.empty()) {
     if (Status s = PrintStepComparisons(f, reports); !s.ok()) {

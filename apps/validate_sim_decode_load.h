@@ -43,16 +43,41 @@ inline constexpr int64_t kMinLoadRunSteps = 500;  // traced alone decode steps f
 inline constexpr int64_t kMinLoadRunCorun = 200;  // traced co-run decode steps for the factor
 inline constexpr int kLoadRunBatchRows = 64;      // batch sizes kept apart (none pooled)
 
-// The traced and simulated decode steps of the load run and the factors from them.
+// The instances' traced engine steps, whole (each run takes its window with InWindow): read and
+// parsed once, as each trace holds every run (~75 MB for the decode instance).
+struct TracedSteps {
+  std::vector<planner::StepRecord> decode;  // `corun` marked against the prefill steps
+  std::vector<planner::StepRecord> prefill;
+};
+inline Result<TracedSteps> ReadTracedSteps(const ValidateFlags& f) {
+  ASSIGN_OR_RETURN(const std::string dec, ReadFileToString(TracePathFor(f.trace, "decode0")));
+  ASSIGN_OR_RETURN(const std::string pre, ReadFileToString(TracePathFor(f.trace, "prefill0")));
+  TracedSteps t;
+  constexpr double kAll = 1e300;
+  ASSIGN_OR_RETURN(t.decode, planner::EngineStepsFromTrace(dec, -kAll, kAll));
+  ASSIGN_OR_RETURN(t.prefill, planner::EngineStepsFromTrace(pre, -kAll, kAll));
+  planner::MarkCorun(t.decode, t.prefill);
+  return t;
+}
+// The steps that started within [begin_s, end_s].
+inline std::vector<planner::StepRecord> InWindow(const std::vector<planner::StepRecord>& steps,
+                                                 double begin_s, double end_s) {
+  std::vector<planner::StepRecord> out;
+  for (const planner::StepRecord& s : steps) {
+    if (s.start_s >= begin_s && s.start_s <= end_s) out.push_back(s);
+  }
+  return out;
+}
+
+// The traced and simulated decode steps of a traced run (`load`: the load run or a calibration
+// run; `decode`: the decode instance's traced steps, co-run marked) and the factors from them;
+// FailedPrecondition under `min_steps` traced alone steps.
 inline Result<planner::DecodeLoadFactors> MeasureDecodeUnderLoad(
     const ValidateFlags& f, const bench::DatasetSpec& spec, const planner::StepCoeffs& coeffs,
     int64_t kv_tokens, const planner::ClusterLinks& links, const planner::Slo& slo,
-    const LoadRunCpu& load, const Calibration& cal) {
-  ASSIGN_OR_RETURN(const std::string dec, ReadFileToString(TracePathFor(f.trace, "decode0")));
-  ASSIGN_OR_RETURN(const std::string pre, ReadFileToString(TracePathFor(f.trace, "prefill0")));
-  ASSIGN_OR_RETURN(auto real, planner::EngineStepsFromTrace(dec, load.begin_s, load.end_s));
-  ASSIGN_OR_RETURN(auto prefill, planner::EngineStepsFromTrace(pre, load.begin_s, load.end_s));
-  planner::MarkCorun(real, prefill);
+    const LoadRunCpu& load, const Calibration& cal, const std::vector<planner::StepRecord>& decode,
+    int64_t min_steps) {
+  const std::vector<planner::StepRecord> real = InWindow(decode, load.begin_s, load.end_s);
   Calibration unstretched = cal;  // the decode steps as the probes calibrated them
   unstretched.decode_load = Calibration::DecodeUnderLoad{1.0, load.rate, 1.0};
   ASSIGN_OR_RETURN(auto insts, CalibratedAt(f, coeffs, unstretched, kv_tokens, load.rate));
@@ -64,16 +89,17 @@ inline Result<planner::DecodeLoadFactors> MeasureDecodeUnderLoad(
   const auto real_rows = planner::SummarizeDecodeSteps(real, kLoadRunBatchRows, kMaxLoopGapS);
   const auto sim_rows = planner::SummarizeDecodeSteps(planner::StepsOfInstance(sim, 1),
                                                       kLoadRunBatchRows, kMaxLoopGapS);
-  return planner::DecodeFactorsUnderLoad(real_rows, sim_rows, kMinLoadRunSteps);
+  return planner::DecodeFactorsUnderLoad(real_rows, sim_rows, min_steps);
 }
 
 // Sets cal->decode_load (and the decode co-run factor) from the load run's traces, printing the
 // figures beside the ones they replace; keeps the schedstat stretch and the probes' co-run factor
-// when the load run cannot give them.
+// when the load run cannot give them. `steps`: the traced steps (ReadTracedSteps), or why not.
 inline void CalibrateDecodeUnderLoad(const ValidateFlags& f, const bench::DatasetSpec& spec,
                                      const planner::StepCoeffs& coeffs, int64_t kv_tokens,
                                      const planner::ClusterLinks& links, const planner::Slo& slo,
-                                     const LoadRunCpu& load, Calibration* cal) {
+                                     const LoadRunCpu& load, const Result<TracedSteps>& steps,
+                                     Calibration* cal) {
   auto formula =
       planner::BackgroundCpuStretch(cal->StretchCpu(), load.rate, f.output_len, MachineCores(),
                                     {cal->decode_own_cpu.per_request_s, 0.0});
@@ -86,7 +112,13 @@ inline void CalibrateDecodeUnderLoad(const ValidateFlags& f, const bench::Datase
         schedstat, load.rate);
     return;
   }
-  auto m = MeasureDecodeUnderLoad(f, spec, coeffs, kv_tokens, links, slo, load, *cal);
+  if (!steps.ok()) {
+    std::printf("%s; the schedstat stretch and the probes' co-run factor stay\n",
+                steps.status().ToString().c_str());
+    return;
+  }
+  auto m = MeasureDecodeUnderLoad(f, spec, coeffs, kv_tokens, links, slo, load, *cal, steps->decode,
+                                  kMinLoadRunSteps);
   if (!m.ok()) {
     std::printf(
         "%s; the schedstat stretch (x%.3f at %.3g req/s) and the probes' co-run factor "

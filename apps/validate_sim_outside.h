@@ -95,6 +95,15 @@ inline void PrintJoin(const char* what, const OutsideJoin& j, size_t requests) {
       P50P90(j.handover_s).c_str(), P50P90(j.decode_s).c_str(), P50P90(j.engines_s).c_str());
 }
 
+// The instances' traced requests (planner::TracedRequestsFromTraces on --trace's files).
+inline Result<std::vector<planner::TracedRequest>> ReadTracedRequests(const ValidateFlags& f) {
+  if (f.trace.empty()) return FailedPrecondition("no --trace");
+  auto pre = ReadFileToString(TracePathFor(f.trace, "prefill0"));
+  auto dec = ReadFileToString(TracePathFor(f.trace, "decode0"));
+  if (!pre.ok() || !dec.ok()) return Unavailable("the instances' traces cannot be read");
+  return planner::TracedRequestsFromTraces(*pre, *dec);
+}
+
 // At least this share of the load run's requests must join for its sample to replace the idle
 // constant (fewer: the trace's event cap cut the load run, or the join failed).
 inline constexpr double kMinJoinedShare = 0.5;
@@ -102,9 +111,11 @@ inline constexpr double kMinJoinedShare = 0.5;
 // Sets cal->outside from the load run's traced requests (`load`: the client side, `load_begin_s`
 // / `load_end_s` its window) and prints it beside the idle figure, with the rounds' own figures
 // per rate (not used). Keeps the idle constant, saying why, when that cannot be done.
+// `all`: the instances' traced requests (ReadTracedRequests), or why not.
 inline void CalibrateOutside(const ValidateFlags& f,
                              const std::vector<planner::ClientRequest>& load, double load_begin_s,
                              double load_end_s, const std::vector<RateReport>& reports,
+                             const Result<std::vector<planner::TracedRequest>>& all,
                              Calibration* cal) {
   std::printf(
       "\nlatency outside the engines per request (measured TTFT less the traced prefill wait, "
@@ -114,10 +125,6 @@ inline void CalibrateOutside(const ValidateFlags& f,
     std::printf("  the calibrated simulation keeps the idle constant: %s\n", why.c_str());
   };
   if (f.trace.empty()) return keep_idle("no --trace");
-  auto pre = ReadFileToString(TracePathFor(f.trace, "prefill0"));
-  auto dec = ReadFileToString(TracePathFor(f.trace, "decode0"));
-  if (!pre.ok() || !dec.ok()) return keep_idle("the instances' traces cannot be read");
-  auto all = planner::TracedRequestsFromTraces(*pre, *dec);
   if (!all.ok()) return keep_idle(all.status().ToString());
   if (load.empty()) return keep_idle("the load run had a failed request (no per-request join)");
   auto j = JoinRun(load, TracedIn(*all, load_begin_s, load_end_s));

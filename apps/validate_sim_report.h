@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,7 +45,36 @@ struct RateReport {
   double modelled_cores = 0;  // the bench client's and router's CPU the simulation assumes
   // The calibrated simulation with the idle probes' constant outside the engines instead.
   planner::Summary idle_outside;
+  // The calibration at this rate (from its calibration runs; apps/validate_sim_rate_cal.h), and
+  // the calibrated simulation with the single load run's under-load figures instead (not used).
+  nlohmann::json rate_calibration;
+  planner::Summary single_load_run;
+  // The same calibration with the prefill steps at their level (the calibration runs' median
+  // step ratio) and drawn from their spread instead of the busy-time stretch (not used).
+  std::optional<planner::Summary> prefill_spread;
 };
+
+// The calibrated simulation with each rate's calibration runs (used) beside the same with the
+// single load run's figures, on the same rounds.
+inline void PrintSingleRunAb(const std::vector<RateReport>& reports) {
+  std::vector<planner::ComparisonRow> single;
+  for (const RateReport& r : reports) {
+    single.push_back({r.raw.rate, r.single_load_run, r.calibrated.measured});
+  }
+  std::printf(
+      "\nthe same with the single load run's under-load figures (the rule before the per-rate "
+      "calibration runs; not used):\n%s",
+      planner::FormatComparison(single).c_str());
+  std::vector<planner::ComparisonRow> spread;
+  for (const RateReport& r : reports) {
+    if (r.prefill_spread) spread.push_back({r.raw.rate, *r.prefill_spread, r.calibrated.measured});
+  }
+  if (spread.empty()) return;
+  std::printf(
+      "\nthe per-rate calibration with each prefill step at the calibration runs' median step "
+      "ratio and drawn from their spread around it (median of %d draws; not used):\n%s",
+      kSpreadDraws, planner::FormatComparison(spread).c_str());
+}
 
 // The calibrated simulation with the load run's outside latency beside the same with the idle
 // constant, each against the measured median (printed when the load run's sample is used).
@@ -95,6 +125,10 @@ inline nlohmann::json OverheadsJson(const Calibration& cal) {
                                                  {"rate", cal.decode_load->rate},
                                                  {"corun_probes", cal.decode_load->corun_probes}}
                                 : nlohmann::json(nullptr)},
+      {"prefill_under_load", cal.prefill_load
+                                 ? nlohmann::json{{"stretch", cal.prefill_load->stretch},
+                                                  {"rate", cal.prefill_load->rate}}
+                                 : nlohmann::json(nullptr)},
       {"outside_latency",
        {{"rule", cal.outside_rule},
         {"idle_fixed_s", o.fixed_s},
@@ -134,8 +168,9 @@ inline void PrintReports(const ValidateFlags& f, const planner::Slo& slo, const 
       "\ncalibrated through this deployment by the probes (prefill x%.3f, idle fixed %.2f ms, "
       "outside the engines %s: p50 %.2f p90 %.2f ms, decode "
       "+%.3f ms/step +%.3f ms/seq, co-run prefill x%.3f decode x%.3f, client + router %.3f "
-      "ms/request + %.4f ms/token of CPU taken from %d cores, measured under load by the load "
-      "run; the sequential probes measured %.3f + %.4f):\n%s",
+      "ms/request + %.4f ms/token of CPU taken from %d cores, measured under load by the single "
+      "load run; the sequential probes measured %.3f + %.4f; the simulation below takes each "
+      "rate's under-load figures from its calibration runs instead, printed above):\n%s",
       o.prefill_scale, o.fixed_s * 1e3, cal.outside_rule.c_str(), cal.outside.Quantile(0.5) * 1e3,
       cal.outside.Quantile(0.9) * 1e3, o.decode_fixed_ms, o.decode_seq_ms, o.corun_prefill,
       o.corun_decode, cal.StretchCpu().per_request_s * 1e3, cal.StretchCpu().per_token_s * 1e3,
@@ -166,12 +201,16 @@ inline void PrintReports(const ValidateFlags& f, const planner::Slo& slo, const 
 
 inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo,
                                  const Calibration& cal, const std::vector<RateReport>& reports) {
-  std::vector<planner::ComparisonRow> raw, calibrated, idle_outside;
+  std::vector<planner::ComparisonRow> raw, calibrated, idle_outside, single, spread;
   nlohmann::json noise = nlohmann::json::array();
+  nlohmann::json per_rate = nlohmann::json::array();
   for (const RateReport& r : reports) {
     raw.push_back(r.raw);
     calibrated.push_back(r.calibrated);
     idle_outside.push_back({r.raw.rate, r.idle_outside, r.calibrated.measured});
+    single.push_back({r.raw.rate, r.single_load_run, r.calibrated.measured});
+    if (r.prefill_spread) spread.push_back({r.raw.rate, *r.prefill_spread, r.calibrated.measured});
+    per_rate.push_back(r.rate_calibration);
     nlohmann::json rounds = nlohmann::json::array();
     for (const RoundResult& rr : r.rounds) {
       rounds.push_back({{"attainment", rr.measured.attainment},
@@ -191,6 +230,9 @@ inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo
           {"threads", f.threads},
           {"slo", {{"ttft_s", slo.ttft_s}, {"tpot_s", slo.tpot_s}}},
           {"calibration", OverheadsJson(cal)},
+          {"calibration_per_rate", per_rate},
+          {"rows_single_load_run", planner::ComparisonToJson(single)},
+          {"rows_prefill_spread", planner::ComparisonToJson(spread)},
           {"rows", planner::ComparisonToJson(calibrated)},
           {"rows_uncalibrated", planner::ComparisonToJson(raw)},
           {"rows_idle_outside", planner::ComparisonToJson(idle_outside)},

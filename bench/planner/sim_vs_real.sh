@@ -10,12 +10,16 @@
 #      fixed and per-token transfer latency, decode per-step/per-sequence costs, co-run slowdowns,
 #      the CPU that client, router and the instances' non-compute threads take per request), a
 #      load run at the highest rate (uncompared: the client's and router's CPU under load), then
-#      3 rounds of `pdserve bench` at 20/40/60% of the calibrated capacity (300 requests of
+#      3 rounds of `pdserve bench` at 20/40/60% of the calibrated capacity, each rate's bench
+#      run preceded by a traced, uncompared calibration run of 100 requests at that rate (per
+#      rate, the median over its three calibration runs of what is measured under load: client
+#      and router CPU, prefill and decode stretch, decode co-run factor, outside latency; the
+#      single load run's figures are simulated beside them, not used) (300 requests of
 #      128/32 tokens each, fixed seed, random dataset), the median per rate beside the simulator
 #      on the same requests, and the noise: machine (spread over rounds) vs sampling (spread over
 #      reseeded simulations) (docs/planner.md). The instances are traced (--trace; the latency
 #      outside the engines is calibrated per request from the load run's traces).
-# One run takes about 2-2.5 minutes (fits one /work/exp/quiet.sh call). Usage:
+# One run takes about 3.5-4 minutes (fits one /work/exp/quiet.sh call: 213-236 s). Usage:
 #   bench/planner/sim_vs_real.sh [PDSERVE] [extra validate-sim flags, e.g. --rate 2 --rate 4]
 set -euo pipefail
 PDSERVE=${1:-build/apps/pdserve}

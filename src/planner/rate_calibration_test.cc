@@ -1,0 +1,238 @@
+#include "planner/rate_calibration.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace pd::planner {
+namespace {
+
+TEST(ValidateRateCalibration, UpperMedianIndexPicksTheMiddleOfAnOddCount) {
+  const std::vector<double> v = {3.0, 1.0, 2.0};
+  auto k = UpperMedianIndex(v);
+  ASSERT_TRUE(k.ok());
+  EXPECT_EQ(*k, 2u);  // the value 2.0
+}
+
+TEST(ValidateRateCalibration, UpperMedianIndexPicksTheUpperOfTwoMiddleOnesAndTheFirstOfTies) {
+  const std::vector<double> even = {4.0, 1.0, 3.0, 2.0};
+  EXPECT_EQ(*UpperMedianIndex(even), 2u);  // 3.0, as UpperMedian
+  const std::vector<double> ties = {5.0, 5.0, 1.0};
+  EXPECT_EQ(*UpperMedianIndex(ties), 0u);
+  const std::vector<double> one = {7.0};
+  EXPECT_EQ(*UpperMedianIndex(one), 0u);
+}
+
+TEST(ValidateRateCalibration, UpperMedianIndexRefusesNoValuesAndNonFinite) {
+  EXPECT_EQ(UpperMedianIndex({}).status().code(), StatusCode::kInvalidArgument);
+  const std::vector<double> nan = {1.0, std::nan("")};
+  EXPECT_EQ(UpperMedianIndex(nan).status().code(), StatusCode::kInvalidArgument);
+  const std::vector<double> inf = {std::numeric_limits<double>::infinity()};
+  EXPECT_EQ(UpperMedianIndex(inf).status().code(), StatusCode::kInvalidArgument);
+}
+
+StepRecord Step(double duration_s, int64_t prefill_tokens, int decodes = 0) {
+  StepRecord s;
+  s.duration_s = duration_s;
+  s.prefill_tokens = prefill_tokens;
+  s.decode_seqs = decodes;
+  return s;
+}
+
+TEST(ValidateRateCalibration, PrefillBusyStretchIsTheTotalsRatioOverPrefillSteps) {
+  // Real: 10 + 30 ms of prefill (a decode-only step left out); simulated: 8 + 12 ms.
+  const std::vector<StepRecord> real = {Step(0.010, 100), Step(0.5, 0, 4), Step(0.030, 200)};
+  const std::vector<StepRecord> sim = {Step(0.008, 100), Step(0.012, 200), Step(0.9, 0, 2)};
+  auto k = PrefillBusyStretch(real, sim, 2);
+  ASSERT_TRUE(k.ok()) << k.status().ToString();
+  EXPECT_DOUBLE_EQ(*k, 2.0);  // 40 / 20, not the per-step median (1.25 / 2.5)
+}
+
+TEST(ValidateRateCalibration, PrefillBusyStretchNeedsStepsOnBothSides) {
+  const std::vector<StepRecord> real = {Step(0.010, 100), Step(0.5, 0, 4)};
+  const std::vector<StepRecord> sim = {Step(0.008, 100)};
+  EXPECT_EQ(PrefillBusyStretch(real, sim, 2).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(PrefillBusyStretch(real, sim, 1).ok());
+  const std::vector<StepRecord> no_prefill = {Step(0.5, 0, 4)};
+  EXPECT_EQ(PrefillBusyStretch(real, no_prefill, 1).status().code(),
+            StatusCode::kFailedPrecondition);
+}
+
+TracedRequest Traced(int prompt, double step_begin_s, double step_end_s) {
+  TracedRequest r;
+  r.prompt_tokens = prompt;
+  r.step_begin_s = step_begin_s;
+  r.step_end_s = step_end_s;
+  return r;
+}
+
+TEST(ValidateRateCalibration, PrefillStepRatiosGroupAStepsPromptsIntoItsShape) {
+  // Two prompts in the step at 1.0 s (30 ms), one at 2.0 s (10 ms), one outside the window.
+  const std::vector<TracedRequest> traced = {Traced(10, 1.0, 1.030), Traced(20, 1.0, 1.030),
+                                             Traced(5, 2.0, 2.010), Traced(7, 9.0, 9.1)};
+  std::vector<double> begins;
+  auto model = [&](const StepShape& shape, double begin) {
+    begins.push_back(begin);
+    // 1 ms per token, plus 0.01 ms per squared token: the shape must sum the prompts.
+    return 1e-3 * shape.prefill_tokens + 1e-5 * shape.prefill_sq;
+  };
+  auto r = PrefillStepRatios(traced, 0.5, 5.0, model, 2);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->size(), 2u);
+  EXPECT_NEAR((*r)[0], 0.030 / (0.030 + 1e-5 * 500), 1e-12);  // 10² + 20²
+  EXPECT_NEAR((*r)[1], 0.010 / (0.005 + 1e-5 * 25), 1e-12);
+  EXPECT_EQ(begins, (std::vector<double>{1.0, 2.0}));
+}
+
+TEST(ValidateRateCalibration, PrefillStepRatiosRefusesTooFewStepsAndABadModel) {
+  const std::vector<TracedRequest> traced = {Traced(10, 1.0, 1.030)};
+  auto unit = [](const StepShape&, double) { return 0.01; };
+  EXPECT_EQ(PrefillStepRatios(traced, 0, 5, unit, 2).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(PrefillStepRatios(traced, 0, 5, unit, 1).ok());
+  auto zero = [](const StepShape&, double) { return 0.0; };
+  EXPECT_EQ(PrefillStepRatios(traced, 0, 5, zero, 1).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ValidateRateCalibration, SplitLevelTakesTheMedianAndSpreadsAroundIt) {
+  auto odd = SplitLevel({2.0, 1.0, 4.0});
+  ASSERT_TRUE(odd.ok());
+  EXPECT_DOUBLE_EQ(odd->level, 2.0);
+  EXPECT_EQ(odd->spread, (std::vector<double>{0.5, 1.0, 2.0}));
+  auto even = SplitLevel({1.0, 3.0, 2.0, 6.0});
+  ASSERT_TRUE(even.ok());
+  EXPECT_DOUBLE_EQ(even->level, 2.5);
+  EXPECT_DOUBLE_EQ(even->spread.front(), 0.4);
+  EXPECT_DOUBLE_EQ(even->spread.back(), 2.4);
+  EXPECT_EQ(SplitLevel({}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SplitLevel({1.0, 0.0}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SplitLevel({1.0, std::nan("")}).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ValidateRateCalibration, PrefillLevelIsTheRunsMedianAndTheSpreadTheMedianRunsWhole) {
+  std::vector<CalibrationRunFactors> runs(4);
+  for (auto& r : runs) r.rate = 20;
+  // Levels 1.1, 1.3 (slow spell), 1.0; spreads' p90 (the 10th of 10) 1.2, 1.8, 1.4.
+  auto spread = [](double top) {
+    std::vector<double> v(9, 1.0);
+    v.push_back(top);
+    return v;
+  };
+  runs[0].prefill_steps = LevelAndSpread{1.1, spread(1.2)};
+  runs[1].prefill_steps = LevelAndSpread{1.3, spread(1.8)};
+  runs[2].prefill_steps = LevelAndSpread{1.0, spread(1.4)};  // runs[3]: too few steps
+  auto c = CombineCalibrationRuns(runs, 32);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->prefill_level);
+  EXPECT_DOUBLE_EQ(*c->prefill_level, 1.1);
+  EXPECT_EQ(c->prefill_spread, spread(1.4));
+  EXPECT_EQ(c->prefill_step_runs, 3);
+  runs.resize(1);
+  runs[0].prefill_steps.reset();
+  auto none = CombineCalibrationRuns(runs, 32);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->prefill_level);
+  EXPECT_TRUE(none->prefill_spread.empty());
+}
+
+CalibrationRunFactors MakeRun(double rate, double cpu_per_request, double stretch, double corun,
+                              std::vector<double> outside) {
+  CalibrationRunFactors r;
+  r.rate = rate;
+  r.client_cpu = ClientCpuCost{cpu_per_request, 0.0001};
+  r.prefill_stretch = stretch + 0.1;
+  r.decode_stretch = stretch;
+  r.decode_corun = corun;
+  r.outside_s = std::move(outside);
+  return r;
+}
+
+// The 03:22 case: one run of three in a slow spell moves none of the factors.
+TEST(ValidateRateCalibration, OneSlowRunOfThreeMovesNoFactor) {
+  const std::vector<CalibrationRunFactors> runs = {
+      MakeRun(40, 0.0017, 1.02, 1.04, {0.002, 0.003}),
+      MakeRun(40, 0.0030, 1.26, 1.12, {0.004, 0.009}),  // the slow spell
+      MakeRun(40, 0.0016, 1.04, 1.05, {0.002, 0.002}),
+  };
+  auto c = CombineCalibrationRuns(runs, 32);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_DOUBLE_EQ(c->rate, 40);
+  EXPECT_EQ(c->runs, 3);
+  ASSERT_TRUE(c->decode_stretch && c->decode_corun && c->client_cpu);
+  EXPECT_DOUBLE_EQ(*c->decode_stretch, 1.04);
+  EXPECT_DOUBLE_EQ(*c->prefill_stretch, 1.14);
+  EXPECT_EQ(c->prefill_runs, 3);
+  EXPECT_DOUBLE_EQ(*c->decode_corun, 1.05);
+  EXPECT_EQ(c->client_run, 0u);  // 1.7 ms + 32 x 0.1 ms: the middle cost
+  EXPECT_DOUBLE_EQ(c->client_cpu->per_request_s, 0.0017);
+  EXPECT_DOUBLE_EQ(c->client_cpu->per_token_s, 0.0001);
+  EXPECT_EQ(c->outside_run, 0u);  // means 2.5, 6.5, 2.0 ms: the first run's whole sample
+  EXPECT_EQ(c->outside_s, (std::vector<double>{0.002, 0.003}));
+  EXPECT_EQ(c->stretch_runs, 3);
+  EXPECT_EQ(c->corun_runs, 3);
+  EXPECT_EQ(c->client_runs, 3);
+  EXPECT_EQ(c->outside_runs, 3);
+}
+
+TEST(ValidateRateCalibration, AFactorIsTakenOverTheRunsThatGaveIt) {
+  std::vector<CalibrationRunFactors> runs = {
+      MakeRun(10, 0.002, 1.10, 1.00, {}),
+      MakeRun(10, 0.003, 1.00, 1.08, {0.005}),
+      MakeRun(10, 0.001, 1.20, 1.02, {0.001, 0.002}),
+  };
+  runs[0].decode_corun.reset();    // too few co-run steps
+  runs[2].decode_stretch.reset();  // too few alone steps
+  runs[1].prefill_stretch.reset();
+  runs[1].client_cpu.reset();
+  auto c = CombineCalibrationRuns(runs, 32);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_DOUBLE_EQ(*c->decode_stretch, 1.10);  // the upper of 1.00 and 1.10
+  EXPECT_EQ(c->stretch_runs, 2);
+  EXPECT_DOUBLE_EQ(*c->prefill_stretch, 1.30);  // the upper of 1.20 and 1.30
+  EXPECT_EQ(c->prefill_runs, 2);
+  EXPECT_DOUBLE_EQ(*c->decode_corun, 1.08);  // the upper of 1.02 and 1.08
+  EXPECT_EQ(c->corun_runs, 2);
+  EXPECT_EQ(c->client_run, 0u);  // runs 0 and 2: the upper cost
+  EXPECT_EQ(c->client_runs, 2);
+  EXPECT_EQ(c->outside_run, 1u);  // runs 1 (5 ms) and 2 (1.5 ms): the upper mean
+  EXPECT_EQ(c->outside_runs, 2);
+}
+
+TEST(ValidateRateCalibration, FactorsNoRunGaveStayUnset) {
+  CalibrationRunFactors r;
+  r.rate = 5;
+  auto c = CombineCalibrationRuns(std::vector<CalibrationRunFactors>{r, r}, 32);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(c->decode_stretch);
+  EXPECT_FALSE(c->prefill_stretch);
+  EXPECT_FALSE(c->decode_corun);
+  EXPECT_FALSE(c->client_cpu);
+  EXPECT_FALSE(c->client_run);
+  EXPECT_FALSE(c->outside_run);
+  EXPECT_TRUE(c->outside_s.empty());
+  EXPECT_EQ(c->runs, 2);
+  EXPECT_EQ(c->stretch_runs + c->prefill_runs + c->corun_runs + c->client_runs + c->outside_runs,
+            0);
+}
+
+TEST(ValidateRateCalibration, CombineRefusesNoRunsMixedRatesAndBadFigures) {
+  EXPECT_EQ(CombineCalibrationRuns({}, 32).status().code(), StatusCode::kInvalidArgument);
+  std::vector<CalibrationRunFactors> mixed = {MakeRun(10, 0.001, 1, 1, {}),
+                                              MakeRun(20, 0.001, 1, 1, {})};
+  EXPECT_EQ(CombineCalibrationRuns(mixed, 32).status().code(), StatusCode::kInvalidArgument);
+  std::vector<CalibrationRunFactors> zero = {MakeRun(0, 0.001, 1, 1, {})};
+  EXPECT_EQ(CombineCalibrationRuns(zero, 32).status().code(), StatusCode::kInvalidArgument);
+  std::vector<CalibrationRunFactors> ok = {MakeRun(10, 0.001, 1, 1, {})};
+  EXPECT_EQ(CombineCalibrationRuns(ok, -1).status().code(), StatusCode::kInvalidArgument);
+  std::vector<CalibrationRunFactors> cost = {MakeRun(10, std::nan(""), 1, 1, {})};
+  EXPECT_EQ(CombineCalibrationRuns(cost, 32).status().code(), StatusCode::kInvalidArgument);
+  std::vector<CalibrationRunFactors> stretch = {MakeRun(10, 0.001, std::nan(""), 1, {})};
+  EXPECT_EQ(CombineCalibrationRuns(stretch, 32).status().code(), StatusCode::kInvalidArgument);
+  std::vector<CalibrationRunFactors> outside = {MakeRun(10, 0.001, 1, 1, {std::nan("")})};
+  EXPECT_EQ(CombineCalibrationRuns(outside, 32).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pd::planner
