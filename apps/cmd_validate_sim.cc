@@ -21,8 +21,11 @@
 // 3c. Calibration runs: in every round, just before each rate's bench run, 100 requests at that
 //    rate (another seed per round; traced, not compared). Per rate, the median over its runs of
 //    the client's and router's CPU, the prefill and decode steps' stretch, the decode co-run
-//    factor and the outside latency replaces the load run's (apps/validate_sim_rate_cal.h); the
-//    load run's calibration is simulated beside it (not used).
+//    factor and the outside latency replaces the load run's (apps/validate_sim_rate_cal.h): the
+//    per-rate-median rule. The paired rule simulates each round with the figures of the
+//    calibration run just before it and compares the medians over rounds of each side
+//    (apps/validate_sim_paired.h); kPairedRuleUsed says which is used, the other is printed
+//    beside it.
 // 4. Rounds: per round, `pdserve bench`'s own runner (Poisson arrivals, the random dataset, a
 //    fixed seed, ignore_eos) against the router at each rate (20/40/60% of the calibrated
 //    capacity unless --rate is given); the measured side is the median of the rounds.
@@ -68,11 +71,13 @@
 #include "apps/validate_sim_decode_load.h"
 #include "apps/validate_sim_flags.h"
 #include "apps/validate_sim_outside.h"
+#include "apps/validate_sim_paired.h"
 #include "apps/validate_sim_probes.h"
 #include "apps/validate_sim_rate_cal.h"
 #include "apps/validate_sim_report.h"
 #include "apps/validate_sim_simulate.h"
 #include "apps/validate_sim_up.h"
+#include "planner/paired_rounds.h"
 #include "planner/profiler.h"
 #include "planner/simulator.h"
 #include "planner/step_stats.h"
@@ -111,6 +116,7 @@ using validate_sim::ReportJson;
 using validate_sim::RoundResult;
 using validate_sim::RunProbes;
 using validate_sim::SimulateRate;
+using validate_sim::StartUp;
 using validate_sim::Stretches;
 using validate_sim::ThreadTimes;
 using validate_sim::TpotOf;
@@ -151,58 +157,6 @@ Result<planner::StepCoeffs> LoadOrProfile(const ValidateFlags& f) {
   if (!r.ok()) return r.status();
   std::printf("%s", planner::FormatProfile(*r).c_str());
   return r->coeffs;
-}
-
-Status StartUp(const ValidateFlags& f, UpProcess* up) {
-  std::vector<std::string> args = {"pdserve",
-                                   "up",
-                                   "--model",
-                                   f.model,
-                                   "--prefill",
-                                   "1",
-                                   "--decode",
-                                   "1",
-                                   "--threads",
-                                   std::to_string(f.threads),
-                                   "--port",
-                                   std::to_string(f.port),
-                                   "--max-num-seqs",
-                                   std::to_string(f.max_num_seqs),
-                                   "--max-num-batched-tokens",
-                                   std::to_string(f.max_num_batched_tokens)};
-  // Whole instances pinned: the simulator models instances that do not disturb each other, and
-  // with only two cores the decode instance's streaming threads would otherwise run on the
-  // prefill core (measured: attainment 82-84% vs 92-96% at ~18 req/s).
-  if (f.pin_cores) args.insert(args.end(), {"--pin-cores", "--pin-whole-instances"});
-  if (!f.trace.empty()) args.insert(args.end(), {"--trace", f.trace});
-  const int log = open(f.up_log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (log < 0) return IoError(f.up_log + ": " + std::strerror(errno));
-  up->pid = fork();
-  if (up->pid < 0) return Internal(std::string("fork: ") + std::strerror(errno));
-  if (up->pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    dup2(log, 1);
-    dup2(log, 2);
-    std::vector<char*> argv;
-    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv("/proc/self/exe", argv.data());
-    _exit(127);
-  }
-  close(log);
-  bench::Endpoint ep;
-  ep.port = f.port;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(300);
-  while (std::chrono::steady_clock::now() < end) {
-    int status = 0;
-    if (waitpid(up->pid, &status, WNOHANG) == up->pid) {
-      up->pid = -1;
-      return Unavailable("pdserve up exited during start-up; see " + f.up_log);
-    }
-    if (bench::GetServerInfo(ep).ok()) return OkStatus();
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  return DeadlineExceeded("pdserve up did not answer within 300 s; see " + f.up_log);
 }
 
 // The bench's workload: the random dataset with the flags' lengths.
@@ -287,11 +241,7 @@ Status SimulateRateReport(const ValidateFlags& f, const bench::DatasetSpec& spec
   ASSIGN_OR_RETURN(
       r->calibrated.simulated,
       SimulateRate(cal_insts, cal_links, reqs, slo, cal.outside, &r->sim_steps, &r->sim_requests));
-  // The same with the idle probes' constant outside the engines (the rule before the load run's
-  // traced sample): what the sample changed, on the same run.
-  ASSIGN_OR_RETURN(r->idle_outside,
-                   SimulateRate(cal_insts, cal_links, reqs, slo,
-                                planner::OutsideLatency::Constant(cal.overheads.fixed_s)));
+  r->per_rate_median = r->calibrated;
   ASSIGN_OR_RETURN(r->raw.simulated,
                    SimulateRate(Instances(f, coeffs, planner::RealOverheads{}, kv_tokens), links,
                                 reqs, slo, planner::OutsideLatency()));
@@ -495,27 +445,30 @@ Status Validate(const ValidateFlags& f) {
       f.rounds, validate_sim::kCalRunPrompts);
   for (size_t i = 0; i < reports.size(); ++i) {
     std::vector<planner::CalibrationRunFactors> runs;
+    std::vector<planner::RunWindow> windows;
     for (const LoadRunCpu& run : cal_runs[i]) {
       std::printf("  calibration window %.3g req/s: %.6f %.6f\n", run.rate, run.begin_s, run.end_s);
       runs.push_back(validate_sim::FactorsOfRun(f, spec, coeffs, kv.tokens, links, slo, run, probes,
                                                 steps, traced));
+      windows.push_back({run.begin_s, run.end_s});
     }
-    std::optional<Calibration> spread;
-    ASSIGN_OR_RETURN(
-        const Calibration at_rate,
-        validate_sim::CalibrationAtRate(f, runs, cal, &reports[i].rate_calibration, &spread));
-    if (spread) {
-      RETURN_IF_ERROR(validate_sim::SimulateSpreadVariant(
-          f, spec, slo, coeffs, kv.tokens, links, *spread, PromptsAt(f, rates[i]), &reports[i]));
-    }
+    ASSIGN_OR_RETURN(const Calibration at_rate,
+                     validate_sim::CalibrationAtRate(f, runs, cal, &reports[i].rate_calibration));
     RETURN_IF_ERROR(
         SimulateRateReport(f, spec, slo, coeffs, kv.tokens, links, at_rate, &reports[i]));
-    RETURN_IF_ERROR(validate_sim::SimulateSingleLoadRun(f, spec, slo, coeffs, kv.tokens, links, cal,
-                                                        PromptsAt(f, rates[i]), &reports[i]));
+    // The paired rule (apps/validate_sim_paired.h): each round with its own calibration run.
+    const Status paired =
+        validate_sim::SimulatePaired(f, spec, slo, coeffs, kv.tokens, links, runs, windows, cal,
+                                     PromptsAt(f, rates[i]), &reports[i]);
+    if (!paired.ok() && validate_sim::kPairedRuleUsed) return paired;
+    if (!paired.ok()) {
+      std::fprintf(stderr, "validate-sim: paired rule at %.3g req/s: %s\n", rates[i],
+                   paired.ToString().c_str());
+    }
+    if (validate_sim::kPairedRuleUsed) reports[i].calibrated = reports[i].paired->row;
   }
   PrintReports(f, slo, cal, reports, rate_rule);
-  validate_sim::PrintSingleRunAb(reports);
-  validate_sim::PrintOutsideAb(cal, reports);
+  validate_sim::PrintPaired(reports);
   if (!f.trace.empty()) {
     if (Status s = PrintStepComparisons(f, reports); !s.ok()) {
       std::fprintf(stderr, "validate-sim: --trace: %s\n", s.ToString().c_str());

@@ -31,10 +31,6 @@ inline double ModelledTtftS(const planner::StepCoeffs& c, int prompt) {
   return ModelledPrefillS(c, prompt) + c.DecodeMs(1, prompt + 1) * 1e-3;
 }
 
-// Calibrated figures with a prefill step spread are the median over this many draws
-// (SimulateRateDrawn: one draw over 300 requests moved a TTFT p90 57-84 ms).
-inline constexpr int kSpreadDraws = 40;
-
 struct Calibration {
   planner::RealOverheads overheads;
   double idle_ttft_s = 0.0;  // at the mean prompt
@@ -62,9 +58,6 @@ struct Calibration {
   // apps/validate_sim_rate_cal.h): when set, `stretch` at `rate` replaces the schedstat CPU
   // share's stretch of the prefill steps (scaled to each rate by planner::StretchAtRate).
   std::optional<DecodeUnderLoad> prefill_load;
-  // The prefill steps' spread around their level (planner::SplitLevel; sorted): each simulated
-  // prefill step draws a factor from it (SimulateRateDrawn). Empty: constant steps.
-  std::vector<double> prefill_spread;
   const planner::ClientCpuCost& StretchCpu() const {
     return client_cpu_loaded ? *client_cpu_loaded : client_cpu;
   }

@@ -9,9 +9,10 @@
 // traced ones ran x1.1-1.5 the probes' model), the decode stretch and co-run factor (traced
 // decode steps against the same simulation, as apps/validate_sim_decode_load.h), and the
 // per-request latency outside the engines (the median run's sample, as
-// apps/validate_sim_outside.h). Also printed, not used: the same with each prefill step at the
-// runs' median step ratio and drawn from the median run's spread around it (the spread rule of
-// 61d4c82, per rate; one run so far: 8 of 15 cells vs 7 with the busy stretch).
+// apps/validate_sim_outside.h). The prefill step spread per rate (each step drawn from the
+// median run's spread around the runs' median step ratio) was printed beside it at 05:09 (8 of 15
+// cells vs 7) and dropped. ApplyRateCalibration also serves the paired rule
+// (apps/validate_sim_paired.h), one run at a time.
 //
 // Why: the single load run (300 requests at the highest rate, before the rounds) gave all of it
 // for every rate; at 03:22 it caught a slow spell (decode alone steps of batch 1 0.735 ms where
@@ -22,9 +23,10 @@
 // client's CPU per request and the decode batch mix differ by rate) instead of scaling the top
 // rate's. The median run's outside sample, rather than the three pooled: a pooled sample keeps a
 // third of a slow spell's tail. The rules are fixed here, before any compared round, and never
-// look at a compared round. The single load run still runs and its simulation is printed beside
-// (not used), so each run shows what the per-rate rule changed on the same rounds: at 04:55 10
-// vs 10 of 15 cells within 10%, at 05:09 (rounds spread 29-46%) 7 vs 1.
+// look at a compared round. The single load run still runs: its figures stand in for any a
+// rate's runs could not give and are printed beside the per-rate ones; its simulation, printed
+// beside until Q12 (04:55: 10 vs 10 of 15 cells within 10%, 05:09, rounds spread 29-46%: 7 vs
+// 1), no longer is.
 #pragma once
 
 #include <algorithm>
@@ -81,35 +83,6 @@ inline Result<double> MeasurePrefillUnderLoad(const ValidateFlags& f,
                                      planner::StepsOfInstance(sim, 0), kMinCalRunPrefillSteps);
 }
 
-// Whether one of `steps` (start order, one instance's: not overlapping) was running at `t`.
-inline bool RunningAt(const std::vector<planner::StepRecord>& steps, double t) {
-  auto it = std::upper_bound(steps.begin(), steps.end(), t,
-                             [](double x, const planner::StepRecord& s) { return x < s.start_s; });
-  if (it == steps.begin()) return false;
-  --it;
-  return t < it->start_s + it->duration_s;
-}
-
-// The level and spread of one calibration run's traced prefill steps around the calibrated
-// model with unstretched prefill steps (its co-run factor where a decode step was running as a
-// prefill step began).
-inline Result<planner::LevelAndSpread> MeasurePrefillSteps(
-    const ValidateFlags& f, const planner::StepCoeffs& coeffs, int64_t kv_tokens,
-    const LoadRunCpu& run, const Calibration& cal, const TracedSteps& steps,
-    const std::vector<planner::TracedRequest>& traced) {
-  Calibration unstretched = cal;
-  unstretched.prefill_load = Calibration::DecodeUnderLoad{1.0, run.rate, 1.0};
-  ASSIGN_OR_RETURN(auto insts, CalibratedAt(f, coeffs, unstretched, kv_tokens, run.rate));
-  const planner::InstanceConfig prefill = insts[0];
-  auto model = [&](const planner::StepShape& shape, double begin_s) {
-    const double corun = RunningAt(steps.decode, begin_s) ? prefill.corun_slowdown : 1.0;
-    return planner::PipelineTimes(prefill.coeffs, shape, 1).step_s * corun;
-  };
-  ASSIGN_OR_RETURN(auto ratios, planner::PrefillStepRatios(traced, run.begin_s, run.end_s, model,
-                                                           kMinCalRunPrefillSteps));
-  return planner::SplitLevel(std::move(ratios));
-}
-
 // One calibration run's figures (`probes`: the calibration from the probe sets alone).
 inline planner::CalibrationRunFactors FactorsOfRun(
     const ValidateFlags& f, const bench::DatasetSpec& spec, const planner::StepCoeffs& coeffs,
@@ -126,10 +99,6 @@ inline planner::CalibrationRunFactors FactorsOfRun(
   if (steps.ok()) {
     auto p = MeasurePrefillUnderLoad(f, spec, coeffs, kv_tokens, links, slo, run, cal, *steps);
     if (p.ok()) out.prefill_stretch = *p;
-    if (traced.ok()) {
-      auto ps = MeasurePrefillSteps(f, coeffs, kv_tokens, run, cal, *steps, *traced);
-      if (ps.ok()) out.prefill_steps = *ps;
-    }
     auto m = MeasureDecodeUnderLoad(f, spec, coeffs, kv_tokens, links, slo, run, cal, steps->decode,
                                     kMinCalRunSteps);
     if (m.ok()) {
@@ -158,32 +127,11 @@ inline std::string Fmt(const char* format, double v) {
   return b;
 }
 
-// The calibration at one rate: `single` (the probes with the single load run's figures) with
-// each figure this rate's calibration runs gave replaced by theirs; a figure none of them gave
-// stays the single load run's. Prints the per-rate figures beside the single run's.
-// `spread`: the same with the prefill steps at the runs' median step ratio and drawn from the
-// median run's spread (unset when no run gave them).
-inline Result<Calibration> CalibrationAtRate(
-    const ValidateFlags& f, const std::vector<planner::CalibrationRunFactors>& runs,
-    const Calibration& single, nlohmann::json* json, std::optional<Calibration>* spread) {
-  ASSIGN_OR_RETURN(const planner::RateCalibration rc,
-                   planner::CombineCalibrationRuns(runs, f.output_len));
-  Calibration cal = single;
-  if (rc.client_cpu) cal.client_cpu_loaded = rc.client_cpu;
-  if (rc.prefill_stretch) {
-    cal.prefill_load = Calibration::DecodeUnderLoad{*rc.prefill_stretch, rc.rate, 1.0};
-  }
-  const double corun_probes =
-      single.decode_load ? single.decode_load->corun_probes : single.overheads.corun_decode;
-  if (rc.decode_stretch) {
-    cal.decode_load = Calibration::DecodeUnderLoad{*rc.decode_stretch, rc.rate, corun_probes};
-  }
-  if (rc.decode_corun && f.corun)
-    cal.overheads.corun_decode = std::clamp(*rc.decode_corun, 1.0, 4.0);
-  if (!rc.outside_s.empty()) {
-    ASSIGN_OR_RETURN(cal.outside, planner::OutsideLatency::Sampled(rc.outside_s, f.seed));
-    cal.outside_rule = "drawn per request from this rate's median calibration run's";
-  }
+// The per-rate figures: per run, their median, and the single load run's.
+inline void PrintRateCalibration(const ValidateFlags& f,
+                                 const std::vector<planner::CalibrationRunFactors>& runs,
+                                 const planner::RateCalibration& rc, const Calibration& cal,
+                                 const Calibration& single) {
   double single_prefill = 0.0;
   if (auto k =
           planner::BackgroundCpuStretch(single.StretchCpu(), rc.rate, f.output_len, MachineCores());
@@ -237,54 +185,46 @@ inline Result<Calibration> CalibrationAtRate(
       rc.outside_run ? static_cast<int>(*rc.outside_run) + 1 : 0, rc.outside_s.size(),
       cal.outside.Quantile(0.5) * 1e3, cal.outside.Quantile(0.9) * 1e3,
       single.outside.Quantile(0.5) * 1e3, single.outside.Quantile(0.9) * 1e3);
-  spread->reset();
-  if (rc.prefill_level && !rc.prefill_spread.empty()) {
-    Calibration c = cal;
-    c.prefill_load = Calibration::DecodeUnderLoad{*rc.prefill_level, rc.rate, 1.0};
-    c.prefill_spread = rc.prefill_spread;
-    *spread = c;
-    const auto& sp = rc.prefill_spread;
-    std::printf(
-        "    prefill step / model (not used): levels %s -> x%.3f (%d runs); the median run's "
-        "spread around it: p10 x%.3f p90 x%.3f max x%.3f (%zu steps)\n",
-        Each(runs,
-             [](const planner::CalibrationRunFactors& r) {
-               return r.prefill_steps ? Fmt("x%.3f", r.prefill_steps->level) : "-";
-             })
-            .c_str(),
-        *rc.prefill_level, rc.prefill_step_runs, planner::Percentile(sp, 0.1),
-        planner::Percentile(sp, 0.9), sp.back(), sp.size());
+}
+
+// `single` (the probes with the single load run's figures) with each figure `rc` gave replaced by
+// it; a figure `rc` lacks stays the single load run's.
+inline Result<Calibration> ApplyRateCalibration(const ValidateFlags& f,
+                                                const planner::RateCalibration& rc,
+                                                const Calibration& single) {
+  Calibration cal = single;
+  if (rc.client_cpu) cal.client_cpu_loaded = rc.client_cpu;
+  if (rc.prefill_stretch) {
+    cal.prefill_load = Calibration::DecodeUnderLoad{*rc.prefill_stretch, rc.rate, 1.0};
   }
+  const double corun_probes =
+      single.decode_load ? single.decode_load->corun_probes : single.overheads.corun_decode;
+  if (rc.decode_stretch) {
+    cal.decode_load = Calibration::DecodeUnderLoad{*rc.decode_stretch, rc.rate, corun_probes};
+  }
+  if (rc.decode_corun && f.corun)
+    cal.overheads.corun_decode = std::clamp(*rc.decode_corun, 1.0, 4.0);
+  if (!rc.outside_s.empty()) {
+    ASSIGN_OR_RETURN(cal.outside, planner::OutsideLatency::Sampled(rc.outside_s, f.seed));
+    cal.outside_rule = "drawn per request from this rate's median calibration run's";
+  }
+  return cal;
+}
+
+// The calibration at one rate: ApplyRateCalibration with the median over this rate's
+// calibration runs (planner::CombineCalibrationRuns). Prints the per-run figures and their
+// medians beside the single load run's.
+inline Result<Calibration> CalibrationAtRate(
+    const ValidateFlags& f, const std::vector<planner::CalibrationRunFactors>& runs,
+    const Calibration& single, nlohmann::json* json) {
+  ASSIGN_OR_RETURN(const planner::RateCalibration rc,
+                   planner::CombineCalibrationRuns(runs, f.output_len));
+  ASSIGN_OR_RETURN(const Calibration cal, ApplyRateCalibration(f, rc, single));
+  PrintRateCalibration(f, runs, rc, cal, single);
   *json = OverheadsJson(cal);
   (*json)["rate"] = rc.rate;
   (*json)["calibration_runs"] = rc.runs;
   return cal;
-}
-
-// The calibrated simulation of `r`'s rate (`n` requests, the rounds' seed) with the single load
-// run's calibration `single`: r->single_load_run.
-inline Status SimulateSingleLoadRun(const ValidateFlags& f, const bench::DatasetSpec& spec,
-                                    const planner::Slo& slo, const planner::StepCoeffs& coeffs,
-                                    int64_t kv_tokens, const planner::ClusterLinks& links,
-                                    const Calibration& single, int n, RateReport* r) {
-  ASSIGN_OR_RETURN(auto insts, CalibratedAt(f, coeffs, single, kv_tokens, r->raw.rate));
-  ASSIGN_OR_RETURN(auto reqs, BenchRequests(spec, n, r->raw.rate, f.seed));
-  ASSIGN_OR_RETURN(r->single_load_run,
-                   SimulateRate(insts, CalibratedLinks(links, single), reqs, slo, single.outside));
-  return OkStatus();
-}
-
-// The spread variant's calibrated simulation of `r`'s rate (`n` requests, the rounds' seed).
-inline Status SimulateSpreadVariant(const ValidateFlags& f, const bench::DatasetSpec& spec,
-                                    const planner::Slo& slo, const planner::StepCoeffs& coeffs,
-                                    int64_t kv_tokens, const planner::ClusterLinks& links,
-                                    const Calibration& c, int n, RateReport* r) {
-  ASSIGN_OR_RETURN(auto insts, CalibratedAt(f, coeffs, c, kv_tokens, r->raw.rate));
-  ASSIGN_OR_RETURN(auto reqs, BenchRequests(spec, n, r->raw.rate, f.seed));
-  ASSIGN_OR_RETURN(planner::Summary s, SimulateRateDrawn(insts, CalibratedLinks(links, c), reqs,
-                                                         slo, c.outside, c.prefill_spread, f.seed));
-  r->prefill_spread = s;
-  return OkStatus();
 }
 
 }  // namespace pd::apps::validate_sim

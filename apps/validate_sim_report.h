@@ -15,6 +15,7 @@
 #include "apps/validate_sim_up.h"
 #include "common/file_util.h"
 #include "common/trace.h"
+#include "planner/paired_rounds.h"
 #include "planner/simulator.h"
 #include "planner/step_stats.h"
 #include "planner/validate.h"
@@ -33,9 +34,18 @@ struct RoundResult {
   std::vector<planner::ClientRequest> client;
 };
 
+// Which rule's simulation is used (RateReport::calibrated): the paired one (true) or the
+// per-rate median (false); the other is printed beside it, not used (apps/validate_sim_paired.h).
+inline constexpr bool kPairedRuleUsed = false;
+inline const char* UsedRuleName() {
+  return kPairedRuleUsed ? "paired: each round simulated with the calibration run just before it"
+                         : "per-rate median: the median of each rate's calibration runs";
+}
+
 // Everything about one rate: the simulations beside the median of the bench rounds, and the
 // spreads that say how much of a difference is noise.
 struct RateReport {
+  // raw: the latency model alone; calibrated: the rule used (kPairedRuleUsed).
   planner::ComparisonRow raw, calibrated;
   std::vector<RoundResult> rounds;
   planner::Spread machine;                  // over the bench rounds (the same requests each time)
@@ -43,65 +53,15 @@ struct RateReport {
   std::vector<planner::SimStep> sim_steps;  // the calibrated simulation's, on the bench's requests
   std::vector<planner::RequestResult> sim_requests;  // the same simulation's (fixed_s included)
   double modelled_cores = 0;  // the bench client's and router's CPU the simulation assumes
-  // The calibrated simulation with the idle probes' constant outside the engines instead.
-  planner::Summary idle_outside;
-  // The calibration at this rate (from its calibration runs; apps/validate_sim_rate_cal.h), and
-  // the calibrated simulation with the single load run's under-load figures instead (not used).
+  // The calibration at this rate (from its calibration runs; apps/validate_sim_rate_cal.h).
   nlohmann::json rate_calibration;
-  planner::Summary single_load_run;
-  // The same calibration with the prefill steps at their level (the calibration runs' median
-  // step ratio) and drawn from their spread instead of the busy-time stretch (not used).
-  std::optional<planner::Summary> prefill_spread;
+  // The per-rate-median rule: one simulation with the median over this rate's calibration runs.
+  planner::ComparisonRow per_rate_median;
+  // The paired rule (apps/validate_sim_paired.h): each round simulated with its own calibration
+  // run's factors; `paired_runs[k]`: the calibration run that round k took.
+  std::optional<planner::PairedComparison> paired;
+  std::vector<size_t> paired_runs;
 };
-
-// The calibrated simulation with each rate's calibration runs (used) beside the same with the
-// single load run's figures, on the same rounds.
-inline void PrintSingleRunAb(const std::vector<RateReport>& reports) {
-  std::vector<planner::ComparisonRow> single;
-  for (const RateReport& r : reports) {
-    single.push_back({r.raw.rate, r.single_load_run, r.calibrated.measured});
-  }
-  std::printf(
-      "\nthe same with the single load run's under-load figures (the rule before the per-rate "
-      "calibration runs; not used):\n%s",
-      planner::FormatComparison(single).c_str());
-  std::vector<planner::ComparisonRow> spread;
-  for (const RateReport& r : reports) {
-    if (r.prefill_spread) spread.push_back({r.raw.rate, *r.prefill_spread, r.calibrated.measured});
-  }
-  if (spread.empty()) return;
-  std::printf(
-      "\nthe per-rate calibration with each prefill step at the calibration runs' median step "
-      "ratio and drawn from their spread around it (median of %d draws; not used):\n%s",
-      kSpreadDraws, planner::FormatComparison(spread).c_str());
-}
-
-// The calibrated simulation with the load run's outside latency beside the same with the idle
-// constant, each against the measured median (printed when the load run's sample is used).
-inline void PrintOutsideAb(const Calibration& cal, const std::vector<RateReport>& reports) {
-  if (!cal.outside.sampled()) return;
-  std::printf(
-      "\noutside the engines: the load run's sample (used) vs the idle probes' constant %.2f ms, "
-      "calibrated simulation / measured (sim/real - 1):\n",
-      cal.overheads.fixed_s * 1e3);
-  auto cell = [](double sim, double real, double scale) {
-    char b[64];
-    std::snprintf(b, sizeof(b), "%.2f / %.2f (%+.1f%%)", sim * scale, real * scale,
-                  100 * planner::RelDiff(sim, real));
-    return std::string(b);
-  };
-  for (const RateReport& r : reports) {
-    const planner::Summary& m = r.calibrated.measured;
-    for (const auto& [name, s] :
-         {std::pair<const char*, const planner::Summary*>{"load run's", &r.calibrated.simulated},
-          {"idle const ", &r.idle_outside}}) {
-      std::printf("  %-8.3g %s: att (%%) %s, TTFT p50 %s, p90 %s ms\n", r.raw.rate, name,
-                  cell(s->attainment, m.attainment, 100).c_str(),
-                  cell(s->ttft_p50_s, m.ttft_p50_s, 1e3).c_str(),
-                  cell(s->ttft_p90_s, m.ttft_p90_s, 1e3).c_str());
-    }
-  }
-}
 
 inline nlohmann::json OverheadsJson(const Calibration& cal) {
   const planner::RealOverheads& o = cal.overheads;
@@ -170,12 +130,13 @@ inline void PrintReports(const ValidateFlags& f, const planner::Slo& slo, const 
       "+%.3f ms/step +%.3f ms/seq, co-run prefill x%.3f decode x%.3f, client + router %.3f "
       "ms/request + %.4f ms/token of CPU taken from %d cores, measured under load by the single "
       "load run; the sequential probes measured %.3f + %.4f; the simulation below takes each "
-      "rate's under-load figures from its calibration runs instead, printed above):\n%s",
+      "rate's under-load figures from its calibration runs instead, printed above; rule used: "
+      "%s):\n%s",
       o.prefill_scale, o.fixed_s * 1e3, cal.outside_rule.c_str(), cal.outside.Quantile(0.5) * 1e3,
       cal.outside.Quantile(0.9) * 1e3, o.decode_fixed_ms, o.decode_seq_ms, o.corun_prefill,
       o.corun_decode, cal.StretchCpu().per_request_s * 1e3, cal.StretchCpu().per_token_s * 1e3,
       MachineCores(), cal.client_cpu.per_request_s * 1e3, cal.client_cpu.per_token_s * 1e3,
-      planner::FormatComparison(calibrated).c_str());
+      UsedRuleName(), planner::FormatComparison(calibrated).c_str());
   std::printf(
       "\nnoise, (max - min) / median per metric: machine = over the %d bench rounds (the same "
       "requests); sampling = the calibrated simulation over %d reseeded workloads of the same "
@@ -201,15 +162,20 @@ inline void PrintReports(const ValidateFlags& f, const planner::Slo& slo, const 
 
 inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo,
                                  const Calibration& cal, const std::vector<RateReport>& reports) {
-  std::vector<planner::ComparisonRow> raw, calibrated, idle_outside, single, spread;
+  std::vector<planner::ComparisonRow> raw, calibrated, per_rate_median, paired;
+  nlohmann::json paired_rounds = nlohmann::json::array();
   nlohmann::json noise = nlohmann::json::array();
   nlohmann::json per_rate = nlohmann::json::array();
   for (const RateReport& r : reports) {
     raw.push_back(r.raw);
     calibrated.push_back(r.calibrated);
-    idle_outside.push_back({r.raw.rate, r.idle_outside, r.calibrated.measured});
-    single.push_back({r.raw.rate, r.single_load_run, r.calibrated.measured});
-    if (r.prefill_spread) spread.push_back({r.raw.rate, *r.prefill_spread, r.calibrated.measured});
+    per_rate_median.push_back(r.per_rate_median);
+    if (r.paired) {
+      paired.push_back(r.paired->row);
+      paired_rounds.push_back({{"rate", r.raw.rate},
+                               {"calibration_run_of_round", r.paired_runs},
+                               {"rounds", planner::ComparisonToJson(r.paired->rounds)}});
+    }
     per_rate.push_back(r.rate_calibration);
     nlohmann::json rounds = nlohmann::json::array();
     for (const RoundResult& rr : r.rounds) {
@@ -231,11 +197,12 @@ inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo
           {"slo", {{"ttft_s", slo.ttft_s}, {"tpot_s", slo.tpot_s}}},
           {"calibration", OverheadsJson(cal)},
           {"calibration_per_rate", per_rate},
-          {"rows_single_load_run", planner::ComparisonToJson(single)},
-          {"rows_prefill_spread", planner::ComparisonToJson(spread)},
+          {"rule_used", kPairedRuleUsed ? "paired" : "per_rate_median"},
           {"rows", planner::ComparisonToJson(calibrated)},
+          {"rows_per_rate_median", planner::ComparisonToJson(per_rate_median)},
+          {"rows_paired", planner::ComparisonToJson(paired)},
+          {"paired_rounds", paired_rounds},
           {"rows_uncalibrated", planner::ComparisonToJson(raw)},
-          {"rows_idle_outside", planner::ComparisonToJson(idle_outside)},
           {"noise", noise}};
 }
 

@@ -83,35 +83,6 @@ inline Result<planner::Summary> SimulateRate(
   return planner::Summarize(sim.requests, slo);
 }
 
-// SimulateRate with each prefill step's time scaled by a factor drawn from `spread` (sorted, as
-// Calibration::prefill_spread) by the step's first request id: the median of each figure over
-// `draws` draws (planner::MedianSummary; seeds from `seed`, apart from the outside latency's).
-// An empty `spread`: SimulateRate.
-inline Result<planner::Summary> SimulateRateDrawn(std::span<const planner::InstanceConfig> insts,
-                                                  const planner::ClusterLinks& links,
-                                                  const std::vector<planner::SimRequest>& reqs,
-                                                  const planner::Slo& slo,
-                                                  const planner::OutsideLatency& outside,
-                                                  const std::vector<double>& spread, uint64_t seed,
-                                                  int draws = kSpreadDraws) {
-  if (spread.empty()) return SimulateRate(insts, links, reqs, slo, outside);
-  std::vector<planner::Summary> runs;
-  for (int k = 0; k < draws; ++k) {
-    ASSIGN_OR_RETURN(planner::OutsideLatency factor,
-                     planner::OutsideLatency::Sampled(
-                         spread, (seed ^ 0x5851f42d4c957f2dull) + 0x2545f4914f6cdd1dull * k));
-    std::vector<planner::InstanceConfig> drawn(insts.begin(), insts.end());
-    for (auto& inst : drawn) {
-      if (inst.role == planner::Role::kPrefill) {
-        inst.step_factor = [factor](int64_t id) { return factor.For(id); };
-      }
-    }
-    ASSIGN_OR_RETURN(planner::Summary s, SimulateRate(drawn, links, reqs, slo, outside));
-    runs.push_back(s);
-  }
-  return planner::MedianSummary(runs);
-}
-
 // The step times of each instance scaled by `factor`.
 inline std::vector<planner::InstanceConfig> Slowed(std::vector<planner::InstanceConfig> insts,
                                                    const Stretches& factor) {

@@ -1,0 +1,111 @@
+// `pdserve validate-sim`'s paired rule (issue #7; planner/paired_rounds.h): each compared round
+// simulated with the factors of the calibration run of its rate taken just before it (the same
+// rate, the same round; never data from the round itself), and per metric the median over the
+// rounds of the simulated figure beside the median over the rounds of the measured one. Printed
+// beside the per-rate-median rule (one simulation per rate with the median over its calibration
+// runs) on the same rounds, with each round's pair and the cells within 10% under each rule;
+// kPairedRuleUsed (apps/validate_sim_report.h) says which one is used. The simulated side holds
+// no noise of its own: every simulation runs the rounds' requests (the same seed) and draws the
+// outside latency with the same seed; only the calibration differs between rounds.
+#pragma once
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "apps/validate_sim_calibration.h"
+#include "apps/validate_sim_flags.h"
+#include "apps/validate_sim_rate_cal.h"
+#include "apps/validate_sim_report.h"
+#include "apps/validate_sim_simulate.h"
+#include "planner/paired_rounds.h"
+#include "planner/rate_calibration.h"
+
+namespace pd::apps::validate_sim {
+
+// Fills r->paired: each of r's rounds simulated (`n` requests, the rounds' seed) with the
+// calibration `single` overlaid by the figures of the one calibration run (`runs`, their windows
+// in `windows`) that ended last before the round began (planner::PairRunsWithRounds).
+inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& spec,
+                             const planner::Slo& slo, const planner::StepCoeffs& coeffs,
+                             int64_t kv_tokens, const planner::ClusterLinks& links,
+                             const std::vector<planner::CalibrationRunFactors>& runs,
+                             const std::vector<planner::RunWindow>& windows,
+                             const Calibration& single, int n, RateReport* r) {
+  std::vector<planner::RunWindow> rounds;
+  for (const RoundResult& rr : r->rounds) rounds.push_back({rr.begin_s, rr.end_s});
+  if (windows.size() != runs.size()) return InvalidArgument("paired: a run without its window");
+  ASSIGN_OR_RETURN(r->paired_runs, planner::PairRunsWithRounds(windows, rounds));
+  ASSIGN_OR_RETURN(const auto reqs, BenchRequests(spec, n, r->raw.rate, f.seed));
+  std::vector<planner::Summary> simulated, measured;
+  for (size_t k = 0; k < r->paired_runs.size(); ++k) {
+    const std::vector<planner::CalibrationRunFactors> one = {runs[r->paired_runs[k]]};
+    ASSIGN_OR_RETURN(const planner::RateCalibration rc,
+                     planner::CombineCalibrationRuns(one, f.output_len));
+    ASSIGN_OR_RETURN(const Calibration cal, ApplyRateCalibration(f, rc, single));
+    ASSIGN_OR_RETURN(auto insts, CalibratedAt(f, coeffs, cal, kv_tokens, r->raw.rate));
+    ASSIGN_OR_RETURN(planner::Summary s,
+                     SimulateRate(insts, CalibratedLinks(links, cal), reqs, slo, cal.outside));
+    simulated.push_back(s);
+    measured.push_back(r->rounds[k].measured);
+  }
+  ASSIGN_OR_RETURN(r->paired, planner::ComparePaired(r->raw.rate, simulated, measured));
+  return OkStatus();
+}
+
+// Issue 7's tolerance: a cell is within when |sim/real - 1| <= 10%.
+inline constexpr double kCellTolerance = 0.10;
+
+inline std::string PairCell(double sim, double real, double scale, const char* format) {
+  char v[32], w[32], b[96];
+  std::snprintf(v, sizeof(v), format, sim * scale);
+  std::snprintf(w, sizeof(w), format, real * scale);
+  std::snprintf(b, sizeof(b), "%s / %s (%+.1f%%)", v, w, 100 * planner::RelDiff(sim, real));
+  return b;
+}
+
+// The rule not used beside the used one (same rounds), each round's pair, and the cells within
+// 10% under each rule.
+inline void PrintPaired(const std::vector<RateReport>& reports) {
+  std::vector<planner::ComparisonRow> other, per_rate, paired;
+  for (const RateReport& r : reports) {
+    per_rate.push_back(r.per_rate_median);
+    if (!r.paired) continue;
+    paired.push_back(r.paired->row);
+    other.push_back(kPairedRuleUsed ? r.per_rate_median : r.paired->row);
+  }
+  if (paired.size() != reports.size()) {
+    std::printf("\nthe paired rule: not simulated at every rate (see the log)\n");
+    return;
+  }
+  std::printf("\n%s (not used; the same rounds):\n%s",
+              kPairedRuleUsed
+                  ? "the per-rate-median rule: one simulation per rate with the median of its "
+                    "calibration runs' figures"
+                  : "the paired rule: each round simulated with the calibration run taken "
+                    "just before it, the median over rounds of each simulated figure vs of "
+                    "each measured one",
+              planner::FormatComparison(other).c_str());
+  std::printf("paired, per round: simulated / measured (sim/real - 1):\n");
+  for (const RateReport& r : reports) {
+    for (size_t k = 0; k < r.paired->rounds.size(); ++k) {
+      const planner::Summary& s = r.paired->rounds[k].simulated;
+      const planner::Summary& m = r.paired->rounds[k].measured;
+      std::printf(
+          "  %-6.3g round %zu (calibration run %zu): att %s, TTFT p50 %s p90 %s ms, TPOT p50 %s "
+          "p90 %s ms\n",
+          r.raw.rate, k + 1, r.paired_runs[k] + 1,
+          PairCell(s.attainment, m.attainment, 100, "%.1f").c_str(),
+          PairCell(s.ttft_p50_s, m.ttft_p50_s, 1e3, "%.2f").c_str(),
+          PairCell(s.ttft_p90_s, m.ttft_p90_s, 1e3, "%.2f").c_str(),
+          PairCell(s.tpot_p50_s, m.tpot_p50_s, 1e3, "%.3f").c_str(),
+          PairCell(s.tpot_p90_s, m.tpot_p90_s, 1e3, "%.3f").c_str());
+    }
+  }
+  std::printf(
+      "cells within %.0f%% of %zu: per-rate median %d, paired %d (used: %s)\n",
+      100 * kCellTolerance, 5 * reports.size(), planner::CellsWithin(per_rate, kCellTolerance),
+      planner::CellsWithin(paired, kCellTolerance), kPairedRuleUsed ? "paired" : "per-rate median");
+}
+
+}  // namespace pd::apps::validate_sim

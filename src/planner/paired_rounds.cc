@@ -1,0 +1,76 @@
+#include "planner/paired_rounds.h"
+
+#include <cmath>
+#include <string>
+
+#include "planner/validate_stats.h"
+
+namespace pd::planner {
+namespace {
+
+Status CheckWindow(const RunWindow& w, const char* what, size_t i) {
+  if (!std::isfinite(w.begin_s) || !std::isfinite(w.end_s) || w.end_s < w.begin_s) {
+    return InvalidArgument(std::string(what) + " " + std::to_string(i) +
+                           ": window not finite or ending before it begins");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+Result<std::vector<size_t>> PairRunsWithRounds(std::span<const RunWindow> runs,
+                                               std::span<const RunWindow> rounds) {
+  for (size_t i = 0; i < runs.size(); ++i) RETURN_IF_ERROR(CheckWindow(runs[i], "run", i));
+  for (size_t i = 0; i < rounds.size(); ++i) RETURN_IF_ERROR(CheckWindow(rounds[i], "round", i));
+  std::vector<size_t> out;
+  std::vector<bool> taken(runs.size(), false);
+  for (size_t k = 0; k < rounds.size(); ++k) {
+    bool found = false;
+    size_t best = 0;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (runs[i].end_s > rounds[k].begin_s) continue;
+      if (!found || runs[i].end_s > runs[best].end_s) best = i;
+      found = true;
+    }
+    if (!found) {
+      return FailedPrecondition("round " + std::to_string(k) + ": no calibration run before it");
+    }
+    if (taken[best]) {
+      return FailedPrecondition("round " + std::to_string(k) + ": calibration run " +
+                                std::to_string(best) + " is another round's");
+    }
+    taken[best] = true;
+    out.push_back(best);
+  }
+  return out;
+}
+
+Result<PairedComparison> ComparePaired(double rate, std::span<const Summary> simulated,
+                                       std::span<const Summary> measured) {
+  if (simulated.empty() || simulated.size() != measured.size()) {
+    return InvalidArgument("paired: " + std::to_string(simulated.size()) + " simulations for " +
+                           std::to_string(measured.size()) + " rounds");
+  }
+  PairedComparison out;
+  out.row = {rate, MedianSummary(simulated), MedianSummary(measured)};
+  for (size_t k = 0; k < simulated.size(); ++k) {
+    out.rounds.push_back({rate, simulated[k], measured[k]});
+  }
+  return out;
+}
+
+int CellsWithin(std::span<const ComparisonRow> rows, double tolerance) {
+  int n = 0;
+  for (const ComparisonRow& r : rows) {
+    const Summary& s = r.simulated;
+    const Summary& m = r.measured;
+    for (double d : {RelDiff(s.attainment, m.attainment), RelDiff(s.ttft_p50_s, m.ttft_p50_s),
+                     RelDiff(s.ttft_p90_s, m.ttft_p90_s), RelDiff(s.tpot_p50_s, m.tpot_p50_s),
+                     RelDiff(s.tpot_p90_s, m.tpot_p90_s)}) {
+      if (std::fabs(d) <= tolerance) ++n;
+    }
+  }
+  return n;
+}
+
+}  // namespace pd::planner
