@@ -467,11 +467,14 @@ class PrefillWireTest : public ::testing::Test {
     auto r = client_->Request(id, imm, Tokens());
     auto waiter = client_->imm_counters().Expect(imm, client_->ExpectedWrites(r));
     ASSERT_TRUE(waiter.ok());
+    auto meta_waiter = client_->imm_counters().Expect(r.metadata_imm, 1);
+    ASSERT_TRUE(meta_waiter.ok());
     ASSERT_TRUE(client_->SendFrame(r));
     auto done = client_->WaitDone(id, 30s);
     ASSERT_TRUE(done.has_value()) << prefill_.output();
     EXPECT_EQ(done->status_code, 0) << done->message;
     EXPECT_TRUE((*waiter)->WaitFor(30.0));
+    EXPECT_TRUE((*meta_waiter)->WaitFor(30.0));
   }
   std::vector<int32_t> Tokens() const {
     std::vector<int> p = PromptOf(40, 5);
@@ -524,6 +527,9 @@ TEST_F(PrefillWireTest, MalformedTruncatedAndUnauthenticatedMessagesAreRefusedAn
   r = base(16);
   r.deadline_ms = 0;
   ExpectRefused(r, StatusCode::kInvalidArgument, "no deadline");
+  r = base(18);
+  r.metadata_imm = r.transfer_imm;
+  ExpectRefused(r, StatusCode::kInvalidArgument, "the metadata's imm is the KV writes'");
   r = base(17);
   r.metadata_region = "not a descriptor";
   ASSERT_TRUE(client_->SendFrame(r));

@@ -112,6 +112,7 @@ class WireClient {
     messenger::PrefillRequest r;
     r.request_id = id;
     r.transfer_imm = imm;
+    r.metadata_imm = MetadataImm(imm);
     r.decode_scheme = scheme_;
     r.rank_regions = {kv_mr_.descriptor.ToBytes()};
     const uint32_t pages =
@@ -124,7 +125,10 @@ class WireClient {
     r.deadline_ms = 20000;
     return r;
   }
-  // Writes a transfer of `r` lands in our regions.
+  // The metadata write's imm of a request whose KV writes carry `imm`.
+  static uint32_t MetadataImm(uint32_t imm) { return imm ^ 0x80000000u; }
+  // KV page writes (carrying transfer_imm) a transfer of `r` lands in our region; the metadata
+  // write carries metadata_imm and is counted apart.
   uint64_t ExpectedWrites(const messenger::PrefillRequest& r) const {
     auto n = messenger::ExpectedWrites(scheme_, scheme_, format_.num_layers,
                                        static_cast<uint32_t>(r.dst_pages.size()));

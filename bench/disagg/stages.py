@@ -79,14 +79,19 @@ def disagg_milestones(seg):
                   step["ts"] <= e["ts"] <= step["end"]]
         if layers:
             add("prefill: layer 0 compute ends", min(e["end"] for e in layers))
-            add("prefill: last layer compute ends", max(e["end"] for e in layers))
-        add("prefill: engine step ends", step["end"])
+        # The decode side waits for the KV writes only (the metadata is counted apart): the
+        # chain goes from the last layer's writes to the KV counter; the step's end (the last
+        # layer's MLP, the final norm) and the metadata are off it.
         posts = [e for e in seg if e["tag"] == "P" and e["name"] == "post writes" and
                  e["ts"] >= step["ts"]]
         if posts:
             add("prefill: last layer's writes posted", max(e["end"] for e in posts))
+        if layers:
+            add("prefill: last layer compute ends", max(e["end"] for e in layers))
+        add("prefill: engine step ends", step["end"])
         add("prefill: metadata write posted", first(seg, "P", "post metadata", step["ts"], "end")[0])
     t = add("decode: imm counter fired (kv ready)", first(seg, "D", "kv ready", t0)[0])
+    add("decode: metadata landed", first(seg, "D", "metadata landed", t0)[0])
     if t is not None:
         _, dstep = first(seg, "D", "step", t)
         if dstep is not None:
@@ -134,7 +139,8 @@ def segments(events, start_tag, start_name):
 
 # Milestones off the request's critical chain (shown by their offset, not summed).
 SIDE = ("router: upstream status read", "prefill: PrefillRequest received",
-        "prefill: layer 0 compute ends", "prefill: last layer's writes posted")
+        "prefill: layer 0 compute ends", "prefill: last layer compute ends",
+        "prefill: engine step ends", "prefill: metadata write posted", "decode: metadata landed")
 
 
 def p90_of(values):

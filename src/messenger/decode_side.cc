@@ -167,7 +167,7 @@ void DecodeMessenger::Impl::MarkDown(int peer, const Status& why) {
   for (const auto& [wire, f] : fences_) {
     if (f.peer == peer) released.push_back(wire);
   }
-  for (uint64_t wire : released) ReleaseFence(wire);
+  for (uint64_t wire : released) ReleaseFence(wire, "the instance became unreachable");
 }
 
 void DecodeMessenger::Impl::OnMessage(const std::string& bytes) {

@@ -3,10 +3,15 @@
 //
 // For a request with a prompt of n > 1 tokens it asks the inner engine for a remote-KV request
 // (pages for the whole prompt reserved, FCFS as pages free up, held out of scheduling), takes a
-// slot of the registered metadata buffer, expects ExpectedWrites(...) writes carrying a fresh imm,
-// and sends a PrefillRequest (the prompt without its last token) to the accepted prefill instance
-// with the least outstanding work. When the imm counter fires the request is MarkKvReady'd and its
-// last prompt token runs as its first decode step. A prefill instance that fails, answers
+// slot of the registered metadata buffer, expects ExpectedWrites(...) KV page writes carrying a
+// fresh imm and one metadata write carrying another, and sends a PrefillRequest (the prompt without
+// its last token) to the accepted prefill instance with the least outstanding work. When the KV
+// counter fires the request is MarkKvReady'd and its last prompt token runs as its first decode
+// step: it does not wait for the metadata, which the prefill instance can write only after its
+// step's last MLP and final norm. The metadata slot stays fenced until the metadata lands (then
+// on_metadata), the instance answers PrefillDone, is unreachable, or fence_grace_s past the
+// attempt's deadline; a metadata that never lands is counted (metadata_missing) and fails nothing,
+// and a request that ends first frees its pages as usual. A prefill instance that fails, answers
 // PrefillDone with an error or misses the transfer deadline is sent a Cancel; the request is
 // retried once on another instance (its pages stay reserved and are rewritten; a fresh imm and a
 // fresh wire id make late writes and messages of the first attempt uncountable), else it ends with
@@ -65,12 +70,15 @@ struct DecodeMessengerOptions {
   // pages another request already uses.
   double fence_grace_s = 5.0;
   // Borrowed, outlives the messenger; null: no trace. Events: "prefill request sent",
-  // "kv transfer" (sent -> imm counter fired), "attempt failed", "transfer failed".
+  // "kv transfer" (sent -> KV counter fired), "kv ready", "metadata landed", "attempt failed",
+  // "transfer failed".
   Tracer* tracer = nullptr;
-  // Called (on the messenger thread, must not block) with each transfer's metadata once every
-  // write has landed: the last prefilled position's hidden state, hidden_size floats. Before a
-  // request is sent its metadata slot is filled with a canary; a transfer whose counter fired
-  // while the canary is still there fails the attempt with DataLoss (retried like other errors).
+  // Called (on the messenger thread, must not block) with each successful transfer's metadata
+  // when its write lands: the last prefilled position's hidden state, hidden_size floats. It may
+  // come before or after the request is ready (and after it ended): decoding never waits for it.
+  // Before a request is sent its metadata slot is filled with a canary; a metadata write that
+  // landed while the canary is still there is not delivered but counted (metadata_bad) and
+  // logged; one that never lands is counted (metadata_missing). Neither fails the request.
   std::function<void(int64_t request_id, const std::vector<float>& last_hidden)> on_metadata;
 };
 

@@ -40,7 +40,9 @@ struct Req {
   std::vector<int> tried;  // peer indices
   bool in_flight = false;
   int peer = -1;
-  uint32_t imm = 0;
+  uint32_t imm = 0;          // the KV page writes'
+  uint32_t meta_imm = 0;     // the metadata write's (counted apart)
+  bool meta_landed = false;  // the current attempt's metadata write landed (and was handled)
   int meta_slot = -1;
   double start = 0.0;
   double deadline = 0.0;
@@ -68,11 +70,17 @@ struct PendingSend {
 // An attempt that ended while its prefill instance may still write: its pages (a reference of
 // their own) and metadata slot stay out of use until that instance answers PrefillDone (it does so
 // once every write it posted has completed), is found unreachable, or the deadline passes.
+// A successful attempt whose KV landed before its metadata leaves only its slot here (no pages,
+// kv_landed): the metadata landing lifts it too, and the request decodes meanwhile.
 struct Fence {
   int peer = -1;
   int meta_slot = -1;
+  uint32_t meta_imm = 0;       // its counter lives as long as the slot is held
   std::vector<int32_t> pages;  // empty: no page reference held
   double deadline = 0.0;
+  bool kv_landed = false;    // every KV write landed: only the metadata is still to come
+  bool meta_landed = false;  // the metadata write landed
+  int64_t request_id = -1;   // for on_metadata (the request may have ended)
 };
 
 }  // namespace decode_internal
@@ -123,14 +131,23 @@ class DecodeMessenger::Impl {
   void OnPrefillDone(const PrefillDone& done, uint64_t seq);
   void OnReserved(int64_t id, std::vector<int32_t> pages, std::shared_ptr<RequestInfo> info);
   void StartAttempt(Req* r, const Status& last_error);
+  Status ExpectWrites(Req* r, uint64_t expected);
   void SendPrefillRequest(Req* r, uint32_t num_pages, uint64_t expected);
   void OnKvArrived(int64_t id, uint32_t imm);
+  // The metadata write of attempt `wire_id` landed: check the canary, hand it to on_metadata and
+  // lift the slot's fence if the KV had landed already.
+  void OnMetaArrived(uint64_t wire_id, uint32_t meta_imm);
+  void DeliverMetadata(int64_t id, int peer, int meta_slot);
+  uint32_t NextImm();
+  void FreeMetaSlot(int slot, uint32_t meta_imm);
   void FailAttempt(Req* r, const Status& status);
   // Ends the current attempt; with `fence` its pages and metadata slot wait in fences_ for the
   // prefill instance to stop writing, else the slot is free at once.
   void EndAttempt(Req* r, bool fence);
   void ReleaseHold(Req* r);
-  void ReleaseFence(uint64_t wire_id);
+  // `why` says, should the fence wait for a metadata that never landed, what ended the wait.
+  void ReleaseFence(uint64_t wire_id, const char* why);
+  void MetadataNeverLanded(int64_t id, int peer, const char* why);
   void Fail(Req* r, const Status& status);
   void OnEnded(int64_t id);
   void CheckDeadlines();

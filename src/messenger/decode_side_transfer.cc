@@ -108,22 +108,15 @@ void DecodeMessenger::Impl::StartAttempt(Req* r, const Status& last_error) {
     Fail(r, expected.status());
     return;
   }
-  const uint32_t imm = next_imm_++;
-  const int64_t id = r->id;
-  std::weak_ptr<TaskQueue> weak = queue_;
-  auto waiter = domain_->imm_counters().Expect(imm, *expected, [this, weak, id, imm] {
-    if (auto q = weak.lock()) q->Post([this, id, imm] { OnKvArrived(id, imm); });
-  });
-  if (!waiter.ok()) {
-    Fail(r, waiter.status());
+  if (Status s = ExpectWrites(r, *expected); !s.ok()) {
+    Fail(r, s);
     return;
   }
   r->meta_slot = free_meta_slots_.back();
   free_meta_slots_.pop_back();
-  by_wire_[r->wire_id] = id;
+  by_wire_[r->wire_id] = r->id;
   // The canary the prefill's metadata write must replace (every float a NaN no computation makes).
   std::memset(meta_buffer_.data() + size_t{meta_bytes_} * r->meta_slot, 0xFF, meta_bytes_);
-  r->imm = imm;
   r->peer = peer;
   r->in_flight = true;
   r->attempts++;
@@ -135,6 +128,32 @@ void DecodeMessenger::Impl::StartAttempt(Req* r, const Status& last_error) {
   }
   UpdateActive();
   SendPrefillRequest(r, num_pages, *expected);
+}
+
+// Two fresh counters for the attempt: its `expected` KV page writes (the request decodes once they
+// have landed) and its metadata write, which the prefill instance posts only after its step ended.
+Status DecodeMessenger::Impl::ExpectWrites(Req* r, uint64_t expected) {
+  const uint32_t imm = NextImm();
+  const uint32_t meta_imm = NextImm();
+  const int64_t id = r->id;
+  const uint64_t wire_id = r->wire_id;
+  std::weak_ptr<TaskQueue> weak = queue_;
+  auto kv = domain_->imm_counters().Expect(imm, expected, [this, weak, id, imm] {
+    if (auto q = weak.lock()) q->Post([this, id, imm] { OnKvArrived(id, imm); });
+  });
+  if (!kv.ok()) return kv.status();
+  auto meta = domain_->imm_counters().Expect(meta_imm, 1, [this, weak, wire_id, meta_imm] {
+    if (auto q = weak.lock())
+      q->Post([this, wire_id, meta_imm] { OnMetaArrived(wire_id, meta_imm); });
+  });
+  if (!meta.ok()) {
+    domain_->imm_counters().Remove(imm);
+    return meta.status();
+  }
+  r->imm = imm;
+  r->meta_imm = meta_imm;
+  r->meta_landed = false;
+  return OkStatus();
 }
 
 // The attempt's PrefillRequest to peers_[r->peer]: the prompt without its last token, our rank
@@ -155,6 +174,7 @@ void DecodeMessenger::Impl::SendPrefillRequest(Req* r, uint32_t num_pages, uint6
   m.metadata_offset = uint64_t{meta_bytes_} * r->meta_slot;
   m.metadata_bytes = meta_bytes_;
   m.deadline_ms = options_.transfer_timeout_ms;
+  m.metadata_imm = r->meta_imm;
   if (options_.tracer != nullptr) {
     r->attempt_ns = Tracer::NowNs();
     options_.tracer->Instant("prefill request sent", "kv",
@@ -167,25 +187,12 @@ void DecodeMessenger::Impl::SendPrefillRequest(Req* r, uint32_t num_pages, uint6
   Send(peer, m);  // a failure marks the peer down, which fails this attempt
 }
 
+// Every KV write of the attempt has landed: the request decodes now. Its metadata (not needed to
+// decode: the last prompt token runs as the first decode step) may still be on its way; EndAttempt
+// keeps the slot fenced until it lands.
 void DecodeMessenger::Impl::OnKvArrived(int64_t id, uint32_t imm) {
   Req* r = Find(id);
   if (r == nullptr || !r->in_flight || r->imm != imm) return;
-  std::vector<float> hidden(meta_bytes_ / sizeof(float));
-  std::memcpy(hidden.data(), meta_buffer_.data() + size_t{meta_bytes_} * r->meta_slot, meta_bytes_);
-  const auto canary = std::count_if(hidden.begin(), hidden.end(), [](float v) {
-    uint32_t bits;
-    std::memcpy(&bits, &v, sizeof(bits));
-    return bits == 0xFFFFFFFFu;
-  });
-  if (canary != 0) {
-    r->done_received = true;  // the counter fired: every write of the attempt has landed
-    FailAttempt(r, DataLoss("prefill instance " + peers_[r->peer].config.name +
-                            ": every write landed but the metadata was not written (" +
-                            std::to_string(canary) + " of " + std::to_string(hidden.size()) +
-                            " hidden-state values still hold the canary)"));
-    return;
-  }
-  if (options_.on_metadata) options_.on_metadata(id, hidden);
   const uint64_t num_pages =
       PagesForTokens(static_cast<uint32_t>(r->info->prefill_tokens.size()), spec_.page_size);
   const uint64_t bytes = num_pages * spec_.num_layers * spec_.page_bytes() + meta_bytes_;
@@ -195,12 +202,56 @@ void DecodeMessenger::Impl::OnKvArrived(int64_t id, uint32_t imm) {
                               {{"request", std::to_string(r->wire_id)},
                                {"peer", peers_[r->peer].config.name},
                                {"attempt", int64_t{r->attempts}},
-                               {"bytes", static_cast<int64_t>(bytes)}});
+                               {"bytes", static_cast<int64_t>(bytes)},
+                               {"metadata_landed", int64_t{r->meta_landed ? 1 : 0}}});
     options_.tracer->Instant("kv ready", "kv", {{"request", std::to_string(r->wire_id)}});
   }
-  EndAttempt(r, /*fence=*/false);  // every write of this attempt has landed
+  EndAttempt(r, /*fence=*/false);  // every KV write of this attempt has landed
   ReleaseHold(r);
   owner_->inner_->MarkKvReady(id);
+}
+
+void DecodeMessenger::Impl::OnMetaArrived(uint64_t wire_id, uint32_t meta_imm) {
+  if (auto f = fences_.find(wire_id); f != fences_.end()) {
+    Fence& fence = f->second;
+    if (fence.meta_imm != meta_imm || fence.meta_landed) return;
+    fence.meta_landed = true;
+    if (!fence.kv_landed) return;  // a failed attempt: its KV writes may still come
+    DeliverMetadata(fence.request_id, fence.peer, fence.meta_slot);
+    ReleaseFence(wire_id, "landed");
+    return;
+  }
+  auto it = by_wire_.find(wire_id);
+  if (it == by_wire_.end()) return;
+  Req* r = Find(it->second);
+  if (r == nullptr || !r->in_flight || r->meta_imm != meta_imm || r->meta_landed) return;
+  r->meta_landed = true;  // before the last KV write: the slot is free once the KV lands
+  DeliverMetadata(r->id, r->peer, r->meta_slot);
+}
+
+// The slot's hidden state to on_metadata, unless it still holds the canary StartAttempt put there
+// (the write landed elsewhere): counted and logged, the request (decoding already) goes on.
+void DecodeMessenger::Impl::DeliverMetadata(int64_t id, int peer, int meta_slot) {
+  std::vector<float> hidden(meta_bytes_ / sizeof(float));
+  std::memcpy(hidden.data(), meta_buffer_.data() + size_t{meta_bytes_} * meta_slot, meta_bytes_);
+  const auto canary = std::count_if(hidden.begin(), hidden.end(), [](float v) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    return bits == 0xFFFFFFFFu;
+  });
+  if (options_.tracer != nullptr) {
+    options_.tracer->Instant("metadata landed", "kv",
+                             {{"request", std::to_string(id)}, {"canary", int64_t{canary}}});
+  }
+  if (canary != 0) {
+    owner_->metrics_.MetadataBad();
+    PD_LOG_WARN(
+        "decode messenger: request {}: prefill instance {} counted its metadata write but the "
+        "slot still holds the canary ({} of {} values); the request decodes without it",
+        id, peers_[peer].config.name, canary, hidden.size());
+    return;
+  }
+  if (options_.on_metadata) options_.on_metadata(id, hidden);
 }
 
 void DecodeMessenger::Impl::OnPrefillDone(const PrefillDone& done, uint64_t seq) {
@@ -208,7 +259,7 @@ void DecodeMessenger::Impl::OnPrefillDone(const PrefillDone& done, uint64_t seq)
     if (Status s = replay_.Check(peers_[f->second.peer].config.fabric_address, seq); !s.ok()) {
       return;
     }
-    ReleaseFence(done.request_id);  // that instance has stopped writing for the attempt
+    ReleaseFence(done.request_id, "PrefillDone came first");  // it has stopped writing for it
     return;
   }
   auto it = by_wire_.find(done.request_id);
@@ -225,20 +276,33 @@ void DecodeMessenger::Impl::OnPrefillDone(const PrefillDone& done, uint64_t seq)
                         "prefill instance " + peers_[r->peer].config.name + ": " + done.message));
 }
 
+// `fence`: the attempt failed or was cancelled, so its KV writes may still land: pages and slot
+// wait in a fence. Without it every KV write has landed and only the metadata may still come: the
+// slot alone waits for it (or for the fence rules). Either way nothing waits once the prefill
+// instance has stopped writing (PrefillDone) or is unreachable.
 void DecodeMessenger::Impl::EndAttempt(Req* r, bool fence) {
   if (!r->in_flight) return;
   r->in_flight = false;
   domain_->imm_counters().Remove(r->imm);
   by_wire_.erase(r->wire_id);
-  if (fence && !r->done_received && peers_[r->peer].state != PeerStatus::State::kDown) {
+  const bool stopped = r->done_received || peers_[r->peer].state == PeerStatus::State::kDown;
+  if (!stopped && (fence || !r->meta_landed)) {
     Fence& f = fences_[r->wire_id];
     f.peer = r->peer;
     f.meta_slot = r->meta_slot;
-    if (r->holding) f.pages = r->pages;  // the attempt's reference moves to the fence
-    r->holding = false;
+    f.meta_imm = r->meta_imm;
+    if (fence && r->holding) {
+      f.pages = r->pages;  // the attempt's reference moves to the fence
+      r->holding = false;
+    }
+    f.kv_landed = !fence;
+    f.meta_landed = r->meta_landed;
+    f.request_id = r->id;
     f.deadline = r->deadline + options_.fence_grace_s;
+    owner_->metrics_.SetFenced(static_cast<int64_t>(fences_.size()));
   } else {
-    free_meta_slots_.push_back(r->meta_slot);
+    if (!fence && !r->meta_landed) MetadataNeverLanded(r->id, r->peer, "it stopped writing");
+    FreeMetaSlot(r->meta_slot, r->meta_imm);
   }
   r->meta_slot = -1;
   {
@@ -305,12 +369,30 @@ void DecodeMessenger::Impl::ReleaseHold(Req* r) {
   owner_->inner_->ReleasePages(r->pages);
 }
 
-void DecodeMessenger::Impl::ReleaseFence(uint64_t wire_id) {
+void DecodeMessenger::Impl::ReleaseFence(uint64_t wire_id, const char* why) {
   auto it = fences_.find(wire_id);
   if (it == fences_.end()) return;
-  if (!it->second.pages.empty()) owner_->inner_->ReleasePages(std::move(it->second.pages));
-  free_meta_slots_.push_back(it->second.meta_slot);
+  Fence& f = it->second;
+  if (!f.pages.empty()) owner_->inner_->ReleasePages(std::move(f.pages));
+  if (f.kv_landed && !f.meta_landed) MetadataNeverLanded(f.request_id, f.peer, why);
+  FreeMetaSlot(f.meta_slot, f.meta_imm);
   fences_.erase(it);
+  owner_->metrics_.SetFenced(static_cast<int64_t>(fences_.size()));
+}
+
+void DecodeMessenger::Impl::MetadataNeverLanded(int64_t id, int peer, const char* why) {
+  owner_->metrics_.MetadataMissing();
+  PD_LOG_WARN(
+      "decode messenger: request {}: its KV landed but prefill instance {} never wrote its "
+      "metadata ({}); the request decoded without it",
+      id, peers_[peer].config.name, why);
+}
+
+uint32_t DecodeMessenger::Impl::NextImm() { return next_imm_++; }
+
+void DecodeMessenger::Impl::FreeMetaSlot(int slot, uint32_t meta_imm) {
+  domain_->imm_counters().Remove(meta_imm);  // a late write can no longer reach this attempt
+  free_meta_slots_.push_back(slot);
 }
 
 void DecodeMessenger::Impl::CheckDeadlines() {
@@ -335,11 +417,13 @@ void DecodeMessenger::Impl::CheckDeadlines() {
     if (now > f.deadline) expired.push_back(wire);
   }
   for (uint64_t wire : expired) {
-    PD_LOG_WARN(
-        "decode messenger: prefill instance {} never confirmed the end of transfer {}; its "
-        "pages are reused after {} s",
-        peers_[fences_[wire].peer].config.name, wire, options_.fence_grace_s);
-    ReleaseFence(wire);
+    if (!fences_[wire].kv_landed) {
+      PD_LOG_WARN(
+          "decode messenger: prefill instance {} never confirmed the end of transfer {}; its "
+          "pages are reused after {} s",
+          peers_[fences_[wire].peer].config.name, wire, options_.fence_grace_s);
+    }
+    ReleaseFence(wire, "the transfer deadline and fence_grace_s passed");
   }
   std::vector<Req*> late;
   for (auto& [id, r] : reqs_) {

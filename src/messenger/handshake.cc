@@ -97,7 +97,7 @@ Result<uint64_t> ExpectedWrites(const ShardScheme& prefill, const ShardScheme& d
                               std::to_string(prefill.num_kv_heads) + ", decode " +
                               std::to_string(decode.num_kv_heads));
   }
-  return uint64_t{num_layers} * num_pages + 1;
+  return uint64_t{num_layers} * num_pages;
 }
 
 ShardScheme MakeShardScheme(const model::ModelConfig& config, int tp_size) {
@@ -126,7 +126,7 @@ Result<ShardPlan> PlanTransfer(const ShardScheme& prefill, const ShardScheme& de
 Result<uint64_t> ExpectedWrites(const ShardScheme& prefill, const ShardScheme& decode,
                                 const KvFormat& format, uint32_t num_pages, uint64_t seed) {
   ASSIGN_OR_RETURN(ShardPlan plan, PlanTransfer(prefill, decode, format, seed));
-  return ExpectedWrites(plan, num_pages, format.num_layers).total_writes + 1;
+  return ExpectedWrites(plan, num_pages, format.num_layers).total_writes;
 }
 
 Result<std::vector<transfer::MemoryRegion>> RegisterRankRegions(transfer::Domain& domain,

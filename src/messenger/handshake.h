@@ -35,10 +35,16 @@ KvFormat MakeKvFormat(uint64_t model_hash, const engine::KvCacheSpec& spec);
 // differs with both values, e.g. "page_size: ours 16, theirs 8".
 Status CheckCompatible(const KvFormat& ours, const KvFormat& theirs);
 
-// Writes the decode side must count for one transfer of `num_pages` pages (the prompt without its
-// last token) between two TP 1 schemes: one write per page per layer plus one metadata write;
-// other schemes are Unimplemented here (they need the page format: use the KvFormat overload
-// below, which the messengers use).
+// How a transfer's writes are counted: every KV page write carries the request's transfer_imm and
+// the decode side's KV counter expects exactly ExpectedWrites(...) of them; the one metadata write
+// (the last prefilled position's hidden state) carries metadata_imm and is counted apart, so the
+// request decodes once its KV has landed, without waiting for the metadata (which the prefill can
+// post only after its step's last MLP and final norm).
+//
+// KV writes the decode side must count for one transfer of `num_pages` pages (the prompt without
+// its last token) between two TP 1 schemes: one write per page per layer (the metadata write is
+// not included); other schemes are Unimplemented here (they need the page format: use the
+// KvFormat overload below, which the messengers use).
 Result<uint64_t> ExpectedWrites(const ShardScheme& prefill, const ShardScheme& decode,
                                 uint32_t num_layers, uint32_t num_pages);
 
@@ -63,8 +69,8 @@ Result<std::vector<transfer::MemoryRegion>> RegisterRankRegions(transfer::Domain
 Result<ShardPlan> PlanTransfer(const ShardScheme& prefill, const ShardScheme& decode,
                                const KvFormat& format, uint64_t seed);
 
-// Writes the decode side counts for one transfer of `num_pages` pages between any two schemes:
-// the planner's runs, one write per (run, layer, page), plus the metadata write.
+// KV writes the decode side counts for one transfer of `num_pages` pages between any two schemes:
+// the planner's runs, one write per (run, layer, page); the metadata write is counted apart.
 Result<uint64_t> ExpectedWrites(const ShardScheme& prefill, const ShardScheme& decode,
                                 const KvFormat& format, uint32_t num_pages, uint64_t seed);
 

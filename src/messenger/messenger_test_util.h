@@ -127,7 +127,7 @@ inline std::unique_ptr<DecodeMessenger> StartDecode(
     const Shape& s, std::vector<PrefillPeer> peers, uint32_t timeout_ms = 20000,
     std::string secret = kSecret,
     std::function<void(int64_t, const std::vector<float>&)> on_metadata = {},
-    Tracer* tracer = nullptr) {
+    Tracer* tracer = nullptr, double fence_grace_s = 5.0) {
   auto e = MakeEngine(s);
   engine::ModelRunner& runner = e->runner();
   DecodeMessengerOptions o;
@@ -139,6 +139,7 @@ inline std::unique_ptr<DecodeMessenger> StartDecode(
   o.hello_retry_s = 0.05;
   o.on_metadata = std::move(on_metadata);
   o.tracer = tracer;
+  o.fence_grace_s = fence_grace_s;
   auto d = DecodeMessenger::Create(o, runner, Async(std::move(e)));
   PD_CHECK(d.ok()) << d.status().ToString();
   return std::move(d).value();

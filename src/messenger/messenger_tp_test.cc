@@ -171,17 +171,17 @@ TEST(MessengerTpExpectedWritesTest, ComeFromThePlannerOnBothSchemes) {
   f.head_dim = 6;
   f.page_size = 4;
   f.layout = static_cast<uint8_t>(engine::KvLayout::kHND);
-  // TP 1 -> 1: one write per (layer, page) and the metadata write.
-  EXPECT_EQ(*ExpectedWrites({1, 2}, {1, 2}, f, 5, 9), 3u * 5 + 1);
+  // TP 1 -> 1: one write per (layer, page); the metadata write is counted apart.
+  EXPECT_EQ(*ExpectedWrites({1, 2}, {1, 2}, f, 5, 9), 3u * 5);
   // HND, TP 2 -> 1: each decode page assembled from two head slices.
-  EXPECT_EQ(*ExpectedWrites({2, 2}, {1, 2}, f, 5, 9), 2u * 3 * 5 + 1);
+  EXPECT_EQ(*ExpectedWrites({2, 2}, {1, 2}, f, 5, 9), 2u * 3 * 5);
   // TP 1 -> 2: the prefill page split in two.
-  EXPECT_EQ(*ExpectedWrites({1, 2}, {2, 2}, f, 5, 9), 2u * 3 * 5 + 1);
+  EXPECT_EQ(*ExpectedWrites({1, 2}, {2, 2}, f, 5, 9), 2u * 3 * 5);
   // NHD, TP 2 -> 1: a head slice is strided: one run per token of the page.
   f.layout = static_cast<uint8_t>(engine::KvLayout::kNHD);
-  EXPECT_EQ(*ExpectedWrites({2, 2}, {1, 2}, f, 5, 9), 2u * 4 * 3 * 5 + 1);
+  EXPECT_EQ(*ExpectedWrites({2, 2}, {1, 2}, f, 5, 9), 2u * 4 * 3 * 5);
   // Replicas (TP 4 over 1 head): one source replica serves each destination rank.
-  EXPECT_EQ(*ExpectedWrites({4, 1}, {2, 1}, f, 5, 9), 2u * 3 * 5 + 1);
+  EXPECT_EQ(*ExpectedWrites({4, 1}, {2, 1}, f, 5, 9), 2u * 3 * 5);
   // The seed picks replicas, never the count.
   EXPECT_EQ(*ExpectedWrites({4, 1}, {2, 1}, f, 5, 1), *ExpectedWrites({4, 1}, {2, 1}, f, 5, 2));
 }
@@ -305,6 +305,7 @@ TEST(MessengerTpHandshakeTest, ARequestWithRankRegionsOfDifferentSizesIsRefused)
   req.metadata_region = with_addr(mm->descriptor);
   req.metadata_bytes = 24 * 4;
   req.deadline_ms = 5000;
+  req.metadata_imm = 6;
   decode->Send(prefill->messenger->fabric_address(), req);
   auto done = decode->Next();
   ASSERT_TRUE(done.has_value());

@@ -85,6 +85,7 @@ TEST_P(MessengerTraceTest, OneCausalPostPerLayerPerChunk) {
   ASSERT_TRUE(decode->WaitForPeers(kDeadlineS).ok());
   ASSERT_TRUE(GenerateStatus(*decode, c.len).ok());
   ASSERT_TRUE(WaitUntil([&] { return prefill->messenger->metrics().succeeded() == 1; }));
+  ASSERT_TRUE(WaitUntil([&] { return decode->metrics().fenced() == 0; }));  // metadata landed
   prefill->messenger->Stop();
   decode->Shutdown();
 
@@ -133,9 +134,12 @@ TEST_P(MessengerTraceTest, OneCausalPostPerLayerPerChunk) {
   auto sent = Named(decode_trace, "prefill request sent");
   ASSERT_EQ(sent.size(), 1u);
   EXPECT_EQ(StrArg(sent[0], "request"), id);
-  EXPECT_EQ(IntArg(sent[0], "expected_writes"), kLayers * pages + 1);
+  EXPECT_EQ(IntArg(sent[0], "expected_writes"), kLayers * pages);  // the metadata counts apart
   EXPECT_EQ(Named(decode_trace, "kv transfer").size(), 1u);
   EXPECT_EQ(Named(decode_trace, "kv ready").size(), 1u);
+  auto landed = Named(decode_trace, "metadata landed");
+  ASSERT_EQ(landed.size(), 1u);
+  EXPECT_EQ(IntArg(landed[0], "canary"), 0);
   EXPECT_TRUE(Named(decode_trace, "transfer failed").empty());
 }
 

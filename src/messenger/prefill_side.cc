@@ -275,6 +275,11 @@ Status PrefillMessenger::Impl::Admit(const PrefillRequest& r, Transfer* t) {
     return InvalidArgument(id + ": the metadata region belongs to another instance");
   }
   if (r.deadline_ms == 0) return InvalidArgument(id + ": deadline_ms is 0");
+  if (r.metadata_imm == r.transfer_imm) {
+    return InvalidArgument(id + ": metadata_imm equals transfer_imm (" +
+                           std::to_string(r.transfer_imm) +
+                           "): the metadata write is counted apart");
+  }
   if (static_cast<int>(transfers_.size()) >= options_.max_transfers || free_meta_slots_.empty()) {
     return ResourceExhausted("prefill instance busy: " + std::to_string(transfers_.size()) +
                              " transfers in flight (max " + std::to_string(options_.max_transfers) +
@@ -287,6 +292,7 @@ Status PrefillMessenger::Impl::Admit(const PrefillRequest& r, Transfer* t) {
   for (const transfer::MemoryDescriptor& d : dsts) t->dst.push_back({d, t->peer.fi_addr});
   t->meta = {meta, t->peer.fi_addr};
   t->imm = r.transfer_imm;
+  t->meta_imm = r.metadata_imm;
   t->num_tokens = static_cast<int>(r.token_ids.size());
   t->dst_pages = r.dst_pages;
   t->meta_offset = r.metadata_offset;

@@ -8,7 +8,10 @@
 // of a chunk is final, posts that layer's page writes: after a chunk, the pages it completed;
 // after the last chunk also the partial last page, so every page is written exactly once per
 // layer. After the last chunk it writes the metadata (the last prefilled position's hidden state)
-// into the decode side's buffer. Every write carries the transfer's imm. When every write has
+// into the decode side's buffer, once the engine's step has ended. Every page write carries the
+// transfer's imm, the metadata write its metadata_imm: the decode side counts the two apart and
+// decodes as soon as the last layer's page writes (posted at that layer's progress bump, while
+// the step still runs its last MLP) have landed. When every write has
 // completed the source pages go back to the engine and PrefillDone goes to the decode side; a
 // failure, a Cancel or the request's deadline stops the writes, frees the pages and reports
 // PrefillDone with the error.

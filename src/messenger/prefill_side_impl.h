@@ -35,7 +35,8 @@ struct LayerWork {
 struct Transfer {
   uint64_t request_id = 0;  // the decode side's id (unique per decode instance, random prefix)
   transfer::PeerAddr peer;
-  uint32_t imm = 0;
+  uint32_t imm = 0;       // every KV page write's
+  uint32_t meta_imm = 0;  // the metadata write's (counted apart on the decode side)
   int64_t engine_id = -1;
   int num_tokens = 0;
   ShardPlan plan;                           // seeded with request_id

@@ -184,7 +184,7 @@ void PrefillMessenger::Impl::MaybePostMetadata(Transfer* t) {
   req.length = meta_bytes_;
   req.dst = t->meta;
   req.dst_offset = t->meta_offset;
-  req.imm = t->imm;
+  req.imm = t->meta_imm;  // counted apart: the decode side decodes without waiting for it
   t->meta_posted = true;
   const int64_t begin_ns = options_.tracer != nullptr ? Tracer::NowNs() : 0;
   auto slot = std::make_shared<transfer::TransferId>(0);

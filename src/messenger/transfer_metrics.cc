@@ -34,6 +34,16 @@ std::string TransferMetrics::PrometheusText(const std::string& role) const {
           "KV transfers dropped (pages freed) because their decode peer sent nothing for "
           "peer_silence_s.",
           dropped_silent());
+  counter("kv_transfer_metadata_missing_total",
+          "Requests that decoded (their KV landed) but whose metadata write never landed.",
+          metadata_missing());
+  counter("kv_transfer_metadata_bad_total",
+          "Metadata writes that landed with the slot still holding its canary.", metadata_bad());
+  out +=
+      "# HELP pdserve:kv_transfer_fenced_slots Metadata slots held until late writes cannot "
+      "land.\n"
+      "# TYPE pdserve:kv_transfer_fenced_slots gauge\npdserve:kv_transfer_fenced_slots" +
+      l + " " + std::to_string(fenced()) + "\n";
   out +=
       "# HELP pdserve:kv_transfers_active KV transfers in flight.\n"
       "# TYPE pdserve:kv_transfers_active gauge\npdserve:kv_transfers_active" +

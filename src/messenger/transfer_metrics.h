@@ -22,6 +22,13 @@ class TransferMetrics {
   // A transfer dropped because its decode peer fell silent (prefill side).
   void DroppedSilentPeer() { dropped_silent_.fetch_add(1, std::memory_order_relaxed); }
   void SetActive(int64_t n) { active_.store(n, std::memory_order_relaxed); }
+  // Decode side: a request whose KV had landed (so it decodes) but whose metadata write never
+  // landed before its slot was released (PrefillDone, peer lost or deadline + grace), or landed
+  // still holding the canary (written elsewhere). Neither fails the request.
+  void MetadataMissing() { metadata_missing_.fetch_add(1, std::memory_order_relaxed); }
+  void MetadataBad() { metadata_bad_.fetch_add(1, std::memory_order_relaxed); }
+  // Decode side: metadata slots (and pages) held out of use until a late write can no longer land.
+  void SetFenced(int64_t n) { fenced_.store(n, std::memory_order_relaxed); }
 
   uint64_t started() const { return started_.load(); }
   uint64_t succeeded() const { return succeeded_.load(); }
@@ -31,6 +38,9 @@ class TransferMetrics {
   uint64_t dropped_silent() const { return dropped_silent_.load(); }
   uint64_t bytes() const { return bytes_.load(); }
   int64_t active() const { return active_.load(); }
+  uint64_t metadata_missing() const { return metadata_missing_.load(); }
+  uint64_t metadata_bad() const { return metadata_bad_.load(); }
+  int64_t fenced() const { return fenced_.load(); }
 
   // Prometheus text with metric names "pdserve:kv_transfer_*" and label role="<role>".
   std::string PrometheusText(const std::string& role) const;
@@ -38,6 +48,8 @@ class TransferMetrics {
  private:
   std::atomic<uint64_t> started_{0}, succeeded_{0}, failed_{0}, retried_{0}, rejected_{0};
   std::atomic<uint64_t> dropped_silent_{0};
+  std::atomic<uint64_t> metadata_missing_{0}, metadata_bad_{0};
+  std::atomic<int64_t> fenced_{0};
   std::atomic<uint64_t> bytes_{0}, writes_{0};
   std::atomic<int64_t> active_{0};
   std::array<std::atomic<uint64_t>, kBuckets.size() + 1> bucket_counts_{};  // last: +Inf

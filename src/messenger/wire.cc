@@ -80,6 +80,7 @@ struct BodyEncoder {
     w.Put(m.metadata_offset);
     w.Put(m.metadata_bytes);
     w.Put(m.deadline_ms);
+    w.Put(m.metadata_imm);
   }
   void operator()(const PrefillDone& m) {
     w.Put(m.request_id);
@@ -135,6 +136,7 @@ Result<Message> DecodePrefillRequest(ByteReader& r) {
   RETURN_IF_ERROR(r.Get("metadata_offset", &m.metadata_offset));
   RETURN_IF_ERROR(r.Get("metadata_bytes", &m.metadata_bytes));
   RETURN_IF_ERROR(r.Get("deadline_ms", &m.deadline_ms));
+  RETURN_IF_ERROR(r.Get("metadata_imm", &m.metadata_imm));
   return Message(std::move(m));
 }
 

@@ -20,7 +20,8 @@ namespace pd::messenger {
 
 inline constexpr uint32_t kWireMagic = 0x564b4450;  // "PDKV"
 // Version 2: ShardScheme carries the replicated flag (tensor-parallel transfers).
-inline constexpr uint16_t kWireVersion = 2;
+// Version 3: PrefillRequest carries metadata_imm (the metadata write is counted on its own).
+inline constexpr uint16_t kWireVersion = 3;
 inline constexpr size_t kMacBytes = 32;
 inline constexpr size_t kFrameHeaderBytes = 4 + 2 + 2 + 8 + 4;
 inline constexpr size_t kMaxBodyBytes = 8u << 20;
@@ -74,7 +75,7 @@ struct HelloReply {
 
 struct PrefillRequest {
   uint64_t request_id = 0;
-  uint32_t transfer_imm = 0;       // immediate data every write of this transfer carries
+  uint32_t transfer_imm = 0;       // immediate data every KV page write of this transfer carries
   std::vector<int32_t> token_ids;  // the prompt without its last token
   ShardScheme decode_scheme;
   std::vector<std::string> rank_regions;  // per decode rank: serialized memory descriptor
@@ -83,6 +84,9 @@ struct PrefillRequest {
   uint64_t metadata_offset = 0;
   uint32_t metadata_bytes = 0;
   uint32_t deadline_ms = 0;  // relative to receipt
+  // Immediate data the metadata write carries (must differ from transfer_imm): the decode side
+  // counts it apart from the KV writes, so a request can decode before its metadata lands.
+  uint32_t metadata_imm = 0;
 };
 
 struct PrefillDone {

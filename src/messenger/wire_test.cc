@@ -21,6 +21,7 @@ PrefillRequest SampleRequest() {
   m.metadata_offset = 4096;
   m.metadata_bytes = 256;
   m.deadline_ms = 5000;
+  m.metadata_imm = 0xabce;
   return m;
 }
 
@@ -46,6 +47,7 @@ TEST(WireTest, RoundTripsEveryMessage) {
   EXPECT_EQ(req.token_ids, (std::vector<int32_t>{1, 2, 3, 500}));
   EXPECT_EQ(req.rank_regions[1], "region-rank-1");
   EXPECT_EQ(req.metadata_offset, 4096u);
+  EXPECT_EQ(req.metadata_imm, 0xabceu);
 }
 
 TEST(WireTest, TheReplicatedFlagRoundTripsAndOnlyZeroOrOneIsAccepted) {
