@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <numeric>
 #include <string>
 
@@ -40,49 +39,6 @@ Result<double> PrefillBusyStretch(std::span<const StepRecord> real, std::span<co
     return FailedPrecondition("prefill busy stretch: no simulated prefill time");
   }
   return real_s / sim_s;
-}
-
-Result<std::vector<double>> PrefillStepRatios(
-    std::span<const TracedRequest> traced, double begin_s, double end_s,
-    const std::function<double(const StepShape& shape, double step_begin_s)>& model_s,
-    size_t min_steps) {
-  std::map<double, std::pair<double, StepShape>> steps;  // begin -> (end, shape)
-  for (const TracedRequest& r : traced) {
-    if (r.step_begin_s < begin_s || r.step_begin_s > end_s || r.step_s() <= 0) continue;
-    auto& [end, shape] = steps[r.step_begin_s];
-    end = r.step_end_s;
-    shape.prefill_tokens += r.prompt_tokens;
-    shape.prefill_sq += static_cast<double>(r.prompt_tokens) * r.prompt_tokens;
-  }
-  if (steps.size() < std::max<size_t>(min_steps, 1)) {
-    return FailedPrecondition("prefill step ratios: " + std::to_string(steps.size()) +
-                              " traced steps in the window, need " + std::to_string(min_steps));
-  }
-  std::vector<double> ratios;
-  for (const auto& [begin, step] : steps) {
-    const double model = model_s(step.second, begin);
-    if (!(model > 0) || !std::isfinite(model)) {
-      return InvalidArgument("prefill step ratios: the model's step is not positive and finite");
-    }
-    ratios.push_back((step.first - begin) / model);
-  }
-  return ratios;
-}
-
-Result<LevelAndSpread> SplitLevel(std::vector<double> ratios) {
-  if (ratios.empty()) return InvalidArgument("SplitLevel: no ratios");
-  for (double r : ratios) {
-    if (!(r > 0) || !std::isfinite(r)) {
-      return InvalidArgument("SplitLevel: a ratio is not positive and finite");
-    }
-  }
-  std::sort(ratios.begin(), ratios.end());
-  const size_t n = ratios.size();
-  LevelAndSpread out;
-  out.level = n % 2 ? ratios[n / 2] : 0.5 * (ratios[n / 2 - 1] + ratios[n / 2]);
-  for (double& r : ratios) r /= out.level;
-  out.spread = std::move(ratios);
-  return out;
 }
 
 namespace {
@@ -138,22 +94,6 @@ Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFac
                    MedianOf(runs, &CalibrationRunFactors::decode_stretch, &out.stretch_runs));
   ASSIGN_OR_RETURN(out.decode_corun,
                    MedianOf(runs, &CalibrationRunFactors::decode_corun, &out.corun_runs));
-  std::vector<double> levels, p90s;
-  std::vector<size_t> spread_run;
-  for (size_t i = 0; i < runs.size(); ++i) {
-    if (!runs[i].prefill_steps || runs[i].prefill_steps->spread.empty()) continue;
-    const std::vector<double>& sp = runs[i].prefill_steps->spread;
-    levels.push_back(runs[i].prefill_steps->level);
-    p90s.push_back(sp[std::min(sp.size() - 1, static_cast<size_t>(0.9 * sp.size()))]);
-    spread_run.push_back(i);
-  }
-  out.prefill_step_runs = static_cast<int>(levels.size());
-  if (!levels.empty()) {
-    ASSIGN_OR_RETURN(const size_t k, UpperMedianIndex(levels));
-    out.prefill_level = levels[k];
-    ASSIGN_OR_RETURN(const size_t j, UpperMedianIndex(p90s));
-    out.prefill_spread = runs[spread_run[j]].prefill_steps->spread;
-  }
   std::vector<double> cost, mean;
   std::vector<size_t> cost_run, mean_run;
   for (size_t i = 0; i < runs.size(); ++i) {

@@ -10,7 +10,6 @@
 #pragma once
 
 #include <cstddef>
-#include <functional>
 #include <optional>
 #include <span>
 #include <vector>
@@ -38,35 +37,11 @@ Result<size_t> UpperMedianIndex(std::span<const double> values);
 Result<double> PrefillBusyStretch(std::span<const StepRecord> real, std::span<const StepRecord> sim,
                                   int64_t min_steps);
 
-// Each traced prefill step that began in [begin_s, end_s] over the calibrated model's step for
-// its shape (found through the traced requests it computed, grouped by the step's begin: their
-// prompts whole; `model_s(shape, step_begin_s)` holds the co-run factor where it applies), in
-// step order. FailedPrecondition with fewer than `min_steps` steps; InvalidArgument when the
-// model's step is not positive and finite.
-Result<std::vector<double>> PrefillStepRatios(
-    std::span<const TracedRequest> traced, double begin_s, double end_s,
-    const std::function<double(const StepShape& shape, double step_begin_s)>& model_s,
-    size_t min_steps);
-
-// A sample of step ratios split into its level (the median; the mean of the two middle ones for
-// an even count) and its spread (each ratio over the level, sorted: median 1). The level sets
-// the simulated steps' p50, the spread is drawn per step around it (queueing amplifies a service
-// time's variance, M/G/1). Scaling every step by the busy-time ratio instead (PrefillBusyStretch)
-// put the mean's level on the median step. InvalidArgument when empty or a ratio is not
-// positive and finite.
-struct LevelAndSpread {
-  double level = 1.0;
-  std::vector<double> spread;
-};
-Result<LevelAndSpread> SplitLevel(std::vector<double> ratios);
-
 // One traced calibration run's figures; a part it could not give is unset (or empty).
 struct CalibrationRunFactors {
   double rate = 0.0;
   // PrefillBusyStretch on this run: unset when too few steps were traced.
   std::optional<double> prefill_stretch;
-  // SplitLevel of this run's PrefillStepRatios: unset when too few steps were traced.
-  std::optional<LevelAndSpread> prefill_steps;
   // The bench client's and router's CPU under load, in the probes' split (LoadedClientCpuCost).
   std::optional<ClientCpuCost> client_cpu;
   // DecodeFactorsUnderLoad on this run: unset when too few steps were traced.
@@ -87,11 +62,6 @@ struct RateCalibration {
   int runs = 0;
   std::optional<ClientCpuCost> client_cpu;
   std::optional<double> prefill_stretch, decode_stretch, decode_corun;
-  // The runs' prefill step levels' median, and the spread of the run whose spread's p90 is the
-  // median (taken whole); unset / empty where no run gave them.
-  std::optional<double> prefill_level;
-  std::vector<double> prefill_spread;
-  int prefill_step_runs = 0;
   std::vector<double> outside_s;
   int client_runs = 0, prefill_runs = 0, stretch_runs = 0, corun_runs = 0, outside_runs = 0;
   std::optional<size_t> client_run, outside_run;  // which run's cost / sample was taken
