@@ -106,6 +106,20 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
       "cells within %.0f%% of %zu: per-rate median %d, paired %d (used: %s)\n",
       100 * kCellTolerance, 5 * reports.size(), planner::CellsWithin(per_rate, kCellTolerance),
       planner::CellsWithin(paired, kCellTolerance), kPairedRuleUsed ? "paired" : "per-rate median");
+  // Whether the pairing tracks the rounds' spells: each round against its own simulation, and
+  // against the per-rate median's one simulation of its rate.
+  std::vector<planner::ComparisonRow> own, median;
+  for (const RateReport& r : reports) {
+    for (const planner::ComparisonRow& row : r.paired->rounds) {
+      own.push_back(row);
+      median.push_back({row.rate, r.per_rate_median.simulated, row.measured});
+    }
+  }
+  std::printf(
+      "per round, cells within %.0f%% of %zu: each round against its own paired simulation %d, "
+      "against the per-rate median's simulation %d\n",
+      100 * kCellTolerance, 5 * own.size(), planner::CellsWithin(own, kCellTolerance),
+      planner::CellsWithin(median, kCellTolerance));
 }
 
 }  // namespace pd::apps::validate_sim

@@ -14,12 +14,14 @@
 #      run preceded by a traced, uncompared calibration run of 100 requests at that rate (per
 #      rate, the median over its three calibration runs of what is measured under load: client
 #      and router CPU, prefill and decode stretch, decode co-run factor, outside latency; the
-#      single load run's figures are simulated beside them, not used) (300 requests of
+#      paired rule, each round simulated with the calibration run just before it, is printed
+#      beside it, not used) (300 requests of
 #      128/32 tokens each, fixed seed, random dataset), the median per rate beside the simulator
 #      on the same requests, and the noise: machine (spread over rounds) vs sampling (spread over
 #      reseeded simulations) (docs/planner.md). The instances are traced (--trace; the latency
 #      outside the engines is calibrated per request from the load run's traces).
-# One run takes about 3.5-4 minutes (fits one /work/exp/quiet.sh call: 213-236 s). Usage:
+# One run takes about 3.5-4 minutes (fits one /work/exp/quiet.sh call: 213-236 s, 211-281 s
+# with other agents' processes stopped). Usage:
 #   bench/planner/sim_vs_real.sh [PDSERVE] [extra validate-sim flags, e.g. --rate 2 --rate 4]
 set -euo pipefail
 PDSERVE=${1:-build/apps/pdserve}
