@@ -22,8 +22,10 @@
 # --idle-poll-us: `up`'s (default: up's own): an engine loop with a core to itself polls this
 # long for work before it sleeps.
 # --client-cpus (low-load): auto (default) runs the bench client (`bench --cpus`) on the core that
-# is not running decode steps: disaggregated, the prefill instance's (CPU 0, idle by the first
-# token); colocated, the one its model thread does not use (CPU 1). any: the client unpinned.
+# is not running decode steps: disaggregated, the prefill instance's (CPU 0; not idle at the first
+# token: the decode side starts on the last layer's KV while the prefill still computes that
+# layer's MLP, ~4.5 ms more; perf sched shows the client's wake-up preempting it at once);
+# colocated, the one its model thread does not use (CPU 1). any: the client unpinned.
 # The model defaults to models/demo-qwen3-small (created with `pdserve make-model` if missing).
 # Results (the bench JSON of every run and the instances' /metrics) go to --out.
 set -euo pipefail
@@ -40,7 +42,7 @@ CLIENT_CPUS=auto
 IDLE_POLL=
 PY=/usr/bin/python3
 
-usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL=$2; shift 2 ;;

@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "common/thread_util.h"
 #include "engine/idle_poll.h"
+#include "engine/preempt_yield.h"
 
 namespace pd::engine {
 namespace {
@@ -235,6 +236,7 @@ void AsyncEngineImpl::Loop() {
   std::vector<Submission> submissions;
   std::vector<int64_t> aborts, kv_ready;
   std::vector<int32_t> releases;
+  YieldAfterPreemption yield_after_preemption;  // on this thread: it reads this thread's count
   while (true) {
     PollBeforeWaiting();
     {
@@ -292,6 +294,10 @@ void AsyncEngineImpl::Loop() {
     RefreshStats();  // before the callbacks: a final output implies stats showing its pages free
     for (const RequestOutput& out : *outputs) Deliver(out);
     DeliverReservations();  // pages the step freed
+    // The outputs' HTTP threads, woken by Deliver, may be runnable behind this loop (preempted
+    // themselves, or not let in): they run now, not at the end of this loop's slice
+    // (engine/preempt_yield.h).
+    yield_after_preemption.Check(/*delivered=*/!outputs->empty());
   }
   AbortEverything();
 }
