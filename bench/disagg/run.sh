@@ -12,7 +12,8 @@
 #             colocated uses both cores; TTFT, TPOT, ITL p50/p99 and goodput at the SLO.
 #   low-load  one request at a time: the TTFT disaggregation adds over a colocated instance with
 #             the prefill instance's resources (one core), against the goal "one layer's KV
-#             transfer (measured with `pdserve transfer-bench`) plus one decode step".
+#             transfer (measured with `pdserve transfer-bench`) plus one decode step"; in
+#             alternating rounds, then in pairs (both up at once, requests alternating).
 #   stall     long prompts arriving while others decode: colocated decode steps wait behind
 #             prefill chunks; p99 ITL of the disaggregated deployment against colocated's.
 #
@@ -42,7 +43,7 @@ CLIENT_CPUS=auto
 IDLE_POLL=
 PY=/usr/bin/python3
 
-usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL=$2; shift 2 ;;
@@ -170,14 +171,21 @@ save_metrics() {
   done
 }
 
-# run_bench NAME BENCH_FLAGS...: one `pdserve bench` against $URL, saved as $OUT/NAME.json.
-run_bench() {
+# bench_once NAME BENCH_FLAGS...: one `pdserve bench` against $URL, saved as $OUT/NAME.json; the
+# servers stay up.
+bench_once() {
   local name=$1
   shift
-  echo "bench/disagg: $name: pdserve bench $*"
   "$PDSERVE" --log-level warn bench --base-url "$URL" --result-dir "$OUT" \
     --result-filename "$name.json" --metric-percentiles 50,90,99 "$@" > "$OUT/$name.bench.log" 2>&1 ||
     { echo "bench/disagg: $name failed:" >&2; cat "$OUT/$name.bench.log" >&2; exit 1; }
+}
+
+# run_bench NAME BENCH_FLAGS...: bench_once, then the servers' /metrics saved and the servers
+# stopped.
+run_bench() {
+  echo "bench/disagg: $1: pdserve bench ${*:2}"
+  bench_once "$@"
   save_metrics
   cleanup
 }
@@ -197,8 +205,9 @@ if [ "$SCENARIO" = demo ] || [ "$SCENARIO" = all ]; then
 fi
 
 if [ "$SCENARIO" = low-load ] || [ "$SCENARIO" = all ]; then
-  LOW_FLAGS=(--dataset-name random --random-input-len 512 --random-output-len 16
-    --num-prompts "$(n 30 10)" --max-concurrency 1 --seed 2 --ignore-eos)
+  LOW_BASE=(--dataset-name random --random-input-len 512 --random-output-len 16 --max-concurrency 1
+    --ignore-eos)
+  LOW_FLAGS=("${LOW_BASE[@]}" --num-prompts "$(n 30 10)" --seed 2)
   # Rounds alternate disaggregated and colocated, so drift on a shared machine hits both alike;
   # the report takes the median over rounds of each round's TTFT p50. The disaggregated and
   # colocated runs are traced (--trace) for bench/disagg/stages.py's per-stage table.
@@ -224,6 +233,25 @@ if [ "$SCENARIO" = low-load ] || [ "$SCENARIO" = all ]; then
     low_r+=("$OUT/low-routed$r.json")
     low_dt+=("$OUT/low-disagg$r.trace") low_ct+=("$OUT/low-colocated$r.trace")
   done
+  # Paired: both deployments up at once and the requests alternating between them one at a time
+  # (prompt i to each, the first side alternating), so the host's drift, which moves a whole
+  # round by up to ~15 ms, hits both sides of a pair alike; the median of the per-prompt TTFT
+  # differences. The servers stay up across the pairs (bench_once, not run_bench).
+  RUN=low-pair-disagg; start_disagg --trace "$OUT/low-pair-disagg.trace.json"; url_d=$URL
+  RUN=low-pair-colocated; start_colocated 0 1 --trace "$OUT/low-pair-colocated.trace.json"; url_c=$URL
+  pair_d=() pair_c=()
+  for i in $(seq "$(n 40 12)"); do
+    for side in $([ $((i % 2)) = 1 ] && echo "d c" || echo "c d"); do
+      if [ "$side" = d ]; then
+        URL=$url_d bench_once low-pair-d$i "${LOW_BASE[@]}" --num-prompts 1 --seed $((1000 + i)) "${client_d[@]}"
+        pair_d+=("$OUT/low-pair-d$i.json")
+      else
+        URL=$url_c bench_once low-pair-c$i "${LOW_BASE[@]}" --num-prompts 1 --seed $((1000 + i)) "${client_c[@]}"
+        pair_c+=("$OUT/low-pair-c$i.json")
+      fi
+    done
+  done
+  cleanup
   # One layer's KV of a 512-token prompt, written over the fabric as transfer-bench measures it.
   layer_bytes=$("$PY" "$ROOT/bench/disagg/report.py" layer-bytes "$OUT/low-disagg1.prefill.metrics" "$MODEL")
   "$PDSERVE" --log-level warn transfer-bench --min-bytes "$layer_bytes" --max-bytes "$layer_bytes" \
@@ -233,6 +261,10 @@ if [ "$SCENARIO" = low-load ] || [ "$SCENARIO" = all ]; then
   "$PY" "$ROOT/bench/disagg/report.py" low-load "$(IFS=,; echo "${low_d[*]}")" \
     "$(IFS=,; echo "${low_c[*]}")" "$OUT/low-transfer.json" "$layer_bytes" \
     "$(IFS=,; echo "${low_r[*]}")"
+  "$PY" "$ROOT/bench/disagg/report.py" low-load-paired "$(IFS=,; echo "${pair_d[*]}")" \
+    "$(IFS=,; echo "${pair_c[*]}")" "$OUT/low-transfer.json" "$layer_bytes"
+  "$PY" "$ROOT/bench/disagg/stages.py" paired-steps "$OUT/low-pair-disagg.trace" \
+    "$OUT/low-pair-colocated.trace" || echo "bench/disagg: stages.py paired-steps failed" >&2
   # Where the time goes (bench/disagg/stages.py on the traces), and the added TTFT with the
   # prefill step's run-to-run variation taken out.
   "$PY" "$ROOT/bench/disagg/stages.py" overhead "$(IFS=,; echo "${low_dt[*]}")" \

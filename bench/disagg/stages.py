@@ -5,6 +5,9 @@
   stages.py colocated SERVE.json [BENCH.json]
   stages.py overhead DISAGG_PREFIX[,...] COLOCATED_PREFIX[,...] DISAGG_BENCH[,...] COLO_BENCH[,...]
       (prefixes: the --trace FILE without .json; rounds in the same order in every list)
+  stages.py paired-steps DISAGG_PREFIX COLOCATED_PREFIX
+      (run.sh's pairs: request i of each trace is prompt i; the prefill step's duration, pair by
+      pair: does the disaggregated prefill compute as fast as the colocated one?)
 
 The trace files are those `pdserve up --trace FILE` (FILE.router.json, FILE.decode0.json,
 FILE.prefill0.json) and `pdserve serve --trace FILE` write. Every file's timestamps are on the
@@ -242,13 +245,8 @@ def overhead(argv):
     d_pre, c_pre, d_bench, c_bench = (a.split(",") for a in argv)
     d_over, c_over = [], []
     for dp, cp, db, cb in zip(d_pre, c_pre, d_bench, c_bench):
-        ev = load(dp + ".router.json", "R") + load(dp + ".decode0.json", "D") + \
-            load(dp + ".prefill0.json", "P")
-        d = ttft_minus_step_ms(complete(
-            [disagg_milestones(s) for s in segments(ev, "R", "router request")]), db)
-        c = ttft_minus_step_ms(complete(
-            [colocated_milestones(s) for s in segments(load(cp + ".json", "S"), "S",
-                                                       "http request")]), cb)
+        d = ttft_minus_step_ms(disagg_requests(dp), db)
+        c = ttft_minus_step_ms(colocated_requests(cp), cb)
         if d is None or c is None:
             print("stages: a round's traces have no complete request", file=sys.stderr)
             return 1
@@ -263,9 +261,44 @@ def overhead(argv):
     return 0
 
 
+def disagg_requests(prefix):
+    events = load(prefix + ".router.json", "R") + load(prefix + ".decode0.json", "D") + \
+        load(prefix + ".prefill0.json", "P")
+    return complete([disagg_milestones(s) for s in segments(events, "R", "router request")])
+
+
+def colocated_requests(prefix):
+    return complete([colocated_milestones(s) for s in
+                     segments(load(prefix + ".json", "S"), "S", "http request")])
+
+
+def paired_steps(argv):
+    """Pair i's prefill steps (disaggregated / colocated): the pairs ran back to back, so the
+    host's drift cancels in each ratio, and their median says whether the prefill instance
+    computes slower than a colocated one (e.g. disturbed by the KV it sends)."""
+    d = prefill_steps_ms(disagg_requests(argv[0]))
+    c = prefill_steps_ms(colocated_requests(argv[1]))
+    if len(d) != len(c):
+        print(f"stages: {len(d)} disaggregated requests traced but {len(c)} colocated ones",
+              file=sys.stderr)
+        return 1
+    ratios = sorted(a / b for a, b in zip(d, c) if a and b)
+    if not ratios:
+        print("stages: no pair has both prefill steps traced", file=sys.stderr)
+        return 1
+    q = lambda f: ratios[int(f * (len(ratios) - 1))]
+    print(f"prefill step per pair, disaggregated / colocated: median {statistics.median(ratios):.3f}"
+          f" (quartiles {q(0.25):.3f} .. {q(0.75):.3f}; {sum(r > 1 for r in ratios)} of "
+          f"{len(ratios)} above 1); step p50 {statistics.median(x for x in d if x):.2f} / "
+          f"{statistics.median(x for x in c if x):.2f} ms")
+    return 0
+
+
 def main(argv):
     if len(argv) == 6 and argv[1] == "overhead":
         return overhead(argv[2:])
+    if len(argv) == 4 and argv[1] == "paired-steps":
+        return paired_steps(argv[2:])
     if len(argv) >= 5 and argv[1] == "disagg":
         events = load(argv[2], "R") + load(argv[3], "D") + load(argv[4], "P")
         bench = argv[5] if len(argv) > 5 else None
