@@ -69,6 +69,21 @@ inline std::vector<planner::StepRecord> InWindow(const std::vector<planner::Step
   return out;
 }
 
+// The steps the simulator runs for the requests of a traced run (`load`) with `sim_cal`'s
+// instances, and `cal`'s links and outside latency.
+inline Result<planner::SimResult> SimulatedRunSteps(
+    const ValidateFlags& f, const bench::DatasetSpec& spec, const planner::StepCoeffs& coeffs,
+    int64_t kv_tokens, const planner::ClusterLinks& links, const planner::Slo& slo,
+    const LoadRunCpu& load, const Calibration& cal, const Calibration& sim_cal) {
+  ASSIGN_OR_RETURN(auto insts, CalibratedAt(f, coeffs, sim_cal, kv_tokens, load.rate));
+  ASSIGN_OR_RETURN(auto reqs, BenchRequests(spec, load.requests, load.rate, load.seed));
+  planner::SimResult sim;
+  ASSIGN_OR_RETURN(planner::Summary ignored, SimulateRate(insts, CalibratedLinks(links, cal), reqs,
+                                                          slo, cal.outside, &sim.steps));
+  (void)ignored;
+  return sim;
+}
+
 // The traced and simulated decode steps of a traced run (`load`: the load run or a calibration
 // run; `decode`: the decode instance's traced steps, co-run marked) and the factors from them;
 // FailedPrecondition under `min_steps` traced alone steps.
@@ -80,12 +95,8 @@ inline Result<planner::DecodeLoadFactors> MeasureDecodeUnderLoad(
   const std::vector<planner::StepRecord> real = InWindow(decode, load.begin_s, load.end_s);
   Calibration unstretched = cal;  // the decode steps as the probes calibrated them
   unstretched.decode_load = Calibration::DecodeUnderLoad{1.0, load.rate, 1.0};
-  ASSIGN_OR_RETURN(auto insts, CalibratedAt(f, coeffs, unstretched, kv_tokens, load.rate));
-  ASSIGN_OR_RETURN(auto reqs, BenchRequests(spec, load.requests, load.rate, load.seed));
-  planner::SimResult sim;
-  ASSIGN_OR_RETURN(planner::Summary ignored, SimulateRate(insts, CalibratedLinks(links, cal), reqs,
-                                                          slo, cal.outside, &sim.steps));
-  (void)ignored;
+  ASSIGN_OR_RETURN(planner::SimResult sim, SimulatedRunSteps(f, spec, coeffs, kv_tokens, links, slo,
+                                                             load, cal, unstretched));
   const auto real_rows = planner::SummarizeDecodeSteps(real, kLoadRunBatchRows, kMaxLoopGapS);
   const auto sim_rows = planner::SummarizeDecodeSteps(planner::StepsOfInstance(sim, 1),
                                                       kLoadRunBatchRows, kMaxLoopGapS);

@@ -73,12 +73,8 @@ inline Result<double> MeasurePrefillUnderLoad(const ValidateFlags& f,
                                               const Calibration& cal, const TracedSteps& steps) {
   Calibration unstretched = cal;
   unstretched.prefill_load = Calibration::DecodeUnderLoad{1.0, run.rate, 1.0};
-  ASSIGN_OR_RETURN(auto insts, CalibratedAt(f, coeffs, unstretched, kv_tokens, run.rate));
-  ASSIGN_OR_RETURN(auto reqs, BenchRequests(spec, run.requests, run.rate, run.seed));
-  planner::SimResult sim;
-  ASSIGN_OR_RETURN(planner::Summary ignored, SimulateRate(insts, CalibratedLinks(links, cal), reqs,
-                                                          slo, cal.outside, &sim.steps));
-  (void)ignored;
+  ASSIGN_OR_RETURN(planner::SimResult sim, SimulatedRunSteps(f, spec, coeffs, kv_tokens, links, slo,
+                                                             run, cal, unstretched));
   return planner::PrefillBusyStretch(InWindow(steps.prefill, run.begin_s, run.end_s),
                                      planner::StepsOfInstance(sim, 0), kMinCalRunPrefillSteps);
 }
