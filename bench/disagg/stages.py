@@ -21,7 +21,8 @@ reaching the router (colocated: the HTTP server); milestones off the chain are l
 median offset. With a bench JSON, the client's TTFT median and the part of it outside the servers;
 when the JSON has the steady-clock time each first token was read (`first_token_steady_times`,
 pdserve bench), "client: first token read" joins the chain, so the client's read of the first
-token is a per-request step like the others, and what remains outside is the connect and send.
+token is a per-request step like the others, and the time from the client's send (that read
+less its TTFT) to the first server milestone is measured per request too.
 """
 import json
 import statistics
@@ -47,6 +48,27 @@ def load_bench(path):
         times = json.load(f).get("first_token_steady_times", [])
     return [{"tag": "C", "name": "first token read", "ts": t * 1e6, "end": t * 1e6, "args": {}}
             for t in times if t and t > 0]
+
+
+def bench_sends_us(path):
+    """When the bench client sent each request, on the traces' steady clock (µs): its first-token
+    read time less its TTFT; empty if the JSON lacks either."""
+    with open(path) as f:
+        j = json.load(f)
+    reads, ttfts = j.get("first_token_steady_times", []), j.get("ttfts", [])
+    return sorted((r - t) * 1e6 for r, t in zip(reads, ttfts) if r and r > 0 and t and t > 0)
+
+
+def before_servers_ms(rows_per_request, sends_us):
+    """Per request, the time from the client's send to the first server milestone (the latest
+    send at or before it: requests ran one at a time); their median, or None."""
+    gaps = []
+    for rows in rows_per_request:
+        t0 = rows[0][1]
+        earlier = [s for s in sends_us if s <= t0]
+        if earlier:
+            gaps.append((t0 - earlier[-1]) / 1000.0)
+    return statistics.median(gaps) if gaps else None
 
 
 def first(events, tag, name, after, key="ts"):
@@ -154,9 +176,12 @@ def p90_of(values):
     return v[i] + (v[min(i + 1, len(v) - 1)] - v[i]) * (x - i)
 
 
-def table(rows_per_request, ttft_ms=None):
+def table(rows_per_request, ttft_ms=None, sends_us=None):
     """Each step of the chain is the median over requests of the time from the chain's previous
-    milestone; `cumulative` sums those medians (so the steps add up to it)."""
+    milestone; `cumulative` sums those medians (so the steps add up to it). With the client's
+    send times, the time before the servers is measured per request; without, it is the TTFT
+    median less the cumulative (which carries the steps' variation: a sum of medians is not the
+    median of the sums)."""
     chain = []
     for rows in rows_per_request:
         for label, _ in rows:
@@ -190,10 +215,15 @@ def table(rows_per_request, ttft_ms=None):
         if side[label]:
             print(f"  (side) {label:34s} at {statistics.median(side[label]):8.3f}")
     if ttft_ms is not None:
-        rest = ("  before the servers (connect, send)" if "client: first token read" in chain
-                else "  outside the servers (client side)")
         print(f"{'client TTFT (bench, median)':42s} {'':8s} {ttft_ms:11.3f}")
-        print(f"{rest:42s} {'':8s} {ttft_ms - total:11.3f}")
+        before = before_servers_ms(rows_per_request, sends_us or [])
+        if before is not None:
+            print(f"{'  client send -> first server milestone':42s} {'':8s} {before:11.3f}"
+                  "  (median per request)")
+        else:
+            rest = ("  before the servers (connect, send)" if "client: first token read" in chain
+                    else "  outside the servers (client side)")
+            print(f"{rest:42s} {'':8s} {ttft_ms - total:11.3f}")
 
 
 def bench_ttft_ms(path):
@@ -316,7 +346,7 @@ def main(argv):
     if not reqs:
         print("stages: no complete request in the traces", file=sys.stderr)
         return 1
-    table(reqs, bench_ttft_ms(bench) if bench else None)
+    table(reqs, bench_ttft_ms(bench) if bench else None, bench_sends_us(bench) if bench else None)
     return 0
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""Tests of bench/disagg/report.py's low-load reports on made-up bench and transfer-bench JSON:
-the paired report's median of per-prompt differences and its verdict, the rounds' verdict."""
+"""Tests of bench/disagg's scripts on made-up bench and transfer-bench JSON: report.py's low-load
+reports (the paired report's median of per-prompt differences and its verdict, the rounds'
+verdict) and stages.py's per-request time before the servers."""
 import io
 import json
 import os
@@ -11,6 +12,7 @@ from contextlib import redirect_stdout
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench", "disagg"))
 import report  # noqa: E402
+import stages  # noqa: E402
 
 
 def write(path, obj):
@@ -90,6 +92,27 @@ class LowLoadReports(unittest.TestCase):
         cs = [bench(self.dir, f"rc{i}", t) for i, t in enumerate([50, 50.1])]
         text = self.run_report(report.low_load, [",".join(ds), ",".join(cs), self.transfer, "1"])
         self.assertIn("(NOT met)", text)
+
+
+class BeforeTheServers(unittest.TestCase):
+    def test_each_request_is_measured_from_its_own_send(self):
+        with tempfile.TemporaryDirectory() as d:
+            # Sent at 10.000 s and 10.100 s (read - TTFT), the second read before the first's
+            # order would suggest; the TTFTs are 50 ms and 60 ms.
+            path = write(os.path.join(d, "b.json"), {
+                "first_token_steady_times": [10.050, 10.160], "ttfts": [0.050, 0.060]})
+            sends = stages.bench_sends_us(path)
+        self.assertEqual(len(sends), 2)
+        self.assertAlmostEqual(sends[0], 10.000e6, delta=1)
+        self.assertAlmostEqual(sends[1], 10.100e6, delta=1)
+        # The servers first saw them 0.3 ms and 0.5 ms after their sends.
+        rows = [[("router: request accepted", 10.0003e6)], [("router: request accepted", 10.1005e6)]]
+        self.assertAlmostEqual(stages.before_servers_ms(rows, sends), 0.4, places=6)
+
+    def test_a_request_seen_before_any_send_is_left_out(self):
+        rows = [[("router: request accepted", 5.0e6)]]
+        self.assertIsNone(stages.before_servers_ms(rows, [6.0e6]))
+        self.assertIsNone(stages.before_servers_ms(rows, []))
 
 
 if __name__ == "__main__":
