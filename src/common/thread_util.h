@@ -27,8 +27,11 @@ std::vector<int> CurrentThreadCpus();
 // messenger threads): asks the kernel's fair scheduler (EEVDF, Linux 6.6+) for a short time slice
 // (sched_setattr's sched_runtime, SCHED_OTHER, nice unchanged), so that on wake-up the thread
 // preempts a CPU-bound thread with the default slice (about 1-3 ms) instead of waiting for that
-// slice to end. Best effort: kernels without custom slices ignore the value or refuse it (an
-// error Status the caller may log and ignore). The default slice: kLatencySliceNs.
+// slice to end. Not always: such a thread that is itself preempted while still runnable, or woken
+// when it has run ahead of the CPU-bound one in virtual time, is not eligible and waits until
+// that thread's slice ends at a tick, which is why the engine loop yields after its steps
+// (engine/preempt_yield.h). Best effort: kernels without custom slices ignore the value or refuse
+// it (an error Status the caller may log and ignore). The default slice: kLatencySliceNs.
 inline constexpr int64_t kLatencySliceNs = 100'000;
 Status SetCurrentThreadLatencySensitive(int64_t slice_ns = kLatencySliceNs);
 int64_t CurrentThreadSliceNs();  // the calling thread's sched_runtime (0: default), -1 on error
