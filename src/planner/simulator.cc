@@ -293,11 +293,6 @@ void Cluster::TryStart(double now, int i) {
     t.stage_s *= inst.cfg.corun_slowdown;
     t.step_s *= inst.cfg.corun_slowdown;
   }
-  if (inst.cfg.step_factor) {
-    const double k = inst.cfg.step_factor(requests_[batch.items.front().seq_id].id);
-    t.stage_s *= k;
-    t.step_s *= k;
-  }
   if (opts_.record_steps) {
     result_.steps.push_back(
         {i, now, t.step_s, shape.decode_seqs, shape.decode_context, shape.prefill_tokens, corun});

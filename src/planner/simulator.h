@@ -38,10 +38,6 @@ struct InstanceConfig {
   // (instances sharing a machine's cores, caches and memory bandwidth: on one CPU host they slow
   // each other down). 1: independent devices.
   double corun_slowdown = 1.0;
-  // Per-step factor on the step time, given the request id of the step's first item (the real
-  // steps' spread around the model: a constant step per shape shortens the queues, M/G/1). Empty:
-  // 1 for every step.
-  std::function<double(int64_t request_id)> step_factor;
 };
 
 struct ClusterLinks {

@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 
 #include "planner/goodput.h"
 #include "planner/test_data.h"
@@ -40,46 +39,6 @@ TEST(Simulator, PrefillQueueMatchesMD1MeanWait) {
     const double expected = rho * d / (2 * (1 - rho));
     EXPECT_NEAR(wait, expected, 0.04 * expected) << "rho " << rho;
   }
-}
-
-// A step's factor comes from its first request's id and scales that step only.
-TEST(Simulator, StepFactorScalesEachStepByItsFirstRequest) {
-  InstanceConfig inst;
-  inst.coeffs = ConstantPrefill(10);
-  inst.step_factor = [](int64_t id) { return id == 7 ? 2.0 : 1.0; };
-  const std::vector<SimRequest> reqs = {{7, 0.0, 100, 1}, {8, 1.0, 100, 1}};
-  auto r = Simulate({&inst, 1}, ClusterLinks{}, reqs, SimOptions{});
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_NEAR(r->requests[0].ttft_s(), 0.020, 1e-12);
-  EXPECT_NEAR(r->requests[1].ttft_s(), 0.010, 1e-12);
-}
-
-// M/G/1 with service D·k, k 0.5 or 1.5 drawn independently per request (mean D): the mean wait
-// is Pollaczek-Khinchine's λ·E[S²] / (2(1 − ρ)) = 1.25·ρ·D / (2(1 − ρ)), above M/D/1's.
-TEST(Simulator, StepFactorSpreadLengthensTheQueueAsMG1) {
-  const double d = 0.1, rho = 0.5;
-  InstanceConfig inst;
-  inst.coeffs = ConstantPrefill(d * 1e3);
-  inst.policy.max_num_batched_tokens = 100;  // one 100-token prompt per step
-  ArrivalOptions arrivals;
-  arrivals.num_requests = 100000;
-  std::vector<double> k(arrivals.num_requests);
-  std::mt19937_64 rng(3);
-  for (double& x : k) x = rng() % 2 ? 1.5 : 0.5;
-  inst.step_factor = [&k](int64_t id) { return k[id]; };
-  arrivals.seed = 7;
-  const std::vector<LengthPair> lengths = {{100, 1}};
-  auto reqs = AtRate(MakeUnitRateWorkload(lengths, arrivals), rho / d);
-  auto r = Simulate({&inst, 1}, ClusterLinks{}, reqs, SimOptions{});
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  double wait = 0;
-  for (const auto& q : r->requests) {
-    ASSERT_TRUE(q.done());
-    wait += q.ttft_s() - d * k[q.id];
-  }
-  wait /= r->requests.size();
-  const double expected = 1.25 * rho * d / (2 * (1 - rho));
-  EXPECT_NEAR(wait, expected, 0.05 * expected);
 }
 
 // B sequences decode together from t = 0: each step costs a + b·B·(L + k + 1) + c·B.
