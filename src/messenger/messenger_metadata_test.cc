@@ -7,7 +7,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -26,9 +25,11 @@ namespace {
 using testing::AllPagesFree;
 using testing::FakePeer;
 using testing::Generate;
+using testing::GreedyParams;
 using testing::kDeadlineS;
 using testing::Model;
 using testing::Outcome;
+using testing::PendingRequest;
 using testing::PromptOf;
 using testing::Shape;
 using testing::StartDecode;
@@ -214,31 +215,12 @@ TEST(MessengerMetadataApartTest, APrefillKilledBetweenTheLastKvWriteAndTheMetada
   Delivered delivered;
   Harness st = Start(s, &delivered, /*timeout_ms=*/300, /*fence_grace_s=*/0.2);
   if (st.fake == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
-  std::mutex mu;
-  std::condition_variable cv;
-  Outcome got;
-  bool done = false;
-  engine::SamplingParams p;
-  p.temperature = 0.0f;
-  p.max_tokens = 4;
-  p.ignore_eos = true;
-  auto id = st.decode->Submit(PromptOf(9, 5), p, [&](const engine::RequestOutput& out) {
-    std::lock_guard<std::mutex> lock(mu);
-    got.tokens.insert(got.tokens.end(), out.new_token_ids.begin(), out.new_token_ids.end());
-    if (out.finished()) {
-      got.finish = out.finish_reason;
-      done = true;
-      cv.notify_all();
-    }
-  });
-  ASSERT_TRUE(id.ok());
+  PendingRequest request(*st.decode, PromptOf(9, 5), GreedyParams(4));
+  ASSERT_TRUE(request.submitted());
   NextRequest(*st.fake);  // every KV write was posted
   ASSERT_TRUE(WaitUntil([&] { return st.decode->metrics().succeeded() == 1; }));  // and landed
   st.fake.reset();  // killed: the metadata never comes
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return done; }));
-  }
+  const Outcome got = request.Wait(30);
   EXPECT_EQ(got.finish, engine::FinishReason::kLength);
   EXPECT_EQ(got.tokens.size(), 4u);
   EXPECT_TRUE(WaitUntil([&] { return st.decode->metrics().fenced() == 0; }));
@@ -256,27 +238,14 @@ TEST(MessengerMetadataApartTest, AnAbortBeforeTheMetadataFreesThePagesAndFencesO
   Delivered delivered;
   Harness st = Start(s, &delivered);
   if (st.fake == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  engine::FinishReason finish = engine::FinishReason::kNone;
   engine::SamplingParams p;
   p.max_tokens = 100;
   p.ignore_eos = true;
-  auto id = st.decode->Submit(PromptOf(9, 6), p, [&](const engine::RequestOutput& out) {
-    if (!out.finished()) return;
-    std::lock_guard<std::mutex> lock(mu);
-    done = true;
-    finish = out.finish_reason;
-    cv.notify_all();
-  });
-  ASSERT_TRUE(id.ok());
+  PendingRequest request(*st.decode, PromptOf(9, 6), p);
+  ASSERT_TRUE(request.submitted());
   ASSERT_TRUE(WaitUntil([&] { return st.decode->metrics().succeeded() == 1; }));  // decoding
-  st.decode->Abort(*id);
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return done; }));
-  }
+  st.decode->Abort(request.id());
+  const engine::FinishReason finish = request.Wait(30).finish;
   EXPECT_TRUE(finish == engine::FinishReason::kAbort || finish == engine::FinishReason::kLength);
   EXPECT_TRUE(AllPagesFree(*st.decode));
   EXPECT_EQ(st.decode->metrics().fenced(), 1);

@@ -38,6 +38,7 @@ using testing::kSecret;
 using testing::MakeEngine;
 using testing::Model;
 using testing::Outcome;
+using testing::PendingRequest;
 using testing::PromptOf;
 using testing::Shape;
 using testing::StartDecode;
@@ -229,26 +230,15 @@ TEST(MessengerFailureTest, AnAbortedRequestFreesPagesOnBothSides) {
   auto decode = StartDecode(s, {{"p0", prefill->messenger->fabric_address()}});
   ASSERT_TRUE(decode->WaitForPeers(kDeadlineS).ok());
   for (int i = 0; i < 8; ++i) {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    engine::FinishReason finish = engine::FinishReason::kNone;
     engine::SamplingParams p;
     p.max_tokens = 50;
-    auto id = decode->Submit(PromptOf(40, i), p, [&](const engine::RequestOutput& out) {
-      if (!out.finished()) return;
-      std::lock_guard<std::mutex> lock(mu);
-      done = true;
-      finish = out.finish_reason;
-      cv.notify_all();
-    });
-    ASSERT_TRUE(id.ok());
+    PendingRequest request(*decode, PromptOf(40, i), p);
+    ASSERT_TRUE(request.submitted());
     // Abort at different points: at once, once the transfer started, once decoding.
     if (i % 3 == 1) WaitUntil([&] { return decode->num_active_transfers() > 0; }, 5);
     if (i % 3 == 2) WaitUntil([&] { return decode->metrics().succeeded() > 0; }, 5);
-    decode->Abort(*id);
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return done; }));
+    decode->Abort(request.id());
+    const engine::FinishReason finish = request.Wait(30).finish;
     EXPECT_TRUE(finish == engine::FinishReason::kAbort || finish == engine::FinishReason::kLength);
   }
   EXPECT_TRUE(AllPagesFree(*decode));
@@ -419,27 +409,16 @@ TEST(MessengerFenceTest, AbortedTransferPagesWaitForThePrefillInstanceToStop) {
   auto decode = StartDecode(s, {{"slow", fake->address()}});
   ASSERT_TRUE(decode->WaitForPeers(kDeadlineS).ok());
   const int total = decode->stats().num_total_pages;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
   engine::SamplingParams p;
   p.max_tokens = 4;
-  auto id = decode->Submit(PromptOf(13, 1), p, [&](const engine::RequestOutput& out) {
-    if (!out.finished()) return;
-    std::lock_guard<std::mutex> lock(mu);
-    done = true;
-    cv.notify_all();
-  });
-  ASSERT_TRUE(id.ok());
+  PendingRequest pending(*decode, PromptOf(13, 1), p);
+  ASSERT_TRUE(pending.submitted());
   std::optional<Frame> request = fake->Next();
   ASSERT_TRUE(request.has_value());
   auto* req = std::get_if<PrefillRequest>(&request->message);
   ASSERT_NE(req, nullptr);
-  decode->Abort(*id);
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return done; }));
-  }
+  decode->Abort(pending.id());
+  pending.Wait(30);
   std::optional<Frame> cancel = fake->Next();
   ASSERT_TRUE(cancel.has_value());
   ASSERT_TRUE(std::holds_alternative<Cancel>(cancel->message));

@@ -157,38 +157,69 @@ struct Outcome {
   Status error;
 };
 
-// Runs one greedy request to its end through any AsyncEngine (a test failure if it has not ended
-// after `timeout_s`).
-inline Outcome Generate(engine::AsyncEngine& engine, const std::vector<int32_t>& prompt,
-                        int max_tokens, int64_t* id_out = nullptr, double timeout_s = kDeadlineS) {
-  std::mutex mu;
-  std::condition_variable cv;
-  Outcome outcome;
-  bool done = false;
+// A request submitted through any AsyncEngine, its outputs collected until it ends: a test can act
+// on it between Submit and Wait (a refused Submit ends it at once, with kError).
+class PendingRequest {
+ public:
+  PendingRequest(engine::AsyncEngine& engine, const std::vector<int32_t>& prompt,
+                 const engine::SamplingParams& params) {
+    auto id = engine.Submit(prompt, params, [this](const engine::RequestOutput& out) {
+      std::lock_guard<std::mutex> lock(mu_);
+      outcome_.tokens.insert(outcome_.tokens.end(), out.new_token_ids.begin(),
+                             out.new_token_ids.end());
+      if (out.finished()) {
+        outcome_.finish = out.finish_reason;
+        outcome_.error = out.error;
+        done_ = true;
+        cv_.notify_all();
+      }
+    });
+    if (id.ok()) {
+      id_ = *id;
+    } else {
+      outcome_.finish = engine::FinishReason::kError;
+      outcome_.error = id.status();
+      done_ = true;
+    }
+  }
+  PendingRequest(const PendingRequest&) = delete;
+  PendingRequest& operator=(const PendingRequest&) = delete;
+
+  bool submitted() const { return id_ >= 0; }
+  int64_t id() const { return id_; }
+
+  // The outcome once the request has ended (a test failure if it has not after `timeout_s`).
+  Outcome Wait(double timeout_s = kDeadlineS) {
+    std::unique_lock<std::mutex> lock(mu_);
+    EXPECT_TRUE(cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return done_; }))
+        << "request did not finish";
+    return outcome_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  Outcome outcome_;
+  bool done_ = false;
+  int64_t id_ = -1;
+};
+
+// Greedy sampling of `max_tokens` tokens, EOS ignored.
+inline engine::SamplingParams GreedyParams(int max_tokens) {
   engine::SamplingParams p;
   p.temperature = 0.0f;
   p.max_tokens = max_tokens;
   p.ignore_eos = true;
-  auto id = engine.Submit(prompt, p, [&](const engine::RequestOutput& out) {
-    std::lock_guard<std::mutex> lock(mu);
-    outcome.tokens.insert(outcome.tokens.end(), out.new_token_ids.begin(), out.new_token_ids.end());
-    if (out.finished()) {
-      outcome.finish = out.finish_reason;
-      outcome.error = out.error;
-      done = true;
-      cv.notify_all();
-    }
-  });
-  if (!id.ok()) {
-    outcome.finish = engine::FinishReason::kError;
-    outcome.error = id.status();
-    return outcome;
-  }
-  if (id_out != nullptr) *id_out = *id;
-  std::unique_lock<std::mutex> lock(mu);
-  EXPECT_TRUE(cv.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return done; }))
-      << "request did not finish";
-  return outcome;
+  return p;
+}
+
+// Runs one greedy request to its end through any AsyncEngine (a test failure if it has not ended
+// after `timeout_s`).
+inline Outcome Generate(engine::AsyncEngine& engine, const std::vector<int32_t>& prompt,
+                        int max_tokens, int64_t* id_out = nullptr, double timeout_s = kDeadlineS) {
+  PendingRequest request(engine, prompt, GreedyParams(max_tokens));
+  if (id_out != nullptr && request.submitted()) *id_out = request.id();
+  return request.Wait(timeout_s);
 }
 
 inline bool AllPagesFree(const engine::AsyncEngine& e, double timeout_s = kDeadlineS) {
