@@ -92,6 +92,7 @@ using validate_sim::BenchRequests;
 using validate_sim::CalibratedAt;
 using validate_sim::CalibrateDecodeUnderLoad;
 using validate_sim::CalibratedLinks;
+using validate_sim::CalibrateKvReady;
 using validate_sim::CalibrateOutside;
 using validate_sim::Calibration;
 using validate_sim::ClientRequestsOf;
@@ -418,7 +419,7 @@ Status Validate(const ValidateFlags& f) {
   std::vector<std::vector<LoadRunCpu>> cal_runs;
   RETURN_IF_ERROR(RunRounds(f, spec, rates, slo, dep, coeffs, &sets, &reports, &cal_runs));
   up.Stop();
-  ASSIGN_OR_RETURN(const Calibration probes, Combine(f, sets, false));
+  ASSIGN_OR_RETURN(Calibration probes, Combine(f, sets, false));
   ASSIGN_OR_RETURN(cal, Combine(f, sets, true, &load));
   for (size_t i = 0; i < rates.size(); ++i)
     reports[i].raw.rate = reports[i].calibrated.rate = rates[i];
@@ -426,6 +427,10 @@ Status Validate(const ValidateFlags& f) {
   // the code; the load run came before every compared round).
   const auto traced = validate_sim::ReadTracedRequests(f);
   CalibrateOutside(f, load.client, load.begin_s, load.end_s, reports, traced, &cal);
+  // The hand-over point inside the prefill step, from the same load run's traces.
+  CalibrateKvReady(f, load.begin_s, load.end_s, reports, traced, &cal);
+  probes.overheads.kv_ready_fraction = cal.overheads.kv_ready_fraction;
+  probes.overheads.transfer_s_per_token = cal.overheads.transfer_s_per_token;
   // Uncalibrated, the KV transfer takes no time; calibrated, the probes' transfer time per token.
   planner::ClusterLinks links;
   links.kv_bytes_per_token = kv.bytes_per_token;

@@ -167,4 +167,44 @@ inline void CalibrateOutside(const ValidateFlags& f,
   }
 }
 
+// Fewer of the load run's traced requests than this and the hand-over stays at the step's end.
+inline constexpr size_t kMinKvReadyRequests = 50;
+
+// Sets cal->overheads.kv_ready_fraction (how far into its prefill step a prompt's KV is whole at
+// the decode instance: planner::KvReadyFraction) from the load run's traced requests (uncompared,
+// before every compared round) and prints the rounds' own beside it (not used). The traced ready
+// point includes the KV transfer, so the probes' transfer time per token is then dropped.
+// Without traces the hand-over stays at the step's end, saying why.
+inline void CalibrateKvReady(const ValidateFlags& f, double load_begin_s, double load_end_s,
+                             const std::vector<RateReport>& reports,
+                             const Result<std::vector<planner::TracedRequest>>& all,
+                             Calibration* cal) {
+  std::printf(
+      "\nthe KV hand-over (a prompt's KV whole at the decode instance, as a share of the "
+      "prefill step that computed it; the step's end is 1):\n");
+  auto keep_end = [](const std::string& why) {
+    std::printf("  the calibrated simulation hands over at the step's end: %s\n", why.c_str());
+  };
+  if (f.trace.empty()) return keep_end("no --trace");
+  if (!all.ok()) return keep_end(all.status().ToString());
+  auto load =
+      planner::KvReadyFraction(TracedIn(*all, load_begin_s, load_end_s), kMinKvReadyRequests);
+  if (!load.ok()) return keep_end(load.status().ToString());
+  cal->overheads.kv_ready_fraction = *load;
+  std::printf(
+      "  load run: %.3f (median of its traced requests), used; the probes' transfer time "
+      "per token (%.4f ms) is dropped: the traced ready point includes the transfer\n",
+      *load, cal->overheads.transfer_s_per_token * 1e3);
+  cal->overheads.transfer_s_per_token = 0;
+  for (const RateReport& r : reports) {  // the compared rounds' own: printed, never used
+    std::vector<planner::TracedRequest> in;
+    for (const RoundResult& rr : r.rounds) {
+      const auto part = TracedIn(*all, rr.begin_s, rr.end_s);
+      in.insert(in.end(), part.begin(), part.end());
+    }
+    const auto got = planner::KvReadyFraction(in, 1);
+    if (got.ok()) std::printf("  rounds at %.3g req/s (not used): %.3f\n", r.raw.rate, *got);
+  }
+}
+
 }  // namespace pd::apps::validate_sim

@@ -69,6 +69,7 @@ inline nlohmann::json OverheadsJson(const Calibration& cal) {
       {"fixed_s", o.fixed_s},
       {"prefill_scale", o.prefill_scale},
       {"transfer_s_per_token", o.transfer_s_per_token},
+      {"kv_ready_fraction", o.kv_ready_fraction},
       {"decode_fixed_ms", o.decode_fixed_ms},
       {"decode_seq_ms", o.decode_seq_ms},
       {"corun_prefill", o.corun_prefill},

@@ -33,6 +33,7 @@ inline std::vector<planner::InstanceConfig> Instances(const ValidateFlags& f, pl
   p.policy.enable_chunked_prefill = true;
   p.policy.kv_capacity_tokens = kv_tokens;
   p.corun_slowdown = o.corun_prefill;
+  p.kv_ready_fraction = o.kv_ready_fraction;
   planner::InstanceConfig d = p;
   d.role = planner::Role::kDecode;
   d.coeffs = c;

@@ -9,7 +9,7 @@
 namespace pd::planner {
 namespace {
 
-enum class EventKind { kArrival, kStageFree, kStepDone, kKvArrived, kTtftDeadline };
+enum class EventKind { kArrival, kStageFree, kStepDone, kKvReady, kKvArrived, kTtftDeadline };
 
 struct Event {
   double time = 0.0;
@@ -64,6 +64,9 @@ class Cluster {
   int PickLeastLoaded(Role role) const;
   void OnArrival(double now, int64_t req);
   void OnStepDone(double now, int inst);
+  // `req`'s KV is whole on the prefill instance `inst`: picks a decode instance and starts the
+  // transfer to it.
+  void HandOver(double now, int inst, int64_t req);
   void OnKvArrived(double now, int inst, int64_t req);
   void OnTtftDeadline(double now, int64_t req);
   // Counts a miss as soon as the request's TPOT must exceed the SLO whatever comes next: its
@@ -71,6 +74,11 @@ class Cluster {
   void CheckTpotBound(double now, int64_t req, double min_step_s);
   void TryStart(double now, int inst);
   bool OtherBusyOnNode(int inst) const;  // another instance on its node is mid-step
+  // A prefill instance that hands its prompts over before its step ends
+  // (InstanceConfig::kv_ready_fraction).
+  bool EarlyHandOver(const InstanceConfig& c) const {
+    return c.role == Role::kPrefill && opts_.first_token_on_decode && c.kv_ready_fraction < 1;
+  }
   void MarkDirty(int inst) {
     if (!instances_[inst].dirty) {
       instances_[inst].dirty = true;
@@ -104,6 +112,10 @@ Status Cluster::Init(std::span<const InstanceConfig> configs) {
   SchedulerFactory factory = opts_.make_scheduler ? opts_.make_scheduler : NativeSchedulerFactory();
   for (const auto& c : configs) {
     if (c.tp < 1 || c.pp < 1) return InvalidArgument("instance TP and PP must be >= 1");
+    if (!(c.kv_ready_fraction > 0 && c.kv_ready_fraction <= 1)) {
+      return InvalidArgument("instance kv_ready_fraction must be in (0, 1], got " +
+                             std::to_string(c.kv_ready_fraction));
+    }
     colocated += c.role == Role::kColocated;
     prefill += c.role == Role::kPrefill;
     decode += c.role == Role::kDecode;
@@ -166,6 +178,9 @@ SimResult Cluster::Run() {
         break;
       case EventKind::kStepDone:
         OnStepDone(now, e.instance);
+        break;
+      case EventKind::kKvReady:
+        HandOver(now, e.instance, e.request);
         break;
       case EventKind::kKvArrived:
         OnKvArrived(now, e.instance, e.request);
@@ -241,6 +256,14 @@ void Cluster::CheckTpotBound(double now, int64_t req, double min_step_s) {
   if (bound > opts_.slo.tpot_s * (1 + 1e-9) + 1e-12) CountMiss(req);
 }
 
+void Cluster::HandOver(double now, int inst, int64_t req) {
+  const int dest = PickLeastLoaded(Role::kDecode);
+  ++instances_[dest].incoming;
+  const double xfer = KvTransferSeconds(instances_[inst].cfg, instances_[dest].cfg, links_,
+                                        requests_[req].prompt_len);
+  Push(now + xfer, EventKind::kKvArrived, dest, req);
+}
+
 void Cluster::OnKvArrived(double now, int inst, int64_t req) {
   result_.requests[req].kv_arrived_s = now;
   Instance& in = instances_[inst];
@@ -304,6 +327,11 @@ void Cluster::TryStart(double now, int i) {
   ++result_.num_steps;
   inst.batches.push_back(std::move(batch));
   Push(inst.last_done, EventKind::kStepDone, i, -1);
+  if (EarlyHandOver(inst.cfg)) {
+    const double ready = now + inst.cfg.kv_ready_fraction * t.step_s;
+    for (const BatchItem& item : inst.batches.back().items)
+      if (item.samples) Push(ready, EventKind::kKvReady, i, item.seq_id);
+  }
   if (inst.cfg.pp > 1) Push(inst.stage_free_at, EventKind::kStageFree, i, -1);
 }
 
@@ -311,10 +339,7 @@ bool Cluster::OnToken(double now, Instance& inst, int64_t req) {
   RequestResult& out = result_.requests[req];
   if (inst.cfg.role == Role::kPrefill && opts_.first_token_on_decode) {
     out.prefill_done_s = now;
-    const int dest = PickLeastLoaded(Role::kDecode);
-    ++instances_[dest].incoming;
-    const double xfer = KvTransferSeconds(inst.cfg, instances_[dest].cfg, links_, out.prompt_len);
-    Push(now + xfer, EventKind::kKvArrived, dest, req);
+    if (!EarlyHandOver(inst.cfg)) HandOver(now, static_cast<int>(&inst - instances_.data()), req);
     return true;
   }
   const int n = ++generated_[req];
@@ -330,12 +355,7 @@ bool Cluster::OnToken(double now, Instance& inst, int64_t req) {
     if (!missed_[req]) ++meets_;
   }
   if (inst.cfg.role != Role::kPrefill) return last;
-  if (!last) {
-    const int dest = PickLeastLoaded(Role::kDecode);
-    ++instances_[dest].incoming;
-    const double xfer = KvTransferSeconds(inst.cfg, instances_[dest].cfg, links_, out.prompt_len);
-    Push(now + xfer, EventKind::kKvArrived, dest, req);
-  }
+  if (!last) HandOver(now, static_cast<int>(&inst - instances_.data()), req);
   return true;  // a prefill instance is done with the sequence after its first token
 }
 

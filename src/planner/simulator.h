@@ -38,6 +38,13 @@ struct InstanceConfig {
   // (instances sharing a machine's cores, caches and memory bandwidth: on one CPU host they slow
   // each other down). 1: independent devices.
   double corun_slowdown = 1.0;
+  // A prefill instance's hand-over with SimOptions::first_token_on_decode: the share of a prefill
+  // step after which its prompts' KV transfer (KvTransferSeconds) starts. pdserve streams each
+  // layer's KV as the layer computes it and the decode instance starts on the last layer's, while
+  // the prefill step still runs that layer's attention and MLP, the final norm and the metadata
+  // write (a traced local deployment: 0.90 of the step). 1: when the step ends (DistServe's
+  // accounting). In (0, 1].
+  double kv_ready_fraction = 1.0;
 };
 
 struct ClusterLinks {

@@ -154,6 +154,65 @@ TEST(Simulator, FirstTokenOnDecodeCountsTransferAndDecodeStepInTtft) {
   EXPECT_NEAR(ds->requests[0].finish_s, 0.05 + 0.12 + 3 * 0.01, 1e-12);
 }
 
+// pdserve streams the KV layer by layer: with kv_ready_fraction f the transfer starts f of the
+// way through the prefill step, so the decode step can start (and end) before the prefill step
+// does; the prefill instance still holds its compute for the whole step.
+TEST(Simulator, EarlyHandOverStartsTheTransferPartWayThroughThePrefillStep) {
+  InstanceConfig prefill, decode;
+  prefill.role = Role::kPrefill;
+  prefill.coeffs = ConstantPrefill(50);
+  prefill.kv_ready_fraction = 0.8;
+  prefill.policy.max_num_batched_tokens = 100;  // one prompt per step
+  decode.role = Role::kDecode;
+  decode.coeffs.decode_small = {5, 0, 0};
+  ClusterLinks links;
+  links.transfer_latency_s = 0.002;
+  std::vector<InstanceConfig> insts = {prefill, decode};
+  std::vector<SimRequest> reqs = {{0, 0.0, 100, 3}, {1, 0.0, 100, 1}};
+  SimOptions o;
+  o.first_token_on_decode = true;
+  auto r = Simulate(insts, links, reqs, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const RequestResult& a = r->requests[0];
+  EXPECT_NEAR(a.kv_arrived_s, 0.8 * 0.05 + 0.002, 1e-12);
+  EXPECT_NEAR(a.prefill_done_s, 0.05, 1e-12);  // the step still ends at 50 ms
+  EXPECT_NEAR(a.ttft_s(), 0.042 + 0.005, 1e-12);
+  EXPECT_LT(a.ttft_s(), a.prefill_done_s);  // the hand-over came before the step's end
+  EXPECT_NEAR(a.tpot_s(), 0.005, 1e-12);
+  // The second prompt's step starts when the first one's ends, not at its hand-over.
+  const RequestResult& b = r->requests[1];
+  EXPECT_NEAR(b.prefill_done_s, 0.1, 1e-12);
+  EXPECT_NEAR(b.kv_arrived_s, 0.05 + 0.04 + 0.002, 1e-12);
+  EXPECT_TRUE(b.done());  // a one-token answer finishes on the decode instance
+  // 1 is the hand-over at the step's end, as before.
+  insts[0].kv_ready_fraction = 1.0;
+  auto end = Simulate(insts, links, reqs, o);
+  ASSERT_TRUE(end.ok());
+  EXPECT_NEAR(end->requests[0].kv_arrived_s, 0.052, 1e-12);
+  EXPECT_NEAR(end->requests[0].ttft_s(), 0.057, 1e-12);
+  // DistServe's accounting (the first token from the prefill step) ignores the fraction.
+  insts[0].kv_ready_fraction = 0.8;
+  auto ds = Simulate(insts, links, reqs, SimOptions{});
+  ASSERT_TRUE(ds.ok());
+  EXPECT_NEAR(ds->requests[0].ttft_s(), 0.05, 1e-12);
+  EXPECT_NEAR(ds->requests[0].kv_arrived_s, 0.052, 1e-12);
+}
+
+TEST(Simulator, RejectsAKvReadyFractionOutsideZeroToOne) {
+  InstanceConfig p, d;
+  p.role = Role::kPrefill;
+  d.role = Role::kDecode;
+  std::vector<SimRequest> reqs = {{0, 0.0, 10, 2}};
+  for (double bad : {0.0, -0.5, 1.5, std::nan("")}) {
+    p.kv_ready_fraction = bad;
+    std::vector<InstanceConfig> insts = {p, d};
+    auto r = Simulate(insts, ClusterLinks{}, reqs, {});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("kv_ready_fraction"), std::string::npos);
+  }
+}
+
 TEST(Simulator, StopsOnceEnoughRequestsMetTheSlo) {
   InstanceConfig inst;
   inst.coeffs = ConstantPrefill(100);

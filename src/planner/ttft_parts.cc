@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "planner/metrics.h"
+
 namespace pd::planner {
 namespace {
 
@@ -117,6 +119,26 @@ Result<std::vector<TracedRequest>> TracedRequestsFromTraces(const std::string& p
   std::sort(out.begin(), out.end(),
             [](const TracedRequest& a, const TracedRequest& b) { return a.sent_s < b.sent_s; });
   return out;
+}
+
+Result<double> KvReadyFraction(std::span<const TracedRequest> traced, size_t min_requests) {
+  std::vector<double> fractions;
+  for (const TracedRequest& r : traced) {
+    if (!(r.step_s() > 0)) continue;
+    const double f = (r.kv_ready_s - r.step_begin_s) / r.step_s();
+    if (!std::isfinite(f) || f <= 0) {
+      return FailedPrecondition("request " + r.id + ": its KV was ready at or before its prefill " +
+                                "step began (" +
+                                std::to_string((r.kv_ready_s - r.step_begin_s) * 1e3) + " ms)");
+    }
+    fractions.push_back(std::min(f, 1.0));
+  }
+  if (fractions.empty() || fractions.size() < min_requests) {
+    return FailedPrecondition("KV ready fraction: " + std::to_string(fractions.size()) +
+                              " traced requests with a prefill step, under the " +
+                              std::to_string(min_requests) + " needed");
+  }
+  return Percentile(std::move(fractions), 0.5);
 }
 
 namespace {

@@ -53,6 +53,16 @@ struct TracedRequest {
 Result<std::vector<TracedRequest>> TracedRequestsFromTraces(const std::string& prefill_json,
                                                             const std::string& decode_json);
 
+// How far into its prefill step a request's KV was whole at the decode instance: the median over
+// `traced` of (kv_ready_s - step_begin_s) / step_s(), each capped at 1 (the simulator's
+// InstanceConfig::kv_ready_fraction; a hand-over after the step's end is the transfer's). The
+// decode instance starts on the last layer's KV while the prefill step still runs that layer's
+// attention and MLP, the final norm and the metadata write (a 128-token prompt of the small
+// model: ~1.4 ms of a ~14 ms step). Requests whose step has no length are left out;
+// FailedPrecondition under `min_requests` left (or when one left has a ready point that is not
+// finite or before its step began).
+Result<double> KvReadyFraction(std::span<const TracedRequest> traced, size_t min_requests);
+
 // The bench client's side of a request: its arrival (seconds from the run's start: when the
 // client sent it), prompt length and measured TTFT.
 struct ClientRequest {

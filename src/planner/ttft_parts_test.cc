@@ -128,6 +128,35 @@ TracedRequest Traced(double sent_s, int prompt, double engines_s) {
   return r;
 }
 
+TracedRequest Stepped(double begin_s, double end_s, double kv_ready_s) {
+  TracedRequest r = Traced(begin_s, 16, 0.001);
+  r.step_begin_s = begin_s;
+  r.step_end_s = end_s;
+  r.kv_ready_s = kv_ready_s;
+  return r;
+}
+
+TEST(TtftParts, KvReadyFractionIsTheMedianShareOfTheStepBeforeTheKvWasWhole) {
+  const std::vector<TracedRequest> traced = {
+      Stepped(1.0, 1.010, 1.009),   // 0.9
+      Stepped(2.0, 2.020, 2.016),   // 0.8
+      Stepped(3.0, 3.010, 3.0095),  // 0.95
+      Stepped(4.0, 4.0, 4.001),     // no step length: left out
+      Stepped(5.0, 5.010, 5.030)};  // after the step's end: capped at 1
+  auto f = KvReadyFraction(traced, 3);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_NEAR(*f, 0.925, 1e-9);  // the median of 0.8, 0.9, 0.95, 1
+  EXPECT_EQ(KvReadyFraction(traced, 5).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(KvReadyFraction({}, 0).status().code(), StatusCode::kFailedPrecondition);
+  // A ready point at or before the step's start is a broken trace, not a fraction of 0.
+  const std::vector<TracedRequest> broken = {Stepped(1.0, 1.010, 1.009),
+                                             Stepped(2.0, 2.010, 1.999)};
+  auto b = KvReadyFraction(broken, 1);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(b.status().message().find("before"), std::string::npos);
+}
+
 TEST(TtftParts, JoinFindsEachRequestsTraceByArrivalAndLength) {
   // The client's clock starts at steady-clock 5000 s; each request reaches the decode instance
   // 0.8-1.6 ms after it was sent. Requests 1 and 2 arrive 0.3 ms apart and are traced in the

@@ -73,6 +73,10 @@ struct RealOverheads {
   // Latency per prompt token between the prefill step's end and the first token that does not
   // hold the prefill instance (the KV transfer): ClusterLinks' per-token transfer time.
   double transfer_s_per_token = 0.0;
+  // How far into its prefill step a prompt's KV is whole at the decode instance
+  // (InstanceConfig::kv_ready_fraction): from traces (planner::KvReadyFraction); SolveOverheads
+  // leaves it at 1 (the hand-over when the step ends).
+  double kv_ready_fraction = 1.0;
 };
 // InvalidArgument without TTFT probes, or without decode probes, or with a batch < 1.
 Result<RealOverheads> SolveOverheads(const std::vector<IdleProbe>& probes,
