@@ -50,8 +50,10 @@ struct Calibration {
   // schedstat CPU share's stretch of the decode steps (planner::StretchAtRate scales it to each
   // rate), and overheads.corun_decode holds the load run's co-run factor (`corun_probes`: the
   // probes' figure it replaced; equal when too few co-run steps were traced).
+  // For the decode steps, `stretch` is that of their per-step part and `seq_stretch` of their
+  // per-sequence part (planner::DecodeLoadFactors' split; equal when unsplit).
   struct DecodeUnderLoad {
-    double stretch = 1.0, rate = 0.0, corun_probes = 1.0;
+    double stretch = 1.0, rate = 0.0, corun_probes = 1.0, seq_stretch = 1.0;
   };
   std::optional<DecodeUnderLoad> decode_load;
   // The prefill instance's steps under load (a rate's calibration runs,

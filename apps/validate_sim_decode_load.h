@@ -100,7 +100,26 @@ inline Result<planner::DecodeLoadFactors> MeasureDecodeUnderLoad(
   const auto real_rows = planner::SummarizeDecodeSteps(real, kLoadRunBatchRows, kMaxLoopGapS);
   const auto sim_rows = planner::SummarizeDecodeSteps(planner::StepsOfInstance(sim, 1),
                                                       kLoadRunBatchRows, kMaxLoopGapS);
-  return planner::DecodeFactorsUnderLoad(real_rows, sim_rows, min_steps);
+  // The simulated decode step's per-step part (the model's constant, the probes' per-step cost).
+  const double fixed_ms =
+      coeffs.decode_small[0] + cal.overheads.decode_fixed_ms + coeffs.overhead_ms;
+  return planner::DecodeFactorsUnderLoad(real_rows, sim_rows, min_steps, fixed_ms * 1e-3);
+}
+
+// How a decode stretch was applied: "per step x.. and per sequence x.. (fitted per batch size)",
+// or "unsplit" with why.
+inline std::string SplitText(const planner::DecodeLoadFactors& m) {
+  char b[160];
+  if (m.split) {
+    std::snprintf(b, sizeof(b), "per step x%.3f and per sequence x%.3f (fitted per batch size)",
+                  m.step_stretch, m.seq_stretch);
+  } else {
+    std::snprintf(b, sizeof(b),
+                  "both parts alike (too few batch sizes with %lld steps, or a fit outside "
+                  "[0.5, 2])",
+                  static_cast<long long>(planner::kMinSplitRowSteps));
+  }
+  return b;
 }
 
 // Sets cal->decode_load (and the decode co-run factor) from the load run's traces, printing the
@@ -138,17 +157,18 @@ inline void CalibrateDecodeUnderLoad(const ValidateFlags& f, const bench::Datase
     return;
   }
   const double probes_corun = cal->overheads.corun_decode;
-  cal->decode_load = Calibration::DecodeUnderLoad{m->stretch, load.rate, probes_corun};
+  cal->decode_load =
+      Calibration::DecodeUnderLoad{m->step_stretch, load.rate, probes_corun, m->seq_stretch};
   const bool corun = f.corun && m->corun_steps >= kMinLoadRunCorun;
   if (corun) cal->overheads.corun_decode = std::clamp(m->corun, 1.0, 4.0);
   std::printf(
-      "%lld steps alone (step + engine loop) x%.3f the calibrated simulation's unstretched ones: "
-      "the decode stretch, scaled to each rate by the core share it stands for (the schedstat CPU "
-      "share of client, router and the decode instance's own threads gave x%.3f at %.3g req/s); "
-      "%lld co-run steps x%.3f the alone ones of their batch size: the decode co-run factor %s "
-      "(the probes' x%.3f)\n",
-      static_cast<long long>(m->alone_steps), m->stretch, schedstat, load.rate,
-      static_cast<long long>(m->corun_steps), m->corun,
+      "%lld steps alone (step + engine loop) x%.3f the calibrated simulation's unstretched ones, "
+      "%s: the decode stretch, scaled to each rate by the core share it stands for (the schedstat "
+      "CPU share of client, router and the decode instance's own threads gave x%.3f at %.3g "
+      "req/s); %lld co-run steps x%.3f the alone ones of their batch size: the decode co-run "
+      "factor %s (the probes' x%.3f)\n",
+      static_cast<long long>(m->alone_steps), m->stretch, SplitText(*m).c_str(), schedstat,
+      load.rate, static_cast<long long>(m->corun_steps), m->corun,
       corun ? "used" : "not used (too few steps or --no-corun)", probes_corun);
 }
 

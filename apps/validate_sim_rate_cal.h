@@ -98,7 +98,8 @@ inline planner::CalibrationRunFactors FactorsOfRun(
     auto m = MeasureDecodeUnderLoad(f, spec, coeffs, kv_tokens, links, slo, run, cal, steps->decode,
                                     kMinCalRunSteps);
     if (m.ok()) {
-      out.decode_stretch = m->stretch;
+      out.decode_stretch = m->step_stretch;
+      out.decode_seq_stretch = m->seq_stretch;
       if (m->corun_steps >= kMinCalRunCorun) out.decode_corun = m->corun;
     }
   }
@@ -142,7 +143,8 @@ inline void PrintRateCalibration(const ValidateFlags& f,
   std::printf(
       "  %.3g req/s, %d runs: client + router CPU per request %s ms -> %.3f (single load run "
       "%.3f); prefill stretch %s -> x%.3f (%d runs; single: the client's CPU share x%.3f); "
-      "decode stretch %s -> x%.3f (%d runs; single x%.3f scaled to this rate); co-run %s "
+      "decode stretch per step %s -> x%.3f (%d runs; single x%.3f scaled to this rate), per "
+      "sequence %s -> x%.3f; co-run %s "
       "-> x%.3f (%d runs; single x%.3f); outside mean %s ms -> run %d's %zu: p50 %.2f p90 %.2f "
       "(single p50 %.2f p90 %.2f)\n",
       rc.rate, rc.runs,
@@ -164,6 +166,12 @@ inline void PrintRateCalibration(const ValidateFlags& f,
            })
           .c_str(),
       cal.decode_load ? cal.decode_load->stretch : 0.0, rc.stretch_runs, single_stretch,
+      Each(runs,
+           [](const planner::CalibrationRunFactors& r) {
+             return r.decode_seq_stretch ? Fmt("x%.3f", *r.decode_seq_stretch) : "-";
+           })
+          .c_str(),
+      cal.decode_load ? cal.decode_load->seq_stretch : 0.0,
       Each(runs,
            [](const planner::CalibrationRunFactors& r) {
              return r.decode_corun ? Fmt("x%.3f", *r.decode_corun) : "-";
@@ -196,7 +204,9 @@ inline Result<Calibration> ApplyRateCalibration(const ValidateFlags& f,
   const double corun_probes =
       single.decode_load ? single.decode_load->corun_probes : single.overheads.corun_decode;
   if (rc.decode_stretch) {
-    cal.decode_load = Calibration::DecodeUnderLoad{*rc.decode_stretch, rc.rate, corun_probes};
+    cal.decode_load =
+        Calibration::DecodeUnderLoad{*rc.decode_stretch, rc.rate, corun_probes,
+                                     rc.decode_seq_stretch.value_or(*rc.decode_stretch)};
   }
   if (rc.decode_corun && f.corun)
     cal.overheads.corun_decode = std::clamp(*rc.decode_corun, 1.0, 4.0);

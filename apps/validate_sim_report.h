@@ -84,7 +84,8 @@ inline nlohmann::json OverheadsJson(const Calibration& cal) {
       {"decode_under_load", cal.decode_load
                                 ? nlohmann::json{{"stretch", cal.decode_load->stretch},
                                                  {"rate", cal.decode_load->rate},
-                                                 {"corun_probes", cal.decode_load->corun_probes}}
+                                                 {"corun_probes", cal.decode_load->corun_probes},
+                                                 {"seq_stretch", cal.decode_load->seq_stretch}}
                                 : nlohmann::json(nullptr)},
       {"prefill_under_load", cal.prefill_load
                                  ? nlohmann::json{{"stretch", cal.prefill_load->stretch},

@@ -84,13 +84,19 @@ inline Result<planner::Summary> SimulateRate(
   return planner::Summarize(sim.requests, slo);
 }
 
-// The step times of each instance scaled by `factor`.
+// The step times of each instance scaled by `factor`; the decode instance's per-sequence terms
+// (context and batch) by `decode_seq` instead.
 inline std::vector<planner::InstanceConfig> Slowed(std::vector<planner::InstanceConfig> insts,
-                                                   const Stretches& factor) {
+                                                   const Stretches& factor, double decode_seq) {
   for (auto& inst : insts) {
-    const double k = inst.role == planner::Role::kPrefill ? factor.prefill : factor.decode;
-    for (auto* form : {&inst.coeffs.prefill, &inst.coeffs.decode_small, &inst.coeffs.decode_large})
-      for (double& v : *form) v *= k;
+    const bool prefill = inst.role == planner::Role::kPrefill;
+    const double k = prefill ? factor.prefill : factor.decode;
+    for (double& v : inst.coeffs.prefill) v *= k;
+    for (auto* form : {&inst.coeffs.decode_small, &inst.coeffs.decode_large}) {
+      (*form)[0] *= k;
+      (*form)[1] *= prefill ? k : decode_seq;
+      (*form)[2] *= prefill ? k : decode_seq;
+    }
   }
   return insts;
 }
@@ -114,6 +120,7 @@ inline Result<std::vector<planner::InstanceConfig>> CalibratedAt(const ValidateF
                                                                  const Calibration& cal,
                                                                  int64_t kv_tokens, double rate) {
   Stretches k;
+  double decode_seq = 0;
   const planner::ClientCpuCost decode_own{cal.decode_own_cpu.per_request_s, 0.0};
   if (cal.prefill_load) {  // measured under load by a rate's calibration runs' traces
     ASSIGN_OR_RETURN(
@@ -125,11 +132,14 @@ inline Result<std::vector<planner::InstanceConfig>> CalibratedAt(const ValidateF
   if (cal.decode_load) {  // measured under load by the load run's traces
     ASSIGN_OR_RETURN(k.decode,
                      planner::StretchAtRate(cal.decode_load->stretch, cal.decode_load->rate, rate));
+    ASSIGN_OR_RETURN(decode_seq, planner::StretchAtRate(cal.decode_load->seq_stretch,
+                                                        cal.decode_load->rate, rate));
   } else {
     ASSIGN_OR_RETURN(k.decode, planner::BackgroundCpuStretch(cal.StretchCpu(), rate, f.output_len,
                                                              MachineCores(), decode_own));
+    decode_seq = k.decode;
   }
-  return Slowed(Instances(f, c, cal.overheads, kv_tokens), k);
+  return Slowed(Instances(f, c, cal.overheads, kv_tokens), k, decode_seq);
 }
 
 // The calibrated KV transfer: its time per prompt token, as the link's bandwidth.

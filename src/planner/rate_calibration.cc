@@ -92,6 +92,9 @@ Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFac
                    MedianOf(runs, &CalibrationRunFactors::prefill_stretch, &out.prefill_runs));
   ASSIGN_OR_RETURN(out.decode_stretch,
                    MedianOf(runs, &CalibrationRunFactors::decode_stretch, &out.stretch_runs));
+  int seq_runs = 0;
+  ASSIGN_OR_RETURN(out.decode_seq_stretch,
+                   MedianOf(runs, &CalibrationRunFactors::decode_seq_stretch, &seq_runs));
   ASSIGN_OR_RETURN(out.decode_corun,
                    MedianOf(runs, &CalibrationRunFactors::decode_corun, &out.corun_runs));
   std::vector<double> cost, mean;

@@ -45,7 +45,8 @@ struct CalibrationRunFactors {
   // The bench client's and router's CPU under load, in the probes' split (LoadedClientCpuCost).
   std::optional<ClientCpuCost> client_cpu;
   // DecodeFactorsUnderLoad on this run: unset when too few steps were traced.
-  std::optional<double> decode_stretch;
+  // Of the per-step part, and of the per-sequence part (DecodeLoadFactors' split; equal unsplit).
+  std::optional<double> decode_stretch, decode_seq_stretch;
   std::optional<double> decode_corun;
   // Per request, the latency outside the engines (measured TTFT less the traced engines' part);
   // empty when too few requests joined.
@@ -61,7 +62,7 @@ struct RateCalibration {
   double rate = 0.0;
   int runs = 0;
   std::optional<ClientCpuCost> client_cpu;
-  std::optional<double> prefill_stretch, decode_stretch, decode_corun;
+  std::optional<double> prefill_stretch, decode_stretch, decode_seq_stretch, decode_corun;
   std::vector<double> outside_s;
   int client_runs = 0, prefill_runs = 0, stretch_runs = 0, corun_runs = 0, outside_runs = 0;
   std::optional<size_t> client_run, outside_run;  // which run's cost / sample was taken

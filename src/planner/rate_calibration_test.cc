@@ -67,6 +67,7 @@ CalibrationRunFactors MakeRun(double rate, double cpu_per_request, double stretc
   r.client_cpu = ClientCpuCost{cpu_per_request, 0.0001};
   r.prefill_stretch = stretch + 0.1;
   r.decode_stretch = stretch;
+  r.decode_seq_stretch = stretch + 0.2;
   r.decode_corun = corun;
   r.outside_s = std::move(outside);
   return r;
@@ -85,6 +86,8 @@ TEST(ValidateRateCalibration, OneSlowRunOfThreeMovesNoFactor) {
   EXPECT_EQ(c->runs, 3);
   ASSERT_TRUE(c->decode_stretch && c->decode_corun && c->client_cpu);
   EXPECT_DOUBLE_EQ(*c->decode_stretch, 1.04);
+  ASSERT_TRUE(c->decode_seq_stretch);
+  EXPECT_DOUBLE_EQ(*c->decode_seq_stretch, 1.24);
   EXPECT_DOUBLE_EQ(*c->prefill_stretch, 1.14);
   EXPECT_EQ(c->prefill_runs, 3);
   EXPECT_DOUBLE_EQ(*c->decode_corun, 1.05);
@@ -107,11 +110,14 @@ TEST(ValidateRateCalibration, AFactorIsTakenOverTheRunsThatGaveIt) {
   };
   runs[0].decode_corun.reset();    // too few co-run steps
   runs[2].decode_stretch.reset();  // too few alone steps
+  runs[2].decode_seq_stretch.reset();
+  runs[0].decode_seq_stretch = 1.5;  // each part is its own median
   runs[1].prefill_stretch.reset();
   runs[1].client_cpu.reset();
   auto c = CombineCalibrationRuns(runs, 32);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  EXPECT_DOUBLE_EQ(*c->decode_stretch, 1.10);  // the upper of 1.00 and 1.10
+  EXPECT_DOUBLE_EQ(*c->decode_stretch, 1.10);      // the upper of 1.00 and 1.10
+  EXPECT_DOUBLE_EQ(*c->decode_seq_stretch, 1.50);  // the upper of 1.20 and 1.50
   EXPECT_EQ(c->stretch_runs, 2);
   EXPECT_DOUBLE_EQ(*c->prefill_stretch, 1.30);  // the upper of 1.20 and 1.30
   EXPECT_EQ(c->prefill_runs, 2);
@@ -129,6 +135,7 @@ TEST(ValidateRateCalibration, FactorsNoRunGaveStayUnset) {
   auto c = CombineCalibrationRuns(std::vector<CalibrationRunFactors>{r, r}, 32);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_FALSE(c->decode_stretch);
+  EXPECT_FALSE(c->decode_seq_stretch);
   EXPECT_FALSE(c->prefill_stretch);
   EXPECT_FALSE(c->decode_corun);
   EXPECT_FALSE(c->client_cpu);

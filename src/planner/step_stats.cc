@@ -106,9 +106,44 @@ std::vector<BatchStepStats> SummarizeDecodeSteps(std::span<const StepRecord> ste
   return rows;
 }
 
+namespace {
+
+// DecodeFactorsUnderLoad's split: step and sequence factors by weighted least squares over the
+// batch sizes with enough real alone steps; false when it cannot be fitted or is out of range.
+bool SplitStretch(std::span<const BatchStepStats> real, std::span<const BatchStepStats> sim,
+                  double fixed_s, DecodeLoadFactors* out) {
+  if (!(fixed_s > 0)) return false;
+  // Normal equations of min sum n (y - a*F - c*V)^2.
+  double ff = 0, fv = 0, vv = 0, fy = 0, vy = 0;
+  int rows = 0;
+  for (size_t i = 0; i < real.size() && i < sim.size(); ++i) {
+    const int64_t n = real[i].count - real[i].corun_count;
+    if (n < kMinSplitRowSteps || sim[i].count - sim[i].corun_count <= 0) continue;
+    const double y = real[i].mean_alone_s + real[i].mean_gap_s;
+    const double v = sim[i].mean_alone_s - fixed_s;
+    if (!(v > 0)) continue;
+    ff += n * fixed_s * fixed_s;
+    fv += n * fixed_s * v;
+    vv += n * v * v;
+    fy += n * fixed_s * y;
+    vy += n * v * y;
+    ++rows;
+  }
+  const double det = ff * vv - fv * fv;
+  if (rows < 2 || !(det > 1e-9 * ff * vv)) return false;
+  const double a = (fy * vv - vy * fv) / det;
+  const double c = (vy * ff - fy * fv) / det;
+  if (!(a >= 0.5 && a <= 2.0 && c >= 0.5 && c <= 2.0)) return false;
+  out->step_stretch = a;
+  out->seq_stretch = c;
+  return true;
+}
+
+}  // namespace
+
 Result<DecodeLoadFactors> DecodeFactorsUnderLoad(std::span<const BatchStepStats> real,
                                                  std::span<const BatchStepStats> sim,
-                                                 int64_t min_steps) {
+                                                 int64_t min_steps, double sim_step_fixed_s) {
   DecodeLoadFactors out;
   double real_alone = 0, sim_alone = 0, real_corun = 0, corun_as_alone = 0;
   for (size_t i = 0; i < real.size(); ++i) {
@@ -134,6 +169,8 @@ Result<DecodeLoadFactors> DecodeFactorsUnderLoad(std::span<const BatchStepStats>
   }
   out.stretch = real_alone / sim_alone;
   if (corun_as_alone > 0) out.corun = real_corun / corun_as_alone;
+  out.step_stretch = out.seq_stretch = out.stretch;
+  out.split = SplitStretch(real, sim, sim_step_fixed_s, &out);
   return out;
 }
 

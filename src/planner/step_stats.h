@@ -61,15 +61,28 @@ std::vector<BatchStepStats> SummarizeDecodeSteps(std::span<const StepRecord> ste
 // b-1: b sequences) with the same max_batch. A row counts for `stretch` when both sides have alone
 // steps, for `corun` when the real side has both kinds; with no co-run step `corun` stays 1 and
 // `corun_steps` 0. FailedPrecondition when fewer than `min_steps` real alone steps count.
+//
+// With `sim_step_fixed_s` > 0 (the simulated step's part that every decode step pays whatever its
+// batch: the model's constant), the stretch is also split in two: step_stretch × that part +
+// seq_stretch × the rest of the simulated alone step (its per-sequence part), fitted to the real
+// alone steps (loop included) per batch size by least squares weighted by the real counts, over
+// the batch sizes with at least kMinSplitRowSteps real alone steps. A single factor fitted the
+// steps of one sequence, which most steps are, and left larger batches short: a traced run had
+// the real steps + loop 0.20 ms longer per extra sequence where the simulation put 0.16, at every
+// rate. Unsplit (`split` false: fewer than two such batch sizes, or a factor outside [0.5, 2]),
+// both are `stretch`.
 struct DecodeLoadFactors {
   double stretch = 1.0;
   double corun = 1.0;
   int64_t alone_steps = 0;  // real steps behind `stretch`
   int64_t corun_steps = 0;  // real steps behind `corun`
+  bool split = false;
+  double step_stretch = 1.0, seq_stretch = 1.0;
 };
+inline constexpr int64_t kMinSplitRowSteps = 20;
 Result<DecodeLoadFactors> DecodeFactorsUnderLoad(std::span<const BatchStepStats> real,
                                                  std::span<const BatchStepStats> sim,
-                                                 int64_t min_steps);
+                                                 int64_t min_steps, double sim_step_fixed_s = 0.0);
 
 // Real beside simulated, a line per batch size with steps on either side:
 // "batch  real n  corun%  mean  alone  corun  gap | sim n  corun%  mean  alone  corun".

@@ -178,6 +178,47 @@ TEST(StepStats, DecodeFactorsUnderLoadSkipRowsWithoutACounterpart) {
   EXPECT_EQ(g->corun, 1.0);
 }
 
+TEST(StepStats, DecodeFactorsUnderLoadSplitTheStretchIntoStepAndSequenceParts) {
+  // Simulated alone steps: 0.3 ms per step + 0.2 ms per sequence. Real (step + loop): 0.27 ms per
+  // step + 0.3 ms per sequence, i.e. x0.9 and x1.5, with most steps of one sequence.
+  auto real_ms = [](int b) { return 0.9 * 0.3 + 1.5 * 0.2 * b; };
+  auto sim_ms = [](int b) { return 0.3 + 0.2 * b; };
+  std::vector<BatchStepStats> real, sim;
+  for (int b = 1; b <= 4; ++b) {
+    const int64_t n = b == 1 ? 1000 : 1000 / (4 * b);
+    real.push_back(Row(b, n, 0, real_ms(b) - 0.05, 0.0, 0.05));  // 0.05 ms of it in the loop
+    sim.push_back(Row(b, n, 0, sim_ms(b), 0.0, 0.0));
+  }
+  auto f = DecodeFactorsUnderLoad(real, sim, 100, 0.3e-3);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_TRUE(f->split);
+  EXPECT_NEAR(f->step_stretch, 0.9, 1e-9);
+  EXPECT_NEAR(f->seq_stretch, 1.5, 1e-9);
+  // The pooled factor is what one factor gives, dominated by the steps of one sequence.
+  EXPECT_GT(f->stretch, 1.0);
+  EXPECT_LT(f->stretch, 1.3);
+  // Without the per-step part the stretch is not split: both parts take the pooled factor.
+  auto g = DecodeFactorsUnderLoad(real, sim, 100);
+  ASSERT_TRUE(g.ok());
+  EXPECT_FALSE(g->split);
+  EXPECT_EQ(g->step_stretch, g->stretch);
+  EXPECT_EQ(g->seq_stretch, g->stretch);
+  // One batch size with enough steps cannot be split (the rest have under kMinSplitRowSteps).
+  std::vector<BatchStepStats> one = real;
+  for (size_t i = 1; i < one.size(); ++i) one[i].count = kMinSplitRowSteps - 1;
+  auto h = DecodeFactorsUnderLoad(one, sim, 100, 0.3e-3);
+  ASSERT_TRUE(h.ok());
+  EXPECT_FALSE(h->split);
+  EXPECT_EQ(h->seq_stretch, h->stretch);
+  // A fit outside [0.5, 2] (real steps that shrink with the batch) is refused.
+  std::vector<BatchStepStats> odd = real;
+  for (int b = 1; b <= 4; ++b) odd[b - 1].mean_alone_s = (1.2 - 0.2 * b) * 1e-3;
+  auto k = DecodeFactorsUnderLoad(odd, sim, 100, 0.3e-3);
+  ASSERT_TRUE(k.ok());
+  EXPECT_FALSE(k->split);
+  EXPECT_EQ(k->step_stretch, k->stretch);
+}
+
 TEST(StepStats, DecodeFactorsUnderLoadRefuseTooFewSteps) {
   const std::vector<BatchStepStats> real = {Row(1, 10, 0, 0.5, 0.0, 0.1)};
   const std::vector<BatchStepStats> sim = {Row(1, 10, 0, 0.4, 0.0, 0.0)};
