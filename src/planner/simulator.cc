@@ -328,7 +328,9 @@ void Cluster::TryStart(double now, int i) {
   inst.batches.push_back(std::move(batch));
   Push(inst.last_done, EventKind::kStepDone, i, -1);
   if (EarlyHandOver(inst.cfg)) {
-    const double ready = now + inst.cfg.kv_ready_fraction * t.step_s;
+    // The rest of the step after the last layer's KV, before the batch leaves the pipeline (with
+    // PP it may leave after the batch ahead of it, later than its own start + step).
+    const double ready = inst.last_done - (1 - inst.cfg.kv_ready_fraction) * t.step_s;
     for (const BatchItem& item : inst.batches.back().items)
       if (item.samples) Push(ready, EventKind::kKvReady, i, item.seq_id);
   }

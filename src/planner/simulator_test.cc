@@ -190,6 +190,22 @@ TEST(Simulator, EarlyHandOverStartsTheTransferPartWayThroughThePrefillStep) {
   ASSERT_TRUE(end.ok());
   EXPECT_NEAR(end->requests[0].kv_arrived_s, 0.052, 1e-12);
   EXPECT_NEAR(end->requests[0].ttft_s(), 0.057, 1e-12);
+  // With PP the hand-over comes the same share of a step before the batch leaves the pipeline,
+  // which for a short prompt behind a long one is after the long one leaves, not at its own
+  // start + 0.8 step. 0.5 ms per prompt token: 50 ms and 5 ms, plus the stages' overhead.
+  std::vector<InstanceConfig> piped = insts;
+  piped[0].pp = 2;
+  piped[0].kv_ready_fraction = 0.8;
+  piped[0].coeffs.prefill = {0, 0.5, 0};
+  const std::vector<SimRequest> long_short = {{0, 0.0, 100, 2}, {1, 0.0, 10, 2}};
+  auto pp = Simulate(piped, links, long_short, o);
+  ASSERT_TRUE(pp.ok()) << pp.status().ToString();
+  const double over = kPpStageOverheadMs * 1e-3;
+  const double long_step = 2 * (0.025 + over), short_step = 2 * (0.0025 + over);
+  EXPECT_NEAR(pp->requests[0].prefill_done_s, long_step, 1e-12);
+  EXPECT_NEAR(pp->requests[0].kv_arrived_s, 0.8 * long_step + 0.002, 1e-12);
+  EXPECT_NEAR(pp->requests[1].prefill_done_s, long_step, 1e-12);  // leaves behind the long one
+  EXPECT_NEAR(pp->requests[1].kv_arrived_s, long_step - 0.2 * short_step + 0.002, 1e-12);
   // DistServe's accounting (the first token from the prefill step) ignores the fraction.
   insts[0].kv_ready_fraction = 0.8;
   auto ds = Simulate(insts, links, reqs, SimOptions{});
