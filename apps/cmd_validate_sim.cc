@@ -423,9 +423,18 @@ Status Validate(const ValidateFlags& f) {
   ASSIGN_OR_RETURN(cal, Combine(f, sets, true, &load));
   for (size_t i = 0; i < rates.size(); ++i)
     reports[i].raw.rate = reports[i].calibrated.rate = rates[i];
+  // The traces are read once and parsed into the requests and the engine steps (the texts, ~90 MB,
+  // are dropped then).
+  Result<std::vector<planner::TracedRequest>> traced = FailedPrecondition("no --trace");
+  Result<validate_sim::TracedSteps> steps = FailedPrecondition("no --trace");
+  {
+    const Result<validate_sim::TraceTexts> texts = validate_sim::ReadTraceTexts(f);
+    traced = validate_sim::ReadTracedRequests(texts);
+    steps = texts.ok() ? validate_sim::ReadTracedSteps(*texts)
+                       : Result<validate_sim::TracedSteps>(texts.status());
+  }
   // The latency outside the engines, from the load run's traced requests (the rule is fixed in
   // the code; the load run came before every compared round).
-  const auto traced = validate_sim::ReadTracedRequests(f);
   CalibrateOutside(f, load.client, load.begin_s, load.end_s, reports, traced, &cal);
   // The hand-over point inside the prefill step, from the same load run's traces.
   CalibrateKvReady(f, load.begin_s, load.end_s, reports, traced, &cal);
@@ -437,9 +446,6 @@ Status Validate(const ValidateFlags& f) {
   links.intra_node_bw = 1e18;
   // The decode steps' stretch and co-run factor under load, from the load run's traces (the rule
   // is fixed in the code; the load run came before every compared round).
-  const Result<validate_sim::TracedSteps> steps =
-      f.trace.empty() ? Result<validate_sim::TracedSteps>(FailedPrecondition("no --trace"))
-                      : validate_sim::ReadTracedSteps(f);
   CalibrateDecodeUnderLoad(f, spec, coeffs, kv.tokens, links, slo, load, steps, &cal);
   // Per rate, the median of that rate's calibration runs (apps/validate_sim_rate_cal.h); the single
   // load run's calibration `cal` is simulated beside it (not used).
@@ -475,8 +481,10 @@ Status Validate(const ValidateFlags& f) {
   PrintReports(f, slo, cal, reports, rate_rule);
   validate_sim::PrintPaired(reports);
   if (!f.trace.empty()) {
-    if (Status s = PrintStepComparisons(f, reports); !s.ok()) {
-      std::fprintf(stderr, "validate-sim: --trace: %s\n", s.ToString().c_str());
+    if (steps.ok()) {
+      PrintStepComparisons(reports, *steps);
+    } else {
+      std::fprintf(stderr, "validate-sim: --trace: %s\n", steps.status().ToString().c_str());
     }
   }
   if (f.out.empty()) return OkStatus();

@@ -43,32 +43,6 @@ inline constexpr int64_t kMinLoadRunSteps = 500;  // traced alone decode steps f
 inline constexpr int64_t kMinLoadRunCorun = 200;  // traced co-run decode steps for the factor
 inline constexpr int kLoadRunBatchRows = 64;      // batch sizes kept apart (none pooled)
 
-// The instances' traced engine steps, whole (each run takes its window with InWindow): read and
-// parsed once, as each trace holds every run (~75 MB for the decode instance).
-struct TracedSteps {
-  std::vector<planner::StepRecord> decode;  // `corun` marked against the prefill steps
-  std::vector<planner::StepRecord> prefill;
-};
-inline Result<TracedSteps> ReadTracedSteps(const ValidateFlags& f) {
-  ASSIGN_OR_RETURN(const std::string dec, ReadFileToString(TracePathFor(f.trace, "decode0")));
-  ASSIGN_OR_RETURN(const std::string pre, ReadFileToString(TracePathFor(f.trace, "prefill0")));
-  TracedSteps t;
-  constexpr double kAll = 1e300;
-  ASSIGN_OR_RETURN(t.decode, planner::EngineStepsFromTrace(dec, -kAll, kAll));
-  ASSIGN_OR_RETURN(t.prefill, planner::EngineStepsFromTrace(pre, -kAll, kAll));
-  planner::MarkCorun(t.decode, t.prefill);
-  return t;
-}
-// The steps that started within [begin_s, end_s].
-inline std::vector<planner::StepRecord> InWindow(const std::vector<planner::StepRecord>& steps,
-                                                 double begin_s, double end_s) {
-  std::vector<planner::StepRecord> out;
-  for (const planner::StepRecord& s : steps) {
-    if (s.start_s >= begin_s && s.start_s <= end_s) out.push_back(s);
-  }
-  return out;
-}
-
 // The steps the simulator runs for the requests of a traced run (`load`) with `sim_cal`'s
 // instances, and `cal`'s links and outside latency.
 inline Result<planner::SimResult> SimulatedRunSteps(

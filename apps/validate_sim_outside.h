@@ -95,13 +95,12 @@ inline void PrintJoin(const char* what, const OutsideJoin& j, size_t requests) {
       P50P90(j.handover_s).c_str(), P50P90(j.decode_s).c_str(), P50P90(j.engines_s).c_str());
 }
 
-// The instances' traced requests (planner::TracedRequestsFromTraces on --trace's files).
-inline Result<std::vector<planner::TracedRequest>> ReadTracedRequests(const ValidateFlags& f) {
-  if (f.trace.empty()) return FailedPrecondition("no --trace");
-  auto pre = ReadFileToString(TracePathFor(f.trace, "prefill0"));
-  auto dec = ReadFileToString(TracePathFor(f.trace, "decode0"));
-  if (!pre.ok() || !dec.ok()) return Unavailable("the instances' traces cannot be read");
-  return planner::TracedRequestsFromTraces(*pre, *dec);
+// The instances' traced requests (planner::TracedRequestsFromTraces on --trace's files), or why
+// not (`texts`: ReadTraceTexts).
+inline Result<std::vector<planner::TracedRequest>> ReadTracedRequests(
+    const Result<TraceTexts>& texts) {
+  if (!texts.ok()) return texts.status();
+  return planner::TracedRequestsFromTraces(texts->prefill, texts->decode);
 }
 
 // At least this share of the load run's requests must join for its sample to replace the idle

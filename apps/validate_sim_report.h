@@ -246,16 +246,49 @@ inline void PrintSimTtftParts(const RateReport& r) {
   }
 }
 
+// The instances' trace files (`pdserve up --trace`), read once: both parsers below take them.
+// FailedPrecondition without --trace.
+struct TraceTexts {
+  std::string prefill, decode;
+};
+inline Result<TraceTexts> ReadTraceTexts(const ValidateFlags& f) {
+  if (f.trace.empty()) return FailedPrecondition("no --trace");
+  TraceTexts t;
+  ASSIGN_OR_RETURN(t.prefill, ReadFileToString(TracePathFor(f.trace, "prefill0")));
+  ASSIGN_OR_RETURN(t.decode, ReadFileToString(TracePathFor(f.trace, "decode0")));
+  return t;
+}
+
+// The instances' traced engine steps, whole (each run takes its window with InWindow): parsed
+// once, as each trace holds every run (~75 MB for the decode instance).
+struct TracedSteps {
+  std::vector<planner::StepRecord> decode;  // `corun` marked against the prefill steps
+  std::vector<planner::StepRecord> prefill;
+};
+inline Result<TracedSteps> ReadTracedSteps(const TraceTexts& texts) {
+  TracedSteps t;
+  constexpr double kAll = 1e300;
+  ASSIGN_OR_RETURN(t.decode, planner::EngineStepsFromTrace(texts.decode, -kAll, kAll));
+  ASSIGN_OR_RETURN(t.prefill, planner::EngineStepsFromTrace(texts.prefill, -kAll, kAll));
+  planner::MarkCorun(t.decode, t.prefill);
+  return t;
+}
+// The steps that started within [begin_s, end_s].
+inline std::vector<planner::StepRecord> InWindow(const std::vector<planner::StepRecord>& steps,
+                                                 double begin_s, double end_s) {
+  std::vector<planner::StepRecord> out;
+  for (const planner::StepRecord& s : steps) {
+    if (s.start_s >= begin_s && s.start_s <= end_s) out.push_back(s);
+  }
+  return out;
+}
+
 // With --trace: per rate, the real decode instance's steps in the bench rounds (their windows on
 // the traces' clock, pooled) beside the calibrated simulation's, per batch size; a step is
 // "corun" when a prefill step was running as it started (the simulator's co-run rule).
 inline constexpr int kStepTableBatches = 8;
 inline constexpr double kMaxLoopGapS = 2e-3;  // a longer gap is the engine waiting for work
-inline Status PrintStepComparisons(const ValidateFlags& f, const std::vector<RateReport>& reports) {
-  ASSIGN_OR_RETURN(const std::string decode_text,
-                   ReadFileToString(TracePathFor(f.trace, "decode0")));
-  ASSIGN_OR_RETURN(const std::string prefill_text,
-                   ReadFileToString(TracePathFor(f.trace, "prefill0")));
+inline void PrintStepComparisons(const std::vector<RateReport>& reports, const TracedSteps& steps) {
   std::printf(
       "\ndecode steps by batch size, real (--trace, the bench rounds) vs the calibrated "
       "simulation (decode-only steps; corun = a prefill step running as it started; gap = the "
@@ -264,9 +297,7 @@ inline Status PrintStepComparisons(const ValidateFlags& f, const std::vector<Rat
   for (const RateReport& r : reports) {
     std::vector<planner::StepRecord> real;
     for (const RoundResult& rr : r.rounds) {
-      ASSIGN_OR_RETURN(auto d, planner::EngineStepsFromTrace(decode_text, rr.begin_s, rr.end_s));
-      ASSIGN_OR_RETURN(auto p, planner::EngineStepsFromTrace(prefill_text, rr.begin_s, rr.end_s));
-      planner::MarkCorun(d, p);
+      const auto d = InWindow(steps.decode, rr.begin_s, rr.end_s);
       real.insert(real.end(), d.begin(), d.end());
     }
     planner::SimResult sim;
@@ -278,7 +309,6 @@ inline Status PrintStepComparisons(const ValidateFlags& f, const std::vector<Rat
                 planner::FormatStepComparison(real_rows, sim_rows).c_str());
     PrintSimTtftParts(r);
   }
-  return OkStatus();
 }
 
 }  // namespace pd::apps::validate_sim
