@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -60,6 +61,11 @@ struct Calibration {
   // apps/validate_sim_rate_cal.h): when set, `stretch` at `rate` replaces the schedstat CPU
   // share's stretch of the prefill steps (scaled to each rate by planner::StretchAtRate).
   std::optional<DecodeUnderLoad> prefill_load;
+  // The decode and prefill instances' steps' factors in their traced order
+  // (planner::DecodeStepFactors, PrefillStepFactors; a rate's median calibration run:
+  // apps/validate_sim_rate_cal.h), replayed by the simulated instances step by step
+  // (InstanceConfig::step_factors); null when not measured.
+  std::shared_ptr<const std::vector<double>> decode_step_factors, prefill_step_factors;
   const planner::ClientCpuCost& StretchCpu() const {
     return client_cpu_loaded ? *client_cpu_loaded : client_cpu;
   }

@@ -106,6 +106,28 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
       "cells within %.0f%% of %zu: per-rate median %d, paired %d (used: %s)\n",
       100 * kCellTolerance, 5 * reports.size(), planner::CellsWithin(per_rate, kCellTolerance),
       planner::CellsWithin(paired, kCellTolerance), kPairedRuleUsed ? "paired" : "per-rate median");
+  // The step factors' share: the per-rate-median rule without the prefill ones and without any.
+  for (const auto& [label, which] :
+       {std::pair{"without the prefill step factors", &RateReport::without_prefill_factors},
+        std::pair{"without any step factors", &RateReport::without_step_factors}}) {
+    std::vector<planner::ComparisonRow> plain;
+    for (const RateReport& r : reports) {
+      if (!(r.*which)) continue;
+      const planner::Summary& s = *(r.*which);
+      const planner::Summary& m = r.per_rate_median.measured;
+      plain.push_back({r.raw.rate, s, m});
+      std::printf("  %-6.3g %s: att %s, TTFT p50 %s p90 %s ms, TPOT p50 %s p90 %s ms\n", r.raw.rate,
+                  label, PairCell(s.attainment, m.attainment, 100, "%.1f").c_str(),
+                  PairCell(s.ttft_p50_s, m.ttft_p50_s, 1e3, "%.2f").c_str(),
+                  PairCell(s.ttft_p90_s, m.ttft_p90_s, 1e3, "%.2f").c_str(),
+                  PairCell(s.tpot_p50_s, m.tpot_p50_s, 1e3, "%.3f").c_str(),
+                  PairCell(s.tpot_p90_s, m.tpot_p90_s, 1e3, "%.3f").c_str());
+    }
+    if (!plain.empty()) {
+      std::printf("cells within %.0f%% of %zu %s (not used): %d\n", 100 * kCellTolerance,
+                  5 * plain.size(), label, planner::CellsWithin(plain, kCellTolerance));
+    }
+  }
   // Whether the pairing tracks the rounds' spells: each round against its own simulation, and
   // against the per-rate median's one simulation of its rate.
   std::vector<planner::ComparisonRow> own, median;

@@ -61,6 +61,10 @@ struct RateReport {
   // run's factors; `paired_runs[k]`: the calibration run that round k took.
   std::optional<planner::PairedComparison> paired;
   std::vector<size_t> paired_runs;
+  // The per-rate-median rule's simulation without the prefill instance's step factors and
+  // without any (Calibration::prefill_step_factors, decode_step_factors), printed beside it;
+  // unset when none were measured.
+  std::optional<planner::Summary> without_prefill_factors, without_step_factors;
 };
 
 inline nlohmann::json OverheadsJson(const Calibration& cal) {
@@ -262,8 +266,8 @@ inline Result<TraceTexts> ReadTraceTexts(const ValidateFlags& f) {
 // The instances' traced engine steps, whole (each run takes its window with InWindow): parsed
 // once, as each trace holds every run (~75 MB for the decode instance).
 struct TracedSteps {
-  std::vector<planner::StepRecord> decode;  // `corun` marked against the prefill steps
-  std::vector<planner::StepRecord> prefill;
+  std::vector<planner::StepRecord> decode;   // `corun` marked against the prefill steps
+  std::vector<planner::StepRecord> prefill;  // `corun` marked against the decode steps
 };
 inline Result<TracedSteps> ReadTracedSteps(const TraceTexts& texts) {
   TracedSteps t;
@@ -271,6 +275,7 @@ inline Result<TracedSteps> ReadTracedSteps(const TraceTexts& texts) {
   ASSIGN_OR_RETURN(t.decode, planner::EngineStepsFromTrace(texts.decode, -kAll, kAll));
   ASSIGN_OR_RETURN(t.prefill, planner::EngineStepsFromTrace(texts.prefill, -kAll, kAll));
   planner::MarkCorun(t.decode, t.prefill);
+  planner::MarkCorun(t.prefill, t.decode);
   return t;
 }
 // The steps that started within [begin_s, end_s].

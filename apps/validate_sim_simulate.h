@@ -139,7 +139,13 @@ inline Result<std::vector<planner::InstanceConfig>> CalibratedAt(const ValidateF
                                                              MachineCores(), decode_own));
     decode_seq = k.decode;
   }
-  return Slowed(Instances(f, c, cal.overheads, kv_tokens), k, decode_seq);
+  std::vector<planner::InstanceConfig> insts =
+      Slowed(Instances(f, c, cal.overheads, kv_tokens), k, decode_seq);
+  for (auto& inst : insts) {
+    inst.step_factors =
+        inst.role == planner::Role::kDecode ? cal.decode_step_factors : cal.prefill_step_factors;
+  }
+  return insts;
 }
 
 // The calibrated KV transfer: its time per prompt token, as the link's bandwidth.

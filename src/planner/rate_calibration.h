@@ -37,6 +37,9 @@ Result<size_t> UpperMedianIndex(std::span<const double> values);
 Result<double> PrefillBusyStretch(std::span<const StepRecord> real, std::span<const StepRecord> sim,
                                   int64_t min_steps);
 
+// The mean of |v - 1| over `v` (0 when empty): how far a sequence of step factors strays.
+double MeanDistanceFromOne(const std::vector<double>& v);
+
 // One traced calibration run's figures; a part it could not give is unset (or empty).
 struct CalibrationRunFactors {
   double rate = 0.0;
@@ -51,12 +54,17 @@ struct CalibrationRunFactors {
   // Per request, the latency outside the engines (measured TTFT less the traced engines' part);
   // empty when too few requests joined.
   std::vector<double> outside_s;
+  // The decode and prefill instances' steps' factors (DecodeStepFactors, PrefillStepFactors),
+  // in start order; empty when too few steps counted.
+  std::vector<double> decode_step_factors, prefill_step_factors;
 };
 
 // Per rate, from its calibration runs: each factor the median over the runs that gave it
 // (UpperMedian; the client's cost ordered by its cost of a request of `output_tokens` tokens,
-// the outside latency by each run's sample mean, and the median run's cost / sample taken whole,
-// since a cost's two parts and a sample's spread belong together). Unset where no run gave it;
+// the outside latency and the decode step factors by each run's mean, the prefill step factors
+// (whose mean is 1) by their mean distance from 1, and the median run's cost / sample / sequence
+// taken whole, since a cost's two parts, a sample's spread and a sequence's slow spells belong
+// together). Unset where no run gave it;
 // `*_runs` says over how many runs each was taken.
 struct RateCalibration {
   double rate = 0.0;
@@ -64,8 +72,11 @@ struct RateCalibration {
   std::optional<ClientCpuCost> client_cpu;
   std::optional<double> prefill_stretch, decode_stretch, decode_seq_stretch, decode_corun;
   std::vector<double> outside_s;
-  int client_runs = 0, prefill_runs = 0, stretch_runs = 0, corun_runs = 0, outside_runs = 0;
-  std::optional<size_t> client_run, outside_run;  // which run's cost / sample was taken
+  std::vector<double> decode_step_factors, prefill_step_factors;
+  int client_runs = 0, prefill_runs = 0, stretch_runs = 0, corun_runs = 0, outside_runs = 0,
+      step_factor_runs = 0, prefill_factor_runs = 0;
+  // Which run's cost / sample / sequence was taken.
+  std::optional<size_t> client_run, outside_run, step_factor_run, prefill_factor_run;
 };
 // InvalidArgument when `runs` is empty, their rates differ, or a figure is not finite.
 Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFactors> runs,

@@ -26,7 +26,8 @@ struct Instance {
   double stage_free_at = 0.0;
   double last_done = 0.0;
   int in_flight = 0;
-  int incoming = 0;    // KV transfers on their way here
+  int incoming = 0;  // KV transfers on their way here
+  int64_t steps_started = 0;
   bool dirty = false;  // may be able to start a step at the current instant
   std::deque<SimBatch> batches;
   int load() const { return sched->num_unfinished() + incoming; }
@@ -116,12 +117,23 @@ Status Cluster::Init(std::span<const InstanceConfig> configs) {
       return InvalidArgument("instance kv_ready_fraction must be in (0, 1], got " +
                              std::to_string(c.kv_ready_fraction));
     }
+    double min_factor = 1.0;
+    if (c.step_factors) {
+      for (double k : *c.step_factors) {
+        if (!(std::isfinite(k) && k > 0)) {
+          return InvalidArgument("instance step_factors must be positive and finite, got " +
+                                 std::to_string(k));
+        }
+        min_factor = std::min(min_factor, k);
+      }
+    }
     colocated += c.role == Role::kColocated;
     prefill += c.role == Role::kPrefill;
     decode += c.role == Role::kDecode;
     Instance inst;
     inst.cfg = c;
-    inst.min_token_step_s = MinDecodeStepSeconds(c);
+    // A factor below 1 makes some steps shorter than the model's shortest.
+    inst.min_token_step_s = MinDecodeStepSeconds(c) * min_factor;
     inst.sched = factory(c.policy, c.role);
     if (!inst.sched) return InvalidArgument("scheduler factory returned no scheduler");
     instances_.push_back(std::move(inst));
@@ -316,6 +328,13 @@ void Cluster::TryStart(double now, int i) {
     t.stage_s *= inst.cfg.corun_slowdown;
     t.step_s *= inst.cfg.corun_slowdown;
   }
+  if (inst.cfg.step_factors && !inst.cfg.step_factors->empty()) {
+    const std::vector<double>& f = *inst.cfg.step_factors;
+    const double k = f[(inst.cfg.step_factor_offset + inst.steps_started) % f.size()];
+    t.stage_s *= k;
+    t.step_s *= k;
+  }
+  ++inst.steps_started;
   if (opts_.record_steps) {
     result_.steps.push_back(
         {i, now, t.step_s, shape.decode_seqs, shape.decode_context, shape.prefill_tokens, corun});

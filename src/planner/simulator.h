@@ -45,6 +45,13 @@ struct InstanceConfig {
   // write (a traced local deployment: 0.90 of the step). 1: when the step ends (DistServe's
   // accounting). In (0, 1].
   double kv_ready_fraction = 1.0;
+  // Factors the instance's steps are multiplied by in turn, the k-th step (counted from 0) by
+  // (*step_factors)[(step_factor_offset + k) % size], after the co-run factor: a shared host's
+  // slowness replayed step by step in the order it was traced, so that a slow spell stays a run
+  // of slow steps that every sequence in it shares (validate-sim: planner::DecodeStepFactors).
+  // Null or empty: every step takes the latency model's time. Each factor positive and finite.
+  std::shared_ptr<const std::vector<double>> step_factors;
+  size_t step_factor_offset = 0;
 };
 
 struct ClusterLinks {

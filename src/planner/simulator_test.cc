@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
+#include <memory>
+#include <vector>
 
 #include "planner/goodput.h"
 #include "planner/test_data.h"
@@ -226,6 +229,57 @@ TEST(Simulator, RejectsAKvReadyFractionOutsideZeroToOne) {
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(r.status().message().find("kv_ready_fraction"), std::string::npos);
+  }
+}
+
+// Decode steps of 1 ms with the factors {1, 2, 3} from offset 1: the five decode steps of a
+// six-token answer take 2, 3, 1, 2, 3 ms in turn (the sequence wraps); the prefill instance, with
+// none, keeps its model's time.
+TEST(Simulator, StepFactorsMultiplyAnInstancesStepsInTurn) {
+  InstanceConfig prefill;
+  prefill.role = Role::kPrefill;
+  prefill.coeffs = ConstantPrefill(4);
+  InstanceConfig decode;
+  decode.role = Role::kDecode;
+  decode.coeffs.decode_small = decode.coeffs.decode_large = {1.0, 0, 0};
+  decode.step_factors = std::make_shared<const std::vector<double>>(std::vector<double>{1, 2, 3});
+  decode.step_factor_offset = 1;
+  std::vector<InstanceConfig> insts = {prefill, decode};
+  std::vector<SimRequest> reqs = {{0, 0.0, 10, 6}};
+  SimOptions o;
+  o.record_steps = true;
+  auto r = Simulate(insts, ClusterLinks{}, reqs, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_NEAR(r->requests[0].ttft_s(), 0.004, 1e-12);
+  EXPECT_NEAR(r->requests[0].finish_s, 0.004 + 0.011, 1e-12);
+  std::vector<double> decode_ms;
+  for (const SimStep& s : r->steps)
+    if (s.instance == 1) decode_ms.push_back(s.duration_s * 1e3);
+  ASSERT_EQ(decode_ms.size(), 5u);
+  const double want[] = {2, 3, 1, 2, 3};
+  for (int k = 0; k < 5; ++k) EXPECT_NEAR(decode_ms[k], want[k], 1e-9) << k;
+  // Without factors (null or empty) every step is the model's 1 ms.
+  for (auto none : {std::shared_ptr<const std::vector<double>>(),
+                    std::make_shared<const std::vector<double>>()}) {
+    insts[1].step_factors = none;
+    auto plain = Simulate(insts, ClusterLinks{}, reqs, {});
+    ASSERT_TRUE(plain.ok());
+    EXPECT_NEAR(plain->requests[0].finish_s, 0.004 + 0.005, 1e-12);
+  }
+}
+
+TEST(Simulator, RejectsStepFactorsThatAreNotPositiveAndFinite) {
+  InstanceConfig p, d;
+  p.role = Role::kPrefill;
+  d.role = Role::kDecode;
+  std::vector<SimRequest> reqs = {{0, 0.0, 10, 2}};
+  for (double bad : {0.0, -1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    d.step_factors = std::make_shared<const std::vector<double>>(std::vector<double>{1.0, bad});
+    std::vector<InstanceConfig> insts = {p, d};
+    auto r = Simulate(insts, ClusterLinks{}, reqs, {});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("step_factors"), std::string::npos);
   }
 }
 

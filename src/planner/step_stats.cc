@@ -1,8 +1,11 @@
 #include "planner/step_stats.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 namespace pd::planner {
 
@@ -29,6 +32,7 @@ Result<std::vector<StepRecord>> EngineStepsFromTrace(const std::string& json_tex
       r.duration_s = e["dur"].get<double>() * 1e-6;
       r.decode_seqs = args["decodes"].get<int>();
       r.prefill_tokens = args["prefill_tokens"].get<int64_t>();
+      r.prefill_chunks = args.value("prefill_chunks", r.prefill_tokens > 0 ? 1 : 0);
       if (r.start_s >= begin_s && r.start_s <= end_s) out.push_back(r);
     }
   } catch (const nlohmann::json::exception& e) {
@@ -104,6 +108,77 @@ std::vector<BatchStepStats> SummarizeDecodeSteps(std::span<const StepRecord> ste
     if (r.gap_count > 0) r.mean_gap_s = sums[b].gap / r.gap_count;
   }
   return rows;
+}
+
+std::vector<double> DecodeStepFactors(std::span<const StepRecord> steps,
+                                      std::span<const double> kv_ready_s, double max_gap_s) {
+  std::vector<double> ready(kv_ready_s.begin(), kv_ready_s.end());
+  std::sort(ready.begin(), ready.end());
+  struct Counted {
+    size_t step;
+    double gap;
+  };
+  std::vector<Counted> counted;
+  for (size_t i = 0; i + 1 < steps.size(); ++i) {
+    const StepRecord& s = steps[i];
+    const StepRecord& next = steps[i + 1];
+    if (s.prefill_tokens > 0 || s.decode_seqs < 1 || next.decode_seqs < 1) continue;
+    const double end = s.start_s + s.duration_s;
+    const double gap = next.start_s - end;
+    if (gap < 0) continue;
+    const auto r = std::lower_bound(ready.begin(), ready.end(), end);
+    if (r != ready.end() && *r <= next.start_s) continue;
+    counted.push_back({i, gap});
+  }
+  // Per class (batch size, co-run mark): step time, steps, short-gap time, short gaps.
+  struct Sums {
+    double step = 0, gap = 0;
+    int64_t steps = 0, gaps = 0;
+  };
+  std::map<std::pair<int, bool>, Sums> sums;
+  auto class_of = [&](const Counted& c) {
+    return std::make_pair(steps[c.step].decode_seqs, steps[c.step].corun);
+  };
+  for (const Counted& c : counted) {
+    Sums& m = sums[class_of(c)];
+    m.step += steps[c.step].duration_s;
+    ++m.steps;
+    if (c.gap <= max_gap_s) {
+      m.gap += c.gap;
+      ++m.gaps;
+    }
+  }
+  std::vector<double> out;
+  out.reserve(counted.size());
+  for (const Counted& c : counted) {
+    const Sums& m = sums[class_of(c)];
+    const double mean = m.step / m.steps + (m.gaps > 0 ? m.gap / m.gaps : 0.0);
+    const double k = mean > 0 ? (steps[c.step].duration_s + c.gap) / mean : 0.0;
+    if (k > 0 && std::isfinite(k)) out.push_back(k);  // the simulator takes positive factors
+  }
+  return out;
+}
+
+std::vector<double> PrefillStepFactors(std::span<const StepRecord> steps, const StepCoeffs& model) {
+  std::vector<double> ratio;
+  std::vector<bool> corun;
+  double sum[2] = {0, 0};
+  int64_t n[2] = {0, 0};
+  for (const StepRecord& s : steps) {
+    if (s.prefill_tokens <= 0) continue;
+    const double t = static_cast<double>(s.prefill_tokens);
+    const double ms = model.PrefillMs(s.prefill_tokens, t * t / std::max(1, s.prefill_chunks));
+    const double r = s.duration_s * 1e3 / ms;
+    if (!(ms > 0) || !(r > 0) || !std::isfinite(r)) continue;
+    ratio.push_back(r);
+    corun.push_back(s.corun);
+    sum[s.corun] += r;
+    ++n[s.corun];
+  }
+  std::vector<double> out;
+  out.reserve(ratio.size());
+  for (size_t i = 0; i < ratio.size(); ++i) out.push_back(ratio[i] / (sum[corun[i]] / n[corun[i]]));
+  return out;
 }
 
 namespace {

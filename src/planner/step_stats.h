@@ -21,7 +21,8 @@ struct StepRecord {
   double duration_s = 0.0;
   int decode_seqs = 0;
   int64_t prefill_tokens = 0;
-  bool corun = false;  // the other instance was mid-step as this one started
+  bool corun = false;      // the other instance was mid-step as this one started
+  int prefill_chunks = 0;  // prompts (or their chunks) the step computed
 };
 
 // The engine's "step" events (category "engine", args "decodes" and "prefill_tokens") of a
@@ -83,6 +84,30 @@ inline constexpr int64_t kMinSplitRowSteps = 20;
 Result<DecodeLoadFactors> DecodeFactorsUnderLoad(std::span<const BatchStepStats> real,
                                                  std::span<const BatchStepStats> sim,
                                                  int64_t min_steps, double sim_step_fixed_s = 0.0);
+
+// A decode instance's host slowness step by step, from its traced steps (start order) and the
+// times its prompts' KV became ready (`kv_ready_s`, any order), for InstanceConfig::step_factors.
+// A step counts when sequences waited for the step after it: it decodes and has no prefill chunk,
+// the next one decodes too, and no KV became ready between the two (else the engine may have
+// been idle, waiting for that prompt). Its factor is its time with the loop after it (to the next
+// step's start) over the mean of its class (the same batch size and co-run mark), that mean being
+// the class's mean step plus its mean loop gap over the gaps of at most `max_gap_s`, as
+// SummarizeDecodeSteps and DecodeFactorsUnderLoad count them. So a class's factors average 1 over
+// its short-gap steps, and a longer gap, the engine waiting for its core while sequences waited
+// (which no latency model and no stretch holds), stays in its step's factor. In start order: a
+// traced slow spell stays a run of large factors. Steps with no time (a factor of 0) are left
+// out. Empty when no step counts.
+std::vector<double> DecodeStepFactors(std::span<const StepRecord> steps,
+                                      std::span<const double> kv_ready_s, double max_gap_s);
+
+// A prefill instance's host slowness step by step, from its traced steps (start order), for
+// InstanceConfig::step_factors: for each step that computed prompt tokens, its time over
+// `model`'s time for them (a step of n chunks taken as n equal ones: the trace gives only the
+// step's tokens), over the mean of that ratio among the steps of its co-run mark (the simulator
+// applies its co-run factor apart, and the prefill stretch its mean). So each mark's factors
+// average 1, and a traced slow spell stays a run of large factors. Steps the model gives no
+// time are left out; empty when no step counts.
+std::vector<double> PrefillStepFactors(std::span<const StepRecord> steps, const StepCoeffs& model);
 
 // Real beside simulated, a line per batch size with steps on either side:
 // "batch  real n  corun%  mean  alone  corun  gap | sim n  corun%  mean  alone  corun".

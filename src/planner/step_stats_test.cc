@@ -93,6 +93,57 @@ TEST(StepStats, SummarizeDecodeStepsByBatchWithLoopGaps) {
   EXPECT_EQ(table.find("\n     3 |"), std::string::npos);  // no row with no steps
 }
 
+TEST(StepStats, DecodeStepFactorsAreEachStepOverItsClassMeanInStartOrder) {
+  // ms: batch 1 alone 0.4 + gap 0.1; batch 1 alone 0.4 + a 5 ms wait for the core (kept);
+  // batch 1, a KV ready in its gap (left out); batch 2 co-run 0.6 + 0.2; a step with a prefill
+  // chunk (left out); batch 2 co-run 0.8 + 0.1; batch 2 co-run before a step that decodes
+  // nothing (left out); that last step (no next).
+  const std::vector<StepRecord> steps = {
+      {0.0000, 0.0004, 1, 0, false}, {0.0005, 0.0004, 1, 0, false},  {0.0059, 0.0004, 1, 0, false},
+      {0.0064, 0.0006, 2, 0, true},  {0.0072, 0.0010, 1, 64, false}, {0.0083, 0.0008, 2, 0, true},
+      {0.0092, 0.0008, 2, 0, true},  {0.0101, 0.0010, 0, 64, false}};
+  const std::vector<double> ready = {0.00635, 1e-7};  // any order
+  const std::vector<double> k = DecodeStepFactors(steps, ready, 2e-3);
+  // Class (1, alone): mean step 0.4 + mean short gap 0.1 = 0.5 ms; (2, co-run): 0.7 + 0.15.
+  ASSERT_EQ(k.size(), 4u);
+  EXPECT_NEAR(k[0], 0.5 / 0.5, 1e-9);
+  EXPECT_NEAR(k[1], 5.4 / 0.5, 1e-9);  // the wait for the core stays in its step's factor
+  EXPECT_NEAR(k[2], 0.8 / 0.85, 1e-9);
+  EXPECT_NEAR(k[3], 0.9 / 0.85, 1e-9);
+  // With every gap counted as the loop's, the class mean holds the wait and shares it out.
+  const std::vector<double> all = DecodeStepFactors(steps, ready, 1.0);
+  ASSERT_EQ(all.size(), 4u);
+  EXPECT_NEAR(all[1], 5.4 / (0.4 + 2.55), 1e-9);
+  EXPECT_TRUE(DecodeStepFactors({}, ready, 2e-3).empty());
+  EXPECT_TRUE(DecodeStepFactors({steps.data(), 1}, {}, 2e-3).empty());  // no next step
+}
+
+TEST(StepStats, PrefillStepFactorsAreEachStepOverTheModelOverItsCoRunMarksMean) {
+  StepCoeffs model;
+  model.prefill = {1.0, 0.1, 0.001};  // ms: 100 tokens 21 ms; two chunks of 50: 16 ms
+  StepRecord one{0.000, 0.021, 0, 100, false}, two{0.030, 0.032, 0, 100, false};
+  two.prefill_chunks = 2;
+  one.prefill_chunks = 1;
+  StepRecord busy = one, decode{0.080, 0.001, 3, 0, false};
+  busy.start_s = 0.1;
+  busy.duration_s = 0.063;  // 3x the model while the other instance ran: its own mark's mean
+  busy.corun = true;
+  const std::vector<StepRecord> steps = {one, two, decode, busy};
+  const std::vector<double> k = PrefillStepFactors(steps, model);
+  // Alone: ratios 1 and 2, mean 1.5; co-run: 3 alone in its mark.
+  ASSERT_EQ(k.size(), 3u);
+  EXPECT_NEAR(k[0], 1.0 / 1.5, 1e-9);
+  EXPECT_NEAR(k[1], 2.0 / 1.5, 1e-9);
+  EXPECT_NEAR(k[2], 1.0, 1e-9);
+  EXPECT_TRUE(PrefillStepFactors({&decode, 1}, model).empty());
+  EXPECT_TRUE(PrefillStepFactors(steps, StepCoeffs{}).empty());  // the model gives no time
+  // The trace's chunk count is read with the step.
+  auto parsed = EngineStepsFromTrace(Trace(), 0, 1);
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_EQ(parsed->back().prefill_chunks, 1);
+  EXPECT_EQ(parsed->front().prefill_chunks, 0);
+}
+
 TEST(StepStats, SimulatorRecordsEachStepWithItsCorunFlag) {
   InstanceConfig prefill;
   prefill.role = Role::kPrefill;
