@@ -10,16 +10,16 @@
 // decode steps against the same simulation, as apps/validate_sim_decode_load.h), and the
 // per-request latency outside the engines (the median run's sample, as
 // apps/validate_sim_outside.h); and each instance's step factors (planner::DecodeStepFactors,
-// PrefillStepFactors: each traced step over its class's mean, in start order, from the median
-// run), which the simulated instances replay step by step (InstanceConfig::step_factors). The
-// factors carry the host's slow spells, which the means leave out: in a traced run the decode
-// steps' time over their batch size's median, averaged over windows of 16-48 consecutive steps
-// (a request's answer), spread p90/p50 1.14-1.30 in their order and 1.08-1.19 shuffled, and the
-// real TPOT p90 ran 1.3-1.5x its p50 where the simulation without them gave 1.21. The prefill
-// step spread per rate (each step drawn from the
-// median run's spread around the runs' median step ratio) was printed beside it at 05:09 (8 of 15
-// cells vs 7) and dropped. ApplyRateCalibration also serves the paired rule
-// (apps/validate_sim_paired.h), one run at a time.
+// PrefillStepFactors: each traced step over its class's mean, in start order; the rate's runs'
+// sequences one after another), which the simulated instances replay step by step
+// (InstanceConfig::step_factors). The factors carry the host's slow spells, which the means leave
+// out: in a traced run the decode steps' time over their batch size's median, averaged over windows
+// of 16-48 consecutive steps (a request's answer), spread p90/p50 1.14-1.30 in their order
+// and 1.08-1.19 shuffled, and the real TPOT p90 ran 1.3-1.5x its p50 where the simulation without
+// them gave 1.21. The prefill step spread per rate (each step drawn from the median run's spread
+// around the runs' median step ratio) was printed beside it at 05:09 (8 of 15 cells vs 7) and
+// dropped. ApplyRateCalibration also serves the paired rule (apps/validate_sim_paired.h), one run
+// at a time.
 //
 // Why: the single load run (300 requests at the highest rate, before the rounds) gave all of it
 // for every rate; at 03:22 it caught a slow spell (decode alone steps of batch 1 0.735 ms where
@@ -195,8 +195,8 @@ inline void PrintRateCalibration(const ValidateFlags& f,
       "decode stretch per step %s -> x%.3f (%d runs; single x%.3f scaled to this rate), per "
       "sequence %s -> x%.3f; co-run %s "
       "-> x%.3f (%d runs; single x%.3f); outside mean %s ms -> run %d's %zu: p50 %.2f p90 %.2f "
-      "(single p50 %.2f p90 %.2f); decode step factors, mean %s -> run %d's %zu: %s; prefill step "
-      "factors, mean distance from 1 %s -> run %d's %zu: %s\n",
+      "(single p50 %.2f p90 %.2f); decode step factors, mean %s -> the %d runs' %zu in turn: %s; "
+      "prefill step factors, mean distance from 1 %s -> the %d runs' %zu in turn: %s\n",
       rc.rate, rc.runs,
       Each(runs,
            [&](const planner::CalibrationRunFactors& r) {
@@ -242,8 +242,8 @@ inline void PrintRateCalibration(const ValidateFlags& f,
                                                   : Fmt("%.3f", Mean(r.decode_step_factors));
            })
           .c_str(),
-      rc.step_factor_run ? static_cast<int>(*rc.step_factor_run) + 1 : 0,
-      rc.decode_step_factors.size(), FactorSummary(rc.decode_step_factors).c_str(),
+      rc.step_factor_runs, rc.decode_step_factors.size(),
+      FactorSummary(rc.decode_step_factors).c_str(),
       Each(runs,
            [](const planner::CalibrationRunFactors& r) {
              return r.prefill_step_factors.empty()
@@ -251,8 +251,8 @@ inline void PrintRateCalibration(const ValidateFlags& f,
                         : Fmt("%.3f", planner::MeanDistanceFromOne(r.prefill_step_factors));
            })
           .c_str(),
-      rc.prefill_factor_run ? static_cast<int>(*rc.prefill_factor_run) + 1 : 0,
-      rc.prefill_step_factors.size(), FactorSummary(rc.prefill_step_factors).c_str());
+      rc.prefill_factor_runs, rc.prefill_step_factors.size(),
+      FactorSummary(rc.prefill_step_factors).c_str());
 }
 
 // `single` (the probes with the single load run's figures) with each figure `rc` gave replaced by
@@ -301,12 +301,12 @@ inline Result<Calibration> CalibrationAtRate(
   (*json)["rate"] = rc.rate;
   (*json)["calibration_runs"] = rc.runs;
   for (const auto& [key, k, run] :
-       {std::tuple{"decode_step_factors", &rc.decode_step_factors, rc.step_factor_run},
-        std::tuple{"prefill_step_factors", &rc.prefill_step_factors, rc.prefill_factor_run}}) {
+       {std::tuple{"decode_step_factors", &rc.decode_step_factors, rc.step_factor_runs},
+        std::tuple{"prefill_step_factors", &rc.prefill_step_factors, rc.prefill_factor_runs}}) {
     if (k->empty()) continue;
     const FactorQuantiles q(*k);
-    (*json)[key] = {{"run", *run + 1}, {"steps", k->size()}, {"mean", q.mean}, {"p50", q.p50},
-                    {"p90", q.p90},    {"p99", q.p99},       {"max", q.max}};
+    (*json)[key] = {{"runs", run},  {"steps", k->size()}, {"mean", q.mean}, {"p50", q.p50},
+                    {"p90", q.p90}, {"p99", q.p99},       {"max", q.max}};
   }
   return cal;
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 #include <string>
+#include <tuple>
 
 namespace pd::planner {
 
@@ -53,17 +54,16 @@ double Mean(const std::vector<double>& v) {
   return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
 }
 
-// The run whose `get` has the median `key` among the runs with a non-empty one (none: unset),
-// and how many had one.
-Result<std::optional<size_t>> MedianRunBy(std::span<const CalibrationRunFactors> runs,
-                                          std::vector<double> CalibrationRunFactors::*get,
-                                          double (*key)(const std::vector<double>&), int* count,
-                                          const char* what) {
+// The run whose `get` has the median mean among the runs with a non-empty one (none: unset), and
+// how many had one.
+Result<std::optional<size_t>> MedianRunByMean(std::span<const CalibrationRunFactors> runs,
+                                              std::vector<double> CalibrationRunFactors::*get,
+                                              int* count, const char* what) {
   std::vector<double> mean;
   std::vector<size_t> run;
   for (size_t i = 0; i < runs.size(); ++i) {
     if ((runs[i].*get).empty()) continue;
-    mean.push_back(key(runs[i].*get));
+    mean.push_back(Mean(runs[i].*get));
     run.push_back(i);
   }
   *count = static_cast<int>(mean.size());
@@ -138,19 +138,22 @@ Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFac
     out.client_run = cost_run[k];
     out.client_cpu = runs[cost_run[k]].client_cpu;
   }
-  ASSIGN_OR_RETURN(out.outside_run, MedianRunBy(runs, &CalibrationRunFactors::outside_s, Mean,
-                                                &out.outside_runs, "an outside sample"));
+  ASSIGN_OR_RETURN(out.outside_run, MedianRunByMean(runs, &CalibrationRunFactors::outside_s,
+                                                    &out.outside_runs, "an outside sample"));
   if (out.outside_run) out.outside_s = runs[*out.outside_run].outside_s;
-  ASSIGN_OR_RETURN(out.step_factor_run,
-                   MedianRunBy(runs, &CalibrationRunFactors::decode_step_factors, Mean,
-                               &out.step_factor_runs, "a decode step factor"));
-  if (out.step_factor_run) out.decode_step_factors = runs[*out.step_factor_run].decode_step_factors;
-  ASSIGN_OR_RETURN(
-      out.prefill_factor_run,
-      MedianRunBy(runs, &CalibrationRunFactors::prefill_step_factors, MeanDistanceFromOne,
-                  &out.prefill_factor_runs, "a prefill step factor"));
-  if (out.prefill_factor_run) {
-    out.prefill_step_factors = runs[*out.prefill_factor_run].prefill_step_factors;
+  for (const CalibrationRunFactors& r : runs) {
+    for (auto [from, to, count] :
+         {std::tuple{&r.decode_step_factors, &out.decode_step_factors, &out.step_factor_runs},
+          std::tuple{&r.prefill_step_factors, &out.prefill_step_factors,
+                     &out.prefill_factor_runs}}) {
+      for (double k : *from) {
+        if (!std::isfinite(k)) {
+          return InvalidArgument("CombineCalibrationRuns: a step factor is not finite");
+        }
+      }
+      to->insert(to->end(), from->begin(), from->end());
+      *count += !from->empty();
+    }
   }
   return out;
 }

@@ -61,10 +61,12 @@ struct CalibrationRunFactors {
 
 // Per rate, from its calibration runs: each factor the median over the runs that gave it
 // (UpperMedian; the client's cost ordered by its cost of a request of `output_tokens` tokens,
-// the outside latency and the decode step factors by each run's mean, the prefill step factors
-// (whose mean is 1) by their mean distance from 1, and the median run's cost / sample / sequence
-// taken whole, since a cost's two parts, a sample's spread and a sequence's slow spells belong
-// together). Unset where no run gave it;
+// the outside latency by each run's sample mean, and the median run's cost / sample taken whole,
+// since a cost's two parts and a sample's spread belong together). The step factors are every
+// run's sequence, one after another in run order: a round of the compared rate runs as many
+// requests as the rate's calibration runs together, over as long, so the pooled sequence holds
+// as much of the host's time as a round does, spells and all; one run's sequence, replayed three
+// times over a round, would repeat its spells. Unset where no run gave it;
 // `*_runs` says over how many runs each was taken.
 struct RateCalibration {
   double rate = 0.0;
@@ -75,8 +77,7 @@ struct RateCalibration {
   std::vector<double> decode_step_factors, prefill_step_factors;
   int client_runs = 0, prefill_runs = 0, stretch_runs = 0, corun_runs = 0, outside_runs = 0,
       step_factor_runs = 0, prefill_factor_runs = 0;
-  // Which run's cost / sample / sequence was taken.
-  std::optional<size_t> client_run, outside_run, step_factor_run, prefill_factor_run;
+  std::optional<size_t> client_run, outside_run;  // which run's cost / sample was taken
 };
 // InvalidArgument when `runs` is empty, their rates differ, or a figure is not finite.
 Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFactors> runs,

@@ -102,37 +102,28 @@ TEST(ValidateRateCalibration, OneSlowRunOfThreeMovesNoFactor) {
   EXPECT_EQ(c->outside_runs, 3);
 }
 
-// The decode step factors: the sequence of the run with the median mean, whole and in its order
-// (a slow spell's run of large factors is one run's, not pooled); runs without one are skipped.
-TEST(ValidateRateCalibration, DecodeStepFactorsAreTheMedianRunsSequenceWhole) {
-  std::vector<CalibrationRunFactors> runs = {
-      MakeRun(20, 0.002, 1.0, 1.0, {}), MakeRun(20, 0.002, 1.0, 1.0, {}),
-      MakeRun(20, 0.002, 1.0, 1.0, {}), MakeRun(20, 0.002, 1.0, 1.0, {})};
-  runs[0].decode_step_factors = {1.0, 1.2};       // mean 1.1
-  runs[1].decode_step_factors = {3.0, 1.0, 1.0};  // mean 1.67: a spell
-  runs[3].decode_step_factors = {0.9, 1.1};       // mean 1.0
+// The step factors: every run's sequence whole, one after another in run order (a round holds
+// as much of the host's time as the rate's runs together); runs without one are skipped.
+TEST(ValidateRateCalibration, StepFactorsAreTheRunsSequencesInRunOrder) {
+  std::vector<CalibrationRunFactors> runs = {MakeRun(20, 0.002, 1.0, 1.0, {}),
+                                             MakeRun(20, 0.002, 1.0, 1.0, {}),
+                                             MakeRun(20, 0.002, 1.0, 1.0, {})};
+  runs[0].decode_step_factors = {1.0, 1.2};
+  runs[2].decode_step_factors = {3.0, 0.9, 1.1};
+  runs[1].prefill_step_factors = {0.8, 1.2};
   auto c = CombineCalibrationRuns(runs, 32);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  EXPECT_EQ(c->step_factor_runs, 3);
-  ASSERT_TRUE(c->step_factor_run);
-  EXPECT_EQ(*c->step_factor_run, 0u);
-  EXPECT_EQ(c->decode_step_factors, (std::vector<double>{1.0, 1.2}));
-  for (auto& r : runs) r.decode_step_factors.clear();
-  c = CombineCalibrationRuns(runs, 32);
-  ASSERT_TRUE(c.ok());
-  EXPECT_FALSE(c->step_factor_run);
-  EXPECT_TRUE(c->decode_step_factors.empty());
-  // Prefill factors average 1: the run with the median mean distance from 1.
-  runs[0].prefill_step_factors = {0.5, 1.5};  // 0.5
-  runs[1].prefill_step_factors = {0.9, 1.1};  // 0.1
-  runs[2].prefill_step_factors = {0.8, 1.2};  // 0.2
-  c = CombineCalibrationRuns(runs, 32);
-  ASSERT_TRUE(c.ok());
-  EXPECT_EQ(c->prefill_factor_runs, 3);
-  ASSERT_TRUE(c->prefill_factor_run);
-  EXPECT_EQ(*c->prefill_factor_run, 2u);
+  EXPECT_EQ(c->step_factor_runs, 2);
+  EXPECT_EQ(c->decode_step_factors, (std::vector<double>{1.0, 1.2, 3.0, 0.9, 1.1}));
+  EXPECT_EQ(c->prefill_factor_runs, 1);
   EXPECT_EQ(c->prefill_step_factors, (std::vector<double>{0.8, 1.2}));
-  runs[2].decode_step_factors = {std::nan("")};
+  for (auto& r : runs) r.decode_step_factors.clear(), r.prefill_step_factors.clear();
+  c = CombineCalibrationRuns(runs, 32);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->step_factor_runs, 0);
+  EXPECT_TRUE(c->decode_step_factors.empty());
+  EXPECT_TRUE(c->prefill_step_factors.empty());
+  runs[2].prefill_step_factors = {std::nan("")};
   EXPECT_EQ(CombineCalibrationRuns(runs, 32).status().code(), StatusCode::kInvalidArgument);
 }
 
