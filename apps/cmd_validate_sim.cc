@@ -244,15 +244,15 @@ Status SimulateRateReport(const ValidateFlags& f, const bench::DatasetSpec& spec
       SimulateRate(cal_insts, cal_links, reqs, slo, cal.outside, &r->sim_steps, &r->sim_requests));
   r->per_rate_median = r->calibrated;
   if (cal.decode_step_factors || cal.prefill_step_factors) {
-    auto plain = cal_insts;
-    for (auto& inst : plain) {
-      if (inst.role == planner::Role::kPrefill) inst.step_factors.reset();
+    auto other = cal_insts;
+    for (auto& inst : other) {
+      if (inst.role == planner::Role::kPrefill) inst.step_factors = cal.prefill_step_factors;
     }
-    ASSIGN_OR_RETURN(r->without_prefill_factors,
-                     SimulateRate(plain, cal_links, reqs, slo, cal.outside));
-    for (auto& inst : plain) inst.step_factors.reset();
+    ASSIGN_OR_RETURN(r->with_prefill_factors,
+                     SimulateRate(other, cal_links, reqs, slo, cal.outside));
+    for (auto& inst : other) inst.step_factors.reset();
     ASSIGN_OR_RETURN(r->without_step_factors,
-                     SimulateRate(plain, cal_links, reqs, slo, cal.outside));
+                     SimulateRate(other, cal_links, reqs, slo, cal.outside));
   }
   ASSIGN_OR_RETURN(r->raw.simulated,
                    SimulateRate(Instances(f, coeffs, planner::RealOverheads{}, kv_tokens), links,

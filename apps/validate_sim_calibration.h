@@ -62,9 +62,10 @@ struct Calibration {
   // share's stretch of the prefill steps (scaled to each rate by planner::StretchAtRate).
   std::optional<DecodeUnderLoad> prefill_load;
   // The decode and prefill instances' steps' factors in their traced order
-  // (planner::DecodeStepFactors, PrefillStepFactors; a rate's median calibration run:
-  // apps/validate_sim_rate_cal.h), replayed by the simulated instances step by step
-  // (InstanceConfig::step_factors); null when not measured.
+  // (planner::DecodeStepFactors, PrefillStepFactors; a rate's calibration runs' in turn:
+  // apps/validate_sim_rate_cal.h); the simulated decode instance replays its own step by step
+  // (InstanceConfig::step_factors), the prefill instance's are printed beside; null when not
+  // measured.
   std::shared_ptr<const std::vector<double>> decode_step_factors, prefill_step_factors;
   const planner::ClientCpuCost& StretchCpu() const {
     return client_cpu_loaded ? *client_cpu_loaded : client_cpu;

@@ -106,9 +106,10 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
       "cells within %.0f%% of %zu: per-rate median %d, paired %d (used: %s)\n",
       100 * kCellTolerance, 5 * reports.size(), planner::CellsWithin(per_rate, kCellTolerance),
       planner::CellsWithin(paired, kCellTolerance), kPairedRuleUsed ? "paired" : "per-rate median");
-  // The step factors' share: the per-rate-median rule without the prefill ones and without any.
+  // The step factors' share: the per-rate-median rule with the prefill instance's too, and
+  // without any.
   for (const auto& [label, which] :
-       {std::pair{"without the prefill step factors", &RateReport::without_prefill_factors},
+       {std::pair{"with the prefill step factors too", &RateReport::with_prefill_factors},
         std::pair{"without any step factors", &RateReport::without_step_factors}}) {
     std::vector<planner::ComparisonRow> plain;
     for (const RateReport& r : reports) {

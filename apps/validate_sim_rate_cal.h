@@ -9,17 +9,20 @@
 // traced ones ran x1.1-1.5 the probes' model), the decode stretch and co-run factor (traced
 // decode steps against the same simulation, as apps/validate_sim_decode_load.h), and the
 // per-request latency outside the engines (the median run's sample, as
-// apps/validate_sim_outside.h); and each instance's step factors (planner::DecodeStepFactors,
-// PrefillStepFactors: each traced step over its class's mean, in start order; the rate's runs'
-// sequences one after another), which the simulated instances replay step by step
-// (InstanceConfig::step_factors). The factors carry the host's slow spells, which the means leave
-// out: in a traced run the decode steps' time over their batch size's median, averaged over windows
-// of 16-48 consecutive steps (a request's answer), spread p90/p50 1.14-1.30 in their order
-// and 1.08-1.19 shuffled, and the real TPOT p90 ran 1.3-1.5x its p50 where the simulation without
-// them gave 1.21. The prefill step spread per rate (each step drawn from the median run's spread
-// around the runs' median step ratio) was printed beside it at 05:09 (8 of 15 cells vs 7) and
-// dropped. ApplyRateCalibration also serves the paired rule (apps/validate_sim_paired.h), one run
-// at a time.
+// apps/validate_sim_outside.h); and the decode instance's step factors
+// (planner::DecodeStepFactors: each traced step over its class's mean, in start order; the
+// rate's runs' sequences one after another), which the simulated decode instance replays step by
+// step (InstanceConfig::step_factors). They carry the host's slow spells, which the means leave
+// out: in a traced run the decode steps' time over their batch size's median, averaged over
+// windows of 16-48 consecutive steps (a request's answer), spread p90/p50 1.14-1.30 in their
+// order and 1.08-1.19 shuffled, and the real TPOT p90 ran 1.3-1.5x its p50 where the simulation
+// without them gave 1.21. Over six runs (2026-11-30 10:29-10:49) TPOT p90 was within 10% at 12
+// of 18 rates with them and at 6 without. The prefill instance's (planner::PrefillStepFactors)
+// are printed beside, not used: TTFT p90 was within 10% at 5 of 18 rates with them, 6 without,
+// and near saturation a replayed spell took TTFT p90 to +55-121%. The prefill step spread per
+// rate (each step drawn from the median run's spread around the runs' median step ratio) was
+// printed beside it at 05:09 (8 of 15 cells vs 7) and dropped. ApplyRateCalibration also serves
+// the paired rule (apps/validate_sim_paired.h), one run at a time.
 //
 // Why: the single load run (300 requests at the highest rate, before the rounds) gave all of it
 // for every rate; at 03:22 it caught a slow spell (decode alone steps of batch 1 0.735 ms where

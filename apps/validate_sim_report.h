@@ -61,10 +61,10 @@ struct RateReport {
   // run's factors; `paired_runs[k]`: the calibration run that round k took.
   std::optional<planner::PairedComparison> paired;
   std::vector<size_t> paired_runs;
-  // The per-rate-median rule's simulation without the prefill instance's step factors and
+  // The per-rate-median rule's simulation with the prefill instance's step factors too, and
   // without any (Calibration::prefill_step_factors, decode_step_factors), printed beside it;
   // unset when none were measured.
-  std::optional<planner::Summary> without_prefill_factors, without_step_factors;
+  std::optional<planner::Summary> with_prefill_factors, without_step_factors;
 };
 
 inline nlohmann::json OverheadsJson(const Calibration& cal) {

@@ -141,10 +141,10 @@ inline Result<std::vector<planner::InstanceConfig>> CalibratedAt(const ValidateF
   }
   std::vector<planner::InstanceConfig> insts =
       Slowed(Instances(f, c, cal.overheads, kv_tokens), k, decode_seq);
-  for (auto& inst : insts) {
-    inst.step_factors =
-        inst.role == planner::Role::kDecode ? cal.decode_step_factors : cal.prefill_step_factors;
-  }
+  // The decode instance replays its traced slowness (Calibration::decode_step_factors); the
+  // prefill instance's factors are printed beside, not used (apps/validate_sim_rate_cal.h).
+  for (auto& inst : insts)
+    if (inst.role == planner::Role::kDecode) inst.step_factors = cal.decode_step_factors;
   return insts;
 }
 
