@@ -14,8 +14,8 @@
 #      run preceded by a traced, uncompared calibration run of 100 requests at that rate (per
 #      rate, the median over its three calibration runs of what is measured under load: client
 #      and router CPU, prefill and decode stretch, decode co-run factor, outside latency; and
-#      the runs' traced step-by-step slowness of each instance, which the simulated instances
-#      replay in order (step factors; the simulation without them is printed beside); the
+#      the runs' traced step-by-step slowness of the decode instance, which the simulated one
+#      replays in order (step factors; the prefill instance's too and none printed beside); the
 #      paired rule, each round simulated with the calibration run just before it, is printed
 #      beside it, not used) (300 requests of
 #      128/32 tokens each, fixed seed, random dataset), the median per rate beside the simulator
