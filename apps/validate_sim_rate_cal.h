@@ -16,10 +16,11 @@
 // out: in a traced run the decode steps' time over their batch size's median, averaged over
 // windows of 16-48 consecutive steps (a request's answer), spread p90/p50 1.14-1.30 in their
 // order and 1.08-1.19 shuffled, and the real TPOT p90 ran 1.3-1.5x its p50 where the simulation
-// without them gave 1.21. Over six runs (2026-11-30 10:29-10:49) TPOT p90 was within 10% at 12
-// of 18 rates with them and at 6 without. The prefill instance's (planner::PrefillStepFactors)
-// are printed beside, not used: TTFT p90 was within 10% at 5 of 18 rates with them, 6 without,
-// and near saturation a replayed spell took TTFT p90 to +55-121%. The prefill step spread per
+// without them gave 1.21. Over the final build's twelve runs (2026-11-30 10:53-11:51) TPOT p90
+// was within 10% at 20 of 36 rates with them and at 17 without (median error 7.0% vs 11.8%). The
+// prefill instance's (planner::PrefillStepFactors) are printed beside, not used: TTFT p90 was
+// within 10% at 11 of 36 rates with them and at 16 with the decode ones alone, and near
+// saturation a replayed spell took it to +55-121%. The prefill step spread per
 // rate (each step drawn from the median run's spread around the runs' median step ratio) was
 // printed beside it at 05:09 (8 of 15 cells vs 7) and dropped. ApplyRateCalibration also serves
 // the paired rule (apps/validate_sim_paired.h), one run at a time.
