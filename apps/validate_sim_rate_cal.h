@@ -41,6 +41,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -55,6 +56,7 @@
 #include "apps/validate_sim_flags.h"
 #include "apps/validate_sim_outside.h"
 #include "apps/validate_sim_report.h"
+#include "planner/metrics.h"
 #include "planner/rate_calibration.h"
 #include "planner/ttft_parts.h"
 #include "planner/validate_stats.h"
@@ -154,18 +156,17 @@ inline double Mean(const std::vector<double>& v) {
   for (double x : v) m += x;
   return v.empty() ? 0.0 : m / v.size();
 }
-// A sequence of step factors, summarised (all 0 when empty).
+// A sequence of step factors, summarised (all 0 when empty); `spread` is the mean of |k - 1|.
 struct FactorQuantiles {
-  double mean = 0, p50 = 0, p90 = 0, p99 = 0, max = 0;
-  explicit FactorQuantiles(std::vector<double> k) {
+  double mean = 0, spread = 0, p50 = 0, p90 = 0, p99 = 0, max = 0;
+  explicit FactorQuantiles(const std::vector<double>& k) {
     if (k.empty()) return;
-    std::sort(k.begin(), k.end());
-    auto q = [&](double p) { return k[std::min(k.size() - 1, static_cast<size_t>(p * k.size()))]; };
     mean = Mean(k);
-    p50 = q(0.5);
-    p90 = q(0.9);
-    p99 = q(0.99);
-    max = k.back();
+    for (double x : k) spread += std::abs(x - 1) / k.size();
+    p50 = planner::Percentile(k, 0.5);
+    p90 = planner::Percentile(k, 0.9);
+    p99 = planner::Percentile(k, 0.99);
+    max = *std::max_element(k.begin(), k.end());
   }
 };
 // "p50 a p90 b p99 c max d" of step factors, or "-" when none.
@@ -252,7 +253,7 @@ inline void PrintRateCalibration(const ValidateFlags& f,
            [](const planner::CalibrationRunFactors& r) {
              return r.prefill_step_factors.empty()
                         ? std::string("-")
-                        : Fmt("%.3f", planner::MeanDistanceFromOne(r.prefill_step_factors));
+                        : Fmt("%.3f", FactorQuantiles(r.prefill_step_factors).spread);
            })
           .c_str(),
       rc.prefill_factor_runs, rc.prefill_step_factors.size(),

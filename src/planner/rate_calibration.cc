@@ -42,36 +42,10 @@ Result<double> PrefillBusyStretch(std::span<const StepRecord> real, std::span<co
   return real_s / sim_s;
 }
 
-double MeanDistanceFromOne(const std::vector<double>& v) {
-  double d = 0;
-  for (double x : v) d += std::abs(x - 1);
-  return v.empty() ? 0.0 : d / static_cast<double>(v.size());
-}
-
 namespace {
 
 double Mean(const std::vector<double>& v) {
   return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
-}
-
-// The run whose `get` has the median mean among the runs with a non-empty one (none: unset), and
-// how many had one.
-Result<std::optional<size_t>> MedianRunByMean(std::span<const CalibrationRunFactors> runs,
-                                              std::vector<double> CalibrationRunFactors::*get,
-                                              int* count, const char* what) {
-  std::vector<double> mean;
-  std::vector<size_t> run;
-  for (size_t i = 0; i < runs.size(); ++i) {
-    if ((runs[i].*get).empty()) continue;
-    mean.push_back(Mean(runs[i].*get));
-    run.push_back(i);
-  }
-  *count = static_cast<int>(mean.size());
-  if (mean.empty()) return std::optional<size_t>();
-  auto k = UpperMedianIndex(mean);
-  if (!k.ok())
-    return InvalidArgument(std::string("CombineCalibrationRuns: ") + what + " is not finite");
-  return std::optional<size_t>(run[*k]);
 }
 
 // The median over the runs that gave `get`, and how many did.
@@ -124,23 +98,31 @@ Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFac
                    MedianOf(runs, &CalibrationRunFactors::decode_seq_stretch, &seq_runs));
   ASSIGN_OR_RETURN(out.decode_corun,
                    MedianOf(runs, &CalibrationRunFactors::decode_corun, &out.corun_runs));
-  std::vector<double> cost;
-  std::vector<size_t> cost_run;
+  std::vector<double> cost, mean;
+  std::vector<size_t> cost_run, mean_run;
   for (size_t i = 0; i < runs.size(); ++i) {
     if (runs[i].client_cpu) {
       cost.push_back(runs[i].client_cpu->Seconds(output_tokens));
       cost_run.push_back(i);
     }
+    if (!runs[i].outside_s.empty()) {
+      mean.push_back(Mean(runs[i].outside_s));
+      mean_run.push_back(i);
+    }
   }
   out.client_runs = static_cast<int>(cost.size());
+  out.outside_runs = static_cast<int>(mean.size());
   if (!cost.empty()) {
     ASSIGN_OR_RETURN(const size_t k, UpperMedianIndex(cost));
     out.client_run = cost_run[k];
     out.client_cpu = runs[cost_run[k]].client_cpu;
   }
-  ASSIGN_OR_RETURN(out.outside_run, MedianRunByMean(runs, &CalibrationRunFactors::outside_s,
-                                                    &out.outside_runs, "an outside sample"));
-  if (out.outside_run) out.outside_s = runs[*out.outside_run].outside_s;
+  if (!mean.empty()) {
+    auto k = UpperMedianIndex(mean);
+    if (!k.ok()) return InvalidArgument("CombineCalibrationRuns: an outside sample is not finite");
+    out.outside_run = mean_run[*k];
+    out.outside_s = runs[mean_run[*k]].outside_s;
+  }
   for (const CalibrationRunFactors& r : runs) {
     for (auto [from, to, count] :
          {std::tuple{&r.decode_step_factors, &out.decode_step_factors, &out.step_factor_runs},

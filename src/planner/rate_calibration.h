@@ -37,9 +37,6 @@ Result<size_t> UpperMedianIndex(std::span<const double> values);
 Result<double> PrefillBusyStretch(std::span<const StepRecord> real, std::span<const StepRecord> sim,
                                   int64_t min_steps);
 
-// The mean of |v - 1| over `v` (0 when empty): how far a sequence of step factors strays.
-double MeanDistanceFromOne(const std::vector<double>& v);
-
 // One traced calibration run's figures; a part it could not give is unset (or empty).
 struct CalibrationRunFactors {
   double rate = 0.0;
