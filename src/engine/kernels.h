@@ -117,12 +117,19 @@ struct IsaKernels {
   // attention_item's (same operations in the same order). nullptr: this ISA has none.
   void (*attention_rows)(const AttentionArgs& args, int token, int num_tokens, int kv_head,
                          float* scratch) = nullptr;
+  // matmul_panel with x rounded to bf16 (nearest even) and bf16 dot products: bit for bit
+  // ref::MatmulBf16Dot for bf16 weights with even k (others take matmul_panel), and like it
+  // independent of num_rows. nullptr: none; only call when the CPU has AVX512_BF16.
+  void (*matmul_panel_bf16_dot)(const float* x, int64_t num_rows, int64_t ldx,
+                                const WeightMatrix& w, int64_t n_begin, int64_t n_end, float* out,
+                                int64_t ldo) = nullptr;
 };
 
 using MatmulFn = void (*)(const float* x, int64_t num_rows, int64_t ldx, const WeightMatrix& w,
                           int64_t n_begin, int64_t n_end, float* out, int64_t ldo);
-// The AVX-512 kPanel32 matmul (kernels_avx512_gemm.cc).
+// The AVX-512 kPanel32 matmul (kernels_avx512_gemm.cc), and its bf16-dot variant (AVX512_BF16).
 MatmulFn Avx512PanelMatmul();
+MatmulFn Avx512PanelDotMatmul();
 
 // The reference row kernels, for tables without their own.
 void ScalarSiluMulRow(const float* gate, const float* up, int64_t dim, float* out);

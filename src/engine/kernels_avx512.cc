@@ -654,9 +654,9 @@ void RmsNormRow(const float* x, const float* w, int64_t dim, float eps, float* o
 }  // namespace
 
 const IsaKernels& Avx512Kernels() {
-  static const IsaKernels kAvx512 = {"avx512",          &Matmul,     Avx512PanelMatmul(),
-                                     &AttentionItemAny, &SiluMulRow, &RmsNormRow,
-                                     &AttentionRowsAny};
+  static const IsaKernels kAvx512 = {
+      "avx512",    &Matmul,     Avx512PanelMatmul(), &AttentionItemAny,
+      &SiluMulRow, &RmsNormRow, &AttentionRowsAny,   Avx512PanelDotMatmul()};
   return kAvx512;
 }
 

@@ -13,6 +13,14 @@
 // lines fetched into L2 during this one. More rows block k (kKc) and groups (kGroupsPerBlock, in
 // L2), pack each block of x rows k-major (in L1) and pass every row block over the groups. Every
 // path prefetches ahead of each weight stream.
+//
+// The bf16-dot variant (MatmulPanelDot, for bf16 weights with even k on CPUs with AVX512_BF16)
+// rounds x to bf16 (nearest even) and multiplies with vdpbf16ps: each step takes a pair of k,
+// (k, k+1), of 32 rows — two 64-byte lines of the panel recombined into (k, k+1) pairs per row
+// with two shifts and two blends, or read from a block already converted to that order — and
+// broadcasts x's pair as one 32-bit word. Each output is again one chain over the pairs in order
+// (the instruction adds the k+1 product, then the k product, each rounded, denormals flushed), so
+// it too is bit-identical across batch sizes and blockings; it equals ref::MatmulBf16Dot.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -48,27 +56,48 @@ constexpr int64_t kPrefetchFarK = 96;
 inline int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t Clamp16(int64_t v) { return v < 0 ? 0 : (v > 16 ? 16 : v); }
 
-// The 32 weights of one group at k as f32: rows 0..15 in lo, 16..31 in hi.
-template <bool kBf16>
-inline void LoadK(const uint8_t* group, int64_t k, __m512& lo, __m512& hi) {
-  if constexpr (kBf16) {
-    const __m512i v = _mm512_loadu_si512(group + k * 64);
+// What the micro-kernel's weight stream holds and how it multiplies.
+//   kF32:      f32 panels (converted or f32 weights), one k per step, f32 FMA.
+//   kBf16:     the bf16 panel as laid out, one k per step (shift and mask to f32), f32 FMA.
+//   kDot:      the bf16 panel as laid out, a pair of k per step (two lines recombined), vdpbf16ps.
+//   kDotPairs: a block already in (k, k+1) pair order (ConvertGroupsDot), a pair per step.
+enum class WMode { kF32, kBf16, kDot, kDotPairs };
+constexpr bool IsDot(WMode m) { return m == WMode::kDot || m == WMode::kDotPairs; }
+// Bytes of one group's weights per step, and k per step.
+constexpr int64_t StepBytes(WMode m) { return m == WMode::kBf16 ? 64 : 128; }
+constexpr int64_t StepK(WMode m) { return IsDot(m) ? 2 : 1; }
+
+// The 32 weights of one group at step s: f32 modes: k = s as f32, rows 0..15 in lo, 16..31 in
+// hi; dot modes: k = 2s and 2s+1 as bf16 pairs (k in the low half), rows 0..15 in lo, 16..31 in hi.
+template <WMode kMode>
+inline void LoadK(const uint8_t* group, int64_t s, __m512& lo, __m512& hi) {
+  if constexpr (kMode == WMode::kBf16) {
+    const __m512i v = _mm512_loadu_si512(group + s * 64);
     lo = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
     hi = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  } else if constexpr (kMode == WMode::kDot) {
+    // Line k holds (row j, row 16 + j) in word j; line k + 1 likewise.
+    const __m512i k0 = _mm512_loadu_si512(group + s * 128);
+    const __m512i k1 = _mm512_loadu_si512(group + s * 128 + 64);
+    constexpr __mmask32 kHigh = 0xAAAAAAAAu;  // the high 16 bits of each word
+    lo = _mm512_castsi512_ps(_mm512_mask_blend_epi16(kHigh, k0, _mm512_slli_epi32(k1, 16)));
+    hi = _mm512_castsi512_ps(_mm512_mask_blend_epi16(kHigh, _mm512_srli_epi32(k0, 16), k1));
   } else {
-    const float* p = reinterpret_cast<const float*>(group + k * 128);
+    const float* p = reinterpret_cast<const float*>(group + s * 128);
     lo = _mm512_loadu_ps(p);
     hi = _mm512_loadu_ps(p + 16);
   }
 }
 
 struct MicroArgs {
-  const float* x;  // kPacked: x[(k - k0)*MR + i]; else x[i*ldx + k]
+  // kPacked: x[(s - s0)*MR + i]; else x[i*ldx + s], s the step (k, or k/2 in the dot modes,
+  // whose x holds bf16 pairs: k in the low half of a 32-bit word, k + 1 in the high half).
+  const float* x;
   int64_t ldx;
   const uint8_t* w;  // first group's weights at k0
   int64_t group_bytes;
-  int64_t k0, k1;
-  float* out;  // row m0, column of the first group
+  int64_t k0, k1;  // even in the dot modes
+  float* out;      // row m0, column of the first group
   int64_t ldo;
   int64_t cols;  // valid columns from the first group's first, up to NG*32
   // The output tile of the next call (row stride ldo, MR rows of NG*32 floats), prefetched into
@@ -85,7 +114,7 @@ struct MicroArgs {
 
 // out[0..MR) x [0..cols) (+)= x[0..MR, k0..k1) . W[groups, k0..k1)^T; starts the chains at zero
 // when k0 == 0, else from out.
-template <int MR, int NG, bool kBf16, bool kPacked>
+template <int MR, int NG, WMode kMode, bool kPacked>
 void Micro(const MicroArgs& a) {
   __mmask16 mask[NG][2];
 #pragma GCC unroll 4
@@ -102,32 +131,44 @@ void Micro(const MicroArgs& a) {
                            ? _mm512_setzero_ps()
                            : _mm512_maskz_loadu_ps(mask[g][h], a.out + i * a.ldo + g * 32 + h * 16);
   const uint8_t* w = a.w;
-  const int64_t step = kBf16 ? 64 : 128;
+  constexpr int64_t step = StepBytes(kMode);
+  // Prefetch distances in steps: a kDot step reads two bf16 lines, so half as many steps.
+  constexpr int64_t near_steps = kMode == WMode::kDot ? kPrefetchK / 2 : kPrefetchK;
+  constexpr int64_t far_steps = kMode == WMode::kDot ? kPrefetchFarK / 2 : kPrefetchFarK;
+  // Streams read from memory also prefetch far ahead into L2 (decode); converted blocks are in L2.
+  constexpr bool far = !kPacked || kMode == WMode::kBf16 || kMode == WMode::kDot;
   const float* xk = a.x;
-  const int64_t kn = a.k1 - a.k0;
-  // One k step: each group's 32 weights, then 2*NG FMAs per row.
+  const int64_t kn = (a.k1 - a.k0) / StepK(kMode);
+  const int64_t x0 = a.k0 / StepK(kMode);
+  // One step: each group's 32 weights, then 2*NG FMAs (or bf16 dot products) per row.
   auto step_k = [&](int64_t k) __attribute__((always_inline)) {
     __m512 wv[NG][2];
 #pragma GCC unroll 4
     for (int g = 0; g < NG; ++g) {
       const uint8_t* wg = w + g * a.group_bytes;
-      const char* ahead = reinterpret_cast<const char*>(wg + (k + kPrefetchK) * step);
+      const char* ahead = reinterpret_cast<const char*>(wg + (k + near_steps) * step);
       _mm_prefetch(ahead, _MM_HINT_T0);
-      if constexpr (!kBf16) _mm_prefetch(ahead + 64, _MM_HINT_T0);  // f32: two lines per k
-      if constexpr (!kPacked || kBf16) {  // decode: also far ahead into L2
-        const char* far = reinterpret_cast<const char*>(wg + (k + kPrefetchFarK) * step);
-        _mm_prefetch(far, _MM_HINT_T1);
-        if constexpr (!kBf16) _mm_prefetch(far + 64, _MM_HINT_T1);
+      if constexpr (step == 128) _mm_prefetch(ahead + 64, _MM_HINT_T0);  // two lines per step
+      if constexpr (far) {
+        const char* p = reinterpret_cast<const char*>(wg + (k + far_steps) * step);
+        _mm_prefetch(p, _MM_HINT_T1);
+        if constexpr (step == 128) _mm_prefetch(p + 64, _MM_HINT_T1);
       }
-      LoadK<kBf16>(w + g * a.group_bytes, k, wv[g][0], wv[g][1]);
+      LoadK<kMode>(w + g * a.group_bytes, k, wv[g][0], wv[g][1]);
     }
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      const __m512 xb = _mm512_set1_ps(kPacked ? xk[i] : xk[i * a.ldx + a.k0]);
+      // In the dot modes a float's bits carry x's bf16 pair: broadcast, never computed with.
+      const __m512 xb = _mm512_set1_ps(kPacked ? xk[i] : xk[i * a.ldx + x0]);
 #pragma GCC unroll 4
       for (int g = 0; g < NG; ++g) {
-        acc[i][g][0] = _mm512_fmadd_ps(xb, wv[g][0], acc[i][g][0]);
-        acc[i][g][1] = _mm512_fmadd_ps(xb, wv[g][1], acc[i][g][1]);
+        if constexpr (IsDot(kMode)) {
+          acc[i][g][0] = _mm512_dpbf16_ps(acc[i][g][0], (__m512bh)xb, (__m512bh)wv[g][0]);
+          acc[i][g][1] = _mm512_dpbf16_ps(acc[i][g][1], (__m512bh)xb, (__m512bh)wv[g][1]);
+        } else {
+          acc[i][g][0] = _mm512_fmadd_ps(xb, wv[g][0], acc[i][g][0]);
+          acc[i][g][1] = _mm512_fmadd_ps(xb, wv[g][1], acc[i][g][1]);
+        }
       }
     }
     xk += kPacked ? MR : 1;
@@ -177,30 +218,35 @@ void Micro(const MicroArgs& a) {
 
 using MicroFn = void (*)(const MicroArgs&);
 
-template <bool kBf16, int... MR>
-constexpr MicroFn kPackedMicro[] = {nullptr, Micro<MR, 1, kBf16, true>...};
-template <bool kBf16>
+template <WMode kMode, int... MR>
+constexpr MicroFn kPackedMicro[] = {nullptr, Micro<MR, 1, kMode, true>...};
+template <WMode kMode>
 constexpr const MicroFn* PackedTable() {
-  return kPackedMicro<kBf16, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14>;
+  return kPackedMicro<kMode, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14>;
 }
-// Two groups per call (f32 weights), rows up to kWideMr.
-template <int... MR>
-constexpr MicroFn kPackedMicro2[] = {nullptr, Micro<MR, 2, false, true>...};
-constexpr const MicroFn* PackedTable2() { return kPackedMicro2<1, 2, 3, 4, 5, 6>; }
+// Two groups per call (f32 weights or converted dot pairs), rows up to kWideMr.
+template <WMode kMode, int... MR>
+constexpr MicroFn kPackedMicro2[] = {nullptr, Micro<MR, 2, kMode, true>...};
+template <WMode kMode>
+constexpr const MicroFn* PackedTable2() {
+  return kPackedMicro2<kMode, 1, 2, 3, 4, 5, 6>;
+}
 
 // Streaming (decode) kernels by rows: NG groups per pass, enough chains to hide FMA latency.
-template <bool kBf16>
-constexpr MicroFn kStream[] = {nullptr, Micro<1, 4, kBf16, false>, Micro<2, 4, kBf16, false>,
-                               Micro<3, 3, kBf16, false>, Micro<4, 2, kBf16, false>};
+template <WMode kMode>
+constexpr MicroFn kStream[] = {nullptr, Micro<1, 4, kMode, false>, Micro<2, 4, kMode, false>,
+                               Micro<3, 3, kMode, false>, Micro<4, 2, kMode, false>};
 constexpr int kStreamGroups[] = {0, 4, 4, 3, 2};
-template <bool kBf16>
-constexpr MicroFn kStream1[] = {nullptr, Micro<1, 1, kBf16, false>, Micro<2, 1, kBf16, false>,
-                                Micro<3, 1, kBf16, false>, Micro<4, 1, kBf16, false>};
+template <WMode kMode>
+constexpr MicroFn kStream1[] = {nullptr, Micro<1, 1, kMode, false>, Micro<2, 1, kMode, false>,
+                                Micro<3, 1, kMode, false>, Micro<4, 1, kMode, false>};
 
-template <bool kBf16>
+// kMode: kF32 (f32 panel), kBf16 or kDot (bf16 panel; kDot's x holds bf16 pairs, ldx in pairs).
+template <WMode kMode>
 void Stream(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, int64_t g_begin,
             int64_t g_end, int64_t n_end, float* out, int64_t ldo) {
-  const int64_t group_bytes = w.k * kPanelRows * (kBf16 ? 2 : 4);
+  constexpr bool kF32 = kMode == WMode::kF32;
+  const int64_t group_bytes = w.k * kPanelRows * (kF32 ? 4 : 2);
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
   const int ng = kStreamGroups[rows];
   for (int64_t g = g_begin; g < g_end; g += ng) {
@@ -213,17 +259,17 @@ void Stream(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, in
                 out + g * kPanelRows,
                 ldo,
                 n_end - g * kPanelRows};
-    if (g + 2 * ng <= g_end) {  // the next pass's first kPrefetchK steps into L2 meanwhile
+    if (g + 2 * ng <= g_end) {  // the next pass's first kPrefetchK k into L2 meanwhile
       a.pf = base + (g + ng) * group_bytes;
-      a.pf_lines = kPrefetchK * (kBf16 ? 1 : 2);
+      a.pf_lines = kPrefetchK * (kF32 ? 2 : 1);
       a.pf_stride = group_bytes;
     }
     if (g + ng <= g_end) {
-      kStream<kBf16>[rows](a);
+      kStream<kMode>[rows](a);
     } else {
       for (int64_t r = g; r < g_end;
            ++r, a.w += group_bytes, a.out += kPanelRows, a.cols -= kPanelRows)
-        kStream1<kBf16>[rows](a);
+        kStream1<kMode>[rows](a);
     }
   }
 }
@@ -279,6 +325,45 @@ void PackX(const float* x, int64_t ldx, int64_t m0, int64_t m1, int64_t k0, int6
   }
 }
 
+// 32 x of one row from x[k] as 16 bf16 pairs (k in the low half), nearest even; k past nk: 0.
+inline __m512 PairsOf(const float* x, int64_t nk) {
+  const __m512 lo = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << Clamp16(nk)) - 1u), x);
+  const __m512 hi =
+      _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << Clamp16(nk - 16)) - 1u), x + 16);
+  return (__m512)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+// PackX for the dot modes: x[m0..m1, k0..k1) as bf16 pairs, pair-major: word (k - k0)/2*(m1 - m0)
+// + i holds row m0 + i's (k, k + 1); k0 and k1 even.
+void PackXDot(const float* x, int64_t ldx, int64_t m0, int64_t m1, int64_t k0, int64_t k1,
+              float* dst) {
+  const int64_t mr = m1 - m0;
+  const __mmask16 row_mask = static_cast<__mmask16>((1u << mr) - 1u);
+  for (int64_t k = k0; k < k1; k += 32) {
+    const int64_t nk = Min(32, k1 - k);
+    __m512 r[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i)
+      r[i] = i < mr ? PairsOf(x + (m0 + i) * ldx + k, nk) : _mm512_setzero_ps();
+    Transpose16(r);  // moves 32-bit words: the pairs' bits pass through unchanged
+    float* d = dst + (k - k0) / 2 * mr;
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j)
+      if (2 * j < nk) _mm512_mask_storeu_ps(d + j * mr, row_mask, r[j]);
+  }
+}
+
+// x (rows, k) as bf16 pairs row by row into dst (rows, k/2 words); k even.
+void XPairs(const float* x, int64_t rows, int64_t ldx, int64_t k, float* dst) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t c = 0; c < k; c += 32) {
+      const int64_t nk = Min(32, k - c);
+      _mm512_mask_storeu_ps(dst + i * (k / 2) + c / 2,
+                            static_cast<__mmask16>((1u << (nk / 2)) - 1u),
+                            PairsOf(x + i * ldx + c, nk));
+    }
+}
+
 // Row blocks balanced in size (14, 14, 4 would waste a pass: 11, 11, 10 do not).
 inline int64_t RowBlockBegin(int64_t rows, int64_t b, int64_t blocks) { return rows * b / blocks; }
 
@@ -304,7 +389,22 @@ void ConvertGroups(const uint8_t* base, int64_t group_bytes, int64_t g0, int64_t
     const uint8_t* src = base + g * group_bytes + k0 * 64;
     for (int64_t k = 0; k < k1 - k0; ++k, dst += kPanelRows) {
       __m512 lo, hi;
-      LoadK<true>(src, k, lo, hi);
+      LoadK<WMode::kBf16>(src, k, lo, hi);
+      _mm512_store_ps(dst, lo);
+      _mm512_store_ps(dst + 16, hi);
+    }
+  }
+}
+
+// Groups [g0, g1) of a bf16 panel, k in [k0, k1) (even), in (k, k + 1) pair order into dst: per
+// pair, rows 0..15's pairs then rows 16..31's (what LoadK<kDot> recombines).
+void ConvertGroupsDot(const uint8_t* base, int64_t group_bytes, int64_t g0, int64_t g1, int64_t k0,
+                      int64_t k1, float* dst) {
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* src = base + g * group_bytes + k0 * 64;
+    for (int64_t s = 0; s < (k1 - k0) / 2; ++s, dst += kPanelRows) {
+      __m512 lo, hi;
+      LoadK<WMode::kDot>(src, s, lo, hi);
       _mm512_store_ps(dst, lo);
       _mm512_store_ps(dst + 16, hi);
     }
@@ -340,19 +440,23 @@ struct BlockedLoop {
 // k in blocks of kKc (kKcDecode below kConvertRows rows); for each block: x packed once (k-major
 // per row block, each in L1 when used), then each run of kGroupsPerBlock groups (in L2) against
 // every row block. With many rows the run's bf16 weights are first converted to f32 (exact, once
-// for all row blocks), which leaves the micro-kernel nothing but loads and FMAs. Each call also
-// prefetches its share of the next run's weights into L2 and the next call's output tile into L1.
-template <bool kBf16>
+// for all row blocks; kDot: to pair order), which leaves the micro-kernel nothing but loads and
+// FMAs (dot products). Each call also prefetches its share of the next run's weights into L2 and
+// the next call's output tile into L1. kMode: kF32, kBf16 or kDot (x is f32 in all three).
+template <WMode kMode>
 void Blocked(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, int64_t g_begin,
              int64_t g_end, int64_t n_end, float* out, int64_t ldo) {
   thread_local ThreadScratch x_scratch, w_scratch;
+  constexpr bool kBf16 = kMode != WMode::kF32, kDot = kMode == WMode::kDot;
+  constexpr int64_t sk = StepK(kMode);    // k per step (x words per k block: kc / sk)
   const int64_t step = kBf16 ? 64 : 128;  // bytes of one k of a group
   const int64_t group_bytes = w.k * step;
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
   const bool convert = kBf16 && rows >= kConvertRows;
-  const bool wide = !kBf16 || convert;  // f32 weights: kWideMr x 2 groups
-  const MicroFn* table = wide ? PackedTable<false>() : PackedTable<kBf16>();
-  const MicroFn* table2 = wide ? PackedTable2() : nullptr;
+  const bool wide = !kBf16 || convert;  // f32 weights or pairs: kWideMr x 2 groups
+  constexpr WMode kConverted = kDot ? WMode::kDotPairs : WMode::kF32;
+  const MicroFn* table = wide ? PackedTable<kConverted>() : PackedTable<kMode>();
+  const MicroFn* table2 = wide ? PackedTable2<kConverted>() : nullptr;
   const int max_mr = wide ? kWideMr : kMaxMr;
   const int64_t kc_max = rows >= kConvertRows ? kKc : kKcDecode;
   const BlockedLoop loop{
@@ -365,11 +469,21 @@ void Blocked(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, i
     const int64_t k1 = Min(w.k, k0 + kc_max), kc = k1 - k0;
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t m0 = RowBlockBegin(rows, b, blocks), m1 = RowBlockBegin(rows, b + 1, blocks);
-      PackX(x, ldx, m0, m1, k0, k1, xp + m0 * kc);
+      if constexpr (kDot) {
+        PackXDot(x, ldx, m0, m1, k0, k1, xp + m0 * kc / sk);
+      } else {
+        PackX(x, ldx, m0, m1, k0, k1, xp + m0 * kc);
+      }
     }
     for (int64_t gb = g_begin; gb < g_end; gb += kGroupsPerBlock) {
       const int64_t ge = Min(g_end, gb + kGroupsPerBlock);
-      if (convert) ConvertGroups(base, group_bytes, gb, ge, k0, k1, wf);
+      if (convert) {
+        if constexpr (kDot) {
+          ConvertGroupsDot(base, group_bytes, gb, ge, k0, k1, wf);
+        } else {
+          ConvertGroups(base, group_bytes, gb, ge, k0, k1, wf);
+        }
+      }
       // The next run: groups from pg at k in [pk0, pk1) (none if pk0 == w.k).
       int64_t pg = ge, pk0 = k0, pk1 = k1;
       if (ge == g_end) pg = g_begin, pk0 = k1, pk1 = Min(w.k, k1 + kc_max);
@@ -377,12 +491,14 @@ void Blocked(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, i
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t m0 = RowBlockBegin(rows, b, blocks), m1 = RowBlockBegin(rows, b + 1, blocks);
         for (int64_t g = gb; g < ge; g += loop.ng) {
-          const uint8_t* wg = convert ? reinterpret_cast<const uint8_t*>(wf + (g - gb) * kc * 32)
+          // A converted group takes kc*128 bytes as f32, kc*64 as pairs.
+          const int64_t cbytes = kc * 128 / sk;
+          const uint8_t* wg = convert ? reinterpret_cast<const uint8_t*>(wf) + (g - gb) * cbytes
                                       : base + g * group_bytes + k0 * step;
-          MicroArgs a{xp + m0 * kc,
+          MicroArgs a{xp + m0 * kc / sk,
                       0,
                       wg,
-                      convert ? kc * 128 : group_bytes,
+                      convert ? cbytes : group_bytes,
                       k0,
                       k1,
                       out + m0 * ldo + g * kPanelRows,
@@ -410,19 +526,39 @@ void MatmulPanel(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& 
   const int64_t g_end = (n_end + kPanelRows - 1) / kPanelRows;
   if (rows <= kStreamRows) {
     if (w.bf16) {
-      Stream<true>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
+      Stream<WMode::kBf16>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
     } else {
-      Stream<false>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
+      Stream<WMode::kF32>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
     }
   } else if (w.bf16) {
-    Blocked<true>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
+    Blocked<WMode::kBf16>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
   } else {
-    Blocked<false>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
+    Blocked<WMode::kF32>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
+  }
+}
+
+// x rounded to bf16 and multiplied with vdpbf16ps (bf16 weights, even k); anything else takes
+// MatmulPanel.
+void MatmulPanelDot(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w,
+                    int64_t n_begin, int64_t n_end, float* out, int64_t ldo) {
+  if (!w.bf16 || w.k % 2 != 0) return MatmulPanel(x, rows, ldx, w, n_begin, n_end, out, ldo);
+  if (rows <= 0 || n_begin >= n_end) return;
+  const int64_t g_begin = n_begin / kPanelRows;
+  const int64_t g_end = (n_end + kPanelRows - 1) / kPanelRows;
+  if (rows <= kStreamRows) {
+    thread_local ThreadScratch x_scratch;
+    float* pairs = x_scratch.Get(rows * w.k / 2);
+    if (pairs == nullptr) __builtin_trap();  // out of memory
+    XPairs(x, rows, ldx, w.k, pairs);
+    Stream<WMode::kDot>(pairs, rows, w.k / 2, w, g_begin, g_end, n_end, out, ldo);
+  } else {
+    Blocked<WMode::kDot>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
   }
 }
 
 }  // namespace
 
 MatmulFn Avx512PanelMatmul() { return &MatmulPanel; }
+MatmulFn Avx512PanelDotMatmul() { return &MatmulPanelDot; }
 
 }  // namespace pd::engine::kernels

@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
+#include "common/check.h"
 #include "model/dtype.h"
 
 namespace pd::engine::ref {
@@ -72,6 +74,44 @@ void MatmulSlice(const float* x, int64_t m, int64_t ldx, const WeightMatrix& w, 
 void Matmul(const float* x, int64_t m, int64_t ldx, const WeightMatrix& w, float* out,
             int64_t ldo) {
   MatmulSlice(x, m, ldx, w, 0, w.n, out, ldo);
+}
+
+namespace {
+
+float FlushDenormal(float v) {
+  return std::fpclassify(v) == FP_SUBNORMAL ? std::copysign(0.0f, v) : v;
+}
+
+// f32 -> bf16, nearest even, denormals to signed zero (as vcvtne2ps2bf16).
+uint16_t RoundToBf16(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  if (std::isnan(v)) return static_cast<uint16_t>((u >> 16) | 0x40);
+  if (std::fpclassify(v) == FP_SUBNORMAL) u &= 0x80000000u;
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+}  // namespace
+
+void MatmulBf16Dot(const float* x, int64_t m, int64_t ldx, const WeightMatrix& w, float* out,
+                   int64_t ldo) {
+  PD_CHECK(w.bf16 && w.k % 2 == 0) << "MatmulBf16Dot: bf16 weights with even k";
+  const uint16_t* wb = static_cast<const uint16_t*>(w.data);  // (n, k)
+  std::vector<float> xr(w.k);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t k = 0; k < w.k; ++k)
+      xr[k] = FlushDenormal(model::Bf16ToF32(RoundToBf16(x[i * ldx + k])));
+    for (int64_t n = 0; n < w.n; ++n) {
+      float acc = 0;
+      for (int64_t k = 0; k < w.k; k += 2)
+        for (int64_t kk : {k + 1, k}) {
+          const float wv = FlushDenormal(model::Bf16ToF32(wb[n * w.k + kk]));
+          acc = FlushDenormal(FlushDenormal(acc) + xr[kk] * wv);
+        }
+      out[i * ldo + n] = acc;
+    }
+  }
 }
 
 const uint8_t* KvElemPtr(const PagedKv& kv, int32_t page, int slot, int head, int which) {

@@ -30,6 +30,13 @@ void Matmul(const float* x, int64_t m, int64_t ldx, const kernels::WeightMatrix&
 void MatmulSlice(const float* x, int64_t m, int64_t ldx, const kernels::WeightMatrix& w,
                  int64_t n_begin, int64_t n_end, float* out, int64_t ldo);
 
+// Matmul with x rounded to bf16 (nearest even, denormals to zero) and each output one chain of
+// bf16 dot products over the pairs (k, k + 1) in order, as vdpbf16ps computes it: the k + 1
+// product added, then the k product, each sum rounded to f32, denormal inputs, products and sums
+// taken as zero. W bf16 row-major, k even.
+void MatmulBf16Dot(const float* x, int64_t m, int64_t ldx, const kernels::WeightMatrix& w,
+                   float* out, int64_t ldo);
+
 // Causal paged GQA attention for all tokens of args (softmax in f32 with max subtraction).
 // scratch: at least (max position in the batch + 1) floats.
 void PagedAttention(const kernels::AttentionArgs& args, float* scratch);

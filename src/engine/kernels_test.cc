@@ -291,6 +291,77 @@ TEST_P(IsaTest, ParallelPanelMatmulDealtInChunksEqualsOneThread) {
     }
 }
 
+// The bf16-dot matmul: every batch size (streamed, blocked with bf16 read directly, blocked
+// and converted), several k blocks and runs, a slice not starting at group 0: bit for bit
+// ref::MatmulBf16Dot (x with tiny and denormal values, flushed), columns outside untouched;
+// f32 weights and odd k take the exact panel kernel.
+class Bf16DotTest : public IsaTest {
+ protected:
+  void SetUp() override {
+    IsaTest::SetUp();
+    if (IsSkipped()) return;
+    if (isa_->matmul_panel_bf16_dot == nullptr) GTEST_SKIP() << isa_->name << " has no bf16 dot";
+    if (!DetectCpuFeatures().avx512_bf16) GTEST_SKIP() << "this CPU lacks AVX512_BF16";
+  }
+  // ref::MatmulBf16Dot over pw's stacked parts into out (ldo), columns [n_begin, n).
+  static void Reference(const PanelWeights& pw, const float* x, int64_t m, int64_t ldx,
+                        int64_t n_begin, float* out, int64_t ldo) {
+    std::vector<float> all(m * pw.w.n);
+    int64_t col = 0;
+    for (const Weights& p : pw.parts) {
+      ref::MatmulBf16Dot(x, m, ldx, p.w, all.data() + col, pw.w.n);
+      col += p.w.n;
+    }
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = n_begin; j < pw.w.n; ++j) out[i * ldo + j] = all[i * pw.w.n + j];
+  }
+};
+
+TEST_P(Bf16DotTest, EqualsTheReferenceBitForBitAtEveryBatchSize) {
+  ThreadPool pool(2);
+  for (int64_t k : {2, 18, 64, 400, 2100})
+    for (std::vector<int64_t> ns :
+         std::vector<std::vector<int64_t>>{{1}, {8, 5, 70}, {32 * 19 + 5}})
+      for (int64_t m : {1, 2, 3, 4, 5, 13, 30, 70}) {
+        PanelWeights pw(ns, k, true, m * 3 + k, pool);
+        const int64_t n = pw.w.n, ldx = k + 3, ldo = n + 2, n_begin = n > 64 ? 64 : 0;
+        std::vector<float> x = Random(m * ldx, m + 2 * k);
+        x[0] = 1e-39f;  // a denormal: zero in bf16
+        if (x.size() > 3) x[3] = -3e-38f;
+        std::vector<float> want(m * ldo, -7.0f), got(m * ldo, -7.0f);
+        Reference(pw, x.data(), m, ldx, n_begin, want.data(), ldo);
+        isa_->matmul_panel_bf16_dot(x.data(), m, ldx, pw.w, n_begin, n, got.data(), ldo);
+        for (int64_t i = 0; i < m * ldo; ++i)
+          ASSERT_EQ(got[i], want[i])
+              << "m=" << m << " n=" << n << " k=" << k << " at " << i / ldo << "," << i % ldo;
+      }
+}
+
+TEST_P(Bf16DotTest, IsCloseToTheExactMatmulAndFallsBackToItWhereItCannotApply) {
+  ThreadPool pool(1);
+  const int64_t m = 9, n = 70, k = 512;
+  PanelWeights pw({n}, k, true, 17, pool);
+  std::vector<float> x = Random(m * k, 18);
+  std::vector<float> exact(m * n), dot(m * n);
+  isa_->matmul_panel(x.data(), m, k, pw.w, 0, n, exact.data(), n);
+  isa_->matmul_panel_bf16_dot(x.data(), m, k, pw.w, 0, n, dot.data(), n);
+  double diff = 0, scale = 0;
+  for (int64_t i = 0; i < m * n; ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(dot[i]) - exact[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(exact[i])));
+  }
+  EXPECT_GT(diff, 0.0);  // x was rounded to bf16
+  EXPECT_LT(diff, 2e-2 * scale);
+  for (bool bf16 : {false, true}) {  // f32 weights; odd k
+    const int64_t kk = bf16 ? 33 : k;
+    PanelWeights other({n}, kk, bf16, 19, pool);
+    std::vector<float> a(m * n), b(m * n, 1.0f);
+    isa_->matmul_panel(x.data(), m, kk, other.w, 0, n, a.data(), n);
+    isa_->matmul_panel_bf16_dot(x.data(), m, kk, other.w, 0, n, b.data(), n);
+    EXPECT_EQ(a, b) << "bf16=" << bf16 << " k=" << kk;
+  }
+}
+
 TEST(PackPanel32Test, LaysOutGroupsAsDocumented) {
   ThreadPool pool(2);
   Weights a = MakeWeights(20, 3, true, 1), b = MakeWeights(15, 3, true, 2);
@@ -454,6 +525,29 @@ TEST_P(IsaTest, ParallelAttentionRowsEqualItemsForAnyThreadCount) {
 INSTANTIATE_TEST_SUITE_P(All, IsaTest,
                          ::testing::Values(IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvx512),
                          [](const auto& info) { return std::string(IsaLevelName(info.param)); });
+
+INSTANTIATE_TEST_SUITE_P(Avx512, Bf16DotTest, ::testing::Values(IsaLevel::kAvx512),
+                         [](const auto& info) { return std::string(IsaLevelName(info.param)); });
+
+// x rounds to bf16 at nearest even (1 + 2^-8 is a tie: 1; 1 + 3*2^-8: 1 + 2^-6), denormals to
+// zero; the pair's k + 1 product is added first.
+TEST(RefKernelsTest, MatmulBf16DotRoundsXAndAddsEachPairHighFirst) {
+  const float x[4] = {1.0f + 0x1p-8f, 3.0f, 1.0f + 3 * 0x1p-8f, 1e-39f};
+  const uint16_t w[8] = {model::F32ToBf16(2.0f), model::F32ToBf16(1.0f),    model::F32ToBf16(1.0f),
+                         model::F32ToBf16(5.0f), model::F32ToBf16(0x1p24f), model::F32ToBf16(0.0f),
+                         model::F32ToBf16(1.0f), model::F32ToBf16(0.0f)};
+  WeightMatrix wm;
+  wm.data = w;
+  wm.bf16 = true;
+  wm.n = 2;
+  wm.k = 4;
+  float out[2];
+  ref::MatmulBf16Dot(x, 1, 4, wm, out, 2);
+  EXPECT_EQ(out[0], 1.0f * 2 + 3.0f * 1 + (1.0f + 0x1p-6f) * 1);  // 5 (pair 0), then 6.015625
+  // Row 1: pair 0 gives 0 + 3*0 = 0, then 0 + 1*2^24 = 2^24; pair 1: + 0, then + 1.015625:
+  // 2^24 + 1.015625 rounds to 2^24 + 2.
+  EXPECT_EQ(out[1], 0x1p24f + 2.0f);
+}
 
 TEST(RefKernelsTest, AppendKvMatchesTheSpecLayout) {
   for (KvLayout layout : {KvLayout::kHND, KvLayout::kNHD}) {
