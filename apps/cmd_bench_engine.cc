@@ -18,8 +18,13 @@
 // the median prefill/probe ratio, its fraction against that pair's probe; decode rows' flops
 // fraction is against the run's peak (the better of an FMA measurement before and after the rows).
 // The header also gives the AVX-512 BF16 dot-product (vdpbf16ps) peak where the CPU has it ("n/a"
-// otherwise; JSON "peak_bf16dot_gflops", absent then): on the machine this was tuned on it is half
-// the FMA rate, which is why the kernels convert bf16 weights and use f32 FMA.
+// otherwise; JSON "peak_bf16dot_gflops", absent then): on the machine the f32 kernels were tuned
+// on it was half the FMA rate, on a Zen 4 host twice.
+//
+// --matmul f32|bf16|both (default both): the rows with each engine matmul precision
+// (MatmulPrecision: x kept f32, or rounded to bf16 and multiplied with vdpbf16ps), side by side; a
+// bf16 row's flops fraction is against the bf16-dot peak (a prefill row's: its pair's bf16-dot
+// probe). Without AVX512_BF16 the bf16 rows are left out (the engine would run f32).
 //
 // The runner is driven directly with synthetic page tables: the KV pages of every context are
 // filled once with bounded random values, then the same decode step (one new token per sequence at
@@ -69,6 +74,7 @@ struct BenchEngineFlags {
   int tensor_parallel_size = 1;
   std::vector<int> batches = {1, 8, 32};    // decode rows measured
   std::vector<int> contexts = {128, 2048};  // decode rows measured
+  std::string matmul = "both";              // f32 | bf16 | both
 };
 
 struct TpRow {
@@ -89,6 +95,7 @@ double CpuNow() {
 struct Row {
   std::string model, phase;
   int batch = 0, context = 0;
+  std::string matmul = "f32";  // the engine's matmul precision
   double tokens_per_s = 0, bytes_per_s = 0, flops_per_s = 0;
   double read_gbytes_per_s = 0;  // the read probe measured just before this row
   double peak_gflops = 0;        // prefill: the FMA probe measured just before this row
@@ -234,12 +241,18 @@ Result<Row> BenchPrefill(ModelRunner& runner, const std::string& name, int token
 // A prefill row as `pairs` alternating (FMA probe, prefill) pairs after one warm-up prefill: the
 // pair whose prefill/probe flops ratio is the median, so a phase in which the host's FMA rate
 // drops hits both sides alike and the fraction of peak compares between runs.
+// bf16_dot: the probe is the bf16 dot product's peak (the runner multiplies in bf16).
 Result<Row> BenchPrefillPaired(ModelRunner& runner, engine::ThreadPool& pool,
-                               const std::string& name, int tokens, int pairs) {
+                               const std::string& name, int tokens, int pairs, bool bf16_dot) {
   RETURN_IF_ERROR(BenchPrefill(runner, name, tokens));  // warm-up
   std::vector<Row> rows;
   for (int i = 0; i < pairs; ++i) {
-    const double peak = engine::MeasurePeakGflops(pool);
+    double peak = 0;
+    if (bf16_dot) {
+      ASSIGN_OR_RETURN(peak, engine::MeasurePeakBf16DotGflops(pool));
+    } else {
+      peak = engine::MeasurePeakGflops(pool);
+    }
     ASSIGN_OR_RETURN(Row r, BenchPrefill(runner, name, tokens));
     r.peak_gflops = peak;
     rows.push_back(r);
@@ -265,18 +278,21 @@ Result<std::string> EnsureModel(const std::string& root, const std::string& pres
   return dir;
 }
 
-Status BenchModel(const std::string& dir, const std::string& name, const BenchEngineFlags& f,
+Status BenchModel(const model::ModelWeights& weights, const std::string& name,
+                  engine::MatmulPrecision matmul, const BenchEngineFlags& f,
                   engine::ThreadPool& probe_pool, engine::ReadBandwidthProbe& probe,
                   std::vector<Row>* rows) {
-  ASSIGN_OR_RETURN(model::ModelWeights weights, model::LoadModelWeights(dir));
+  const std::string precision(engine::MatmulPrecisionName(matmul));
   engine::ModelRunnerOptions o;
+  o.matmul = matmul;
   o.num_threads = f.threads;
   o.tensor_parallel_size = f.tensor_parallel_size;
   o.kv.dtype = engine::KvDType::kBF16;
   o.kv.layout = engine::KvLayout::kHND;
   o.kv.page_size = 16;
   o.kv_cache_bytes = static_cast<size_t>(f.kv_gib) << 30;
-  std::fprintf(stderr, "bench-engine: %s: laying out weights ...\n", name.c_str());
+  std::fprintf(stderr, "bench-engine: %s: laying out weights (matmul %s) ...\n", name.c_str(),
+               precision.c_str());
   ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, ModelRunner::Create(weights, o));
   {
     engine::ThreadPool fill_pool(f.threads);
@@ -289,6 +305,7 @@ Status BenchModel(const std::string& dir, const std::string& name, const BenchEn
                    context);
       ASSIGN_OR_RETURN(Row r,
                        BenchDecodePaired(*runner, probe, name, batch, context, f.seconds, f.pairs));
+      r.matmul = precision;
       std::fprintf(stderr, "bench-engine:   %.1f tokens/s, %.1f GB/s\n", r.tokens_per_s,
                    r.bytes_per_s / 1e9);
       rows->push_back(r);
@@ -296,8 +313,10 @@ Status BenchModel(const std::string& dir, const std::string& name, const BenchEn
   if (f.phase == "decode") return OkStatus();
   std::fprintf(stderr, "bench-engine: %s: prefill %d tokens\n", name.c_str(), f.prefill_tokens);
   const double read = probe.Measure();
-  ASSIGN_OR_RETURN(Row r, BenchPrefillPaired(*runner, probe_pool, name, f.prefill_tokens, f.pairs));
+  ASSIGN_OR_RETURN(Row r, BenchPrefillPaired(*runner, probe_pool, name, f.prefill_tokens, f.pairs,
+                                             matmul == engine::MatmulPrecision::kBf16));
   r.read_gbytes_per_s = read;
+  r.matmul = precision;
   std::fprintf(stderr, "bench-engine:   %.1f tokens/s, %.3f of the FMA probe beside it\n",
                r.tokens_per_s, r.flops_per_s / 1e9 / r.peak_gflops);
   rows->push_back(r);
@@ -385,9 +404,11 @@ void PrintTp(const std::vector<TpRow>& rows, bool json) {
 
 // bw: the best read probe of the run; each row's bw_fraction is against the probe measured just
 // before it (the host's memory bandwidth is shared and drifts within a run).
-// The FMA peak a row's flops fraction is against: a prefill row's own probe, else the run's best.
-double RowPeak(const Row& r, double run_peak) {
-  return r.peak_gflops > 0 ? r.peak_gflops : run_peak;
+// The peak a row's flops fraction is against: a prefill row's own probe, else the run's best FMA
+// peak (bf16 rows: the bf16 dot product's).
+double RowPeak(const Row& r, double run_peak, double run_bf16dot) {
+  if (r.peak_gflops > 0) return r.peak_gflops;
+  return r.matmul == "bf16" ? run_bf16dot : run_peak;
 }
 
 // bf16dot: the vdpbf16ps peak, 0 when the CPU has none (the JSON field is then absent).
@@ -404,11 +425,12 @@ void Print(const std::vector<Row>& rows, double bw, double peak, double bf16dot,
     for (const Row& r : rows) {
       j["rows"].push_back({{"model", r.model},
                            {"phase", r.phase},
+                           {"matmul", r.matmul},
                            {"batch", r.batch},
                            {"context", r.context},
                            {"tokens_per_s", r.tokens_per_s},
                            {"bw_fraction", r.bytes_per_s / 1e9 / r.read_gbytes_per_s},
-                           {"flops_fraction", r.flops_per_s / 1e9 / RowPeak(r, peak)},
+                           {"flops_fraction", r.flops_per_s / 1e9 / RowPeak(r, peak, bf16dot)},
                            {"read_gbytes_per_s", r.read_gbytes_per_s}});
       if (r.peak_gflops > 0) j["rows"].back()["peak_gflops"] = r.peak_gflops;
     }
@@ -419,8 +441,8 @@ void Print(const std::vector<Row>& rows, double bw, double peak, double bf16dot,
               bw, peak, f.threads);
   if (bf16dot > 0)
     std::printf(
-        "machine: peak bf16 dot (vdpbf16ps) %.1f GFLOP/s = %.2f of the FMA peak: "
-        "kernels use f32 FMA\n",
+        "machine: peak bf16 dot (vdpbf16ps) %.1f GFLOP/s = %.2f of the FMA peak "
+        "(the bf16 rows' peak)\n",
         bf16dot, bf16dot / peak);
   else
     std::printf("machine: peak bf16 dot (vdpbf16ps) n/a (no avx512_bf16)\n");
@@ -432,13 +454,17 @@ void Print(const std::vector<Row>& rows, double bw, double peak, double bf16dot,
       "prefill rows: the median-ratio pair of %d (FMA probe, prefill) pairs; fl_frac "
       "against that pair's probe (column peak)\n",
       f.pairs);
-  std::printf("%-12s %-8s %5s %7s %10s %8s %8s %8s %8s %8s %8s\n", "model", "phase", "batch",
-              "context", "tokens/s", "GB/s", "read", "bw_frac", "GFLOP/s", "peak", "fl_frac");
-  for (const Row& r : rows)
-    std::printf("%-12s %-8s %5d %7d %10.1f %8.1f %8.1f %8.3f %8.1f %8.1f %8.3f\n", r.model.c_str(),
-                r.phase.c_str(), r.batch, r.context, r.tokens_per_s, r.bytes_per_s / 1e9,
-                r.read_gbytes_per_s, r.bytes_per_s / 1e9 / r.read_gbytes_per_s, r.flops_per_s / 1e9,
-                RowPeak(r, peak), r.flops_per_s / 1e9 / RowPeak(r, peak));
+  std::printf("%-12s %-8s %-6s %5s %7s %10s %8s %8s %8s %8s %8s %8s\n", "model", "phase", "matmul",
+              "batch", "context", "tokens/s", "GB/s", "read", "bw_frac", "GFLOP/s", "peak",
+              "fl_frac");
+  for (const Row& r : rows) {
+    const double row_peak = RowPeak(r, peak, bf16dot);
+    std::printf("%-12s %-8s %-6s %5d %7d %10.1f %8.1f %8.1f %8.3f %8.1f %8.1f %8.3f\n",
+                r.model.c_str(), r.phase.c_str(), r.matmul.c_str(), r.batch, r.context,
+                r.tokens_per_s, r.bytes_per_s / 1e9, r.read_gbytes_per_s,
+                r.bytes_per_s / 1e9 / r.read_gbytes_per_s, r.flops_per_s / 1e9, row_peak,
+                r.flops_per_s / 1e9 / row_peak);
+  }
 }
 
 int RunBenchEngine(const BenchEngineFlags& f) {
@@ -475,10 +501,23 @@ int RunBenchEngine(const BenchEngineFlags& f) {
     std::fprintf(stderr, "bench-engine: %s\n", probe.status().ToString().c_str());
     return 1;
   }
+  std::vector<engine::MatmulPrecision> precisions;
+  if (f.matmul != "bf16") precisions.push_back(engine::MatmulPrecision::kF32);
+  if (f.matmul != "f32") {
+    if (engine::MatmulBf16DotUsed(engine::KernelKind::kFast, engine::MatmulPrecision::kBf16)) {
+      precisions.push_back(engine::MatmulPrecision::kBf16);
+    } else {
+      std::fprintf(stderr, "bench-engine: no AVX512_BF16: matmul bf16 would run f32; left out\n");
+      if (precisions.empty()) return 1;
+    }
+  }
   double peak = engine::MeasurePeakGflops(pool);
   std::vector<Row> rows;
   for (const auto& [name, dir] : models) {
-    Status s = BenchModel(dir, name, f, pool, **probe, &rows);
+    Result<model::ModelWeights> weights = model::LoadModelWeights(dir);
+    Status s = weights.status();
+    for (size_t i = 0; s.ok() && i < precisions.size(); ++i)
+      s = BenchModel(*weights, name, precisions[i], f, pool, **probe, &rows);
     if (!s.ok()) {
       std::fprintf(stderr, "bench-engine: %s: %s\n", name.c_str(), s.ToString().c_str());
       return 1;
@@ -526,6 +565,11 @@ CommandRunner SetUpCommand(CLI::App* app) {
       ->capture_default_str();
   app->add_option("--contexts", f->contexts, "decode contexts (e.g. --contexts 128)")
       ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app->add_option("--matmul", f->matmul,
+                  "engine matmul precision: f32 (x kept f32), bf16 (x rounded to bf16, vdpbf16ps) "
+                  "or both, side by side")
+      ->check(CLI::IsMember({"f32", "bf16", "both"}))
       ->capture_default_str();
   app->add_option("--tensor-parallel-size", f->tensor_parallel_size,
                   "ranks of the measured runner (--threads each); --phase tp compares 2 with 1")

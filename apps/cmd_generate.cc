@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "apps/command.h"
+#include "apps/matmul_flag.h"
 #include "engine/engine.h"
 #include "engine/kv_cache.h"
 #include "model/tokenizer.h"
@@ -43,6 +44,7 @@ struct GenerateFlags {
   std::string page_size = "16";
   std::string kv_layout = "hnd";
   std::string kv_dtype = "f32";
+  std::string matmul = "f32";
 };
 
 bool Fail(const char* flag, const std::string& value, const char* want) {
@@ -123,6 +125,10 @@ bool ToOptions(const GenerateFlags& f, engine::EngineOptions* eo, engine::Sampli
   if (!dtype.ok()) return Fail("--kv-dtype", f.kv_dtype, "f32 or bf16");
   eo->runner.kv.layout = *layout;
   eo->runner.kv.dtype = *dtype;
+  auto matmul = engine::ParseMatmulPrecision(f.matmul);
+  if (!matmul.ok()) return Fail("--matmul", f.matmul, "f32 or bf16");
+  eo->runner.matmul = *matmul;
+  WarnIfMatmulFallsBack("generate", *matmul);
   sp->ignore_eos = f.ignore_eos;
   sp->logprobs = 0;  // the chosen token's logprob, for --json
   return true;
@@ -237,6 +243,7 @@ PD_REGISTER_COMMAND(generate, "Generate a completion offline", [](CLI::App* app)
   app->add_option("--page-size", f->page_size, "KV page size in tokens")->capture_default_str();
   app->add_option("--kv-layout", f->kv_layout, "hnd | nhd")->capture_default_str();
   app->add_option("--kv-dtype", f->kv_dtype, "f32 | bf16")->capture_default_str();
+  app->add_option("--matmul", f->matmul, kMatmulFlagHelp)->capture_default_str();
   return [f] { return RunGenerate(*f); };
 });
 

@@ -13,6 +13,7 @@
 
 #include "apps/command.h"
 #include "apps/idle_poll_flag.h"
+#include "apps/matmul_flag.h"
 #include "apps/serve_roles.h"  // --role prefill|decode (messenger, H9)
 #include "common/log.h"
 #include "common/thread_util.h"
@@ -37,6 +38,7 @@ struct ServeFlags {
   int max_num_batched_tokens = 512;
   int page_size = 16;
   std::string kv_layout = "hnd";
+  std::string matmul = "f32";  // engine::MatmulPrecision
   size_t kv_cache_bytes = 256ull << 20;
   int threads = 0;
   std::string compute_cpus;  // empty: every thread may run on any CPU the process may
@@ -106,6 +108,8 @@ engine::EngineOptions MakeEngineOptions(const ServeFlags& f, engine::KvLayout la
           ? f.threads
           : std::max<int>(1, static_cast<int>(compute_cpus.size()) / f.tensor_parallel_size);
   eo.runner.tensor_parallel_size = f.tensor_parallel_size;
+  eo.runner.matmul =
+      f.matmul == "bf16" ? engine::MatmulPrecision::kBf16 : engine::MatmulPrecision::kF32;
   eo.scheduler.max_num_seqs = f.max_num_seqs;
   eo.scheduler.max_num_batched_tokens = f.max_num_batched_tokens;
   eo.scheduler.max_model_len = max_model_len;
@@ -163,6 +167,7 @@ int RunServe(const ServeFlags& f) {
   if (!io.ok()) return Fail(io.status().message());
   const engine::EngineOptions eo =
       MakeEngineOptions(f, *layout, max_model_len, compute_cpus, roles.tracer);
+  WarnIfMatmulFallsBack("serve", eo.runner.matmul);
   // --compute-cpus: the model's threads (pool workers and rank threads, started by Create, inherit
   // the main thread's affinity; the engine loop pins itself) run there; HTTP, fabric and KV
   // messenger threads, started later, on --io-cpus (default: every CPU).
@@ -231,6 +236,9 @@ PD_REGISTER_COMMAND(serve, "Serve a model with the OpenAI-compatible HTTP API", 
       ->capture_default_str();
   app->add_option("--page-size", f->page_size, "KV page size in tokens")->capture_default_str();
   app->add_option("--kv-layout", f->kv_layout, "hnd | nhd")->capture_default_str();
+  app->add_option("--matmul", f->matmul, kMatmulFlagHelp)
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   app->add_option("--kv-cache-bytes", f->kv_cache_bytes, "KV cache size in bytes")
       ->capture_default_str();
   app->add_option("--threads", f->threads, "compute threads per rank (0: all cores / ranks)")

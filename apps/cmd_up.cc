@@ -43,6 +43,7 @@ struct UpFlags {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string kv_layout = "hnd";
+  std::string matmul = "f32";  // every instance's --matmul
   int page_size = 16;
   int threads = 1;     // compute threads per instance
   int prefill_tp = 1;  // --tensor-parallel-size of the prefill instances
@@ -106,7 +107,8 @@ std::vector<std::string> ServeArgs(const UpFlags& f, const std::string& secret_f
       "--cluster-secret-file", secret_file, "--fabric-provider", f.fabric_provider, "--fabric-node",
       // shm names each endpoint after its node: let it pick one each
       f.fabric_provider == "shm" ? "" : f.host, "--kv-transfer-timeout-ms",
-      std::to_string(f.kv_transfer_timeout_ms), "--idle-poll-us", std::to_string(f.idle_poll_us)};
+      std::to_string(f.kv_transfer_timeout_ms), "--idle-poll-us", std::to_string(f.idle_poll_us),
+      "--matmul", f.matmul};
   if (!f.served_model_name.empty()) {
     a.insert(a.end(), {"--served-model-name", f.served_model_name});
   }
@@ -423,6 +425,9 @@ PD_REGISTER_COMMAND(
       app->add_option("--port", f->port, "router port (instances: P+1...)")->capture_default_str();
       app->add_option("--kv-layout", f->kv_layout, "hnd | nhd")->capture_default_str();
       app->add_option("--page-size", f->page_size, "KV page size in tokens")->capture_default_str();
+      app->add_option("--matmul", f->matmul, "every instance's --matmul (see serve --help)")
+          ->check(CLI::IsMember({"f32", "bf16"}))
+          ->capture_default_str();
       app->add_option("--threads", f->threads, "compute threads per instance")
           ->capture_default_str();
       app->add_option("--prefill-tp", f->prefill_tp,

@@ -36,6 +36,24 @@ bool LayerProgress::WaitAtLeast(uint64_t target, int64_t timeout_ms) const {
                       [&] { return Value() >= target; });
 }
 
+std::string_view MatmulPrecisionName(MatmulPrecision p) {
+  return p == MatmulPrecision::kBf16 ? "bf16" : "f32";
+}
+
+Result<MatmulPrecision> ParseMatmulPrecision(std::string_view name) {
+  if (name == "f32") return MatmulPrecision::kF32;
+  if (name == "bf16") return MatmulPrecision::kBf16;
+  return InvalidArgument("unknown matmul precision '" + std::string(name) +
+                         "' (expected f32 or bf16)");
+}
+
+bool MatmulBf16DotUsed(KernelKind kernels, MatmulPrecision precision) {
+  if (precision != MatmulPrecision::kBf16) return false;
+  if (kernels == KernelKind::kReference) return true;
+  return DetectCpuFeatures().avx512_bf16 &&
+         kernels::KernelsFor(BestIsaLevel()).matmul_panel_bf16_dot != nullptr;
+}
+
 namespace {
 
 using kernels::AttnSeq;
@@ -66,14 +84,20 @@ void Ensure(std::vector<T>& v, size_t n) {
 class Runner final : public ModelRunner {
  public:
   Runner(std::unique_ptr<RunnerWeights> w, std::unique_ptr<KvRegion> region, int threads,
-         KernelKind kind, const RankContext& rank)
+         KernelKind kind, MatmulPrecision matmul, const RankContext& rank)
       : w_(std::move(w)),
         c_(w_->config),
         region_(std::move(region)),
         pool_(threads),
         fast_(kind == KernelKind::kFast),
-        isa_(fast_ ? &kernels::KernelsFor(BestIsaLevel()) : nullptr),
-        rank_(rank) {}
+        bf16_dot_(MatmulBf16DotUsed(kind, matmul)),
+        rank_(rank) {
+    if (fast_) {
+      isa_copy_ = kernels::KernelsFor(BestIsaLevel());
+      if (bf16_dot_) isa_copy_.matmul_panel = isa_copy_.matmul_panel_bf16_dot;
+      isa_ = &isa_copy_;
+    }
+  }
 
   Status Forward(const ForwardBatch& batch, ForwardOutput* out) override;
   const model::ModelConfig& config() const override { return c_; }
@@ -119,7 +143,10 @@ class Runner final : public ModelRunner {
   std::unique_ptr<KvRegion> region_;
   ThreadPool pool_;
   const bool fast_;
-  const kernels::IsaKernels* isa_;
+  const bool bf16_dot_;  // matmuls over bf16 weights in bf16 (MatmulPrecision::kBf16)
+  // The fast kernels; with bf16_dot_ the panel matmul is the bf16-dot one.
+  kernels::IsaKernels isa_copy_{};
+  const kernels::IsaKernels* isa_ = nullptr;
   const RankContext rank_;
   LayerProgress progress_;
   uint64_t steps_done_ = 0;
@@ -155,6 +182,8 @@ void Runner::Matmul(const float* x, int64_t ldx, const WeightMatrix& w, float* o
                     int64_t rows) {
   if (fast_) {
     kernels::ParallelMatmul(pool_, *isa_, x, rows, ldx, w, out, ldo);
+  } else if (bf16_dot_ && w.bf16 && w.k % 2 == 0) {
+    ref::MatmulBf16Dot(x, rows, ldx, w, out, ldo);
   } else {
     ref::Matmul(x, rows, ldx, w, out, ldo);
   }
@@ -502,8 +531,8 @@ Result<std::unique_ptr<ModelRunner>> CreateRankRunner(std::unique_ptr<RunnerWeig
     ThreadPool pack_pool(threads);
     RETURN_IF_ERROR(PackRunnerWeights(pack_pool, rw.get()));
   }
-  auto runner =
-      std::make_unique<Runner>(std::move(rw), std::move(region), threads, options.kernels, ctx);
+  auto runner = std::make_unique<Runner>(std::move(rw), std::move(region), threads, options.kernels,
+                                         options.matmul, ctx);
   if (ctx.rank == 0) runner->set_tracer(options.tracer);  // the leader's layers stand for all
   return std::unique_ptr<ModelRunner>(std::move(runner));
 }

@@ -182,6 +182,65 @@ std::vector<Case> AllCases() {
 
 INSTANTIATE_TEST_SUITE_P(All, RunnerTest, ::testing::ValuesIn(AllCases()), CaseName);
 
+// MatmulPrecision::kBf16 on a bf16 model whose dims are long enough for several k blocks' worth
+// of pairs: the fast kernels (where the CPU has AVX512_BF16) equal the emulating reference
+// within the other kernels' rounding, differ from the f32 precision by bf16 rounding only, and
+// a sequence's logits do not depend on its batch.
+TEST(RunnerMatmulPrecisionTest, Bf16DotMatchesItsReferenceAndIsBatchInvariant) {
+  TinyModelOptions o;
+  o.dtype = DType::kBF16;
+  o.hidden = 64;
+  o.intermediate = 96;
+  o.vocab = 97;
+  o.head_dim = 16;
+  std::unique_ptr<TinyModel> m = MakeTinyModel(o);
+  auto make = [&](KernelKind kind, MatmulPrecision p) {
+    ModelRunnerOptions opt;
+    opt.num_pages = 64;
+    opt.num_threads = 2;
+    opt.kernels = kind;
+    opt.matmul = p;
+    auto r = ModelRunner::Create(m->weights, opt);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? std::move(r).value() : nullptr;
+  };
+  const std::vector<int32_t> a = Tokens(70, 7, o.vocab), b = Tokens(5, 8, o.vocab);
+  const std::vector<int32_t> pa = Pages(0, 5), pb = Pages(20, 1);
+  auto run = [&](ModelRunner& r, bool with_b) {
+    ForwardBatch batch;
+    if (with_b) batch.seqs.push_back(SeqStep{2, 0, b, pb, true});
+    batch.seqs.push_back(SeqStep{1, 0, a, pa, true});
+    ForwardOutput out;
+    const Status st = r.Forward(batch, &out);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return st.ok() ? out.logits.back() : std::vector<float>();
+  };
+  auto ref_bf16 = make(KernelKind::kReference, MatmulPrecision::kBf16);
+  auto ref_f32 = make(KernelKind::kReference, MatmulPrecision::kF32);
+  ASSERT_TRUE(ref_bf16 && ref_f32);
+  const std::vector<float> want = run(*ref_bf16, false), exact = run(*ref_f32, false);
+  EXPECT_GT(RelError(want, exact), 1e-5);  // x rounded to bf16 changes the logits ...
+  EXPECT_LT(RelError(want, exact), 5e-2);  // ... by bf16 rounding
+  if (!MatmulBf16DotUsed(KernelKind::kFast, MatmulPrecision::kBf16))
+    GTEST_SKIP() << "this CPU lacks AVX512_BF16: the fast kernels keep f32";
+  auto alone = make(KernelKind::kFast, MatmulPrecision::kBf16);
+  auto together = make(KernelKind::kFast, MatmulPrecision::kBf16);
+  ASSERT_TRUE(alone && together);
+  const std::vector<float> got = run(*alone, false);
+  EXPECT_LT(RelError(got, want), 1e-2);
+  EXPECT_EQ(run(*together, true), got);
+}
+
+TEST(RunnerMatmulPrecisionTest, ParsesNamesAndRejectsOthers) {
+  EXPECT_EQ(*ParseMatmulPrecision("f32"), MatmulPrecision::kF32);
+  EXPECT_EQ(*ParseMatmulPrecision("bf16"), MatmulPrecision::kBf16);
+  const auto bad = ParseMatmulPrecision("fp8");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'fp8'"), std::string::npos) << bad.status().ToString();
+  EXPECT_FALSE(MatmulBf16DotUsed(KernelKind::kFast, MatmulPrecision::kF32));
+  EXPECT_TRUE(MatmulBf16DotUsed(KernelKind::kReference, MatmulPrecision::kBf16));
+}
+
 class RunnerBasicsTest : public ::testing::Test {
  protected:
   void SetUp() override { model_ = MakeTinyModel(TinyModelOptions{}); }
