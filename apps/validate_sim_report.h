@@ -185,18 +185,36 @@ inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo
     per_rate.push_back(r.rate_calibration);
     nlohmann::json rounds = nlohmann::json::array();
     for (const RoundResult& rr : r.rounds) {
+      nlohmann::json ttfts = nlohmann::json::array();  // per request, in arrival order
+      for (const planner::ClientRequest& c : rr.client) ttfts.push_back(c.ttft_s);
       rounds.push_back({{"attainment", rr.measured.attainment},
                         {"ttft_p50_s", rr.measured.ttft_p50_s},
                         {"ttft_p90_s", rr.measured.ttft_p90_s},
                         {"tpot_p50_s", rr.measured.tpot_p50_s},
                         {"tpot_p90_s", rr.measured.tpot_p90_s},
-                        {"client_router_cores", rr.client_router_cores}});
+                        {"client_router_cores", rr.client_router_cores},
+                        {"request_ttft_s", ttfts}});
+    }
+    // The used simulation's requests (the same seeded ones as the rounds'), for per-request
+    // comparison with the rounds' request_ttft_s.
+    nlohmann::json sim = {
+        {"arrival_s", nlohmann::json::array()},      {"prompt_tokens", nlohmann::json::array()},
+        {"ttft_s", nlohmann::json::array()},         {"tpot_s", nlohmann::json::array()},
+        {"prefill_done_s", nlohmann::json::array()}, {"kv_arrived_s", nlohmann::json::array()}};
+    for (const planner::RequestResult& q : r.sim_requests) {
+      sim["arrival_s"].push_back(q.arrival_s);
+      sim["prompt_tokens"].push_back(q.prompt_len);
+      sim["ttft_s"].push_back(q.ttft_s());
+      sim["tpot_s"].push_back(q.tpot_s());
+      sim["prefill_done_s"].push_back(q.prefill_done_s);
+      sim["kv_arrived_s"].push_back(q.kv_arrived_s);
     }
     noise.push_back({{"rate", r.raw.rate},
                      {"machine", SpreadJson(r.machine)},
                      {"sampling", SpreadJson(r.sampling)},
                      {"modelled_client_router_cores", r.modelled_cores},
-                     {"rounds", rounds}});
+                     {"rounds", rounds},
+                     {"simulated_requests", sim}});
   }
   return {{"model", f.model},
           {"threads", f.threads},
