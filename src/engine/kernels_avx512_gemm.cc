@@ -303,28 +303,6 @@ inline void Transpose16(__m512 r[16]) {
   }
 }
 
-// x[m0..m1, k0..k1) k-major into dst: dst[(k - k0)*(m1 - m0) + i], so the micro-kernel's
-// broadcasts read one sequential stream (rows of x lie a multiple of 4 KiB apart and would
-// otherwise fight over the same L1 sets). m1 - m0 <= 16; 16 k at a time through a transpose.
-void PackX(const float* x, int64_t ldx, int64_t m0, int64_t m1, int64_t k0, int64_t k1,
-           float* dst) {
-  const int64_t mr = m1 - m0;
-  const __mmask16 row_mask = static_cast<__mmask16>((1u << mr) - 1u);
-  for (int64_t k = k0; k < k1; k += 16) {
-    const int64_t nk = Min(16, k1 - k);
-    const __mmask16 k_mask = static_cast<__mmask16>((1u << nk) - 1u);
-    __m512 r[16];
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i)
-      r[i] = i < mr ? _mm512_maskz_loadu_ps(k_mask, x + (m0 + i) * ldx + k) : _mm512_setzero_ps();
-    Transpose16(r);
-    float* d = dst + (k - k0) * mr;
-#pragma GCC unroll 16
-    for (int j = 0; j < 16; ++j)
-      if (j < nk) _mm512_mask_storeu_ps(d + j * mr, row_mask, r[j]);
-  }
-}
-
 // 32 x of one row from x[k] as 16 bf16 pairs (k in the low half), nearest even; k past nk: 0.
 inline __m512 PairsOf(const float* x, int64_t nk) {
   const __m512 lo = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << Clamp16(nk)) - 1u), x);
@@ -333,23 +311,36 @@ inline __m512 PairsOf(const float* x, int64_t nk) {
   return (__m512)_mm512_cvtne2ps_pbh(hi, lo);
 }
 
-// PackX for the dot modes: x[m0..m1, k0..k1) as bf16 pairs, pair-major: word (k - k0)/2*(m1 - m0)
-// + i holds row m0 + i's (k, k + 1); k0 and k1 even.
-void PackXDot(const float* x, int64_t ldx, int64_t m0, int64_t m1, int64_t k0, int64_t k1,
-              float* dst) {
+// x[m0..m1, k0..k1) k-major into dst: dst[(k - k0)*(m1 - m0) + i], so the micro-kernel's
+// broadcasts read one sequential stream (rows of x lie a multiple of 4 KiB apart and would
+// otherwise fight over the same L1 sets). m1 - m0 <= 16; 16 words of each row at a time through a
+// transpose. kPairs (the dot modes): as bf16 pairs, pair-major: word (k - k0)/2*(m1 - m0) + i
+// holds row m0 + i's (k, k + 1); k0 and k1 even (the transpose moves the pairs' bits unchanged).
+template <bool kPairs>
+void PackX(const float* x, int64_t ldx, int64_t m0, int64_t m1, int64_t k0, int64_t k1,
+           float* dst) {
+  constexpr int64_t kPer = kPairs ? 2 : 1;  // k per 32-bit word
   const int64_t mr = m1 - m0;
   const __mmask16 row_mask = static_cast<__mmask16>((1u << mr) - 1u);
-  for (int64_t k = k0; k < k1; k += 32) {
-    const int64_t nk = Min(32, k1 - k);
+  for (int64_t k = k0; k < k1; k += 16 * kPer) {
+    const int64_t nk = Min(16 * kPer, k1 - k);
     __m512 r[16];
 #pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i)
-      r[i] = i < mr ? PairsOf(x + (m0 + i) * ldx + k, nk) : _mm512_setzero_ps();
-    Transpose16(r);  // moves 32-bit words: the pairs' bits pass through unchanged
-    float* d = dst + (k - k0) / 2 * mr;
+    for (int i = 0; i < 16; ++i) {
+      const float* row = x + (m0 + i) * ldx + k;
+      if (i >= mr) {
+        r[i] = _mm512_setzero_ps();
+      } else if constexpr (kPairs) {
+        r[i] = PairsOf(row, nk);
+      } else {
+        r[i] = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << nk) - 1u), row);
+      }
+    }
+    Transpose16(r);
+    float* d = dst + (k - k0) / kPer * mr;
 #pragma GCC unroll 16
     for (int j = 0; j < 16; ++j)
-      if (2 * j < nk) _mm512_mask_storeu_ps(d + j * mr, row_mask, r[j]);
+      if (j * kPer < nk) _mm512_mask_storeu_ps(d + j * mr, row_mask, r[j]);
   }
 }
 
@@ -469,11 +460,7 @@ void Blocked(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, i
     const int64_t k1 = Min(w.k, k0 + kc_max), kc = k1 - k0;
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t m0 = RowBlockBegin(rows, b, blocks), m1 = RowBlockBegin(rows, b + 1, blocks);
-      if constexpr (kDot) {
-        PackXDot(x, ldx, m0, m1, k0, k1, xp + m0 * kc / sk);
-      } else {
-        PackX(x, ldx, m0, m1, k0, k1, xp + m0 * kc);
-      }
+      PackX<kDot>(x, ldx, m0, m1, k0, k1, xp + m0 * kc / sk);
     }
     for (int64_t gb = g_begin; gb < g_end; gb += kGroupsPerBlock) {
       const int64_t ge = Min(g_end, gb + kGroupsPerBlock);
