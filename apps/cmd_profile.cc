@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "apps/command.h"
+#include "apps/matmul_flag.h"
 #include "common/file_util.h"
 #include "engine/model_runner.h"
 #include "model/weights.h"
@@ -24,6 +25,7 @@ struct ProfileFlags {
   bool quick = false;
   int page_size = 16;
   std::string kv_layout = "hnd";
+  std::string matmul = "f32";                        // engine::MatmulPrecision, as serve
   int repeats = 0;                                   // 0: the sweep's default
   std::vector<int> decode_batches, decode_contexts;  // both given: the decode grid
 };
@@ -37,6 +39,9 @@ int RunProfile(const ProfileFlags& f) {
   if (f.threads < 1) return Fail("--threads must be >= 1");
   auto layout = engine::ParseKvLayout(f.kv_layout);
   if (!layout.ok()) return Fail("--kv-layout: " + layout.status().message());
+  auto matmul = engine::ParseMatmulPrecision(f.matmul);
+  if (!matmul.ok()) return Fail("--matmul: " + matmul.status().message());
+  WarnIfMatmulFallsBack("pdserve profile", *matmul);
   auto weights = model::LoadModelWeights(f.model);
   if (!weights.ok()) return Fail(weights.status().ToString());
   const int max_pos = weights->config.max_position_embeddings > 0
@@ -57,6 +62,7 @@ int RunProfile(const ProfileFlags& f) {
   ro.kv.page_size = f.page_size;
   ro.kv.layout = *layout;
   ro.num_threads = f.threads;
+  ro.matmul = *matmul;
   ro.num_pages = planner::PagesNeeded(po, f.page_size);
   auto runner = engine::ModelRunner::Create(*weights, ro);
   if (!runner.ok()) return Fail(runner.status().ToString());
@@ -65,8 +71,9 @@ int RunProfile(const ProfileFlags& f) {
   const std::string name = std::filesystem::path(f.model).filename().string();
   const std::string device = "cpu, " + std::to_string(f.threads) + " thread(s) of " +
                              std::to_string(std::thread::hardware_concurrency());
-  std::printf("%s on %s (%s, page size %d)\n%s", name.c_str(), device.c_str(), f.kv_layout.c_str(),
-              f.page_size, planner::FormatProfile(*result).c_str());
+  std::printf("%s on %s (%s, page size %d, matmul %s)\n%s", name.c_str(), device.c_str(),
+              f.kv_layout.c_str(), f.page_size, f.matmul.c_str(),
+              planner::FormatProfile(*result).c_str());
   if (!f.out.empty()) {
     const std::string json = planner::ProfileToJson(*result, name, device, f.threads);
     if (Status s = WriteStringToFile(f.out, json); !s.ok()) return Fail(s.ToString());
@@ -87,6 +94,8 @@ PD_REGISTER_COMMAND(
       app->add_option("--page-size", f->page_size, "KV page size (as serve)")
           ->capture_default_str();
       app->add_option("--kv-layout", f->kv_layout, "hnd | nhd (as serve)")->capture_default_str();
+      app->add_option("--matmul", f->matmul, "f32 | bf16 (as serve: profile what you deploy)")
+          ->capture_default_str();
       app->add_option("--repeats", f->repeats,
                       "timed passes per shape (median); 0: the sweep's default");
       app->add_option("--decode-batches", f->decode_batches,

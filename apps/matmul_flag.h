@@ -1,4 +1,4 @@
-// --matmul of `generate`, `serve` and `up` (engine::MatmulPrecision): whether the matmuls over
+// --matmul of `generate`, `serve`, `up` and `profile` (engine::MatmulPrecision): whether the matmuls over
 // bf16 weights keep x in f32 (exact products, the default) or round it to bf16 for the CPU's
 // bf16 dot products.
 #pragma once
