@@ -26,6 +26,7 @@ struct ValidateFlags {
   double tpot_slo_s = 0.0;  // 0: 2x the idle TPOT
   int max_num_seqs = 64;
   int max_num_batched_tokens = 512;
+  std::string matmul = "f32";  // the instances' and the profile's --matmul
   bool pin_cores = true;
   bool corun = true;  // measure and simulate the instances slowing each other down
   std::string out;

@@ -156,7 +156,9 @@ inline Status StartUp(const ValidateFlags& f, UpProcess* up) {
                                    "--max-num-seqs",
                                    std::to_string(f.max_num_seqs),
                                    "--max-num-batched-tokens",
-                                   std::to_string(f.max_num_batched_tokens)};
+                                   std::to_string(f.max_num_batched_tokens),
+                                   "--matmul",
+                                   f.matmul};
   // Whole instances pinned: the simulator models instances that do not disturb each other, and
   // with only two cores the decode instance's streaming threads would otherwise run on the
   // prefill core (measured: attainment 82-84% vs 92-96% at ~18 req/s).

@@ -30,6 +30,8 @@ PDSERVE=${1:-build/apps/pdserve}
 shift || true
 MODEL=${MODEL:-models/qwen3-small}
 THREADS=${THREADS:-1}
+# The engine's matmul precision (--matmul of profile, up and validate-sim): f32 or bf16.
+MATMUL=${MATMUL:-f32}
 # The bench workload (random dataset): prompt and output tokens, length spread.
 INPUT_LEN=${INPUT_LEN:-128}
 OUTPUT_LEN=${OUTPUT_LEN:-32}
@@ -50,8 +52,9 @@ fi
 PIN=()
 if command -v taskset > /dev/null; then PIN=(taskset -c 0); fi
 "${PIN[@]}" "$PDSERVE" profile --model "$MODEL" --threads "$THREADS" --quick \
-  --decode-batches 1,2,4,8,16 --decode-contexts "$CONTEXTS" --out "$OUT/profile.json"
+  --decode-batches 1,2,4,8,16 --decode-contexts "$CONTEXTS" --matmul "$MATMUL" \
+  --out "$OUT/profile.json"
 "$PDSERVE" validate-sim --model "$MODEL" --threads "$THREADS" --profile "$OUT/profile.json" \
-  --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --range-ratio "$RANGE" \
+  --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --range-ratio "$RANGE" --matmul "$MATMUL" \
   --out "$OUT/comparison.json" --trace "$OUT/trace.json" "$@"
 echo "results: $OUT/profile.json $OUT/comparison.json"
