@@ -108,8 +108,7 @@ engine::EngineOptions MakeEngineOptions(const ServeFlags& f, engine::KvLayout la
           ? f.threads
           : std::max<int>(1, static_cast<int>(compute_cpus.size()) / f.tensor_parallel_size);
   eo.runner.tensor_parallel_size = f.tensor_parallel_size;
-  eo.runner.matmul =
-      f.matmul == "bf16" ? engine::MatmulPrecision::kBf16 : engine::MatmulPrecision::kF32;
+  eo.runner.matmul = CheckedMatmul(f.matmul);
   eo.scheduler.max_num_seqs = f.max_num_seqs;
   eo.scheduler.max_num_batched_tokens = f.max_num_batched_tokens;
   eo.scheduler.max_model_len = max_model_len;
@@ -236,9 +235,7 @@ PD_REGISTER_COMMAND(serve, "Serve a model with the OpenAI-compatible HTTP API", 
       ->capture_default_str();
   app->add_option("--page-size", f->page_size, "KV page size in tokens")->capture_default_str();
   app->add_option("--kv-layout", f->kv_layout, "hnd | nhd")->capture_default_str();
-  app->add_option("--matmul", f->matmul, kMatmulFlagHelp)
-      ->check(CLI::IsMember({"f32", "bf16"}))
-      ->capture_default_str();
+  AddMatmulFlag(app, &f->matmul, kMatmulFlagHelp);
   app->add_option("--kv-cache-bytes", f->kv_cache_bytes, "KV cache size in bytes")
       ->capture_default_str();
   app->add_option("--threads", f->threads, "compute threads per rank (0: all cores / ranks)")

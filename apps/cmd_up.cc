@@ -26,6 +26,7 @@
 
 #include "apps/command.h"
 #include "apps/idle_poll_flag.h"
+#include "apps/matmul_flag.h"
 #include "common/file_util.h"
 #include "common/thread_util.h"
 #include "common/trace.h"
@@ -425,9 +426,7 @@ PD_REGISTER_COMMAND(
       app->add_option("--port", f->port, "router port (instances: P+1...)")->capture_default_str();
       app->add_option("--kv-layout", f->kv_layout, "hnd | nhd")->capture_default_str();
       app->add_option("--page-size", f->page_size, "KV page size in tokens")->capture_default_str();
-      app->add_option("--matmul", f->matmul, "every instance's --matmul (see serve --help)")
-          ->check(CLI::IsMember({"f32", "bf16"}))
-          ->capture_default_str();
+      AddMatmulFlag(app, &f->matmul, "every instance's --matmul (see serve --help)");
       app->add_option("--threads", f->threads, "compute threads per instance")
           ->capture_default_str();
       app->add_option("--prefill-tp", f->prefill_tp,

@@ -56,6 +56,7 @@
 #include <thread>
 
 #include "apps/command.h"
+#include "apps/matmul_flag.h"
 #include "bench/client.h"
 #include "bench/datasets.h"
 #include "bench/runner.h"
@@ -147,7 +148,7 @@ Result<planner::StepCoeffs> LoadOrProfile(const ValidateFlags& f) {
       &po, {1, 2, 4, 8, 16}, {lo, f.input_len + f.output_len / 2, std::min(hi, 1024)}, 1024));
   engine::ModelRunnerOptions ro;
   ro.num_threads = f.threads;
-  ro.matmul = f.matmul == "bf16" ? engine::MatmulPrecision::kBf16 : engine::MatmulPrecision::kF32;
+  ro.matmul = CheckedMatmul(f.matmul);
   ro.num_pages = planner::PagesNeeded(po, ro.kv.page_size);
   const std::vector<int> all_cpus = CurrentThreadCpus();
   if (f.pin_cores) (void)PinCurrentThread({0});
@@ -538,11 +539,9 @@ CommandRunner SetUpValidate(CLI::App* app) {
   app->add_option("--tpot", f->tpot_slo_s, "TPOT SLO, s (default: 2x idle TPOT)");
   app->add_option("--max-num-seqs", f->max_num_seqs)->capture_default_str();
   app->add_option("--max-num-batched-tokens", f->max_num_batched_tokens)->capture_default_str();
-  app->add_option("--matmul", f->matmul,
-                  "f32 | bf16: the instances' --matmul and the in-place profile's precision (with "
-                  "--profile, profile it with the same)")
-      ->check(CLI::IsMember({"f32", "bf16"}))
-      ->capture_default_str();
+  AddMatmulFlag(app, &f->matmul,
+                "f32 | bf16: the instances' --matmul and the in-place profile's precision (with "
+                "--profile, profile it with the same)");
   app->add_flag("!--no-pin", f->pin_cores, "do not pin the instances to cores");
   app->add_flag("!--no-corun", f->corun,
                 "do not measure or simulate the instances slowing each other down");

@@ -4,7 +4,6 @@
 #include <cstring>
 #include <vector>
 
-#include "common/check.h"
 #include "model/dtype.h"
 
 namespace pd::engine::ref {
@@ -96,7 +95,7 @@ uint16_t RoundToBf16(float v) {
 
 void MatmulBf16Dot(const float* x, int64_t m, int64_t ldx, const WeightMatrix& w, float* out,
                    int64_t ldo) {
-  PD_CHECK(w.bf16 && w.k % 2 == 0) << "MatmulBf16Dot: bf16 weights with even k";
+  if (!w.bf16 || w.k % 2 != 0) return Matmul(x, m, ldx, w, out, ldo);
   const uint16_t* wb = static_cast<const uint16_t*>(w.data);  // (n, k)
   std::vector<float> xr(w.k);
   for (int64_t i = 0; i < m; ++i) {

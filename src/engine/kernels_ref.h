@@ -33,7 +33,7 @@ void MatmulSlice(const float* x, int64_t m, int64_t ldx, const kernels::WeightMa
 // Matmul with x rounded to bf16 (nearest even, denormals to zero) and each output one chain of
 // bf16 dot products over the pairs (k, k + 1) in order, as vdpbf16ps computes it: the k + 1
 // product added, then the k product, each sum rounded to f32, denormal inputs, products and sums
-// taken as zero. W bf16 row-major, k even.
+// taken as zero. W row-major; f32 weights or odd k: Matmul (as the fast kernel falls back).
 void MatmulBf16Dot(const float* x, int64_t m, int64_t ldx, const kernels::WeightMatrix& w,
                    float* out, int64_t ldo);
 

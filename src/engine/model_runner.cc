@@ -56,6 +56,13 @@ bool MatmulBf16DotUsed(KernelKind kernels, MatmulPrecision precision) {
 
 namespace {
 
+// The fast kernels of this CPU; with bf16_dot the panel matmul is the bf16-dot one.
+kernels::IsaKernels FastKernels(bool bf16_dot) {
+  kernels::IsaKernels k = kernels::KernelsFor(BestIsaLevel());
+  if (bf16_dot) k.matmul_panel = k.matmul_panel_bf16_dot;
+  return k;
+}
+
 using kernels::AttnSeq;
 using kernels::WeightMatrix;
 
@@ -91,13 +98,8 @@ class Runner final : public ModelRunner {
         pool_(threads),
         fast_(kind == KernelKind::kFast),
         bf16_dot_(MatmulBf16DotUsed(kind, matmul)),
-        rank_(rank) {
-    if (fast_) {
-      isa_copy_ = kernels::KernelsFor(BestIsaLevel());
-      if (bf16_dot_) isa_copy_.matmul_panel = isa_copy_.matmul_panel_bf16_dot;
-      isa_ = &isa_copy_;
-    }
-  }
+        isa_(fast_ ? FastKernels(bf16_dot_) : kernels::IsaKernels{}),
+        rank_(rank) {}
 
   Status Forward(const ForwardBatch& batch, ForwardOutput* out) override;
   const model::ModelConfig& config() const override { return c_; }
@@ -127,7 +129,7 @@ class Runner final : public ModelRunner {
                 float* o, int64_t ldo) const {
     for (int64_t r = 0; r < rows; ++r) {
       if (fast_) {
-        isa_->rms_norm_row(x + r * ldx, w, dim, eps, o + r * ldo);
+        isa_.rms_norm_row(x + r * ldx, w, dim, eps, o + r * ldo);
       } else {
         ref::RmsNorm(x + r * ldx, 1, dim, ldx, w, eps, o + r * ldo, ldo);
       }
@@ -143,10 +145,8 @@ class Runner final : public ModelRunner {
   std::unique_ptr<KvRegion> region_;
   ThreadPool pool_;
   const bool fast_;
-  const bool bf16_dot_;  // matmuls over bf16 weights in bf16 (MatmulPrecision::kBf16)
-  // The fast kernels; with bf16_dot_ the panel matmul is the bf16-dot one.
-  kernels::IsaKernels isa_copy_{};
-  const kernels::IsaKernels* isa_ = nullptr;
+  const bool bf16_dot_;            // matmuls over bf16 weights in bf16 (MatmulPrecision::kBf16)
+  const kernels::IsaKernels isa_;  // fast_: FastKernels(bf16_dot_); else unused
   const RankContext rank_;
   LayerProgress progress_;
   uint64_t steps_done_ = 0;
@@ -181,8 +181,8 @@ void Runner::Rows(int64_t rows, Fn&& fn) {
 void Runner::Matmul(const float* x, int64_t ldx, const WeightMatrix& w, float* out, int64_t ldo,
                     int64_t rows) {
   if (fast_) {
-    kernels::ParallelMatmul(pool_, *isa_, x, rows, ldx, w, out, ldo);
-  } else if (bf16_dot_ && w.bf16 && w.k % 2 == 0) {
+    kernels::ParallelMatmul(pool_, isa_, x, rows, ldx, w, out, ldo);
+  } else if (bf16_dot_) {
     ref::MatmulBf16Dot(x, rows, ldx, w, out, ldo);
   } else {
     ref::Matmul(x, rows, ldx, w, out, ldo);
@@ -380,7 +380,7 @@ void Runner::Layer(int l) {
   Rows(t, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       if (fast_) {
-        isa_->silu_mul_row(gate + r * ldg, up + r * ldg, inter, gate + r * ldg);
+        isa_.silu_mul_row(gate + r * ldg, up + r * ldg, inter, gate + r * ldg);
       } else {
         ref::SiluMul(gate + r * ldg, ldg, up + r * ldg, ldg, 1, inter, gate + r * ldg, ldg);
       }
@@ -444,7 +444,7 @@ void Runner::Attention(int l) {
   a.num_tokens = static_cast<int>(num_tokens_);
   a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c_.head_dim)));
   if (fast_) {
-    kernels::ParallelAttention(pool_, *isa_, a, s_.attn_scratch.data(),
+    kernels::ParallelAttention(pool_, isa_, a, s_.attn_scratch.data(),
                                s_.attn_scratch.size() / pool_.num_threads());
   } else {
     ref::PagedAttention(a, s_.attn_scratch.data());
