@@ -113,8 +113,9 @@ struct MicroArgs {
 };
 
 // out[0..MR) x [0..cols) (+)= x[0..MR, k0..k1) . W[groups, k0..k1)^T; starts the chains at zero
-// when k0 == 0, else from out.
-template <int MR, int NG, WMode kMode, bool kPacked>
+// when k0 == 0, else from out. kPrefetch: prefetch each group's weights ahead (near into L1 and,
+// for streams from memory, far into L2); without it the hardware prefetcher alone reads them.
+template <int MR, int NG, WMode kMode, bool kPacked, bool kPrefetch = true>
 void Micro(const MicroArgs& a) {
   __mmask16 mask[NG][2];
 #pragma GCC unroll 4
@@ -146,10 +147,12 @@ void Micro(const MicroArgs& a) {
 #pragma GCC unroll 4
     for (int g = 0; g < NG; ++g) {
       const uint8_t* wg = w + g * a.group_bytes;
-      const char* ahead = reinterpret_cast<const char*>(wg + (k + near_steps) * step);
-      _mm_prefetch(ahead, _MM_HINT_T0);
-      if constexpr (step == 128) _mm_prefetch(ahead + 64, _MM_HINT_T0);  // two lines per step
-      if constexpr (far) {
+      if constexpr (kPrefetch) {
+        const char* ahead = reinterpret_cast<const char*>(wg + (k + near_steps) * step);
+        _mm_prefetch(ahead, _MM_HINT_T0);
+        if constexpr (step == 128) _mm_prefetch(ahead + 64, _MM_HINT_T0);  // two lines per step
+      }
+      if constexpr (far && kPrefetch) {
         const char* p = reinterpret_cast<const char*>(wg + (k + far_steps) * step);
         _mm_prefetch(p, _MM_HINT_T1);
         if constexpr (step == 128) _mm_prefetch(p + 64, _MM_HINT_T1);
@@ -232,14 +235,27 @@ constexpr const MicroFn* PackedTable2() {
   return kPackedMicro2<kMode, 1, 2, 3, 4, 5, 6>;
 }
 
-// Streaming (decode) kernels by rows: NG groups per pass, enough chains to hide FMA latency.
+// Streaming (decode) kernels by rows. One group per pass and no software prefetch: a thread's
+// share of the matrix is then one sequential read, which the hardware prefetcher follows faster
+// than any number of prefetched streams (Zen 4 guest, 2 threads, 2 GiB: one plain stream 53-60
+// GB/s, 4 or 8 prefetched streams 41-53; batch-1 decode of llama-1b 0.78-0.85 -> 0.98-1.05 of
+// the read probe). f32 FMA at 3-4 rows is bound by the FMA rate instead: 3 or 2 groups per pass
+// share each broadcast of x, with the prefetching that served them before.
 template <WMode kMode>
-constexpr MicroFn kStream[] = {nullptr, Micro<1, 4, kMode, false>, Micro<2, 4, kMode, false>,
-                               Micro<3, 3, kMode, false>, Micro<4, 2, kMode, false>};
-constexpr int kStreamGroups[] = {0, 4, 4, 3, 2};
+constexpr bool kStreamShared = !IsDot(kMode);  // rows 3-4 take several groups per pass
 template <WMode kMode>
-constexpr MicroFn kStream1[] = {nullptr, Micro<1, 1, kMode, false>, Micro<2, 1, kMode, false>,
-                                Micro<3, 1, kMode, false>, Micro<4, 1, kMode, false>};
+constexpr MicroFn kStream[] = {
+    nullptr, Micro<1, 1, kMode, false, false>, Micro<2, 1, kMode, false, false>,
+    kStreamShared<kMode> ? Micro<3, 3, kMode, false> : Micro<3, 1, kMode, false, false>,
+    kStreamShared<kMode> ? Micro<4, 2, kMode, false> : Micro<4, 1, kMode, false, false>};
+template <WMode kMode>
+constexpr int kStreamGroups[] = {0, 1, 1, kStreamShared<kMode> ? 3 : 1,
+                                 kStreamShared<kMode> ? 2 : 1};
+template <WMode kMode>
+constexpr MicroFn kStream1[] = {nullptr, Micro<1, 1, kMode, false, false>,
+                                Micro<2, 1, kMode, false, false>,
+                                Micro<3, 1, kMode, false, kStreamShared<kMode>>,
+                                Micro<4, 1, kMode, false, kStreamShared<kMode>>};
 
 // kMode: kF32 (f32 panel), kBf16 or kDot (bf16 panel; kDot's x holds bf16 pairs, ldx in pairs).
 template <WMode kMode>
@@ -248,7 +264,7 @@ void Stream(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, in
   constexpr bool kF32 = kMode == WMode::kF32;
   const int64_t group_bytes = w.k * kPanelRows * (kF32 ? 4 : 2);
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
-  const int ng = kStreamGroups[rows];
+  const int ng = kStreamGroups<kMode>[rows];
   for (int64_t g = g_begin; g < g_end; g += ng) {
     MicroArgs a{x,
                 ldx,
@@ -259,7 +275,7 @@ void Stream(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, in
                 out + g * kPanelRows,
                 ldo,
                 n_end - g * kPanelRows};
-    if (g + 2 * ng <= g_end) {  // the next pass's first kPrefetchK k into L2 meanwhile
+    if (ng > 1 && g + 2 * ng <= g_end) {  // the next pass's first kPrefetchK k into L2 meanwhile
       a.pf = base + (g + ng) * group_bytes;
       a.pf_lines = kPrefetchK * (kF32 ? 2 : 1);
       a.pf_stride = group_bytes;
