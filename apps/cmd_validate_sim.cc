@@ -35,7 +35,8 @@
 //    alone, and calibrated, each instance's steps stretched by the CPU share that the client,
 //    the router (their cost from the load run) and its own non-compute threads take at that rate;
 //    with --trace, the decode instance's stretch and co-run factor are the load run's traced ones
-//    (apps/validate_sim_decode_load.h).
+//    (apps/validate_sim_decode_load.h), and each request reaches the instances its traced delay
+//    on the way in later (drawn with its outside latency: apps/validate_sim_simulate.h).
 // 6. Side by side: SLO attainment and p50/p90 TTFT and TPOT, simulated vs measured, and the noise:
 //    how far the rounds spread (the machine) and how far reseeded simulations spread (sampling).
 #include <fcntl.h>
@@ -255,6 +256,11 @@ Status SimulateRateReport(const ValidateFlags& f, const bench::DatasetSpec& spec
     for (auto& inst : other) inst.step_factors.reset();
     ASSIGN_OR_RETURN(r->without_step_factors,
                      SimulateRate(other, cal_links, reqs, slo, cal.outside));
+  }
+  if (cal.outside.has_inbound()) {
+    ASSIGN_OR_RETURN(r->without_inbound_hop,
+                     SimulateRate(cal_insts, cal_links, reqs, slo, cal.outside, nullptr, nullptr,
+                                  /*inbound_hop=*/false));
   }
   ASSIGN_OR_RETURN(r->raw.simulated,
                    SimulateRate(Instances(f, coeffs, planner::RealOverheads{}, kv_tokens), links,

@@ -59,6 +59,7 @@ inline std::vector<planner::TracedRequest> TracedIn(const std::vector<planner::T
 
 struct OutsideJoin {
   std::vector<double> outside_s, ttft_s, front_s, wait_s, step_s, handover_s, decode_s, engines_s;
+  std::vector<double> inbound_s;  // OutsideSample::inbound_s
 };
 inline Result<OutsideJoin> JoinRun(const std::vector<planner::ClientRequest>& client,
                                    const std::vector<planner::TracedRequest>& traced) {
@@ -67,6 +68,7 @@ inline Result<OutsideJoin> JoinRun(const std::vector<planner::ClientRequest>& cl
   for (const planner::OutsideSample& s : joined) {
     const planner::TracedRequest& r = traced[s.traced];
     j.outside_s.push_back(s.outside_s);
+    j.inbound_s.push_back(s.inbound_s);
     j.ttft_s.push_back(client[s.client].ttft_s);
     j.front_s.push_back(r.front_s());
     j.wait_s.push_back(r.wait_s());
@@ -93,6 +95,19 @@ inline void PrintJoin(const char* what, const OutsideJoin& j, size_t requests) {
       what, j.outside_s.size(), requests, P50P90(j.outside_s).c_str(), P50P90(j.ttft_s).c_str(),
       P50P90(j.front_s).c_str(), P50P90(j.wait_s).c_str(), P50P90(j.step_s).c_str(),
       P50P90(j.handover_s).c_str(), P50P90(j.decode_s).c_str(), P50P90(j.engines_s).c_str());
+}
+
+// "p50 a, p90 b, p99 c ms (of 1000 draws)" of the delays on the way in that `outside` draws
+// (OutsideLatency::InboundFor), or "none" without them.
+inline std::string WayInSummary(const planner::OutsideLatency& outside) {
+  if (!outside.has_inbound()) return "none";
+  std::vector<double> in;
+  for (int64_t id = 0; id < 1000; ++id) in.push_back(outside.InboundFor(id));
+  char b[96];
+  std::snprintf(b, sizeof(b), "p50 %.2f, p90 %.2f, p99 %.2f ms (of 1000 draws)",
+                planner::Percentile(in, 0.5) * 1e3, planner::Percentile(in, 0.9) * 1e3,
+                planner::Percentile(in, 0.99) * 1e3);
+  return b;
 }
 
 // The instances' traced requests (planner::TracedRequestsFromTraces on --trace's files), or why
@@ -132,7 +147,7 @@ inline void CalibrateOutside(const ValidateFlags& f,
   if (j->outside_s.size() < kMinJoinedShare * load.size()) {
     return keep_idle("under half of the load run's requests joined");
   }
-  auto sampled = planner::OutsideLatency::Sampled(j->outside_s, f.seed);
+  auto sampled = planner::OutsideLatency::SampledWithInbound(j->outside_s, j->inbound_s, f.seed);
   if (!sampled.ok()) return keep_idle(sampled.status().ToString());
   cal->outside = *sampled;
   cal->outside_rule = "drawn per request from the load run's";
@@ -142,6 +157,9 @@ inline void CalibrateOutside(const ValidateFlags& f,
       cal->outside.num_samples(), cal->outside.Quantile(0.1) * 1e3,
       cal->outside.Quantile(0.5) * 1e3, cal->outside.Quantile(0.9) * 1e3, cal->outside.Mean() * 1e3,
       cal->overheads.fixed_s * 1e3);
+  std::printf(
+      "  and with it that request's delay on the way in over the quickest (p5) request's: %s\n",
+      WayInSummary(cal->outside).c_str());
   for (const RateReport& r : reports) {  // the compared rounds' own: printed, never used
     OutsideJoin pooled;
     size_t requests = 0;

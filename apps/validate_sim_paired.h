@@ -110,7 +110,8 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
   // without any.
   for (const auto& [label, which] :
        {std::pair{"with the prefill step factors too", &RateReport::with_prefill_factors},
-        std::pair{"without any step factors", &RateReport::without_step_factors}}) {
+        std::pair{"without any step factors", &RateReport::without_step_factors},
+        std::pair{"without the way in drawn per request", &RateReport::without_inbound_hop}}) {
     std::vector<planner::ComparisonRow> plain;
     for (const RateReport& r : reports) {
       if (!(r.*which)) continue;

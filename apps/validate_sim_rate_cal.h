@@ -134,6 +134,7 @@ inline planner::CalibrationRunFactors FactorsOfRun(
     auto j = JoinRun(run.client, TracedIn(*traced, run.begin_s, run.end_s));
     if (j.ok() && j->outside_s.size() >= kMinJoinedShare * run.client.size()) {
       out.outside_s = j->outside_s;
+      out.inbound_s = j->inbound_s;
     }
   }
   return out;
@@ -200,7 +201,8 @@ inline void PrintRateCalibration(const ValidateFlags& f,
       "decode stretch per step %s -> x%.3f (%d runs; single x%.3f scaled to this rate), per "
       "sequence %s -> x%.3f; co-run %s "
       "-> x%.3f (%d runs; single x%.3f); outside mean %s ms -> run %d's %zu: p50 %.2f p90 %.2f "
-      "(single p50 %.2f p90 %.2f); decode step factors, mean %s -> the %d runs' %zu in turn: %s; "
+      "(single p50 %.2f p90 %.2f), its way in %s; decode step factors, mean %s -> the %d runs' "
+      "%zu in turn: %s; "
       "prefill step factors, mean distance from 1 %s -> the %d runs' %zu in turn: %s\n",
       rc.rate, rc.runs,
       Each(runs,
@@ -241,6 +243,7 @@ inline void PrintRateCalibration(const ValidateFlags& f,
       rc.outside_run ? static_cast<int>(*rc.outside_run) + 1 : 0, rc.outside_s.size(),
       cal.outside.Quantile(0.5) * 1e3, cal.outside.Quantile(0.9) * 1e3,
       single.outside.Quantile(0.5) * 1e3, single.outside.Quantile(0.9) * 1e3,
+      WayInSummary(cal.outside).c_str(),
       Each(runs,
            [](const planner::CalibrationRunFactors& r) {
              return r.decode_step_factors.empty() ? std::string("-")
@@ -286,7 +289,10 @@ inline Result<Calibration> ApplyRateCalibration(const ValidateFlags& f,
     cal.prefill_step_factors = std::make_shared<const std::vector<double>>(rc.prefill_step_factors);
   }
   if (!rc.outside_s.empty()) {
-    ASSIGN_OR_RETURN(cal.outside, planner::OutsideLatency::Sampled(rc.outside_s, f.seed));
+    ASSIGN_OR_RETURN(cal.outside, rc.inbound_s.size() == rc.outside_s.size()
+                                      ? planner::OutsideLatency::SampledWithInbound(
+                                            rc.outside_s, rc.inbound_s, f.seed)
+                                      : planner::OutsideLatency::Sampled(rc.outside_s, f.seed));
     cal.outside_rule = "drawn per request from this rate's median calibration run's";
   }
   return cal;

@@ -65,6 +65,9 @@ struct RateReport {
   // without any (Calibration::prefill_step_factors, decode_step_factors), printed beside it;
   // unset when none were measured.
   std::optional<planner::Summary> with_prefill_factors, without_step_factors;
+  // The per-rate-median rule's simulation without each request's delay on the way in
+  // (SimulateRate's inbound_hop), printed beside it; unset when no sample carried it.
+  std::optional<planner::Summary> without_inbound_hop;
 };
 
 inline nlohmann::json OverheadsJson(const Calibration& cal) {
@@ -195,8 +198,9 @@ inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo
                         {"client_router_cores", rr.client_router_cores},
                         {"request_ttft_s", ttfts}});
     }
-    // The used simulation's requests (the same seeded ones as the rounds'), for per-request
-    // comparison with the rounds' request_ttft_s.
+    // The used simulation's requests (the same seeded ones as the rounds', in the same order),
+    // for per-request comparison with the rounds' request_ttft_s; arrival_s is when a request
+    // reached the instances (sent, plus its drawn delay on the way in).
     nlohmann::json sim = {
         {"arrival_s", nlohmann::json::array()},      {"prompt_tokens", nlohmann::json::array()},
         {"ttft_s", nlohmann::json::array()},         {"tpot_s", nlohmann::json::array()},

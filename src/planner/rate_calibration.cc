@@ -122,6 +122,7 @@ Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFac
     if (!k.ok()) return InvalidArgument("CombineCalibrationRuns: an outside sample is not finite");
     out.outside_run = mean_run[*k];
     out.outside_s = runs[mean_run[*k]].outside_s;
+    out.inbound_s = runs[mean_run[*k]].inbound_s;
   }
   for (const CalibrationRunFactors& r : runs) {
     for (auto [from, to, count] :

@@ -49,8 +49,9 @@ struct CalibrationRunFactors {
   std::optional<double> decode_stretch, decode_seq_stretch;
   std::optional<double> decode_corun;
   // Per request, the latency outside the engines (measured TTFT less the traced engines' part);
-  // empty when too few requests joined.
-  std::vector<double> outside_s;
+  // empty when too few requests joined. inbound_s: the same requests' ways in
+  // (OutsideSample::inbound_s), in step with outside_s, or empty.
+  std::vector<double> outside_s, inbound_s;
   // The decode and prefill instances' steps' factors (DecodeStepFactors, PrefillStepFactors),
   // in start order; empty when too few steps counted.
   std::vector<double> decode_step_factors, prefill_step_factors;
@@ -70,7 +71,7 @@ struct RateCalibration {
   int runs = 0;
   std::optional<ClientCpuCost> client_cpu;
   std::optional<double> prefill_stretch, decode_stretch, decode_seq_stretch, decode_corun;
-  std::vector<double> outside_s;
+  std::vector<double> outside_s, inbound_s;  // inbound_s: the same run's, or empty
   std::vector<double> decode_step_factors, prefill_step_factors;
   int client_runs = 0, prefill_runs = 0, stretch_runs = 0, corun_runs = 0, outside_runs = 0,
       step_factor_runs = 0, prefill_factor_runs = 0;

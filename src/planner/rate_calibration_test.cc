@@ -70,6 +70,7 @@ CalibrationRunFactors MakeRun(double rate, double cpu_per_request, double stretc
   r.decode_seq_stretch = stretch + 0.2;
   r.decode_corun = corun;
   r.outside_s = std::move(outside);
+  for (double o : r.outside_s) r.inbound_s.push_back(o / 2);  // each run's own ways in
   return r;
 }
 
@@ -96,6 +97,7 @@ TEST(ValidateRateCalibration, OneSlowRunOfThreeMovesNoFactor) {
   EXPECT_DOUBLE_EQ(c->client_cpu->per_token_s, 0.0001);
   EXPECT_EQ(c->outside_run, 0u);  // means 2.5, 6.5, 2.0 ms: the first run's whole sample
   EXPECT_EQ(c->outside_s, (std::vector<double>{0.002, 0.003}));
+  EXPECT_EQ(c->inbound_s, (std::vector<double>{0.001, 0.0015}));  // the same run's ways in
   EXPECT_EQ(c->stretch_runs, 3);
   EXPECT_EQ(c->corun_runs, 3);
   EXPECT_EQ(c->client_runs, 3);
@@ -167,6 +169,7 @@ TEST(ValidateRateCalibration, FactorsNoRunGaveStayUnset) {
   EXPECT_FALSE(c->client_run);
   EXPECT_FALSE(c->outside_run);
   EXPECT_TRUE(c->outside_s.empty());
+  EXPECT_TRUE(c->inbound_s.empty());
   EXPECT_EQ(c->runs, 2);
   EXPECT_EQ(c->stretch_runs + c->prefill_runs + c->corun_runs + c->client_runs + c->outside_runs,
             0);

@@ -196,7 +196,8 @@ Result<std::vector<OutsideSample>> JoinOutsideLatency(std::span<const ClientRequ
     }
     if (best == traced.size()) continue;
     used[best] = true;
-    out.push_back({i, best, c.ttft_s - traced[best].engines_s()});
+    out.push_back({i, best, c.ttft_s - traced[best].engines_s(),
+                   traced[best].arrived_s() - c.arrival_s - t0});
   }
   if (out.empty()) return InvalidArgument("outside latency join: no request joined");
   return out;
@@ -221,14 +222,50 @@ Result<OutsideLatency> OutsideLatency::Sampled(std::vector<double> samples_s, ui
   return o;
 }
 
-double OutsideLatency::For(int64_t request_id) const {
-  if (samples_s_.empty()) return constant_s_;
+Result<OutsideLatency> OutsideLatency::SampledWithInbound(std::vector<double> samples_s,
+                                                          std::vector<double> inbound_s,
+                                                          uint64_t seed) {
+  if (inbound_s.size() != samples_s.size()) {
+    return InvalidArgument("outside latency: " + std::to_string(inbound_s.size()) +
+                           " ways in for " + std::to_string(samples_s.size()) + " samples");
+  }
+  for (double s : inbound_s) {
+    if (!std::isfinite(s)) return InvalidArgument("outside latency: a way in is not finite");
+  }
+  ASSIGN_OR_RETURN(OutsideLatency o, Sampled(samples_s, seed));
+  for (double& s : samples_s) s = std::max(0.0, s);
+  // Pairs in the order Sampled sorted the samples (stable: equal samples keep their order).
+  std::vector<size_t> order(samples_s.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return samples_s[a] < samples_s[b]; });
+  std::vector<double> sorted_in = inbound_s;
+  std::sort(sorted_in.begin(), sorted_in.end());
+  const double base = sorted_in[static_cast<size_t>(0.05 * static_cast<double>(sorted_in.size()))];
+  o.inbound_s_.resize(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    o.inbound_s_[i] = std::max(0.0, inbound_s[order[i]] - base);
+  }
+  return o;
+}
+
+size_t OutsideLatency::Draw(int64_t request_id) const {
   // SplitMix64 of (seed, id): the same request draws the same sample in every simulation.
   uint64_t z = seed_ + 0x9e3779b97f4a7c15ull * (static_cast<uint64_t>(request_id) + 1);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   z ^= z >> 31;
-  return samples_s_[z % samples_s_.size()];
+  return z % samples_s_.size();
+}
+
+double OutsideLatency::For(int64_t request_id) const {
+  if (samples_s_.empty()) return constant_s_;
+  return samples_s_[Draw(request_id)];
+}
+
+double OutsideLatency::InboundFor(int64_t request_id) const {
+  if (inbound_s_.empty()) return 0.0;
+  return inbound_s_[Draw(request_id)];
 }
 
 double OutsideLatency::Quantile(double q) const {
@@ -245,6 +282,13 @@ double OutsideLatency::Mean() const {
   double sum = 0;
   for (double s : samples_s_) sum += s;
   return sum / static_cast<double>(samples_s_.size());
+}
+
+std::vector<SimRequest> WithInboundDelays(std::span<const SimRequest> sent,
+                                          const OutsideLatency& outside) {
+  std::vector<SimRequest> out(sent.begin(), sent.end());
+  for (SimRequest& r : out) r.arrival_s += outside.InboundFor(r.id);
+  return out;
 }
 
 }  // namespace pd::planner

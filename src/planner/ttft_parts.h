@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "planner/workload.h"
 
 namespace pd::planner {
 
@@ -76,6 +77,10 @@ struct OutsideSample {
   size_t client = 0;  // index into the client's requests
   size_t traced = 0;  // index into the traced ones
   double outside_s = 0;
+  // The request's way in: from the client's send to the prefill instance having it
+  // (TracedRequest::arrived_s), less the join's typical offset t0 (below), so about 0 for a
+  // request that met no delay and positive for one held up on its way (a busy core).
+  double inbound_s = 0;
 };
 // Joins the client's requests with the traced ones. The client's clock starts at an unknown
 // steady-clock time t0 and each request reaches the decode instance a little after it was sent,
@@ -106,8 +111,18 @@ class OutsideLatency {
   static OutsideLatency Constant(double seconds);
   // InvalidArgument when `samples_s` is empty or holds a value that is not finite.
   static Result<OutsideLatency> Sampled(std::vector<double> samples_s, uint64_t seed = 0);
+  // Sampled, each sample paired with its request's way in (OutsideSample::inbound_s, the same
+  // request's), drawn together: InboundFor gives the drawn request's way in less the samples'
+  // 5th percentile (0 or more), the delay by which it reaches the prefill instance later than
+  // the quickest. InvalidArgument also when the two differ in size or a way in is not finite.
+  static Result<OutsideLatency> SampledWithInbound(std::vector<double> samples_s,
+                                                   std::vector<double> inbound_s,
+                                                   uint64_t seed = 0);
 
   double For(int64_t request_id) const;
+  // The drawn request's delay on its way in (SampledWithInbound); 0 without inbound samples.
+  double InboundFor(int64_t request_id) const;
+  bool has_inbound() const { return !inbound_s_.empty(); }
   bool sampled() const { return !samples_s_.empty(); }
   size_t num_samples() const { return samples_s_.size(); }
   // The q-quantile (q in [0, 1]) of what For gives over many requests: the constant, or the
@@ -116,9 +131,19 @@ class OutsideLatency {
   double Mean() const;
 
  private:
+  size_t Draw(int64_t request_id) const;
   double constant_s_ = 0;
   std::vector<double> samples_s_;  // sorted, >= 0
+  std::vector<double> inbound_s_;  // empty, or samples_s_[i]'s request's delay on its way in
   uint64_t seed_ = 0;
 };
+
+// The requests as they reach the instances: each `sent` request its drawn delay on the way in
+// (OutsideLatency::InboundFor) later, id and lengths unchanged, in the same order (not resorted:
+// the simulator takes arrivals in any order). Requests sent closer together than the spread of
+// that delay may then reach the prefill instance in the other order, or together, as a traced
+// run showed (7 pairs sent under 2 ms apart at 16 req/s, 1-3 of them swapped per round).
+std::vector<SimRequest> WithInboundDelays(std::span<const SimRequest> sent,
+                                          const OutsideLatency& outside);
 
 }  // namespace pd::planner

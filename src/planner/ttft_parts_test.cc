@@ -271,5 +271,87 @@ TEST(TtftParts, SampledOutsideLatencyNeedsFiniteSamples) {
   EXPECT_EQ(OutsideLatency::Sampled({std::nan("")}).status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST(TtftParts, JoinGivesEachRequestsWayInAgainstTheTypicalOne) {
+  // As JoinFindsEachRequestsTraceByArrivalAndLength: the decode instance sends the prefill
+  // requests 1.0, 1.6, 0.8 and 1.2 ms after the client sent them, and the prefill instance has
+  // each 0.5 ms later; the way in differs by the same amounts.
+  const double t0 = 5000.0;
+  const std::vector<ClientRequest> client = {
+      {0.000, 100, 0.020}, {0.050, 120, 0.030}, {0.0503, 90, 0.025}, {0.160, 64, 0.018}};
+  const std::vector<TracedRequest> traced = {
+      Traced(t0 + 0.0010, 100, 0.016), Traced(t0 + 0.0503 + 0.0008, 90, 0.020),
+      Traced(t0 + 0.050 + 0.0016, 120, 0.025), Traced(t0 + 0.160 + 0.0012, 64, 0.0135)};
+  auto j = JoinOutsideLatency(client, traced);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  ASSERT_EQ(j->size(), 4u);
+  std::map<size_t, double> in;
+  for (const OutsideSample& s : *j) in[s.client] = s.inbound_s;
+  EXPECT_NEAR(in[1] - in[0], 0.0006, 1e-9);
+  EXPECT_NEAR(in[2] - in[0], -0.0002, 1e-9);
+  EXPECT_NEAR(in[3] - in[0], 0.0002, 1e-9);
+  // Against the typical offset (the densest 2 ms window of the send offsets, all four here), a
+  // way in of a millisecond or so at most.
+  for (const auto& [i, v] : in) EXPECT_LT(std::abs(v), 0.002) << i;
+}
+
+TEST(TtftParts, SampledWithInboundDrawsEachRequestsWayInWithItsOutsideLatency) {
+  // Four requests' outside latency and way in; the quickest way in (the 5th percentile of four:
+  // the least) is 10.0 ms, so the delays drawn are 0.1, 0.2, 0 and 3 ms with their samples.
+  auto o = OutsideLatency::SampledWithInbound({0.003, 0.004, -0.001, 0.005},
+                                              {0.0101, 0.0102, 0.0100, 0.0130}, 7);
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_TRUE(o->has_inbound());
+  const std::map<double, double> delay_of = {
+      {0.003, 0.0001}, {0.004, 0.0002}, {0.0, 0.0}, {0.005, 0.003}};
+  std::set<double> drawn;
+  for (int64_t id = 0; id < 1000; ++id) {
+    const double v = o->For(id);
+    ASSERT_EQ(delay_of.count(v), 1u) << v;
+    EXPECT_NEAR(o->InboundFor(id), delay_of.at(v), 1e-12) << id;
+    EXPECT_DOUBLE_EQ(o->InboundFor(id), o->InboundFor(id));
+    drawn.insert(v);
+  }
+  EXPECT_EQ(drawn.size(), 4u);
+  // The outside latency draws as Sampled's with the same seed.
+  auto plain = OutsideLatency::Sampled({0.003, 0.004, -0.001, 0.005}, 7);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->has_inbound());
+  for (int64_t id = 0; id < 100; ++id) {
+    EXPECT_DOUBLE_EQ(o->For(id), plain->For(id));
+    EXPECT_DOUBLE_EQ(plain->InboundFor(id), 0.0);
+  }
+  EXPECT_DOUBLE_EQ(OutsideLatency::Constant(0.002).InboundFor(3), 0.0);
+}
+
+TEST(TtftParts, SampledWithInboundRejectsMismatchedOrNonFiniteWaysIn) {
+  EXPECT_EQ(OutsideLatency::SampledWithInbound({0.001, 0.002}, {0.001}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(OutsideLatency::SampledWithInbound({0.001}, {INFINITY}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(OutsideLatency::SampledWithInbound({}, {}).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(TtftParts, WithInboundDelaysMovesEachArrivalByItsDrawnWayIn) {
+  auto o = OutsideLatency::SampledWithInbound({0.001, 0.002, 0.003}, {0.0, 0.004, 0.0005}, 3);
+  ASSERT_TRUE(o.ok());
+  std::vector<SimRequest> sent;
+  for (int i = 0; i < 50; ++i) sent.push_back({i, 0.01 * i, 100 + i, 8});
+  const std::vector<SimRequest> got = WithInboundDelays(sent, *o);
+  ASSERT_EQ(got.size(), sent.size());
+  int late = 0;
+  for (size_t i = 0; i < sent.size(); ++i) {
+    EXPECT_EQ(got[i].id, sent[i].id);
+    EXPECT_EQ(got[i].prompt_len, sent[i].prompt_len);
+    EXPECT_EQ(got[i].output_len, sent[i].output_len);
+    EXPECT_NEAR(got[i].arrival_s - sent[i].arrival_s, o->InboundFor(sent[i].id), 1e-15);
+    late += got[i].arrival_s - sent[i].arrival_s > 0.0035;
+  }
+  EXPECT_GT(late, 5);  // the 4 ms way in is drawn about a third of the time
+  // Without ways in, nothing moves.
+  const std::vector<SimRequest> same = WithInboundDelays(sent, OutsideLatency::Constant(0.002));
+  for (size_t i = 0; i < sent.size(); ++i) EXPECT_EQ(same[i].arrival_s, sent[i].arrival_s);
+}
+
 }  // namespace
 }  // namespace pd::planner
