@@ -289,10 +289,8 @@ inline Result<Calibration> ApplyRateCalibration(const ValidateFlags& f,
     cal.prefill_step_factors = std::make_shared<const std::vector<double>>(rc.prefill_step_factors);
   }
   if (!rc.outside_s.empty()) {
-    ASSIGN_OR_RETURN(cal.outside, rc.inbound_s.size() == rc.outside_s.size()
-                                      ? planner::OutsideLatency::SampledWithInbound(
-                                            rc.outside_s, rc.inbound_s, f.seed)
-                                      : planner::OutsideLatency::Sampled(rc.outside_s, f.seed));
+    ASSIGN_OR_RETURN(cal.outside, planner::OutsideLatency::SampledWithInbound(
+                                      rc.outside_s, rc.inbound_s, f.seed));
     cal.outside_rule = "drawn per request from this rate's median calibration run's";
   }
   return cal;

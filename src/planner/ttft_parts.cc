@@ -210,41 +210,37 @@ OutsideLatency OutsideLatency::Constant(double seconds) {
 }
 
 Result<OutsideLatency> OutsideLatency::Sampled(std::vector<double> samples_s, uint64_t seed) {
-  if (samples_s.empty()) return InvalidArgument("outside latency: no samples");
-  for (double& s : samples_s) {
-    if (!std::isfinite(s)) return InvalidArgument("outside latency: a sample is not finite");
-    s = std::max(0.0, s);
-  }
-  std::sort(samples_s.begin(), samples_s.end());
-  OutsideLatency o;
-  o.samples_s_ = std::move(samples_s);
-  o.seed_ = seed;
-  return o;
+  return SampledWithInbound(std::move(samples_s), {}, seed);
 }
 
 Result<OutsideLatency> OutsideLatency::SampledWithInbound(std::vector<double> samples_s,
                                                           std::vector<double> inbound_s,
                                                           uint64_t seed) {
-  if (inbound_s.size() != samples_s.size()) {
+  if (samples_s.empty()) return InvalidArgument("outside latency: no samples");
+  if (!inbound_s.empty() && inbound_s.size() != samples_s.size()) {
     return InvalidArgument("outside latency: " + std::to_string(inbound_s.size()) +
                            " ways in for " + std::to_string(samples_s.size()) + " samples");
+  }
+  for (double& s : samples_s) {
+    if (!std::isfinite(s)) return InvalidArgument("outside latency: a sample is not finite");
+    s = std::max(0.0, s);
   }
   for (double s : inbound_s) {
     if (!std::isfinite(s)) return InvalidArgument("outside latency: a way in is not finite");
   }
-  ASSIGN_OR_RETURN(OutsideLatency o, Sampled(samples_s, seed));
-  for (double& s : samples_s) s = std::max(0.0, s);
-  // Pairs in the order Sampled sorted the samples (stable: equal samples keep their order).
+  // The samples sorted, each way in kept beside its own sample.
   std::vector<size_t> order(samples_s.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return samples_s[a] < samples_s[b]; });
-  std::vector<double> sorted_in = inbound_s;
-  std::sort(sorted_in.begin(), sorted_in.end());
-  const double base = sorted_in[static_cast<size_t>(0.05 * static_cast<double>(sorted_in.size()))];
-  o.inbound_s_.resize(order.size());
-  for (size_t i = 0; i < order.size(); ++i) {
-    o.inbound_s_[i] = std::max(0.0, inbound_s[order[i]] - base);
+  OutsideLatency o;
+  o.seed_ = seed;
+  for (size_t i : order) o.samples_s_.push_back(samples_s[i]);
+  if (!inbound_s.empty()) {
+    std::vector<double> sorted_in = inbound_s;
+    const auto p5 = sorted_in.begin() + static_cast<std::ptrdiff_t>(0.05 * sorted_in.size());
+    std::nth_element(sorted_in.begin(), p5, sorted_in.end());
+    for (size_t i : order) o.inbound_s_.push_back(std::max(0.0, inbound_s[i] - *p5));
   }
   return o;
 }

@@ -114,7 +114,8 @@ class OutsideLatency {
   // Sampled, each sample paired with its request's way in (OutsideSample::inbound_s, the same
   // request's), drawn together: InboundFor gives the drawn request's way in less the samples'
   // 5th percentile (0 or more), the delay by which it reaches the prefill instance later than
-  // the quickest. InvalidArgument also when the two differ in size or a way in is not finite.
+  // the quickest; `inbound_s` empty: none (as Sampled). InvalidArgument also when the two differ
+  // in size or a way in is not finite.
   static Result<OutsideLatency> SampledWithInbound(std::vector<double> samples_s,
                                                    std::vector<double> inbound_s,
                                                    uint64_t seed = 0);
