@@ -230,7 +230,8 @@ Result<RoundResult> BenchRound(const ValidateFlags& f, const bench::DatasetSpec&
 Status SimulateRateReport(const ValidateFlags& f, const bench::DatasetSpec& spec,
                           const planner::Slo& slo, const planner::StepCoeffs& coeffs,
                           int64_t kv_tokens, const planner::ClusterLinks& links,
-                          const Calibration& cal, RateReport* r) {
+                          const Calibration& cal, const std::optional<Calibration>& own_split,
+                          RateReport* r) {
   const double rate = r->raw.rate;
   const int n = PromptsAt(f, rate);
   std::vector<planner::Summary> measured;
@@ -261,6 +262,11 @@ Status SimulateRateReport(const ValidateFlags& f, const bench::DatasetSpec& spec
     ASSIGN_OR_RETURN(r->without_inbound_hop,
                      SimulateRate(cal_insts, cal_links, reqs, slo, cal.outside, nullptr, nullptr,
                                   /*inbound_hop=*/false));
+  }
+  if (own_split) {
+    ASSIGN_OR_RETURN(auto own_insts, CalibratedAt(f, coeffs, *own_split, kv_tokens, rate));
+    ASSIGN_OR_RETURN(r->own_split,
+                     SimulateRate(own_insts, cal_links, reqs, slo, own_split->outside));
   }
   ASSIGN_OR_RETURN(r->raw.simulated,
                    SimulateRate(Instances(f, coeffs, planner::RealOverheads{}, kv_tokens), links,
@@ -381,7 +387,7 @@ Status RunRounds(const ValidateFlags& f, const bench::DatasetSpec& spec,
   for (int round = 0; round < f.rounds; ++round) {
     for (size_t i = 0; i < rates.size(); ++i) {
       ASSIGN_OR_RETURN(LoadRunCpu cal_run,
-                       LoadRun(f, rates[i], dep, validate_sim::kCalRunPrompts,
+                       LoadRun(f, rates[i], dep, validate_sim::CalRunPrompts(f),
                                validate_sim::CalRunSeed(f, round), "calibration run"));
       (*cal_runs)[i].push_back(std::move(cal_run));
       ASSIGN_OR_RETURN(RoundResult r, BenchRound(f, spec, rates[i], slo, dep));
@@ -472,7 +478,7 @@ Status Validate(const ValidateFlags& f) {
       "\nunder load per rate (%d calibration runs of %d requests at each rate, one before each "
       "round's bench run at that rate, not compared; per run / median, beside the single load "
       "run's):\n",
-      f.rounds, validate_sim::kCalRunPrompts);
+      f.rounds, validate_sim::CalRunPrompts(f));
   for (size_t i = 0; i < reports.size(); ++i) {
     std::vector<planner::CalibrationRunFactors> runs;
     std::vector<planner::RunWindow> windows;
@@ -482,10 +488,12 @@ Status Validate(const ValidateFlags& f) {
                                                 steps, traced));
       windows.push_back({run.begin_s, run.end_s});
     }
-    ASSIGN_OR_RETURN(const Calibration at_rate,
-                     validate_sim::CalibrationAtRate(f, runs, cal, &reports[i].rate_calibration));
-    RETURN_IF_ERROR(
-        SimulateRateReport(f, spec, slo, coeffs, kv.tokens, links, at_rate, &reports[i]));
+    std::optional<Calibration> own_split;
+    ASSIGN_OR_RETURN(
+        const Calibration at_rate,
+        validate_sim::CalibrationAtRate(f, runs, cal, &reports[i].rate_calibration, &own_split));
+    RETURN_IF_ERROR(SimulateRateReport(f, spec, slo, coeffs, kv.tokens, links, at_rate, own_split,
+                                       &reports[i]));
     // The paired rule (apps/validate_sim_paired.h): each round with its own calibration run.
     const Status paired =
         validate_sim::SimulatePaired(f, spec, slo, coeffs, kv.tokens, links, runs, windows, cal,

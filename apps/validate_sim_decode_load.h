@@ -58,14 +58,22 @@ inline Result<planner::SimResult> SimulatedRunSteps(
   return sim;
 }
 
+// The rows a decode stretch was fitted over and the per-step part it split at
+// (planner::CalibrationRunFactors keeps them for the pooled split).
+struct DecodeRows {
+  std::vector<planner::BatchStepStats> real, sim;
+  double fixed_s = 0.0;
+};
+
 // The traced and simulated decode steps of a traced run (`load`: the load run or a calibration
 // run; `decode`: the decode instance's traced steps, co-run marked) and the factors from them;
-// FailedPrecondition under `min_steps` traced alone steps.
+// FailedPrecondition under `min_steps` traced alone steps. `rows`, when given, gets what the
+// factors were fitted over.
 inline Result<planner::DecodeLoadFactors> MeasureDecodeUnderLoad(
     const ValidateFlags& f, const bench::DatasetSpec& spec, const planner::StepCoeffs& coeffs,
     int64_t kv_tokens, const planner::ClusterLinks& links, const planner::Slo& slo,
     const LoadRunCpu& load, const Calibration& cal, const std::vector<planner::StepRecord>& decode,
-    int64_t min_steps) {
+    int64_t min_steps, DecodeRows* rows = nullptr) {
   const std::vector<planner::StepRecord> real = InWindow(decode, load.begin_s, load.end_s);
   Calibration unstretched = cal;  // the decode steps as the probes calibrated them
   unstretched.decode_load = Calibration::DecodeUnderLoad{1.0, load.rate, 1.0};
@@ -77,6 +85,7 @@ inline Result<planner::DecodeLoadFactors> MeasureDecodeUnderLoad(
   // The simulated decode step's per-step part (the model's constant, the probes' per-step cost).
   const double fixed_ms =
       coeffs.decode_small[0] + cal.overheads.decode_fixed_ms + coeffs.overhead_ms;
+  if (rows) *rows = DecodeRows{real_rows, sim_rows, fixed_ms * 1e-3};
   return planner::DecodeFactorsUnderLoad(real_rows, sim_rows, min_steps, fixed_ms * 1e-3);
 }
 

@@ -1,5 +1,5 @@
 // `pdserve validate-sim`'s under-load calibration per compared rate (issue #7): in every round,
-// just before each rate's compared bench run, a traced calibration run of kCalRunPrompts
+// just before each rate's compared bench run, a traced calibration run of CalRunPrompts
 // requests at that rate (another seed than the rounds, a new one per round; not compared).
 // Per rate, each figure the calibrated simulation takes from running under load is the median
 // over that rate's runs (planner::CombineCalibrationRuns): the bench client's and router's CPU
@@ -66,6 +66,12 @@ namespace pd::apps::validate_sim {
 // 100 requests: three per rate add ~40 s at 20/40/60% of ~65 req/s (within quiet.sh's limit),
 // and pooled they are one old load run's 300.
 inline constexpr int kCalRunPrompts = 100;
+// A calibration run's requests: kCalRunPrompts, or more when the rounds run more, so that a
+// rate's runs together hold as many requests as a round (the step factors they give are replayed
+// over a round, and repeat from the start when they run out).
+inline int CalRunPrompts(const ValidateFlags& f) {
+  return std::max(kCalRunPrompts, (f.max_prompts + f.rounds - 1) / std::max(1, f.rounds));
+}
 // The old load run's minimum step counts (500 alone, 200 co-run over 300 requests) per 100.
 inline constexpr int64_t kMinCalRunSteps = 150;
 inline constexpr int64_t kMinCalRunCorun = 60;
@@ -110,11 +116,16 @@ inline planner::CalibrationRunFactors FactorsOfRun(
   if (steps.ok()) {
     auto p = MeasurePrefillUnderLoad(f, spec, coeffs, kv_tokens, links, slo, run, cal, *steps);
     if (p.ok()) out.prefill_stretch = *p;
+    DecodeRows rows;
     auto m = MeasureDecodeUnderLoad(f, spec, coeffs, kv_tokens, links, slo, run, cal, steps->decode,
-                                    kMinCalRunSteps);
+                                    kMinCalRunSteps, &rows);
     if (m.ok()) {
+      out.decode_real_rows = std::move(rows.real);
+      out.decode_sim_rows = std::move(rows.sim);
+      out.decode_fixed_s = rows.fixed_s;
       out.decode_stretch = m->step_stretch;
       out.decode_seq_stretch = m->seq_stretch;
+      out.decode_alone_stretch = m->stretch;
       if (m->corun_steps >= kMinCalRunCorun) out.decode_corun = m->corun;
     }
   }
@@ -199,7 +210,7 @@ inline void PrintRateCalibration(const ValidateFlags& f,
       "  %.3g req/s, %d runs: client + router CPU per request %s ms -> %.3f (single load run "
       "%.3f); prefill stretch %s -> x%.3f (%d runs; single: the client's CPU share x%.3f); "
       "decode stretch per step %s -> x%.3f (%d runs; single x%.3f scaled to this rate), per "
-      "sequence %s -> x%.3f; co-run %s "
+      "sequence %s -> x%.3f (run %d's pair: the median by the unsplit %s); co-run %s "
       "-> x%.3f (%d runs; single x%.3f); outside mean %s ms -> run %d's %zu: p50 %.2f p90 %.2f "
       "(single p50 %.2f p90 %.2f), its way in %s; decode step factors, mean %s -> the %d runs' "
       "%zu in turn: %s; "
@@ -229,6 +240,12 @@ inline void PrintRateCalibration(const ValidateFlags& f,
            })
           .c_str(),
       cal.decode_load ? cal.decode_load->seq_stretch : 0.0,
+      rc.decode_run ? static_cast<int>(*rc.decode_run) + 1 : 0,
+      Each(runs,
+           [](const planner::CalibrationRunFactors& r) {
+             return r.decode_alone_stretch ? Fmt("x%.3f", *r.decode_alone_stretch) : "-";
+           })
+          .c_str(),
       Each(runs,
            [](const planner::CalibrationRunFactors& r) {
              return r.decode_corun ? Fmt("x%.3f", *r.decode_corun) : "-";
@@ -297,15 +314,34 @@ inline Result<Calibration> ApplyRateCalibration(const ValidateFlags& f,
 }
 
 // The calibration at one rate: ApplyRateCalibration with the median over this rate's
-// calibration runs (planner::CombineCalibrationRuns). Prints the per-run figures and their
-// medians beside the single load run's.
+// calibration runs (planner::CombineCalibrationRuns), its decode stretch split over the runs
+// together where they give that (RateCalibration::pooled_decode_stretch). Prints the per-run
+// figures and their medians beside the single load run's. `own_split` gets the same calibration
+// with the median run's own split (not used; printed beside), or stays unset when the pooled
+// split is not taken.
+//
+// Why the pooled split: one 100-request run's split scatters (per sequence x1.05-1.75 in stop
+// 16; at one rate x0.95-1.35 in one run of 2026-11-30), and its per-sequence factor carries the
+// larger batches, which decide TPOT p90 at 40-60% load. The split over the runs together stayed
+// within x1.04-1.22. Printed beside the median run's own split over 18 runs (17:44-18:51): 251
+// cells within 10% against 248, all 15 in 6 runs against 5.
 inline Result<Calibration> CalibrationAtRate(
     const ValidateFlags& f, const std::vector<planner::CalibrationRunFactors>& runs,
-    const Calibration& single, nlohmann::json* json) {
+    const Calibration& single, nlohmann::json* json, std::optional<Calibration>* own_split) {
   ASSIGN_OR_RETURN(const planner::RateCalibration rc,
                    planner::CombineCalibrationRuns(runs, f.output_len));
-  ASSIGN_OR_RETURN(const Calibration cal, ApplyRateCalibration(f, rc, single));
+  ASSIGN_OR_RETURN(Calibration cal, ApplyRateCalibration(f, rc, single));
   PrintRateCalibration(f, runs, rc, cal, single);
+  own_split->reset();
+  if (rc.pooled_decode_stretch && cal.decode_load) {
+    *own_split = cal;
+    cal.decode_load->stretch = *rc.pooled_decode_stretch;
+    cal.decode_load->seq_stretch = *rc.pooled_decode_seq_stretch;
+    std::printf(
+        "    the decode split over the %d runs together, at the median run's level (used): per "
+        "step x%.3f, per sequence x%.3f\n",
+        rc.pooled_split_runs, *rc.pooled_decode_stretch, *rc.pooled_decode_seq_stretch);
+  }
   *json = OverheadsJson(cal);
   (*json)["rate"] = rc.rate;
   (*json)["calibration_runs"] = rc.runs;

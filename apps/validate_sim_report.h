@@ -68,6 +68,10 @@ struct RateReport {
   // The per-rate-median rule's simulation without each request's delay on the way in
   // (SimulateRate's inbound_hop), printed beside it; unset when no sample carried it.
   std::optional<planner::Summary> without_inbound_hop;
+  // The per-rate-median rule's simulation with the median calibration run's own decode split
+  // instead of the split over the rate's runs together, printed beside it; unset when the runs
+  // gave no pooled split.
+  std::optional<planner::Summary> own_split;
 };
 
 inline nlohmann::json OverheadsJson(const Calibration& cal) {
@@ -169,6 +173,31 @@ inline void PrintReports(const ValidateFlags& f, const planner::Slo& slo, const 
   }
 }
 
+// Issue 7's tolerance: a cell is within when |sim/real - 1| <= 10%.
+inline constexpr double kCellTolerance = 0.10;
+
+// Per round, cells within kCellTolerance (5 a round, `of` in all): each round against its own
+// paired simulation, against its rate's per-rate-median simulation, and against the median of
+// its rate's other rounds (planner::RoundsAgainstTheOthers: the machine against itself).
+struct PerRoundCells {
+  int paired = 0, per_rate_median = 0, others = 0, of = 0;
+};
+inline PerRoundCells CountPerRoundCells(const std::vector<RateReport>& reports) {
+  std::vector<planner::ComparisonRow> own, median, others;
+  for (const RateReport& r : reports) {
+    std::vector<planner::Summary> measured;
+    for (const RoundResult& rr : r.rounds) {
+      measured.push_back(rr.measured);
+      median.push_back({r.raw.rate, r.per_rate_median.simulated, rr.measured});
+    }
+    if (r.paired) own.insert(own.end(), r.paired->rounds.begin(), r.paired->rounds.end());
+    auto against = planner::RoundsAgainstTheOthers(r.raw.rate, measured);
+    if (against.ok()) others.insert(others.end(), against->begin(), against->end());
+  }
+  return {planner::CellsWithin(own, kCellTolerance), planner::CellsWithin(median, kCellTolerance),
+          planner::CellsWithin(others, kCellTolerance), 5 * static_cast<int>(median.size())};
+}
+
 inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo,
                                  const Calibration& cal, const std::vector<RateReport>& reports) {
   std::vector<planner::ComparisonRow> raw, calibrated, per_rate_median, paired;
@@ -220,6 +249,7 @@ inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo
                      {"rounds", rounds},
                      {"simulated_requests", sim}});
   }
+  const PerRoundCells cells = CountPerRoundCells(reports);
   return {{"model", f.model},
           {"threads", f.threads},
           {"slo", {{"ttft_s", slo.ttft_s}, {"tpot_s", slo.tpot_s}}},
@@ -230,6 +260,11 @@ inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo
           {"rows_per_rate_median", planner::ComparisonToJson(per_rate_median)},
           {"rows_paired", planner::ComparisonToJson(paired)},
           {"paired_rounds", paired_rounds},
+          {"per_round_cells_within_10pct",
+           {{"of", cells.of},
+            {"paired", cells.paired},
+            {"per_rate_median", cells.per_rate_median},
+            {"rounds_against_the_others", cells.others}}},
           {"rows_uncalibrated", planner::ComparisonToJson(raw)},
           {"noise", noise}};
 }

@@ -59,6 +59,23 @@ Result<PairedComparison> ComparePaired(double rate, std::span<const Summary> sim
   return out;
 }
 
+Result<std::vector<ComparisonRow>> RoundsAgainstTheOthers(double rate,
+                                                          std::span<const Summary> rounds) {
+  if (rounds.size() < 2) {
+    return InvalidArgument("rounds against the others: " + std::to_string(rounds.size()) +
+                           " round(s), at least 2 needed");
+  }
+  std::vector<ComparisonRow> out;
+  for (size_t k = 0; k < rounds.size(); ++k) {
+    std::vector<Summary> others;
+    for (size_t j = 0; j < rounds.size(); ++j) {
+      if (j != k) others.push_back(rounds[j]);
+    }
+    out.push_back({rate, MedianSummary(others), rounds[k]});
+  }
+  return out;
+}
+
 int CellsWithin(std::span<const ComparisonRow> rows, double tolerance) {
   int n = 0;
   for (const ComparisonRow& r : rows) {

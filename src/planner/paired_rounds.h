@@ -43,6 +43,13 @@ struct PairedComparison {
 Result<PairedComparison> ComparePaired(double rate, std::span<const Summary> simulated,
                                        std::span<const Summary> measured);
 
+// The machine against itself, for one rate: per round k, the median of the other rounds
+// (MedianSummary) as `simulated` beside round k as `measured`. What the rounds give when one is
+// held against the rest is as close as any model can be expected to come to a single round.
+// InvalidArgument with fewer than two rounds.
+Result<std::vector<ComparisonRow>> RoundsAgainstTheOthers(double rate,
+                                                          std::span<const Summary> rounds);
+
 // Cells of `rows` (5 per row: attainment, TTFT p50/p90, TPOT p50/p90) whose |sim/real - 1| is
 // at most `tolerance` (0.10: issue 7's 10%).
 int CellsWithin(std::span<const ComparisonRow> rows, double tolerance);

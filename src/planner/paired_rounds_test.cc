@@ -106,5 +106,31 @@ TEST(ValidatePairedRounds, CountsCellsWithinTheTolerance) {
   EXPECT_EQ(CellsWithin(rows, 0.05), 7);
 }
 
+// The machine against itself: each round beside the median of the others.
+TEST(ValidatePairedRounds, EachRoundAgainstTheMedianOfTheOthers) {
+  const std::vector<Summary> real = {Att(0.97, 0.0195), Att(0.55, 0.032), Att(0.93, 0.021),
+                                     Att(0.90, 0.020)};
+  auto rows = RoundsAgainstTheOthers(15.0, real);
+  ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+  ASSERT_EQ(rows->size(), 4u);
+  for (size_t k = 0; k < 4; ++k) {
+    SCOPED_TRACE(k);
+    EXPECT_DOUBLE_EQ((*rows)[k].rate, 15.0);
+    EXPECT_DOUBLE_EQ((*rows)[k].measured.attainment, real[k].attainment);
+  }
+  // Round 2 (the slow spell) against 0.97, 0.93, 0.90; round 1 against 0.55, 0.93, 0.90.
+  EXPECT_DOUBLE_EQ((*rows)[1].simulated.attainment, 0.93);
+  EXPECT_DOUBLE_EQ((*rows)[1].simulated.ttft_p50_s, 0.020);
+  EXPECT_DOUBLE_EQ((*rows)[0].simulated.attainment, 0.90);
+  EXPECT_DOUBLE_EQ((*rows)[0].simulated.ttft_p50_s, 0.021);
+  // The slow round is out in attainment and TTFT, within in TPOT; the others are within.
+  const std::vector<ComparisonRow> slow = {(*rows)[1]};
+  EXPECT_EQ(CellsWithin(slow, 0.10), 2);
+  const std::vector<ComparisonRow> rest = {(*rows)[0], (*rows)[2], (*rows)[3]};
+  EXPECT_EQ(CellsWithin(rest, 0.10), 15);
+  EXPECT_EQ(RoundsAgainstTheOthers(15.0, std::vector<Summary>{real[0]}).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace pd::planner

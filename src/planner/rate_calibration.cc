@@ -62,6 +62,50 @@ Result<std::optional<double>> MedianOf(std::span<const CalibrationRunFactors> ru
   return std::optional<double>(v[k]);
 }
 
+// The run whose decode stretch pair is taken: the median by its unsplit stretch among the runs
+// that gave a decode stretch; none when no run did.
+Result<std::optional<size_t>> DecodeStretchRun(std::span<const CalibrationRunFactors> runs) {
+  std::vector<double> key;
+  std::vector<size_t> run;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const CalibrationRunFactors& r = runs[i];
+    if (!r.decode_stretch) continue;
+    key.push_back(r.decode_alone_stretch.value_or(*r.decode_stretch));
+    run.push_back(i);
+  }
+  if (key.empty()) return std::optional<size_t>();
+  ASSIGN_OR_RETURN(const size_t k, UpperMedianIndex(key));  // CheckRuns saw them finite
+  return std::optional<size_t>(run[k]);
+}
+
+// RateCalibration's pooled split, when the runs give one: every run's rows that kept them
+// merged, split at their common per-step part, scaled so that its unsplit stretch is the taken
+// run's (`level`).
+Status PoolDecodeSplit(std::span<const CalibrationRunFactors> runs, double level,
+                       RateCalibration* out) {
+  std::vector<BatchStepStats> real, sim;
+  double fixed_s = 0.0;
+  int n = 0;
+  for (const CalibrationRunFactors& r : runs) {
+    if (r.decode_real_rows.empty() || r.decode_sim_rows.empty() || !(r.decode_fixed_s > 0)) {
+      continue;
+    }
+    if (n > 0 && r.decode_fixed_s != fixed_s) return OkStatus();  // split at other parts
+    fixed_s = r.decode_fixed_s;
+    ASSIGN_OR_RETURN(real, MergeDecodeStepStats(real, r.decode_real_rows));
+    ASSIGN_OR_RETURN(sim, MergeDecodeStepStats(sim, r.decode_sim_rows));
+    ++n;
+  }
+  if (n < 2) return OkStatus();
+  auto pooled = DecodeFactorsUnderLoad(real, sim, 1, fixed_s);
+  if (!pooled.ok() || !pooled->split || !(pooled->stretch > 0)) return OkStatus();
+  const double scale = level / pooled->stretch;
+  out->pooled_decode_stretch = pooled->step_stretch * scale;
+  out->pooled_decode_seq_stretch = pooled->seq_stretch * scale;
+  out->pooled_split_runs = n;
+  return OkStatus();
+}
+
 Status CheckRuns(std::span<const CalibrationRunFactors> runs, double output_tokens) {
   if (runs.empty()) return InvalidArgument("CombineCalibrationRuns: no calibration runs");
   if (!std::isfinite(output_tokens) || output_tokens < 0) {
@@ -77,6 +121,12 @@ Status CheckRuns(std::span<const CalibrationRunFactors> runs, double output_toke
     if (r.client_cpu && !std::isfinite(r.client_cpu->Seconds(output_tokens))) {
       return InvalidArgument("CombineCalibrationRuns: a client CPU cost is not finite");
     }
+    for (const std::optional<double>& k :
+         {r.decode_stretch, r.decode_seq_stretch, r.decode_alone_stretch}) {
+      if (k && !std::isfinite(*k)) {
+        return InvalidArgument("CombineCalibrationRuns: a decode stretch is not finite");
+      }
+    }
   }
   return OkStatus();
 }
@@ -91,11 +141,15 @@ Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFac
   out.runs = static_cast<int>(runs.size());
   ASSIGN_OR_RETURN(out.prefill_stretch,
                    MedianOf(runs, &CalibrationRunFactors::prefill_stretch, &out.prefill_runs));
-  ASSIGN_OR_RETURN(out.decode_stretch,
-                   MedianOf(runs, &CalibrationRunFactors::decode_stretch, &out.stretch_runs));
-  int seq_runs = 0;
-  ASSIGN_OR_RETURN(out.decode_seq_stretch,
-                   MedianOf(runs, &CalibrationRunFactors::decode_seq_stretch, &seq_runs));
+  ASSIGN_OR_RETURN(out.decode_run, DecodeStretchRun(runs));
+  if (out.decode_run) {
+    const CalibrationRunFactors& r = runs[*out.decode_run];
+    out.decode_stretch = r.decode_stretch;
+    out.decode_seq_stretch = r.decode_seq_stretch.value_or(*r.decode_stretch);
+    RETURN_IF_ERROR(
+        PoolDecodeSplit(runs, r.decode_alone_stretch.value_or(*r.decode_stretch), &out));
+  }
+  for (const CalibrationRunFactors& r : runs) out.stretch_runs += r.decode_stretch.has_value();
   ASSIGN_OR_RETURN(out.decode_corun,
                    MedianOf(runs, &CalibrationRunFactors::decode_corun, &out.corun_runs));
   std::vector<double> cost, mean;

@@ -47,6 +47,13 @@ struct CalibrationRunFactors {
   // DecodeFactorsUnderLoad on this run: unset when too few steps were traced.
   // Of the per-step part, and of the per-sequence part (DecodeLoadFactors' split; equal unsplit).
   std::optional<double> decode_stretch, decode_seq_stretch;
+  // The same fit's unsplit stretch (DecodeLoadFactors::stretch: the alone steps' time against the
+  // simulation's), by which the runs are ordered; unset: decode_stretch orders this run.
+  std::optional<double> decode_alone_stretch;
+  // The rows that fit was made over (SummarizeDecodeSteps of the traced and of the simulated
+  // steps) and the simulated step's per-step part it split at; empty / 0 when not kept.
+  std::vector<BatchStepStats> decode_real_rows, decode_sim_rows;
+  double decode_fixed_s = 0.0;
   std::optional<double> decode_corun;
   // Per request, the latency outside the engines (measured TTFT less the traced engines' part);
   // empty when too few requests joined. inbound_s: the same requests' ways in
@@ -59,8 +66,13 @@ struct CalibrationRunFactors {
 
 // Per rate, from its calibration runs: each factor the median over the runs that gave it
 // (UpperMedian; the client's cost ordered by its cost of a request of `output_tokens` tokens,
-// the outside latency by each run's sample mean, and the median run's cost / sample taken whole,
-// since a cost's two parts and a sample's spread belong together). The step factors are every
+// the outside latency by each run's sample mean, the decode stretch by each run's unsplit
+// stretch, and the median run's cost / sample / per-step and per-sequence pair taken whole,
+// since a cost's two parts, a sample's spread and a split's two factors belong together). The
+// split's two factors are fitted together and trade against each other (the runs of one rate
+// gave per step x0.52-0.98 with per sequence x1.52-1.03): their medians taken apart paired
+// x0.94 with x1.28 (2026-11-30 17:40), slower at every batch size than any of the runs, and
+// the simulated TPOT p50 / p90 at 60% load ran +17% / +23%. The step factors are every
 // run's sequence, one after another in run order: a round of the compared rate runs as many
 // requests as the rate's calibration runs together, over as long, so the pooled sequence holds
 // as much of the host's time as a round does, spells and all; one run's sequence, replayed three
@@ -71,11 +83,19 @@ struct RateCalibration {
   int runs = 0;
   std::optional<ClientCpuCost> client_cpu;
   std::optional<double> prefill_stretch, decode_stretch, decode_seq_stretch, decode_corun;
+  // The split fitted over every run's rows together (MergeDecodeStepStats; DecodeFactorsUnderLoad
+  // on them), scaled to the taken run's unsplit stretch: per step and per sequence. Unset when
+  // fewer than two runs kept rows, their per-step parts differ, or the pooled steps do not split.
+  // One 100-request run's split put the per-sequence factor anywhere in x1.05-1.75 (stop 16);
+  // a 300-request load run's stayed within x1.19-1.21.
+  std::optional<double> pooled_decode_stretch, pooled_decode_seq_stretch;
+  int pooled_split_runs = 0;
   std::vector<double> outside_s, inbound_s;  // inbound_s: the same run's, or empty
   std::vector<double> decode_step_factors, prefill_step_factors;
   int client_runs = 0, prefill_runs = 0, stretch_runs = 0, corun_runs = 0, outside_runs = 0,
       step_factor_runs = 0, prefill_factor_runs = 0;
-  std::optional<size_t> client_run, outside_run;  // which run's cost / sample was taken
+  // Which run's cost / sample / decode stretch pair was taken.
+  std::optional<size_t> client_run, outside_run, decode_run;
 };
 // InvalidArgument when `runs` is empty, their rates differ, or a figure is not finite.
 Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFactors> runs,

@@ -138,13 +138,14 @@ TEST(ValidateRateCalibration, AFactorIsTakenOverTheRunsThatGaveIt) {
   runs[0].decode_corun.reset();    // too few co-run steps
   runs[2].decode_stretch.reset();  // too few alone steps
   runs[2].decode_seq_stretch.reset();
-  runs[0].decode_seq_stretch = 1.5;  // each part is its own median
+  runs[0].decode_seq_stretch = 1.5;
   runs[1].prefill_stretch.reset();
   runs[1].client_cpu.reset();
   auto c = CombineCalibrationRuns(runs, 32);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  EXPECT_DOUBLE_EQ(*c->decode_stretch, 1.10);      // the upper of 1.00 and 1.10
-  EXPECT_DOUBLE_EQ(*c->decode_seq_stretch, 1.50);  // the upper of 1.20 and 1.50
+  EXPECT_EQ(c->decode_run, 0u);                // the upper of 1.00 and 1.10
+  EXPECT_DOUBLE_EQ(*c->decode_stretch, 1.10);  // and that run's pair
+  EXPECT_DOUBLE_EQ(*c->decode_seq_stretch, 1.50);
   EXPECT_EQ(c->stretch_runs, 2);
   EXPECT_DOUBLE_EQ(*c->prefill_stretch, 1.30);  // the upper of 1.20 and 1.30
   EXPECT_EQ(c->prefill_runs, 2);
@@ -154,6 +155,116 @@ TEST(ValidateRateCalibration, AFactorIsTakenOverTheRunsThatGaveIt) {
   EXPECT_EQ(c->client_runs, 2);
   EXPECT_EQ(c->outside_run, 1u);  // runs 1 (5 ms) and 2 (1.5 ms): the upper mean
   EXPECT_EQ(c->outside_runs, 2);
+}
+
+// The 17:40 case at 60% load: four runs' split decode stretches trade per step against per
+// sequence. Their medians taken apart (x0.937 per step, x1.278 per sequence) were slower at every
+// batch size than any run measured; the pair is the run with the median unsplit stretch.
+TEST(ValidateRateCalibration, TheDecodeStretchPairIsOneRunsWhole) {
+  const double step[] = {0.677, 0.518, 0.937, 0.975};
+  const double seq[] = {1.278, 1.521, 1.115, 1.033};
+  const double alone[] = {1.02, 1.08, 1.05, 1.00};
+  std::vector<CalibrationRunFactors> runs;
+  for (int i = 0; i < 4; ++i) {
+    runs.push_back(MakeRun(50, 0.002, step[i], 1.0, {}));
+    runs.back().decode_seq_stretch = seq[i];
+    runs.back().decode_alone_stretch = alone[i];
+  }
+  auto c = CombineCalibrationRuns(runs, 32);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->decode_run, 2u);  // unsplit 1.00, 1.02, 1.05, 1.08: the upper middle one
+  EXPECT_DOUBLE_EQ(*c->decode_stretch, 0.937);
+  EXPECT_DOUBLE_EQ(*c->decode_seq_stretch, 1.115);
+  EXPECT_EQ(c->stretch_runs, 4);
+  // A run without the unsplit figure is ordered by its per-step stretch; one without a
+  // per-sequence stretch (unsplit) gives its per-step one for both.
+  runs[3].decode_alone_stretch.reset();  // ordered by 0.975
+  runs[3].decode_seq_stretch.reset();
+  runs[0].decode_alone_stretch = 0.95;
+  runs[2].decode_alone_stretch = 0.9;
+  c = CombineCalibrationRuns(runs, 32);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->decode_run, 3u);  // 0.9, 0.95, 0.975, 1.08: the upper middle
+  EXPECT_DOUBLE_EQ(*c->decode_stretch, 0.975);
+  EXPECT_DOUBLE_EQ(*c->decode_seq_stretch, 0.975);
+  runs[1].decode_seq_stretch = std::nan("");
+  EXPECT_EQ(CombineCalibrationRuns(runs, 32).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Rows of b = 1..4 sequences: simulated alone steps 0.3 ms per step + 0.2 ms per sequence, real
+// ones (step + loop) `a` x 0.3 + `c` x 0.2 per sequence, `n1` steps of one sequence and fewer of
+// more (as DecodeFactorsUnderLoad's split test).
+void SplitRows(double a, double c, int64_t n1, CalibrationRunFactors* r) {
+  r->decode_real_rows.clear();
+  r->decode_sim_rows.clear();
+  for (int b = 1; b <= 4; ++b) {
+    BatchStepStats real, sim;
+    real.batch = sim.batch = b;
+    real.count = sim.count = b == 1 ? n1 : n1 / (4 * b);
+    real.gap_count = real.count;
+    real.mean_alone_s = (a * 0.3 + c * 0.2 * b - 0.05) * 1e-3;
+    real.mean_gap_s = 0.05e-3;
+    sim.mean_alone_s = (0.3 + 0.2 * b) * 1e-3;
+    r->decode_real_rows.push_back(real);
+    r->decode_sim_rows.push_back(sim);
+  }
+  r->decode_fixed_s = 0.3e-3;
+}
+
+// The split over the runs' rows together, at the taken run's level: three runs whose steps all
+// split x0.9 per step and x1.5 per sequence give that split, scaled to the median run's unsplit
+// stretch; runs whose own splits scatter give the split of their rows merged.
+TEST(ValidateRateCalibration, ThePooledSplitIsFittedOverTheRunsRowsTogether) {
+  std::vector<CalibrationRunFactors> runs;
+  for (double level : {1.1, 1.3, 1.2}) {
+    runs.push_back(MakeRun(30, 0.002, 0.8, 1.0, {}));
+    runs.back().decode_alone_stretch = level;
+    SplitRows(0.9, 1.5, 1000, &runs.back());
+  }
+  auto one = DecodeFactorsUnderLoad(runs[0].decode_real_rows, runs[0].decode_sim_rows, 1, 0.3e-3);
+  ASSERT_TRUE(one.ok() && one->split);
+  auto c = CombineCalibrationRuns(runs, 32);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->decode_run, 2u);  // 1.1, 1.3, 1.2: the median is run 2's 1.2
+  ASSERT_TRUE(c->pooled_decode_stretch && c->pooled_decode_seq_stretch);
+  EXPECT_EQ(c->pooled_split_runs, 3);
+  EXPECT_NEAR(*c->pooled_decode_stretch, 0.9 * 1.2 / one->stretch, 1e-9);
+  EXPECT_NEAR(*c->pooled_decode_seq_stretch, 1.5 * 1.2 / one->stretch, 1e-9);
+
+  // Scattered runs: the pooled split is the merged rows' split, not any run's.
+  SplitRows(0.6, 1.7, 400, &runs[0]);
+  SplitRows(1.1, 1.3, 1000, &runs[1]);
+  c = CombineCalibrationRuns(runs, 32);
+  ASSERT_TRUE(c.ok() && c->pooled_decode_stretch);
+  auto real = MergeDecodeStepStats(runs[0].decode_real_rows, runs[1].decode_real_rows);
+  auto sim = MergeDecodeStepStats(runs[0].decode_sim_rows, runs[1].decode_sim_rows);
+  ASSERT_TRUE(real.ok() && sim.ok());
+  real = MergeDecodeStepStats(*real, runs[2].decode_real_rows);
+  sim = MergeDecodeStepStats(*sim, runs[2].decode_sim_rows);
+  ASSERT_TRUE(real.ok() && sim.ok());
+  auto pooled = DecodeFactorsUnderLoad(*real, *sim, 1, 0.3e-3);
+  ASSERT_TRUE(pooled.ok() && pooled->split);
+  EXPECT_NEAR(*c->pooled_decode_stretch, pooled->step_stretch * 1.2 / pooled->stretch, 1e-9);
+  EXPECT_NEAR(*c->pooled_decode_seq_stretch, pooled->seq_stretch * 1.2 / pooled->stretch, 1e-9);
+  EXPECT_GT(*c->pooled_decode_seq_stretch / *c->pooled_decode_stretch, 1.3 / 1.1);
+  EXPECT_LT(*c->pooled_decode_seq_stretch / *c->pooled_decode_stretch, 1.7 / 0.6);
+
+  // Two runs with rows still pool; one does not; nor do runs split at other per-step parts.
+  runs[0].decode_real_rows.clear();
+  c = CombineCalibrationRuns(runs, 32);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->pooled_split_runs, 2);
+  runs[1].decode_sim_rows.clear();
+  c = CombineCalibrationRuns(runs, 32);
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->pooled_decode_stretch);
+  EXPECT_EQ(c->pooled_split_runs, 0);
+  SplitRows(0.9, 1.5, 1000, &runs[0]);
+  SplitRows(0.9, 1.5, 1000, &runs[1]);
+  runs[1].decode_fixed_s = 0.25e-3;
+  c = CombineCalibrationRuns(runs, 32);
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->pooled_decode_stretch);
 }
 
 TEST(ValidateRateCalibration, FactorsNoRunGaveStayUnset) {
@@ -168,6 +279,7 @@ TEST(ValidateRateCalibration, FactorsNoRunGaveStayUnset) {
   EXPECT_FALSE(c->client_cpu);
   EXPECT_FALSE(c->client_run);
   EXPECT_FALSE(c->outside_run);
+  EXPECT_FALSE(c->decode_run);
   EXPECT_TRUE(c->outside_s.empty());
   EXPECT_TRUE(c->inbound_s.empty());
   EXPECT_EQ(c->runs, 2);

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <utility>
 
 namespace pd::planner {
@@ -108,6 +109,37 @@ std::vector<BatchStepStats> SummarizeDecodeSteps(std::span<const StepRecord> ste
     if (r.gap_count > 0) r.mean_gap_s = sums[b].gap / r.gap_count;
   }
   return rows;
+}
+
+Result<std::vector<BatchStepStats>> MergeDecodeStepStats(std::span<const BatchStepStats> a,
+                                                         std::span<const BatchStepStats> b) {
+  std::vector<BatchStepStats> out(std::max(a.size(), b.size()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    BatchStepStats& o = out[i];
+    o.batch = static_cast<int>(i) + 1;
+    double all = 0, alone = 0, corun = 0, gap = 0;
+    for (std::span<const BatchStepStats> t : {a, b}) {
+      if (i >= t.size()) continue;
+      const BatchStepStats& r = t[i];
+      if (r.batch != o.batch) {
+        return InvalidArgument("MergeDecodeStepStats: row " + std::to_string(i) + " is of batch " +
+                               std::to_string(r.batch) + ", not " + std::to_string(o.batch));
+      }
+      o.count += r.count;
+      o.corun_count += r.corun_count;
+      o.gap_count += r.gap_count;
+      all += r.count * r.mean_s;
+      alone += (r.count - r.corun_count) * r.mean_alone_s;
+      corun += r.corun_count * r.mean_corun_s;
+      gap += r.gap_count * r.mean_gap_s;
+    }
+    const int64_t n_alone = o.count - o.corun_count;
+    if (o.count > 0) o.mean_s = all / o.count;
+    if (n_alone > 0) o.mean_alone_s = alone / n_alone;
+    if (o.corun_count > 0) o.mean_corun_s = corun / o.corun_count;
+    if (o.gap_count > 0) o.mean_gap_s = gap / o.gap_count;
+  }
+  return out;
 }
 
 std::vector<double> DecodeStepFactors(std::span<const StepRecord> steps,

@@ -51,6 +51,11 @@ struct BatchStepStats {
 };
 std::vector<BatchStepStats> SummarizeDecodeSteps(std::span<const StepRecord> steps, int max_batch,
                                                  double max_gap_s);
+// Two SummarizeDecodeSteps tables of other steps as one: per batch size the counts added and
+// each mean weighted by its own count (alone steps, co-run steps, gaps). The longer table's rows
+// beyond the shorter's are kept; InvalidArgument when a row's batch differs from its index + 1.
+Result<std::vector<BatchStepStats>> MergeDecodeStepStats(std::span<const BatchStepStats> a,
+                                                         std::span<const BatchStepStats> b);
 
 // The decode instance's steps under load against a simulation of the same requests whose decode
 // steps are not stretched (issue #7, from the uncompared load run): `stretch`, how much longer the

@@ -270,6 +270,52 @@ TEST(StepStats, DecodeFactorsUnderLoadSplitTheStretchIntoStepAndSequenceParts) {
   EXPECT_EQ(k->step_stretch, k->stretch);
 }
 
+// Two runs' tables merged are the table of both runs' steps together (their gaps apart).
+TEST(StepStats, MergeDecodeStepStatsIsTheTableOfBothRunsSteps) {
+  auto step = [](double start_ms, double ms, int seqs, bool corun) {
+    StepRecord s;
+    s.start_s = start_ms * 1e-3;
+    s.duration_s = ms * 1e-3;
+    s.decode_seqs = seqs;
+    s.corun = corun;
+    return s;
+  };
+  const std::vector<StepRecord> a = {step(0, 0.5, 1, false), step(0.6, 0.7, 2, true),
+                                     step(1.4, 0.6, 1, false), step(2.1, 0.9, 3, false)};
+  const std::vector<StepRecord> b = {step(0, 0.4, 1, true), step(0.5, 0.8, 2, false),
+                                     step(1.5, 0.5, 1, false)};
+  std::vector<StepRecord> both = a;
+  for (StepRecord s : b) {
+    s.start_s += 1.0;  // a second later: the gap between the runs is over max_gap_s
+    both.push_back(s);
+  }
+  const auto ta = SummarizeDecodeSteps(a, 4, 2e-3);
+  const auto tb = SummarizeDecodeSteps(b, 2, 2e-3);  // a shorter table
+  auto merged = MergeDecodeStepStats(ta, tb);
+  ASSERT_TRUE(merged.ok()) << merged.status().ToString();
+  const auto want = SummarizeDecodeSteps(both, 4, 2e-3);
+  ASSERT_EQ(merged->size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ((*merged)[i].batch, want[i].batch);
+    EXPECT_EQ((*merged)[i].count, want[i].count);
+    EXPECT_EQ((*merged)[i].corun_count, want[i].corun_count);
+    EXPECT_EQ((*merged)[i].gap_count, want[i].gap_count);
+    EXPECT_NEAR((*merged)[i].mean_s, want[i].mean_s, 1e-15);
+    EXPECT_NEAR((*merged)[i].mean_alone_s, want[i].mean_alone_s, 1e-15);
+    EXPECT_NEAR((*merged)[i].mean_corun_s, want[i].mean_corun_s, 1e-15);
+    EXPECT_NEAR((*merged)[i].mean_gap_s, want[i].mean_gap_s, 1e-15);
+  }
+  EXPECT_EQ((*merged)[0].count, 4);  // batch 1: two steps of each run
+  // Merging with nothing gives the table back; a row out of place is refused.
+  auto same = MergeDecodeStepStats(ta, {});
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ((*same)[1].count, ta[1].count);
+  std::vector<BatchStepStats> shifted = tb;
+  shifted[0].batch = 2;
+  EXPECT_EQ(MergeDecodeStepStats(ta, shifted).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(StepStats, DecodeFactorsUnderLoadRefuseTooFewSteps) {
   const std::vector<BatchStepStats> real = {Row(1, 10, 0, 0.5, 0.0, 0.1)};
   const std::vector<BatchStepStats> sim = {Row(1, 10, 0, 0.4, 0.0, 0.0)};
