@@ -17,13 +17,15 @@
 #      the runs' traced step-by-step slowness of the decode instance, which the simulated one
 #      replays in order (step factors; the prefill instance's too and none printed beside); the
 #      paired rule, each round simulated with the calibration run just before it, is printed
-#      beside it, not used) (300 requests of
+#      beside it, not used) (MAX_PROMPTS requests, 600 unless set, of
 #      128/32 tokens each, fixed seed, random dataset), the median per rate beside the simulator
 #      on the same requests, and the noise: machine (spread over rounds) vs sampling (spread over
 #      reseeded simulations) (docs/planner.md). The instances are traced (--trace; the latency
 #      outside the engines is calibrated per request from the load run's traces).
-# One run takes about 3.5-4 minutes (fits one /work/exp/quiet.sh call: 213-236 s, 211-281 s
-# with other agents' processes stopped). Usage:
+# One run takes about 5 minutes on the 2-core Zen 4 host (2026-11-30; ~2.8 with MAX_PROMPTS=300).
+# 600 requests a round rather than 300: 114 of 120 cells within 10% over 8 runs (18:12-18:51),
+# none under 13 of 15, against 134 of 150 over 10 runs with 300 (17:44-18:11), three at 12; the
+# calibration runs grow with the rounds (validate-sim's CalRunPrompts). Usage:
 #   bench/planner/sim_vs_real.sh [PDSERVE] [extra validate-sim flags, e.g. --rate 2 --rate 4]
 set -euo pipefail
 PDSERVE=${1:-build/apps/pdserve}
@@ -36,6 +38,8 @@ MATMUL=${MATMUL:-f32}
 INPUT_LEN=${INPUT_LEN:-128}
 OUTPUT_LEN=${OUTPUT_LEN:-32}
 RANGE=${RANGE:-0.5}
+# Requests per round and rate (validate-sim --max-prompts).
+MAX_PROMPTS=${MAX_PROMPTS:-600}
 # The profile's decode shapes span what this workload gives the decode instance: batches 1-16
 # (a trace at 60% of capacity showed batches up to 8) and contexts from the shortest prompt to
 # the longest prompt plus output. The linear decode form fitted over the quick sweep's batches up
@@ -56,5 +60,5 @@ if command -v taskset > /dev/null; then PIN=(taskset -c 0); fi
   --out "$OUT/profile.json"
 "$PDSERVE" validate-sim --model "$MODEL" --threads "$THREADS" --profile "$OUT/profile.json" \
   --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --range-ratio "$RANGE" --matmul "$MATMUL" \
-  --out "$OUT/comparison.json" --trace "$OUT/trace.json" "$@"
+  --max-prompts "$MAX_PROMPTS" --out "$OUT/comparison.json" --trace "$OUT/trace.json" "$@"
 echo "results: $OUT/profile.json $OUT/comparison.json"
