@@ -62,20 +62,25 @@ Result<std::optional<double>> MedianOf(std::span<const CalibrationRunFactors> ru
   return std::optional<double>(v[k]);
 }
 
-// The run whose decode stretch pair is taken: the median by its unsplit stretch among the runs
-// that gave a decode stretch; none when no run did.
-Result<std::optional<size_t>> DecodeStretchRun(std::span<const CalibrationRunFactors> runs) {
-  std::vector<double> key;
+// The run taken whole for a figure whose parts belong together: among the runs `key` gives a
+// value for, the one at that value's upper median; none when no run gives one. `count`: how many
+// gave one. InvalidArgument naming `what` when a value is not finite.
+template <typename Key>
+Result<std::optional<size_t>> MedianRun(std::span<const CalibrationRunFactors> runs, Key key,
+                                        const char* what, int* count) {
+  std::vector<double> value;
   std::vector<size_t> run;
   for (size_t i = 0; i < runs.size(); ++i) {
-    const CalibrationRunFactors& r = runs[i];
-    if (!r.decode_stretch) continue;
-    key.push_back(r.decode_alone_stretch.value_or(*r.decode_stretch));
-    run.push_back(i);
+    if (const std::optional<double> v = key(runs[i])) {
+      value.push_back(*v);
+      run.push_back(i);
+    }
   }
-  if (key.empty()) return std::optional<size_t>();
-  ASSIGN_OR_RETURN(const size_t k, UpperMedianIndex(key));  // CheckRuns saw them finite
-  return std::optional<size_t>(run[k]);
+  *count = static_cast<int>(value.size());
+  if (value.empty()) return std::optional<size_t>();
+  auto k = UpperMedianIndex(value);
+  if (!k.ok()) return InvalidArgument(std::string("CombineCalibrationRuns: ") + what);
+  return std::optional<size_t>(run[*k]);
 }
 
 // RateCalibration's pooled split, when the runs give one: every run's rows that kept them
@@ -141,42 +146,37 @@ Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFac
   out.runs = static_cast<int>(runs.size());
   ASSIGN_OR_RETURN(out.prefill_stretch,
                    MedianOf(runs, &CalibrationRunFactors::prefill_stretch, &out.prefill_runs));
-  ASSIGN_OR_RETURN(out.decode_run, DecodeStretchRun(runs));
+  // The runs' keys for the figures taken whole from one run.
+  const auto decode_key = [](const CalibrationRunFactors& r) -> std::optional<double> {
+    if (!r.decode_stretch) return std::nullopt;
+    return r.decode_alone_stretch.value_or(*r.decode_stretch);
+  };
+  const auto client_key = [&](const CalibrationRunFactors& r) -> std::optional<double> {
+    if (!r.client_cpu) return std::nullopt;
+    return r.client_cpu->Seconds(output_tokens);
+  };
+  const auto outside_key = [](const CalibrationRunFactors& r) -> std::optional<double> {
+    if (r.outside_s.empty()) return std::nullopt;
+    return Mean(r.outside_s);
+  };
+  ASSIGN_OR_RETURN(out.decode_run, MedianRun(runs, decode_key, "a decode stretch is not finite",
+                                             &out.stretch_runs));
   if (out.decode_run) {
     const CalibrationRunFactors& r = runs[*out.decode_run];
     out.decode_stretch = r.decode_stretch;
     out.decode_seq_stretch = r.decode_seq_stretch.value_or(*r.decode_stretch);
-    RETURN_IF_ERROR(
-        PoolDecodeSplit(runs, r.decode_alone_stretch.value_or(*r.decode_stretch), &out));
+    RETURN_IF_ERROR(PoolDecodeSplit(runs, *decode_key(r), &out));
   }
-  for (const CalibrationRunFactors& r : runs) out.stretch_runs += r.decode_stretch.has_value();
   ASSIGN_OR_RETURN(out.decode_corun,
                    MedianOf(runs, &CalibrationRunFactors::decode_corun, &out.corun_runs));
-  std::vector<double> cost, mean;
-  std::vector<size_t> cost_run, mean_run;
-  for (size_t i = 0; i < runs.size(); ++i) {
-    if (runs[i].client_cpu) {
-      cost.push_back(runs[i].client_cpu->Seconds(output_tokens));
-      cost_run.push_back(i);
-    }
-    if (!runs[i].outside_s.empty()) {
-      mean.push_back(Mean(runs[i].outside_s));
-      mean_run.push_back(i);
-    }
-  }
-  out.client_runs = static_cast<int>(cost.size());
-  out.outside_runs = static_cast<int>(mean.size());
-  if (!cost.empty()) {
-    ASSIGN_OR_RETURN(const size_t k, UpperMedianIndex(cost));
-    out.client_run = cost_run[k];
-    out.client_cpu = runs[cost_run[k]].client_cpu;
-  }
-  if (!mean.empty()) {
-    auto k = UpperMedianIndex(mean);
-    if (!k.ok()) return InvalidArgument("CombineCalibrationRuns: an outside sample is not finite");
-    out.outside_run = mean_run[*k];
-    out.outside_s = runs[mean_run[*k]].outside_s;
-    out.inbound_s = runs[mean_run[*k]].inbound_s;
+  ASSIGN_OR_RETURN(out.client_run, MedianRun(runs, client_key, "a client CPU cost is not finite",
+                                             &out.client_runs));
+  if (out.client_run) out.client_cpu = runs[*out.client_run].client_cpu;
+  ASSIGN_OR_RETURN(out.outside_run, MedianRun(runs, outside_key, "an outside sample is not finite",
+                                              &out.outside_runs));
+  if (out.outside_run) {
+    out.outside_s = runs[*out.outside_run].outside_s;
+    out.inbound_s = runs[*out.outside_run].inbound_s;
   }
   for (const CalibrationRunFactors& r : runs) {
     for (auto [from, to, count] :
