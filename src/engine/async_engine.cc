@@ -60,6 +60,10 @@ class AsyncEngineImpl final : public AsyncEngine {
 
   void Loop();
   void PollBeforeWaiting();  // options_.idle_poll_us: spin on news_ before the condvar wait
+  // A Step would do something now. A stalled engine (Engine::Stalled) waits for news like an
+  // idle one instead of spinning on empty steps, which would take the CPU from the threads
+  // (fabric, messenger) that bring the KV or release the pages it waits for.
+  bool Runnable() const { return engine_->HasWork() && !engine_->Stalled(); }
   // Moves queued submissions and aborts into the engine (loop thread).
   void Drain(std::vector<Submission>* submissions, std::vector<int64_t>* aborts);
   void Deliver(const RequestOutput& out);  // calls the callback; forgets finished requests
@@ -243,7 +247,7 @@ void AsyncEngineImpl::Loop() {
       std::unique_lock<std::mutex> lock(mu_);
       auto ready = [&] {
         return stop_ || !submissions_.empty() || !aborts_.empty() || !kv_ready_.empty() ||
-               !releases_.empty() || engine_->HasWork();
+               !releases_.empty() || Runnable();
       };
       if (options_.warm_period_s > 0 && engine_->AwaitsKv()) {
         // Idle but for transfers in flight: keep what the first decode step reads cached.
@@ -303,7 +307,7 @@ void AsyncEngineImpl::Loop() {
 }
 
 void AsyncEngineImpl::PollBeforeWaiting() {
-  if (options_.idle_poll_us <= 0 || engine_->HasWork()) return;
+  if (options_.idle_poll_us <= 0 || Runnable()) return;
   IdlePollOptions po;
   po.budget_ns = options_.idle_poll_us * 1000;
   // news_ is set with everything the loop is woken for (under mu_, which the wait then takes).

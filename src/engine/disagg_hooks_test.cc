@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <tuple>
 
 #include "engine/async_engine.h"
@@ -79,6 +81,62 @@ TEST(DisaggSchedulerTest, ReservationsWaitFcfsForFreePages) {
   EXPECT_EQ(s.ReserveRemoteKv(), (std::vector<int64_t>{2, 3}));
   EXPECT_EQ(s.num_awaiting_kv(), 2);
   EXPECT_EQ(pool.num_free(), 1);
+}
+
+// A decode instance with every page taken: sequence 1 decodes, sequence 2's KV has arrived into
+// the rest. Sequence 1 needs a page, preempts itself and waits at the front, needing 5 pages of
+// the 4 free: the 6 it waits for are sequence 2's, which must pass it and run (the CI hang of
+// MessengerGoldenTest.ConcurrentRequestsAllMatch/hnd_page1_budget64).
+class PreemptedBeforeAKvReadySequence : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(s_.AddRemoteKvSequence(1, PromptOf(4, 1), 0.0).ok());
+    ASSERT_EQ(s_.ReserveRemoteKv(), std::vector<int64_t>{1});
+    ASSERT_TRUE(s_.MarkKvReady(1).ok());
+    ScheduledBatch first = s_.Schedule();
+    ASSERT_EQ(first.seqs.size(), 1u);
+    s_.Update(first, std::vector<SeqUpdate>{{1, 5, false}});
+    ASSERT_TRUE(s_.AddRemoteKvSequence(2, PromptOf(6, 2), 0.0).ok());
+    ASSERT_EQ(s_.ReserveRemoteKv(), std::vector<int64_t>{2});
+    ASSERT_TRUE(s_.MarkKvReady(2).ok());
+    ASSERT_EQ(pool_.num_free(), 0);
+    ScheduledBatch preempting = s_.Schedule();
+    ASSERT_TRUE(preempting.empty());
+    ASSERT_EQ(preempting.preempted_seq_ids, std::vector<int64_t>{1});
+    ASSERT_EQ(pool_.num_free(), 4);
+  }
+  PagePool pool_{10};
+  SimClock clock_;
+  Scheduler s_{Opts(16), &pool_, /*page_size=*/1, &clock_};
+};
+
+TEST_F(PreemptedBeforeAKvReadySequence, TheKvReadySequencePassesAndThenThePreemptedOneRuns) {
+  ScheduledBatch batch = s_.Schedule();
+  ASSERT_EQ(batch.seqs.size(), 1u);
+  EXPECT_EQ(batch.seqs[0].seq_id, 2);
+  EXPECT_TRUE(batch.seqs[0].is_decode);
+  EXPECT_EQ(pool_.num_free(), 4);  // it took no page: sequence 1 still waits for 5
+  EXPECT_EQ(s_.Find(1)->state, SeqState::kWaiting);
+  s_.Update(batch, std::vector<SeqUpdate>{{2, 7, true}});
+  EXPECT_EQ(pool_.num_free(), 10);
+  batch = s_.Schedule();
+  ASSERT_EQ(batch.seqs.size(), 1u);
+  EXPECT_EQ(batch.seqs[0].seq_id, 1);
+  EXPECT_EQ(batch.seqs[0].start_pos, 0);  // recomputed: its prompt and its token
+  EXPECT_EQ(batch.seqs[0].num_tokens, 5);
+}
+
+TEST_F(PreemptedBeforeAKvReadySequence, NoReservationTakesThePagesThePreemptedOneWaitsFor) {
+  ASSERT_TRUE(s_.AddRemoteKvSequence(3, PromptOf(2, 3), 0.0).ok());
+  EXPECT_TRUE(s_.ReserveRemoteKv().empty());  // 2 of the 4 free would leave it waiting
+  ScheduledBatch batch = s_.Schedule();       // sequence 2 runs and finishes
+  s_.Update(batch, std::vector<SeqUpdate>{{2, 7, true}});
+  EXPECT_TRUE(s_.ReserveRemoteKv().empty());  // sequence 1 still waits (admitted next step)
+  batch = s_.Schedule();
+  ASSERT_EQ(batch.seqs.size(), 1u);
+  EXPECT_EQ(batch.seqs[0].seq_id, 1);
+  EXPECT_EQ(s_.ReserveRemoteKv(), std::vector<int64_t>{3});
+  EXPECT_EQ(pool_.num_free(), 3);
 }
 
 TEST(DisaggSchedulerTest, AbortReleasesPagesInEveryRemoteState) {
@@ -423,6 +481,117 @@ TEST(DisaggAsyncEngineTest, AbortingARemoteKvRequestFreesItsReservedPages) {
   async->Shutdown();
   EXPECT_EQ(async->stats().num_free_pages, 8);
   EXPECT_EQ(async->stats().num_awaiting_kv, 0);
+}
+
+// Counts Step calls, forwarding everything to a real Engine (the loop's calls are what is tested).
+class StepCountingEngine final : public Engine {
+ public:
+  explicit StepCountingEngine(std::unique_ptr<Engine> inner) : inner_(std::move(inner)) {}
+  int64_t steps() const { return steps_.load(); }
+  int64_t stalled_steps() const { return stalled_steps_.load(); }
+
+  Status ValidateRequest(const Request& r) const override { return inner_->ValidateRequest(r); }
+  Status AddRequest(Request r) override { return inner_->AddRequest(std::move(r)); }
+  void Abort(int64_t id) override { inner_->Abort(id); }
+  bool HasWork() const override { return inner_->HasWork(); }
+  bool Stalled() const override { return inner_->Stalled(); }
+  Result<std::vector<RequestOutput>> Step() override {
+    auto out = inner_->Step();
+    ++steps_;
+    if (inner_->Stalled()) ++stalled_steps_;
+    return out;
+  }
+  EngineStats stats() const override { return inner_->stats(); }
+  const model::ModelConfig& config() const override { return inner_->config(); }
+  ModelRunner& runner() override { return inner_->runner(); }
+  Status AddPrefillOnlyRequest(Request r) override {
+    return inner_->AddPrefillOnlyRequest(std::move(r));
+  }
+  void ReleasePages(std::span<const int32_t> pages) override { inner_->ReleasePages(pages); }
+  void RetainPages(std::span<const int32_t> pages) override { inner_->RetainPages(pages); }
+  void SetStepObserver(StepObserver o) override { inner_->SetStepObserver(std::move(o)); }
+  Status AddRemoteKvRequest(Request r) override { return inner_->AddRemoteKvRequest(std::move(r)); }
+  std::vector<KvReservation> TakeKvReservations() override { return inner_->TakeKvReservations(); }
+  Status MarkKvReady(int64_t id) override { return inner_->MarkKvReady(id); }
+  bool AwaitsKv() const override { return inner_->AwaitsKv(); }
+  size_t WarmCaches(size_t max_bytes, const std::function<bool()>& stop) override {
+    return inner_->WarmCaches(max_bytes, stop);
+  }
+
+ private:
+  std::unique_ptr<Engine> inner_;
+  std::atomic<int64_t> steps_{0};
+  std::atomic<int64_t> stalled_steps_{0};
+};
+
+TEST(DisaggEngineTest, AStepThatCanScheduleNothingLeavesTheEngineStalledUntilPagesCome) {
+  auto engine = MakeEngine(4, 4, 16);
+  ASSERT_TRUE(engine->AddRemoteKvRequest(MakeRequest(1, PromptOf(9, 1), 1)).ok());
+  ASSERT_EQ(engine->TakeKvReservations().size(), 1u);                       // 3 of the 4 pages
+  ASSERT_TRUE(engine->AddRequest(MakeRequest(2, PromptOf(8, 2), 1)).ok());  // needs 3
+  EXPECT_FALSE(engine->Stalled());
+  auto out = engine->Step();
+  ASSERT_TRUE(out.ok());
+  EXPECT_TRUE(out->empty());
+  EXPECT_TRUE(engine->HasWork());
+  EXPECT_TRUE(engine->Stalled());
+  engine->Abort(2);
+  EXPECT_FALSE(engine->Stalled());  // an abort to report
+  ASSERT_TRUE(engine->AddRequest(MakeRequest(3, PromptOf(8, 3), 1)).ok());
+  ASSERT_TRUE(engine->Step().ok());  // reports the abort; request 3 cannot start
+  EXPECT_TRUE(engine->Stalled());
+  ASSERT_TRUE(engine->MarkKvReady(1).ok());
+  out = engine->Step();  // request 1 decodes its one token and ends
+  ASSERT_TRUE(out.ok());
+  EXPECT_FALSE(engine->Stalled());
+  ASSERT_EQ(out->size(), 1u);
+  EXPECT_TRUE((*out)[0].finished());
+  out = engine->Step();  // request 3 now has its pages
+  ASSERT_TRUE(out.ok());
+  ASSERT_EQ(out->size(), 1u);
+  EXPECT_EQ((*out)[0].request_id, 3);
+}
+
+// An engine that can schedule nothing until pages come (a request waits for pages a remote-KV
+// one holds while its KV is on its way) sleeps: no empty steps while nothing changes.
+TEST(DisaggAsyncEngineTest, AStalledLoopWaitsForNewsInsteadOfSpinning) {
+  auto counting = std::make_unique<StepCountingEngine>(MakeEngine(4, 4, 16));
+  StepCountingEngine* engine = counting.get();
+  auto async = MakeAsync(std::move(counting));
+  Box<std::vector<int32_t>> reserved;
+  Box<FinishReason> first, second;
+  SamplingParams p;
+  p.max_tokens = 1;
+  auto remote = async->SubmitRemoteKv(
+      PromptOf(9, 1), p,
+      [&](const RequestOutput& out) {
+        if (out.finished()) first.Set(out.finish_reason);
+      },
+      [&](int64_t, const std::vector<int32_t>& pages) { reserved.Set(pages); });
+  ASSERT_TRUE(remote.ok());
+  std::vector<int32_t> pages;
+  ASSERT_TRUE(reserved.Wait(&pages));  // 3 of the 4 pages
+  auto normal = async->Submit(PromptOf(8, 2), p, [&](const RequestOutput& out) {
+    if (out.finished()) second.Set(out.finish_reason);
+  });
+  ASSERT_TRUE(normal.ok());
+  const auto end = std::chrono::steady_clock::now() + kDeadline;
+  while (engine->stalled_steps() == 0 && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_GE(engine->stalled_steps(), 1);
+  const int64_t steps = engine->steps();
+  // Nothing changes here: a spinning loop would run thousands of empty steps meanwhile.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(engine->steps(), steps);
+  async->MarkKvReady(*remote);  // the news: both requests run to their end
+  FinishReason a = FinishReason::kNone, b = FinishReason::kNone;
+  ASSERT_TRUE(first.Wait(&a));
+  ASSERT_TRUE(second.Wait(&b));
+  EXPECT_EQ(a, FinishReason::kLength);
+  EXPECT_EQ(b, FinishReason::kLength);
+  async->Shutdown();
+  EXPECT_EQ(async->stats().num_free_pages, 4);
 }
 
 }  // namespace

@@ -37,6 +37,7 @@ class EngineImpl final : public Engine {
   Status AddRequest(Request request) override;
   void Abort(int64_t request_id) override;
   bool HasWork() const override { return scheduler_.HasWork() || !aborted_.empty(); }
+  bool Stalled() const override { return stalled_ && aborted_.empty(); }
   Result<std::vector<RequestOutput>> Step() override;
   EngineStats stats() const override;
   const model::ModelConfig& config() const override { return runner_->config(); }
@@ -74,6 +75,7 @@ class EngineImpl final : public Engine {
   ForwardBatch forward_batch_;          // reused every step
   ForwardOutput forward_output_;
   StepObserver observer_;
+  bool stalled_ = false;  // the last Step scheduled nothing and preempted nothing
 };
 
 Status EngineImpl::ValidateRequest(const Request& request) const {
@@ -248,6 +250,7 @@ Result<std::vector<RequestOutput>> EngineImpl::Step() {
   std::vector<RequestOutput> outputs = std::move(aborted_);
   aborted_.clear();
   ScheduledBatch batch = scheduler_.Schedule();
+  stalled_ = batch.empty() && batch.preempted_seq_ids.empty();
   if (batch.empty()) return outputs;
   TraceSpan span(options_.runner.tracer, "step", "engine");  // what the step ran
   if (span.enabled()) {

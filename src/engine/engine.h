@@ -86,6 +86,10 @@ class Engine {
   // Finishes the request with kAbort at the next Step and frees its pages at once.
   virtual void Abort(int64_t request_id) = 0;
   virtual bool HasWork() const = 0;
+  // HasWork, but the last Step scheduled nothing and preempted nothing: the waiting sequences
+  // wait for pages (held by sequences awaiting their KV, or retained), and another Step does
+  // nothing until a request is added or aborted, a KV arrives or pages are released.
+  virtual bool Stalled() const = 0;
   // Runs one step; returns news for every request that got tokens or finished.
   virtual Result<std::vector<RequestOutput>> Step() = 0;
   virtual EngineStats stats() const = 0;

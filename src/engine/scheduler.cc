@@ -75,6 +75,9 @@ Status Scheduler::AddRemoteKvSequence(int64_t id, std::vector<int32_t> prompt_id
 
 std::vector<int64_t> Scheduler::ReserveRemoteKv() {
   std::vector<int64_t> reserved;
+  // A waiting sequence (preempted, or new) came first: the pages it needs are not reserved away
+  // from it (else a stream of transfers could keep a preempted sequence waiting for ever).
+  if (WaitingNeedsPages()) return reserved;
   while (!reserve_queue_.empty()) {
     Sequence* seq = reserve_queue_.front();
     if (!GrowPages(seq, seq->num_prompt_tokens)) break;  // FCFS: nobody jumps ahead
@@ -237,20 +240,47 @@ void Scheduler::ScheduleRunning(StepState* step, bool decodes) {
 
 void Scheduler::ScheduleWaiting(StepState* step) {
   if (step->preempted) return;
-  while (!waiting_.empty() && step->budget > 0 &&
+  // Once a sequence waits for pages, only those holding every page they need (a remote-KV one
+  // whose KV has arrived) may pass it: they take nothing from the pool, and the pages it waits
+  // for may be theirs, freed only when they run.
+  bool blocked = false;
+  auto it = waiting_.begin();
+  while (it != waiting_.end() && step->budget > 0 &&
          static_cast<int>(running_.size()) < options_.max_num_seqs) {
-    Sequence* seq = waiting_.front();
+    Sequence* seq = *it;
     int remaining = seq->num_tokens() - seq->num_computed_tokens;
-    if (remaining > step->budget && !options_.enable_chunked_prefill) return;
+    const bool fits = remaining <= step->budget || options_.enable_chunked_prefill;
     int num_new = std::min(remaining, step->budget);
-    if (!GrowPages(seq, PagesTarget(*seq, num_new))) return;  // FCFS: nobody jumps ahead
-    waiting_.pop_front();
+    if (blocked) {
+      if (!fits || NeedsPages(*seq, num_new)) {
+        ++it;
+        continue;
+      }
+    } else {
+      if (!fits) return;  // FCFS: nobody jumps ahead for the budget
+      if (!GrowPages(seq, PagesTarget(*seq, num_new))) {
+        blocked = true;
+        ++it;
+        continue;
+      }
+    }
+    it = waiting_.erase(it);
     seq->state = SeqState::kRunning;
     running_.push_back(seq);
     if (seq->first_scheduled_time < 0) seq->first_scheduled_time = step->batch.time;
     AddToBatch(&step->batch, seq, num_new);
     step->budget -= num_new;
   }
+}
+
+bool Scheduler::NeedsPages(const Sequence& seq, int num_new) const {
+  return PagesFor(PagesTarget(seq, num_new)) > static_cast<int>(seq.page_table.size());
+}
+
+bool Scheduler::WaitingNeedsPages() const {
+  return std::any_of(waiting_.begin(), waiting_.end(), [&](const Sequence* seq) {
+    return NeedsPages(*seq, seq->num_tokens() - seq->num_computed_tokens);
+  });
 }
 
 ScheduledBatch Scheduler::Schedule() {

@@ -11,7 +11,8 @@
 //   1. running sequences that decode (one token each), oldest first;
 //   2. running sequences still prefilling (a chunk each), oldest first;
 //   3. waiting sequences, FCFS, while max_num_seqs and the token budget allow; a prompt larger
-//      than the remaining budget gets a chunk (enable_chunked_prefill) or waits.
+//      than the remaining budget gets a chunk (enable_chunked_prefill) or waits. Behind one that
+//      waits for pages only sequences that already hold theirs (remote-KV, their KV arrived) pass.
 // Pages are allocated as positions grow. When a running sequence needs a page and the pool is
 // empty, the newest running sequence is preempted by recompute: its pages are released and it goes
 // back to the front of the waiting queue, to re-prefill its prompt and generated tokens. No
@@ -28,7 +29,9 @@
 //   - remote-KV (decode instance): its prompt's KV arrives from elsewhere. ReserveRemoteKv()
 //     allocates pages for the whole prompt (FCFS, when the free pages hold them); it then waits,
 //     out of scheduling and never a victim, until MarkKvReady; then num_computed_tokens is
-//     prompt - 1 and its last prompt token runs as its first decode step.
+//     prompt - 1 and its last prompt token runs as its first decode step. It holds its pages
+//     while it waits, so it passes a waiting sequence that needs pages (which might be its own),
+//     and no reservation is made while a waiting sequence needs pages (it came first).
 #pragma once
 
 #include <cstdint>
@@ -115,7 +118,8 @@ class Scheduler {
   // A remote-KV sequence, queued for its page reservation. Errors as AddSequence.
   Status AddRemoteKvSequence(int64_t id, std::vector<int32_t> prompt_ids, double arrival_time);
   // Reserves pages for queued remote-KV sequences, FCFS while the free pages hold the next one's
-  // prompt; returns the ids reserved now (their page tables: Find(id)->page_table).
+  // prompt and no waiting sequence needs pages (it came first); returns the ids reserved now
+  // (their page tables: Find(id)->page_table).
   std::vector<int64_t> ReserveRemoteKv();
   // The KV of a reserved remote-KV sequence has arrived: it joins the front of the waiting queue.
   // NotFound for an unknown id, FailedPrecondition when it is not awaiting its KV.
@@ -150,6 +154,11 @@ class Scheduler {
   void Preempt(Sequence* seq);
   void ScheduleRunning(StepState* step, bool decodes);
   void ScheduleWaiting(StepState* step);
+  // True when running num_new more tokens of `seq` needs pages its table lacks.
+  bool NeedsPages(const Sequence& seq, int num_new) const;
+  // A waiting sequence needs pages it does not hold (one holding all it needs is a remote-KV
+  // sequence whose KV arrived).
+  bool WaitingNeedsPages() const;
   Sequence* PickVictim();
   Status Add(int64_t id, std::vector<int32_t> prompt_ids, double arrival_time, Sequence** added);
 
