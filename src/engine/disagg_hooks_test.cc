@@ -555,11 +555,11 @@ TEST(DisaggEngineTest, AStepThatCanScheduleNothingLeavesTheEngineStalledUntilPag
 // An engine that can schedule nothing until pages come (a request waits for pages a remote-KV
 // one holds while its KV is on its way) sleeps: no empty steps while nothing changes.
 TEST(DisaggAsyncEngineTest, AStalledLoopWaitsForNewsInsteadOfSpinning) {
+  Box<std::vector<int32_t>> reserved;  // before the engine: its shutdown may still call back
+  Box<FinishReason> first, second;
   auto counting = std::make_unique<StepCountingEngine>(MakeEngine(4, 4, 16));
   StepCountingEngine* engine = counting.get();
   auto async = MakeAsync(std::move(counting));
-  Box<std::vector<int32_t>> reserved;
-  Box<FinishReason> first, second;
   SamplingParams p;
   p.max_tokens = 1;
   auto remote = async->SubmitRemoteKv(

@@ -158,29 +158,40 @@ struct Outcome {
 };
 
 // A request submitted through any AsyncEngine, its outputs collected until it ends: a test can act
-// on it between Submit and Wait (a refused Submit ends it at once, with kError).
+// on it between Submit and Wait (a refused Submit ends it at once, with kError). One that has not
+// ended when its PendingRequest goes (a test that failed waiting for it) is aborted, and its late
+// outputs land in state the callback shares, never in freed memory.
 class PendingRequest {
  public:
   PendingRequest(engine::AsyncEngine& engine, const std::vector<int32_t>& prompt,
-                 const engine::SamplingParams& params) {
-    auto id = engine.Submit(prompt, params, [this](const engine::RequestOutput& out) {
-      std::lock_guard<std::mutex> lock(mu_);
-      outcome_.tokens.insert(outcome_.tokens.end(), out.new_token_ids.begin(),
-                             out.new_token_ids.end());
+                 const engine::SamplingParams& params)
+      : engine_(engine), state_(std::make_shared<State>()) {
+    auto id = engine.Submit(prompt, params, [state = state_](const engine::RequestOutput& out) {
+      std::lock_guard<std::mutex> lock(state->mu);
+      state->outcome.tokens.insert(state->outcome.tokens.end(), out.new_token_ids.begin(),
+                                   out.new_token_ids.end());
       if (out.finished()) {
-        outcome_.finish = out.finish_reason;
-        outcome_.error = out.error;
-        done_ = true;
-        cv_.notify_all();
+        state->outcome.finish = out.finish_reason;
+        state->outcome.error = out.error;
+        state->done = true;
+        state->cv.notify_all();
       }
     });
     if (id.ok()) {
       id_ = *id;
     } else {
-      outcome_.finish = engine::FinishReason::kError;
-      outcome_.error = id.status();
-      done_ = true;
+      state_->outcome.finish = engine::FinishReason::kError;
+      state_->outcome.error = id.status();
+      state_->done = true;
     }
+  }
+  ~PendingRequest() {
+    bool done;
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      done = state_->done;
+    }
+    if (!done) engine_.Abort(id_);
   }
   PendingRequest(const PendingRequest&) = delete;
   PendingRequest& operator=(const PendingRequest&) = delete;
@@ -190,17 +201,22 @@ class PendingRequest {
 
   // The outcome once the request has ended (a test failure if it has not after `timeout_s`).
   Outcome Wait(double timeout_s = kDeadlineS) {
-    std::unique_lock<std::mutex> lock(mu_);
-    EXPECT_TRUE(cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return done_; }))
-        << "request did not finish";
-    return outcome_;
+    std::unique_lock<std::mutex> lock(state_->mu);
+    EXPECT_TRUE(state_->cv.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] {
+      return state_->done;
+    })) << "request did not finish";
+    return state_->outcome;
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  Outcome outcome_;
-  bool done_ = false;
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    Outcome outcome;
+    bool done = false;
+  };
+  engine::AsyncEngine& engine_;
+  std::shared_ptr<State> state_;
   int64_t id_ = -1;
 };
 
