@@ -67,6 +67,10 @@ struct Calibration {
   // (InstanceConfig::step_factors), the prefill instance's are printed beside; null when not
   // measured.
   std::shared_ptr<const std::vector<double>> decode_step_factors, prefill_step_factors;
+  // The prefill engine's loop between back-to-back steps (planner::PrefillLoopGap; a rate's
+  // calibration runs' median), the simulated prefill instance's InstanceConfig::loop_gap_s;
+  // 0 when not measured.
+  double prefill_loop_gap_s = 0.0;
   const planner::ClientCpuCost& StretchCpu() const {
     return client_cpu_loaded ? *client_cpu_loaded : client_cpu;
   }

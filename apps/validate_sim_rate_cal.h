@@ -76,6 +76,8 @@ inline int CalRunPrompts(const ValidateFlags& f) {
 inline constexpr int64_t kMinCalRunSteps = 150;
 inline constexpr int64_t kMinCalRunCorun = 60;
 inline constexpr int64_t kMinCalRunPrefillSteps = 50;  // 100 requests took 60-100 prefill steps
+// Back-to-back prefill steps for the loop gap (a 600-request round at 60% load had ~2,400).
+inline constexpr int64_t kMinCalRunLoopGaps = 20;
 
 // The seed of round `round`'s calibration runs: neither the rounds' (f.seed), the reseeded
 // simulations' (f.seed + 1..sampling_seeds), the warm-up's nor the load run's.
@@ -140,6 +142,9 @@ inline planner::CalibrationRunFactors FactorsOfRun(
     if (static_cast<int64_t>(p.size()) >= kMinCalRunPrefillSteps) {
       out.prefill_step_factors = std::move(p);
     }
+    auto gap = planner::PrefillLoopGap(InWindow(steps->prefill, run.begin_s, run.end_s), *traced,
+                                       kMaxLoopGapS, kMinCalRunLoopGaps);
+    if (gap.ok()) out.prefill_loop_gap_s = *gap;
   }
   if (traced.ok() && !run.client.empty()) {
     auto j = JoinRun(run.client, TracedIn(*traced, run.begin_s, run.end_s));
@@ -305,6 +310,7 @@ inline Result<Calibration> ApplyRateCalibration(const ValidateFlags& f,
   if (!rc.prefill_step_factors.empty()) {
     cal.prefill_step_factors = std::make_shared<const std::vector<double>>(rc.prefill_step_factors);
   }
+  if (rc.prefill_loop_gap_s) cal.prefill_loop_gap_s = *rc.prefill_loop_gap_s;
   if (!rc.outside_s.empty()) {
     ASSIGN_OR_RETURN(cal.outside, planner::OutsideLatency::SampledWithInbound(
                                       rc.outside_s, rc.inbound_s, f.seed));
@@ -342,9 +348,17 @@ inline Result<Calibration> CalibrationAtRate(
         "step x%.3f, per sequence x%.3f\n",
         rc.pooled_split_runs, *rc.pooled_decode_stretch, *rc.pooled_decode_seq_stretch);
   }
+  std::printf("    prefill loop gap between back-to-back steps, mean %s ms -> %.3f (%d runs)\n",
+              Each(runs,
+                   [](const planner::CalibrationRunFactors& r) {
+                     return r.prefill_loop_gap_s ? Fmt("%.3f", *r.prefill_loop_gap_s * 1e3) : "-";
+                   })
+                  .c_str(),
+              cal.prefill_loop_gap_s * 1e3, rc.loop_gap_runs);
   *json = OverheadsJson(cal);
   (*json)["rate"] = rc.rate;
   (*json)["calibration_runs"] = rc.runs;
+  (*json)["prefill_loop_gap_s"] = {{"mean_s", cal.prefill_loop_gap_s}, {"runs", rc.loop_gap_runs}};
   for (const auto& [key, k, run] :
        {std::tuple{"decode_step_factors", &rc.decode_step_factors, rc.step_factor_runs},
         std::tuple{"prefill_step_factors", &rc.prefill_step_factors, rc.prefill_factor_runs}}) {

@@ -72,6 +72,9 @@ struct RateReport {
   // instead of the split over the rate's runs together, printed beside it; unset when the runs
   // gave no pooled split.
   std::optional<planner::Summary> own_split;
+  // The per-rate-median rule's simulation without the prefill instance's loop gap
+  // (Calibration::prefill_loop_gap_s), printed beside it; unset when none was measured.
+  std::optional<planner::Summary> without_loop_gap;
 };
 
 inline nlohmann::json OverheadsJson(const Calibration& cal) {

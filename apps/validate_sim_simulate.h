@@ -151,8 +151,12 @@ inline Result<std::vector<planner::InstanceConfig>> CalibratedAt(const ValidateF
       Slowed(Instances(f, c, cal.overheads, kv_tokens), k, decode_seq);
   // The decode instance replays its traced slowness (Calibration::decode_step_factors); the
   // prefill instance's factors are printed beside, not used (apps/validate_sim_rate_cal.h).
-  for (auto& inst : insts)
+  // The prefill instance's loop between its steps, measured under load at this rate; the
+  // decode instance's is in its calibrated step (the probes' TPOT and the traced stretch hold it).
+  for (auto& inst : insts) {
     if (inst.role == planner::Role::kDecode) inst.step_factors = cal.decode_step_factors;
+    if (inst.role == planner::Role::kPrefill) inst.loop_gap_s = cal.prefill_loop_gap_s;
+  }
   return insts;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 #include <string>
 #include <tuple>
@@ -40,6 +41,47 @@ Result<double> PrefillBusyStretch(std::span<const StepRecord> real, std::span<co
     return FailedPrecondition("prefill busy stretch: no simulated prefill time");
   }
   return real_s / sim_s;
+}
+
+Result<double> PrefillLoopGap(std::span<const StepRecord> steps,
+                              std::span<const TracedRequest> traced, double max_gap_s,
+                              int64_t min_gaps) {
+  // The earliest arrival among each step's requests, by the step's start.
+  std::map<double, double> first_arrival;
+  for (const TracedRequest& r : traced) {
+    auto [it, added] = first_arrival.emplace(r.step_begin_s, r.arrived_s());
+    if (!added) it->second = std::min(it->second, r.arrived_s());
+  }
+  // A step's start as read from its "step" event and from the request's trace may differ in the
+  // last bits; the nearest within this is the same step.
+  constexpr double kSameStepS = 1e-6;
+  const auto arrival_of = [&](double start) -> std::optional<double> {
+    auto it = first_arrival.lower_bound(start - kSameStepS);
+    if (it == first_arrival.end() || it->first > start + kSameStepS) return std::nullopt;
+    return it->second;
+  };
+  double sum = 0;
+  int64_t n = 0;
+  const StepRecord* last = nullptr;
+  for (const StepRecord& s : steps) {
+    if (s.prefill_tokens <= 0) continue;
+    if (last != nullptr) {
+      const double end = last->start_s + last->duration_s;
+      const double gap = s.start_s - end;
+      const std::optional<double> arrived = arrival_of(s.start_s);
+      if (arrived && *arrived < end && gap >= 0 && gap <= max_gap_s) {
+        sum += gap;
+        ++n;
+      }
+    }
+    last = &s;
+  }
+  if (n < min_gaps) {
+    return FailedPrecondition("prefill loop gap: " + std::to_string(n) +
+                              " back-to-back prefill steps traced, need " +
+                              std::to_string(min_gaps));
+  }
+  return sum / static_cast<double>(n);
 }
 
 namespace {
@@ -132,6 +174,10 @@ Status CheckRuns(std::span<const CalibrationRunFactors> runs, double output_toke
         return InvalidArgument("CombineCalibrationRuns: a decode stretch is not finite");
       }
     }
+    if (r.prefill_loop_gap_s &&
+        !(std::isfinite(*r.prefill_loop_gap_s) && *r.prefill_loop_gap_s >= 0)) {
+      return InvalidArgument("CombineCalibrationRuns: a prefill loop gap is not finite and >= 0");
+    }
   }
   return OkStatus();
 }
@@ -146,6 +192,8 @@ Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFac
   out.runs = static_cast<int>(runs.size());
   ASSIGN_OR_RETURN(out.prefill_stretch,
                    MedianOf(runs, &CalibrationRunFactors::prefill_stretch, &out.prefill_runs));
+  ASSIGN_OR_RETURN(out.prefill_loop_gap_s,
+                   MedianOf(runs, &CalibrationRunFactors::prefill_loop_gap_s, &out.loop_gap_runs));
   // The runs' keys for the figures taken whole from one run.
   const auto decode_key = [](const CalibrationRunFactors& r) -> std::optional<double> {
     if (!r.decode_stretch) return std::nullopt;

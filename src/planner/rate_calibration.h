@@ -37,11 +37,26 @@ Result<size_t> UpperMedianIndex(std::span<const double> values);
 Result<double> PrefillBusyStretch(std::span<const StepRecord> real, std::span<const StepRecord> sim,
                                   int64_t min_steps);
 
+// The prefill engine's loop between back-to-back steps (InstanceConfig::loop_gap_s): the mean of
+// next step's start less this step's end over the consecutive steps (`steps`: start order, those
+// with prompt tokens counted) where the next one had work waiting as this one ended: a request it
+// computed (`traced`, matched to its step by TracedRequest::step_begin_s) had reached the
+// instance (arrived_s) by then. Gaps over `max_gap_s` are left out (an engine waiting for its
+// core, not its loop). A traced run (2026-11-30 18:53): 0.25 ms at p50, 0.45 at p90, 0.75 at
+// p99 over 2,446 such gaps, where an idle engine started 0.027 ms after a request came; a
+// prompt queued behind k others paid k of them, which the simulation left out (its TTFT of
+// requests it queued ran 0.2-1.6 ms short at the median). FailedPrecondition under `min_gaps`.
+Result<double> PrefillLoopGap(std::span<const StepRecord> steps,
+                              std::span<const TracedRequest> traced, double max_gap_s,
+                              int64_t min_gaps);
+
 // One traced calibration run's figures; a part it could not give is unset (or empty).
 struct CalibrationRunFactors {
   double rate = 0.0;
   // PrefillBusyStretch on this run: unset when too few steps were traced.
   std::optional<double> prefill_stretch;
+  // PrefillLoopGap on this run: unset when too few gaps were traced.
+  std::optional<double> prefill_loop_gap_s;
   // The bench client's and router's CPU under load, in the probes' split (LoadedClientCpuCost).
   std::optional<ClientCpuCost> client_cpu;
   // DecodeFactorsUnderLoad on this run: unset when too few steps were traced.
@@ -83,6 +98,7 @@ struct RateCalibration {
   int runs = 0;
   std::optional<ClientCpuCost> client_cpu;
   std::optional<double> prefill_stretch, decode_stretch, decode_seq_stretch, decode_corun;
+  std::optional<double> prefill_loop_gap_s;  // the median over the runs that gave one
   // The split fitted over every run's rows together (MergeDecodeStepStats; DecodeFactorsUnderLoad
   // on them), scaled to the taken run's unsplit stretch: per step and per sequence. Unset when
   // fewer than two runs kept rows, their per-step parts differ, or the pooled steps do not split.
@@ -93,7 +109,7 @@ struct RateCalibration {
   std::vector<double> outside_s, inbound_s;  // inbound_s: the same run's, or empty
   std::vector<double> decode_step_factors, prefill_step_factors;
   int client_runs = 0, prefill_runs = 0, stretch_runs = 0, corun_runs = 0, outside_runs = 0,
-      step_factor_runs = 0, prefill_factor_runs = 0;
+      step_factor_runs = 0, prefill_factor_runs = 0, loop_gap_runs = 0;
   // Which run's cost / sample / decode stretch pair was taken.
   std::optional<size_t> client_run, outside_run, decode_run;
 };

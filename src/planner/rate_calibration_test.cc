@@ -60,6 +60,47 @@ TEST(ValidateRateCalibration, PrefillBusyStretchNeedsStepsOnBothSides) {
             StatusCode::kFailedPrecondition);
 }
 
+StepRecord At(double start_s, double duration_s, int64_t prefill_tokens) {
+  StepRecord s = Step(duration_s, prefill_tokens);
+  s.start_s = start_s;
+  return s;
+}
+
+TracedRequest Computed(double got_s, double step_begin_s) {
+  TracedRequest r;
+  r.got_s = got_s;
+  r.step_begin_s = step_begin_s;
+  return r;
+}
+
+// Steps at 0-10, 10.3-20, 20.5-30, 40-50, 50.2-60 and 60.9-70 ms (a decode-only one between);
+// the gaps that count are those whose next step had a request in by the step's end.
+TEST(ValidateRateCalibration, PrefillLoopGapIsTheMeanGapBeforeStepsWhoseWorkWaited) {
+  const std::vector<StepRecord> steps = {At(0.000, 0.010, 100),   At(0.0103, 0.0097, 100),
+                                         At(0.0205, 0.0095, 100), At(0.040, 0.010, 100),
+                                         At(0.045, 0.001, 0),     At(0.0502, 0.0098, 100),
+                                         At(0.0609, 0.0091, 100)};
+  const std::vector<TracedRequest> traced = {
+      Computed(0.000, 0.000),
+      Computed(0.004, 0.0103),            // in by 10 ms: 0.3 ms counts
+      Computed(0.015, 0.0205 + 2e-9),     // in by 20 ms (its step's start read apart): 0.5 ms
+      Computed(0.0399, 0.040),            // came after 30 ms: the engine was idle
+      Computed(0.049, 0.0502),            // in by 50 ms: 0.2 ms counts (the decode step skipped)
+      Computed(0.0601, 0.0609),           // came after 60 ms: idle
+      Computed(0.0605, 0.0609 + 0.0001),  // no such step: ignored
+  };
+  auto gap = PrefillLoopGap(steps, traced, 0.002, 3);
+  ASSERT_TRUE(gap.ok()) << gap.status().ToString();
+  EXPECT_NEAR(*gap, (0.0003 + 0.0005 + 0.0002) / 3, 1e-12);
+  // A gap over max_gap_s is the engine waiting for its core: left out, and then too few.
+  auto capped = PrefillLoopGap(steps, traced, 0.0004, 2);
+  ASSERT_TRUE(capped.ok());
+  EXPECT_NEAR(*capped, (0.0003 + 0.0002) / 2, 1e-12);
+  EXPECT_EQ(PrefillLoopGap(steps, traced, 0.0004, 3).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(PrefillLoopGap(steps, {}, 0.002, 1).status().code(), StatusCode::kFailedPrecondition);
+}
+
 CalibrationRunFactors MakeRun(double rate, double cpu_per_request, double stretch, double corun,
                               std::vector<double> outside) {
   CalibrationRunFactors r;
@@ -69,6 +110,7 @@ CalibrationRunFactors MakeRun(double rate, double cpu_per_request, double stretc
   r.decode_stretch = stretch;
   r.decode_seq_stretch = stretch + 0.2;
   r.decode_corun = corun;
+  r.prefill_loop_gap_s = stretch * 1e-3;
   r.outside_s = std::move(outside);
   for (double o : r.outside_s) r.inbound_s.push_back(o / 2);  // each run's own ways in
   return r;
@@ -91,6 +133,9 @@ TEST(ValidateRateCalibration, OneSlowRunOfThreeMovesNoFactor) {
   EXPECT_DOUBLE_EQ(*c->decode_seq_stretch, 1.24);
   EXPECT_DOUBLE_EQ(*c->prefill_stretch, 1.14);
   EXPECT_EQ(c->prefill_runs, 3);
+  ASSERT_TRUE(c->prefill_loop_gap_s);
+  EXPECT_DOUBLE_EQ(*c->prefill_loop_gap_s, 1.04e-3);
+  EXPECT_EQ(c->loop_gap_runs, 3);
   EXPECT_DOUBLE_EQ(*c->decode_corun, 1.05);
   EXPECT_EQ(c->client_run, 0u);  // 1.7 ms + 32 x 0.1 ms: the middle cost
   EXPECT_DOUBLE_EQ(c->client_cpu->per_request_s, 0.0017);
@@ -275,6 +320,8 @@ TEST(ValidateRateCalibration, FactorsNoRunGaveStayUnset) {
   EXPECT_FALSE(c->decode_stretch);
   EXPECT_FALSE(c->decode_seq_stretch);
   EXPECT_FALSE(c->prefill_stretch);
+  EXPECT_FALSE(c->prefill_loop_gap_s);
+  EXPECT_EQ(c->loop_gap_runs, 0);
   EXPECT_FALSE(c->decode_corun);
   EXPECT_FALSE(c->client_cpu);
   EXPECT_FALSE(c->client_run);
@@ -302,6 +349,11 @@ TEST(ValidateRateCalibration, CombineRefusesNoRunsMixedRatesAndBadFigures) {
   EXPECT_EQ(CombineCalibrationRuns(stretch, 32).status().code(), StatusCode::kInvalidArgument);
   std::vector<CalibrationRunFactors> outside = {MakeRun(10, 0.001, 1, 1, {std::nan("")})};
   EXPECT_EQ(CombineCalibrationRuns(outside, 32).status().code(), StatusCode::kInvalidArgument);
+  for (double bad : {-1e-3, std::nan("")}) {
+    std::vector<CalibrationRunFactors> gap = {MakeRun(10, 0.001, 1, 1, {})};
+    gap[0].prefill_loop_gap_s = bad;
+    EXPECT_EQ(CombineCalibrationRuns(gap, 32).status().code(), StatusCode::kInvalidArgument);
+  }
 }
 
 }  // namespace

@@ -117,6 +117,10 @@ Status Cluster::Init(std::span<const InstanceConfig> configs) {
       return InvalidArgument("instance kv_ready_fraction must be in (0, 1], got " +
                              std::to_string(c.kv_ready_fraction));
     }
+    if (!(std::isfinite(c.loop_gap_s) && c.loop_gap_s >= 0)) {
+      return InvalidArgument("instance loop_gap_s must be finite and >= 0, got " +
+                             std::to_string(c.loop_gap_s));
+    }
     double min_factor = 1.0;
     if (c.step_factors) {
       for (double k : *c.step_factors) {
@@ -390,6 +394,11 @@ void Cluster::OnStepDone(double now, int i) {
     if (item.samples && OnToken(now, inst, item.seq_id)) finished.push_back(item.seq_id);
   }
   inst.sched->Update(batch, finished);
+  if (inst.cfg.loop_gap_s > 0 && now + inst.cfg.loop_gap_s > inst.stage_free_at) {
+    inst.stage_free_at = now + inst.cfg.loop_gap_s;
+    Push(inst.stage_free_at, EventKind::kStageFree, i, -1);
+    return;
+  }
   MarkDirty(i);
 }
 

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -265,6 +266,42 @@ TEST(Simulator, StepFactorsMultiplyAnInstancesStepsInTurn) {
     auto plain = Simulate(insts, ClusterLinks{}, reqs, {});
     ASSERT_TRUE(plain.ok());
     EXPECT_NEAR(plain->requests[0].finish_s, 0.004 + 0.005, 1e-12);
+  }
+}
+
+// The engine loop between steps: a step starts no sooner than loop_gap_s after the last one
+// ended, whether its request queued (1, 2) or came while the loop ran (2); one that comes later
+// starts at once (3).
+TEST(Simulator, LoopGapHoldsTheNextStepAfterAStepEnds) {
+  InstanceConfig inst;
+  inst.role = Role::kColocated;
+  inst.coeffs = ConstantPrefill(4);
+  inst.policy.max_num_seqs = 1;
+  const std::vector<SimRequest> reqs = {
+      {0, 0.0, 10, 1}, {1, 0.001, 10, 1}, {2, 0.0086, 10, 1}, {3, 0.020, 10, 1}};
+  for (double gap : {0.0, 0.0005}) {
+    SCOPED_TRACE(gap);
+    inst.loop_gap_s = gap;
+    auto r = Simulate(std::vector<InstanceConfig>{inst}, ClusterLinks{}, reqs, {});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_NEAR(r->requests[0].ttft_s(), 0.004, 1e-12);
+    EXPECT_NEAR(r->requests[1].ttft_s(), 0.007 + gap, 1e-12);      // 4 + gap .. 8 + gap
+    const double third_start = std::max(0.0086, 0.008 + 2 * gap);  // after the second's gap
+    EXPECT_NEAR(r->requests[2].ttft_s(), third_start + 0.004 - 0.0086, 1e-12);
+    EXPECT_NEAR(r->requests[3].ttft_s(), 0.004, 1e-12);
+  }
+}
+
+TEST(Simulator, RejectsALoopGapThatIsNegativeOrNotFinite) {
+  InstanceConfig inst;
+  inst.role = Role::kColocated;
+  std::vector<SimRequest> reqs = {{0, 0.0, 10, 2}};
+  for (double bad : {-1e-3, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    inst.loop_gap_s = bad;
+    auto r = Simulate(std::vector<InstanceConfig>{inst}, ClusterLinks{}, reqs, {});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("loop_gap_s"), std::string::npos);
   }
 }
 
