@@ -263,17 +263,6 @@ Status SimulateRateReport(const ValidateFlags& f, const bench::DatasetSpec& spec
                      SimulateRate(cal_insts, cal_links, reqs, slo, cal.outside, nullptr, nullptr,
                                   /*inbound_hop=*/false));
   }
-  if (cal.decode_step_factors_per_run.size() >= 2) {
-    std::vector<planner::Summary> each;
-    auto one = cal_insts;
-    for (const auto& factors : cal.decode_step_factors_per_run) {
-      for (auto& inst : one)
-        if (inst.role == planner::Role::kDecode) inst.step_factors = factors;
-      ASSIGN_OR_RETURN(planner::Summary s, SimulateRate(one, cal_links, reqs, slo, cal.outside));
-      each.push_back(s);
-    }
-    r->median_over_run_factors = planner::MedianSummary(each);
-  }
   if (cal.prefill_loop_gap_s > 0) {
     auto no_gap = cal_insts;
     for (auto& inst : no_gap) inst.loop_gap_s = 0.0;

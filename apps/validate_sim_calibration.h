@@ -71,9 +71,6 @@ struct Calibration {
   // calibration runs' median), the simulated prefill instance's InstanceConfig::loop_gap_s;
   // 0 when not measured.
   double prefill_loop_gap_s = 0.0;
-  // Each calibration run's own decode step factors (those that gave any), in run order: the
-  // simulation with each in turn, the median of their figures, is printed beside (not used).
-  std::vector<std::shared_ptr<const std::vector<double>>> decode_step_factors_per_run;
   const planner::ClientCpuCost& StretchCpu() const {
     return client_cpu_loaded ? *client_cpu_loaded : client_cpu;
   }

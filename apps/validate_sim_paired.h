@@ -110,9 +110,7 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
         std::pair{"without any step factors", &RateReport::without_step_factors},
         std::pair{"without the way in drawn per request", &RateReport::without_inbound_hop},
         std::pair{"with the median run's own decode split", &RateReport::own_split},
-        std::pair{"without the prefill loop gap", &RateReport::without_loop_gap},
-        std::pair{"the median over each calibration run's decode step factors",
-                  &RateReport::median_over_run_factors}}) {
+        std::pair{"without the prefill loop gap", &RateReport::without_loop_gap}}) {
     std::vector<planner::ComparisonRow> plain;
     for (const RateReport& r : reports) {
       if (!(r.*which)) continue;

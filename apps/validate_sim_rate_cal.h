@@ -355,13 +355,6 @@ inline Result<Calibration> CalibrationAtRate(
                    })
                   .c_str(),
               cal.prefill_loop_gap_s * 1e3, rc.loop_gap_runs);
-  for (const planner::CalibrationRunFactors& r : runs) {
-    if (!r.decode_step_factors.empty()) {
-      cal.decode_step_factors_per_run.push_back(
-          std::make_shared<const std::vector<double>>(r.decode_step_factors));
-    }
-  }
-  if (*own_split) own_split->value().decode_step_factors_per_run = cal.decode_step_factors_per_run;
   *json = OverheadsJson(cal);
   (*json)["rate"] = rc.rate;
   (*json)["calibration_runs"] = rc.runs;

@@ -75,12 +75,6 @@ struct RateReport {
   // The per-rate-median rule's simulation without the prefill instance's loop gap
   // (Calibration::prefill_loop_gap_s), printed beside it; unset when none was measured.
   std::optional<planner::Summary> without_loop_gap;
-  // The per-rate-median rule's simulation once with each calibration run's own decode step
-  // factors (Calibration::decode_step_factors_per_run), the median of those simulations' figures
-  // as the rounds' median is of theirs; printed beside; unset under two such runs. The pooled
-  // sequence puts every run's slow spells into the one simulated round, where the median of
-  // three rounds leaves out a round that met one.
-  std::optional<planner::Summary> median_over_run_factors;
 };
 
 inline nlohmann::json OverheadsJson(const Calibration& cal) {
