@@ -137,13 +137,13 @@ inline planner::CalibrationRunFactors FactorsOfRun(
     std::vector<double> k = planner::DecodeStepFactors(
         InWindow(steps->decode, run.begin_s, run.end_s), ready, kMaxLoopGapS);
     if (static_cast<int64_t>(k.size()) >= kMinCalRunSteps) out.decode_step_factors = std::move(k);
-    std::vector<double> p =
-        planner::PrefillStepFactors(InWindow(steps->prefill, run.begin_s, run.end_s), coeffs);
+    const std::vector<planner::StepRecord> prefill =
+        InWindow(steps->prefill, run.begin_s, run.end_s);
+    std::vector<double> p = planner::PrefillStepFactors(prefill, coeffs);
     if (static_cast<int64_t>(p.size()) >= kMinCalRunPrefillSteps) {
       out.prefill_step_factors = std::move(p);
     }
-    auto gap = planner::PrefillLoopGap(InWindow(steps->prefill, run.begin_s, run.end_s), *traced,
-                                       kMaxLoopGapS, kMinCalRunLoopGaps);
+    auto gap = planner::PrefillLoopGap(prefill, *traced, kMaxLoopGapS, kMinCalRunLoopGaps);
     if (gap.ok()) out.prefill_loop_gap_s = *gap;
   }
   if (traced.ok() && !run.client.empty()) {

@@ -458,18 +458,25 @@ TEST(DisaggAsyncEngineTest, PrefillOnlyAndRemoteKvRoundTripThroughTheLoops) {
   EXPECT_EQ(decode->stats().num_free_pages, 32);
 }
 
+// A remote-KV request whose reserved pages go to `reserved` and whose finish reason to `finish`.
+Result<int64_t> SubmitRemoteKv(AsyncEngine& async, std::vector<int32_t> prompt,
+                               const SamplingParams& p, Box<FinishReason>* finish,
+                               Box<std::vector<int32_t>>* reserved) {
+  return async.SubmitRemoteKv(
+      std::move(prompt), p,
+      [finish](const RequestOutput& out) {
+        if (out.finished()) finish->Set(out.finish_reason);
+      },
+      [reserved](int64_t, const std::vector<int32_t>& pages) { reserved->Set(pages); });
+}
+
 TEST(DisaggAsyncEngineTest, AbortingARemoteKvRequestFreesItsReservedPages) {
   auto async = MakeAsync(MakeEngine(4, 8, 16));
   Box<std::vector<int32_t>> reserved;
   Box<FinishReason> finish;
   SamplingParams p;
   p.max_tokens = 4;
-  auto id = async->SubmitRemoteKv(
-      PromptOf(9, 1), p,
-      [&](const RequestOutput& out) {
-        if (out.finished()) finish.Set(out.finish_reason);
-      },
-      [&](int64_t, const std::vector<int32_t>& pages) { reserved.Set(pages); });
+  auto id = SubmitRemoteKv(*async, PromptOf(9, 1), p, &finish, &reserved);
   ASSERT_TRUE(id.ok());
   std::vector<int32_t> pages;
   ASSERT_TRUE(reserved.Wait(&pages));
@@ -562,12 +569,7 @@ TEST(DisaggAsyncEngineTest, AStalledLoopWaitsForNewsInsteadOfSpinning) {
   auto async = MakeAsync(std::move(counting));
   SamplingParams p;
   p.max_tokens = 1;
-  auto remote = async->SubmitRemoteKv(
-      PromptOf(9, 1), p,
-      [&](const RequestOutput& out) {
-        if (out.finished()) first.Set(out.finish_reason);
-      },
-      [&](int64_t, const std::vector<int32_t>& pages) { reserved.Set(pages); });
+  auto remote = SubmitRemoteKv(*async, PromptOf(9, 1), p, &first, &reserved);
   ASSERT_TRUE(remote.ok());
   std::vector<int32_t> pages;
   ASSERT_TRUE(reserved.Wait(&pages));  // 3 of the 4 pages
