@@ -63,6 +63,7 @@ Result<std::unique_ptr<Tracer>> MakeTracer(const RoleFlags& roles) {
   if (roles.trace_file.empty()) return std::unique_ptr<Tracer>();
   TracerOptions to;
   to.process_name = "pdserve " + roles.role;
+  to.max_events = static_cast<size_t>(roles.trace_max_events);
   auto tracer = std::make_unique<Tracer>(to);
   RETURN_IF_ERROR(tracer->WriteToFile(roles.trace_file).WithContext("--trace"));
   return tracer;

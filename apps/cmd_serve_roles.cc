@@ -45,6 +45,11 @@ void AddRoleFlags(CLI::App* app, RoleFlags* f) {
       ->capture_default_str();
   app->add_option("--trace", f->trace_file,
                   "write a Chrome trace-event JSON (chrome://tracing, Perfetto) here at shutdown");
+  app->add_option("--trace-max-events", f->trace_max_events,
+                  "--trace keeps this many events (the first ones) and counts the rest as "
+                  "dropped (the file's otherData.dropped_events); each takes a few hundred bytes")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
 }
 
 Status ValidateRoleFlags(const RoleFlags& f) {

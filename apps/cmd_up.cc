@@ -56,6 +56,7 @@ struct UpFlags {
   std::string cluster_secret_file;
   int kv_transfer_timeout_ms = 30000;
   std::string trace;  // --trace FILE: each instance writes FILE with its name before the extension
+  int64_t trace_max_events = static_cast<int64_t>(TracerOptions{}.max_events);  // per file
   bool pin_cores = false;
   bool pin_whole = false;  // --pin-whole-instances: every thread of instance k on CPU k
   // --pin-cores: where every instance's (and the router's) I/O threads run: "auto" (the CPUs no
@@ -272,7 +273,8 @@ size_t StartInstance(LocalDeployment& d, const std::string& name, int port,
     std::string tag = name;
     tag.erase(std::remove(tag.begin(), tag.end(), ' '), tag.end());
     c.trace_file = TracePathFor(f.trace, tag);
-    args.insert(args.end(), {"--trace", c.trace_file});
+    args.insert(args.end(), {"--trace", c.trace_file, "--trace-max-events",
+                             std::to_string(f.trace_max_events)});
   }
   const int ncpu = static_cast<int>(std::thread::hardware_concurrency());
   const int cpu = ncpu > 0 ? static_cast<int>(d.children.size()) % ncpu : -1;
@@ -388,6 +390,7 @@ int RunUp(const UpFlags& flags) {
   if (!f.trace.empty()) {
     TracerOptions to;
     to.process_name = "router";
+    to.max_events = static_cast<size_t>(f.trace_max_events);
     router_trace = std::make_unique<Tracer>(to);
     ro.tracer = router_trace.get();
   }
@@ -452,6 +455,11 @@ PD_REGISTER_COMMAND(
       app->add_option("--trace", f->trace,
                       "Chrome trace-event JSON per instance: FILE with the instance's name "
                       "inserted before the extension (t.json -> t.prefill0.json)");
+      app->add_option("--trace-max-events", f->trace_max_events,
+                      "each --trace file keeps this many events (the first ones) and counts the "
+                      "rest as dropped (its otherData.dropped_events)")
+          ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+          ->capture_default_str();
       app->add_flag("--pin-whole-instances", f->pin_whole,
                     "--pin-cores, and every thread of instance k on CPU k, HTTP, fabric and KV "
                     "messenger threads too (better for mixed load on few cores; see README)");

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -29,7 +30,8 @@ struct RoleFlags {
   double peer_silence_s = 2.0;   // prefill: drop transfers of a decode peer silent this long
   double kv_wait_warm_ms = 2.0;  // decode: cache-warming period while waiting for KV; 0: off
   std::string trace_file;        // --trace: Chrome trace-event JSON written at shutdown
-  Tracer* tracer = nullptr;      // made by RunServe from trace_file; given to the messengers
+  int64_t trace_max_events = static_cast<int64_t>(TracerOptions{}.max_events);  // its cap
+  Tracer* tracer = nullptr;  // made by RunServe from trace_file; given to the messengers
 };
 
 void AddRoleFlags(CLI::App* app, RoleFlags* flags);

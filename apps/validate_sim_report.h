@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -325,6 +326,20 @@ inline Result<TraceTexts> ReadTraceTexts(const ValidateFlags& f) {
   TraceTexts t;
   ASSIGN_OR_RETURN(t.prefill, ReadFileToString(TracePathFor(f.trace, "prefill0")));
   ASSIGN_OR_RETURN(t.decode, ReadFileToString(TracePathFor(f.trace, "decode0")));
+  for (const auto& [name, text] : {std::pair{"prefill", &t.prefill}, {"decode", &t.decode}}) {
+    const std::optional<uint64_t> dropped = TraceDroppedEvents(*text);
+    if (dropped && *dropped == 0) continue;
+    // The runs after the last kept event lack their traced figures and fall back to the load
+    // run's: said on the report's own output, not only in the up log.
+    const std::string what =
+        dropped ? std::to_string(*dropped) + " events dropped (its cap was reached)"
+                : std::string("no dropped-event count at its end (cut short?)");
+    std::printf(
+        "WARNING: the %s instance's trace %s: %s; the runs after its last event are "
+        "calibrated without their traces\n",
+        name, TracePathFor(f.trace, std::string(name) + "0").c_str(), what.c_str());
+    std::fprintf(stderr, "validate-sim: the %s instance's trace: %s\n", name, what.c_str());
+  }
   return t;
 }
 

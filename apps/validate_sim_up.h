@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -140,6 +141,14 @@ class CpuWindow {
 
 // Starts `pdserve up` (1 prefill + 1 decode) as a child process, its output to f.up_log, and
 // waits until its router answers (300 s at most).
+// The instances' trace cap (`up --trace-max-events`). The decode instance records an event per
+// engine step and per layer of it: a run of 600-request rounds traced ~0.93 M events in its
+// three rounds, and `up`'s default cap of 1 M cut the decode trace inside the last calibration
+// run at the highest rate (2026-12-01), whose round was then simulated with the load run's
+// decode figures; five rounds trace ~1.6 M. Memory is taken only by the events recorded (a few
+// hundred bytes each); the cap only bounds a runaway.
+inline constexpr int64_t kValidateTraceMaxEvents = 8'000'000;
+
 inline Status StartUp(const ValidateFlags& f, UpProcess* up) {
   std::vector<std::string> args = {"pdserve",
                                    "up",
@@ -163,7 +172,10 @@ inline Status StartUp(const ValidateFlags& f, UpProcess* up) {
   // with only two cores the decode instance's streaming threads would otherwise run on the
   // prefill core (measured: attainment 82-84% vs 92-96% at ~18 req/s).
   if (f.pin_cores) args.insert(args.end(), {"--pin-cores", "--pin-whole-instances"});
-  if (!f.trace.empty()) args.insert(args.end(), {"--trace", f.trace});
+  if (!f.trace.empty()) {
+    args.insert(args.end(), {"--trace", f.trace, "--trace-max-events",
+                             std::to_string(kValidateTraceMaxEvents)});
+  }
   const int log = open(f.up_log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (log < 0) return IoError(f.up_log + ": " + std::strerror(errno));
   up->pid = fork();

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "common/file_util.h"
+#include "common/trace.h"
 #include "common/trace_summary.h"
 #include "tests/disagg_process.h"
 
@@ -118,6 +119,51 @@ TEST(TraceUpTest, EachInstanceWritesItsOwnCausalTrace) {
   EXPECT_EQ(check.Wait(60s), 0) << check.output();
   EXPECT_THAT(check.output(), HasSubstr("posted before the next layer's compute ended: "));
   EXPECT_THAT(check.output(), HasSubstr(" of " + std::to_string(3 * (layers - 1))));
+}
+
+// --trace-max-events reaches every file `up` writes: each keeps that many events, counts the
+// rest, and says both in its otherData (which TraceDroppedEvents reads off the tail).
+TEST(TraceUpTest, TheEventCapReachesEveryInstanceAndTheRouter) {
+  const int port = PickPort();
+  const std::string trace = TempPath("capped.json");
+  Process up;
+  ASSERT_TRUE(StartAndWaitFor(
+      up,
+      testing::UpArgv(kBinary, ModelDir(), 1, 1, port,
+                      {"--page-size", "4", "--max-num-batched-tokens", "16", "--max-num-seqs", "8",
+                       "--max-model-len", "256", "--served-model-name", "m", "--trace", trace,
+                       "--trace-max-events", "4"}),
+      "router (OpenAI API)", 240s));
+  ASSERT_EQ(Complete(port, 40), 200);
+  ASSERT_EQ(up.Stop(SIGTERM, 60s), 0) << up.output();
+  for (const char* tag : {"prefill0", "decode0", "router"}) {
+    const std::string path = TempPath(std::string("capped.") + tag + ".json");
+    auto text = ReadFileToString(path);
+    ASSERT_TRUE(text.ok()) << path;
+    const json t = json::parse(*text, nullptr, false);
+    ASSERT_TRUE(t.is_object()) << "not JSON: " << path;
+    EXPECT_EQ(t.at("otherData").at("max_events"), 4) << tag;
+    int kept = 0;
+    for (const json& e : t.at("traceEvents")) {
+      kept += e.value("ph", "") != "M" && e.value("name", "") != "trace_events_dropped";
+    }
+    EXPECT_LE(kept, 4) << tag;
+    const int64_t dropped = t.at("otherData").at("dropped_events");
+    EXPECT_EQ(TraceDroppedEvents(*text), static_cast<uint64_t>(dropped)) << tag;
+    // One request of 39 prompt tokens in three chunks: far more than four events on either side.
+    if (std::string(tag) != "router") {
+      EXPECT_GT(dropped, 0) << tag;
+    }
+  }
+}
+
+TEST(TraceServeTest, ANonPositiveEventCapIsRefusedByName) {
+  Process serve;
+  ASSERT_TRUE(serve.Start({kBinary, "serve", "--model", ModelDir(), "--port",
+                           std::to_string(PickPort()), "--threads", "1", "--trace",
+                           TempPath("never.json"), "--trace-max-events", "0"}));
+  EXPECT_NE(serve.Wait(120s), 0) << serve.output();
+  EXPECT_THAT(serve.output(), HasSubstr("--trace-max-events"));
 }
 
 TEST(TraceServeTest, AColocatedTraceHasComputeButNoWrites) {

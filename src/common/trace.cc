@@ -236,4 +236,23 @@ std::string TracePathFor(const std::string& path, std::string_view tag) {
   return path.substr(0, dot) + "." + std::string(tag) + path.substr(dot);
 }
 
+std::optional<uint64_t> TraceDroppedEvents(std::string_view trace_json) {
+  // ToJson's last line: "],...,"otherData":{"dropped_events":N,"max_events":M,...}}".
+  constexpr std::string_view kKey = "\"otherData\":{\"dropped_events\":";
+  constexpr size_t kTail = 512;
+  const std::string_view tail =
+      trace_json.substr(trace_json.size() > kTail ? trace_json.size() - kTail : 0);
+  const size_t at = tail.rfind(kKey);
+  if (at == std::string_view::npos) return std::nullopt;
+  uint64_t n = 0;
+  size_t i = at + kKey.size(), digits = 0;
+  for (; i < tail.size() && tail[i] >= '0' && tail[i] <= '9' && digits < 20; ++i, ++digits) {
+    n = n * 10 + static_cast<uint64_t>(tail[i] - '0');
+  }
+  if (digits == 0 || digits == 20 || i == tail.size() || (tail[i] != ',' && tail[i] != '}')) {
+    return std::nullopt;
+  }
+  return n;
+}
+
 }  // namespace pd

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -123,5 +124,10 @@ class TraceSpan {
 // FILE with `tag` inserted before its extension: ("t.json", "prefill0") -> "t.prefill0.json";
 // a name without an extension gets ".tag" appended.
 std::string TracePathFor(const std::string& path, std::string_view tag);
+
+// The events a trace file (Tracer::ToJson) says it dropped (its otherData.dropped_events), read
+// off the file's tail without parsing the whole of it (a trace runs to hundreds of MB); nullopt
+// when the tail holds no such count (not a Tracer's file, or cut short).
+std::optional<uint64_t> TraceDroppedEvents(std::string_view trace_json);
 
 }  // namespace pd

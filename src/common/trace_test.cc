@@ -112,6 +112,32 @@ TEST(TracerTest, CapDropsAndCounts) {
   EXPECT_EQ(inst[0].at("args").at("dropped"), 7);
 }
 
+TEST(TraceDroppedEventsTest, ReadsTheCountOffTheTail) {
+  TracerOptions o;
+  o.max_events = 3;
+  Tracer t(o);
+  EXPECT_EQ(TraceDroppedEvents(t.ToJson()), 0u);
+  for (int i = 0; i < 10; ++i) t.Instant("e", "c");
+  EXPECT_EQ(TraceDroppedEvents(t.ToJson()), 7u);
+  // A file far longer than the tail it reads, whose events are named like the count.
+  TracerOptions many;
+  many.max_events = 2000;
+  Tracer b(many);
+  for (int i = 0; i < 2500; ++i) b.Instant("dropped_events", "c");
+  const std::string big = b.ToJson();
+  ASSERT_GT(big.size(), 100'000u);
+  EXPECT_EQ(TraceDroppedEvents(big), 500u);
+}
+
+TEST(TraceDroppedEventsTest, NotATracersFileGivesNothing) {
+  EXPECT_EQ(TraceDroppedEvents(""), std::nullopt);
+  EXPECT_EQ(TraceDroppedEvents("{\"traceEvents\":[]}"), std::nullopt);
+  // Cut short inside the count, or a count that is not a number.
+  EXPECT_EQ(TraceDroppedEvents("{\"otherData\":{\"dropped_events\":12"), std::nullopt);
+  EXPECT_EQ(TraceDroppedEvents("{\"otherData\":{\"dropped_events\":x}}"), std::nullopt);
+  EXPECT_EQ(TraceDroppedEvents("{\"otherData\":{\"dropped_events\":4}}"), 4u);
+}
+
 TEST(TracerTest, ConcurrentWriters) {
   TracerOptions o;
   o.max_events = 3000;
