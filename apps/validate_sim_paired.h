@@ -37,32 +37,19 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
   if (windows.size() != runs.size()) return InvalidArgument("paired: a run without its window");
   ASSIGN_OR_RETURN(r->paired_runs, planner::PairRunsWithRounds(windows, rounds));
   ASSIGN_OR_RETURN(const auto reqs, BenchRequests(spec, n, r->raw.rate, f.seed));
-  std::vector<planner::Summary> simulated, pooled_split, measured;
-  const auto simulate = [&](const planner::RateCalibration& rc) -> Result<planner::Summary> {
-    ASSIGN_OR_RETURN(const Calibration cal, ApplyRateCalibration(f, rc, single));
-    ASSIGN_OR_RETURN(auto insts, CalibratedAt(f, coeffs, cal, kv_tokens, r->raw.rate));
-    return SimulateRate(insts, CalibratedLinks(links, cal), reqs, slo, cal.outside);
-  };
+  std::vector<planner::Summary> simulated, measured;
   for (size_t k = 0; k < r->paired_runs.size(); ++k) {
-    const size_t run = r->paired_runs[k];
-    const std::vector<planner::CalibrationRunFactors> one = {runs[run]};
+    const std::vector<planner::CalibrationRunFactors> one = {runs[r->paired_runs[k]]};
     ASSIGN_OR_RETURN(const planner::RateCalibration rc,
                      planner::CombineCalibrationRuns(one, f.output_len));
-    ASSIGN_OR_RETURN(const planner::Summary s, simulate(rc));
+    ASSIGN_OR_RETURN(const Calibration cal, ApplyRateCalibration(f, rc, single));
+    ASSIGN_OR_RETURN(auto insts, CalibratedAt(f, coeffs, cal, kv_tokens, r->raw.rate));
+    ASSIGN_OR_RETURN(planner::Summary s,
+                     SimulateRate(insts, CalibratedLinks(links, cal), reqs, slo, cal.outside));
     simulated.push_back(s);
-    ASSIGN_OR_RETURN(const planner::RateCalibration pooled,
-                     planner::RunWithPooledSplit(runs, run, f.output_len));
-    if (pooled.pooled_split_runs > 0) {
-      ASSIGN_OR_RETURN(const planner::Summary p, simulate(pooled));
-      pooled_split.push_back(p);
-    } else {
-      pooled_split.push_back(s);
-    }
     measured.push_back(r->rounds[k].measured);
   }
   ASSIGN_OR_RETURN(r->paired, planner::ComparePaired(r->raw.rate, simulated, measured));
-  ASSIGN_OR_RETURN(r->paired_pooled_split,
-                   planner::ComparePaired(r->raw.rate, pooled_split, measured));
   return OkStatus();
 }
 
@@ -116,28 +103,6 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
       "cells within %.0f%% of %zu: per-rate median %d, paired %d (used: %s)\n",
       100 * kCellTolerance, 5 * reports.size(), planner::CellsWithin(per_rate, kCellTolerance),
       planner::CellsWithin(paired, kCellTolerance), kPairedRuleUsed ? "paired" : "per-rate median");
-  // The paired rule with the rate's pooled decode split at each run's level.
-  std::vector<planner::ComparisonRow> pooled_split;
-  for (const RateReport& r : reports) {
-    if (!r.paired_pooled_split) continue;
-    const planner::Summary& s = r.paired_pooled_split->row.simulated;
-    const planner::Summary& m = r.paired_pooled_split->row.measured;
-    pooled_split.push_back(r.paired_pooled_split->row);
-    std::printf(
-        "  %-6.3g paired, each run's decode split replaced by the rate's pooled one at the run's "
-        "level: att %s, TTFT p50 %s p90 %s ms, TPOT p50 %s p90 %s ms\n",
-        r.raw.rate, PairCell(s.attainment, m.attainment, 100, "%.1f").c_str(),
-        PairCell(s.ttft_p50_s, m.ttft_p50_s, 1e3, "%.2f").c_str(),
-        PairCell(s.ttft_p90_s, m.ttft_p90_s, 1e3, "%.2f").c_str(),
-        PairCell(s.tpot_p50_s, m.tpot_p50_s, 1e3, "%.3f").c_str(),
-        PairCell(s.tpot_p90_s, m.tpot_p90_s, 1e3, "%.3f").c_str());
-  }
-  if (!pooled_split.empty()) {
-    std::printf(
-        "cells within %.0f%% of %zu paired with the rate's pooled decode split (not used): %d\n",
-        100 * kCellTolerance, 5 * pooled_split.size(),
-        planner::CellsWithin(pooled_split, kCellTolerance));
-  }
   // The step factors' share: the per-rate-median rule with the prefill instance's too, and
   // without any.
   for (const auto& [label, which] :

@@ -67,10 +67,6 @@ struct RateReport {
   // run's factors; `paired_runs[k]`: the calibration run that round k took.
   std::optional<planner::PairedComparison> paired;
   std::vector<size_t> paired_runs;
-  // The paired rule with each run's decode split replaced by the rate's split pooled over its
-  // runs, at the run's own level (planner::RunWithPooledSplit), printed beside it; a round whose
-  // run gives no pooled split is simulated as under the paired rule. Unset when `paired` is.
-  std::optional<planner::PairedComparison> paired_pooled_split;
   // The per-rate-median rule's simulation with the prefill instance's step factors too, and
   // without any (Calibration::prefill_step_factors, decode_step_factors), printed beside it;
   // unset when none were measured.
@@ -226,10 +222,6 @@ inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo
       paired_rounds.push_back({{"rate", r.raw.rate},
                                {"calibration_run_of_round", r.paired_runs},
                                {"rounds", planner::ComparisonToJson(r.paired->rounds)}});
-      if (r.paired_pooled_split) {
-        paired_rounds.back()["rounds_pooled_split"] =
-            planner::ComparisonToJson(r.paired_pooled_split->rounds);
-      }
     }
     per_rate.push_back(r.rate_calibration);
     nlohmann::json rounds = nlohmann::json::array();

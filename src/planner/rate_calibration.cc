@@ -86,12 +86,6 @@ Result<double> PrefillLoopGap(std::span<const StepRecord> steps,
 
 namespace {
 
-// The level a run's decode stretch pair is ordered and scaled by: its unsplit stretch.
-std::optional<double> DecodeLevel(const CalibrationRunFactors& r) {
-  if (!r.decode_stretch) return std::nullopt;
-  return r.decode_alone_stretch.value_or(*r.decode_stretch);
-}
-
 double Mean(const std::vector<double>& v) {
   return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
 }
@@ -201,6 +195,10 @@ Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFac
   ASSIGN_OR_RETURN(out.prefill_loop_gap_s,
                    MedianOf(runs, &CalibrationRunFactors::prefill_loop_gap_s, &out.loop_gap_runs));
   // The runs' keys for the figures taken whole from one run.
+  const auto decode_key = [](const CalibrationRunFactors& r) -> std::optional<double> {
+    if (!r.decode_stretch) return std::nullopt;
+    return r.decode_alone_stretch.value_or(*r.decode_stretch);
+  };
   const auto client_key = [&](const CalibrationRunFactors& r) -> std::optional<double> {
     if (!r.client_cpu) return std::nullopt;
     return r.client_cpu->Seconds(output_tokens);
@@ -209,13 +207,13 @@ Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFac
     if (r.outside_s.empty()) return std::nullopt;
     return Mean(r.outside_s);
   };
-  ASSIGN_OR_RETURN(out.decode_run, MedianRun(runs, DecodeLevel, "a decode stretch is not finite",
+  ASSIGN_OR_RETURN(out.decode_run, MedianRun(runs, decode_key, "a decode stretch is not finite",
                                              &out.stretch_runs));
   if (out.decode_run) {
     const CalibrationRunFactors& r = runs[*out.decode_run];
     out.decode_stretch = r.decode_stretch;
     out.decode_seq_stretch = r.decode_seq_stretch.value_or(*r.decode_stretch);
-    RETURN_IF_ERROR(PoolDecodeSplit(runs, *DecodeLevel(r), &out));
+    RETURN_IF_ERROR(PoolDecodeSplit(runs, *decode_key(r), &out));
   }
   ASSIGN_OR_RETURN(out.decode_corun,
                    MedianOf(runs, &CalibrationRunFactors::decode_corun, &out.corun_runs));
@@ -243,27 +241,6 @@ Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFac
     }
   }
   return out;
-}
-
-Result<RateCalibration> RunWithPooledSplit(std::span<const CalibrationRunFactors> runs, size_t k,
-                                           double output_tokens) {
-  if (k >= runs.size()) {
-    return InvalidArgument("RunWithPooledSplit: run " + std::to_string(k) + " of " +
-                           std::to_string(runs.size()));
-  }
-  ASSIGN_OR_RETURN(const RateCalibration all, CombineCalibrationRuns(runs, output_tokens));
-  ASSIGN_OR_RETURN(RateCalibration one, CombineCalibrationRuns(runs.subspan(k, 1), output_tokens));
-  one.pooled_split_runs = 0;
-  if (!all.pooled_decode_stretch || !all.pooled_decode_seq_stretch || !all.decode_run) return one;
-  // The pooled split sits at the median run's level; run k's level replaces it.
-  const std::optional<double> level = DecodeLevel(runs[k]);
-  const std::optional<double> median = DecodeLevel(runs[*all.decode_run]);
-  if (!level || !median || !(*median > 0)) return one;
-  one.decode_stretch = one.pooled_decode_stretch = *all.pooled_decode_stretch * *level / *median;
-  one.decode_seq_stretch = one.pooled_decode_seq_stretch =
-      *all.pooled_decode_seq_stretch * *level / *median;
-  one.pooled_split_runs = all.pooled_split_runs;
-  return one;
 }
 
 }  // namespace pd::planner

@@ -117,15 +117,4 @@ struct RateCalibration {
 Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFactors> runs,
                                                double output_tokens);
 
-// Run `k` of `runs` alone (CombineCalibrationRuns of it: the paired rule's calibration of the
-// round after it), its decode split replaced by the split pooled over all of `runs`
-// (RateCalibration::pooled_decode_stretch and pooled_decode_seq_stretch) at run k's own unsplit
-// level. One short run's split scatters where its level does not: at 40% load a run split
-// x0.53 per step with x1.38 per sequence (2026-11-30 22:44) and its round's simulated TPOT p90
-// ran +25%. The result's pooled_split_runs is the number of runs pooled when the split was
-// replaced, else 0 (the rate's runs give no pooled split, or run k no decode stretch: run k's
-// own figures stay). InvalidArgument as CombineCalibrationRuns, or when `k` is out of range.
-Result<RateCalibration> RunWithPooledSplit(std::span<const CalibrationRunFactors> runs, size_t k,
-                                           double output_tokens);
-
 }  // namespace pd::planner

@@ -312,51 +312,6 @@ TEST(ValidateRateCalibration, ThePooledSplitIsFittedOverTheRunsRowsTogether) {
   EXPECT_FALSE(c->pooled_decode_stretch);
 }
 
-// The paired rule's calibration with the rate's split: each run keeps its own figures and level,
-// and takes the shape of the split pooled over the runs.
-TEST(ValidateRateCalibration, ARunWithThePooledSplitKeepsItsOwnLevel) {
-  std::vector<CalibrationRunFactors> runs;
-  for (double level : {1.1, 1.3, 1.2}) {
-    runs.push_back(MakeRun(30, 0.002, 0.8, 1.0, {}));
-    runs.back().decode_alone_stretch = level;
-    SplitRows(0.9, 1.5, 1000, &runs.back());
-  }
-  // Run 0's own split is far off the others' (x0.53 per step, x1.38 per sequence).
-  runs[0].decode_stretch = 0.53;
-  runs[0].decode_seq_stretch = 1.38;
-  runs[0].client_cpu = ClientCpuCost{0.005, 0.0002};
-  auto all = CombineCalibrationRuns(runs, 32);
-  ASSERT_TRUE(all.ok() && all->pooled_decode_stretch) << all.status().ToString();
-  for (size_t k = 0; k < runs.size(); ++k) {
-    auto r = RunWithPooledSplit(runs, k, 32);
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
-    EXPECT_EQ(r->pooled_split_runs, 3);
-    const double level = *runs[k].decode_alone_stretch;
-    EXPECT_NEAR(*r->decode_stretch, *all->pooled_decode_stretch * level / 1.2, 1e-12) << k;
-    EXPECT_NEAR(*r->decode_seq_stretch, *all->pooled_decode_seq_stretch * level / 1.2, 1e-12);
-    EXPECT_NEAR(*r->decode_seq_stretch / *r->decode_stretch,
-                *all->pooled_decode_seq_stretch / *all->pooled_decode_stretch, 1e-12);
-    // Every other figure is the run's own.
-    ASSERT_TRUE(r->client_cpu);
-    EXPECT_EQ(r->client_cpu->per_request_s, runs[k].client_cpu->per_request_s);
-    EXPECT_EQ(r->runs, 1);
-  }
-  // No pooled split (one run of the rate with rows): the run's own pair stays.
-  std::vector<CalibrationRunFactors> alone = {runs[0]};
-  auto r = RunWithPooledSplit(alone, 0, 32);
-  ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->pooled_split_runs, 0);
-  EXPECT_EQ(*r->decode_stretch, 0.53);
-  EXPECT_EQ(*r->decode_seq_stretch, 1.38);
-  // A run without a decode stretch keeps none.
-  runs[1].decode_stretch.reset();
-  r = RunWithPooledSplit(runs, 1, 32);
-  ASSERT_TRUE(r.ok());
-  EXPECT_FALSE(r->decode_stretch);
-  EXPECT_EQ(r->pooled_split_runs, 0);
-  EXPECT_EQ(RunWithPooledSplit(runs, 3, 32).status().code(), StatusCode::kInvalidArgument);
-}
-
 TEST(ValidateRateCalibration, FactorsNoRunGaveStayUnset) {
   CalibrationRunFactors r;
   r.rate = 5;
