@@ -10,9 +10,9 @@
 #      fixed and per-token transfer latency, decode per-step/per-sequence costs, co-run slowdowns,
 #      the CPU that client, router and the instances' non-compute threads take per request), a
 #      load run at the highest rate (uncompared: the client's and router's CPU under load), then
-#      3 rounds of `pdserve bench` at 20/40/60% of the calibrated capacity, each rate's bench
-#      run preceded by a traced, uncompared calibration run of a third of a round's requests
-#      (at least 100) at that rate, which measures what only shows under load: client and
+#      5 rounds of `pdserve bench` at 20/40/60% of the calibrated capacity, each rate's bench
+#      run preceded by a traced, uncompared calibration run of a fifth of a round's requests
+#      (at least 100; 120 of 600) at that rate, which measures what only shows under load: client and
 #      router CPU, prefill and decode stretch, decode co-run factor, the prefill engine's loop
 #      gap, outside latency, and the traced step-by-step slowness of the decode instance, which
 #      the simulated one replays in order (step factors). Each round is simulated with the
@@ -22,7 +22,10 @@
 #      on the same requests, and the noise: machine (spread over rounds) vs sampling (spread over
 #      reseeded simulations) (docs/planner.md). The instances are traced (--trace; the latency
 #      outside the engines is calibrated per request from the load run's traces).
-# One run takes about 5 minutes on the 2-core Zen 4 host (2026-11-30; ~2.8 with MAX_PROMPTS=300).
+# One run takes about 7.5 minutes on the 2-core Zen 4 host (2026-12-01; 5 with --rounds 3) and
+# writes ~300 MB of traces. Five rounds rather than three (validate-sim's default since
+# 2026-12-01): 126 of 135 cells within 10% over 9 runs, all 15 in 5, where the same runs' rounds
+# taken three at a time had all 15 in 30%.
 # 600 requests a round rather than 300: 114 of 120 cells within 10% over 8 runs (18:12-18:51),
 # none under 13 of 15, against 134 of 150 over 10 runs with 300 (17:44-18:11), three at 12; the
 # calibration runs grow with the rounds (validate-sim's CalRunPrompts). Usage:
