@@ -68,16 +68,23 @@ std::map<std::string, int> CountNames(const json& trace) {
   return n;
 }
 
+// `pdserve up` (1 prefill + 1 decode, chunks of 16 tokens) on `port` with `--trace trace` and
+// `extra` flags, started and serving (a failure carries its output).
+::testing::AssertionResult StartTracedUp(Process& up, int port, const std::string& trace,
+                                         std::vector<std::string> extra = {}) {
+  std::vector<std::string> flags = {
+      "--page-size",     "4",   "--max-num-batched-tokens", "16", "--max-num-seqs", "8",
+      "--max-model-len", "256", "--served-model-name",      "m",  "--trace",        trace};
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  return StartAndWaitFor(up, testing::UpArgv(kBinary, ModelDir(), 1, 1, port, flags),
+                         "router (OpenAI API)", 240s);
+}
+
 TEST(TraceUpTest, EachInstanceWritesItsOwnCausalTrace) {
   const int port = PickPort();
   const std::string trace = TempPath("t.json");
   Process up;
-  ASSERT_TRUE(StartAndWaitFor(
-      up,
-      testing::UpArgv(kBinary, ModelDir(), 1, 1, port,
-                      {"--page-size", "4", "--max-num-batched-tokens", "16", "--max-num-seqs", "8",
-                       "--max-model-len", "256", "--served-model-name", "m", "--trace", trace}),
-      "router (OpenAI API)", 240s));
+  ASSERT_TRUE(StartTracedUp(up, port, trace));
   const std::string prefill_file = TempPath("t.prefill0.json");
   const std::string decode_file = TempPath("t.decode0.json");
   EXPECT_THAT(up.output(), HasSubstr("traces to " + prefill_file));
@@ -127,13 +134,7 @@ TEST(TraceUpTest, TheEventCapReachesEveryInstanceAndTheRouter) {
   const int port = PickPort();
   const std::string trace = TempPath("capped.json");
   Process up;
-  ASSERT_TRUE(StartAndWaitFor(
-      up,
-      testing::UpArgv(kBinary, ModelDir(), 1, 1, port,
-                      {"--page-size", "4", "--max-num-batched-tokens", "16", "--max-num-seqs", "8",
-                       "--max-model-len", "256", "--served-model-name", "m", "--trace", trace,
-                       "--trace-max-events", "4"}),
-      "router (OpenAI API)", 240s));
+  ASSERT_TRUE(StartTracedUp(up, port, trace, {"--trace-max-events", "4"}));
   ASSERT_EQ(Complete(port, 40), 200);
   ASSERT_EQ(up.Stop(SIGTERM, 60s), 0) << up.output();
   for (const char* tag : {"prefill0", "decode0", "router"}) {
