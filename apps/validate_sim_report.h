@@ -324,9 +324,9 @@ struct TraceTexts {
 inline Result<TraceTexts> ReadTraceTexts(const ValidateFlags& f) {
   if (f.trace.empty()) return FailedPrecondition("no --trace");
   TraceTexts t;
-  ASSIGN_OR_RETURN(t.prefill, ReadFileToString(TracePathFor(f.trace, "prefill0")));
-  ASSIGN_OR_RETURN(t.decode, ReadFileToString(TracePathFor(f.trace, "decode0")));
   for (const auto& [name, text] : {std::pair{"prefill", &t.prefill}, {"decode", &t.decode}}) {
+    const std::string path = TracePathFor(f.trace, std::string(name) + "0");
+    ASSIGN_OR_RETURN(*text, ReadFileToString(path));
     const std::optional<uint64_t> dropped = TraceDroppedEvents(*text);
     if (dropped && *dropped == 0) continue;
     // The runs after the last kept event lack their traced figures and fall back to the load
@@ -337,7 +337,7 @@ inline Result<TraceTexts> ReadTraceTexts(const ValidateFlags& f) {
     std::printf(
         "WARNING: the %s instance's trace %s: %s; the runs after its last event are "
         "calibrated without their traces\n",
-        name, TracePathFor(f.trace, std::string(name) + "0").c_str(), what.c_str());
+        name, path.c_str(), what.c_str());
     std::fprintf(stderr, "validate-sim: the %s instance's trace: %s\n", name, what.c_str());
   }
   return t;

@@ -139,8 +139,6 @@ class CpuWindow {
   planner::ThreadCpuTimes p0_, d0_;
 };
 
-// Starts `pdserve up` (1 prefill + 1 decode) as a child process, its output to f.up_log, and
-// waits until its router answers (300 s at most).
 // The instances' trace cap (`up --trace-max-events`). The decode instance records an event per
 // engine step and per layer of it: a run of 600-request rounds traced ~0.93 M events in its
 // three rounds, and `up`'s default cap of 1 M cut the decode trace inside the last calibration
@@ -149,6 +147,8 @@ class CpuWindow {
 // hundred bytes each); the cap only bounds a runaway.
 inline constexpr int64_t kValidateTraceMaxEvents = 8'000'000;
 
+// Starts `pdserve up` (1 prefill + 1 decode) as a child process, its output to f.up_log, and
+// waits until its router answers (300 s at most).
 inline Status StartUp(const ValidateFlags& f, UpProcess* up) {
   std::vector<std::string> args = {"pdserve",
                                    "up",

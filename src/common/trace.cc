@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -244,14 +245,10 @@ std::optional<uint64_t> TraceDroppedEvents(std::string_view trace_json) {
       trace_json.substr(trace_json.size() > kTail ? trace_json.size() - kTail : 0);
   const size_t at = tail.rfind(kKey);
   if (at == std::string_view::npos) return std::nullopt;
+  const char* end = tail.data() + tail.size();
   uint64_t n = 0;
-  size_t i = at + kKey.size(), digits = 0;
-  for (; i < tail.size() && tail[i] >= '0' && tail[i] <= '9' && digits < 20; ++i, ++digits) {
-    n = n * 10 + static_cast<uint64_t>(tail[i] - '0');
-  }
-  if (digits == 0 || digits == 20 || i == tail.size() || (tail[i] != ',' && tail[i] != '}')) {
-    return std::nullopt;
-  }
+  const auto [next, ec] = std::from_chars(tail.data() + at + kKey.size(), end, n);
+  if (ec != std::errc() || next == end || (*next != ',' && *next != '}')) return std::nullopt;
   return n;
 }
 
