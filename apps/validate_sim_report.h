@@ -33,6 +33,10 @@ struct RoundResult {
   // Per request: arrival, prompt length, measured TTFT (empty when a request failed: the bench's
   // JSON then no longer says which arrival each TTFT belongs to).
   std::vector<planner::ClientRequest> client;
+  // Per request in arrival order, from the bench's JSON: measured TPOT (the mean gap after the
+  // first token) and output length; both empty when a request failed, as `client`.
+  std::vector<double> request_tpot_s;
+  std::vector<int> request_output_tokens;
 };
 
 // Which rule's simulation is used (RateReport::calibrated): the paired one (true) or the
@@ -234,15 +238,19 @@ inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo
                         {"tpot_p50_s", rr.measured.tpot_p50_s},
                         {"tpot_p90_s", rr.measured.tpot_p90_s},
                         {"client_router_cores", rr.client_router_cores},
-                        {"request_ttft_s", ttfts}});
+                        {"request_ttft_s", ttfts},
+                        {"request_tpot_s", rr.request_tpot_s},
+                        {"request_output_tokens", rr.request_output_tokens}});
     }
-    // The used simulation's requests (the same seeded ones as the rounds', in the same order),
-    // for per-request comparison with the rounds' request_ttft_s; arrival_s is when a request
-    // reached the instances (sent, plus its drawn delay on the way in).
+    // The per-rate-median rule's simulation's requests (the same seeded ones as the rounds', in
+    // the same order; under the paired rule each round has its own simulation, not kept here),
+    // for per-request comparison with the rounds' request_ttft_s and request_tpot_s; arrival_s
+    // is when a request reached the instances (sent, plus its drawn delay on the way in).
     nlohmann::json sim = {
         {"arrival_s", nlohmann::json::array()},      {"prompt_tokens", nlohmann::json::array()},
         {"ttft_s", nlohmann::json::array()},         {"tpot_s", nlohmann::json::array()},
-        {"prefill_done_s", nlohmann::json::array()}, {"kv_arrived_s", nlohmann::json::array()}};
+        {"prefill_done_s", nlohmann::json::array()}, {"kv_arrived_s", nlohmann::json::array()},
+        {"output_tokens", nlohmann::json::array()}};
     for (const planner::RequestResult& q : r.sim_requests) {
       sim["arrival_s"].push_back(q.arrival_s);
       sim["prompt_tokens"].push_back(q.prompt_len);
@@ -250,6 +258,7 @@ inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo
       sim["tpot_s"].push_back(q.tpot_s());
       sim["prefill_done_s"].push_back(q.prefill_done_s);
       sim["kv_arrived_s"].push_back(q.kv_arrived_s);
+      sim["output_tokens"].push_back(q.output_len);
     }
     noise.push_back({{"rate", r.raw.rate},
                      {"machine", SpreadJson(r.machine)},
