@@ -292,6 +292,72 @@ TEST(Simulator, LoopGapHoldsTheNextStepAfterAStepEnds) {
   }
 }
 
+// pdserve's decode instance does per-request work on its own core (InstanceConfig::
+// arrival_work_s, first_token_work_s): work that comes during a step holds the next one back,
+// work on an idle instance holds any step until it is done; a request decoding alone meets only
+// its own first token's.
+TEST(Simulator, DecodeHostWorkHoldsTheDecodeStepsItComesDuring) {
+  InstanceConfig prefill, decode;
+  prefill.role = Role::kPrefill;
+  prefill.coeffs = ConstantPrefill(50);
+  decode.role = Role::kDecode;
+  decode.coeffs.decode_small = {10, 0, 0};
+  decode.arrival_work_s = 0.004;
+  decode.first_token_work_s = 0.002;
+  SimOptions o;
+  o.first_token_on_decode = true;
+  // A (10 tokens) decodes from 0.05; B arrives during A's step 0.072-0.082 (A's first token's
+  // work held it from 0.060 to 0.062), so A's next step starts at 0.086; B's KV lands at 0.125
+  // during A's step 0.116-0.126, B joins the next, and B's first token's work holds the step
+  // after it by 0.002. A pays 0.002 + 0.004 + 0.002 over its nine gaps; B its own 0.002.
+  std::vector<SimRequest> reqs = {{0, 0.0, 100, 10}, {1, 0.075, 100, 2}};
+  std::vector<InstanceConfig> insts = {prefill, decode};
+  auto r = Simulate(insts, ClusterLinks{}, reqs, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_NEAR(r->requests[0].ttft_s(), 0.06, 1e-12);
+  EXPECT_NEAR(r->requests[0].tpot_s(), (9 * 0.01 + 0.008) / 9, 1e-12);
+  EXPECT_NEAR(r->requests[1].ttft_s(), 0.136 - 0.075, 1e-12);
+  EXPECT_NEAR(r->requests[1].tpot_s(), 0.012, 1e-12);
+  // Alone, A meets only its own first token's work.
+  auto alone = Simulate(insts, ClusterLinks{}, std::vector<SimRequest>{reqs[0]}, o);
+  ASSERT_TRUE(alone.ok());
+  EXPECT_NEAR(alone->requests[0].tpot_s(), (9 * 0.01 + 0.002) / 9, 1e-12);
+  // Work on an idle decode instance holds its next step until the work is done: B arriving at
+  // 0.048 keeps the core until 0.052, so A's first step starts then.
+  reqs[1].arrival_s = 0.048;
+  auto idle = Simulate(insts, ClusterLinks{}, reqs, o);
+  ASSERT_TRUE(idle.ok());
+  EXPECT_NEAR(idle->requests[0].ttft_s(), 0.062, 1e-12);
+  // Without first_token_on_decode (DistServe's accounting) the work is not modelled.
+  auto ds = Simulate(insts, ClusterLinks{}, std::vector<SimRequest>{reqs[0]}, SimOptions{});
+  ASSERT_TRUE(ds.ok());
+  EXPECT_NEAR(ds->requests[0].tpot_s(), 0.01, 1e-12);
+}
+
+TEST(Simulator, RejectsDecodeHostWorkThatIsNegativeOrNotFinite) {
+  InstanceConfig prefill, decode;
+  prefill.role = Role::kPrefill;
+  prefill.coeffs = ConstantPrefill(5);
+  decode.role = Role::kDecode;
+  decode.coeffs.decode_small = {1, 0, 0};
+  const std::vector<SimRequest> reqs = {{0, 0.0, 10, 2}};
+  for (double bad :
+       {-1e-3, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+    for (double InstanceConfig::*field :
+         {&InstanceConfig::arrival_work_s, &InstanceConfig::first_token_work_s}) {
+      InstanceConfig d = decode;
+      d.*field = bad;
+      auto r = Simulate(std::vector<InstanceConfig>{prefill, d}, ClusterLinks{}, reqs, {});
+      ASSERT_FALSE(r.ok());
+      EXPECT_NE(r.status().message().find(field == &InstanceConfig::arrival_work_s
+                                              ? "arrival_work_s"
+                                              : "first_token_work_s"),
+                std::string::npos)
+          << r.status().ToString();
+    }
+  }
+}
+
 TEST(Simulator, RejectsALoopGapThatIsNegativeOrNotFinite) {
   InstanceConfig inst;
   inst.role = Role::kColocated;

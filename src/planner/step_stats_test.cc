@@ -118,6 +118,79 @@ TEST(StepStats, DecodeStepFactorsAreEachStepOverItsClassMeanInStartOrder) {
   EXPECT_TRUE(DecodeStepFactors({steps.data(), 1}, {}, 2e-3).empty());  // no next step
 }
 
+TEST(StepStats, DecodeHostEventsFromTraceAreTheHttpInstantsInTimeOrder) {
+  const std::string text = R"({"traceEvents":[
+    {"name":"first token written","cat":"http","ph":"i","ts":4000,"pid":1,"tid":2,"args":{}},
+    {"name":"http request","cat":"http","ph":"i","ts":3000,"pid":1,"tid":2,"args":{}},
+    {"name":"http request","cat":"http","ph":"i","ts":1000,"pid":1,"tid":2,"args":{}},
+    {"name":"tokenized","cat":"http","ph":"i","ts":1100,"pid":1,"tid":2,"args":{}},
+    {"name":"http request","cat":"kv","ph":"i","ts":2000,"pid":1,"tid":3,"args":{}},
+    {"name":"step","cat":"engine","ph":"X","ts":1000,"dur":400,"pid":1,"tid":1,
+     "args":{"step":1,"prefill_chunks":0,"prefill_tokens":0,"decodes":1}}
+  ]})";
+  auto e = DecodeHostEventsFromTrace(text);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(e->arrivals_s, (std::vector<double>{1e-3, 3e-3}));
+  EXPECT_EQ(e->first_tokens_s, (std::vector<double>{4e-3}));
+  EXPECT_FALSE(DecodeHostEventsFromTrace("not json").ok());
+  EXPECT_FALSE(DecodeHostEventsFromTrace(R"({"events":[]})").ok());
+}
+
+// Cycles (a step and the loop after it, ms): batch 1 alone 0.2 + 0.05 unless said otherwise.
+TEST(StepStats, DecodeHostWorkIsEachKindsCycleOverTheUnmarkedMeanOfItsClass) {
+  std::vector<StepRecord> steps;
+  std::vector<double> arrivals, firsts;
+  double t = 0;
+  auto step = [&](double dur_ms, double gap_ms, int batch = 1) {
+    steps.push_back({t, dur_ms * 1e-3, batch, 0, false});
+    t += (dur_ms + gap_ms) * 1e-3;
+  };
+  for (int k = 0; k < 3; ++k) {
+    step(0.2, 0.05);                 // unmarked
+    arrivals.push_back(t + 0.1e-3);  // held 0.3 ms more
+    step(0.4, 0.15);
+    firsts.push_back(t + 0.22e-3);  // held 0.12 ms more (in the loop)
+    step(0.2, 0.17);
+    arrivals.push_back(t + 0.05e-3);  // two arrivals in one cycle: 0.6 ms, 0.3 each
+    arrivals.push_back(t + 0.06e-3);
+    step(0.5, 0.35);
+  }
+  arrivals.push_back(t + 0.01e-3);  // both kinds in one cycle: marked, measured as neither
+  firsts.push_back(t + 0.02e-3);
+  step(0.3, 0.3);
+  arrivals.push_back(t + 3e-3);  // in a 5 ms wait for work: not held up, not marked
+  step(0.2, 5.0);
+  step(0.2, 0.05, 2);  // batch 2, unmarked
+  firsts.push_back(t + 0.1e-3);
+  step(0.3, 0.05, 3);  // batch 3: no unmarked cycle of its class, not measured
+  step(0.2, 0.05);     // the last step: no next one, no cycle
+  const DecodeHostEvents events{arrivals, firsts};
+  MarkDecodeHostWork(steps, events, 2e-3);
+  std::vector<bool> marked;
+  for (const StepRecord& s : steps) marked.push_back(s.host_work);
+  EXPECT_EQ(marked, (std::vector<bool>{false, true, true, true, false, true, true, true, false,
+                                       true, true, true, true, false, false, true, false}));
+  const DecodeHostWork w = MeasureDecodeHostWork(steps, events, 2e-3, 3);
+  ASSERT_TRUE(w.arrival_s.has_value());
+  ASSERT_TRUE(w.first_token_s.has_value());
+  EXPECT_NEAR(*w.arrival_s, 0.3e-3, 1e-12);
+  EXPECT_NEAR(*w.first_token_s, 0.12e-3, 1e-12);
+  EXPECT_EQ(w.arrival_cycles, 6);
+  EXPECT_EQ(w.first_token_cycles, 3);
+  EXPECT_EQ(w.unmarked_cycles, 4);  // three 0.25 ms cycles and the batch-2 one
+  // Too few cycles of a kind: unset.
+  const DecodeHostWork few = MeasureDecodeHostWork(steps, events, 2e-3, 4);
+  EXPECT_TRUE(few.arrival_s.has_value());
+  EXPECT_FALSE(few.first_token_s.has_value());
+  // The marked steps leave the class means and the step factors.
+  const std::vector<BatchStepStats> rows = SummarizeDecodeSteps(steps, 2, 2e-3);
+  EXPECT_EQ(rows[0].count, 5);  // three unmarked, the one before the wait, the last
+  EXPECT_NEAR(rows[0].mean_alone_s, 0.2e-3, 1e-12);
+  EXPECT_NEAR(rows[0].mean_gap_s, 0.05e-3, 1e-12);
+  for (double k : DecodeStepFactors(steps, {}, 2e-3)) EXPECT_NE(k, 0.0);
+  EXPECT_EQ(DecodeStepFactors(steps, {}, 2e-3).size(), 5u);
+}
+
 TEST(StepStats, PrefillStepFactorsAreEachStepOverTheModelOverItsCoRunMarksMean) {
   StepCoeffs model;
   model.prefill = {1.0, 0.1, 0.001};  // ms: 100 tokens 21 ms; two chunks of 50: 16 ms
