@@ -483,28 +483,6 @@ Status Validate(const ValidateFlags& f) {
   // The decode steps' stretch and co-run factor under load, from the load run's traces (the rule
   // is fixed in the code; the load run came before every compared round).
   CalibrateDecodeUnderLoad(f, spec, coeffs, kv.tokens, links, slo, load, steps, &cal);
-  // The decode instance's own per-request work, from the same load run: what a rate's runs do
-  // not give (too few cycles held one) falls back to it.
-  if (steps.ok()) {
-    const planner::DecodeHostWork w = planner::MeasureDecodeHostWork(
-        validate_sim::InWindow(steps->decode, load.begin_s, load.end_s), steps->decode_host,
-        validate_sim::kMaxLoopGapS, validate_sim::kMinCalRunHostWorkCycles);
-    if (w.arrival_s) cal.decode_arrival_work_s = std::max(0.0, *w.arrival_s);
-    if (w.first_token_s) cal.decode_first_token_work_s = std::max(0.0, *w.first_token_s);
-    std::printf(
-        "decode host work under load (the load run's traces: the decode instance's own threads' "
-        "work per request, in the engine cycles it held): per arrival %.3f ms (%lld cycles), per "
-        "first token %.3f ms (%lld cycles), over %lld other cycles\n",
-        cal.decode_arrival_work_s * 1e3, static_cast<long long>(w.arrival_cycles),
-        cal.decode_first_token_work_s * 1e3, static_cast<long long>(w.first_token_cycles),
-        static_cast<long long>(w.unmarked_cycles));
-  }
-  // The build before the host work was placed, printed beside (not used): no step marked, no
-  // work measured or placed, the load run's fallback figures otherwise as they are.
-  std::optional<Result<validate_sim::TracedSteps>> steps_without;
-  Calibration cal_without = cal;
-  cal_without.decode_arrival_work_s = cal_without.decode_first_token_work_s = 0.0;
-  if (steps.ok()) steps_without = validate_sim::WithoutHostWork(*steps);
   // Per rate, the median of that rate's calibration runs (apps/validate_sim_rate_cal.h); the single
   // load run's calibration `cal` is simulated beside it (not used).
   std::printf(
@@ -537,18 +515,6 @@ Status Validate(const ValidateFlags& f) {
                    paired.ToString().c_str());
     }
     if (validate_sim::kPairedRuleUsed) reports[i].calibrated = reports[i].paired->row;
-    // Beside it, not used: the same rounds as before the decode host work was placed (the load
-    // run's calibration `cal`, a fallback for figures a run could not give, stays as it is).
-    if (paired.ok() && steps_without) {
-      std::vector<planner::CalibrationRunFactors> without;
-      for (const LoadRunCpu& run : cal_runs[i]) {
-        without.push_back(validate_sim::FactorsOfRun(f, spec, coeffs, kv.tokens, links, slo, run,
-                                                     probes, *steps_without, traced));
-      }
-      auto w = validate_sim::SimulateRoundsPaired(f, spec, slo, coeffs, kv.tokens, links, without,
-                                                  cal_without, PromptsAt(f, rates[i]), reports[i]);
-      if (w.ok()) reports[i].paired_without_host_work = std::move(*w);
-    }
   }
   PrintReports(f, slo, cal, reports, rate_rule);
   validate_sim::PrintPaired(reports);

@@ -71,10 +71,6 @@ struct Calibration {
   // calibration runs' median), the simulated prefill instance's InstanceConfig::loop_gap_s;
   // 0 when not measured.
   double prefill_loop_gap_s = 0.0;
-  // The decode instance's own threads' work per request (planner::MeasureDecodeHostWork; a
-  // rate's calibration runs' median), the simulated decode instance's InstanceConfig::
-  // arrival_work_s and first_token_work_s; 0 when not measured.
-  double decode_arrival_work_s = 0.0, decode_first_token_work_s = 0.0;
   const planner::ClientCpuCost& StretchCpu() const {
     return client_cpu_loaded ? *client_cpu_loaded : client_cpu;
   }

@@ -23,32 +23,9 @@
 
 namespace pd::apps::validate_sim {
 
-// Each of r's rounds simulated (`n` requests, the rounds' seed) with the calibration `single`
-// overlaid by the figures of its calibration run, runs[r.paired_runs[k]] for round k.
-inline Result<planner::PairedComparison> SimulateRoundsPaired(
-    const ValidateFlags& f, const bench::DatasetSpec& spec, const planner::Slo& slo,
-    const planner::StepCoeffs& coeffs, int64_t kv_tokens, const planner::ClusterLinks& links,
-    const std::vector<planner::CalibrationRunFactors>& runs, const Calibration& single, int n,
-    const RateReport& r) {
-  ASSIGN_OR_RETURN(const auto reqs, BenchRequests(spec, n, r.raw.rate, f.seed));
-  std::vector<planner::Summary> simulated, measured;
-  for (size_t k = 0; k < r.paired_runs.size(); ++k) {
-    if (r.paired_runs[k] >= runs.size()) return InvalidArgument("paired: no such calibration run");
-    const std::vector<planner::CalibrationRunFactors> one = {runs[r.paired_runs[k]]};
-    ASSIGN_OR_RETURN(const planner::RateCalibration rc,
-                     planner::CombineCalibrationRuns(one, f.output_len));
-    ASSIGN_OR_RETURN(const Calibration cal, ApplyRateCalibration(f, rc, single));
-    ASSIGN_OR_RETURN(auto insts, CalibratedAt(f, coeffs, cal, kv_tokens, r.raw.rate));
-    ASSIGN_OR_RETURN(planner::Summary s,
-                     SimulateRate(insts, CalibratedLinks(links, cal), reqs, slo, cal.outside));
-    simulated.push_back(s);
-    measured.push_back(r.rounds[k].measured);
-  }
-  return planner::ComparePaired(r.raw.rate, simulated, measured);
-}
-
-// Fills r->paired: each round with the calibration run (`runs`, their windows in `windows`) that
-// ended last before the round began (planner::PairRunsWithRounds; SimulateRoundsPaired).
+// Fills r->paired: each of r's rounds simulated (`n` requests, the rounds' seed) with the
+// calibration `single` overlaid by the figures of the one calibration run (`runs`, their windows
+// in `windows`) that ended last before the round began (planner::PairRunsWithRounds).
 inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& spec,
                              const planner::Slo& slo, const planner::StepCoeffs& coeffs,
                              int64_t kv_tokens, const planner::ClusterLinks& links,
@@ -59,8 +36,20 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
   for (const RoundResult& rr : r->rounds) rounds.push_back({rr.begin_s, rr.end_s});
   if (windows.size() != runs.size()) return InvalidArgument("paired: a run without its window");
   ASSIGN_OR_RETURN(r->paired_runs, planner::PairRunsWithRounds(windows, rounds));
-  ASSIGN_OR_RETURN(
-      r->paired, SimulateRoundsPaired(f, spec, slo, coeffs, kv_tokens, links, runs, single, n, *r));
+  ASSIGN_OR_RETURN(const auto reqs, BenchRequests(spec, n, r->raw.rate, f.seed));
+  std::vector<planner::Summary> simulated, measured;
+  for (size_t k = 0; k < r->paired_runs.size(); ++k) {
+    const std::vector<planner::CalibrationRunFactors> one = {runs[r->paired_runs[k]]};
+    ASSIGN_OR_RETURN(const planner::RateCalibration rc,
+                     planner::CombineCalibrationRuns(one, f.output_len));
+    ASSIGN_OR_RETURN(const Calibration cal, ApplyRateCalibration(f, rc, single));
+    ASSIGN_OR_RETURN(auto insts, CalibratedAt(f, coeffs, cal, kv_tokens, r->raw.rate));
+    ASSIGN_OR_RETURN(planner::Summary s,
+                     SimulateRate(insts, CalibratedLinks(links, cal), reqs, slo, cal.outside));
+    simulated.push_back(s);
+    measured.push_back(r->rounds[k].measured);
+  }
+  ASSIGN_OR_RETURN(r->paired, planner::ComparePaired(r->raw.rate, simulated, measured));
   return OkStatus();
 }
 
@@ -114,28 +103,6 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
       "cells within %.0f%% of %zu: per-rate median %d, paired %d (used: %s)\n",
       100 * kCellTolerance, 5 * reports.size(), planner::CellsWithin(per_rate, kCellTolerance),
       planner::CellsWithin(paired, kCellTolerance), kPairedRuleUsed ? "paired" : "per-rate median");
-  // The paired rule as before the decode host work was placed, on the same rounds.
-  std::vector<planner::ComparisonRow> without;
-  std::vector<planner::ComparisonRow> without_rounds, with_rounds;
-  for (const RateReport& r : reports) {
-    if (!r.paired_without_host_work) continue;
-    without.push_back(r.paired_without_host_work->row);
-    const auto& w = r.paired_without_host_work->rounds;
-    without_rounds.insert(without_rounds.end(), w.begin(), w.end());
-    with_rounds.insert(with_rounds.end(), r.paired->rounds.begin(), r.paired->rounds.end());
-  }
-  if (without.size() == reports.size()) {
-    std::printf(
-        "paired, without the decode host work (every decode step in the stretch and the "
-        "step factors, no work placed; not used):\n%s",
-        planner::FormatComparison(without).c_str());
-    std::printf(
-        "cells within %.0f%% of %zu without the decode host work (not used): %d; per round, of "
-        "%zu: %d against %d with it\n",
-        100 * kCellTolerance, 5 * reports.size(), planner::CellsWithin(without, kCellTolerance),
-        5 * without_rounds.size(), planner::CellsWithin(without_rounds, kCellTolerance),
-        planner::CellsWithin(with_rounds, kCellTolerance));
-  }
   // The step factors' share: the per-rate-median rule with the prefill instance's too, and
   // without any.
   for (const auto& [label, which] :

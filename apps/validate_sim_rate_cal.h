@@ -78,10 +78,6 @@ inline constexpr int64_t kMinCalRunCorun = 60;
 inline constexpr int64_t kMinCalRunPrefillSteps = 50;  // 100 requests took 60-100 prefill steps
 // Back-to-back prefill steps for the loop gap (a 600-request round at 60% load had ~2,400).
 inline constexpr int64_t kMinCalRunLoopGaps = 20;
-// Decode cycles holding an arrival, or a first token, for the decode host work. A 120-request
-// run holds 120 of each, but at 20% load most arrivals come while the engine waits for work (a
-// 400-request run at 17 req/s: 68 of them in a cycle).
-inline constexpr int64_t kMinCalRunHostWorkCycles = 10;
 
 // The seed of round `round`'s calibration runs: neither the rounds' (f.seed), the reseeded
 // simulations' (f.seed + 1..sampling_seeds), the warm-up's nor the load run's.
@@ -138,8 +134,8 @@ inline planner::CalibrationRunFactors FactorsOfRun(
   if (steps.ok() && traced.ok()) {
     std::vector<double> ready;
     for (const planner::TracedRequest& r : *traced) ready.push_back(r.kv_ready_s);
-    const std::vector<planner::StepRecord> decode = InWindow(steps->decode, run.begin_s, run.end_s);
-    std::vector<double> k = planner::DecodeStepFactors(decode, ready, kMaxLoopGapS);
+    std::vector<double> k = planner::DecodeStepFactors(
+        InWindow(steps->decode, run.begin_s, run.end_s), ready, kMaxLoopGapS);
     if (static_cast<int64_t>(k.size()) >= kMinCalRunSteps) out.decode_step_factors = std::move(k);
     const std::vector<planner::StepRecord> prefill =
         InWindow(steps->prefill, run.begin_s, run.end_s);
@@ -149,10 +145,6 @@ inline planner::CalibrationRunFactors FactorsOfRun(
     }
     auto gap = planner::PrefillLoopGap(prefill, *traced, kMaxLoopGapS, kMinCalRunLoopGaps);
     if (gap.ok()) out.prefill_loop_gap_s = *gap;
-    const planner::DecodeHostWork w = planner::MeasureDecodeHostWork(
-        decode, steps->decode_host, kMaxLoopGapS, kMinCalRunHostWorkCycles);
-    out.decode_arrival_work_s = w.arrival_s;
-    out.decode_first_token_work_s = w.first_token_s;
   }
   if (traced.ok() && !run.client.empty()) {
     auto j = JoinRun(run.client, TracedIn(*traced, run.begin_s, run.end_s));
@@ -319,14 +311,6 @@ inline Result<Calibration> ApplyRateCalibration(const ValidateFlags& f,
     cal.prefill_step_factors = std::make_shared<const std::vector<double>>(rc.prefill_step_factors);
   }
   if (rc.prefill_loop_gap_s) cal.prefill_loop_gap_s = *rc.prefill_loop_gap_s;
-  // Work cannot be negative: a run whose marked cycles came out shorter than its others places
-  // none.
-  if (rc.decode_arrival_work_s) {
-    cal.decode_arrival_work_s = std::max(0.0, *rc.decode_arrival_work_s);
-  }
-  if (rc.decode_first_token_work_s) {
-    cal.decode_first_token_work_s = std::max(0.0, *rc.decode_first_token_work_s);
-  }
   if (!rc.outside_s.empty()) {
     ASSIGN_OR_RETURN(cal.outside, planner::OutsideLatency::SampledWithInbound(
                                       rc.outside_s, rc.inbound_s, f.seed));
@@ -371,31 +355,10 @@ inline Result<Calibration> CalibrationAtRate(
                    })
                   .c_str(),
               cal.prefill_loop_gap_s * 1e3, rc.loop_gap_runs);
-  std::printf(
-      "    decode host work (its own threads, per request) per arrival %s ms -> %.3f (%d runs), "
-      "per "
-      "first token %s ms -> %.3f (%d runs)\n",
-      Each(runs,
-           [](const planner::CalibrationRunFactors& r) {
-             return r.decode_arrival_work_s ? Fmt("%.3f", *r.decode_arrival_work_s * 1e3) : "-";
-           })
-          .c_str(),
-      cal.decode_arrival_work_s * 1e3, rc.arrival_work_runs,
-      Each(runs,
-           [](const planner::CalibrationRunFactors& r) {
-             return r.decode_first_token_work_s ? Fmt("%.3f", *r.decode_first_token_work_s * 1e3)
-                                                : "-";
-           })
-          .c_str(),
-      cal.decode_first_token_work_s * 1e3, rc.first_token_work_runs);
   *json = OverheadsJson(cal);
   (*json)["rate"] = rc.rate;
   (*json)["calibration_runs"] = rc.runs;
   (*json)["prefill_loop_gap_s"] = {{"mean_s", cal.prefill_loop_gap_s}, {"runs", rc.loop_gap_runs}};
-  (*json)["decode_host_work"] = {{"arrival_s", cal.decode_arrival_work_s},
-                                 {"arrival_runs", rc.arrival_work_runs},
-                                 {"first_token_s", cal.decode_first_token_work_s},
-                                 {"first_token_runs", rc.first_token_work_runs}};
   for (const auto& [key, k, run] :
        {std::tuple{"decode_step_factors", &rc.decode_step_factors, rc.step_factor_runs},
         std::tuple{"prefill_step_factors", &rc.prefill_step_factors, rc.prefill_factor_runs}}) {

@@ -71,9 +71,6 @@ struct RateReport {
   // run's factors; `paired_runs[k]`: the calibration run that round k took.
   std::optional<planner::PairedComparison> paired;
   std::vector<size_t> paired_runs;
-  // The paired rule as the build before the decode host work (WithoutHostWork): every decode
-  // step in the stretch and the step factors, no work placed; printed beside, not used.
-  std::optional<planner::PairedComparison> paired_without_host_work;
   // The per-rate-median rule's simulation with the prefill instance's step factors too, and
   // without any (Calibration::prefill_step_factors, decode_step_factors), printed beside it;
   // unset when none were measured.
@@ -229,10 +226,6 @@ inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo
       paired_rounds.push_back({{"rate", r.raw.rate},
                                {"calibration_run_of_round", r.paired_runs},
                                {"rounds", planner::ComparisonToJson(r.paired->rounds)}});
-      if (r.paired_without_host_work) {
-        paired_rounds.back()["rounds_without_host_work"] =
-            planner::ComparisonToJson(r.paired_without_host_work->rounds);
-      }
     }
     per_rate.push_back(r.rate_calibration);
     nlohmann::json rounds = nlohmann::json::array();
@@ -359,33 +352,19 @@ inline Result<TraceTexts> ReadTraceTexts(const ValidateFlags& f) {
   return t;
 }
 
-inline constexpr double kMaxLoopGapS = 2e-3;  // a longer gap is the engine waiting for work
-
 // The instances' traced engine steps, whole (each run takes its window with InWindow): parsed
 // once, as each trace holds every run (~75 MB for the decode instance).
 struct TracedSteps {
-  // `corun` marked against the prefill steps; `host_work` against decode_host
-  // (planner::MarkDecodeHostWork).
-  std::vector<planner::StepRecord> decode;
+  std::vector<planner::StepRecord> decode;   // `corun` marked against the prefill steps
   std::vector<planner::StepRecord> prefill;  // `corun` marked against the decode steps
-  planner::DecodeHostEvents decode_host;     // the decode instance's HTTP instants
 };
 inline Result<TracedSteps> ReadTracedSteps(const TraceTexts& texts) {
   TracedSteps t;
   constexpr double kAll = 1e300;
   ASSIGN_OR_RETURN(t.decode, planner::EngineStepsFromTrace(texts.decode, -kAll, kAll));
   ASSIGN_OR_RETURN(t.prefill, planner::EngineStepsFromTrace(texts.prefill, -kAll, kAll));
-  ASSIGN_OR_RETURN(t.decode_host, planner::DecodeHostEventsFromTrace(texts.decode));
   planner::MarkCorun(t.decode, t.prefill);
   planner::MarkCorun(t.prefill, t.decode);
-  planner::MarkDecodeHostWork(t.decode, t.decode_host, kMaxLoopGapS);
-  return t;
-}
-// The same steps as the build before the host work was placed (not used; printed beside): no
-// decode step marked, no event.
-inline TracedSteps WithoutHostWork(TracedSteps t) {
-  for (planner::StepRecord& s : t.decode) s.host_work = false;
-  t.decode_host = {};
   return t;
 }
 // The steps that started within [begin_s, end_s].
@@ -402,13 +381,12 @@ inline std::vector<planner::StepRecord> InWindow(const std::vector<planner::Step
 // the traces' clock, pooled) beside the calibrated simulation's, per batch size; a step is
 // "corun" when a prefill step was running as it started (the simulator's co-run rule).
 inline constexpr int kStepTableBatches = 8;
+inline constexpr double kMaxLoopGapS = 2e-3;  // a longer gap is the engine waiting for work
 inline void PrintStepComparisons(const std::vector<RateReport>& reports, const TracedSteps& steps) {
   std::printf(
       "\ndecode steps by batch size, real (--trace, the bench rounds) vs the calibrated "
       "simulation (decode-only steps; corun = a prefill step running as it started; gap = the "
-      "engine loop between a step and the next, gaps over %.0f ms left out; real steps whose "
-      "cycle held the decode instance's own per-request work left out, as the simulation places "
-      "that work between its steps):\n",
+      "engine loop between a step and the next, gaps over %.0f ms left out):\n",
       kMaxLoopGapS * 1e3);
   for (const RateReport& r : reports) {
     std::vector<planner::StepRecord> real;

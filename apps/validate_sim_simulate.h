@@ -152,14 +152,9 @@ inline Result<std::vector<planner::InstanceConfig>> CalibratedAt(const ValidateF
   // The decode instance replays its traced slowness (Calibration::decode_step_factors); the
   // prefill instance's factors are printed beside, not used (apps/validate_sim_rate_cal.h).
   // The prefill instance's loop between its steps, measured under load at this rate; the
-  // decode instance's is in its calibrated step (the probes' TPOT and the traced stretch hold it),
-  // but for its own threads' per-request work, placed where it comes.
+  // decode instance's is in its calibrated step (the probes' TPOT and the traced stretch hold it).
   for (auto& inst : insts) {
-    if (inst.role == planner::Role::kDecode) {
-      inst.step_factors = cal.decode_step_factors;
-      inst.arrival_work_s = cal.decode_arrival_work_s;
-      inst.first_token_work_s = cal.decode_first_token_work_s;
-    }
+    if (inst.role == planner::Role::kDecode) inst.step_factors = cal.decode_step_factors;
     if (inst.role == planner::Role::kPrefill) inst.loop_gap_s = cal.prefill_loop_gap_s;
   }
   return insts;

@@ -178,11 +178,6 @@ Status CheckRuns(std::span<const CalibrationRunFactors> runs, double output_toke
         !(std::isfinite(*r.prefill_loop_gap_s) && *r.prefill_loop_gap_s >= 0)) {
       return InvalidArgument("CombineCalibrationRuns: a prefill loop gap is not finite and >= 0");
     }
-    for (const std::optional<double>& w : {r.decode_arrival_work_s, r.decode_first_token_work_s}) {
-      if (w && !std::isfinite(*w)) {
-        return InvalidArgument("CombineCalibrationRuns: a decode host work is not finite");
-      }
-    }
   }
   return OkStatus();
 }
@@ -199,12 +194,6 @@ Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFac
                    MedianOf(runs, &CalibrationRunFactors::prefill_stretch, &out.prefill_runs));
   ASSIGN_OR_RETURN(out.prefill_loop_gap_s,
                    MedianOf(runs, &CalibrationRunFactors::prefill_loop_gap_s, &out.loop_gap_runs));
-  ASSIGN_OR_RETURN(
-      out.decode_arrival_work_s,
-      MedianOf(runs, &CalibrationRunFactors::decode_arrival_work_s, &out.arrival_work_runs));
-  ASSIGN_OR_RETURN(out.decode_first_token_work_s,
-                   MedianOf(runs, &CalibrationRunFactors::decode_first_token_work_s,
-                            &out.first_token_work_runs));
   // The runs' keys for the figures taken whole from one run.
   const auto decode_key = [](const CalibrationRunFactors& r) -> std::optional<double> {
     if (!r.decode_stretch) return std::nullopt;

@@ -77,9 +77,6 @@ struct CalibrationRunFactors {
   // The decode and prefill instances' steps' factors (DecodeStepFactors, PrefillStepFactors),
   // in start order; empty when too few steps counted.
   std::vector<double> decode_step_factors, prefill_step_factors;
-  // The decode instance's own threads' work per request (MeasureDecodeHostWork): per arrival and
-  // per first token; unset when too few cycles held one.
-  std::optional<double> decode_arrival_work_s, decode_first_token_work_s;
 };
 
 // Per rate, from its calibration runs: each factor the median over the runs that gave it
@@ -102,9 +99,6 @@ struct RateCalibration {
   std::optional<ClientCpuCost> client_cpu;
   std::optional<double> prefill_stretch, decode_stretch, decode_seq_stretch, decode_corun;
   std::optional<double> prefill_loop_gap_s;  // the median over the runs that gave one
-  // The decode instance's work per arrival and per first token: each the median over the runs
-  // that gave one.
-  std::optional<double> decode_arrival_work_s, decode_first_token_work_s;
   // The split fitted over every run's rows together (MergeDecodeStepStats; DecodeFactorsUnderLoad
   // on them), scaled to the taken run's unsplit stretch: per step and per sequence. Unset when
   // fewer than two runs kept rows, their per-step parts differ, or the pooled steps do not split.
@@ -115,8 +109,7 @@ struct RateCalibration {
   std::vector<double> outside_s, inbound_s;  // inbound_s: the same run's, or empty
   std::vector<double> decode_step_factors, prefill_step_factors;
   int client_runs = 0, prefill_runs = 0, stretch_runs = 0, corun_runs = 0, outside_runs = 0,
-      step_factor_runs = 0, prefill_factor_runs = 0, loop_gap_runs = 0, arrival_work_runs = 0,
-      first_token_work_runs = 0;
+      step_factor_runs = 0, prefill_factor_runs = 0, loop_gap_runs = 0;
   // Which run's cost / sample / decode stretch pair was taken.
   std::optional<size_t> client_run, outside_run, decode_run;
 };

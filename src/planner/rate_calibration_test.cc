@@ -111,8 +111,6 @@ CalibrationRunFactors MakeRun(double rate, double cpu_per_request, double stretc
   r.decode_seq_stretch = stretch + 0.2;
   r.decode_corun = corun;
   r.prefill_loop_gap_s = stretch * 1e-3;
-  r.decode_arrival_work_s = stretch * 0.3e-3;
-  r.decode_first_token_work_s = stretch * 0.1e-3;
   r.outside_s = std::move(outside);
   for (double o : r.outside_s) r.inbound_s.push_back(o / 2);  // each run's own ways in
   return r;
@@ -120,12 +118,11 @@ CalibrationRunFactors MakeRun(double rate, double cpu_per_request, double stretc
 
 // The 03:22 case: one run of three in a slow spell moves none of the factors.
 TEST(ValidateRateCalibration, OneSlowRunOfThreeMovesNoFactor) {
-  std::vector<CalibrationRunFactors> runs = {
+  const std::vector<CalibrationRunFactors> runs = {
       MakeRun(40, 0.0017, 1.02, 1.04, {0.002, 0.003}),
       MakeRun(40, 0.0030, 1.26, 1.12, {0.004, 0.009}),  // the slow spell
       MakeRun(40, 0.0016, 1.04, 1.05, {0.002, 0.002}),
   };
-  runs[1].decode_first_token_work_s.reset();  // a run too short to give one
   auto c = CombineCalibrationRuns(runs, 32);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_DOUBLE_EQ(c->rate, 40);
@@ -139,11 +136,6 @@ TEST(ValidateRateCalibration, OneSlowRunOfThreeMovesNoFactor) {
   ASSERT_TRUE(c->prefill_loop_gap_s);
   EXPECT_DOUBLE_EQ(*c->prefill_loop_gap_s, 1.04e-3);
   EXPECT_EQ(c->loop_gap_runs, 3);
-  ASSERT_TRUE(c->decode_arrival_work_s && c->decode_first_token_work_s);
-  EXPECT_DOUBLE_EQ(*c->decode_arrival_work_s, 1.04 * 0.3e-3);
-  EXPECT_EQ(c->arrival_work_runs, 3);
-  EXPECT_DOUBLE_EQ(*c->decode_first_token_work_s, 1.04 * 0.1e-3);  // the upper of two
-  EXPECT_EQ(c->first_token_work_runs, 2);
   EXPECT_DOUBLE_EQ(*c->decode_corun, 1.05);
   EXPECT_EQ(c->client_run, 0u);  // 1.7 ms + 32 x 0.1 ms: the middle cost
   EXPECT_DOUBLE_EQ(c->client_cpu->per_request_s, 0.0017);
@@ -330,9 +322,6 @@ TEST(ValidateRateCalibration, FactorsNoRunGaveStayUnset) {
   EXPECT_FALSE(c->prefill_stretch);
   EXPECT_FALSE(c->prefill_loop_gap_s);
   EXPECT_EQ(c->loop_gap_runs, 0);
-  EXPECT_FALSE(c->decode_arrival_work_s);
-  EXPECT_FALSE(c->decode_first_token_work_s);
-  EXPECT_EQ(c->arrival_work_runs + c->first_token_work_runs, 0);
   EXPECT_FALSE(c->decode_corun);
   EXPECT_FALSE(c->client_cpu);
   EXPECT_FALSE(c->client_run);
@@ -364,12 +353,6 @@ TEST(ValidateRateCalibration, CombineRefusesNoRunsMixedRatesAndBadFigures) {
     std::vector<CalibrationRunFactors> gap = {MakeRun(10, 0.001, 1, 1, {})};
     gap[0].prefill_loop_gap_s = bad;
     EXPECT_EQ(CombineCalibrationRuns(gap, 32).status().code(), StatusCode::kInvalidArgument);
-  }
-  for (auto field : {&CalibrationRunFactors::decode_arrival_work_s,
-                     &CalibrationRunFactors::decode_first_token_work_s}) {
-    std::vector<CalibrationRunFactors> work = {MakeRun(10, 0.001, 1, 1, {})};
-    work[0].*field = std::numeric_limits<double>::infinity();
-    EXPECT_EQ(CombineCalibrationRuns(work, 32).status().code(), StatusCode::kInvalidArgument);
   }
 }
 

@@ -26,8 +26,7 @@ struct Instance {
   double stage_free_at = 0.0;
   double last_done = 0.0;
   int in_flight = 0;
-  int incoming = 0;  // KV transfers on their way here (from their arrival when bound then)
-  double pending_work_s = 0.0;  // per-request work that came while a step ran (arrival_work_s)
+  int incoming = 0;  // KV transfers on their way here
   int64_t steps_started = 0;
   bool dirty = false;  // may be able to start a step at the current instant
   std::deque<SimBatch> batches;
@@ -65,9 +64,6 @@ class Cluster {
   }
   int PickLeastLoaded(Role role) const;
   void OnArrival(double now, int64_t req);
-  // Per-request work of instance `inst`'s own threads on its core (InstanceConfig::
-  // arrival_work_s): held until the running step ends, or at once when none runs.
-  void AddCoreWork(double now, int inst, double work_s);
   void OnStepDone(double now, int inst);
   // `req`'s KV is whole on the prefill instance `inst`: picks a decode instance and starts the
   // transfer to it.
@@ -104,7 +100,6 @@ class Cluster {
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
   int64_t next_seq_ = 0;
   std::vector<int> generated_;
-  std::vector<int> decode_of_;  // the decode instance bound at arrival (-1: chosen at hand-over)
   std::vector<char> missed_;
   SimResult result_;
   int misses_ = 0;
@@ -125,13 +120,6 @@ Status Cluster::Init(std::span<const InstanceConfig> configs) {
     if (!(std::isfinite(c.loop_gap_s) && c.loop_gap_s >= 0)) {
       return InvalidArgument("instance loop_gap_s must be finite and >= 0, got " +
                              std::to_string(c.loop_gap_s));
-    }
-    for (const auto& [name, v] : {std::pair{"arrival_work_s", c.arrival_work_s},
-                                  std::pair{"first_token_work_s", c.first_token_work_s}}) {
-      if (!(std::isfinite(v) && v >= 0)) {
-        return InvalidArgument(std::string("instance ") + name + " must be finite and >= 0, got " +
-                               std::to_string(v));
-      }
     }
     double min_factor = 1.0;
     if (c.step_factors) {
@@ -163,7 +151,6 @@ Status Cluster::Init(std::span<const InstanceConfig> configs) {
   colocated_ = colocated > 0;
   result_.requests.resize(requests_.size());
   generated_.assign(requests_.size(), 0);
-  decode_of_.assign(requests_.size(), -1);
   missed_.assign(requests_.size(), 0);
   for (size_t i = 0; i < requests_.size(); ++i) {
     const SimRequest& r = requests_[i];
@@ -265,22 +252,6 @@ void Cluster::OnArrival(double now, int64_t req) {
     return;
   }
   MarkDirty(inst);
-  if (colocated_ || !opts_.first_token_on_decode) return;
-  const int dest = PickLeastLoaded(Role::kDecode);
-  decode_of_[req] = dest;
-  ++instances_[dest].incoming;
-  AddCoreWork(now, dest, instances_[dest].cfg.arrival_work_s);
-}
-
-void Cluster::AddCoreWork(double now, int i, double work_s) {
-  if (work_s <= 0) return;
-  Instance& inst = instances_[i];
-  if (inst.in_flight > 0) {
-    inst.pending_work_s += work_s;
-    return;
-  }
-  inst.stage_free_at = std::max(inst.stage_free_at, now) + work_s;
-  Push(inst.stage_free_at, EventKind::kStageFree, i, -1);
 }
 
 void Cluster::OnTtftDeadline(double now, int64_t req) {
@@ -302,11 +273,8 @@ void Cluster::CheckTpotBound(double now, int64_t req, double min_step_s) {
 }
 
 void Cluster::HandOver(double now, int inst, int64_t req) {
-  int dest = decode_of_[req];
-  if (dest < 0) {
-    dest = PickLeastLoaded(Role::kDecode);
-    ++instances_[dest].incoming;
-  }
+  const int dest = PickLeastLoaded(Role::kDecode);
+  ++instances_[dest].incoming;
   const double xfer = KvTransferSeconds(instances_[inst].cfg, instances_[dest].cfg, links_,
                                         requests_[req].prompt_len);
   Push(now + xfer, EventKind::kKvArrived, dest, req);
@@ -403,9 +371,6 @@ bool Cluster::OnToken(double now, Instance& inst, int64_t req) {
   if (n == 1) {
     out.first_token_s = now;
     if (out.ttft_s() > opts_.slo.ttft_s) CountMiss(req);
-    if (inst.cfg.role == Role::kDecode && opts_.first_token_on_decode) {
-      AddCoreWork(now, static_cast<int>(&inst - instances_.data()), inst.cfg.first_token_work_s);
-    }
   }
   const bool last = n >= out.output_len;
   if (!last) CheckTpotBound(now, req, inst.min_token_step_s);
@@ -423,18 +388,14 @@ void Cluster::OnStepDone(double now, int i) {
   Instance& inst = instances_[i];
   SimBatch batch = std::move(inst.batches.front());
   inst.batches.pop_front();
+  --inst.in_flight;
   std::vector<int64_t> finished;
-  // Still in flight while its tokens are handled: work they bring (a first token's) holds the
-  // next step as the loop gap does.
   for (const BatchItem& item : batch.items) {
     if (item.samples && OnToken(now, inst, item.seq_id)) finished.push_back(item.seq_id);
   }
-  --inst.in_flight;
   inst.sched->Update(batch, finished);
-  const double hold = inst.cfg.loop_gap_s + inst.pending_work_s;
-  inst.pending_work_s = 0;
-  if (hold > 0 && now + hold > inst.stage_free_at) {
-    inst.stage_free_at = now + hold;
+  if (inst.cfg.loop_gap_s > 0 && now + inst.cfg.loop_gap_s > inst.stage_free_at) {
+    inst.stage_free_at = now + inst.cfg.loop_gap_s;
     Push(inst.stage_free_at, EventKind::kStageFree, i, -1);
     return;
   }

@@ -59,20 +59,6 @@ struct InstanceConfig {
   // planner::PrefillLoopGap). 0: none (a decode instance's loop is in its calibrated step).
   // Finite and >= 0.
   double loop_gap_s = 0.0;
-  // A decode instance's own threads' work per request on the instance's core, with
-  // SimOptions::first_token_on_decode (pdserve on a shared host: the HTTP, KV messenger and
-  // fabric threads pinned with the engine): `arrival_work_s` as a request reaches it (the HTTP
-  // request, tokenising, sending the prefill request: the decode instance is then chosen, as
-  // pdserve's router chooses it, and takes the prompt's KV later) and `first_token_work_s` after
-  // the request's first token (the response's start). Work that comes while a step runs holds
-  // the next step back by as much (the running step's tokens leave on time); on an idle instance
-  // it holds any step until it is done. A traced decode instance at 17 req/s: an engine cycle
-  // (a step and the loop after it) holding a request's arrival 0.28-0.40 ms longer than the
-  // others of its batch size, one holding a first token 0.12 ms (validate-sim:
-  // planner::MeasureDecodeHostWork). Spread over every step instead (a stretch), that work
-  // slowed the steps of requests that decoded alone, which met none of it. Finite and >= 0.
-  double arrival_work_s = 0.0;
-  double first_token_work_s = 0.0;
 };
 
 struct ClusterLinks {

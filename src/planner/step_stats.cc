@@ -70,100 +70,6 @@ std::vector<StepRecord> StepsOfInstance(const SimResult& sim, int instance) {
   return out;
 }
 
-Result<DecodeHostEvents> DecodeHostEventsFromTrace(const std::string& json_text) {
-  DecodeHostEvents out;
-  try {
-    const nlohmann::json doc = nlohmann::json::parse(json_text);
-    if (!doc.contains("traceEvents") || !doc["traceEvents"].is_array()) {
-      return InvalidArgument("trace: no 'traceEvents' array");
-    }
-    for (const auto& e : doc["traceEvents"]) {
-      if (e.value("cat", "") != "http" || e.value("ph", "") != "i" || !e.contains("ts")) continue;
-      const std::string name = e.value("name", "");
-      const double t = e["ts"].get<double>() * 1e-6;  // the file's unit: microseconds
-      if (name == "http request") out.arrivals_s.push_back(t);
-      if (name == "first token written") out.first_tokens_s.push_back(t);
-    }
-  } catch (const nlohmann::json::exception& e) {
-    return InvalidArgument(std::string("trace: ") + e.what());
-  }
-  std::sort(out.arrivals_s.begin(), out.arrivals_s.end());
-  std::sort(out.first_tokens_s.begin(), out.first_tokens_s.end());
-  return out;
-}
-
-namespace {
-
-// Events of `times` (sorted) in [a, b).
-int64_t CountIn(const std::vector<double>& times, double a, double b) {
-  return std::lower_bound(times.begin(), times.end(), b) -
-         std::lower_bound(times.begin(), times.end(), a);
-}
-
-// Whether step i of `steps` is a decode-only step whose cycle (to the next step's start) counts
-// for MarkDecodeHostWork: the loop after it within [0, max_gap_s].
-bool HostWorkCycle(std::span<const StepRecord> steps, size_t i, double max_gap_s) {
-  if (i + 1 >= steps.size()) return false;
-  const StepRecord& s = steps[i];
-  if (s.prefill_tokens > 0 || s.decode_seqs < 1) return false;
-  const double gap = steps[i + 1].start_s - (s.start_s + s.duration_s);
-  return gap >= 0 && gap <= max_gap_s;
-}
-
-}  // namespace
-
-void MarkDecodeHostWork(std::span<StepRecord> steps, const DecodeHostEvents& events,
-                        double max_gap_s) {
-  for (size_t i = 0; i < steps.size(); ++i) {
-    if (!HostWorkCycle(steps, i, max_gap_s)) continue;
-    const double a = steps[i].start_s, b = steps[i + 1].start_s;
-    steps[i].host_work =
-        CountIn(events.arrivals_s, a, b) + CountIn(events.first_tokens_s, a, b) > 0;
-  }
-}
-
-DecodeHostWork MeasureDecodeHostWork(std::span<const StepRecord> steps,
-                                     const DecodeHostEvents& events, double max_gap_s,
-                                     int64_t min_cycles) {
-  DecodeHostWork out;
-  struct Sums {
-    double cycle = 0;
-    int64_t n = 0;
-  };
-  std::map<std::pair<int, bool>, Sums> unmarked;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    if (!HostWorkCycle(steps, i, max_gap_s) || steps[i].host_work) continue;
-    Sums& m = unmarked[{steps[i].decode_seqs, steps[i].corun}];
-    m.cycle += steps[i + 1].start_s - steps[i].start_s;
-    ++m.n;
-    ++out.unmarked_cycles;
-  }
-  double arrival = 0, first = 0;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    if (!HostWorkCycle(steps, i, max_gap_s) || !steps[i].host_work) continue;
-    const auto m = unmarked.find({steps[i].decode_seqs, steps[i].corun});
-    if (m == unmarked.end()) continue;
-    const double a = steps[i].start_s, b = steps[i + 1].start_s;
-    const double excess = (b - a) - m->second.cycle / m->second.n;
-    const int64_t arrivals = CountIn(events.arrivals_s, a, b);
-    const int64_t firsts = CountIn(events.first_tokens_s, a, b);
-    if (arrivals > 0 && firsts == 0) {
-      arrival += excess / arrivals;
-      ++out.arrival_cycles;
-    } else if (firsts > 0 && arrivals == 0) {
-      first += excess / firsts;
-      ++out.first_token_cycles;
-    }
-  }
-  if (out.arrival_cycles >= std::max<int64_t>(1, min_cycles)) {
-    out.arrival_s = arrival / out.arrival_cycles;
-  }
-  if (out.first_token_cycles >= std::max<int64_t>(1, min_cycles)) {
-    out.first_token_s = first / out.first_token_cycles;
-  }
-  return out;
-}
-
 std::vector<BatchStepStats> SummarizeDecodeSteps(std::span<const StepRecord> steps, int max_batch,
                                                  double max_gap_s) {
   max_batch = std::max(1, max_batch);
@@ -174,7 +80,7 @@ std::vector<BatchStepStats> SummarizeDecodeSteps(std::span<const StepRecord> ste
   std::vector<Sums> sums(max_batch);
   for (size_t i = 0; i < steps.size(); ++i) {
     const StepRecord& s = steps[i];
-    if (s.prefill_tokens > 0 || s.decode_seqs < 1 || s.host_work) continue;
+    if (s.prefill_tokens > 0 || s.decode_seqs < 1) continue;
     const int row = std::min(s.decode_seqs, max_batch) - 1;
     BatchStepStats& r = rows[row];
     ++r.count;
@@ -248,9 +154,7 @@ std::vector<double> DecodeStepFactors(std::span<const StepRecord> steps,
   for (size_t i = 0; i + 1 < steps.size(); ++i) {
     const StepRecord& s = steps[i];
     const StepRecord& next = steps[i + 1];
-    if (s.prefill_tokens > 0 || s.decode_seqs < 1 || next.decode_seqs < 1 || s.host_work) {
-      continue;
-    }
+    if (s.prefill_tokens > 0 || s.decode_seqs < 1 || next.decode_seqs < 1) continue;
     const double end = s.start_s + s.duration_s;
     const double gap = next.start_s - end;
     if (gap < 0) continue;

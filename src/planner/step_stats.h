@@ -7,7 +7,6 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -24,11 +23,6 @@ struct StepRecord {
   int64_t prefill_tokens = 0;
   bool corun = false;      // the other instance was mid-step as this one started
   int prefill_chunks = 0;  // prompts (or their chunks) the step computed
-  // A decode instance's step whose cycle (the step and the loop after it) held its own threads'
-  // work for a request (MarkDecodeHostWork): left out of SummarizeDecodeSteps and
-  // DecodeStepFactors, since the simulator places that work itself (InstanceConfig::
-  // arrival_work_s, first_token_work_s).
-  bool host_work = false;
 };
 
 // The engine's "step" events (category "engine", args "decodes" and "prefill_tokens") of a
@@ -45,43 +39,11 @@ void MarkCorun(std::span<StepRecord> steps, std::span<const StepRecord> other);
 // The steps instance `instance` of a simulation took (SimOptions::record_steps).
 std::vector<StepRecord> StepsOfInstance(const SimResult& sim, int instance);
 
-// When a decode instance's own threads did per-request work, from its trace: its HTTP server's
-// "http request" (a request reached the instance: parsing, tokenising, sending the prefill
-// request) and "first token written" (the response's start) instants, seconds on the trace's
-// clock, in time order. InvalidArgument when the text is not a trace-event file.
-struct DecodeHostEvents {
-  std::vector<double> arrivals_s;
-  std::vector<double> first_tokens_s;
-};
-Result<DecodeHostEvents> DecodeHostEventsFromTrace(const std::string& json_text);
-
-// Marks each decode-only step (StepRecord::host_work) whose cycle held such an event: from its
-// start to the next step's start, when the loop after it took at most `max_gap_s` (a longer
-// loop is the engine waiting for work, which the event then did not hold up). `steps` in start
-// order.
-void MarkDecodeHostWork(std::span<StepRecord> steps, const DecodeHostEvents& events,
-                        double max_gap_s);
-
-// What each kind of work took, over the steps MarkDecodeHostWork marked (in start order, e.g. one
-// calibration run's): per cycle holding only that kind, its time less the mean unmarked cycle
-// of its class (batch size and co-run mark: step plus loop, as DecodeStepFactors), per event in
-// it; the mean over such cycles. Unset when fewer than `min_cycles` cycles of that kind had
-// unmarked cycles of their class. A traced decode instance at 17 req/s: 0.28-0.40 ms per
-// arrival, 0.12 ms per first token, over 0.27 ms unmarked batch-1 cycles.
-struct DecodeHostWork {
-  std::optional<double> arrival_s, first_token_s;
-  int64_t arrival_cycles = 0, first_token_cycles = 0, unmarked_cycles = 0;
-};
-DecodeHostWork MeasureDecodeHostWork(std::span<const StepRecord> steps,
-                                     const DecodeHostEvents& events, double max_gap_s,
-                                     int64_t min_cycles);
-
 // Per number of decoding sequences (steps with a prefill chunk left out: a decode instance runs
-// none; so are those marked host_work): the step count, the mean step time overall, alone and while
-// the other instance was mid-step, and the mean loop gap (the next step's start minus this one's
-// end) over the gaps of at most `max_gap_s` (longer ones are the engine waiting for work). A row
-// per batch size from 1 to `max_batch`, larger batches pooled in the last row; empty rows have
-// count 0.
+// none): the step count, the mean step time overall, alone and while the other instance was
+// mid-step, and the mean loop gap (the next step's start minus this one's end) over the gaps of
+// at most `max_gap_s` (longer ones are the engine waiting for work). A row per batch size from
+// 1 to `max_batch`, larger batches pooled in the last row; empty rows have count 0.
 struct BatchStepStats {
   int batch = 0;  // decoding sequences (the last row: this many or more)
   int64_t count = 0, corun_count = 0, gap_count = 0;
