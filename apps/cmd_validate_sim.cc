@@ -224,12 +224,7 @@ Result<RoundResult> BenchRound(const ValidateFlags& f, const bench::DatasetSpec&
   out.measured = planner::Summarize(measured, slo);
   ASSIGN_OR_RETURN(out.client,
                    ClientRequestsOf(real.json, bench::ArrivalTimes(n, rate, 1.0, f.seed)));
-  if (!out.client.empty()) {  // the bench's per-request lists are in arrival order
-    for (const planner::RequestResult& q : measured) {
-      out.request_tpot_s.push_back(q.tpot_s());
-      out.request_output_tokens.push_back(q.output_len);
-    }
-  }
+  if (!out.client.empty()) out.requests = std::move(measured);  // in arrival order
   return out;
 }
 

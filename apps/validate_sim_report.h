@@ -33,10 +33,10 @@ struct RoundResult {
   // Per request: arrival, prompt length, measured TTFT (empty when a request failed: the bench's
   // JSON then no longer says which arrival each TTFT belongs to).
   std::vector<planner::ClientRequest> client;
-  // Per request in arrival order, from the bench's JSON: measured TPOT (the mean gap after the
-  // first token) and output length; both empty when a request failed, as `client`.
-  std::vector<double> request_tpot_s;
-  std::vector<int> request_output_tokens;
+  // Per request in arrival order, the bench's results (planner::MeasuredFromBenchJson: TTFT,
+  // TPOT as the mean gap after the first token, output length); empty when a request failed, as
+  // `client`.
+  std::vector<planner::RequestResult> requests;
 };
 
 // Which rule's simulation is used (RateReport::calibrated): the paired one (true) or the
@@ -230,8 +230,14 @@ inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo
     per_rate.push_back(r.rate_calibration);
     nlohmann::json rounds = nlohmann::json::array();
     for (const RoundResult& rr : r.rounds) {
-      nlohmann::json ttfts = nlohmann::json::array();  // per request, in arrival order
+      // Per request, in arrival order.
+      nlohmann::json ttfts = nlohmann::json::array(), tpots = nlohmann::json::array(),
+                     outputs = nlohmann::json::array();
       for (const planner::ClientRequest& c : rr.client) ttfts.push_back(c.ttft_s);
+      for (const planner::RequestResult& q : rr.requests) {
+        tpots.push_back(q.tpot_s());
+        outputs.push_back(q.output_len);
+      }
       rounds.push_back({{"attainment", rr.measured.attainment},
                         {"ttft_p50_s", rr.measured.ttft_p50_s},
                         {"ttft_p90_s", rr.measured.ttft_p90_s},
@@ -239,8 +245,8 @@ inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo
                         {"tpot_p90_s", rr.measured.tpot_p90_s},
                         {"client_router_cores", rr.client_router_cores},
                         {"request_ttft_s", ttfts},
-                        {"request_tpot_s", rr.request_tpot_s},
-                        {"request_output_tokens", rr.request_output_tokens}});
+                        {"request_tpot_s", tpots},
+                        {"request_output_tokens", outputs}});
     }
     // The per-rate-median rule's simulation's requests (the same seeded ones as the rounds', in
     // the same order; under the paired rule each round has its own simulation, not kept here),

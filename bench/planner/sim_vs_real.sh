@@ -12,11 +12,12 @@
 #      load run at the highest rate (uncompared: the client's and router's CPU under load), then
 #      5 rounds of `pdserve bench` at 20/40/60% of the calibrated capacity, each rate's bench
 #      run preceded by a traced, uncompared calibration run of a fifth of a round's requests
-#      (at least 100; 120 of 600) at that rate, which measures what only shows under load: client and
-#      router CPU, prefill and decode stretch, decode co-run factor, the prefill engine's loop
-#      gap, outside latency, and the traced step-by-step slowness of the decode instance, which
-#      the simulated one replays in order (step factors). Each round is simulated with the
-#      calibration run just before it (the paired rule, used); one simulation per rate with the
+#      (at least 100; 120 of 600) at that rate, which measures what only shows under load:
+#      client and router CPU, prefill and decode stretch, decode co-run factor, the prefill
+#      engine's loop gap, outside latency, and the traced step-by-step slowness of the decode
+#      instance, which the simulated one replays in order (step factors). Each round is
+#      simulated with the calibration run just before it (the paired rule, used); one
+#      simulation per rate with the
 #      median over its runs is printed beside (MAX_PROMPTS requests, 600 unless set, of
 #      128/32 tokens each, fixed seed, random dataset), the median per rate beside the simulator
 #      on the same requests, and the noise: machine (spread over rounds) vs sampling (spread over
