@@ -269,6 +269,10 @@ Status SimulateRateReport(const ValidateFlags& f, const bench::DatasetSpec& spec
     for (auto& inst : no_gap) inst.loop_gap_s = 0.0;
     ASSIGN_OR_RETURN(r->without_loop_gap, SimulateRate(no_gap, cal_links, reqs, slo, cal.outside));
   }
+  if (cal.outside.has_tail()) {
+    ASSIGN_OR_RETURN(r->without_tail,
+                     SimulateRate(cal_insts, cal_links, reqs, slo, cal.outside.WithoutTail()));
+  }
   if (own_split) {
     ASSIGN_OR_RETURN(auto own_insts, CalibratedAt(f, coeffs, *own_split, kv_tokens, rate));
     ASSIGN_OR_RETURN(r->own_split,

@@ -10,6 +10,7 @@
 // but not used). Without --trace, or when too few requests join, the idle constant stays.
 #pragma once
 
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@ namespace pd::apps::validate_sim {
 
 // A bench run's per-request client side: the i-th TTFT of its JSON is the i-th arrival's when no
 // request failed (the JSON lists the successful ones only; with a failure, none is returned).
+// A request's span (first token to last) is the sum of its "itls" when the JSON has them.
 inline Result<std::vector<planner::ClientRequest>> ClientRequestsOf(
     const nlohmann::json& bench, const std::vector<double>& arrivals) {
   if (bench.value("failed", 0) > 0) return std::vector<planner::ClientRequest>{};
@@ -37,12 +39,19 @@ inline Result<std::vector<planner::ClientRequest>> ClientRequestsOf(
       bench["input_lens"].size() != arrivals.size()) {
     return InvalidArgument("bench result: 'ttfts' and 'input_lens' do not match the arrivals");
   }
+  const bool spans =
+      bench.contains("itls") && bench["itls"].is_array() && bench["itls"].size() == arrivals.size();
   std::vector<planner::ClientRequest> out;
   for (size_t i = 0; i < arrivals.size(); ++i) {
     const auto& t = bench["ttfts"][i];
     const auto& l = bench["input_lens"][i];
     if (!t.is_number() || !l.is_number_integer()) continue;
-    out.push_back({arrivals[i], l.get<int>(), t.get<double>()});
+    double span = -1;
+    if (spans && bench["itls"][i].is_array()) {
+      span = 0;
+      for (const auto& g : bench["itls"][i]) span += g.is_number() ? g.get<double>() : 0.0;
+    }
+    out.push_back({arrivals[i], l.get<int>(), t.get<double>(), span});
   }
   return out;
 }
@@ -60,6 +69,10 @@ inline std::vector<planner::TracedRequest> TracedIn(const std::vector<planner::T
 struct OutsideJoin {
   std::vector<double> outside_s, ttft_s, front_s, wait_s, step_s, handover_s, decode_s, engines_s;
   std::vector<double> inbound_s;  // OutsideSample::inbound_s
+  // OutsideSample::tail_s, in step with outside_s when every joined request had one; else empty
+  // (tails_missing says how many had none).
+  std::vector<double> tail_s;
+  size_t tails_missing = 0;
 };
 inline Result<OutsideJoin> JoinRun(const std::vector<planner::ClientRequest>& client,
                                    const std::vector<planner::TracedRequest>& traced) {
@@ -76,7 +89,13 @@ inline Result<OutsideJoin> JoinRun(const std::vector<planner::ClientRequest>& cl
     j.handover_s.push_back(r.handover_s());
     j.decode_s.push_back(r.decode_s());
     j.engines_s.push_back(r.engines_s());
+    if (std::isfinite(s.tail_s)) {
+      j.tail_s.push_back(s.tail_s);
+    } else {
+      ++j.tails_missing;
+    }
   }
+  if (j.tails_missing > 0) j.tail_s.clear();
   return j;
 }
 
@@ -87,14 +106,30 @@ inline std::string P50P90(const std::vector<double>& v) {
   return b;
 }
 
+// "mean m, p10 a, p50 b, p90 c ms" of a join's tails, or why there are none.
+inline std::string TailSummary(const OutsideJoin& j) {
+  if (j.tail_s.empty()) {
+    return std::to_string(j.tails_missing) + " joined requests without both spans: none";
+  }
+  double sum = 0;
+  for (double v : j.tail_s) sum += v;
+  char b[128];
+  std::snprintf(b, sizeof(b), "mean %.3f, p10 %.3f, p50 %.3f, p90 %.3f ms",
+                sum / static_cast<double>(j.tail_s.size()) * 1e3,
+                planner::Percentile(j.tail_s, 0.1) * 1e3, planner::Percentile(j.tail_s, 0.5) * 1e3,
+                planner::Percentile(j.tail_s, 0.9) * 1e3);
+  return b;
+}
+
 inline void PrintJoin(const char* what, const OutsideJoin& j, size_t requests) {
   std::printf(
       "  %s: %zu of %zu requests joined; p50 / p90 ms: outside %s | measured TTFT %s = front %s "
       "(in outside) + prefill wait %s + prefill step %s + hand-over %s + first decode step %s "
-      "(engines %s)\n",
+      "(engines %s); last token's way out less the first's: %s\n",
       what, j.outside_s.size(), requests, P50P90(j.outside_s).c_str(), P50P90(j.ttft_s).c_str(),
       P50P90(j.front_s).c_str(), P50P90(j.wait_s).c_str(), P50P90(j.step_s).c_str(),
-      P50P90(j.handover_s).c_str(), P50P90(j.decode_s).c_str(), P50P90(j.engines_s).c_str());
+      P50P90(j.handover_s).c_str(), P50P90(j.decode_s).c_str(), P50P90(j.engines_s).c_str(),
+      TailSummary(j).c_str());
 }
 
 // "p50 a, p90 b, p99 c ms (of 1000 draws)" of the delays on the way in that `outside` draws
@@ -147,7 +182,8 @@ inline void CalibrateOutside(const ValidateFlags& f,
   if (j->outside_s.size() < kMinJoinedShare * load.size()) {
     return keep_idle("under half of the load run's requests joined");
   }
-  auto sampled = planner::OutsideLatency::SampledWithInbound(j->outside_s, j->inbound_s, f.seed);
+  auto sampled =
+      planner::OutsideLatency::SampledWithInbound(j->outside_s, j->inbound_s, f.seed, j->tail_s);
   if (!sampled.ok()) return keep_idle(sampled.status().ToString());
   cal->outside = *sampled;
   cal->outside_rule = "drawn per request from the load run's";
@@ -174,9 +210,11 @@ inline void CalibrateOutside(const ValidateFlags& f,
                               {&pooled.step_s, &rj->step_s},
                               {&pooled.handover_s, &rj->handover_s},
                               {&pooled.decode_s, &rj->decode_s},
-                              {&pooled.engines_s, &rj->engines_s}}) {
+                              {&pooled.engines_s, &rj->engines_s},
+                              {&pooled.tail_s, &rj->tail_s}}) {
         to->insert(to->end(), from->begin(), from->end());
       }
+      pooled.tails_missing += rj->tails_missing;
     }
     char what[96];
     std::snprintf(what, sizeof(what), "rounds at %.3g req/s (not used)", r.raw.rate);

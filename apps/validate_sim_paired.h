@@ -37,7 +37,7 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
   if (windows.size() != runs.size()) return InvalidArgument("paired: a run without its window");
   ASSIGN_OR_RETURN(r->paired_runs, planner::PairRunsWithRounds(windows, rounds));
   ASSIGN_OR_RETURN(const auto reqs, BenchRequests(spec, n, r->raw.rate, f.seed));
-  std::vector<planner::Summary> simulated, measured;
+  std::vector<planner::Summary> simulated, measured, without_tail;
   for (size_t k = 0; k < r->paired_runs.size(); ++k) {
     const std::vector<planner::CalibrationRunFactors> one = {runs[r->paired_runs[k]]};
     ASSIGN_OR_RETURN(const planner::RateCalibration rc,
@@ -48,8 +48,17 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
                      SimulateRate(insts, CalibratedLinks(links, cal), reqs, slo, cal.outside));
     simulated.push_back(s);
     measured.push_back(r->rounds[k].measured);
+    if (cal.outside.has_tail()) {
+      ASSIGN_OR_RETURN(planner::Summary w, SimulateRate(insts, CalibratedLinks(links, cal), reqs,
+                                                        slo, cal.outside.WithoutTail()));
+      without_tail.push_back(w);
+    }
   }
   ASSIGN_OR_RETURN(r->paired, planner::ComparePaired(r->raw.rate, simulated, measured));
+  if (without_tail.size() == simulated.size()) {
+    ASSIGN_OR_RETURN(r->paired_without_tail,
+                     planner::ComparePaired(r->raw.rate, without_tail, measured));
+  }
   return OkStatus();
 }
 
@@ -103,6 +112,27 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
       "cells within %.0f%% of %zu: per-rate median %d, paired %d (used: %s)\n",
       100 * kCellTolerance, 5 * reports.size(), planner::CellsWithin(per_rate, kCellTolerance),
       planner::CellsWithin(paired, kCellTolerance), kPairedRuleUsed ? "paired" : "per-rate median");
+  // The paired rule without the tails, on the same rounds.
+  std::vector<planner::ComparisonRow> without, without_rounds, with_rounds;
+  for (const RateReport& r : reports) {
+    if (!r.paired_without_tail) continue;
+    without.push_back(r.paired_without_tail->row);
+    const auto& w = r.paired_without_tail->rounds;
+    without_rounds.insert(without_rounds.end(), w.begin(), w.end());
+    with_rounds.insert(with_rounds.end(), r.paired->rounds.begin(), r.paired->rounds.end());
+  }
+  if (without.size() == reports.size()) {
+    std::printf(
+        "paired, without the last token's way out less the first's at each request's end (not "
+        "used):\n%s",
+        planner::FormatComparison(without).c_str());
+    std::printf(
+        "cells within %.0f%% of %zu without it (not used): %d; per round, of %zu: %d against %d "
+        "with it\n",
+        100 * kCellTolerance, 5 * reports.size(), planner::CellsWithin(without, kCellTolerance),
+        5 * without_rounds.size(), planner::CellsWithin(without_rounds, kCellTolerance),
+        planner::CellsWithin(with_rounds, kCellTolerance));
+  }
   // The step factors' share: the per-rate-median rule with the prefill instance's too, and
   // without any.
   for (const auto& [label, which] :
@@ -110,7 +140,9 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
         std::pair{"without any step factors", &RateReport::without_step_factors},
         std::pair{"without the way in drawn per request", &RateReport::without_inbound_hop},
         std::pair{"with the median run's own decode split", &RateReport::own_split},
-        std::pair{"without the prefill loop gap", &RateReport::without_loop_gap}}) {
+        std::pair{"without the prefill loop gap", &RateReport::without_loop_gap},
+        std::pair{"without the last token's way out less the first's",
+                  &RateReport::without_tail}}) {
     std::vector<planner::ComparisonRow> plain;
     for (const RateReport& r : reports) {
       if (!(r.*which)) continue;

@@ -151,6 +151,7 @@ inline planner::CalibrationRunFactors FactorsOfRun(
     if (j.ok() && j->outside_s.size() >= kMinJoinedShare * run.client.size()) {
       out.outside_s = j->outside_s;
       out.inbound_s = j->inbound_s;
+      out.tail_s = j->tail_s;
     }
   }
   return out;
@@ -313,7 +314,7 @@ inline Result<Calibration> ApplyRateCalibration(const ValidateFlags& f,
   if (rc.prefill_loop_gap_s) cal.prefill_loop_gap_s = *rc.prefill_loop_gap_s;
   if (!rc.outside_s.empty()) {
     ASSIGN_OR_RETURN(cal.outside, planner::OutsideLatency::SampledWithInbound(
-                                      rc.outside_s, rc.inbound_s, f.seed));
+                                      rc.outside_s, rc.inbound_s, f.seed, rc.tail_s));
     cal.outside_rule = "drawn per request from this rate's median calibration run's";
   }
   return cal;

@@ -71,6 +71,10 @@ struct RateReport {
   // run's factors; `paired_runs[k]`: the calibration run that round k took.
   std::optional<planner::PairedComparison> paired;
   std::vector<size_t> paired_runs;
+  // The paired rule on the same rounds without each request's last token's way out less its
+  // first's (OutsideLatency::TailFor) at its end, printed beside it; unset when no calibration
+  // run measured the tails.
+  std::optional<planner::PairedComparison> paired_without_tail;
   // The per-rate-median rule's simulation with the prefill instance's step factors too, and
   // without any (Calibration::prefill_step_factors, decode_step_factors), printed beside it;
   // unset when none were measured.
@@ -85,6 +89,9 @@ struct RateReport {
   // The per-rate-median rule's simulation without the prefill instance's loop gap
   // (Calibration::prefill_loop_gap_s), printed beside it; unset when none was measured.
   std::optional<planner::Summary> without_loop_gap;
+  // The per-rate-median rule's simulation without the tails (paired_without_tail), printed
+  // beside it; unset when none were measured.
+  std::optional<planner::Summary> without_tail;
 };
 
 inline nlohmann::json OverheadsJson(const Calibration& cal) {
@@ -226,6 +233,10 @@ inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo
       paired_rounds.push_back({{"rate", r.raw.rate},
                                {"calibration_run_of_round", r.paired_runs},
                                {"rounds", planner::ComparisonToJson(r.paired->rounds)}});
+      if (r.paired_without_tail) {
+        paired_rounds.back()["rounds_without_tail"] =
+            planner::ComparisonToJson(r.paired_without_tail->rounds);
+      }
     }
     per_rate.push_back(r.rate_calibration);
     nlohmann::json rounds = nlohmann::json::array();

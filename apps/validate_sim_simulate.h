@@ -3,6 +3,7 @@
 // them.
 #pragma once
 
+#include <algorithm>
 #include <span>
 #include <vector>
 
@@ -60,13 +61,15 @@ inline Result<std::vector<planner::SimRequest>> BenchRequests(const bench::Datas
 
 // The simulator on the bench's requests; each request's latency outside the engines (`outside`:
 // the idle probes' constant or a draw from the load run's) added to its first token and end (on
-// the way in and the first token's way out). With `inbound_hop` (the rule used), each request
-// also reaches the instances its drawn delay on the way in later (OutsideLatency::InboundFor,
-// drawn with its outside latency; 0 for the idle constant): its TTFT counts from there, the
-// outside latency holding the whole way in, and requests sent close together may reach the
-// prefill instance in the other order, or together, as the traced rounds showed (issue #7's
-// stop-19 note: the 20%-load TTFT p90, simulated 4-14% low, came 0.3-4 points nearer in 10 of
-// 12 runs, and 162 cells were within 10% against 159 over those runs' same rounds).
+// the way in and the first token's way out). A request of more than one token also gets the
+// drawn last token's way out less its first's at its end (OutsideLatency::TailFor: 0 without
+// measured tails; the end never before the first token). With `inbound_hop` (the rule used), each
+// request also reaches the instances its drawn delay on the way in later
+// (OutsideLatency::InboundFor, drawn with its outside latency; 0 for the idle constant): its TTFT
+// counts from there, the outside latency holding the whole way in, and requests sent close together
+// may reach the prefill instance in the other order, or together, as the traced rounds showed
+// (issue #7's stop-19 note: the 20%-load TTFT p90, simulated 4-14% low, came 0.3-4 points nearer in
+// 10 of 12 runs, and 162 cells were within 10% against 159 over those runs' same rounds).
 inline Result<planner::Summary> SimulateRate(
     std::span<const planner::InstanceConfig> insts, const planner::ClusterLinks& links,
     const std::vector<planner::SimRequest>& sent, const planner::Slo& slo,
@@ -86,7 +89,11 @@ inline Result<planner::Summary> SimulateRate(
   for (auto& r : sim.requests) {
     const double outside_s = outside.For(r.id);
     if (r.first_token_s >= 0) r.first_token_s += outside_s;
-    if (r.finish_s >= 0) r.finish_s += outside_s;
+    if (r.finish_s >= 0) {
+      r.finish_s += outside_s;
+      if (r.output_len > 1)
+        r.finish_s = std::max(r.first_token_s, r.finish_s + outside.TailFor(r.id));
+    }
   }
   if (requests != nullptr) *requests = sim.requests;
   return planner::Summarize(sim.requests, slo);

@@ -179,6 +179,7 @@ void DecodeMessenger::Impl::SendPrefillRequest(Req* r, uint32_t num_pages, uint6
     r->attempt_ns = Tracer::NowNs();
     options_.tracer->Instant("prefill request sent", "kv",
                              {{"request", std::to_string(r->wire_id)},
+                              {"engine_request", r->id},
                               {"peer", peers_[peer].config.name},
                               {"attempt", int64_t{r->attempts}},
                               {"tokens", int64_t{num_tokens}},

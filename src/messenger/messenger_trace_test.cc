@@ -83,7 +83,8 @@ TEST_P(MessengerTraceTest, OneCausalPostPerLayerPerChunk) {
   auto decode = StartDecode(TraceShape(64), {{"p0", prefill->messenger->fabric_address()}}, 20000,
                             kSecret, {}, &decode_trace);
   ASSERT_TRUE(decode->WaitForPeers(kDeadlineS).ok());
-  ASSERT_TRUE(GenerateStatus(*decode, c.len).ok());
+  int64_t engine_id = -1;
+  ASSERT_TRUE(Generate(*decode, PromptOf(c.len, c.len), 3, &engine_id).error.ok());
   ASSERT_TRUE(WaitUntil([&] { return prefill->messenger->metrics().succeeded() == 1; }));
   ASSERT_TRUE(WaitUntil([&] { return decode->metrics().fenced() == 0; }));  // metadata landed
   prefill->messenger->Stop();
@@ -134,6 +135,7 @@ TEST_P(MessengerTraceTest, OneCausalPostPerLayerPerChunk) {
   auto sent = Named(decode_trace, "prefill request sent");
   ASSERT_EQ(sent.size(), 1u);
   EXPECT_EQ(StrArg(sent[0], "request"), id);
+  EXPECT_EQ(IntArg(sent[0], "engine_request"), engine_id);         // as the HTTP instants name it
   EXPECT_EQ(IntArg(sent[0], "expected_writes"), kLayers * pages);  // the metadata counts apart
   EXPECT_EQ(Named(decode_trace, "kv transfer").size(), 1u);
   EXPECT_EQ(Named(decode_trace, "kv ready").size(), 1u);

@@ -225,6 +225,7 @@ Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFac
   if (out.outside_run) {
     out.outside_s = runs[*out.outside_run].outside_s;
     out.inbound_s = runs[*out.outside_run].inbound_s;
+    out.tail_s = runs[*out.outside_run].tail_s;
   }
   for (const CalibrationRunFactors& r : runs) {
     for (auto [from, to, count] :

@@ -72,8 +72,9 @@ struct CalibrationRunFactors {
   std::optional<double> decode_corun;
   // Per request, the latency outside the engines (measured TTFT less the traced engines' part);
   // empty when too few requests joined. inbound_s: the same requests' ways in
-  // (OutsideSample::inbound_s), in step with outside_s, or empty.
-  std::vector<double> outside_s, inbound_s;
+  // (OutsideSample::inbound_s), in step with outside_s, or empty; tail_s: their last token's way
+  // out less their first's (OutsideSample::tail_s), in step with outside_s, or empty.
+  std::vector<double> outside_s, inbound_s, tail_s;
   // The decode and prefill instances' steps' factors (DecodeStepFactors, PrefillStepFactors),
   // in start order; empty when too few steps counted.
   std::vector<double> decode_step_factors, prefill_step_factors;
@@ -106,7 +107,7 @@ struct RateCalibration {
   // a 300-request load run's stayed within x1.19-1.21.
   std::optional<double> pooled_decode_stretch, pooled_decode_seq_stretch;
   int pooled_split_runs = 0;
-  std::vector<double> outside_s, inbound_s;  // inbound_s: the same run's, or empty
+  std::vector<double> outside_s, inbound_s, tail_s;  // inbound_s, tail_s: the same run's, or empty
   std::vector<double> decode_step_factors, prefill_step_factors;
   int client_runs = 0, prefill_runs = 0, stretch_runs = 0, corun_runs = 0, outside_runs = 0,
       step_factor_runs = 0, prefill_factor_runs = 0, loop_gap_runs = 0;

@@ -113,6 +113,7 @@ CalibrationRunFactors MakeRun(double rate, double cpu_per_request, double stretc
   r.prefill_loop_gap_s = stretch * 1e-3;
   r.outside_s = std::move(outside);
   for (double o : r.outside_s) r.inbound_s.push_back(o / 2);  // each run's own ways in
+  for (double o : r.outside_s) r.tail_s.push_back(-o / 4);    // and tails
   return r;
 }
 
@@ -142,7 +143,8 @@ TEST(ValidateRateCalibration, OneSlowRunOfThreeMovesNoFactor) {
   EXPECT_DOUBLE_EQ(c->client_cpu->per_token_s, 0.0001);
   EXPECT_EQ(c->outside_run, 0u);  // means 2.5, 6.5, 2.0 ms: the first run's whole sample
   EXPECT_EQ(c->outside_s, (std::vector<double>{0.002, 0.003}));
-  EXPECT_EQ(c->inbound_s, (std::vector<double>{0.001, 0.0015}));  // the same run's ways in
+  EXPECT_EQ(c->inbound_s, (std::vector<double>{0.001, 0.0015}));   // the same run's ways in
+  EXPECT_EQ(c->tail_s, (std::vector<double>{-0.0005, -0.00075}));  // and tails
   EXPECT_EQ(c->stretch_runs, 3);
   EXPECT_EQ(c->corun_runs, 3);
   EXPECT_EQ(c->client_runs, 3);
@@ -329,6 +331,7 @@ TEST(ValidateRateCalibration, FactorsNoRunGaveStayUnset) {
   EXPECT_FALSE(c->decode_run);
   EXPECT_TRUE(c->outside_s.empty());
   EXPECT_TRUE(c->inbound_s.empty());
+  EXPECT_TRUE(c->tail_s.empty());
   EXPECT_EQ(c->runs, 2);
   EXPECT_EQ(c->stretch_runs + c->prefill_runs + c->corun_runs + c->client_runs + c->outside_runs,
             0);

@@ -77,6 +77,8 @@ Result<std::vector<TracedRequest>> TracedRequestsFromTraces(const std::string& p
   const PrefillSide p = ReadPrefill(pre);
   std::map<std::string, TracedRequest> sent;  // by id: sent_s, prompt_tokens, kv_ready_s
   std::vector<std::pair<double, double>> dsteps;
+  std::map<std::string, std::string> by_engine_id;           // engine request id -> messenger's id
+  std::map<std::string, std::pair<double, double>> written;  // engine id -> first, last write
   try {
     for (const json& e : dec["traceEvents"]) {
       const std::string name = e.value("name", "");
@@ -88,6 +90,13 @@ Result<std::vector<TracedRequest>> TracedRequestsFromTraces(const std::string& p
         r.prompt_tokens = args.value("tokens", -1) + 1;
         r.kv_ready_s = -1;
         sent.emplace(r.id, r);  // the first attempt's
+        if (args.contains("engine_request")) {
+          by_engine_id.emplace(args["engine_request"].dump(), r.id);  // the first attempt's
+        }
+      } else if ((name == "first token written" || name == "last token written") &&
+                 args.contains("request")) {
+        auto [it, fresh] = written.emplace(args["request"].dump(), std::make_pair(-1.0, -1.0));
+        (name[0] == 'f' ? it->second.first : it->second.second) = Ts(e);
       } else if (name == "kv ready") {
         auto it = sent.find(RequestArg(args));
         if (it != sent.end()) it->second.kv_ready_s = Ts(e);
@@ -99,6 +108,14 @@ Result<std::vector<TracedRequest>> TracedRequestsFromTraces(const std::string& p
     return InvalidArgument(std::string("decode trace: ") + e.what());
   }
   std::sort(dsteps.begin(), dsteps.end());
+  for (const auto& [engine_id, w] : written) {
+    const auto id = by_engine_id.find(engine_id);
+    if (id == by_engine_id.end()) continue;
+    const auto it = sent.find(id->second);
+    if (it == sent.end()) continue;
+    it->second.first_written_s = w.first;
+    it->second.last_written_s = w.second;
+  }
   std::vector<TracedRequest> out;
   for (auto& [id, r] : sent) {
     const auto got = p.got.find(id);
@@ -196,8 +213,10 @@ Result<std::vector<OutsideSample>> JoinOutsideLatency(std::span<const ClientRequ
     }
     if (best == traced.size()) continue;
     used[best] = true;
-    out.push_back({i, best, c.ttft_s - traced[best].engines_s(),
-                   traced[best].arrived_s() - c.arrival_s - t0});
+    const TracedRequest& t = traced[best];
+    const double tail = c.span_s >= 0 && t.has_written() ? c.span_s - t.written_span_s()
+                                                         : std::numeric_limits<double>::quiet_NaN();
+    out.push_back({i, best, c.ttft_s - t.engines_s(), t.arrived_s() - c.arrival_s - t0, tail});
   }
   if (out.empty()) return InvalidArgument("outside latency join: no request joined");
   return out;
@@ -215,11 +234,19 @@ Result<OutsideLatency> OutsideLatency::Sampled(std::vector<double> samples_s, ui
 
 Result<OutsideLatency> OutsideLatency::SampledWithInbound(std::vector<double> samples_s,
                                                           std::vector<double> inbound_s,
-                                                          uint64_t seed) {
+                                                          uint64_t seed,
+                                                          std::vector<double> tail_s) {
   if (samples_s.empty()) return InvalidArgument("outside latency: no samples");
   if (!inbound_s.empty() && inbound_s.size() != samples_s.size()) {
     return InvalidArgument("outside latency: " + std::to_string(inbound_s.size()) +
                            " ways in for " + std::to_string(samples_s.size()) + " samples");
+  }
+  if (!tail_s.empty() && tail_s.size() != samples_s.size()) {
+    return InvalidArgument("outside latency: " + std::to_string(tail_s.size()) + " tails for " +
+                           std::to_string(samples_s.size()) + " samples");
+  }
+  for (double s : tail_s) {
+    if (!std::isfinite(s)) return InvalidArgument("outside latency: a tail is not finite");
   }
   for (double& s : samples_s) {
     if (!std::isfinite(s)) return InvalidArgument("outside latency: a sample is not finite");
@@ -242,6 +269,9 @@ Result<OutsideLatency> OutsideLatency::SampledWithInbound(std::vector<double> sa
     std::nth_element(sorted_in.begin(), p5, sorted_in.end());
     for (size_t i : order) o.inbound_s_.push_back(std::max(0.0, inbound_s[i] - *p5));
   }
+  for (size_t i : order) {
+    if (!tail_s.empty()) o.tail_s_.push_back(tail_s[i]);
+  }
   return o;
 }
 
@@ -262,6 +292,18 @@ double OutsideLatency::For(int64_t request_id) const {
 double OutsideLatency::InboundFor(int64_t request_id) const {
   if (inbound_s_.empty()) return 0.0;
   return inbound_s_[Draw(request_id)];
+}
+
+double OutsideLatency::TailFor(int64_t request_id) const {
+  if (tail_s_.empty()) return 0.0;
+  return tail_s_[Draw(request_id)];
+}
+
+double OutsideLatency::TailMean() const {
+  if (tail_s_.empty()) return 0.0;
+  double sum = 0;
+  for (double s : tail_s_) sum += s;
+  return sum / static_cast<double>(tail_s_.size());
 }
 
 double OutsideLatency::Quantile(double q) const {

@@ -31,6 +31,10 @@ struct TracedRequest {
   double step_begin_s = 0, step_end_s = 0;  // the prefill step that computed it
   double kv_ready_s = 0;                    // the decode instance had all of its KV
   double first_step_end_s = 0;  // the end of the decode instance's first step begun after that
+  // The decode instance's HTTP server wrote the first and the last token to the client's stream
+  // ("first token written" / "last token written", joined through the engine request id that
+  // "prefill request sent" names); -1 when not traced (a non-streamed request, an older trace).
+  double first_written_s = -1, last_written_s = -1;
 
   // When the prefill instance had the request: it traces "prefill request" after handing it to
   // its engine, and with the instance pinned to one core its compute thread may start the step
@@ -44,6 +48,9 @@ struct TracedRequest {
   double decode_s() const { return first_step_end_s - kv_ready_s; }
   // Prefill wait + step + hand-over (KV wait) + first decode step.
   double engines_s() const { return first_step_end_s - arrived_s(); }
+  bool has_written() const { return first_written_s >= 0 && last_written_s >= first_written_s; }
+  // From the first token's write to the last's (has_written()).
+  double written_span_s() const { return last_written_s - first_written_s; }
 };
 
 // The requests both traces hold whole ("prefill request sent" and "kv ready" on the decode side,
@@ -65,11 +72,13 @@ Result<std::vector<TracedRequest>> TracedRequestsFromTraces(const std::string& p
 Result<double> KvReadyFraction(std::span<const TracedRequest> traced, size_t min_requests);
 
 // The bench client's side of a request: its arrival (seconds from the run's start: when the
-// client sent it), prompt length and measured TTFT.
+// client sent it), prompt length, measured TTFT and the time from its first token to its last
+// (the sum of its gaps; -1 when unknown).
 struct ClientRequest {
   double arrival_s = 0;
   int prompt_tokens = 0;
   double ttft_s = 0;
+  double span_s = -1;
 };
 
 // Measured TTFT less the traced engines' part, per request found on both sides.
@@ -81,6 +90,13 @@ struct OutsideSample {
   // (TracedRequest::arrived_s), less the join's typical offset t0 (below), so about 0 for a
   // request that met no delay and positive for one held up on its way (a busy core).
   double inbound_s = 0;
+  // The request's last token's way out less its first's: the client's span (first token to
+  // last) less the traced one (the two writes: TracedRequest::written_span_s). The simulation
+  // adds the outside latency, which holds the first token's way out, to the request's end as
+  // well; this corrects that end to the last token's way out (a run at 17 req/s: the first token
+  // reached the client 0.40 ms after its write on average, the last 0.29 ms). NaN when either
+  // side lacks the span.
+  double tail_s = 0;
 };
 // Joins the client's requests with the traced ones. The client's clock starts at an unknown
 // steady-clock time t0 and each request reaches the decode instance a little after it was sent,
@@ -116,14 +132,27 @@ class OutsideLatency {
   // 5th percentile (0 or more), the delay by which it reaches the prefill instance later than
   // the quickest; `inbound_s` empty: none (as Sampled). InvalidArgument also when the two differ
   // in size or a way in is not finite.
+  // `tail_s`: each sample's request's OutsideSample::tail_s, drawn with it (TailFor); empty: none.
+  // InvalidArgument also when it differs in size or holds a value that is not finite.
   static Result<OutsideLatency> SampledWithInbound(std::vector<double> samples_s,
-                                                   std::vector<double> inbound_s,
-                                                   uint64_t seed = 0);
+                                                   std::vector<double> inbound_s, uint64_t seed = 0,
+                                                   std::vector<double> tail_s = {});
 
   double For(int64_t request_id) const;
   // The drawn request's delay on its way in (SampledWithInbound); 0 without inbound samples.
   double InboundFor(int64_t request_id) const;
+  // The drawn request's last token's way out less its first's (OutsideSample::tail_s), which
+  // the simulation adds to a request's end beside For(); 0 without tail samples.
+  double TailFor(int64_t request_id) const;
   bool has_inbound() const { return !inbound_s_.empty(); }
+  bool has_tail() const { return !tail_s_.empty(); }
+  double TailMean() const;  // 0 without tail samples
+  // The same draws without the tails (TailFor gives 0).
+  OutsideLatency WithoutTail() const {
+    OutsideLatency o = *this;
+    o.tail_s_.clear();
+    return o;
+  }
   bool sampled() const { return !samples_s_.empty(); }
   size_t num_samples() const { return samples_s_.size(); }
   // The q-quantile (q in [0, 1]) of what For gives over many requests: the constant, or the
@@ -136,6 +165,7 @@ class OutsideLatency {
   double constant_s_ = 0;
   std::vector<double> samples_s_;  // sorted, >= 0
   std::vector<double> inbound_s_;  // empty, or samples_s_[i]'s request's delay on its way in
+  std::vector<double> tail_s_;     // empty, or samples_s_[i]'s request's tail
   uint64_t seed_ = 0;
 };
 

@@ -1,10 +1,12 @@
 #include "planner/ttft_parts.h"
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -108,6 +110,45 @@ TEST(TtftParts, ARequestTracedAfterItsStepBeganArrivedAtTheStep) {
   EXPECT_NEAR((*r)[0].engines_s(), 11.1e-3, 1e-9);
 }
 
+TEST(TtftParts, TracedRequestsTakeTheirWritesThroughTheEngineRequestId) {
+  // "a" (engine request 5) and "b" (engine request 6) as ThreeRequests, with the decode
+  // instance's HTTP server writing each one's first and last token; "b" was retried (a second
+  // attempt under another messenger id names the same engine request). Engine request 9 is
+  // written but never sent (a prompt of one token decodes without the messenger).
+  Traces t = ThreeRequests();
+  json dec = json::parse(t.decode);
+  auto& ev = dec["traceEvents"];
+  for (json& e : ev) {
+    if (e["name"] != "prefill request sent") continue;
+    if (e["args"]["request"] == "a") e["args"]["engine_request"] = 5;
+    if (e["args"]["request"] == "b") e["args"]["engine_request"] = 6;
+  }
+  ev.push_back(Instant("prefill request sent", 120.0,
+                       {{"request", "b2"}, {"engine_request", 6}, {"tokens", 200}}));
+  for (auto [name, id, ts] : {std::tuple{"first token written", 5, 113.1},
+                              {"last token written", 5, 121.0},
+                              {"first token written", 6, 129.5},
+                              {"last token written", 6, 140.0},
+                              {"first token written", 9, 150.0},
+                              {"last token written", 9, 151.0}}) {
+    json e = Instant(name, ts, {{"request", id}});
+    e["cat"] = "http";
+    ev.push_back(e);
+  }
+  auto r = TracedRequestsFromTraces(t.prefill, dec.dump());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->size(), 2u);
+  EXPECT_TRUE((*r)[0].has_written());
+  EXPECT_NEAR((*r)[0].first_written_s, 113.1e-3, 1e-9);
+  EXPECT_NEAR((*r)[0].written_span_s(), 7.9e-3, 1e-9);
+  EXPECT_EQ((*r)[1].id, "b");
+  EXPECT_NEAR((*r)[1].written_span_s(), 10.5e-3, 1e-9);
+  // Without the engine request ids (an older trace) the writes stay unknown.
+  auto old = TracedRequestsFromTraces(t.prefill, t.decode);
+  ASSERT_TRUE(old.ok());
+  for (const TracedRequest& q : *old) EXPECT_FALSE(q.has_written());
+}
+
 TEST(TtftParts, TracedRequestsRejectWhatIsNotATrace) {
   const Traces t = ThreeRequests();
   EXPECT_EQ(TracedRequestsFromTraces("{", t.decode).status().code(), StatusCode::kInvalidArgument);
@@ -190,6 +231,28 @@ TEST(TtftParts, JoinFindsEachRequestsTraceByArrivalAndLength) {
   EXPECT_NEAR(by_client[1].second, 0.005, 1e-9);
   EXPECT_NEAR(by_client[2].second, 0.005, 1e-9);
   EXPECT_NEAR(by_client[4].second, 0.0045, 1e-9);
+}
+
+TEST(TtftParts, JoinGivesEachRequestsTailFromBothSpans) {
+  // Request 0: the client saw 10.0 ms from its first token to its last, the writes were 10.2 ms
+  // apart (its last token got out 0.2 ms quicker than its first). Request 1: the client lacks
+  // the span; request 2: the trace lacks the writes. Both of those have no tail.
+  const double t0 = 40.0;
+  std::vector<ClientRequest> client = {
+      {0.0, 100, 0.02, 0.0100}, {0.1, 110, 0.02, -1}, {0.2, 120, 0.02, 0.008}};
+  std::vector<TracedRequest> traced = {Traced(t0 + 0.001, 100, 0.015),
+                                       Traced(t0 + 0.101, 110, 0.015),
+                                       Traced(t0 + 0.201, 120, 0.015)};
+  for (TracedRequest& r : {std::ref(traced[0]), std::ref(traced[1])}) {
+    r.first_written_s = r.first_step_end_s + 0.0001;
+    r.last_written_s = r.first_written_s + 0.0102;
+  }
+  auto j = JoinOutsideLatency(client, traced);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  ASSERT_EQ(j->size(), 3u);
+  EXPECT_NEAR((*j)[0].tail_s, -0.0002, 1e-9);
+  EXPECT_TRUE(std::isnan((*j)[1].tail_s));
+  EXPECT_TRUE(std::isnan((*j)[2].tail_s));
 }
 
 TEST(TtftParts, JoinTakesTheNearestOfTwoRequestsOfOneLength) {
@@ -329,6 +392,27 @@ TEST(TtftParts, SampledWithInboundRejectsMismatchedOrNonFiniteWaysIn) {
   EXPECT_EQ(OutsideLatency::SampledWithInbound({0.001}, {INFINITY}).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(OutsideLatency::SampledWithInbound({}, {}).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(TtftParts, SampledWithInboundDrawsEachRequestsTailWithItsOutsideLatency) {
+  auto o =
+      OutsideLatency::SampledWithInbound({0.003, 0.001, 0.002}, {}, 11, {-0.0003, 0.0001, -0.0001});
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_TRUE(o->has_tail());
+  EXPECT_NEAR(o->TailMean(), -0.0001, 1e-12);
+  const std::map<double, double> tail_of = {{0.003, -0.0003}, {0.001, 0.0001}, {0.002, -0.0001}};
+  const OutsideLatency plain = o->WithoutTail();
+  EXPECT_FALSE(plain.has_tail());
+  for (int64_t id = 0; id < 200; ++id) {
+    EXPECT_NEAR(o->TailFor(id), tail_of.at(o->For(id)), 1e-12) << id;
+    EXPECT_DOUBLE_EQ(plain.For(id), o->For(id));
+    EXPECT_DOUBLE_EQ(plain.TailFor(id), 0.0);
+  }
+  EXPECT_DOUBLE_EQ(OutsideLatency::Constant(0.002).TailFor(1), 0.0);
+  EXPECT_EQ(OutsideLatency::SampledWithInbound({0.001, 0.002}, {}, 0, {0.0}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(OutsideLatency::SampledWithInbound({0.001}, {}, 0, {NAN}).status().code(),
             StatusCode::kInvalidArgument);
 }
 

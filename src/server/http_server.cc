@@ -305,6 +305,12 @@ bool OpenAiServer::PumpStream(StreamState& state, httplib::DataSink& sink) {
     return write(state.builder->RoleChunk());
   }
   Generation& gen = *state.generation;
+  // The request's engine id on the instant (the messenger's "prefill request sent" names it
+  // too), so a trace pairs a request's first and last token with its client (issue #7).
+  auto trace_written = [&](std::string_view what) {
+    if (options_.tracer != nullptr)
+      options_.tracer->Instant(what, "http", {{"request", gen.request_id()}});
+  };
   for (;;) {
     if (stopping_ || !sink.is_writable()) {
       gen.Abort();
@@ -320,9 +326,10 @@ bool OpenAiServer::PumpStream(StreamState& state, httplib::DataSink& sink) {
         gen.Abort();
         return false;
       }
-      if (!state.first_token_written) TraceInstant(options_.tracer, "first token written", "http");
+      if (!state.first_token_written) trace_written("first token written");
       state.first_token_written = true;
       if (!delta.finished) continue;
+      trace_written("last token written");
       const auto stats = gen.stats();
       if (state.include_usage &&
           !write(state.builder->UsageChunk(stats.prompt_tokens, stats.completion_tokens)))

@@ -36,7 +36,8 @@ struct ServerOptions {
   // Appended to /metrics (Prometheus text), e.g. a decode instance's KV transfer metrics.
   std::function<std::string()> extra_metrics;
   // Borrowed, may be null: instants along each generation request ("http request", "tokenized",
-  // "engine submitted", "first token written").
+  // "engine submitted"; a streamed one's "first token written" and "last token written", each
+  // with its engine request id as "request").
   Tracer* tracer = nullptr;
 };
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include "common/trace.h"
 #include "server/test_fakes.h"
 #include "server/test_http.h"
 
@@ -132,6 +133,37 @@ TEST_F(ServerTest, CompletionStreamingWithUsage) {
   EXPECT_TRUE(usage["choices"].empty());
   EXPECT_EQ(usage["usage"]["completion_tokens"], 12);
   EXPECT_EQ(usage["usage"]["prompt_tokens"], 2);
+}
+
+// A streamed request's first and last token each leave one trace instant naming its engine
+// request id (issue #7 pairs them with the client); a non-streamed one leaves neither.
+TEST_F(ServerTest, StreamTracesItsFirstAndLastTokenWithTheRequestId) {
+  Tracer tracer;
+  ServerOptions so;
+  so.tracer = &tracer;
+  Start({}, so);
+  for (int i = 0; i < 2; ++i) {
+    auto r = Post("/v1/completions", R"({"prompt":"hi","max_tokens":5,"stream":true})");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200);
+  }
+  ASSERT_TRUE(Post("/v1/completions", R"({"prompt":"hi","max_tokens":5})"));
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> written;  // name -> (id, ts)
+  for (const TraceEvent& e : tracer.Events()) {
+    if (e.name != "first token written" && e.name != "last token written") continue;
+    ASSERT_EQ(e.args.size(), 1u) << e.name;
+    EXPECT_EQ(e.args[0].key, "request");
+    written[e.name].emplace_back(std::get<int64_t>(e.args[0].value), e.ts_ns);
+  }
+  const auto& first = written["first token written"];
+  const auto& last = written["last token written"];
+  ASSERT_EQ(first.size(), 2u);
+  ASSERT_EQ(last.size(), 2u);
+  EXPECT_NE(first[0].first, first[1].first);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(first[i].first, last[i].first);
+    EXPECT_LE(first[i].second, last[i].second);
+  }
 }
 
 TEST_F(ServerTest, ChatNonStreamingAndStreaming) {

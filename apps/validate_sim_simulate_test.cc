@@ -1,0 +1,64 @@
+// `pdserve validate-sim`'s simulated side (issue #7): the outside latency and the last token's
+// way out that SimulateRate adds to each simulated request.
+#include "apps/validate_sim_simulate.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "planner/simulator.h"
+
+namespace pd::apps::validate_sim {
+namespace {
+
+std::vector<planner::InstanceConfig> TwoInstances() {
+  planner::InstanceConfig p;
+  p.role = planner::Role::kPrefill;
+  p.coeffs.prefill = {2e-3, 1e-5, 0};
+  p.coeffs.decode_small = p.coeffs.decode_large = {1e-3, 0, 1e-4};
+  p.policy.max_num_seqs = 8;
+  p.policy.max_num_batched_tokens = 512;
+  p.policy.kv_capacity_tokens = 1 << 16;
+  planner::InstanceConfig d = p;
+  d.role = planner::Role::kDecode;
+  return {p, d};
+}
+
+TEST(ValidateSimSimulate, EachRequestsEndGetsItsDrawnTailBesideItsOutsideLatency) {
+  const auto insts = TwoInstances();
+  planner::ClusterLinks links;
+  std::vector<planner::SimRequest> sent;
+  for (int i = 0; i < 40; ++i) sent.push_back({i, 0.05 * i, 64, i % 4 == 0 ? 1 : 8 + i % 5});
+  // Tails of -1, +1 and 0 ms, and one of -30 ms that would put a request's end before its first
+  // token (its end stays at its first token).
+  auto outside = planner::OutsideLatency::SampledWithInbound({0.002, 0.003, 0.004, 0.005}, {}, 9,
+                                                             {-0.001, 0.001, 0.0, -0.030});
+  ASSERT_TRUE(outside.ok()) << outside.status().ToString();
+  std::vector<planner::RequestResult> with, without;
+  const planner::Slo slo{1.0, 1.0};
+  ASSERT_TRUE(SimulateRate(insts, links, sent, slo, *outside, nullptr, &with).ok());
+  ASSERT_TRUE(
+      SimulateRate(insts, links, sent, slo, outside->WithoutTail(), nullptr, &without).ok());
+  ASSERT_EQ(with.size(), sent.size());
+  ASSERT_EQ(without.size(), sent.size());
+  int moved = 0;
+  for (size_t i = 0; i < with.size(); ++i) {
+    ASSERT_TRUE(with[i].done() && without[i].done()) << i;
+    EXPECT_EQ(with[i].id, without[i].id);
+    // The first token as without tails: the outside latency on it.
+    EXPECT_DOUBLE_EQ(with[i].first_token_s, without[i].first_token_s) << i;
+    EXPECT_GE(with[i].finish_s, with[i].first_token_s) << i;
+    const double tail = outside->TailFor(with[i].id);
+    if (with[i].output_len <= 1) {
+      EXPECT_DOUBLE_EQ(with[i].finish_s, with[i].first_token_s) << i;
+    } else {
+      const double expected = std::max(without[i].finish_s + tail, without[i].first_token_s);
+      EXPECT_NEAR(with[i].finish_s, expected, 1e-12) << i;
+      moved += tail != 0;
+    }
+  }
+  EXPECT_GT(moved, 10);
+}
+
+}  // namespace
+}  // namespace pd::apps::validate_sim
