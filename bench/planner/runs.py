@@ -1,0 +1,139 @@
+#!/usr/bin/python3
+"""Several `pdserve validate-sim` runs (issue #7) side by side, from their comparison.json files:
+the simulator against each run, and the machine against itself across runs.
+
+- Per run: its three rates, the cells (attainment, TTFT p50 / p90, TPOT p50 / p90 per rate)
+  within 10% under the rule used and under the other rule (both are in every comparison.json),
+  and the cells the rule used missed.
+- Over the runs, per rule: the cells within 10%, the runs with all of them, and per cell the
+  mean and spread of simulated / measured - 1.
+- The machine against itself: every two runs whose rates all lie within --rate-tolerance of
+  each other (the rates follow each run's probed capacity), their measured figures (each the
+  median of the run's rounds) set one against the other as the simulator's are against a run's:
+  the cells within 10% and the pairs with all of them. The simulator cannot be expected nearer a
+  run than another run of the same deployment at the same rates comes.
+
+Usage: runs.py [--rate-tolerance 0.01] COMPARISON_JSON...
+"""
+import argparse
+import itertools
+import json
+import statistics
+import sys
+
+METRICS = ("attainment", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
+SHORT = {"attainment": "att", "ttft_p50_s": "TTFT p50", "ttft_p90_s": "TTFT p90",
+         "tpot_p50_s": "TPOT p50", "tpot_p90_s": "TPOT p90"}
+RULES = {"paired": "rows_paired", "per-rate median": "rows_per_rate_median"}
+TOLERANCE = 0.10
+
+
+def rel_diff(a, b):
+    """a / b - 1, as planner::RelDiff (0 when both are 0, infinite when only b is)."""
+    if b == 0:
+        return 0.0 if a == 0 else float("inf")
+    return (a - b) / b
+
+
+class Run:
+    def __init__(self, path):
+        self.path = path
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"{path}: cannot read a comparison.json: {e}")
+        self.rule_used = doc.get("rule_used")
+        if self.rule_used not in RULES:
+            raise SystemExit(f"{path}: 'rule_used' is {self.rule_used!r}, not one of "
+                             f"{sorted(RULES)}")
+        self.rows = {}
+        for rule, key in RULES.items():
+            rows = doc.get(key)
+            if not isinstance(rows, list) or not rows:
+                raise SystemExit(f"{path}: no '{key}' rows")
+            for r in rows:
+                for side in ("simulated", "measured"):
+                    if not all(isinstance(r.get(side, {}).get(m), (int, float)) for m in METRICS):
+                        raise SystemExit(f"{path}: a '{key}' row lacks a {side} figure")
+            self.rows[rule] = rows
+        self.rates = [r["rate"] for r in self.rows["paired"]]
+        if [r["rate"] for r in self.rows["per-rate median"]] != self.rates:
+            raise SystemExit(f"{path}: the two rules' rates differ")
+
+    def errors(self, rule):
+        """[(rate index, metric, simulated / measured - 1)] for every cell."""
+        return [(i, m, rel_diff(r["simulated"][m], r["measured"][m]))
+                for i, r in enumerate(self.rows[rule]) for m in METRICS]
+
+    def within(self, rule):
+        return sum(abs(e) <= TOLERANCE for _, _, e in self.errors(rule))
+
+
+def machine_pairs(runs, rate_tolerance):
+    """Cells within 10% and pairs with all of them, over the pairs of runs at the same rates."""
+    pairs = within = cells = all_within = 0
+    for a, b in itertools.combinations(runs, 2):
+        if len(a.rates) != len(b.rates) or any(
+                abs(rel_diff(x, y)) > rate_tolerance for x, y in zip(a.rates, b.rates)):
+            continue
+        n = sum(abs(rel_diff(ra["measured"][m], rb["measured"][m])) <= TOLERANCE
+                for ra, rb in zip(a.rows["paired"], b.rows["paired"]) for m in METRICS)
+        pairs += 1
+        within += n
+        cells += len(a.rates) * len(METRICS)
+        all_within += n == len(a.rates) * len(METRICS)
+    return pairs, within, cells, all_within
+
+
+def report(runs, rate_tolerance, out):
+    cells = len(runs[0].rates) * len(METRICS)
+    out.write(f"{len(runs)} runs; cells within {TOLERANCE:.0%} of {cells} "
+              "(rule used, other rule) and the rule used's misses:\n")
+    for run in runs:
+        other = next(r for r in RULES if r != run.rule_used)
+        misses = [f"{SHORT[m]} at {run.rates[i]:.3g} req/s {100 * e:+.1f}%"
+                  for i, m, e in run.errors(run.rule_used) if abs(e) > TOLERANCE]
+        rates = "/".join(f"{r:.3g}" for r in run.rates)
+        out.write(f"  {run.path}: {rates} req/s: {run.within(run.rule_used)} ({run.rule_used}), "
+                  f"{run.within(other)} ({other})"
+                  f"{': ' + ', '.join(misses) if misses else ''}\n")
+    for rule in RULES:
+        total = sum(run.within(rule) for run in runs)
+        whole = sum(run.within(rule) == cells for run in runs)
+        out.write(f"{rule}: {total} of {cells * len(runs)} cells within {TOLERANCE:.0%}, all "
+                  f"{cells} in {whole} of {len(runs)} runs; simulated / measured - 1, mean "
+                  "(spread) per load:\n")
+        for m in METRICS:
+            parts = []
+            for i in range(len(runs[0].rates)):
+                errs = [e for run in runs for j, n, e in run.errors(rule) if j == i and n == m]
+                spread = statistics.pstdev(errs) if len(errs) > 1 else 0.0
+                parts.append(f"{100 * statistics.mean(errs):+5.1f}% ({100 * spread:.1f})")
+            out.write(f"  {SHORT[m]:<9} " + "  ".join(parts) + "\n")
+    pairs, within, total, all_within = machine_pairs(runs, rate_tolerance)
+    if pairs == 0:
+        out.write(f"the machine against itself: no two runs have rates within "
+                  f"{rate_tolerance:.1%} of each other\n")
+    else:
+        out.write(f"the machine against itself: {pairs} pairs of runs with rates within "
+                  f"{rate_tolerance:.1%}, their measured figures within {TOLERANCE:.0%} of each "
+                  f"other in {within} of {total} cells ({within / total:.1%}), all {cells} in "
+                  f"{all_within} pairs ({all_within / pairs:.0%})\n")
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rate-tolerance", type=float, default=0.01)
+    p.add_argument("comparisons", nargs="+", metavar="COMPARISON_JSON")
+    a = p.parse_args(argv)
+    if not a.rate_tolerance > 0:
+        p.error("--rate-tolerance must be positive")
+    runs = [Run(path) for path in a.comparisons]
+    if len({len(r.rates) for r in runs}) != 1:
+        raise SystemExit("the runs compare different numbers of rates")
+    report(runs, a.rate_tolerance, sys.stdout)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
