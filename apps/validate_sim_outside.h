@@ -25,12 +25,14 @@
 #include "common/trace.h"
 #include "planner/metrics.h"
 #include "planner/ttft_parts.h"
+#include "planner/validate.h"
 
 namespace pd::apps::validate_sim {
 
 // A bench run's per-request client side: the i-th TTFT of its JSON is the i-th arrival's when no
 // request failed (the JSON lists the successful ones only; with a failure, none is returned).
-// A request's span (first token to last) is the sum of its "itls" when the JSON has them.
+// A request's span (first token to last) is planner::MeasuredFromBenchJson's (the sum of its
+// "itls"); -1 for every request when that cannot read the JSON.
 inline Result<std::vector<planner::ClientRequest>> ClientRequestsOf(
     const nlohmann::json& bench, const std::vector<double>& arrivals) {
   if (bench.value("failed", 0) > 0) return std::vector<planner::ClientRequest>{};
@@ -39,18 +41,13 @@ inline Result<std::vector<planner::ClientRequest>> ClientRequestsOf(
       bench["input_lens"].size() != arrivals.size()) {
     return InvalidArgument("bench result: 'ttfts' and 'input_lens' do not match the arrivals");
   }
-  const bool spans =
-      bench.contains("itls") && bench["itls"].is_array() && bench["itls"].size() == arrivals.size();
+  const auto measured = planner::MeasuredFromBenchJson(bench, "bench result");
   std::vector<planner::ClientRequest> out;
   for (size_t i = 0; i < arrivals.size(); ++i) {
     const auto& t = bench["ttfts"][i];
     const auto& l = bench["input_lens"][i];
     if (!t.is_number() || !l.is_number_integer()) continue;
-    double span = -1;
-    if (spans && bench["itls"][i].is_array()) {
-      span = 0;
-      for (const auto& g : bench["itls"][i]) span += g.is_number() ? g.get<double>() : 0.0;
-    }
+    const double span = measured.ok() ? (*measured)[i].finish_s - (*measured)[i].first_token_s : -1;
     out.push_back({arrivals[i], l.get<int>(), t.get<double>(), span});
   }
   return out;

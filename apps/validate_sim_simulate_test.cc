@@ -1,11 +1,15 @@
-// `pdserve validate-sim`'s simulated side (issue #7): the outside latency and the last token's
-// way out that SimulateRate adds to each simulated request.
+// `pdserve validate-sim`'s header-only parts (issue #7): the outside latency and the last token's
+// way out that SimulateRate adds to each simulated request, and the bench's client side they are
+// measured against.
 #include "apps/validate_sim_simulate.h"
+
+#include <nlohmann/json.hpp>
 
 #include <gtest/gtest.h>
 
 #include <vector>
 
+#include "apps/validate_sim_outside.h"
 #include "planner/simulator.h"
 
 namespace pd::apps::validate_sim {
@@ -58,6 +62,35 @@ TEST(ValidateSimSimulate, EachRequestsEndGetsItsDrawnTailBesideItsOutsideLatency
     }
   }
   EXPECT_GT(moved, 10);
+}
+
+// The client side of a bench run: each request's span from first token to last is its gaps'
+// sum (one token: 0); without the gaps every span is unknown (-1); with a failed request, none.
+TEST(ValidateSimOutside, ClientRequestsTakeTheirSpansFromTheBenchsGaps) {
+  nlohmann::json bench = {
+      {"failed", 0},
+      {"ttfts", {0.010, 0.020, 0.030}},
+      {"input_lens", {100, 120, 90}},
+      {"output_lens", {3, 1, 4}},
+      {"itls", {{0.001, 0.002}, nlohmann::json::array(), {0.001, 0.001, 0.003}}}};
+  const std::vector<double> arrivals = {0.0, 0.1, 0.2};
+  auto c = ClientRequestsOf(bench, arrivals);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(c->size(), 3u);
+  EXPECT_NEAR((*c)[0].span_s, 0.003, 1e-12);
+  EXPECT_DOUBLE_EQ((*c)[1].span_s, 0.0);
+  EXPECT_NEAR((*c)[2].span_s, 0.005, 1e-12);
+  EXPECT_DOUBLE_EQ((*c)[1].arrival_s, 0.1);
+  EXPECT_EQ((*c)[2].prompt_tokens, 90);
+  EXPECT_DOUBLE_EQ((*c)[2].ttft_s, 0.030);
+  bench.erase("itls");
+  c = ClientRequestsOf(bench, arrivals);
+  ASSERT_TRUE(c.ok());
+  for (const planner::ClientRequest& r : *c) EXPECT_DOUBLE_EQ(r.span_s, -1);
+  bench["failed"] = 1;
+  c = ClientRequestsOf(bench, arrivals);
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->empty());
 }
 
 }  // namespace

@@ -96,7 +96,7 @@ Result<std::vector<TracedRequest>> TracedRequestsFromTraces(const std::string& p
       } else if ((name == "first token written" || name == "last token written") &&
                  args.contains("request")) {
         auto [it, fresh] = written.emplace(args["request"].dump(), std::make_pair(-1.0, -1.0));
-        (name[0] == 'f' ? it->second.first : it->second.second) = Ts(e);
+        (name == "first token written" ? it->second.first : it->second.second) = Ts(e);
       } else if (name == "kv ready") {
         auto it = sent.find(RequestArg(args));
         if (it != sent.end()) it->second.kv_ready_s = Ts(e);
@@ -269,8 +269,8 @@ Result<OutsideLatency> OutsideLatency::SampledWithInbound(std::vector<double> sa
     std::nth_element(sorted_in.begin(), p5, sorted_in.end());
     for (size_t i : order) o.inbound_s_.push_back(std::max(0.0, inbound_s[i] - *p5));
   }
-  for (size_t i : order) {
-    if (!tail_s.empty()) o.tail_s_.push_back(tail_s[i]);
+  if (!tail_s.empty()) {
+    for (size_t i : order) o.tail_s_.push_back(tail_s[i]);
   }
   return o;
 }
