@@ -13,7 +13,14 @@ the simulator against each run, and the machine against itself across runs.
   the cells within 10% and the pairs with all of them. The simulator cannot be expected nearer a
   run than another run of the same deployment at the same rates comes.
 
-Usage: runs.py [--rate-tolerance 0.01] COMPARISON_JSON...
+- With --beside KEY (a variant validate-sim simulates beside the paired rule on the same
+  rounds, saved per rate under paired_rounds[].KEY, e.g. rounds_without_arrival_work): the
+  paired rule (each round's simulation, the median over the rounds) against that variant, run
+  by run and over the runs: the cells within 10%, the runs with all of them, the rounds' cells
+  within 10% and the mean error per cell. A change to the simulator is weighed so, on the same
+  rounds over several runs, rather than one run against another.
+
+Usage: runs.py [--rate-tolerance 0.01] [--beside KEY] COMPARISON_JSON...
 """
 import argparse
 import itertools
@@ -60,6 +67,24 @@ class Run:
         self.rates = [r["rate"] for r in self.rows["paired"]]
         if [r["rate"] for r in self.rows["per-rate median"]] != self.rates:
             raise SystemExit(f"{path}: the two rules' rates differ")
+        self.paired_rounds = doc.get("paired_rounds", [])
+
+    def round_rows(self, key):
+        """Per rate, the list of rounds (each {simulated, measured}) under `key` of
+        paired_rounds ("rounds": the paired rule's own)."""
+        by_rate = []
+        for i, rate in enumerate(self.rates):
+            entry = next((e for e in self.paired_rounds
+                          if isinstance(e, dict) and e.get("rate") == rate), None)
+            rounds = entry.get(key) if entry else None
+            if not isinstance(rounds, list) or not rounds:
+                raise SystemExit(f"{self.path}: no paired rounds '{key}' at {rate:.3g} req/s")
+            for r in rounds:
+                for side in ("simulated", "measured"):
+                    if not all(isinstance(r.get(side, {}).get(m), (int, float)) for m in METRICS):
+                        raise SystemExit(f"{self.path}: a '{key}' round lacks a {side} figure")
+            by_rate.append(rounds)
+        return by_rate
 
     def errors(self, rule):
         """[(rate index, metric, simulated / measured - 1)] for every cell."""
@@ -84,6 +109,63 @@ def machine_pairs(runs, rate_tolerance):
         cells += len(a.rates) * len(METRICS)
         all_within += n == len(a.rates) * len(METRICS)
     return pairs, within, cells, all_within
+
+
+def upper_median(values):
+    """As planner::UpperMedian: the upper of the two middle values for an even count."""
+    v = sorted(values)
+    return v[len(v) // 2]
+
+
+def paired_errors(rounds_by_rate):
+    """[(rate index, metric, error)] of the paired rule built from rounds: per rate and metric,
+    the median over the rounds of the simulated figure against the median of the measured."""
+    out = []
+    for i, rounds in enumerate(rounds_by_rate):
+        for m in METRICS:
+            sim = upper_median(r["simulated"][m] for r in rounds)
+            real = upper_median(r["measured"][m] for r in rounds)
+            out.append((i, m, rel_diff(sim, real)))
+    return out
+
+
+def round_cells(rounds_by_rate):
+    return sum(abs(rel_diff(r["simulated"][m], r["measured"][m])) <= TOLERANCE
+               for rounds in rounds_by_rate for r in rounds for m in METRICS)
+
+
+def report_beside(runs, key, out):
+    """The paired rule against the variant `key` on the same rounds, per run and over the runs."""
+    cells = len(runs[0].rates) * len(METRICS)
+    errors = {"rounds": [], key: []}
+    counts = {"rounds": [], key: []}
+    rounds_within = {"rounds": 0, key: 0}
+    rounds_total = 0
+    out.write(f"the paired rule (rounds) beside {key}, on the same rounds: cells within "
+              f"{TOLERANCE:.0%} of {cells} per run:\n")
+    for run in runs:
+        parts = []
+        for k in ("rounds", key):
+            rows = run.round_rows(k)
+            e = paired_errors(rows)
+            errors[k].append(e)
+            counts[k].append(sum(abs(x) <= TOLERANCE for _, _, x in e))
+            rounds_within[k] += round_cells(rows)
+            parts.append(str(counts[k][-1]))
+        rounds_total += sum(len(r) for r in run.round_rows("rounds")) * len(METRICS)
+        out.write(f"  {run.path}: {parts[0]} against {parts[1]}\n")
+    for k in ("rounds", key):
+        out.write(f"{k}: {sum(counts[k])} of {cells * len(runs)} cells within {TOLERANCE:.0%}, "
+                  f"all {cells} in {sum(c == cells for c in counts[k])} of {len(runs)} runs; "
+                  f"per round {rounds_within[k]} of {rounds_total}\n")
+    out.write(f"simulated / measured - 1, mean per load (rounds -> {key}):\n")
+    for m in METRICS:
+        parts = []
+        for i in range(len(runs[0].rates)):
+            mean = {k: statistics.mean(x for e in errors[k] for j, n, x in e if j == i and n == m)
+                    for k in ("rounds", key)}
+            parts.append(f"{100 * mean['rounds']:+5.1f}% -> {100 * mean[key]:+5.1f}%")
+        out.write(f"  {SHORT[m]:<9} " + "  ".join(parts) + "\n")
 
 
 def report(runs, rate_tolerance, out):
@@ -125,6 +207,9 @@ def report(runs, rate_tolerance, out):
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rate-tolerance", type=float, default=0.01)
+    p.add_argument("--beside", metavar="KEY",
+                   help="a paired_rounds variant to weigh against the paired rule, e.g. "
+                        "rounds_without_arrival_work")
     p.add_argument("comparisons", nargs="+", metavar="COMPARISON_JSON")
     a = p.parse_args(argv)
     if not a.rate_tolerance > 0:
@@ -133,6 +218,8 @@ def main(argv):
     if len({len(r.rates) for r in runs}) != 1:
         raise SystemExit("the runs compare different numbers of rates")
     report(runs, a.rate_tolerance, sys.stdout)
+    if a.beside:
+        report_beside(runs, a.beside, sys.stdout)
 
 
 if __name__ == "__main__":

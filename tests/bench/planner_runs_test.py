@@ -36,6 +36,25 @@ def write(dir_, name, rows_paired, rows_median, rule="paired"):
     return path
 
 
+def write_rounds(dir_, name, rates, rounds, variant):
+    """A comparison.json whose paired rows and per-rate median rows are all BASE, with
+    paired_rounds: per rate the made-up `rounds` and, under "rounds_variant", `variant`."""
+    path = os.path.join(dir_, name)
+    with open(path, "w") as f:
+        json.dump({"rule_used": "paired", "rows_paired": [row(r) for r in rates],
+                   "rows_per_rate_median": [row(r) for r in rates],
+                   "paired_rounds": [{"rate": r, "rounds": rounds[i],
+                                      "rounds_variant": variant[i]}
+                                     for i, r in enumerate(rates)]}, f)
+    return path
+
+
+def beside(paths, key="rounds_variant"):
+    out = io.StringIO()
+    runs.report_beside([runs.Run(p) for p in paths], key, out)
+    return out.getvalue()
+
+
 def report(paths, tolerance=0.01):
     out = io.StringIO()
     runs.report([runs.Run(p) for p in paths], tolerance, out)
@@ -78,6 +97,32 @@ class Runs(unittest.TestCase):
         # A wider tolerance pairs all three runs.
         self.assertIn("3 pairs of runs with rates within 6.0%", report([a, b, c], 0.06))
         self.assertIn("no two runs have rates within 0.1%", report([a, b, c], 0.001))
+
+    def test_weighs_a_variant_against_the_paired_rule_on_the_same_rounds(self):
+        # Three rounds a rate. The paired rule: every round's simulation is BASE; the measured
+        # TTFT p90 at the first rate runs 1.00, 1.20, 1.05 x BASE (upper median 1.05: -4.8%).
+        # The variant puts the simulated TTFT p90 there at 1.09, 1.30, 1.15 x BASE (median 1.15:
+        # +9.5%) and its TPOT p50 at the second rate at 1.2 x BASE in every round (+20%).
+        rates = [17.0, 34.0]
+        real = [{"ttft_p90_s": 1.00}, {"ttft_p90_s": 1.20}, {"ttft_p90_s": 1.05}]
+        own = [[row(17.0, real=m) for m in real], [row(34.0)] * 3]
+        variant = [[row(17.0, {"ttft_p90_s": k}, m) for k, m in zip((1.09, 1.30, 1.15), real)],
+                   [row(34.0, {"tpot_p50_s": 1.2})] * 3]
+        a = write_rounds(self.dir, "a.json", rates, own, variant)
+        text = beside([a])
+        self.assertIn("a.json: 10 against 9\n", text)
+        # Per round: the own rule misses the round at 1.20 (-16.7%); the variant misses the
+        # second rate's three TPOT p50 cells and none of the TTFT p90 (+9.0%, +8.3%, +9.5%).
+        self.assertIn("rounds: 10 of 10 cells within 10%, all 10 in 1 of 1 runs; per round 29 "
+                      "of 30", text)
+        self.assertIn("rounds_variant: 9 of 10 cells within 10%, all 10 in 0 of 1 runs; per "
+                      "round 27 of 30", text)
+        self.assertRegex(text, r"TTFT p90\s+-4\.8% ->  \+9\.5%\s+\+0\.0% ->  \+0\.0%")
+        self.assertRegex(text, r"TPOT p50\s+\+0\.0% ->  \+0\.0%\s+\+0\.0% -> \+20\.0%")
+        # A key no run saved is named.
+        with self.assertRaises(SystemExit) as e:
+            beside([a], "rounds_without_something")
+        self.assertIn("no paired rounds 'rounds_without_something' at 17 req/s", str(e.exception))
 
     def test_rejects_what_is_not_a_comparison(self):
         bad = os.path.join(self.dir, "bad.json")
