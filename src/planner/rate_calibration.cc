@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 namespace pd::planner {
 
@@ -22,7 +25,7 @@ Result<size_t> UpperMedianIndex(std::span<const double> values) {
 }
 
 Result<double> PrefillBusyStretch(std::span<const StepRecord> real, std::span<const StepRecord> sim,
-                                  int64_t min_steps) {
+                                  int64_t min_steps, double left_out_s) {
   double real_s = 0, sim_s = 0;
   int64_t n = 0;
   for (const StepRecord& s : real) {
@@ -40,7 +43,89 @@ Result<double> PrefillBusyStretch(std::span<const StepRecord> real, std::span<co
   if (!(sim_s > 0) || !std::isfinite(real_s) || !std::isfinite(sim_s)) {
     return FailedPrecondition("prefill busy stretch: no simulated prefill time");
   }
-  return real_s / sim_s;
+  if (!(left_out_s >= 0 && left_out_s <= real_s / 2)) {
+    return FailedPrecondition("prefill busy stretch: " + std::to_string(left_out_s) +
+                              " s to leave out of " + std::to_string(real_s) + " s traced");
+  }
+  return (real_s - left_out_s) / sim_s;
+}
+
+Result<PrefillArrivalWork> MeasurePrefillArrivalWork(std::span<const StepRecord> steps,
+                                                     std::span<const TracedRequest> traced,
+                                                     const StepCoeffs& model, int64_t min_steps) {
+  // The requests' instants at the instance, each with the start of the step that computed it.
+  std::vector<std::pair<double, double>> got;  // (got_s, its step's start)
+  got.reserve(traced.size());
+  for (const TracedRequest& r : traced) got.emplace_back(r.got_s, r.step_begin_s);
+  std::sort(got.begin(), got.end());
+  const auto first_at = [&](double t) {
+    return std::lower_bound(got.begin(), got.end(),
+                            std::pair{t, -std::numeric_limits<double>::infinity()});
+  };
+  constexpr double kSameStepS = 1e-6;  // as PrefillLoopGap: one step read from two events
+  struct Counted {
+    double real_s, model_s;
+    int arrivals;
+    bool corun;
+  };
+  std::vector<Counted> counted;
+  double first_start = std::numeric_limits<double>::infinity(), last_end = -first_start;
+  for (const StepRecord& s : steps) {
+    if (s.prefill_tokens <= 0) continue;
+    const double t = static_cast<double>(s.prefill_tokens);
+    const double model_s =
+        model.PrefillMs(s.prefill_tokens, t * t / std::max(1, s.prefill_chunks)) * 1e-3;
+    if (!(model_s > 0) || !std::isfinite(model_s) || !(s.duration_s >= 0) ||
+        !std::isfinite(s.duration_s)) {
+      continue;
+    }
+    const double end = s.start_s + s.duration_s;
+    int n = 0;
+    for (auto it = first_at(s.start_s); it != got.end() && it->first < end; ++it) {
+      n += it->second > s.start_s + kSameStepS;
+    }
+    counted.push_back({s.duration_s, model_s, n, s.corun});
+    first_start = std::min(first_start, s.start_s);
+    last_end = std::max(last_end, end);
+  }
+  PrefillArrivalWork out;
+  // Per co-run mark: the free steps' time and model time, traced and by chance (below).
+  double free_real[2] = {0, 0}, free_model[2] = {0, 0}, chance_real[2] = {0, 0},
+         chance_model[2] = {0, 0};
+  const double rate = counted.empty() || !(last_end > first_start)
+                          ? 0.0
+                          : static_cast<double>(first_at(last_end) - first_at(first_start)) /
+                                (last_end - first_start);
+  for (const Counted& c : counted) {
+    const double free_by_chance = std::exp(-rate * c.real_s);
+    chance_real[c.corun] += free_by_chance * c.real_s;
+    chance_model[c.corun] += free_by_chance * c.model_s;
+    if (c.arrivals > 0) continue;
+    free_real[c.corun] += c.real_s;
+    free_model[c.corun] += c.model_s;
+    ++out.free_steps;
+  }
+  double excess = 0, chance_excess = 0, chance_arrivals = 0;
+  for (const Counted& c : counted) {
+    if (!(free_model[c.corun] > 0)) continue;
+    if (c.arrivals > 0) {
+      excess += c.real_s - c.model_s * free_real[c.corun] / free_model[c.corun];
+      out.arrivals += c.arrivals;
+      ++out.held_steps;
+    }
+    chance_excess += (1 - std::exp(-rate * c.real_s)) *
+                     (c.real_s - c.model_s * chance_real[c.corun] / chance_model[c.corun]);
+    chance_arrivals += rate * c.real_s;
+  }
+  if (out.held_steps < min_steps || out.free_steps < min_steps) {
+    return FailedPrecondition("prefill arrival work: " + std::to_string(out.held_steps) +
+                              " steps a request came during and " + std::to_string(out.free_steps) +
+                              " free ones traced, need " + std::to_string(min_steps) + " of each");
+  }
+  out.held_s = excess / static_cast<double>(out.arrivals);
+  out.chance_s = chance_arrivals > 0 ? chance_excess / chance_arrivals : 0.0;
+  out.work_s = std::max(0.0, out.held_s - out.chance_s);
+  return out;
 }
 
 Result<double> PrefillLoopGap(std::span<const StepRecord> steps,
@@ -178,6 +263,11 @@ Status CheckRuns(std::span<const CalibrationRunFactors> runs, double output_toke
         !(std::isfinite(*r.prefill_loop_gap_s) && *r.prefill_loop_gap_s >= 0)) {
       return InvalidArgument("CombineCalibrationRuns: a prefill loop gap is not finite and >= 0");
     }
+    if (r.prefill_arrival_work_s &&
+        !(std::isfinite(*r.prefill_arrival_work_s) && *r.prefill_arrival_work_s >= 0)) {
+      return InvalidArgument(
+          "CombineCalibrationRuns: a prefill arrival work is not finite and >= 0");
+    }
   }
   return OkStatus();
 }
@@ -194,6 +284,12 @@ Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFac
                    MedianOf(runs, &CalibrationRunFactors::prefill_stretch, &out.prefill_runs));
   ASSIGN_OR_RETURN(out.prefill_loop_gap_s,
                    MedianOf(runs, &CalibrationRunFactors::prefill_loop_gap_s, &out.loop_gap_runs));
+  ASSIGN_OR_RETURN(
+      out.prefill_arrival_work_s,
+      MedianOf(runs, &CalibrationRunFactors::prefill_arrival_work_s, &out.arrival_work_runs));
+  ASSIGN_OR_RETURN(
+      out.prefill_stretch_left_out,
+      MedianOf(runs, &CalibrationRunFactors::prefill_stretch_left_out, &out.left_out_runs));
   // The runs' keys for the figures taken whole from one run.
   const auto decode_key = [](const CalibrationRunFactors& r) -> std::optional<double> {
     if (!r.decode_stretch) return std::nullopt;

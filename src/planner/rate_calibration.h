@@ -33,9 +33,46 @@ Result<size_t> UpperMedianIndex(std::span<const double> values);
 // in the run's window). The total, not a per-step median: the queues grow with the busy share
 // (rate x mean step), and the idle probes' prefill scale missed it by 7-50% in the rounds of two
 // runs (traced prefill steps over the probes' model, p50 x1.07-1.21 at 03:22, x1.19-1.52 at
-// 04:48). FailedPrecondition under `min_steps` real steps or with no simulated prefill time.
+// 04:48). `left_out_s`: real busy time left out of the total (the arrival work the simulation
+// places itself: PrefillArrivalWork::total_s). FailedPrecondition under `min_steps` real steps,
+// with no simulated prefill time, or when less than half the real time is left.
 Result<double> PrefillBusyStretch(std::span<const StepRecord> real, std::span<const StepRecord> sim,
-                                  int64_t min_steps);
+                                  int64_t min_steps, double left_out_s = 0.0);
+
+// The work a request brings a prefill instance's core when it comes while a step runs
+// (InstanceConfig::arrival_work_s), from one traced run's prefill steps (`steps`, start order)
+// and requests: a step is held when a request that a later step computed reached the instance
+// during it (TracedRequest::got_s in [start, end): its "transfer" or "prefill request", as the
+// messenger took it; a request computed by the step it came in is the step's own). Each step's
+// time is put against `model`'s time for its tokens (as PrefillStepFactors takes them); per
+// co-run mark, the free steps' total over their model total is the mark's ratio, and `held_s`
+// is the held steps' time beyond that ratio, summed, over the requests that came during them.
+// A longer step catches more requests by chance, so held steps run longer even when a request
+// costs nothing: `chance_s` is the same figure expected of requests that came at random at the
+// run's rate (each step free with probability exp(-rate x its time): its ratio and excess
+// weighted so, over rate x its time requests), and `work_s` = held_s - chance_s, or 0 when
+// less. Why: the prefill instance is pinned whole to one core, so a request's hop ends on that
+// core's messenger and fabric threads, which take it from the running step, the one the request
+// then queues behind. A traced run (2026-12-01 06:38): steps a request came during ran 0.59 /
+// 0.30 / 0.16 ms longer than the free ones at 17 / 34 / 52 req/s. Six runs (08:34-09:20): work_s
+// 0-1.08 ms a calibration run, a rate's median 0.08-0.54; chance_s mostly -0.29 to +0.16 (the
+// model's misfit by prompt length weighs in too), up to +1.5 in a slow spell, which held_s
+// then follows. Spread over every step as a stretch, that work slows prompts at low load that met
+// none of it and leaves the queued ones short. validate-sim prints the simulation with it beside
+// the rule used, not used (apps/validate_sim_rate_cal.h, WithArrivalWork).
+// FailedPrecondition under `min_steps` held or free steps.
+struct PrefillArrivalWork {
+  double work_s = 0.0;     // per request, >= 0
+  double held_s = 0.0;     // the held steps' excess per request
+  double chance_s = 0.0;   // the excess by chance, per request
+  int64_t held_steps = 0;  // steps during which a request came
+  int64_t free_steps = 0;  // steps during which none came
+  int64_t arrivals = 0;    // requests that came during a step
+  double total_s() const { return work_s * static_cast<double>(arrivals); }
+};
+Result<PrefillArrivalWork> MeasurePrefillArrivalWork(std::span<const StepRecord> steps,
+                                                     std::span<const TracedRequest> traced,
+                                                     const StepCoeffs& model, int64_t min_steps);
 
 // The prefill engine's loop between back-to-back steps (InstanceConfig::loop_gap_s): the mean of
 // next step's start less this step's end over the consecutive steps (`steps`: start order, those
@@ -53,8 +90,14 @@ Result<double> PrefillLoopGap(std::span<const StepRecord> steps,
 // One traced calibration run's figures; a part it could not give is unset (or empty).
 struct CalibrationRunFactors {
   double rate = 0.0;
-  // PrefillBusyStretch on this run: unset when too few steps were traced.
-  std::optional<double> prefill_stretch;
+  // PrefillBusyStretch on this run over the whole traced busy time: unset when too few steps
+  // were traced. prefill_stretch_left_out: the same with the arrival work
+  // (prefill_arrival_work_s) left out of it, which goes with that work (printed beside, not
+  // used); unset when the work was not measured.
+  std::optional<double> prefill_stretch, prefill_stretch_left_out;
+  // MeasurePrefillArrivalWork on this run (its work_s, and the held_s and chance_s it came from,
+  // printed beside): unset when too few steps were traced.
+  std::optional<double> prefill_arrival_work_s, prefill_arrival_held_s, prefill_arrival_chance_s;
   // PrefillLoopGap on this run: unset when too few gaps were traced.
   std::optional<double> prefill_loop_gap_s;
   // The bench client's and router's CPU under load, in the probes' split (LoadedClientCpuCost).
@@ -100,6 +143,8 @@ struct RateCalibration {
   std::optional<ClientCpuCost> client_cpu;
   std::optional<double> prefill_stretch, decode_stretch, decode_seq_stretch, decode_corun;
   std::optional<double> prefill_loop_gap_s;  // the median over the runs that gave one
+  // Each the median over the runs that gave one.
+  std::optional<double> prefill_arrival_work_s, prefill_stretch_left_out;
   // The split fitted over every run's rows together (MergeDecodeStepStats; DecodeFactorsUnderLoad
   // on them), scaled to the taken run's unsplit stretch: per step and per sequence. Unset when
   // fewer than two runs kept rows, their per-step parts differ, or the pooled steps do not split.
@@ -110,7 +155,8 @@ struct RateCalibration {
   std::vector<double> outside_s, inbound_s, tail_s;  // inbound_s, tail_s: the same run's, or empty
   std::vector<double> decode_step_factors, prefill_step_factors;
   int client_runs = 0, prefill_runs = 0, stretch_runs = 0, corun_runs = 0, outside_runs = 0,
-      step_factor_runs = 0, prefill_factor_runs = 0, loop_gap_runs = 0;
+      step_factor_runs = 0, prefill_factor_runs = 0, loop_gap_runs = 0, arrival_work_runs = 0,
+      left_out_runs = 0;
   // Which run's cost / sample / decode stretch pair was taken.
   std::optional<size_t> client_run, outside_run, decode_run;
 };

@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 #include <vector>
 
 namespace pd::planner {
@@ -73,6 +75,118 @@ TracedRequest Computed(double got_s, double step_begin_s) {
   return r;
 }
 
+// The arrival work left out: (40 - 4) / 20; more than half the traced time left out, or a
+// negative amount, is refused.
+TEST(ValidateRateCalibration, PrefillBusyStretchLeavesTheArrivalWorkOut) {
+  const std::vector<StepRecord> real = {Step(0.010, 100), Step(0.030, 200)};
+  const std::vector<StepRecord> sim = {Step(0.008, 100), Step(0.012, 200)};
+  auto k = PrefillBusyStretch(real, sim, 2, 0.004);
+  ASSERT_TRUE(k.ok()) << k.status().ToString();
+  EXPECT_DOUBLE_EQ(*k, 1.8);
+  for (double bad : {0.021, -1e-3, std::nan("")}) {
+    EXPECT_EQ(PrefillBusyStretch(real, sim, 2, bad).status().code(),
+              StatusCode::kFailedPrecondition)
+        << bad;
+  }
+}
+
+// 0.1 ms per prompt token. Free steps run x1.2 the model (12 ms for 100 tokens, 24 for 200);
+// the step at 70 ms, which one request came during, ran 1.5 ms over that, and the one at 90 ms,
+// two, 2.5 ms over: 4 ms over three requests. A request that came during the step that computed
+// it is that step's own (the one at 91 ms), a co-run step has no free co-run step to go by, and
+// a decode-only step is no prefill step.
+TEST(ValidateRateCalibration, PrefillArrivalWorkIsTheHeldStepsTimeOverTheFreeOnesPerRequest) {
+  StepCoeffs model;
+  model.prefill = {0, 0.1, 0};
+  StepRecord corun = At(0.130, 0.030, 100);
+  corun.corun = true;
+  const std::vector<StepRecord> steps = {At(0.000, 0.012, 100),
+                                         At(0.020, 0.024, 200),
+                                         At(0.050, 0.012, 100),
+                                         At(0.065, 0.002, 0),
+                                         At(0.070, 0.0135, 100),
+                                         At(0.090, 0.0265, 200),
+                                         corun};
+  const std::vector<TracedRequest> traced = {
+      Computed(0.000, 0.000), Computed(0.020, 0.020), Computed(0.050, 0.050),
+      Computed(0.075, 0.090), Computed(0.091, 0.090),  // came during its own step
+      Computed(0.095, 0.130), Computed(0.100, 0.130), Computed(0.140, 0.170),
+  };
+  auto w = MeasurePrefillArrivalWork(steps, traced, model, 2);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_NEAR(w->held_s, 0.004 / 3, 1e-12);
+  EXPECT_EQ(w->held_steps, 2);
+  EXPECT_EQ(w->free_steps, 3);
+  EXPECT_EQ(w->arrivals, 3);
+  // By chance: 8 requests over the steps' 160 ms, 50 a second; each non-co-run step free with
+  // probability exp(-50 x its time).
+  const double rate = 8 / 0.160;
+  const double real[] = {0.012, 0.024, 0.012, 0.0135, 0.0265};
+  const double modelled[] = {0.010, 0.020, 0.010, 0.010, 0.020};
+  double free_real = 0, free_model = 0, excess = 0, arrivals = 0;
+  for (int i = 0; i < 5; ++i) {
+    free_real += std::exp(-rate * real[i]) * real[i];
+    free_model += std::exp(-rate * real[i]) * modelled[i];
+  }
+  for (int i = 0; i < 5; ++i) {
+    excess += (1 - std::exp(-rate * real[i])) * (real[i] - modelled[i] * free_real / free_model);
+    arrivals += rate * real[i];
+  }
+  EXPECT_NEAR(w->chance_s, excess / arrivals, 1e-12);
+  EXPECT_GT(w->chance_s, 0.0);
+  EXPECT_NEAR(w->work_s, w->held_s - w->chance_s, 1e-12);
+  EXPECT_NEAR(w->total_s(), w->work_s * 3, 1e-12);
+  EXPECT_EQ(MeasurePrefillArrivalWork(steps, traced, model, 3).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(MeasurePrefillArrivalWork(steps, {}, model, 1).status().code(),
+            StatusCode::kFailedPrecondition);  // no held step
+  // Held steps no longer than the free ones: no work, not less than none.
+  std::vector<StepRecord> quick = steps;
+  quick[4].duration_s = 0.011;
+  quick[5].duration_s = 0.023;
+  auto none = MeasurePrefillArrivalWork(quick, traced, model, 2);
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_EQ(none->work_s, 0.0);
+}
+
+// Steps of one size whose times spread (x0.7-1.3 around 10 ms) and requests that come at random,
+// each costing nothing: the held steps still run longer (they caught more requests for being
+// long), and the figure by chance takes that back out.
+TEST(ValidateRateCalibration, PrefillArrivalWorkTakesOutWhatLongStepsCatchByChance) {
+  StepCoeffs model;
+  model.prefill = {10, 0, 0};
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> spread(0.7, 1.3);
+  std::exponential_distribution<double> gap(40.0);  // 40 requests a second
+  std::vector<StepRecord> steps;
+  std::vector<TracedRequest> traced;
+  double t = 0, next = gap(rng);
+  for (int i = 0; i < 20000; ++i) {
+    const StepRecord s = At(t, 0.010 * spread(rng), 100);
+    steps.push_back(s);
+    t += s.duration_s + 0.0002;
+    // Each request counts as computed by a step long after (the test's own bookkeeping).
+    for (; next < t; next += gap(rng)) traced.push_back(Computed(next, next + 1.0));
+  }
+  auto w = MeasurePrefillArrivalWork(steps, traced, model, 100);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_GT(w->held_s, 0.0002);  // ~0.3 ms by chance alone
+  EXPECT_NEAR(w->chance_s, w->held_s, 0.00005);
+  EXPECT_LT(w->work_s, 0.00005);
+  // 0.5 ms added to each held step per request it caught comes back out as about that.
+  for (StepRecord& s : steps) {
+    auto from = std::lower_bound(traced.begin(), traced.end(), s.start_s,
+                                 [](const TracedRequest& r, double v) { return r.got_s < v; });
+    for (auto it = from; it != traced.end() && it->got_s < s.start_s + s.duration_s; ++it) {
+      s.duration_s += 0.0005;
+    }
+  }
+  // The steps now overlap the requests' instants a little differently; the count stays close.
+  auto worked = MeasurePrefillArrivalWork(steps, traced, model, 100);
+  ASSERT_TRUE(worked.ok()) << worked.status().ToString();
+  EXPECT_NEAR(worked->work_s, 0.0005, 0.0001);
+}
+
 // Steps at 0-10, 10.3-20, 20.5-30, 40-50, 50.2-60 and 60.9-70 ms (a decode-only one between);
 // the gaps that count are those whose next step had a request in by the step's end.
 TEST(ValidateRateCalibration, PrefillLoopGapIsTheMeanGapBeforeStepsWhoseWorkWaited) {
@@ -111,6 +225,8 @@ CalibrationRunFactors MakeRun(double rate, double cpu_per_request, double stretc
   r.decode_seq_stretch = stretch + 0.2;
   r.decode_corun = corun;
   r.prefill_loop_gap_s = stretch * 1e-3;
+  r.prefill_arrival_work_s = stretch * 0.5e-3;
+  r.prefill_stretch_left_out = stretch + 0.05;
   r.outside_s = std::move(outside);
   for (double o : r.outside_s) r.inbound_s.push_back(o / 2);  // each run's own ways in
   for (double o : r.outside_s) r.tail_s.push_back(-o / 4);    // and tails
@@ -137,6 +253,11 @@ TEST(ValidateRateCalibration, OneSlowRunOfThreeMovesNoFactor) {
   ASSERT_TRUE(c->prefill_loop_gap_s);
   EXPECT_DOUBLE_EQ(*c->prefill_loop_gap_s, 1.04e-3);
   EXPECT_EQ(c->loop_gap_runs, 3);
+  ASSERT_TRUE(c->prefill_arrival_work_s && c->prefill_stretch_left_out);
+  EXPECT_DOUBLE_EQ(*c->prefill_arrival_work_s, 0.52e-3);
+  EXPECT_DOUBLE_EQ(*c->prefill_stretch_left_out, 1.09);
+  EXPECT_EQ(c->arrival_work_runs, 3);
+  EXPECT_EQ(c->left_out_runs, 3);
   EXPECT_DOUBLE_EQ(*c->decode_corun, 1.05);
   EXPECT_EQ(c->client_run, 0u);  // 1.7 ms + 32 x 0.1 ms: the middle cost
   EXPECT_DOUBLE_EQ(c->client_cpu->per_request_s, 0.0017);
@@ -324,6 +445,9 @@ TEST(ValidateRateCalibration, FactorsNoRunGaveStayUnset) {
   EXPECT_FALSE(c->prefill_stretch);
   EXPECT_FALSE(c->prefill_loop_gap_s);
   EXPECT_EQ(c->loop_gap_runs, 0);
+  EXPECT_FALSE(c->prefill_arrival_work_s);
+  EXPECT_FALSE(c->prefill_stretch_left_out);
+  EXPECT_EQ(c->arrival_work_runs + c->left_out_runs, 0);
   EXPECT_FALSE(c->decode_corun);
   EXPECT_FALSE(c->client_cpu);
   EXPECT_FALSE(c->client_run);
@@ -356,6 +480,11 @@ TEST(ValidateRateCalibration, CombineRefusesNoRunsMixedRatesAndBadFigures) {
     std::vector<CalibrationRunFactors> gap = {MakeRun(10, 0.001, 1, 1, {})};
     gap[0].prefill_loop_gap_s = bad;
     EXPECT_EQ(CombineCalibrationRuns(gap, 32).status().code(), StatusCode::kInvalidArgument);
+    std::vector<CalibrationRunFactors> work = {MakeRun(10, 0.001, 1, 1, {})};
+    work[0].prefill_arrival_work_s = bad;
+    auto refused = CombineCalibrationRuns(work, 32);
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.status().message().find("arrival work"), std::string::npos);
   }
 }
 

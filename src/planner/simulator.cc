@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <optional>
 #include <queue>
 #include <string>
 
@@ -28,6 +29,9 @@ struct Instance {
   int in_flight = 0;
   int incoming = 0;  // KV transfers on their way here
   int64_t steps_started = 0;
+  // InstanceConfig::arrival_work_s: the work requests brought while the running step ran (pp 1:
+  // one step at a time), and how much of it the step's end has been moved by.
+  double step_work_s = 0.0, done_shift_s = 0.0;
   bool dirty = false;  // may be able to start a step at the current instant
   std::deque<SimBatch> batches;
   int load() const { return sched->num_unfinished() + incoming; }
@@ -65,6 +69,11 @@ class Cluster {
   int PickLeastLoaded(Role role) const;
   void OnArrival(double now, int64_t req);
   void OnStepDone(double now, int inst);
+  // Moves an event of `inst`'s running step (its end, or a prompt's KV-ready point) by the
+  // arrival work that came since it was last moved (`*shift_s`: how far it has been, updated):
+  // the instant it is pushed again to, or nullopt when there is nothing to move it by.
+  std::optional<double> HeldByArrivalWork(double now, int inst, EventKind kind, int64_t req,
+                                          double* shift_s);
   // `req`'s KV is whole on the prefill instance `inst`: picks a decode instance and starts the
   // transfer to it.
   void HandOver(double now, int inst, int64_t req);
@@ -100,6 +109,7 @@ class Cluster {
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
   int64_t next_seq_ = 0;
   std::vector<int> generated_;
+  std::vector<double> ready_shift_;  // how much a request's KV-ready point has been moved
   std::vector<char> missed_;
   SimResult result_;
   int misses_ = 0;
@@ -120,6 +130,13 @@ Status Cluster::Init(std::span<const InstanceConfig> configs) {
     if (!(std::isfinite(c.loop_gap_s) && c.loop_gap_s >= 0)) {
       return InvalidArgument("instance loop_gap_s must be finite and >= 0, got " +
                              std::to_string(c.loop_gap_s));
+    }
+    if (!(std::isfinite(c.arrival_work_s) && c.arrival_work_s >= 0)) {
+      return InvalidArgument("instance arrival_work_s must be finite and >= 0, got " +
+                             std::to_string(c.arrival_work_s));
+    }
+    if (c.arrival_work_s > 0 && c.pp != 1) {
+      return InvalidArgument("instance arrival_work_s needs pp 1, got pp " + std::to_string(c.pp));
     }
     double min_factor = 1.0;
     if (c.step_factors) {
@@ -151,6 +168,7 @@ Status Cluster::Init(std::span<const InstanceConfig> configs) {
   colocated_ = colocated > 0;
   result_.requests.resize(requests_.size());
   generated_.assign(requests_.size(), 0);
+  ready_shift_.assign(requests_.size(), 0.0);
   missed_.assign(requests_.size(), 0);
   for (size_t i = 0; i < requests_.size(); ++i) {
     const SimRequest& r = requests_[i];
@@ -196,7 +214,11 @@ SimResult Cluster::Run() {
         OnStepDone(now, e.instance);
         break;
       case EventKind::kKvReady:
-        HandOver(now, e.instance, e.request);
+        if (!HeldByArrivalWork(now, e.instance, EventKind::kKvReady, e.request,
+                               &ready_shift_[e.request])
+                 .has_value()) {
+          HandOver(now, e.instance, e.request);
+        }
         break;
       case EventKind::kKvArrived:
         OnKvArrived(now, e.instance, e.request);
@@ -252,6 +274,18 @@ void Cluster::OnArrival(double now, int64_t req) {
     return;
   }
   MarkDirty(inst);
+  Instance& in = instances_[inst];
+  if (in.in_flight > 0) in.step_work_s += in.cfg.arrival_work_s;
+}
+
+std::optional<double> Cluster::HeldByArrivalWork(double now, int i, EventKind kind, int64_t req,
+                                                 double* shift_s) {
+  const double work = instances_[i].step_work_s;
+  if (!(work > *shift_s)) return std::nullopt;
+  const double at = now + (work - *shift_s);
+  *shift_s = work;
+  Push(at, kind, i, req);
+  return at;
 }
 
 void Cluster::OnTtftDeadline(double now, int64_t req) {
@@ -339,6 +373,7 @@ void Cluster::TryStart(double now, int i) {
     t.step_s *= k;
   }
   ++inst.steps_started;
+  inst.step_work_s = inst.done_shift_s = 0.0;
   if (opts_.record_steps) {
     result_.steps.push_back(
         {i, now, t.step_s, shape.decode_seqs, shape.decode_context, shape.prefill_tokens, corun});
@@ -386,6 +421,10 @@ bool Cluster::OnToken(double now, Instance& inst, int64_t req) {
 
 void Cluster::OnStepDone(double now, int i) {
   Instance& inst = instances_[i];
+  if (const auto later = HeldByArrivalWork(now, i, EventKind::kStepDone, -1, &inst.done_shift_s)) {
+    inst.last_done = std::max(inst.last_done, *later);
+    return;
+  }
   SimBatch batch = std::move(inst.batches.front());
   inst.batches.pop_front();
   --inst.in_flight;

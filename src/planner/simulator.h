@@ -59,6 +59,16 @@ struct InstanceConfig {
   // planner::PrefillLoopGap). 0: none (a decode instance's loop is in its calibrated step).
   // Finite and >= 0.
   double loop_gap_s = 0.0;
+  // Work on the instance's own core for each request that reaches it while one of its steps
+  // runs (pdserve on a shared host: the messenger's and fabric's threads, pinned with the
+  // engine, take the prefill request while a prompt computes): the running step ends that much
+  // later, and so does its prompts' KV (kv_ready_fraction) when the request came before that
+  // point. A request that finds the instance idle adds none here: its work comes before the
+  // engine has it, on its way in. A traced prefill instance on a 2-core host: steps that a
+  // request reached 0.16-0.59 ms longer than the others (planner::MeasurePrefillArrivalWork;
+  // validate-sim prints the simulation with it beside, not used). Finite and >= 0; > 0 only
+  // with pp 1.
+  double arrival_work_s = 0.0;
 };
 
 struct ClusterLinks {

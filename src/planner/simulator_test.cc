@@ -305,6 +305,64 @@ TEST(Simulator, RejectsALoopGapThatIsNegativeOrNotFinite) {
   }
 }
 
+// Arrival work (InstanceConfig::arrival_work_s): a prefill instance of 10 ms steps, one prompt
+// a step, whose KV is ready 0.8 of the way through, 1 ms per request that comes mid-step. A comes
+// to an idle instance (no work); B comes at 5 ms, before A's ready point (8 ms), so A's KV is
+// ready at 9 ms and its step ends at 11; C comes at 9.5 ms, after that point (A's KV does not
+// move; its step ends at 12). B's step runs 12-22 and C's 22-32, which D, coming at 30.5 ms,
+// holds to 33; without the work D finds the instance idle and starts at once.
+TEST(Simulator, ArrivalWorkHoldsTheRunningStepAndItsKvReadyPoint) {
+  InstanceConfig prefill, decode;
+  prefill.role = Role::kPrefill;
+  prefill.coeffs = ConstantPrefill(10);
+  prefill.kv_ready_fraction = 0.8;
+  prefill.policy.max_num_batched_tokens = 100;  // one prompt per step
+  decode.role = Role::kDecode;
+  decode.node = 1;
+  decode.coeffs.decode_small = {1, 0, 0};
+  const std::vector<SimRequest> reqs = {
+      {0, 0.0, 100, 2}, {1, 0.005, 100, 2}, {2, 0.0095, 100, 2}, {3, 0.0305, 100, 2}};
+  SimOptions o;
+  o.first_token_on_decode = true;
+  for (double work : {0.0, 0.001}) {
+    SCOPED_TRACE(work);
+    prefill.arrival_work_s = work;
+    auto r = Simulate(std::vector<InstanceConfig>{prefill, decode}, ClusterLinks{}, reqs, o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    const auto& q = r->requests;
+    EXPECT_NEAR(q[0].kv_arrived_s, 0.008 + work, 1e-12);        // B came before the ready point
+    EXPECT_NEAR(q[0].prefill_done_s, 0.010 + 2 * work, 1e-12);  // B's and C's work
+    EXPECT_NEAR(q[1].prefill_done_s, 0.020 + 2 * work, 1e-12);  // starts when A's step ends
+    if (work == 0) {
+      EXPECT_NEAR(q[2].prefill_done_s, 0.030, 1e-12);
+      EXPECT_NEAR(q[3].prefill_done_s, 0.0405, 1e-12);
+    } else {
+      EXPECT_NEAR(q[2].kv_arrived_s, 0.030, 1e-12);  // D came after C's ready point
+      EXPECT_NEAR(q[2].prefill_done_s, 0.033, 1e-12);
+      EXPECT_NEAR(q[3].prefill_done_s, 0.043, 1e-12);
+    }
+  }
+}
+
+TEST(Simulator, RejectsArrivalWorkThatIsNegativeOrNotFiniteOrPipelined) {
+  InstanceConfig p, d;
+  p.role = Role::kPrefill;
+  d.role = Role::kDecode;
+  std::vector<SimRequest> reqs = {{0, 0.0, 10, 2}};
+  for (double bad : {-1e-3, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    p.arrival_work_s = bad;
+    auto r = Simulate(std::vector<InstanceConfig>{p, d}, ClusterLinks{}, reqs, {});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("arrival_work_s"), std::string::npos);
+  }
+  p.arrival_work_s = 1e-3;
+  p.pp = 2;
+  auto r = Simulate(std::vector<InstanceConfig>{p, d}, ClusterLinks{}, reqs, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("needs pp 1"), std::string::npos);
+}
+
 TEST(Simulator, RejectsStepFactorsThatAreNotPositiveAndFinite) {
   InstanceConfig p, d;
   p.role = Role::kPrefill;
