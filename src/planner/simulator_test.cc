@@ -158,20 +158,26 @@ TEST(Simulator, FirstTokenOnDecodeCountsTransferAndDecodeStepInTtft) {
   EXPECT_NEAR(ds->requests[0].finish_s, 0.05 + 0.12 + 3 * 0.01, 1e-12);
 }
 
+// A prefill instance of `prefill_ms` steps, one prompt of up to 100 tokens a step, whose KV is
+// ready 0.8 of the way through, and a decode instance of `decode_ms` steps.
+std::vector<InstanceConfig> OnePromptAStep(double prefill_ms, double decode_ms) {
+  InstanceConfig prefill, decode;
+  prefill.role = Role::kPrefill;
+  prefill.coeffs = ConstantPrefill(prefill_ms);
+  prefill.kv_ready_fraction = 0.8;
+  prefill.policy.max_num_batched_tokens = 100;
+  decode.role = Role::kDecode;
+  decode.coeffs.decode_small = {decode_ms, 0, 0};
+  return {prefill, decode};
+}
+
 // pdserve streams the KV layer by layer: with kv_ready_fraction f the transfer starts f of the
 // way through the prefill step, so the decode step can start (and end) before the prefill step
 // does; the prefill instance still holds its compute for the whole step.
 TEST(Simulator, EarlyHandOverStartsTheTransferPartWayThroughThePrefillStep) {
-  InstanceConfig prefill, decode;
-  prefill.role = Role::kPrefill;
-  prefill.coeffs = ConstantPrefill(50);
-  prefill.kv_ready_fraction = 0.8;
-  prefill.policy.max_num_batched_tokens = 100;  // one prompt per step
-  decode.role = Role::kDecode;
-  decode.coeffs.decode_small = {5, 0, 0};
   ClusterLinks links;
   links.transfer_latency_s = 0.002;
-  std::vector<InstanceConfig> insts = {prefill, decode};
+  std::vector<InstanceConfig> insts = OnePromptAStep(50, 5);
   std::vector<SimRequest> reqs = {{0, 0.0, 100, 3}, {1, 0.0, 100, 1}};
   SimOptions o;
   o.first_token_on_decode = true;
@@ -312,22 +318,15 @@ TEST(Simulator, RejectsALoopGapThatIsNegativeOrNotFinite) {
 // move; its step ends at 12). B's step runs 12-22 and C's 22-32, which D, coming at 30.5 ms,
 // holds to 33; without the work D finds the instance idle and starts at once.
 TEST(Simulator, ArrivalWorkHoldsTheRunningStepAndItsKvReadyPoint) {
-  InstanceConfig prefill, decode;
-  prefill.role = Role::kPrefill;
-  prefill.coeffs = ConstantPrefill(10);
-  prefill.kv_ready_fraction = 0.8;
-  prefill.policy.max_num_batched_tokens = 100;  // one prompt per step
-  decode.role = Role::kDecode;
-  decode.node = 1;
-  decode.coeffs.decode_small = {1, 0, 0};
+  std::vector<InstanceConfig> insts = OnePromptAStep(10, 1);
   const std::vector<SimRequest> reqs = {
       {0, 0.0, 100, 2}, {1, 0.005, 100, 2}, {2, 0.0095, 100, 2}, {3, 0.0305, 100, 2}};
   SimOptions o;
   o.first_token_on_decode = true;
   for (double work : {0.0, 0.001}) {
     SCOPED_TRACE(work);
-    prefill.arrival_work_s = work;
-    auto r = Simulate(std::vector<InstanceConfig>{prefill, decode}, ClusterLinks{}, reqs, o);
+    insts[0].arrival_work_s = work;
+    auto r = Simulate(insts, ClusterLinks{}, reqs, o);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     const auto& q = r->requests;
     EXPECT_NEAR(q[0].kv_arrived_s, 0.008 + work, 1e-12);        // B came before the ready point
