@@ -71,6 +71,14 @@ struct Calibration {
   // calibration runs' median), the simulated prefill instance's InstanceConfig::loop_gap_s;
   // 0 when not measured.
   double prefill_loop_gap_s = 0.0;
+  // The simulated prefill instance's InstanceConfig::arrival_work_s: 0 under the rule used.
+  // `measured_arrival_work_s`: the work a request brings the prefill instance's core when it
+  // comes while a step runs (planner::MeasurePrefillArrivalWork; a rate's calibration runs'
+  // median), and `prefill_stretch_left_out` the prefill stretch with that work left out of the
+  // traced busy time; WithArrivalWork puts both in (printed beside, not used). Unset when not
+  // measured.
+  double prefill_arrival_work_s = 0.0;
+  std::optional<double> measured_arrival_work_s, prefill_stretch_left_out;
   const planner::ClientCpuCost& StretchCpu() const {
     return client_cpu_loaded ? *client_cpu_loaded : client_cpu;
   }

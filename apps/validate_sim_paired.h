@@ -37,7 +37,7 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
   if (windows.size() != runs.size()) return InvalidArgument("paired: a run without its window");
   ASSIGN_OR_RETURN(r->paired_runs, planner::PairRunsWithRounds(windows, rounds));
   ASSIGN_OR_RETURN(const auto reqs, BenchRequests(spec, n, r->raw.rate, f.seed));
-  std::vector<planner::Summary> simulated, measured, without_tail;
+  std::vector<planner::Summary> simulated, measured, without_tail, with_work;
   for (size_t k = 0; k < r->paired_runs.size(); ++k) {
     const std::vector<planner::CalibrationRunFactors> one = {runs[r->paired_runs[k]]};
     ASSIGN_OR_RETURN(const planner::RateCalibration rc,
@@ -53,12 +53,20 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
                                                         slo, cal.outside.WithoutTail()));
       without_tail.push_back(w);
     }
+    // Every round, also one whose calibration run measured no work (the same simulation then).
+    ASSIGN_OR_RETURN(auto worked,
+                     CalibratedAt(f, coeffs, WithArrivalWork(cal), kv_tokens, r->raw.rate));
+    ASSIGN_OR_RETURN(planner::Summary worked_s,
+                     SimulateRate(worked, CalibratedLinks(links, cal), reqs, slo, cal.outside));
+    with_work.push_back(worked_s);
   }
   ASSIGN_OR_RETURN(r->paired, planner::ComparePaired(r->raw.rate, simulated, measured));
   if (without_tail.size() == simulated.size()) {
     ASSIGN_OR_RETURN(r->paired_without_tail,
                      planner::ComparePaired(r->raw.rate, without_tail, measured));
   }
+  ASSIGN_OR_RETURN(r->paired_with_arrival_work,
+                   planner::ComparePaired(r->raw.rate, with_work, measured));
   return OkStatus();
 }
 
@@ -112,26 +120,29 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
       "cells within %.0f%% of %zu: per-rate median %d, paired %d (used: %s)\n",
       100 * kCellTolerance, 5 * reports.size(), planner::CellsWithin(per_rate, kCellTolerance),
       planner::CellsWithin(paired, kCellTolerance), kPairedRuleUsed ? "paired" : "per-rate median");
-  // The paired rule without the tails, on the same rounds.
-  std::vector<planner::ComparisonRow> without, without_rounds, with_rounds;
-  for (const RateReport& r : reports) {
-    if (!r.paired_without_tail) continue;
-    without.push_back(r.paired_without_tail->row);
-    const auto& w = r.paired_without_tail->rounds;
-    without_rounds.insert(without_rounds.end(), w.begin(), w.end());
-    with_rounds.insert(with_rounds.end(), r.paired->rounds.begin(), r.paired->rounds.end());
-  }
-  if (without.size() == reports.size()) {
+  // The paired rule without the tails, and with the prefill arrival work, on the same rounds.
+  for (const auto& [label, which] :
+       {std::pair{"without the last token's way out less the first's at each request's end",
+                  &RateReport::paired_without_tail},
+        std::pair{"with the prefill arrival work (and the prefill stretch with it left out of "
+                  "the busy time)",
+                  &RateReport::paired_with_arrival_work}}) {
+    std::vector<planner::ComparisonRow> variant, variant_rounds, used_rounds;
+    for (const RateReport& r : reports) {
+      if (!(r.*which)) continue;
+      variant.push_back((r.*which)->row);
+      const auto& w = (r.*which)->rounds;
+      variant_rounds.insert(variant_rounds.end(), w.begin(), w.end());
+      used_rounds.insert(used_rounds.end(), r.paired->rounds.begin(), r.paired->rounds.end());
+    }
+    if (variant.size() != reports.size()) continue;
+    std::printf("paired, %s (not used):\n%s", label, planner::FormatComparison(variant).c_str());
     std::printf(
-        "paired, without the last token's way out less the first's at each request's end (not "
-        "used):\n%s",
-        planner::FormatComparison(without).c_str());
-    std::printf(
-        "cells within %.0f%% of %zu without it (not used): %d; per round, of %zu: %d against %d "
-        "with it\n",
-        100 * kCellTolerance, 5 * reports.size(), planner::CellsWithin(without, kCellTolerance),
-        5 * without_rounds.size(), planner::CellsWithin(without_rounds, kCellTolerance),
-        planner::CellsWithin(with_rounds, kCellTolerance));
+        "cells within %.0f%% of %zu so (not used): %d; per round, of %zu: %d against %d with "
+        "the rule used\n",
+        100 * kCellTolerance, 5 * reports.size(), planner::CellsWithin(variant, kCellTolerance),
+        5 * variant_rounds.size(), planner::CellsWithin(variant_rounds, kCellTolerance),
+        planner::CellsWithin(used_rounds, kCellTolerance));
   }
   // The step factors' share: the per-rate-median rule with the prefill instance's too, and
   // without any.
@@ -141,8 +152,8 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
         std::pair{"without the way in drawn per request", &RateReport::without_inbound_hop},
         std::pair{"with the median run's own decode split", &RateReport::own_split},
         std::pair{"without the prefill loop gap", &RateReport::without_loop_gap},
-        std::pair{"without the last token's way out less the first's",
-                  &RateReport::without_tail}}) {
+        std::pair{"without the last token's way out less the first's", &RateReport::without_tail},
+        std::pair{"with the prefill arrival work", &RateReport::with_arrival_work}}) {
     std::vector<planner::ComparisonRow> plain;
     for (const RateReport& r : reports) {
       if (!(r.*which)) continue;

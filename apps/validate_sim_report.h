@@ -75,6 +75,9 @@ struct RateReport {
   // first's (OutsideLatency::TailFor) at its end, printed beside it; unset when no calibration
   // run measured the tails.
   std::optional<planner::PairedComparison> paired_without_tail;
+  // The paired rule on the same rounds with the prefill arrival work (WithArrivalWork: the same
+  // simulation for a round whose calibration run measured none), printed beside it.
+  std::optional<planner::PairedComparison> paired_with_arrival_work;
   // The per-rate-median rule's simulation with the prefill instance's step factors too, and
   // without any (Calibration::prefill_step_factors, decode_step_factors), printed beside it;
   // unset when none were measured.
@@ -92,6 +95,9 @@ struct RateReport {
   // The per-rate-median rule's simulation without the tails (paired_without_tail), printed
   // beside it; unset when none were measured.
   std::optional<planner::Summary> without_tail;
+  // The per-rate-median rule's simulation with the prefill arrival work (WithArrivalWork),
+  // printed beside it; unset when none was measured.
+  std::optional<planner::Summary> with_arrival_work;
 };
 
 inline nlohmann::json OverheadsJson(const Calibration& cal) {
@@ -236,6 +242,10 @@ inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo
       if (r.paired_without_tail) {
         paired_rounds.back()["rounds_without_tail"] =
             planner::ComparisonToJson(r.paired_without_tail->rounds);
+      }
+      if (r.paired_with_arrival_work) {
+        paired_rounds.back()["rounds_with_arrival_work"] =
+            planner::ComparisonToJson(r.paired_with_arrival_work->rounds);
       }
     }
     per_rate.push_back(r.rate_calibration);

@@ -158,11 +158,15 @@ inline Result<std::vector<planner::InstanceConfig>> CalibratedAt(const ValidateF
       Slowed(Instances(f, c, cal.overheads, kv_tokens), k, decode_seq);
   // The decode instance replays its traced slowness (Calibration::decode_step_factors); the
   // prefill instance's factors are printed beside, not used (apps/validate_sim_rate_cal.h).
-  // The prefill instance's loop between its steps, measured under load at this rate; the
-  // decode instance's is in its calibrated step (the probes' TPOT and the traced stretch hold it).
+  // The prefill instance's loop between its steps, measured under load at this rate, and the
+  // work of a request that comes during a step (0 but under WithArrivalWork); the decode
+  // instance's loop is in its calibrated step (the probes' TPOT and the traced stretch hold it).
   for (auto& inst : insts) {
     if (inst.role == planner::Role::kDecode) inst.step_factors = cal.decode_step_factors;
-    if (inst.role == planner::Role::kPrefill) inst.loop_gap_s = cal.prefill_loop_gap_s;
+    if (inst.role == planner::Role::kPrefill) {
+      inst.loop_gap_s = cal.prefill_loop_gap_s;
+      inst.arrival_work_s = cal.prefill_arrival_work_s;
+    }
   }
   return insts;
 }

@@ -14,7 +14,7 @@ the simulator against each run, and the machine against itself across runs.
   run than another run of the same deployment at the same rates comes.
 
 - With --beside KEY (a variant validate-sim simulates beside the paired rule on the same
-  rounds, saved per rate under paired_rounds[].KEY, e.g. rounds_without_arrival_work): the
+  rounds, saved per rate under paired_rounds[].KEY, e.g. rounds_with_arrival_work): the
   paired rule (each round's simulation, the median over the rounds) against that variant, run
   by run and over the runs: the cells within 10%, the runs with all of them, the rounds' cells
   within 10% and the mean error per cell. A change to the simulator is weighed so, on the same
@@ -209,7 +209,7 @@ def main(argv):
     p.add_argument("--rate-tolerance", type=float, default=0.01)
     p.add_argument("--beside", metavar="KEY",
                    help="a paired_rounds variant to weigh against the paired rule, e.g. "
-                        "rounds_without_arrival_work")
+                        "rounds_with_arrival_work")
     p.add_argument("comparisons", nargs="+", metavar="COMPARISON_JSON")
     a = p.parse_args(argv)
     if not a.rate_tolerance > 0:
