@@ -273,7 +273,7 @@ Status SimulateRateReport(const ValidateFlags& f, const bench::DatasetSpec& spec
     ASSIGN_OR_RETURN(r->without_tail,
                      SimulateRate(cal_insts, cal_links, reqs, slo, cal.outside.WithoutTail()));
   }
-  if (cal.measured_arrival_work_s && cal.prefill_stretch_left_out) {
+  if (HasArrivalWork(cal)) {
     ASSIGN_OR_RETURN(auto worked, CalibratedAt(f, coeffs, WithArrivalWork(cal), kv_tokens, rate));
     ASSIGN_OR_RETURN(r->with_arrival_work, SimulateRate(worked, cal_links, reqs, slo, cal.outside));
   }

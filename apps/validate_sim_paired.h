@@ -53,12 +53,16 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
                                                         slo, cal.outside.WithoutTail()));
       without_tail.push_back(w);
     }
-    // Every round, also one whose calibration run measured no work (the same simulation then).
-    ASSIGN_OR_RETURN(auto worked,
-                     CalibratedAt(f, coeffs, WithArrivalWork(cal), kv_tokens, r->raw.rate));
-    ASSIGN_OR_RETURN(planner::Summary worked_s,
-                     SimulateRate(worked, CalibratedLinks(links, cal), reqs, slo, cal.outside));
-    with_work.push_back(worked_s);
+    // Every round; one whose calibration run measured no work takes the rule used's simulation.
+    if (HasArrivalWork(cal)) {
+      ASSIGN_OR_RETURN(auto worked,
+                       CalibratedAt(f, coeffs, WithArrivalWork(cal), kv_tokens, r->raw.rate));
+      ASSIGN_OR_RETURN(planner::Summary w,
+                       SimulateRate(worked, CalibratedLinks(links, cal), reqs, slo, cal.outside));
+      with_work.push_back(w);
+    } else {
+      with_work.push_back(s);
+    }
   }
   ASSIGN_OR_RETURN(r->paired, planner::ComparePaired(r->raw.rate, simulated, measured));
   if (without_tail.size() == simulated.size()) {

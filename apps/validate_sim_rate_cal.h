@@ -90,22 +90,31 @@ inline uint64_t CalRunSeed(const ValidateFlags& f, int round) {
 
 // The prefill steps' stretch under load on one calibration run: its traced prefill steps against
 // the calibrated simulation of its requests with unstretched prefill steps
-// (planner::PrefillBusyStretch).
-// `left_out_s`: traced busy time left out (planner::PrefillArrivalWork::total_s).
-inline Result<double> MeasurePrefillUnderLoad(const ValidateFlags& f,
-                                              const bench::DatasetSpec& spec,
-                                              const planner::StepCoeffs& coeffs, int64_t kv_tokens,
-                                              const planner::ClusterLinks& links,
-                                              const planner::Slo& slo, const LoadRunCpu& run,
-                                              const Calibration& cal, const TracedSteps& steps,
-                                              double left_out_s = 0.0) {
+// (planner::PrefillBusyStretch), over the whole traced busy time and, with `left_out_s` (the
+// arrival work, planner::PrefillArrivalWork::total_s), also over that time less it: the same
+// simulation serves both.
+struct PrefillUnderLoad {
+  Result<double> whole = FailedPrecondition("not measured");
+  std::optional<double> left_out;
+};
+inline Result<PrefillUnderLoad> MeasurePrefillUnderLoad(
+    const ValidateFlags& f, const bench::DatasetSpec& spec, const planner::StepCoeffs& coeffs,
+    int64_t kv_tokens, const planner::ClusterLinks& links, const planner::Slo& slo,
+    const LoadRunCpu& run, const Calibration& cal, const TracedSteps& steps,
+    std::optional<double> left_out_s) {
   Calibration unstretched = cal;
   unstretched.prefill_load = Calibration::DecodeUnderLoad{1.0, run.rate, 1.0};
   ASSIGN_OR_RETURN(planner::SimResult sim, SimulatedRunSteps(f, spec, coeffs, kv_tokens, links, slo,
                                                              run, cal, unstretched));
-  return planner::PrefillBusyStretch(InWindow(steps.prefill, run.begin_s, run.end_s),
-                                     planner::StepsOfInstance(sim, 0), kMinCalRunPrefillSteps,
-                                     left_out_s);
+  const std::vector<planner::StepRecord> real = InWindow(steps.prefill, run.begin_s, run.end_s);
+  const std::vector<planner::StepRecord> simulated = planner::StepsOfInstance(sim, 0);
+  PrefillUnderLoad out;
+  out.whole = planner::PrefillBusyStretch(real, simulated, kMinCalRunPrefillSteps);
+  if (left_out_s) {
+    auto k = planner::PrefillBusyStretch(real, simulated, kMinCalRunPrefillSteps, *left_out_s);
+    if (k.ok()) out.left_out = *k;
+  }
+  return out;
 }
 
 // One calibration run's figures (`probes`: the calibration from the probe sets alone).
@@ -122,22 +131,21 @@ inline planner::CalibrationRunFactors FactorsOfRun(
   Calibration cal = probes;
   cal.client_cpu_loaded = out.client_cpu;
   if (steps.ok()) {
-    auto p = MeasurePrefillUnderLoad(f, spec, coeffs, kv_tokens, links, slo, run, cal, *steps);
-    if (p.ok()) out.prefill_stretch = *p;
     // The arrival work (printed beside), with the stretch that leaves it out of the busy time.
+    std::optional<planner::PrefillArrivalWork> work;
     if (traced.ok()) {
       auto w = planner::MeasurePrefillArrivalWork(InWindow(steps->prefill, run.begin_s, run.end_s),
                                                   *traced, coeffs, kMinCalRunArrivalSteps);
-      if (w.ok()) {
-        auto left_out = MeasurePrefillUnderLoad(f, spec, coeffs, kv_tokens, links, slo, run, cal,
-                                                *steps, w->total_s());
-        if (left_out.ok()) {
-          out.prefill_stretch_left_out = *left_out;
-          out.prefill_arrival_work_s = w->work_s;
-          out.prefill_arrival_held_s = w->held_s;
-          out.prefill_arrival_chance_s = w->chance_s;
-        }
-      }
+      if (w.ok()) work = *w;
+    }
+    auto p = MeasurePrefillUnderLoad(f, spec, coeffs, kv_tokens, links, slo, run, cal, *steps,
+                                     work ? std::optional(work->total_s()) : std::nullopt);
+    if (p.ok() && p->whole.ok()) out.prefill_stretch = *p->whole;
+    if (p.ok() && p->left_out) {
+      out.prefill_stretch_left_out = p->left_out;
+      out.prefill_arrival_work_s = work->work_s;
+      out.prefill_arrival_held_s = work->held_s;
+      out.prefill_arrival_chance_s = work->chance_s;
     }
     DecodeRows rows;
     auto m = MeasureDecodeUnderLoad(f, spec, coeffs, kv_tokens, links, slo, run, cal, steps->decode,
@@ -355,8 +363,11 @@ inline Result<Calibration> ApplyRateCalibration(const ValidateFlags& f,
 // and -1.1% against -7.7% and -4.1%) and took TTFT farther at 60% (p50 +5.4% against +3.1%,
 // p90 +6.7% against +3.4%): the measured work (a rate's median 0.08-0.54 ms a request, about as
 // much at 60% load as at 20%) is too much where steps run back to back.
+inline bool HasArrivalWork(const Calibration& cal) {
+  return cal.measured_arrival_work_s && cal.prefill_stretch_left_out;
+}
 inline Calibration WithArrivalWork(Calibration cal) {
-  if (!cal.measured_arrival_work_s || !cal.prefill_stretch_left_out) return cal;
+  if (!HasArrivalWork(cal)) return cal;
   cal.prefill_arrival_work_s = *cal.measured_arrival_work_s;
   if (cal.prefill_load) cal.prefill_load->stretch = *cal.prefill_stretch_left_out;
   return cal;

@@ -35,6 +35,15 @@ RULES = {"paired": "rows_paired", "per-rate median": "rows_per_rate_median"}
 TOLERANCE = 0.10
 
 
+def check_figures(path, key, items, what):
+    """Exits naming `path`, `key` and `what` unless every item has every simulated and measured
+    figure."""
+    for r in items:
+        for side in ("simulated", "measured"):
+            if not all(isinstance(r.get(side, {}).get(m), (int, float)) for m in METRICS):
+                raise SystemExit(f"{path}: a '{key}' {what} lacks a {side} figure")
+
+
 def rel_diff(a, b):
     """a / b - 1, as planner::RelDiff (0 when both are 0, infinite when only b is)."""
     if b == 0:
@@ -59,10 +68,7 @@ class Run:
             rows = doc.get(key)
             if not isinstance(rows, list) or not rows:
                 raise SystemExit(f"{path}: no '{key}' rows")
-            for r in rows:
-                for side in ("simulated", "measured"):
-                    if not all(isinstance(r.get(side, {}).get(m), (int, float)) for m in METRICS):
-                        raise SystemExit(f"{path}: a '{key}' row lacks a {side} figure")
+            check_figures(path, key, rows, "row")
             self.rows[rule] = rows
         self.rates = [r["rate"] for r in self.rows["paired"]]
         if [r["rate"] for r in self.rows["per-rate median"]] != self.rates:
@@ -79,10 +85,7 @@ class Run:
             rounds = entry.get(key) if entry else None
             if not isinstance(rounds, list) or not rounds:
                 raise SystemExit(f"{self.path}: no paired rounds '{key}' at {rate:.3g} req/s")
-            for r in rounds:
-                for side in ("simulated", "measured"):
-                    if not all(isinstance(r.get(side, {}).get(m), (int, float)) for m in METRICS):
-                        raise SystemExit(f"{self.path}: a '{key}' round lacks a {side} figure")
+            check_figures(self.path, key, rounds, "round")
             by_rate.append(rounds)
         return by_rate
 

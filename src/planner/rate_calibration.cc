@@ -67,6 +67,7 @@ Result<PrefillArrivalWork> MeasurePrefillArrivalWork(std::span<const StepRecord>
     double real_s, model_s;
     int arrivals;
     bool corun;
+    double free_by_chance = 0;  // exp(-rate x real_s), once the rate is known
   };
   std::vector<Counted> counted;
   double first_start = std::numeric_limits<double>::infinity(), last_end = -first_start;
@@ -96,10 +97,10 @@ Result<PrefillArrivalWork> MeasurePrefillArrivalWork(std::span<const StepRecord>
                           ? 0.0
                           : static_cast<double>(first_at(last_end) - first_at(first_start)) /
                                 (last_end - first_start);
-  for (const Counted& c : counted) {
-    const double free_by_chance = std::exp(-rate * c.real_s);
-    chance_real[c.corun] += free_by_chance * c.real_s;
-    chance_model[c.corun] += free_by_chance * c.model_s;
+  for (Counted& c : counted) {
+    c.free_by_chance = std::exp(-rate * c.real_s);
+    chance_real[c.corun] += c.free_by_chance * c.real_s;
+    chance_model[c.corun] += c.free_by_chance * c.model_s;
     if (c.arrivals > 0) continue;
     free_real[c.corun] += c.real_s;
     free_model[c.corun] += c.model_s;
@@ -113,7 +114,7 @@ Result<PrefillArrivalWork> MeasurePrefillArrivalWork(std::span<const StepRecord>
       out.arrivals += c.arrivals;
       ++out.held_steps;
     }
-    chance_excess += (1 - std::exp(-rate * c.real_s)) *
+    chance_excess += (1 - c.free_by_chance) *
                      (c.real_s - c.model_s * chance_real[c.corun] / chance_model[c.corun]);
     chance_arrivals += rate * c.real_s;
   }
