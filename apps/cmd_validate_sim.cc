@@ -273,9 +273,12 @@ Status SimulateRateReport(const ValidateFlags& f, const bench::DatasetSpec& spec
     ASSIGN_OR_RETURN(r->without_tail,
                      SimulateRate(cal_insts, cal_links, reqs, slo, cal.outside.WithoutTail()));
   }
-  if (HasArrivalWork(cal)) {
-    ASSIGN_OR_RETURN(auto worked, CalibratedAt(f, coeffs, WithArrivalWork(cal), kv_tokens, rate));
-    ASSIGN_OR_RETURN(r->with_arrival_work, SimulateRate(worked, cal_links, reqs, slo, cal.outside));
+  for (const planner::ArrivalMeasure m : planner::kAllArrivalMeasures) {
+    if (!HasArrivalWork(cal, m)) continue;
+    ASSIGN_OR_RETURN(auto worked,
+                     CalibratedAt(f, coeffs, WithArrivalWork(cal, m), kv_tokens, rate));
+    ASSIGN_OR_RETURN(r->with_arrival_work[static_cast<size_t>(m)],
+                     SimulateRate(worked, cal_links, reqs, slo, cal.outside));
   }
   if (own_split) {
     ASSIGN_OR_RETURN(auto own_insts, CalibratedAt(f, coeffs, *own_split, kv_tokens, rate));

@@ -18,6 +18,7 @@
 #include "common/status.h"
 #include "common/thread_util.h"
 #include "planner/latency_model.h"
+#include "planner/rate_calibration.h"
 #include "planner/ttft_parts.h"
 #include "planner/validate.h"
 #include "planner/validate_stats.h"
@@ -72,13 +73,14 @@ struct Calibration {
   // 0 when not measured.
   double prefill_loop_gap_s = 0.0;
   // The simulated prefill instance's InstanceConfig::arrival_work_s: 0 under the rule used.
-  // `measured_arrival_work_s`: the work a request brings the prefill instance's core when it
-  // comes while a step runs (planner::MeasurePrefillArrivalWork; a rate's calibration runs'
-  // median), and `prefill_stretch_left_out` the prefill stretch with that work left out of the
-  // traced busy time; WithArrivalWork puts both in (printed beside, not used). Unset when not
-  // measured.
+  // `measured_arrival_work_s[m]`: the work a request brings the prefill instance's core when it
+  // comes while a step runs by measure m (planner::MeasurePrefillArrivalWork,
+  // PrefillArrivalWork::Work; a rate's calibration runs' median), and
+  // `prefill_stretch_left_out[m]` the prefill stretch with that work left out of the traced busy
+  // time; WithArrivalWork puts both in (printed beside, not used). Unset when not measured.
   double prefill_arrival_work_s = 0.0;
-  std::optional<double> measured_arrival_work_s, prefill_stretch_left_out;
+  planner::PerArrivalMeasure<std::optional<double>> measured_arrival_work_s,
+      prefill_stretch_left_out;
   const planner::ClientCpuCost& StretchCpu() const {
     return client_cpu_loaded ? *client_cpu_loaded : client_cpu;
   }

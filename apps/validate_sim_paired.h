@@ -10,7 +10,9 @@
 #pragma once
 
 #include <cstdio>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "apps/validate_sim_calibration.h"
@@ -37,7 +39,8 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
   if (windows.size() != runs.size()) return InvalidArgument("paired: a run without its window");
   ASSIGN_OR_RETURN(r->paired_runs, planner::PairRunsWithRounds(windows, rounds));
   ASSIGN_OR_RETURN(const auto reqs, BenchRequests(spec, n, r->raw.rate, f.seed));
-  std::vector<planner::Summary> simulated, measured, without_tail, with_work;
+  std::vector<planner::Summary> simulated, measured, without_tail;
+  planner::PerArrivalMeasure<std::vector<planner::Summary>> with_work;
   for (size_t k = 0; k < r->paired_runs.size(); ++k) {
     const std::vector<planner::CalibrationRunFactors> one = {runs[r->paired_runs[k]]};
     ASSIGN_OR_RETURN(const planner::RateCalibration rc,
@@ -54,14 +57,17 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
       without_tail.push_back(w);
     }
     // Every round; one whose calibration run measured no work takes the rule used's simulation.
-    if (HasArrivalWork(cal)) {
+    for (const planner::ArrivalMeasure m : planner::kAllArrivalMeasures) {
+      auto& into = with_work[static_cast<size_t>(m)];
+      if (!HasArrivalWork(cal, m)) {
+        into.push_back(s);
+        continue;
+      }
       ASSIGN_OR_RETURN(auto worked,
-                       CalibratedAt(f, coeffs, WithArrivalWork(cal), kv_tokens, r->raw.rate));
+                       CalibratedAt(f, coeffs, WithArrivalWork(cal, m), kv_tokens, r->raw.rate));
       ASSIGN_OR_RETURN(planner::Summary w,
                        SimulateRate(worked, CalibratedLinks(links, cal), reqs, slo, cal.outside));
-      with_work.push_back(w);
-    } else {
-      with_work.push_back(s);
+      into.push_back(w);
     }
   }
   ASSIGN_OR_RETURN(r->paired, planner::ComparePaired(r->raw.rate, simulated, measured));
@@ -69,8 +75,10 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
     ASSIGN_OR_RETURN(r->paired_without_tail,
                      planner::ComparePaired(r->raw.rate, without_tail, measured));
   }
-  ASSIGN_OR_RETURN(r->paired_with_arrival_work,
-                   planner::ComparePaired(r->raw.rate, with_work, measured));
+  for (size_t m = 0; m < planner::kArrivalMeasures; ++m) {
+    ASSIGN_OR_RETURN(r->paired_with_arrival_work[m],
+                     planner::ComparePaired(r->raw.rate, with_work[m], measured));
+  }
   return OkStatus();
 }
 
@@ -124,23 +132,38 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
       "cells within %.0f%% of %zu: per-rate median %d, paired %d (used: %s)\n",
       100 * kCellTolerance, 5 * reports.size(), planner::CellsWithin(per_rate, kCellTolerance),
       planner::CellsWithin(paired, kCellTolerance), kPairedRuleUsed ? "paired" : "per-rate median");
-  // The paired rule without the tails, and with the prefill arrival work, on the same rounds.
-  for (const auto& [label, which] :
-       {std::pair{"without the last token's way out less the first's at each request's end",
-                  &RateReport::paired_without_tail},
-        std::pair{"with the prefill arrival work (and the prefill stretch with it left out of "
-                  "the busy time)",
-                  &RateReport::paired_with_arrival_work}}) {
+  // The paired rule without the tails, and with the prefill arrival work by each measure, on
+  // the same rounds.
+  using PairedOf = const std::optional<planner::PairedComparison>& (*)(const RateReport&, size_t);
+  const PairedOf without_tail = [](const RateReport& r,
+                                   size_t) -> const std::optional<planner::PairedComparison>& {
+    return r.paired_without_tail;
+  };
+  const PairedOf with_work = [](const RateReport& r,
+                                size_t m) -> const std::optional<planner::PairedComparison>& {
+    return r.paired_with_arrival_work[m];
+  };
+  std::vector<std::tuple<std::string, PairedOf, size_t>> paired_variants = {
+      {"without the last token's way out less the first's at each request's end", without_tail, 0}};
+  for (const planner::ArrivalMeasure m : planner::kAllArrivalMeasures) {
+    paired_variants.emplace_back(std::string("with the prefill arrival work, ") +
+                                     planner::ArrivalMeasureKey(m) +
+                                     " (and the prefill stretch with it left out of the busy time)",
+                                 with_work, static_cast<size_t>(m));
+  }
+  for (const auto& [label, which, k] : paired_variants) {
     std::vector<planner::ComparisonRow> variant, variant_rounds, used_rounds;
     for (const RateReport& r : reports) {
-      if (!(r.*which)) continue;
-      variant.push_back((r.*which)->row);
-      const auto& w = (r.*which)->rounds;
+      const std::optional<planner::PairedComparison>& got = which(r, k);
+      if (!got) continue;
+      variant.push_back(got->row);
+      const auto& w = got->rounds;
       variant_rounds.insert(variant_rounds.end(), w.begin(), w.end());
       used_rounds.insert(used_rounds.end(), r.paired->rounds.begin(), r.paired->rounds.end());
     }
     if (variant.size() != reports.size()) continue;
-    std::printf("paired, %s (not used):\n%s", label, planner::FormatComparison(variant).c_str());
+    std::printf("paired, %s (not used):\n%s", label.c_str(),
+                planner::FormatComparison(variant).c_str());
     std::printf(
         "cells within %.0f%% of %zu so (not used): %d; per round, of %zu: %d against %d with "
         "the rule used\n",
@@ -149,23 +172,32 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
         planner::CellsWithin(used_rounds, kCellTolerance));
   }
   // The step factors' share: the per-rate-median rule with the prefill instance's too, and
-  // without any.
-  for (const auto& [label, which] :
-       {std::pair{"with the prefill step factors too", &RateReport::with_prefill_factors},
-        std::pair{"without any step factors", &RateReport::without_step_factors},
-        std::pair{"without the way in drawn per request", &RateReport::without_inbound_hop},
-        std::pair{"with the median run's own decode split", &RateReport::own_split},
-        std::pair{"without the prefill loop gap", &RateReport::without_loop_gap},
-        std::pair{"without the last token's way out less the first's", &RateReport::without_tail},
-        std::pair{"with the prefill arrival work", &RateReport::with_arrival_work}}) {
+  // without any; and the other variants printed beside it.
+  using SummaryOf = std::optional<planner::Summary> RateReport::*;
+  std::vector<std::tuple<std::string, SummaryOf, std::optional<size_t>>> variants = {
+      {"with the prefill step factors too", &RateReport::with_prefill_factors, std::nullopt},
+      {"without any step factors", &RateReport::without_step_factors, std::nullopt},
+      {"without the way in drawn per request", &RateReport::without_inbound_hop, std::nullopt},
+      {"with the median run's own decode split", &RateReport::own_split, std::nullopt},
+      {"without the prefill loop gap", &RateReport::without_loop_gap, std::nullopt},
+      {"without the last token's way out less the first's", &RateReport::without_tail,
+       std::nullopt}};
+  for (const planner::ArrivalMeasure m : planner::kAllArrivalMeasures) {
+    variants.emplace_back(
+        std::string("with the prefill arrival work, ") + planner::ArrivalMeasureKey(m), nullptr,
+        static_cast<size_t>(m));
+  }
+  for (const auto& [label, member, measure] : variants) {
     std::vector<planner::ComparisonRow> plain;
     for (const RateReport& r : reports) {
-      if (!(r.*which)) continue;
-      const planner::Summary& s = *(r.*which);
+      const std::optional<planner::Summary>& got =
+          measure ? r.with_arrival_work[*measure] : r.*member;
+      if (!got) continue;
+      const planner::Summary& s = *got;
       const planner::Summary& m = r.per_rate_median.measured;
       plain.push_back({r.raw.rate, s, m});
       std::printf("  %-6.3g %s: att %s, TTFT p50 %s p90 %s ms, TPOT p50 %s p90 %s ms\n", r.raw.rate,
-                  label, PairCell(s.attainment, m.attainment, 100, "%.1f").c_str(),
+                  label.c_str(), PairCell(s.attainment, m.attainment, 100, "%.1f").c_str(),
                   PairCell(s.ttft_p50_s, m.ttft_p50_s, 1e3, "%.2f").c_str(),
                   PairCell(s.ttft_p90_s, m.ttft_p90_s, 1e3, "%.2f").c_str(),
                   PairCell(s.tpot_p50_s, m.tpot_p50_s, 1e3, "%.3f").c_str(),
@@ -173,7 +205,7 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
     }
     if (!plain.empty()) {
       std::printf("cells within %.0f%% of %zu %s (not used): %d\n", 100 * kCellTolerance,
-                  5 * plain.size(), label, planner::CellsWithin(plain, kCellTolerance));
+                  5 * plain.size(), label.c_str(), planner::CellsWithin(plain, kCellTolerance));
     }
   }
   // Whether the pairing tracks the rounds' spells, and how near the machine comes to itself.

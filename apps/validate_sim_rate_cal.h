@@ -90,18 +90,18 @@ inline uint64_t CalRunSeed(const ValidateFlags& f, int round) {
 
 // The prefill steps' stretch under load on one calibration run: its traced prefill steps against
 // the calibrated simulation of its requests with unstretched prefill steps
-// (planner::PrefillBusyStretch), over the whole traced busy time and, with `left_out_s` (the
-// arrival work, planner::PrefillArrivalWork::total_s), also over that time less it: the same
-// simulation serves both.
+// (planner::PrefillBusyStretch), over the whole traced busy time and, with `left_out_s[m]` (the
+// arrival work by measure m, planner::PrefillArrivalWork::total_s), also over that time less
+// it: the same simulation serves all.
 struct PrefillUnderLoad {
   Result<double> whole = FailedPrecondition("not measured");
-  std::optional<double> left_out;
+  planner::PerArrivalMeasure<std::optional<double>> left_out;
 };
 inline Result<PrefillUnderLoad> MeasurePrefillUnderLoad(
     const ValidateFlags& f, const bench::DatasetSpec& spec, const planner::StepCoeffs& coeffs,
     int64_t kv_tokens, const planner::ClusterLinks& links, const planner::Slo& slo,
     const LoadRunCpu& run, const Calibration& cal, const TracedSteps& steps,
-    std::optional<double> left_out_s) {
+    const planner::PerArrivalMeasure<std::optional<double>>& left_out_s) {
   Calibration unstretched = cal;
   unstretched.prefill_load = Calibration::DecodeUnderLoad{1.0, run.rate, 1.0};
   ASSIGN_OR_RETURN(planner::SimResult sim, SimulatedRunSteps(f, spec, coeffs, kv_tokens, links, slo,
@@ -110,9 +110,10 @@ inline Result<PrefillUnderLoad> MeasurePrefillUnderLoad(
   const std::vector<planner::StepRecord> simulated = planner::StepsOfInstance(sim, 0);
   PrefillUnderLoad out;
   out.whole = planner::PrefillBusyStretch(real, simulated, kMinCalRunPrefillSteps);
-  if (left_out_s) {
-    auto k = planner::PrefillBusyStretch(real, simulated, kMinCalRunPrefillSteps, *left_out_s);
-    if (k.ok()) out.left_out = *k;
+  for (size_t m = 0; m < planner::kArrivalMeasures; ++m) {
+    if (!left_out_s[m]) continue;
+    auto k = planner::PrefillBusyStretch(real, simulated, kMinCalRunPrefillSteps, *left_out_s[m]);
+    if (k.ok()) out.left_out[m] = *k;
   }
   return out;
 }
@@ -138,14 +139,21 @@ inline planner::CalibrationRunFactors FactorsOfRun(
                                                   *traced, coeffs, kMinCalRunArrivalSteps);
       if (w.ok()) work = *w;
     }
+    planner::PerArrivalMeasure<std::optional<double>> left_out_s;
+    for (const planner::ArrivalMeasure m : planner::kAllArrivalMeasures) {
+      if (work) left_out_s[static_cast<size_t>(m)] = work->total_s(m);
+    }
     auto p = MeasurePrefillUnderLoad(f, spec, coeffs, kv_tokens, links, slo, run, cal, *steps,
-                                     work ? std::optional(work->total_s()) : std::nullopt);
+                                     left_out_s);
     if (p.ok() && p->whole.ok()) out.prefill_stretch = *p->whole;
-    if (p.ok() && p->left_out) {
-      out.prefill_stretch_left_out = p->left_out;
-      out.prefill_arrival_work_s = work->work_s;
-      out.prefill_arrival_held_s = work->held_s;
-      out.prefill_arrival_chance_s = work->chance_s;
+    if (p.ok()) {
+      out.prefill_arrival = work;
+      for (const planner::ArrivalMeasure m : planner::kAllArrivalMeasures) {
+        const size_t k = static_cast<size_t>(m);
+        if (!p->left_out[k]) continue;
+        out.prefill_stretch_left_out[k] = p->left_out[k];
+        out.prefill_arrival_work_s[k] = work->Work(m);
+      }
     }
     DecodeRows rows;
     auto m = MeasureDecodeUnderLoad(f, spec, coeffs, kv_tokens, links, slo, run, cal, steps->decode,
@@ -363,13 +371,17 @@ inline Result<Calibration> ApplyRateCalibration(const ValidateFlags& f,
 // and -1.1% against -7.7% and -4.1%) and took TTFT farther at 60% (p50 +5.4% against +3.1%,
 // p90 +6.7% against +3.4%): the measured work (a rate's median 0.08-0.54 ms a request, about as
 // much at 60% load as at 20%) is too much where steps run back to back.
-inline bool HasArrivalWork(const Calibration& cal) {
-  return cal.measured_arrival_work_s && cal.prefill_stretch_left_out;
+//
+// Stop 26 weighs two more measures beside it (planner::ArrivalMeasure: kHeld, kOwnFit).
+inline bool HasArrivalWork(const Calibration& cal, planner::ArrivalMeasure m) {
+  const size_t k = static_cast<size_t>(m);
+  return cal.measured_arrival_work_s[k] && cal.prefill_stretch_left_out[k];
 }
-inline Calibration WithArrivalWork(Calibration cal) {
-  if (!HasArrivalWork(cal)) return cal;
-  cal.prefill_arrival_work_s = *cal.measured_arrival_work_s;
-  if (cal.prefill_load) cal.prefill_load->stretch = *cal.prefill_stretch_left_out;
+inline Calibration WithArrivalWork(Calibration cal, planner::ArrivalMeasure m) {
+  if (!HasArrivalWork(cal, m)) return cal;
+  const size_t k = static_cast<size_t>(m);
+  cal.prefill_arrival_work_s = *cal.measured_arrival_work_s[k];
+  if (cal.prefill_load) cal.prefill_load->stretch = *cal.prefill_stretch_left_out[k];
   return cal;
 }
 
@@ -402,29 +414,42 @@ inline Result<Calibration> CalibrationAtRate(
         "step x%.3f, per sequence x%.3f\n",
         rc.pooled_split_runs, *rc.pooled_decode_stretch, *rc.pooled_decode_seq_stretch);
   }
-  std::printf(
-      "    prefill arrival work per request that came during a step (not used) %s ms -> %.3f (%d "
-      "runs; each the held steps' excess less what they caught by chance: %s; the prefill "
-      "stretch with it left out of the busy time: %s -> x%.3f)\n",
-      Each(runs,
-           [](const planner::CalibrationRunFactors& r) {
-             return r.prefill_arrival_work_s ? Fmt("%.3f", *r.prefill_arrival_work_s * 1e3) : "-";
-           })
-          .c_str(),
-      cal.measured_arrival_work_s.value_or(0.0) * 1e3, rc.arrival_work_runs,
-      Each(runs,
-           [](const planner::CalibrationRunFactors& r) {
-             if (!r.prefill_arrival_held_s || !r.prefill_arrival_chance_s) return std::string("-");
-             return Fmt("%.3f", *r.prefill_arrival_held_s * 1e3) + " less " +
-                    Fmt("%.3f", *r.prefill_arrival_chance_s * 1e3);
-           })
-          .c_str(),
-      Each(runs,
-           [](const planner::CalibrationRunFactors& r) {
-             return r.prefill_stretch_left_out ? Fmt("x%.3f", *r.prefill_stretch_left_out) : "-";
-           })
-          .c_str(),
-      cal.prefill_stretch_left_out.value_or(0.0));
+  for (const auto& [m, how] :
+       {std::pair{planner::ArrivalMeasure::kLessChance,
+                  "the held steps' excess less what they caught by chance"},
+        std::pair{planner::ArrivalMeasure::kHeld, "the held steps' excess"},
+        std::pair{planner::ArrivalMeasure::kOwnFit,
+                  "the same less chance, against the run's own fit of its free steps"}}) {
+    const size_t k = static_cast<size_t>(m);
+    const bool own_fit = m == planner::ArrivalMeasure::kOwnFit;
+    std::printf(
+        "    prefill arrival work per request that came during a step, %s (not used) %s ms -> "
+        "%.3f (%d runs; %s: %s; the prefill stretch with it left out of the busy time: %s -> "
+        "x%.3f)\n",
+        planner::ArrivalMeasureKey(m),
+        Each(runs,
+             [&](const planner::CalibrationRunFactors& r) {
+               return r.prefill_arrival_work_s[k] ? Fmt("%.3f", *r.prefill_arrival_work_s[k] * 1e3)
+                                                  : "-";
+             })
+            .c_str(),
+        cal.measured_arrival_work_s[k].value_or(0.0) * 1e3, rc.arrival_work_runs[k], how,
+        Each(runs,
+             [&](const planner::CalibrationRunFactors& r) {
+               const auto& w = r.prefill_arrival;
+               if (!w || (own_fit && !w->fit_held_s)) return std::string("-");
+               return Fmt("%.3f", (own_fit ? *w->fit_held_s : w->held_s) * 1e3) + " less " +
+                      Fmt("%.3f", (own_fit ? *w->fit_chance_s : w->chance_s) * 1e3);
+             })
+            .c_str(),
+        Each(runs,
+             [&](const planner::CalibrationRunFactors& r) {
+               return r.prefill_stretch_left_out[k] ? Fmt("x%.3f", *r.prefill_stretch_left_out[k])
+                                                    : "-";
+             })
+            .c_str(),
+        cal.prefill_stretch_left_out[k].value_or(0.0));
+  }
   std::printf("    prefill loop gap between back-to-back steps, mean %s ms -> %.3f (%d runs)\n",
               Each(runs,
                    [](const planner::CalibrationRunFactors& r) {
@@ -436,9 +461,16 @@ inline Result<Calibration> CalibrationAtRate(
   (*json)["rate"] = rc.rate;
   (*json)["calibration_runs"] = rc.runs;
   (*json)["prefill_loop_gap_s"] = {{"mean_s", cal.prefill_loop_gap_s}, {"runs", rc.loop_gap_runs}};
-  (*json)["prefill_arrival_work_s"] = {{"mean_s", cal.measured_arrival_work_s.value_or(0.0)},
-                                       {"runs", rc.arrival_work_runs},
+  (*json)["prefill_arrival_work_s"] = {{"mean_s", cal.measured_arrival_work_s[0].value_or(0.0)},
+                                       {"runs", rc.arrival_work_runs[0]},
                                        {"used", false}};
+  for (const planner::ArrivalMeasure m : planner::kAllArrivalMeasures) {
+    const size_t k = static_cast<size_t>(m);
+    (*json)["prefill_arrival_work_by_measure_s"][planner::ArrivalMeasureKey(m)] = {
+        {"work_s", cal.measured_arrival_work_s[k].value_or(0.0)},
+        {"stretch_left_out", cal.prefill_stretch_left_out[k].value_or(0.0)},
+        {"runs", rc.arrival_work_runs[k]}};
+  }
   for (const auto& [key, k, run] :
        {std::tuple{"decode_step_factors", &rc.decode_step_factors, rc.step_factor_runs},
         std::tuple{"prefill_step_factors", &rc.prefill_step_factors, rc.prefill_factor_runs}}) {

@@ -17,6 +17,7 @@
 #include "common/file_util.h"
 #include "common/trace.h"
 #include "planner/paired_rounds.h"
+#include "planner/rate_calibration.h"
 #include "planner/simulator.h"
 #include "planner/step_stats.h"
 #include "planner/validate.h"
@@ -75,9 +76,10 @@ struct RateReport {
   // first's (OutsideLatency::TailFor) at its end, printed beside it; unset when no calibration
   // run measured the tails.
   std::optional<planner::PairedComparison> paired_without_tail;
-  // The paired rule on the same rounds with the prefill arrival work (WithArrivalWork: the same
-  // simulation for a round whose calibration run measured none), printed beside it.
-  std::optional<planner::PairedComparison> paired_with_arrival_work;
+  // The paired rule on the same rounds with the prefill arrival work by each measure
+  // (WithArrivalWork: the same simulation for a round whose calibration run measured none),
+  // printed beside it.
+  planner::PerArrivalMeasure<std::optional<planner::PairedComparison>> paired_with_arrival_work;
   // The per-rate-median rule's simulation with the prefill instance's step factors too, and
   // without any (Calibration::prefill_step_factors, decode_step_factors), printed beside it;
   // unset when none were measured.
@@ -95,9 +97,9 @@ struct RateReport {
   // The per-rate-median rule's simulation without the tails (paired_without_tail), printed
   // beside it; unset when none were measured.
   std::optional<planner::Summary> without_tail;
-  // The per-rate-median rule's simulation with the prefill arrival work (WithArrivalWork),
-  // printed beside it; unset when none was measured.
-  std::optional<planner::Summary> with_arrival_work;
+  // The per-rate-median rule's simulation with the prefill arrival work by each measure
+  // (WithArrivalWork), printed beside it; unset when none was measured.
+  planner::PerArrivalMeasure<std::optional<planner::Summary>> with_arrival_work;
 };
 
 inline nlohmann::json OverheadsJson(const Calibration& cal) {
@@ -243,9 +245,11 @@ inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo
         paired_rounds.back()["rounds_without_tail"] =
             planner::ComparisonToJson(r.paired_without_tail->rounds);
       }
-      if (r.paired_with_arrival_work) {
-        paired_rounds.back()["rounds_with_arrival_work"] =
-            planner::ComparisonToJson(r.paired_with_arrival_work->rounds);
+      for (const planner::ArrivalMeasure m : planner::kAllArrivalMeasures) {
+        const auto& w = r.paired_with_arrival_work[static_cast<size_t>(m)];
+        if (!w) continue;
+        paired_rounds.back()[std::string("rounds_with_") + planner::ArrivalMeasureKey(m)] =
+            planner::ComparisonToJson(w->rounds);
       }
     }
     per_rate.push_back(r.rate_calibration);

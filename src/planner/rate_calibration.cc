@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -9,6 +10,8 @@
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#include "planner/fit.h"
 
 namespace pd::planner {
 
@@ -50,6 +53,81 @@ Result<double> PrefillBusyStretch(std::span<const StepRecord> real, std::span<co
   return (real_s - left_out_s) / sim_s;
 }
 
+const char* ArrivalMeasureKey(ArrivalMeasure m) {
+  switch (m) {
+    case ArrivalMeasure::kLessChance:
+      return "arrival_work";
+    case ArrivalMeasure::kHeld:
+      return "held_work";
+    case ArrivalMeasure::kOwnFit:
+      return "own_fit_work";
+  }
+  return "?";
+}
+
+std::optional<double> PrefillArrivalWork::Work(ArrivalMeasure m) const {
+  switch (m) {
+    case ArrivalMeasure::kLessChance:
+      return work_s;
+    case ArrivalMeasure::kHeld:
+      return std::max(0.0, held_s);
+    case ArrivalMeasure::kOwnFit:
+      if (!fit_held_s || !fit_chance_s) return std::nullopt;
+      return std::max(0.0, *fit_held_s - *fit_chance_s);
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+// One traced prefill step as MeasurePrefillArrivalWork counts it.
+struct CountedStep {
+  double real_s;
+  int64_t tokens;
+  double sq;  // Σ prompt lengths², as PrefillStepFactors takes it
+  int arrivals;
+  bool corun;
+  double free_by_chance = 0;  // exp(-rate x real_s)
+};
+
+// The held steps' excess per request that came during them and the excess expected by chance
+// (MeasurePrefillArrivalWork), with `model_s` the step's time by the model it is set against;
+// the held steps (and requests) of a co-run mark without free steps are not counted.
+struct HeldExcess {
+  double held_s = 0, chance_s = 0;
+  int64_t held_steps = 0, arrivals = 0;
+};
+template <typename ModelS>
+HeldExcess HeldAndChance(std::span<const CountedStep> counted, double rate, ModelS model_s) {
+  double free_real[2] = {0, 0}, free_model[2] = {0, 0}, chance_real[2] = {0, 0},
+         chance_model[2] = {0, 0};
+  for (const CountedStep& c : counted) {
+    chance_real[c.corun] += c.free_by_chance * c.real_s;
+    chance_model[c.corun] += c.free_by_chance * model_s(c);
+    if (c.arrivals > 0) continue;
+    free_real[c.corun] += c.real_s;
+    free_model[c.corun] += model_s(c);
+  }
+  HeldExcess out;
+  double excess = 0, chance_excess = 0, chance_arrivals = 0;
+  for (const CountedStep& c : counted) {
+    if (!(free_model[c.corun] > 0)) continue;
+    if (c.arrivals > 0) {
+      excess += c.real_s - model_s(c) * free_real[c.corun] / free_model[c.corun];
+      out.arrivals += c.arrivals;
+      ++out.held_steps;
+    }
+    chance_excess += (1 - c.free_by_chance) *
+                     (c.real_s - model_s(c) * chance_real[c.corun] / chance_model[c.corun]);
+    chance_arrivals += rate * c.real_s;
+  }
+  if (out.arrivals > 0) out.held_s = excess / static_cast<double>(out.arrivals);
+  if (chance_arrivals > 0) out.chance_s = chance_excess / chance_arrivals;
+  return out;
+}
+
+}  // namespace
+
 Result<PrefillArrivalWork> MeasurePrefillArrivalWork(std::span<const StepRecord> steps,
                                                      std::span<const TracedRequest> traced,
                                                      const StepCoeffs& model, int64_t min_steps) {
@@ -63,69 +141,68 @@ Result<PrefillArrivalWork> MeasurePrefillArrivalWork(std::span<const StepRecord>
                             std::pair{t, -std::numeric_limits<double>::infinity()});
   };
   constexpr double kSameStepS = 1e-6;  // as PrefillLoopGap: one step read from two events
-  struct Counted {
-    double real_s, model_s;
-    int arrivals;
-    bool corun;
-    double free_by_chance = 0;  // exp(-rate x real_s), once the rate is known
+  const auto profiled_s = [&](const CountedStep& c) {
+    return model.PrefillMs(c.tokens, c.sq) * 1e-3;
   };
-  std::vector<Counted> counted;
+  std::vector<CountedStep> counted;
   double first_start = std::numeric_limits<double>::infinity(), last_end = -first_start;
+  PrefillArrivalWork out;
   for (const StepRecord& s : steps) {
     if (s.prefill_tokens <= 0) continue;
     const double t = static_cast<double>(s.prefill_tokens);
-    const double model_s =
-        model.PrefillMs(s.prefill_tokens, t * t / std::max(1, s.prefill_chunks)) * 1e-3;
+    CountedStep c{s.duration_s, s.prefill_tokens, t * t / std::max(1, s.prefill_chunks), 0,
+                  s.corun};
+    const double model_s = profiled_s(c);
     if (!(model_s > 0) || !std::isfinite(model_s) || !(s.duration_s >= 0) ||
         !std::isfinite(s.duration_s)) {
       continue;
     }
     const double end = s.start_s + s.duration_s;
-    int n = 0;
     for (auto it = first_at(s.start_s); it != got.end() && it->first < end; ++it) {
-      n += it->second > s.start_s + kSameStepS;
+      c.arrivals += it->second > s.start_s + kSameStepS;
     }
-    counted.push_back({s.duration_s, model_s, n, s.corun});
+    out.free_steps += c.arrivals == 0;
+    counted.push_back(c);
     first_start = std::min(first_start, s.start_s);
     last_end = std::max(last_end, end);
   }
-  PrefillArrivalWork out;
-  // Per co-run mark: the free steps' time and model time, traced and by chance (below).
-  double free_real[2] = {0, 0}, free_model[2] = {0, 0}, chance_real[2] = {0, 0},
-         chance_model[2] = {0, 0};
-  const double rate = counted.empty() || !(last_end > first_start)
-                          ? 0.0
-                          : static_cast<double>(first_at(last_end) - first_at(first_start)) /
-                                (last_end - first_start);
-  for (Counted& c : counted) {
-    c.free_by_chance = std::exp(-rate * c.real_s);
-    chance_real[c.corun] += c.free_by_chance * c.real_s;
-    chance_model[c.corun] += c.free_by_chance * c.model_s;
-    if (c.arrivals > 0) continue;
-    free_real[c.corun] += c.real_s;
-    free_model[c.corun] += c.model_s;
-    ++out.free_steps;
-  }
-  double excess = 0, chance_excess = 0, chance_arrivals = 0;
-  for (const Counted& c : counted) {
-    if (!(free_model[c.corun] > 0)) continue;
-    if (c.arrivals > 0) {
-      excess += c.real_s - c.model_s * free_real[c.corun] / free_model[c.corun];
-      out.arrivals += c.arrivals;
-      ++out.held_steps;
-    }
-    chance_excess += (1 - c.free_by_chance) *
-                     (c.real_s - c.model_s * chance_real[c.corun] / chance_model[c.corun]);
-    chance_arrivals += rate * c.real_s;
-  }
+  // Requests that came at random at the run's rate leave a step free with exp(-rate x its time).
+  const double rate = last_end > first_start
+                          ? static_cast<double>(first_at(last_end) - first_at(first_start)) /
+                                (last_end - first_start)
+                          : 0.0;
+  for (CountedStep& c : counted) c.free_by_chance = std::exp(-rate * c.real_s);
+  const HeldExcess profiled = HeldAndChance(counted, rate, profiled_s);
+  out.held_steps = profiled.held_steps;
+  out.arrivals = profiled.arrivals;
   if (out.held_steps < min_steps || out.free_steps < min_steps) {
     return FailedPrecondition("prefill arrival work: " + std::to_string(out.held_steps) +
                               " steps a request came during and " + std::to_string(out.free_steps) +
                               " free ones traced, need " + std::to_string(min_steps) + " of each");
   }
-  out.held_s = excess / static_cast<double>(out.arrivals);
-  out.chance_s = chance_arrivals > 0 ? chance_excess / chance_arrivals : 0.0;
+  out.held_s = profiled.held_s;
+  out.chance_s = profiled.chance_s;
   out.work_s = std::max(0.0, out.held_s - out.chance_s);
+  // The same against this run's own fit of its free steps (kOwnFit).
+  std::vector<PrefillSample> free;
+  for (const CountedStep& c : counted) {
+    if (c.arrivals == 0) free.push_back({c.tokens, c.sq, c.real_s * 1e3});
+  }
+  auto fit = FitPrefill(free, {.relative = false, .non_negative = true});
+  if (fit.ok()) {
+    StepCoeffs own = model;
+    own.prefill = *fit;
+    const auto fitted_s = [&](const CountedStep& c) {
+      return own.PrefillMs(c.tokens, c.sq) * 1e-3;
+    };
+    bool positive = true;
+    for (const CountedStep& c : counted) positive = positive && fitted_s(c) > 0;
+    if (positive) {
+      const HeldExcess own_fit = HeldAndChance(counted, rate, fitted_s);
+      out.fit_held_s = own_fit.held_s;
+      out.fit_chance_s = own_fit.chance_s;
+    }
+  }
   return out;
 }
 
@@ -177,12 +254,12 @@ double Mean(const std::vector<double>& v) {
 }
 
 // The median over the runs that gave `get`, and how many did.
-Result<std::optional<double>> MedianOf(std::span<const CalibrationRunFactors> runs,
-                                       std::optional<double> CalibrationRunFactors::*get,
+template <typename Get>
+Result<std::optional<double>> MedianOf(std::span<const CalibrationRunFactors> runs, Get get,
                                        int* count) {
   std::vector<double> v;
   for (const CalibrationRunFactors& r : runs) {
-    if (r.*get) v.push_back(*(r.*get));
+    if (const std::optional<double> x = std::invoke(get, r)) v.push_back(*x);
   }
   *count = static_cast<int>(v.size());
   if (v.empty()) return std::optional<double>();
@@ -264,10 +341,11 @@ Status CheckRuns(std::span<const CalibrationRunFactors> runs, double output_toke
         !(std::isfinite(*r.prefill_loop_gap_s) && *r.prefill_loop_gap_s >= 0)) {
       return InvalidArgument("CombineCalibrationRuns: a prefill loop gap is not finite and >= 0");
     }
-    if (r.prefill_arrival_work_s &&
-        !(std::isfinite(*r.prefill_arrival_work_s) && *r.prefill_arrival_work_s >= 0)) {
-      return InvalidArgument(
-          "CombineCalibrationRuns: a prefill arrival work is not finite and >= 0");
+    for (const std::optional<double>& w : r.prefill_arrival_work_s) {
+      if (w && !(std::isfinite(*w) && *w >= 0)) {
+        return InvalidArgument(
+            "CombineCalibrationRuns: a prefill arrival work is not finite and >= 0");
+      }
     }
   }
   return OkStatus();
@@ -285,12 +363,18 @@ Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFac
                    MedianOf(runs, &CalibrationRunFactors::prefill_stretch, &out.prefill_runs));
   ASSIGN_OR_RETURN(out.prefill_loop_gap_s,
                    MedianOf(runs, &CalibrationRunFactors::prefill_loop_gap_s, &out.loop_gap_runs));
-  ASSIGN_OR_RETURN(
-      out.prefill_arrival_work_s,
-      MedianOf(runs, &CalibrationRunFactors::prefill_arrival_work_s, &out.arrival_work_runs));
-  ASSIGN_OR_RETURN(
-      out.prefill_stretch_left_out,
-      MedianOf(runs, &CalibrationRunFactors::prefill_stretch_left_out, &out.left_out_runs));
+  for (size_t m = 0; m < kArrivalMeasures; ++m) {
+    ASSIGN_OR_RETURN(
+        out.prefill_arrival_work_s[m],
+        MedianOf(
+            runs, [&](const CalibrationRunFactors& r) { return r.prefill_arrival_work_s[m]; },
+            &out.arrival_work_runs[m]));
+    ASSIGN_OR_RETURN(
+        out.prefill_stretch_left_out[m],
+        MedianOf(
+            runs, [&](const CalibrationRunFactors& r) { return r.prefill_stretch_left_out[m]; },
+            &out.left_out_runs[m]));
+  }
   // The runs' keys for the figures taken whole from one run.
   const auto decode_key = [](const CalibrationRunFactors& r) -> std::optional<double> {
     if (!r.decode_stretch) return std::nullopt;

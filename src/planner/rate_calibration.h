@@ -9,6 +9,7 @@
 // over its runs: one run in a slow spell of three moves none of them.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <optional>
 #include <span>
@@ -61,6 +62,22 @@ Result<double> PrefillBusyStretch(std::span<const StepRecord> real, std::span<co
 // none of it and leaves the queued ones short. validate-sim prints the simulation with it beside
 // the rule used, not used (apps/validate_sim_rate_cal.h, WithArrivalWork).
 // FailedPrecondition under `min_steps` held or free steps.
+//
+// Three measures of the work are weighed beside the rule used (Work): `work_s` as above
+// (kLessChance); `held_s` alone, or 0 when less (kHeld: the chance part came out negative at 60%
+// load, where the model's misfit by prompt length weighs in, which raised work_s there); and
+// the same as work_s against this run's own fit a + b·t + c·Σt² over its free steps in place of
+// `model` (kOwnFit: the misfit by prompt length taken out of both parts; unset when the fit
+// fails).
+enum class ArrivalMeasure { kLessChance, kHeld, kOwnFit };
+inline constexpr size_t kArrivalMeasures = 3;
+template <typename T>
+using PerArrivalMeasure = std::array<T, kArrivalMeasures>;
+inline constexpr PerArrivalMeasure<ArrivalMeasure> kAllArrivalMeasures = {
+    ArrivalMeasure::kLessChance, ArrivalMeasure::kHeld, ArrivalMeasure::kOwnFit};
+// How each measure is named in validate-sim's output and JSON ("arrival_work", "held_work",
+// "own_fit_work").
+const char* ArrivalMeasureKey(ArrivalMeasure m);
 struct PrefillArrivalWork {
   double work_s = 0.0;     // per request, >= 0
   double held_s = 0.0;     // the held steps' excess per request
@@ -68,7 +85,16 @@ struct PrefillArrivalWork {
   int64_t held_steps = 0;  // steps during which a request came
   int64_t free_steps = 0;  // steps during which none came
   int64_t arrivals = 0;    // requests that came during a step
-  double total_s() const { return work_s * static_cast<double>(arrivals); }
+  // held_s and chance_s against the run's own fit of its free steps; unset when it failed.
+  std::optional<double> fit_held_s, fit_chance_s;
+  // The work per request by `m` (>= 0); unset for kOwnFit without a fit.
+  std::optional<double> Work(ArrivalMeasure m) const;
+  // Work(m) over every request that came during a step: the busy time the simulation places.
+  std::optional<double> total_s(ArrivalMeasure m = ArrivalMeasure::kLessChance) const {
+    const std::optional<double> w = Work(m);
+    if (!w) return std::nullopt;
+    return *w * static_cast<double>(arrivals);
+  }
 };
 Result<PrefillArrivalWork> MeasurePrefillArrivalWork(std::span<const StepRecord> steps,
                                                      std::span<const TracedRequest> traced,
@@ -91,13 +117,15 @@ Result<double> PrefillLoopGap(std::span<const StepRecord> steps,
 struct CalibrationRunFactors {
   double rate = 0.0;
   // PrefillBusyStretch on this run over the whole traced busy time: unset when too few steps
-  // were traced. prefill_stretch_left_out: the same with the arrival work
-  // (prefill_arrival_work_s) left out of it, which goes with that work (printed beside, not
-  // used); unset when the work was not measured.
-  std::optional<double> prefill_stretch, prefill_stretch_left_out;
-  // MeasurePrefillArrivalWork on this run (its work_s, and the held_s and chance_s it came from,
-  // printed beside): unset when too few steps were traced.
-  std::optional<double> prefill_arrival_work_s, prefill_arrival_held_s, prefill_arrival_chance_s;
+  // were traced. prefill_stretch_left_out[m]: the same with the arrival work by measure m
+  // (prefill_arrival_work_s[m]) left out of it, which goes with that work (printed beside, not
+  // used); unset when that work was not measured.
+  std::optional<double> prefill_stretch;
+  PerArrivalMeasure<std::optional<double>> prefill_stretch_left_out;
+  // MeasurePrefillArrivalWork on this run: PrefillArrivalWork::Work by each measure, and the
+  // whole measure (its parts printed beside); unset when too few steps were traced.
+  PerArrivalMeasure<std::optional<double>> prefill_arrival_work_s;
+  std::optional<PrefillArrivalWork> prefill_arrival;
   // PrefillLoopGap on this run: unset when too few gaps were traced.
   std::optional<double> prefill_loop_gap_s;
   // The bench client's and router's CPU under load, in the probes' split (LoadedClientCpuCost).
@@ -143,8 +171,9 @@ struct RateCalibration {
   std::optional<ClientCpuCost> client_cpu;
   std::optional<double> prefill_stretch, decode_stretch, decode_seq_stretch, decode_corun;
   std::optional<double> prefill_loop_gap_s;  // the median over the runs that gave one
-  // Each the median over the runs that gave one.
-  std::optional<double> prefill_arrival_work_s, prefill_stretch_left_out;
+  // Each the median over the runs that gave one, per measure of the arrival work.
+  PerArrivalMeasure<std::optional<double>> prefill_arrival_work_s, prefill_stretch_left_out;
+  PerArrivalMeasure<int> arrival_work_runs{}, left_out_runs{};
   // The split fitted over every run's rows together (MergeDecodeStepStats; DecodeFactorsUnderLoad
   // on them), scaled to the taken run's unsplit stretch: per step and per sequence. Unset when
   // fewer than two runs kept rows, their per-step parts differ, or the pooled steps do not split.
@@ -155,8 +184,7 @@ struct RateCalibration {
   std::vector<double> outside_s, inbound_s, tail_s;  // inbound_s, tail_s: the same run's, or empty
   std::vector<double> decode_step_factors, prefill_step_factors;
   int client_runs = 0, prefill_runs = 0, stretch_runs = 0, corun_runs = 0, outside_runs = 0,
-      step_factor_runs = 0, prefill_factor_runs = 0, loop_gap_runs = 0, arrival_work_runs = 0,
-      left_out_runs = 0;
+      step_factor_runs = 0, prefill_factor_runs = 0, loop_gap_runs = 0;
   // Which run's cost / sample / decode stretch pair was taken.
   std::optional<size_t> client_run, outside_run, decode_run;
 };

@@ -135,7 +135,7 @@ TEST(ValidateRateCalibration, PrefillArrivalWorkIsTheHeldStepsTimeOverTheFreeOne
   EXPECT_NEAR(w->chance_s, excess / arrivals, 1e-12);
   EXPECT_GT(w->chance_s, 0.0);
   EXPECT_NEAR(w->work_s, w->held_s - w->chance_s, 1e-12);
-  EXPECT_NEAR(w->total_s(), w->work_s * 3, 1e-12);
+  EXPECT_NEAR(*w->total_s(), w->work_s * 3, 1e-12);
   EXPECT_EQ(MeasurePrefillArrivalWork(steps, traced, model, 3).status().code(),
             StatusCode::kFailedPrecondition);
   EXPECT_EQ(MeasurePrefillArrivalWork(steps, {}, model, 1).status().code(),
@@ -187,6 +187,59 @@ TEST(ValidateRateCalibration, PrefillArrivalWorkTakesOutWhatLongStepsCatchByChan
   EXPECT_NEAR(worked->work_s, 0.0005, 0.0001);
 }
 
+// Prompts of 50-400 tokens whose steps take 2 + 0.04 ms a token (x0.9-1.1) against a model that
+// knows no length (10 ms a step), and requests at random that cost nothing: the run's own fit of
+// its free steps finds no work either; with 0.5 ms added per request a step caught, it finds
+// that. The held measure is the held steps' excess alone, never below 0.
+TEST(ValidateRateCalibration, PrefillArrivalWorkByItsOwnFitAndHeldAlone) {
+  StepCoeffs model;
+  model.prefill = {10, 0, 0};
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> spread(0.9, 1.1);
+  std::uniform_int_distribution<int> tokens(50, 400);
+  std::exponential_distribution<double> gap(40.0);
+  std::vector<StepRecord> steps;
+  std::vector<TracedRequest> traced;
+  double t = 0, next = gap(rng);
+  for (int i = 0; i < 20000; ++i) {
+    const int n = tokens(rng);
+    const StepRecord s = At(t, (2 + 0.04 * n) * 1e-3 * spread(rng), n);
+    steps.push_back(s);
+    t += s.duration_s + 0.0002;
+    for (; next < t; next += gap(rng)) traced.push_back(Computed(next, next + 1.0));
+  }
+  auto w = MeasurePrefillArrivalWork(steps, traced, model, 100);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_TRUE(w->fit_held_s && w->fit_chance_s);
+  EXPECT_GT(*w->fit_held_s, 0.0);  // long steps still catch more
+  ASSERT_TRUE(w->Work(ArrivalMeasure::kOwnFit));
+  EXPECT_LT(*w->Work(ArrivalMeasure::kOwnFit), 0.00005);
+  EXPECT_DOUBLE_EQ(*w->Work(ArrivalMeasure::kHeld), std::max(0.0, w->held_s));
+  EXPECT_DOUBLE_EQ(*w->Work(ArrivalMeasure::kLessChance), w->work_s);
+  EXPECT_NEAR(*w->total_s(ArrivalMeasure::kHeld), *w->Work(ArrivalMeasure::kHeld) * w->arrivals,
+              1e-12);
+  for (StepRecord& s : steps) {
+    auto from = std::lower_bound(traced.begin(), traced.end(), s.start_s,
+                                 [](const TracedRequest& r, double v) { return r.got_s < v; });
+    for (auto it = from; it != traced.end() && it->got_s < s.start_s + s.duration_s; ++it) {
+      s.duration_s += 0.0005;
+    }
+  }
+  auto worked = MeasurePrefillArrivalWork(steps, traced, model, 100);
+  ASSERT_TRUE(worked.ok()) << worked.status().ToString();
+  ASSERT_TRUE(worked->Work(ArrivalMeasure::kOwnFit));
+  EXPECT_NEAR(*worked->Work(ArrivalMeasure::kOwnFit), 0.0005, 0.0001);
+  EXPECT_GT(*worked->Work(ArrivalMeasure::kHeld), 0.0005);  // with what long steps catch
+  // A held excess below 0 is no work by the held measure.
+  PrefillArrivalWork less;
+  less.held_s = -0.0002;
+  less.arrivals = 4;
+  EXPECT_EQ(*less.Work(ArrivalMeasure::kHeld), 0.0);
+  EXPECT_EQ(*less.total_s(ArrivalMeasure::kHeld), 0.0);
+  EXPECT_FALSE(less.Work(ArrivalMeasure::kOwnFit));  // no fit
+  EXPECT_STREQ(ArrivalMeasureKey(ArrivalMeasure::kOwnFit), "own_fit_work");
+}
+
 // Steps at 0-10, 10.3-20, 20.5-30, 40-50, 50.2-60 and 60.9-70 ms (a decode-only one between);
 // the gaps that count are those whose next step had a request in by the step's end.
 TEST(ValidateRateCalibration, PrefillLoopGapIsTheMeanGapBeforeStepsWhoseWorkWaited) {
@@ -225,8 +278,10 @@ CalibrationRunFactors MakeRun(double rate, double cpu_per_request, double stretc
   r.decode_seq_stretch = stretch + 0.2;
   r.decode_corun = corun;
   r.prefill_loop_gap_s = stretch * 1e-3;
-  r.prefill_arrival_work_s = stretch * 0.5e-3;
-  r.prefill_stretch_left_out = stretch + 0.05;
+  for (size_t m = 0; m < kArrivalMeasures; ++m) {  // each measure its own figures
+    r.prefill_arrival_work_s[m] = stretch * 0.5e-3 * static_cast<double>(m + 1);
+    r.prefill_stretch_left_out[m] = stretch + 0.05 * static_cast<double>(m + 1);
+  }
   r.outside_s = std::move(outside);
   for (double o : r.outside_s) r.inbound_s.push_back(o / 2);  // each run's own ways in
   for (double o : r.outside_s) r.tail_s.push_back(-o / 4);    // and tails
@@ -253,11 +308,13 @@ TEST(ValidateRateCalibration, OneSlowRunOfThreeMovesNoFactor) {
   ASSERT_TRUE(c->prefill_loop_gap_s);
   EXPECT_DOUBLE_EQ(*c->prefill_loop_gap_s, 1.04e-3);
   EXPECT_EQ(c->loop_gap_runs, 3);
-  ASSERT_TRUE(c->prefill_arrival_work_s && c->prefill_stretch_left_out);
-  EXPECT_DOUBLE_EQ(*c->prefill_arrival_work_s, 0.52e-3);
-  EXPECT_DOUBLE_EQ(*c->prefill_stretch_left_out, 1.09);
-  EXPECT_EQ(c->arrival_work_runs, 3);
-  EXPECT_EQ(c->left_out_runs, 3);
+  for (size_t m = 0; m < kArrivalMeasures; ++m) {
+    ASSERT_TRUE(c->prefill_arrival_work_s[m] && c->prefill_stretch_left_out[m]) << m;
+    EXPECT_DOUBLE_EQ(*c->prefill_arrival_work_s[m], 0.52e-3 * static_cast<double>(m + 1));
+    EXPECT_DOUBLE_EQ(*c->prefill_stretch_left_out[m], 1.04 + 0.05 * static_cast<double>(m + 1));
+    EXPECT_EQ(c->arrival_work_runs[m], 3);
+    EXPECT_EQ(c->left_out_runs[m], 3);
+  }
   EXPECT_DOUBLE_EQ(*c->decode_corun, 1.05);
   EXPECT_EQ(c->client_run, 0u);  // 1.7 ms + 32 x 0.1 ms: the middle cost
   EXPECT_DOUBLE_EQ(c->client_cpu->per_request_s, 0.0017);
@@ -445,9 +502,11 @@ TEST(ValidateRateCalibration, FactorsNoRunGaveStayUnset) {
   EXPECT_FALSE(c->prefill_stretch);
   EXPECT_FALSE(c->prefill_loop_gap_s);
   EXPECT_EQ(c->loop_gap_runs, 0);
-  EXPECT_FALSE(c->prefill_arrival_work_s);
-  EXPECT_FALSE(c->prefill_stretch_left_out);
-  EXPECT_EQ(c->arrival_work_runs + c->left_out_runs, 0);
+  for (size_t m = 0; m < kArrivalMeasures; ++m) {
+    EXPECT_FALSE(c->prefill_arrival_work_s[m]);
+    EXPECT_FALSE(c->prefill_stretch_left_out[m]);
+    EXPECT_EQ(c->arrival_work_runs[m] + c->left_out_runs[m], 0);
+  }
   EXPECT_FALSE(c->decode_corun);
   EXPECT_FALSE(c->client_cpu);
   EXPECT_FALSE(c->client_run);
@@ -480,11 +539,13 @@ TEST(ValidateRateCalibration, CombineRefusesNoRunsMixedRatesAndBadFigures) {
     std::vector<CalibrationRunFactors> gap = {MakeRun(10, 0.001, 1, 1, {})};
     gap[0].prefill_loop_gap_s = bad;
     EXPECT_EQ(CombineCalibrationRuns(gap, 32).status().code(), StatusCode::kInvalidArgument);
-    std::vector<CalibrationRunFactors> work = {MakeRun(10, 0.001, 1, 1, {})};
-    work[0].prefill_arrival_work_s = bad;
-    auto refused = CombineCalibrationRuns(work, 32);
-    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(refused.status().message().find("arrival work"), std::string::npos);
+    for (size_t m = 0; m < kArrivalMeasures; ++m) {
+      std::vector<CalibrationRunFactors> work = {MakeRun(10, 0.001, 1, 1, {})};
+      work[0].prefill_arrival_work_s[m] = bad;
+      auto refused = CombineCalibrationRuns(work, 32);
+      EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << m;
+      EXPECT_NE(refused.status().message().find("arrival work"), std::string::npos);
+    }
   }
 }
 
