@@ -23,8 +23,9 @@
 #      on the same requests, and the noise: machine (spread over rounds) vs sampling (spread over
 #      reseeded simulations) (docs/planner.md). The instances are traced (--trace; the latency
 #      outside the engines is calibrated per request from the load run's traces).
-# One run takes about 7.5 minutes on the 2-core Zen 4 host (2026-12-01; 5 with --rounds 3) and
-# writes ~300 MB of traces. Five rounds rather than three (validate-sim's default since
+# One run takes about 7.5 minutes on the 2-core Zen 4 host (2026-12-01; 5 with --rounds 3), about
+# 22 on a 2-core Zen 3 host without AVX-512 (steps four times longer), and writes ~300 MB of
+# traces. Five rounds rather than three (validate-sim's default since
 # 2026-12-01): 126 of 135 cells within 10% over 9 runs, all 15 in 5, where the same runs' rounds
 # taken three at a time had all 15 in 30%.
 # 600 requests a round rather than 300: 114 of 120 cells within 10% over 8 runs (18:12-18:51),

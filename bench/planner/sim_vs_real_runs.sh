@@ -5,7 +5,8 @@
 #   bench/planner/sim_vs_real_runs.sh N [PDSERVE] [validate-sim flags...]
 # Each run's comparison.json and log are kept in $OUT/run-K/ (OUT: /tmp/pdserve-sim-vs-real-runs
 # unless set); its traces (~300 MB) are removed once it has finished. About 7.5 minutes a run on
-# the 2-core host; the environment (MODEL, MATMUL, MAX_PROMPTS, ...) passes to every run.
+# the 2-core Zen 4 host, about 22 on a 2-core Zen 3 host without AVX-512; the environment (MODEL,
+# MATMUL, MAX_PROMPTS, ...) passes to every run.
 set -euo pipefail
 N=${1:?usage: sim_vs_real_runs.sh N [PDSERVE] [validate-sim flags...]}
 shift
