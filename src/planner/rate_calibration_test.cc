@@ -149,6 +149,18 @@ TEST(ValidateRateCalibration, PrefillArrivalWorkIsTheHeldStepsTimeOverTheFreeOne
   EXPECT_EQ(none->work_s, 0.0);
 }
 
+// Lengthens each step by `work_s` per request (`traced`, in got_s order) that came during it.
+void AddWorkPerCaughtRequest(double work_s, const std::vector<TracedRequest>& traced,
+                             std::vector<StepRecord>* steps) {
+  for (StepRecord& s : *steps) {
+    auto from = std::lower_bound(traced.begin(), traced.end(), s.start_s,
+                                 [](const TracedRequest& r, double v) { return r.got_s < v; });
+    for (auto it = from; it != traced.end() && it->got_s < s.start_s + s.duration_s; ++it) {
+      s.duration_s += work_s;
+    }
+  }
+}
+
 // Steps of one size whose times spread (x0.7-1.3 around 10 ms) and requests that come at random,
 // each costing nothing: the held steps still run longer (they caught more requests for being
 // long), and the figure by chance takes that back out.
@@ -174,13 +186,7 @@ TEST(ValidateRateCalibration, PrefillArrivalWorkTakesOutWhatLongStepsCatchByChan
   EXPECT_NEAR(w->chance_s, w->held_s, 0.00005);
   EXPECT_LT(w->work_s, 0.00005);
   // 0.5 ms added to each held step per request it caught comes back out as about that.
-  for (StepRecord& s : steps) {
-    auto from = std::lower_bound(traced.begin(), traced.end(), s.start_s,
-                                 [](const TracedRequest& r, double v) { return r.got_s < v; });
-    for (auto it = from; it != traced.end() && it->got_s < s.start_s + s.duration_s; ++it) {
-      s.duration_s += 0.0005;
-    }
-  }
+  AddWorkPerCaughtRequest(0.0005, traced, &steps);
   // The steps now overlap the requests' instants a little differently; the count stays close.
   auto worked = MeasurePrefillArrivalWork(steps, traced, model, 100);
   ASSERT_TRUE(worked.ok()) << worked.status().ToString();
@@ -218,13 +224,7 @@ TEST(ValidateRateCalibration, PrefillArrivalWorkByItsOwnFitAndHeldAlone) {
   EXPECT_DOUBLE_EQ(*w->Work(ArrivalMeasure::kLessChance), w->work_s);
   EXPECT_NEAR(*w->total_s(ArrivalMeasure::kHeld), *w->Work(ArrivalMeasure::kHeld) * w->arrivals,
               1e-12);
-  for (StepRecord& s : steps) {
-    auto from = std::lower_bound(traced.begin(), traced.end(), s.start_s,
-                                 [](const TracedRequest& r, double v) { return r.got_s < v; });
-    for (auto it = from; it != traced.end() && it->got_s < s.start_s + s.duration_s; ++it) {
-      s.duration_s += 0.0005;
-    }
-  }
+  AddWorkPerCaughtRequest(0.0005, traced, &steps);
   auto worked = MeasurePrefillArrivalWork(steps, traced, model, 100);
   ASSERT_TRUE(worked.ok()) << worked.status().ToString();
   ASSERT_TRUE(worked->Work(ArrivalMeasure::kOwnFit));
