@@ -373,9 +373,9 @@ inline Result<Calibration> ApplyRateCalibration(const ValidateFlags& f,
 // much at 60% load as at 20%) is too much where steps run back to back.
 //
 // Stop 26 weighs two more measures beside it (planner::ArrivalMeasure: kHeld, kOwnFit). Over
-// three runs on a Zen 3 host with steps four times longer (2026-12-01 19:29-20:33), each of the
-// three measures had 39 of 45 cells within 10% against the rule used's 38, and 145 / 144 / 146
-// rounds' cells of 225 against 144: a margin under one run's noise, so none is used.
+// four runs on a Zen 3 host with steps four times longer (2026-12-01 19:29-21:23), the three
+// measures had 50 / 50 / 49 of 60 cells within 10% against the rule used's 49, and 194 / 193 /
+// 194 rounds' cells of 300 against 190: a margin under one run's noise, so none is used.
 inline bool HasArrivalWork(const Calibration& cal, planner::ArrivalMeasure m) {
   const size_t k = static_cast<size_t>(m);
   return cal.measured_arrival_work_s[k] && cal.prefill_stretch_left_out[k];
