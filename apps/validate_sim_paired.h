@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <optional>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "apps/validate_sim_calibration.h"
@@ -134,34 +133,16 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
       planner::CellsWithin(paired, kCellTolerance), kPairedRuleUsed ? "paired" : "per-rate median");
   // The paired rule without the tails, and with the prefill arrival work by each measure, on
   // the same rounds.
-  using PairedOf = const std::optional<planner::PairedComparison>& (*)(const RateReport&, size_t);
-  const PairedOf without_tail = [](const RateReport& r,
-                                   size_t) -> const std::optional<planner::PairedComparison>& {
-    return r.paired_without_tail;
-  };
-  const PairedOf with_work = [](const RateReport& r,
-                                size_t m) -> const std::optional<planner::PairedComparison>& {
-    return r.paired_with_arrival_work[m];
-  };
-  std::vector<std::tuple<std::string, PairedOf, size_t>> paired_variants = {
-      {"without the last token's way out less the first's at each request's end", without_tail, 0}};
-  for (const planner::ArrivalMeasure m : planner::kAllArrivalMeasures) {
-    paired_variants.emplace_back(std::string("with the prefill arrival work, ") +
-                                     planner::ArrivalMeasureKey(m) +
-                                     " (and the prefill stretch with it left out of the busy time)",
-                                 with_work, static_cast<size_t>(m));
-  }
-  for (const auto& [label, which, k] : paired_variants) {
+  const auto print_paired = [&](const std::string& label, const auto& which) {
     std::vector<planner::ComparisonRow> variant, variant_rounds, used_rounds;
     for (const RateReport& r : reports) {
-      const std::optional<planner::PairedComparison>& got = which(r, k);
+      const std::optional<planner::PairedComparison>& got = which(r);
       if (!got) continue;
       variant.push_back(got->row);
-      const auto& w = got->rounds;
-      variant_rounds.insert(variant_rounds.end(), w.begin(), w.end());
+      variant_rounds.insert(variant_rounds.end(), got->rounds.begin(), got->rounds.end());
       used_rounds.insert(used_rounds.end(), r.paired->rounds.begin(), r.paired->rounds.end());
     }
-    if (variant.size() != reports.size()) continue;
+    if (variant.size() != reports.size()) return;
     std::printf("paired, %s (not used):\n%s", label.c_str(),
                 planner::FormatComparison(variant).c_str());
     std::printf(
@@ -170,28 +151,24 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
         100 * kCellTolerance, 5 * reports.size(), planner::CellsWithin(variant, kCellTolerance),
         5 * variant_rounds.size(), planner::CellsWithin(variant_rounds, kCellTolerance),
         planner::CellsWithin(used_rounds, kCellTolerance));
+  };
+  print_paired(
+      "without the last token's way out less the first's at each request's end",
+      [](const RateReport& r) -> const auto& { return r.paired_without_tail; });
+  for (const planner::ArrivalMeasure m : planner::kAllArrivalMeasures) {
+    print_paired(
+        std::string("with the prefill arrival work, ") + planner::ArrivalMeasureKey(m) +
+            " (and the prefill stretch with it left out of the busy time)",
+        [m](const RateReport& r) -> const auto& {
+          return r.paired_with_arrival_work[static_cast<size_t>(m)];
+        });
   }
   // The step factors' share: the per-rate-median rule with the prefill instance's too, and
   // without any; and the other variants printed beside it.
-  using SummaryOf = std::optional<planner::Summary> RateReport::*;
-  std::vector<std::tuple<std::string, SummaryOf, std::optional<size_t>>> variants = {
-      {"with the prefill step factors too", &RateReport::with_prefill_factors, std::nullopt},
-      {"without any step factors", &RateReport::without_step_factors, std::nullopt},
-      {"without the way in drawn per request", &RateReport::without_inbound_hop, std::nullopt},
-      {"with the median run's own decode split", &RateReport::own_split, std::nullopt},
-      {"without the prefill loop gap", &RateReport::without_loop_gap, std::nullopt},
-      {"without the last token's way out less the first's", &RateReport::without_tail,
-       std::nullopt}};
-  for (const planner::ArrivalMeasure m : planner::kAllArrivalMeasures) {
-    variants.emplace_back(
-        std::string("with the prefill arrival work, ") + planner::ArrivalMeasureKey(m), nullptr,
-        static_cast<size_t>(m));
-  }
-  for (const auto& [label, member, measure] : variants) {
+  const auto print_plain = [&](const std::string& label, const auto& which) {
     std::vector<planner::ComparisonRow> plain;
     for (const RateReport& r : reports) {
-      const std::optional<planner::Summary>& got =
-          measure ? r.with_arrival_work[*measure] : r.*member;
+      const std::optional<planner::Summary>& got = which(r);
       if (!got) continue;
       const planner::Summary& s = *got;
       const planner::Summary& m = r.per_rate_median.measured;
@@ -207,6 +184,24 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
       std::printf("cells within %.0f%% of %zu %s (not used): %d\n", 100 * kCellTolerance,
                   5 * plain.size(), label.c_str(), planner::CellsWithin(plain, kCellTolerance));
     }
+  };
+  for (const auto& [label, member] :
+       {std::pair{"with the prefill step factors too", &RateReport::with_prefill_factors},
+        std::pair{"without any step factors", &RateReport::without_step_factors},
+        std::pair{"without the way in drawn per request", &RateReport::without_inbound_hop},
+        std::pair{"with the median run's own decode split", &RateReport::own_split},
+        std::pair{"without the prefill loop gap", &RateReport::without_loop_gap},
+        std::pair{"without the last token's way out less the first's",
+                  &RateReport::without_tail}}) {
+    print_plain(
+        label, [member](const RateReport& r) -> const auto& { return r.*member; });
+  }
+  for (const planner::ArrivalMeasure m : planner::kAllArrivalMeasures) {
+    print_plain(
+        std::string("with the prefill arrival work, ") + planner::ArrivalMeasureKey(m),
+        [m](const RateReport& r) -> const auto& {
+          return r.with_arrival_work[static_cast<size_t>(m)];
+        });
   }
   // Whether the pairing tracks the rounds' spells, and how near the machine comes to itself.
   const PerRoundCells c = CountPerRoundCells(reports);

@@ -464,9 +464,12 @@ inline Result<Calibration> CalibrationAtRate(
   (*json)["rate"] = rc.rate;
   (*json)["calibration_runs"] = rc.runs;
   (*json)["prefill_loop_gap_s"] = {{"mean_s", cal.prefill_loop_gap_s}, {"runs", rc.loop_gap_runs}};
-  (*json)["prefill_arrival_work_s"] = {{"mean_s", cal.measured_arrival_work_s[0].value_or(0.0)},
-                                       {"runs", rc.arrival_work_runs[0]},
-                                       {"used", false}};
+  // The stop-25 key, as earlier runs' files have it: the measure weighed there.
+  constexpr size_t kStop25 = static_cast<size_t>(planner::ArrivalMeasure::kLessChance);
+  (*json)["prefill_arrival_work_s"] = {
+      {"mean_s", cal.measured_arrival_work_s[kStop25].value_or(0.0)},
+      {"runs", rc.arrival_work_runs[kStop25]},
+      {"used", false}};
   for (const planner::ArrivalMeasure m : planner::kAllArrivalMeasures) {
     const size_t k = static_cast<size_t>(m);
     (*json)["prefill_arrival_work_by_measure_s"][planner::ArrivalMeasureKey(m)] = {
