@@ -280,6 +280,11 @@ Status SimulateRateReport(const ValidateFlags& f, const bench::DatasetSpec& spec
     ASSIGN_OR_RETURN(r->with_arrival_work[static_cast<size_t>(m)],
                      SimulateRate(worked, cal_links, reqs, slo, cal.outside));
   }
+  if (HasBatchFactors(cal)) {
+    ASSIGN_OR_RETURN(auto shaped, CalibratedAt(f, coeffs, WithBatchFactors(cal), kv_tokens, rate));
+    ASSIGN_OR_RETURN(r->with_batch_factors, SimulateRate(shaped, cal_links, reqs, slo, cal.outside,
+                                                         &r->batch_factor_steps));
+  }
   if (own_split) {
     ASSIGN_OR_RETURN(auto own_insts, CalibratedAt(f, coeffs, *own_split, kv_tokens, rate));
     ASSIGN_OR_RETURN(r->own_split,

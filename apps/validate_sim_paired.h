@@ -38,8 +38,11 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
   if (windows.size() != runs.size()) return InvalidArgument("paired: a run without its window");
   ASSIGN_OR_RETURN(r->paired_runs, planner::PairRunsWithRounds(windows, rounds));
   ASSIGN_OR_RETURN(const auto reqs, BenchRequests(spec, n, r->raw.rate, f.seed));
-  std::vector<planner::Summary> simulated, measured, without_tail;
+  std::vector<planner::Summary> simulated, measured, without_tail, with_batch, with_pooled_batch;
   planner::PerArrivalMeasure<std::vector<planner::Summary>> with_work;
+  // The rate's batch factors over its runs together, for the variant with them in every round.
+  ASSIGN_OR_RETURN(const planner::RateCalibration all,
+                   planner::CombineCalibrationRuns(runs, f.output_len));
   for (size_t k = 0; k < r->paired_runs.size(); ++k) {
     const std::vector<planner::CalibrationRunFactors> one = {runs[r->paired_runs[k]]};
     ASSIGN_OR_RETURN(const planner::RateCalibration rc,
@@ -54,6 +57,22 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
       ASSIGN_OR_RETURN(planner::Summary w, SimulateRate(insts, CalibratedLinks(links, cal), reqs,
                                                         slo, cal.outside.WithoutTail()));
       without_tail.push_back(w);
+    }
+    // The batch factors, the run's own and the rate's; a round without them takes the rule
+    // used's simulation.
+    for (auto [factors, into] : {std::pair{planner::RunDecodeBatchFactors(one[0]), &with_batch},
+                                 std::pair{all.pooled_decode_batch_factors, &with_pooled_batch}}) {
+      Calibration shaped_cal = cal;
+      shaped_cal.measured_batch_factors = factors;
+      if (!HasBatchFactors(shaped_cal)) {
+        into->push_back(s);
+        continue;
+      }
+      ASSIGN_OR_RETURN(auto shaped, CalibratedAt(f, coeffs, WithBatchFactors(shaped_cal), kv_tokens,
+                                                 r->raw.rate));
+      ASSIGN_OR_RETURN(planner::Summary b,
+                       SimulateRate(shaped, CalibratedLinks(links, cal), reqs, slo, cal.outside));
+      into->push_back(b);
     }
     // Every round; one whose calibration run measured no work takes the rule used's simulation.
     for (const planner::ArrivalMeasure m : planner::kAllArrivalMeasures) {
@@ -74,6 +93,10 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
     ASSIGN_OR_RETURN(r->paired_without_tail,
                      planner::ComparePaired(r->raw.rate, without_tail, measured));
   }
+  ASSIGN_OR_RETURN(r->paired_with_batch_factors,
+                   planner::ComparePaired(r->raw.rate, with_batch, measured));
+  ASSIGN_OR_RETURN(r->paired_with_pooled_batch_factors,
+                   planner::ComparePaired(r->raw.rate, with_pooled_batch, measured));
   for (size_t m = 0; m < planner::kArrivalMeasures; ++m) {
     ASSIGN_OR_RETURN(r->paired_with_arrival_work[m],
                      planner::ComparePaired(r->raw.rate, with_work[m], measured));
@@ -155,6 +178,12 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
   print_paired(
       "without the last token's way out less the first's at each request's end",
       [](const RateReport& r) -> const auto& { return r.paired_without_tail; });
+  print_paired(
+      "with the decode batch factors, each round's calibration run's own",
+      [](const RateReport& r) -> const auto& { return r.paired_with_batch_factors; });
+  print_paired(
+      "with the decode batch factors over the rate's runs together",
+      [](const RateReport& r) -> const auto& { return r.paired_with_pooled_batch_factors; });
   for (const planner::ArrivalMeasure m : planner::kAllArrivalMeasures) {
     print_paired(
         std::string("with the prefill arrival work, ") + planner::ArrivalMeasureKey(m) +
@@ -191,8 +220,9 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
         std::pair{"without the way in drawn per request", &RateReport::without_inbound_hop},
         std::pair{"with the median run's own decode split", &RateReport::own_split},
         std::pair{"without the prefill loop gap", &RateReport::without_loop_gap},
-        std::pair{"without the last token's way out less the first's",
-                  &RateReport::without_tail}}) {
+        std::pair{"without the last token's way out less the first's", &RateReport::without_tail},
+        std::pair{"with the decode batch factors over the rate's runs together",
+                  &RateReport::with_batch_factors}}) {
     print_plain(
         label, [member](const RateReport& r) -> const auto& { return r.*member; });
   }

@@ -80,6 +80,12 @@ struct RateReport {
   // (WithArrivalWork: the same simulation for a round whose calibration run measured none),
   // printed beside it.
   planner::PerArrivalMeasure<std::optional<planner::PairedComparison>> paired_with_arrival_work;
+  // The paired rule on the same rounds with the decode batch factors (WithBatchFactors): each
+  // round's calibration run's own (planner::RunDecodeBatchFactors), and the rate's over its runs
+  // together (RateCalibration::pooled_decode_batch_factors); the same simulation for a round
+  // without them. Printed beside it.
+  std::optional<planner::PairedComparison> paired_with_batch_factors,
+      paired_with_pooled_batch_factors;
   // The per-rate-median rule's simulation with the prefill instance's step factors too, and
   // without any (Calibration::prefill_step_factors, decode_step_factors), printed beside it;
   // unset when none were measured.
@@ -100,6 +106,11 @@ struct RateReport {
   // The per-rate-median rule's simulation with the prefill arrival work by each measure
   // (WithArrivalWork), printed beside it; unset when none was measured.
   planner::PerArrivalMeasure<std::optional<planner::Summary>> with_arrival_work;
+  // The per-rate-median rule's simulation with the decode batch factors over the rate's runs
+  // together (RateCalibration::pooled_decode_batch_factors), printed beside it, and its steps;
+  // unset / empty when none were measured.
+  std::optional<planner::Summary> with_batch_factors;
+  std::vector<planner::SimStep> batch_factor_steps;
 };
 
 inline nlohmann::json OverheadsJson(const Calibration& cal) {
@@ -250,6 +261,11 @@ inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo
         if (!w) continue;
         paired_rounds.back()[std::string("rounds_with_") + planner::ArrivalMeasureKey(m)] =
             planner::ComparisonToJson(w->rounds);
+      }
+      for (const auto& [key, which] :
+           {std::pair{"rounds_with_batch_factors", &r.paired_with_batch_factors},
+            std::pair{"rounds_with_pooled_batch_factors", &r.paired_with_pooled_batch_factors}}) {
+        if (*which) paired_rounds.back()[key] = planner::ComparisonToJson((*which)->rounds);
       }
     }
     per_rate.push_back(r.rate_calibration);
@@ -432,6 +448,13 @@ inline void PrintStepComparisons(const std::vector<RateReport>& reports, const T
     const auto sim_rows = planner::SummarizeDecodeSteps(sim_steps, kStepTableBatches, kMaxLoopGapS);
     std::printf("rate %.3g req/s:\n%s", r.raw.rate,
                 planner::FormatStepComparison(real_rows, sim_rows).c_str());
+    if (!r.batch_factor_steps.empty()) {
+      sim.steps = r.batch_factor_steps;
+      const auto shaped = planner::SummarizeDecodeSteps(planner::StepsOfInstance(sim, 1),
+                                                        kStepTableBatches, kMaxLoopGapS);
+      std::printf("the same with the decode batch factors (not used):\n%s",
+                  planner::FormatStepComparison(real_rows, shaped).c_str());
+    }
     PrintSimTtftParts(r);
   }
 }

@@ -313,6 +313,8 @@ Status PoolDecodeSplit(std::span<const CalibrationRunFactors> runs, double level
   out->pooled_decode_stretch = pooled->step_stretch * scale;
   out->pooled_decode_seq_stretch = pooled->seq_stretch * scale;
   out->pooled_split_runs = n;
+  out->pooled_decode_batch_factors = DecodeBatchFactors(real, sim, fixed_s, pooled->step_stretch,
+                                                        pooled->seq_stretch, kMinSplitRowSteps);
   return OkStatus();
 }
 
@@ -352,6 +354,15 @@ Status CheckRuns(std::span<const CalibrationRunFactors> runs, double output_toke
 }
 
 }  // namespace
+
+std::vector<double> RunDecodeBatchFactors(const CalibrationRunFactors& run) {
+  if (run.decode_real_rows.empty() || run.decode_sim_rows.empty() || !run.decode_stretch ||
+      !run.decode_seq_stretch) {
+    return {};
+  }
+  return DecodeBatchFactors(run.decode_real_rows, run.decode_sim_rows, run.decode_fixed_s,
+                            *run.decode_stretch, *run.decode_seq_stretch, kMinSplitRowSteps);
+}
 
 Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFactors> runs,
                                                double output_tokens) {

@@ -151,6 +151,10 @@ struct CalibrationRunFactors {
   std::vector<double> decode_step_factors, prefill_step_factors;
 };
 
+// DecodeBatchFactors over one run's kept rows against that run's own split (decode_stretch,
+// decode_seq_stretch): the paired rule's variant. Empty when the run kept no rows or no split.
+std::vector<double> RunDecodeBatchFactors(const CalibrationRunFactors& run);
+
 // Per rate, from its calibration runs: each factor the median over the runs that gave it
 // (UpperMedian; the client's cost ordered by its cost of a request of `output_tokens` tokens,
 // the outside latency by each run's sample mean, the decode stretch by each run's unsplit
@@ -181,6 +185,9 @@ struct RateCalibration {
   // a 300-request load run's stayed within x1.19-1.21.
   std::optional<double> pooled_decode_stretch, pooled_decode_seq_stretch;
   int pooled_split_runs = 0;
+  // DecodeBatchFactors over the same rows against that split (before its scaling: a shape by
+  // batch size, not a level); empty with no pooled split.
+  std::vector<double> pooled_decode_batch_factors;
   std::vector<double> outside_s, inbound_s, tail_s;  // inbound_s, tail_s: the same run's, or empty
   std::vector<double> decode_step_factors, prefill_step_factors;
   int client_runs = 0, prefill_runs = 0, stretch_runs = 0, corun_runs = 0, outside_runs = 0,

@@ -492,6 +492,50 @@ TEST(ValidateRateCalibration, ThePooledSplitIsFittedOverTheRunsRowsTogether) {
   EXPECT_FALSE(c->pooled_decode_stretch);
 }
 
+// The batch factors: a run's against its own split (the paired rule's variant), the rate's over
+// the runs' rows together against the pooled split before its scaling (a shape, not a level).
+TEST(ValidateRateCalibration, DecodeBatchFactorsOfARunAndOfTheRunsTogether) {
+  std::vector<CalibrationRunFactors> runs;
+  for (double level : {1.1, 1.3, 1.2}) {
+    runs.push_back(MakeRun(30, 0.002, 0.8, 1.0, {}));
+    runs.back().decode_alone_stretch = level;
+    SplitRows(0.9, 1.5, 1000, &runs.back());
+  }
+  // Batch 3 of the second run ran 10% longer than its linear split says.
+  runs[1].decode_real_rows[2].mean_alone_s += 0.1 * (0.9 * 0.3 + 1.5 * 0.2 * 3) * 1e-3;
+  for (auto& r : runs) {
+    auto own = DecodeFactorsUnderLoad(r.decode_real_rows, r.decode_sim_rows, 1, 0.3e-3);
+    ASSERT_TRUE(own.ok() && own->split);
+    r.decode_stretch = own->step_stretch;
+    r.decode_seq_stretch = own->seq_stretch;
+  }
+  const std::vector<double> first = RunDecodeBatchFactors(runs[0]);
+  ASSERT_EQ(first.size(), 4u);
+  for (double k : first) EXPECT_NEAR(k, 1.0, 1e-9);  // a linear run: nothing to reshape
+  const std::vector<double> second = RunDecodeBatchFactors(runs[1]);
+  ASSERT_EQ(second.size(), 4u);
+  EXPECT_GT(second[2], second[1]);
+  EXPECT_GT(second[2], 1.05);
+  auto c = CombineCalibrationRuns(runs, 32);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(c->pooled_decode_batch_factors.size(), 4u);
+  // Pooled, batch 3 is a third as long beyond the split as in the second run alone (and the
+  // split moves a little toward it).
+  EXPECT_GT(c->pooled_decode_batch_factors[2], 1.0);
+  EXPECT_LT(c->pooled_decode_batch_factors[2], second[2]);
+  // No split without rows or stretches; no pooled factors without a pooled split.
+  CalibrationRunFactors bare = runs[0];
+  bare.decode_seq_stretch.reset();
+  EXPECT_TRUE(RunDecodeBatchFactors(bare).empty());
+  bare = runs[0];
+  bare.decode_real_rows.clear();
+  EXPECT_TRUE(RunDecodeBatchFactors(bare).empty());
+  for (size_t i = 1; i < runs.size(); ++i) runs[i].decode_real_rows.clear();
+  c = CombineCalibrationRuns(runs, 32);
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->pooled_decode_batch_factors.empty());
+}
+
 TEST(ValidateRateCalibration, FactorsNoRunGaveStayUnset) {
   CalibrationRunFactors r;
   r.rate = 5;

@@ -148,13 +148,21 @@ Status Cluster::Init(std::span<const InstanceConfig> configs) {
         min_factor = std::min(min_factor, k);
       }
     }
+    double min_batch_factor = 1.0;
+    for (double k : c.decode_batch_factors) {
+      if (!(std::isfinite(k) && k > 0)) {
+        return InvalidArgument("instance decode_batch_factors must be positive and finite, got " +
+                               std::to_string(k));
+      }
+      min_batch_factor = std::min(min_batch_factor, k);
+    }
     colocated += c.role == Role::kColocated;
     prefill += c.role == Role::kPrefill;
     decode += c.role == Role::kDecode;
     Instance inst;
     inst.cfg = c;
     // A factor below 1 makes some steps shorter than the model's shortest.
-    inst.min_token_step_s = MinDecodeStepSeconds(c) * min_factor;
+    inst.min_token_step_s = MinDecodeStepSeconds(c) * min_factor * min_batch_factor;
     inst.sched = factory(c.policy, c.role);
     if (!inst.sched) return InvalidArgument("scheduler factory returned no scheduler");
     instances_.push_back(std::move(inst));
@@ -361,6 +369,12 @@ void Cluster::TryStart(double now, int i) {
   if (batch.empty()) return;
   const StepShape shape = ShapeOf(inst, batch);
   StageTimes t = PipelineTimes(inst.cfg.coeffs, shape, inst.cfg.pp);
+  const std::vector<double>& by_batch = inst.cfg.decode_batch_factors;
+  if (!by_batch.empty() && shape.prefill_tokens == 0 && shape.decode_seqs > 0) {
+    const double k = by_batch[std::min<size_t>(shape.decode_seqs, by_batch.size()) - 1];
+    t.stage_s *= k;
+    t.step_s *= k;
+  }
   const bool corun = OtherBusyOnNode(i);
   if (inst.cfg.corun_slowdown != 1.0 && corun) {
     t.stage_s *= inst.cfg.corun_slowdown;

@@ -52,6 +52,12 @@ struct InstanceConfig {
   // Null or empty: every step takes the latency model's time. Each factor positive and finite.
   std::shared_ptr<const std::vector<double>> step_factors;
   size_t step_factor_offset = 0;
+  // Factors the instance's steps that compute no prompt token are multiplied by per number of
+  // decoding sequences b: (decode_batch_factors)[min(b, size) - 1], before the co-run and step
+  // factors. A latency model linear in the batch misses the engine's shape in it (on a CPU host,
+  // a decode step concave in the batch: validate-sim measures these from traced steps,
+  // planner::DecodeBatchFactors). Empty: none. Each factor positive and finite.
+  std::vector<double> decode_batch_factors;
   // The engine loop between a step's end and the next step's start (delivering the step's
   // outputs, taking new requests, scheduling): the next step starts no sooner. A real prefill
   // instance's back-to-back steps were 0.25 ms apart at p50 (0.45 at p90) on a 2-core host,

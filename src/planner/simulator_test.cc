@@ -275,6 +275,60 @@ TEST(Simulator, StepFactorsMultiplyAnInstancesStepsInTurn) {
   }
 }
 
+// Decode-only steps take the factor of their batch size (the last one beyond), before the step
+// factors; steps that compute prompt tokens take none.
+TEST(Simulator, DecodeBatchFactorsMultiplyStepsByTheirNumberOfSequences) {
+  InstanceConfig prefill;
+  prefill.role = Role::kPrefill;
+  prefill.coeffs = ConstantPrefill(4);
+  InstanceConfig decode;
+  decode.role = Role::kDecode;
+  decode.coeffs.decode_small = decode.coeffs.decode_large = {1.0, 0, 1.0};  // 1 ms + 1 ms a seq
+  decode.decode_batch_factors = {1.0, 0.75};
+  // Three requests prefilled together reach the decode instance together: steps of 3 sequences
+  // (4 ms, x0.75 as batch 2's is the last), then of 2 (3 ms x0.75), then of 1 (2 ms).
+  const std::vector<SimRequest> reqs = {{0, 0.0, 10, 3}, {1, 0.0, 10, 4}, {2, 0.0, 10, 5}};
+  SimOptions o;
+  o.record_steps = true;
+  for (const auto& factors : {std::vector<double>{1.0, 0.75}, std::vector<double>{}}) {
+    SCOPED_TRACE(factors.size());
+    decode.decode_batch_factors = factors;
+    decode.step_factors =
+        std::make_shared<const std::vector<double>>(std::vector<double>{2.0});  // both apply
+    std::vector<InstanceConfig> insts = {prefill, decode};
+    auto r = Simulate(insts, ClusterLinks{}, reqs, o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    const double shrink = factors.empty() ? 1.0 : 0.75;
+    int checked = 0;
+    for (const SimStep& s : r->steps) {
+      if (s.instance == 0) {
+        EXPECT_NEAR(s.duration_s, 0.004, 1e-12);  // the prefill instance's steps: untouched
+        continue;
+      }
+      const double model_ms = 1.0 + s.decode_seqs;
+      const double want_ms = 2.0 * model_ms * (s.decode_seqs >= 2 ? shrink : 1.0);
+      EXPECT_NEAR(s.duration_s * 1e3, want_ms, 1e-9) << s.decode_seqs;
+      ++checked;
+    }
+    EXPECT_GT(checked, 3);
+  }
+}
+
+TEST(Simulator, RejectsDecodeBatchFactorsThatAreNotPositiveAndFinite) {
+  InstanceConfig p, d;
+  p.role = Role::kPrefill;
+  d.role = Role::kDecode;
+  std::vector<SimRequest> reqs = {{0, 0.0, 10, 2}};
+  for (double bad : {0.0, -1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    d.decode_batch_factors = {1.0, bad};
+    std::vector<InstanceConfig> insts = {p, d};
+    auto r = Simulate(insts, ClusterLinks{}, reqs, {});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("decode_batch_factors"), std::string::npos);
+  }
+}
+
 // The engine loop between steps: a step starts no sooner than loop_gap_s after the last one
 // ended, whether its request queued (1, 2) or came while the loop ran (2); one that comes later
 // starts at once (3).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -278,6 +279,34 @@ Result<DecodeLoadFactors> DecodeFactorsUnderLoad(std::span<const BatchStepStats>
   if (corun_as_alone > 0) out.corun = real_corun / corun_as_alone;
   out.step_stretch = out.seq_stretch = out.stretch;
   out.split = SplitStretch(real, sim, sim_step_fixed_s, &out);
+  return out;
+}
+
+std::vector<double> DecodeBatchFactors(std::span<const BatchStepStats> real,
+                                       std::span<const BatchStepStats> sim, double fixed_s,
+                                       double step_stretch, double seq_stretch,
+                                       int64_t min_row_steps) {
+  std::vector<double> out;
+  if (!(fixed_s >= 0 && std::isfinite(fixed_s) && step_stretch > 0 && std::isfinite(step_stretch) &&
+        seq_stretch > 0 && std::isfinite(seq_stretch))) {
+    return out;
+  }
+  size_t last = 0;  // one past the largest batch size with a factor of its own
+  std::vector<double> own(std::min(real.size(), sim.size()), 0.0);
+  for (size_t i = 0; i < own.size(); ++i) {
+    const int64_t n = real[i].count - real[i].corun_count;
+    if (n < std::max<int64_t>(1, min_row_steps) || sim[i].count - sim[i].corun_count <= 0) continue;
+    const double predicted = step_stretch * fixed_s + seq_stretch * (sim[i].mean_alone_s - fixed_s);
+    const double k = (real[i].mean_alone_s + real[i].mean_gap_s) / predicted;
+    if (!(predicted > 0) || !(k > 0) || !std::isfinite(k)) continue;
+    own[i] = k;
+    last = i + 1;
+  }
+  if (own.empty() || own[0] == 0.0) return out;
+  out.assign(own.begin(), own.begin() + static_cast<std::ptrdiff_t>(last));
+  for (size_t i = 1; i < out.size(); ++i) {
+    if (out[i] == 0.0) out[i] = out[i - 1];
+  }
   return out;
 }
 

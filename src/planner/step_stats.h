@@ -90,6 +90,29 @@ Result<DecodeLoadFactors> DecodeFactorsUnderLoad(std::span<const BatchStepStats>
                                                  std::span<const BatchStepStats> sim,
                                                  int64_t min_steps, double sim_step_fixed_s = 0.0);
 
+// What a decode model linear in the batch misses: per number of decoding sequences b (element
+// b-1), the real alone steps' mean (engine loop included) over the split's simulated one,
+// step_stretch × `fixed_s` + seq_stretch × (the unstretched simulated alone step − `fixed_s`)
+// (DecodeFactorsUnderLoad's split: equal stretches when unsplit), for
+// InstanceConfig::decode_batch_factors. `real` and `sim` as DecodeFactorsUnderLoad takes them.
+// A batch size with fewer than `min_row_steps` real alone steps, or no simulated one, takes the
+// factor of the largest smaller batch size that has one; the vector ends at the largest batch
+// size that has one (the simulator holds its factor beyond). Weighted by the real counts, the
+// factors of a least-squares split average 1 (its residuals sum to 0 with a per-step part), so
+// they reshape the steps by batch size and move their total little. Empty when batch 1 has too
+// few steps, `fixed_s` is negative, or a stretch is not positive and finite.
+//
+// Why: stop 26's traced rounds (a Zen 3 host, 2026-12-01) had the engine's decode step (+ loop)
+// concave in the batch, 0.7-1.1 ms more for the second sequence and 0.4-0.8 ms for each further
+// one, where the split, fitted mostly on the batches of one and two sequences that most steps
+// are, added 0.9-1.4 ms for every one: the simulated steps of 3-6 sequences ran 15-40% longer
+// than the real ones at every rate of four runs, and the simulated TPOT p90 was high
+// (+3.4 / +4.9 / +8.5% on average at 20 / 40 / 60% load).
+std::vector<double> DecodeBatchFactors(std::span<const BatchStepStats> real,
+                                       std::span<const BatchStepStats> sim, double fixed_s,
+                                       double step_stretch, double seq_stretch,
+                                       int64_t min_row_steps);
+
 // A decode instance's host slowness step by step, from its traced steps (start order) and the
 // times its prompts' KV became ready (`kv_ready_s`, any order), for InstanceConfig::step_factors.
 // A step counts when sequences waited for the step after it: it decodes and has no prefill chunk,

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -268,6 +269,68 @@ TEST(StepStats, DecodeFactorsUnderLoadSplitTheStretchIntoStepAndSequenceParts) {
   ASSERT_TRUE(k.ok());
   EXPECT_FALSE(k->split);
   EXPECT_EQ(k->step_stretch, k->stretch);
+}
+
+// A decode step concave in the batch (the engine on a CPU host) against a simulation linear in
+// it: the split fits the batches most steps are, and the batch factors put each batch size's
+// real mean back, weighted by the real counts averaging 1.
+TEST(StepStats, DecodeBatchFactorsAreTheRealStepsOverTheSplitsByBatchSize) {
+  // Real step + loop: 2.0, 3.0, 3.6, 4.1, 4.5 ms at 1-5 sequences; simulated: 1.2 + 0.6 ms per
+  // sequence; 0.1 ms of the real in the loop.
+  const double real_ms[] = {2.0, 3.0, 3.6, 4.1, 4.5};
+  const int64_t count[] = {4000, 1500, 600, 200, 60};
+  auto sim_ms = [](int b) { return 1.2 + 0.6 * b; };
+  std::vector<BatchStepStats> real, sim;
+  for (int b = 1; b <= 5; ++b) {
+    real.push_back(Row(b, count[b - 1], 100, real_ms[b - 1] - 0.1, 9.0, 0.1));
+    sim.push_back(Row(b, 300, 50, sim_ms(b), 9.0, 0.0));
+  }
+  auto f = DecodeFactorsUnderLoad(real, sim, 100, 1.2e-3);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_TRUE(f->split);
+  const std::vector<double> k =
+      DecodeBatchFactors(real, sim, 1.2e-3, f->step_stretch, f->seq_stretch, kMinSplitRowSteps);
+  ASSERT_EQ(k.size(), 5u);
+  double weighted = 0, real_total = 0, split_total = 0;
+  for (int b = 1; b <= 5; ++b) {
+    const double split_ms = f->step_stretch * 1.2 + f->seq_stretch * 0.6 * b;
+    EXPECT_NEAR(k[b - 1] * split_ms, real_ms[b - 1], 1e-9) << b;
+    weighted += count[b - 1] * k[b - 1] * split_ms;
+    real_total += count[b - 1] * real_ms[b - 1];
+    split_total += count[b - 1] * split_ms;
+  }
+  EXPECT_NEAR(weighted, real_total, 1e-6);
+  // The least-squares split keeps the total: the factors reshape, they do not rescale.
+  EXPECT_NEAR(split_total, real_total, 1e-6 * real_total);
+  // Concave: the split is long at the larger batches.
+  EXPECT_LT(k[4], k[2]);
+  EXPECT_LT(k[4], 1.0);
+}
+
+TEST(StepStats, DecodeBatchFactorsHoldTheLastMeasuredBatchAndNeedBatchOne) {
+  // Batch 2 has too few real alone steps, batch 3 no simulated one, batch 4 is measured, batch 5
+  // is not: 2 and 3 take batch 1's factor, and the factors end at batch 4.
+  const std::vector<BatchStepStats> real = {
+      Row(1, 100, 0, 1.9, 0, 0.1), Row(2, kMinSplitRowSteps - 1, 50, 2.5, 3, 0.1),
+      Row(3, 100, 0, 3.0, 0, 0.1), Row(4, 100, 0, 3.9, 0, 0.1), Row(5, 5, 0, 9.0, 0, 0.1)};
+  const std::vector<BatchStepStats> sim = {Row(1, 10, 0, 1.0, 0, 0), Row(2, 10, 0, 1.5, 0, 0),
+                                           Row(3, 0, 4, 0.0, 2.5, 0), Row(4, 10, 0, 2.5, 0, 0),
+                                           Row(5, 10, 0, 3.0, 0, 0)};
+  // Split x1.5 on a 0.5 ms per-step part, x2 on the rest: batch 1 predicted 0.75 + 1.0.
+  const std::vector<double> k = DecodeBatchFactors(real, sim, 0.5e-3, 1.5, 2.0, kMinSplitRowSteps);
+  ASSERT_EQ(k.size(), 4u);
+  EXPECT_NEAR(k[0], 2.0 / 1.75, 1e-12);
+  EXPECT_EQ(k[1], k[0]);
+  EXPECT_EQ(k[2], k[0]);
+  EXPECT_NEAR(k[3], 4.0 / (0.75 + 2.0 * 2.0), 1e-12);
+  // Batch 1 without enough steps, or a stretch or per-step part that is not usable: none.
+  std::vector<BatchStepStats> no_one = real;
+  no_one[0].count = no_one[0].corun_count = 0;
+  EXPECT_TRUE(DecodeBatchFactors(no_one, sim, 0.5e-3, 1.5, 2.0, kMinSplitRowSteps).empty());
+  EXPECT_TRUE(DecodeBatchFactors(real, sim, -1e-3, 1.5, 2.0, kMinSplitRowSteps).empty());
+  EXPECT_TRUE(DecodeBatchFactors(real, sim, 0.5e-3, 0.0, 2.0, kMinSplitRowSteps).empty());
+  EXPECT_TRUE(DecodeBatchFactors(real, sim, 0.5e-3, 1.5, std::nan(""), kMinSplitRowSteps).empty());
+  EXPECT_TRUE(DecodeBatchFactors({}, sim, 0.5e-3, 1.5, 2.0, kMinSplitRowSteps).empty());
 }
 
 // Two runs' tables merged are the table of both runs' steps together (their gaps apart).
