@@ -38,7 +38,8 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
   if (windows.size() != runs.size()) return InvalidArgument("paired: a run without its window");
   ASSIGN_OR_RETURN(r->paired_runs, planner::PairRunsWithRounds(windows, rounds));
   ASSIGN_OR_RETURN(const auto reqs, BenchRequests(spec, n, r->raw.rate, f.seed));
-  std::vector<planner::Summary> simulated, measured, without_tail, with_batch, with_pooled_batch;
+  std::vector<planner::Summary> simulated, measured, without_tail, with_batch, with_pooled_batch,
+      without_factors;
   planner::PerArrivalMeasure<std::vector<planner::Summary>> with_work;
   // The rate's batch factors over its runs together, for the variant with them in every round.
   ASSIGN_OR_RETURN(const planner::RateCalibration all,
@@ -58,6 +59,12 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
                                                         slo, cal.outside.WithoutTail()));
       without_tail.push_back(w);
     }
+    // Without the decode instance's step factors (the run's traced slowness replayed in order).
+    auto plain = insts;
+    for (auto& inst : plain) inst.step_factors.reset();
+    ASSIGN_OR_RETURN(planner::Summary p,
+                     SimulateRate(plain, CalibratedLinks(links, cal), reqs, slo, cal.outside));
+    without_factors.push_back(p);
     // The batch factors, the run's own and the rate's; a round without them takes the rule
     // used's simulation.
     for (auto [factors, into] : {std::pair{planner::RunDecodeBatchFactors(one[0]), &with_batch},
@@ -97,6 +104,8 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
                    planner::ComparePaired(r->raw.rate, with_batch, measured));
   ASSIGN_OR_RETURN(r->paired_with_pooled_batch_factors,
                    planner::ComparePaired(r->raw.rate, with_pooled_batch, measured));
+  ASSIGN_OR_RETURN(r->paired_without_step_factors,
+                   planner::ComparePaired(r->raw.rate, without_factors, measured));
   for (size_t m = 0; m < planner::kArrivalMeasures; ++m) {
     ASSIGN_OR_RETURN(r->paired_with_arrival_work[m],
                      planner::ComparePaired(r->raw.rate, with_work[m], measured));
@@ -184,6 +193,9 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
   print_paired(
       "with the decode batch factors over the rate's runs together",
       [](const RateReport& r) -> const auto& { return r.paired_with_pooled_batch_factors; });
+  print_paired(
+      "without the decode step factors",
+      [](const RateReport& r) -> const auto& { return r.paired_without_step_factors; });
   for (const planner::ArrivalMeasure m : planner::kAllArrivalMeasures) {
     print_paired(
         std::string("with the prefill arrival work, ") + planner::ArrivalMeasureKey(m) +

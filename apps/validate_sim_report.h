@@ -86,6 +86,11 @@ struct RateReport {
   // without them. Printed beside it.
   std::optional<planner::PairedComparison> paired_with_batch_factors,
       paired_with_pooled_batch_factors;
+  // The paired rule on the same rounds without the decode instance's step factors (each round's
+  // run's traced slowness, replayed in order: InstanceConfig::step_factors), printed beside it.
+  // Stop 27's runs on a Zen 3 host: the per-rate simulation's TPOT p90 came out 11-26% high with
+  // them and -8 to +11% without (docs/planner.md).
+  std::optional<planner::PairedComparison> paired_without_step_factors;
   // The per-rate-median rule's simulation with the prefill instance's step factors too, and
   // without any (Calibration::prefill_step_factors, decode_step_factors), printed beside it;
   // unset when none were measured.
@@ -264,7 +269,8 @@ inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo
       }
       for (const auto& [key, which] :
            {std::pair{"rounds_with_batch_factors", &r.paired_with_batch_factors},
-            std::pair{"rounds_with_pooled_batch_factors", &r.paired_with_pooled_batch_factors}}) {
+            std::pair{"rounds_with_pooled_batch_factors", &r.paired_with_pooled_batch_factors},
+            std::pair{"rounds_without_step_factors", &r.paired_without_step_factors}}) {
         if (*which) paired_rounds.back()[key] = planner::ComparisonToJson((*which)->rounds);
       }
     }
