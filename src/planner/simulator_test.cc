@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -18,6 +19,17 @@ StepCoeffs ConstantPrefill(double ms) {
   StepCoeffs c;
   c.prefill = {ms, 0, 0};
   return c;
+}
+
+// A prefill instance of 4 ms steps and a decode instance whose steps take `decode` (a, b, c) ms.
+std::vector<InstanceConfig> PrefillOf4MsThenDecode(const std::array<double, 3>& decode) {
+  InstanceConfig prefill;
+  prefill.role = Role::kPrefill;
+  prefill.coeffs = ConstantPrefill(4);
+  InstanceConfig d;
+  d.role = Role::kDecode;
+  d.coeffs.decode_small = d.coeffs.decode_large = decode;
+  return {prefill, d};
 }
 
 // M/D/1: Poisson arrivals, one server, deterministic service D. Mean wait W = ρ·D / (2(1 − ρ)).
@@ -243,15 +255,9 @@ TEST(Simulator, RejectsAKvReadyFractionOutsideZeroToOne) {
 // six-token answer take 2, 3, 1, 2, 3 ms in turn (the sequence wraps); the prefill instance, with
 // none, keeps its model's time.
 TEST(Simulator, StepFactorsMultiplyAnInstancesStepsInTurn) {
-  InstanceConfig prefill;
-  prefill.role = Role::kPrefill;
-  prefill.coeffs = ConstantPrefill(4);
-  InstanceConfig decode;
-  decode.role = Role::kDecode;
-  decode.coeffs.decode_small = decode.coeffs.decode_large = {1.0, 0, 0};
-  decode.step_factors = std::make_shared<const std::vector<double>>(std::vector<double>{1, 2, 3});
-  decode.step_factor_offset = 1;
-  std::vector<InstanceConfig> insts = {prefill, decode};
+  std::vector<InstanceConfig> insts = PrefillOf4MsThenDecode({1.0, 0, 0});
+  insts[1].step_factors = std::make_shared<const std::vector<double>>(std::vector<double>{1, 2, 3});
+  insts[1].step_factor_offset = 1;
   std::vector<SimRequest> reqs = {{0, 0.0, 10, 6}};
   SimOptions o;
   o.record_steps = true;
@@ -278,13 +284,7 @@ TEST(Simulator, StepFactorsMultiplyAnInstancesStepsInTurn) {
 // Decode-only steps take the factor of their batch size (the last one beyond), before the step
 // factors; steps that compute prompt tokens take none.
 TEST(Simulator, DecodeBatchFactorsMultiplyStepsByTheirNumberOfSequences) {
-  InstanceConfig prefill;
-  prefill.role = Role::kPrefill;
-  prefill.coeffs = ConstantPrefill(4);
-  InstanceConfig decode;
-  decode.role = Role::kDecode;
-  decode.coeffs.decode_small = decode.coeffs.decode_large = {1.0, 0, 1.0};  // 1 ms + 1 ms a seq
-  decode.decode_batch_factors = {1.0, 0.75};
+  std::vector<InstanceConfig> insts = PrefillOf4MsThenDecode({1.0, 0, 1.0});  // + 1 ms a seq
   // Three requests prefilled together reach the decode instance together: steps of 3 sequences
   // (4 ms, x0.75 as batch 2's is the last), then of 2 (3 ms x0.75), then of 1 (2 ms).
   const std::vector<SimRequest> reqs = {{0, 0.0, 10, 3}, {1, 0.0, 10, 4}, {2, 0.0, 10, 5}};
@@ -292,10 +292,9 @@ TEST(Simulator, DecodeBatchFactorsMultiplyStepsByTheirNumberOfSequences) {
   o.record_steps = true;
   for (const auto& factors : {std::vector<double>{1.0, 0.75}, std::vector<double>{}}) {
     SCOPED_TRACE(factors.size());
-    decode.decode_batch_factors = factors;
-    decode.step_factors =
+    insts[1].decode_batch_factors = factors;
+    insts[1].step_factors =
         std::make_shared<const std::vector<double>>(std::vector<double>{2.0});  // both apply
-    std::vector<InstanceConfig> insts = {prefill, decode};
     auto r = Simulate(insts, ClusterLinks{}, reqs, o);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     const double shrink = factors.empty() ? 1.0 : 0.75;
