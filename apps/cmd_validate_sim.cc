@@ -125,6 +125,7 @@ using validate_sim::ThreadTimes;
 using validate_sim::TpotOf;
 using validate_sim::UpProcess;
 using validate_sim::ValidateFlags;
+using validate_sim::WithDecodeBatchFactors;
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "pdserve validate-sim: %s\n", message.c_str());
@@ -280,10 +281,10 @@ Status SimulateRateReport(const ValidateFlags& f, const bench::DatasetSpec& spec
     ASSIGN_OR_RETURN(r->with_arrival_work[static_cast<size_t>(m)],
                      SimulateRate(worked, cal_links, reqs, slo, cal.outside));
   }
-  if (HasBatchFactors(cal)) {
-    ASSIGN_OR_RETURN(auto shaped, CalibratedAt(f, coeffs, WithBatchFactors(cal), kv_tokens, rate));
-    ASSIGN_OR_RETURN(r->with_batch_factors, SimulateRate(shaped, cal_links, reqs, slo, cal.outside,
-                                                         &r->batch_factor_steps));
+  if (!cal.measured_batch_factors.empty()) {
+    ASSIGN_OR_RETURN(r->with_batch_factors,
+                     SimulateRate(WithDecodeBatchFactors(cal_insts, cal.measured_batch_factors),
+                                  cal_links, reqs, slo, cal.outside, &r->batch_factor_steps));
   }
   if (own_split) {
     ASSIGN_OR_RETURN(auto own_insts, CalibratedAt(f, coeffs, *own_split, kv_tokens, rate));
@@ -517,9 +518,9 @@ Status Validate(const ValidateFlags& f) {
     RETURN_IF_ERROR(SimulateRateReport(f, spec, slo, coeffs, kv.tokens, links, at_rate, own_split,
                                        &reports[i]));
     // The paired rule (apps/validate_sim_paired.h): each round with its own calibration run.
-    const Status paired =
-        validate_sim::SimulatePaired(f, spec, slo, coeffs, kv.tokens, links, runs, windows, cal,
-                                     PromptsAt(f, rates[i]), &reports[i]);
+    const Status paired = validate_sim::SimulatePaired(f, spec, slo, coeffs, kv.tokens, links, runs,
+                                                       windows, cal, at_rate.measured_batch_factors,
+                                                       PromptsAt(f, rates[i]), &reports[i]);
     if (!paired.ok() && validate_sim::kPairedRuleUsed) return paired;
     if (!paired.ok()) {
       std::fprintf(stderr, "validate-sim: paired rule at %.3g req/s: %s\n", rates[i],

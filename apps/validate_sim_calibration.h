@@ -81,11 +81,10 @@ struct Calibration {
   double prefill_arrival_work_s = 0.0;
   planner::PerArrivalMeasure<std::optional<double>> measured_arrival_work_s,
       prefill_stretch_left_out;
-  // The simulated decode instance's InstanceConfig::decode_batch_factors: empty under the rule
-  // used. `measured_batch_factors`: a rate's pooled DecodeBatchFactors
-  // (RateCalibration::pooled_decode_batch_factors), which WithBatchFactors puts in (printed
-  // beside, not used); empty when not measured.
-  std::vector<double> decode_batch_factors, measured_batch_factors;
+  // A rate's pooled planner::DecodeBatchFactors (RateCalibration::pooled_decode_batch_factors):
+  // not in the rule used's simulation; WithDecodeBatchFactors puts them in for the variant
+  // printed beside it. Empty when not measured.
+  std::vector<double> measured_batch_factors;
   const planner::ClientCpuCost& StretchCpu() const {
     return client_cpu_loaded ? *client_cpu_loaded : client_cpu;
   }

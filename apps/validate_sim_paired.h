@@ -27,12 +27,16 @@ namespace pd::apps::validate_sim {
 // Fills r->paired: each of r's rounds simulated (`n` requests, the rounds' seed) with the
 // calibration `single` overlaid by the figures of the one calibration run (`runs`, their windows
 // in `windows`) that ended last before the round began (planner::PairRunsWithRounds).
+// `pooled_batch_factors`: the rate's decode batch factors over its runs together
+// (Calibration::measured_batch_factors of the per-rate calibration), for a variant.
 inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& spec,
                              const planner::Slo& slo, const planner::StepCoeffs& coeffs,
                              int64_t kv_tokens, const planner::ClusterLinks& links,
                              const std::vector<planner::CalibrationRunFactors>& runs,
                              const std::vector<planner::RunWindow>& windows,
-                             const Calibration& single, int n, RateReport* r) {
+                             const Calibration& single,
+                             const std::vector<double>& pooled_batch_factors, int n,
+                             RateReport* r) {
   std::vector<planner::RunWindow> rounds;
   for (const RoundResult& rr : r->rounds) rounds.push_back({rr.begin_s, rr.end_s});
   if (windows.size() != runs.size()) return InvalidArgument("paired: a run without its window");
@@ -41,9 +45,6 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
   std::vector<planner::Summary> simulated, measured, without_tail, with_batch, with_pooled_batch,
       without_factors;
   planner::PerArrivalMeasure<std::vector<planner::Summary>> with_work;
-  // The rate's batch factors over its runs together, for the variant with them in every round.
-  ASSIGN_OR_RETURN(const planner::RateCalibration all,
-                   planner::CombineCalibrationRuns(runs, f.output_len));
   for (size_t k = 0; k < r->paired_runs.size(); ++k) {
     const std::vector<planner::CalibrationRunFactors> one = {runs[r->paired_runs[k]]};
     ASSIGN_OR_RETURN(const planner::RateCalibration rc,
@@ -67,18 +68,16 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
     without_factors.push_back(p);
     // The batch factors, the run's own and the rate's; a round without them takes the rule
     // used's simulation.
-    for (auto [factors, into] : {std::pair{planner::RunDecodeBatchFactors(one[0]), &with_batch},
-                                 std::pair{all.pooled_decode_batch_factors, &with_pooled_batch}}) {
-      Calibration shaped_cal = cal;
-      shaped_cal.measured_batch_factors = factors;
-      if (!HasBatchFactors(shaped_cal)) {
+    const std::vector<double> own_factors = planner::RunDecodeBatchFactors(one[0]);
+    for (const auto& [factors, into] : {std::pair{&own_factors, &with_batch},
+                                        std::pair{&pooled_batch_factors, &with_pooled_batch}}) {
+      if (factors->empty()) {
         into->push_back(s);
         continue;
       }
-      ASSIGN_OR_RETURN(auto shaped, CalibratedAt(f, coeffs, WithBatchFactors(shaped_cal), kv_tokens,
-                                                 r->raw.rate));
       ASSIGN_OR_RETURN(planner::Summary b,
-                       SimulateRate(shaped, CalibratedLinks(links, cal), reqs, slo, cal.outside));
+                       SimulateRate(WithDecodeBatchFactors(insts, *factors),
+                                    CalibratedLinks(links, cal), reqs, slo, cal.outside));
       into->push_back(b);
     }
     // Every round; one whose calibration run measured no work takes the rule used's simulation.

@@ -376,14 +376,6 @@ inline Result<Calibration> ApplyRateCalibration(const ValidateFlags& f,
 // four runs on a Zen 3 host with steps four times longer (2026-12-01 19:29-21:23), the three
 // measures had 50 / 50 / 49 of 60 cells within 10% against the rule used's 49, and 194 / 193 /
 // 194 rounds' cells of 300 against 190: a margin under one run's noise, so none is used.
-// `cal` with its measured decode batch factors in (Calibration::measured_batch_factors): the
-// variant printed beside the rule used. HasBatchFactors: whether there are any.
-inline bool HasBatchFactors(const Calibration& cal) { return !cal.measured_batch_factors.empty(); }
-inline Calibration WithBatchFactors(Calibration cal) {
-  cal.decode_batch_factors = cal.measured_batch_factors;
-  return cal;
-}
-
 inline bool HasArrivalWork(const Calibration& cal, planner::ArrivalMeasure m) {
   const size_t k = static_cast<size_t>(m);
   return cal.measured_arrival_work_s[k] && cal.prefill_stretch_left_out[k];
@@ -426,7 +418,7 @@ inline Result<Calibration> CalibrationAtRate(
         rc.pooled_split_runs, *rc.pooled_decode_stretch, *rc.pooled_decode_seq_stretch);
   }
   cal.measured_batch_factors = rc.pooled_decode_batch_factors;
-  if (HasBatchFactors(cal)) {
+  if (!cal.measured_batch_factors.empty()) {
     std::string each;
     for (size_t b = 0; b < cal.measured_batch_factors.size(); ++b) {
       char one[48];
@@ -499,7 +491,7 @@ inline Result<Calibration> CalibrationAtRate(
         {"stretch_left_out", cal.prefill_stretch_left_out[k].value_or(0.0)},
         {"runs", rc.arrival_work_runs[k]}};
   }
-  if (HasBatchFactors(cal)) {
+  if (!cal.measured_batch_factors.empty()) {
     (*json)["decode_batch_factors"] = {
         {"used", false}, {"runs", rc.pooled_split_runs}, {"by_batch", cal.measured_batch_factors}};
   }

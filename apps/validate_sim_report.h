@@ -80,7 +80,7 @@ struct RateReport {
   // (WithArrivalWork: the same simulation for a round whose calibration run measured none),
   // printed beside it.
   planner::PerArrivalMeasure<std::optional<planner::PairedComparison>> paired_with_arrival_work;
-  // The paired rule on the same rounds with the decode batch factors (WithBatchFactors): each
+  // The paired rule on the same rounds with the decode batch factors (WithDecodeBatchFactors): each
   // round's calibration run's own (planner::RunDecodeBatchFactors), and the rate's over its runs
   // together (RateCalibration::pooled_decode_batch_factors); the same simulation for a round
   // without them. Printed beside it.

@@ -162,14 +162,21 @@ inline Result<std::vector<planner::InstanceConfig>> CalibratedAt(const ValidateF
   // work of a request that comes during a step (0 but under WithArrivalWork); the decode
   // instance's loop is in its calibrated step (the probes' TPOT and the traced stretch hold it).
   for (auto& inst : insts) {
-    if (inst.role == planner::Role::kDecode) {
-      inst.step_factors = cal.decode_step_factors;
-      inst.decode_batch_factors = cal.decode_batch_factors;
-    }
+    if (inst.role == planner::Role::kDecode) inst.step_factors = cal.decode_step_factors;
     if (inst.role == planner::Role::kPrefill) {
       inst.loop_gap_s = cal.prefill_loop_gap_s;
       inst.arrival_work_s = cal.prefill_arrival_work_s;
     }
+  }
+  return insts;
+}
+
+// `insts` with the decode instance's steps reshaped by batch size (`factors`:
+// InstanceConfig::decode_batch_factors), for the variants printed beside the rule used.
+inline std::vector<planner::InstanceConfig> WithDecodeBatchFactors(
+    std::vector<planner::InstanceConfig> insts, const std::vector<double>& factors) {
+  for (auto& inst : insts) {
+    if (inst.role == planner::Role::kDecode) inst.decode_batch_factors = factors;
   }
   return insts;
 }

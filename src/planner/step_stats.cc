@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstddef>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -292,18 +291,18 @@ std::vector<double> DecodeBatchFactors(std::span<const BatchStepStats> real,
     return out;
   }
   size_t last = 0;  // one past the largest batch size with a factor of its own
-  std::vector<double> own(std::min(real.size(), sim.size()), 0.0);
-  for (size_t i = 0; i < own.size(); ++i) {
+  out.assign(std::min(real.size(), sim.size()), 0.0);
+  for (size_t i = 0; i < out.size(); ++i) {
     const int64_t n = real[i].count - real[i].corun_count;
     if (n < std::max<int64_t>(1, min_row_steps) || sim[i].count - sim[i].corun_count <= 0) continue;
     const double predicted = step_stretch * fixed_s + seq_stretch * (sim[i].mean_alone_s - fixed_s);
     const double k = (real[i].mean_alone_s + real[i].mean_gap_s) / predicted;
     if (!(predicted > 0) || !(k > 0) || !std::isfinite(k)) continue;
-    own[i] = k;
+    out[i] = k;
     last = i + 1;
   }
-  if (own.empty() || own[0] == 0.0) return out;
-  out.assign(own.begin(), own.begin() + static_cast<std::ptrdiff_t>(last));
+  out.resize(last);
+  if (out.empty() || out[0] == 0.0) return {};
   for (size_t i = 1; i < out.size(); ++i) {
     if (out[i] == 0.0) out[i] = out[i - 1];
   }
