@@ -183,18 +183,17 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
         5 * variant_rounds.size(), planner::CellsWithin(variant_rounds, kCellTolerance),
         planner::CellsWithin(used_rounds, kCellTolerance));
   };
-  print_paired(
-      "without the last token's way out less the first's at each request's end",
-      [](const RateReport& r) -> const auto& { return r.paired_without_tail; });
-  print_paired(
-      "with the decode batch factors, each round's calibration run's own",
-      [](const RateReport& r) -> const auto& { return r.paired_with_batch_factors; });
-  print_paired(
-      "with the decode batch factors over the rate's runs together",
-      [](const RateReport& r) -> const auto& { return r.paired_with_pooled_batch_factors; });
-  print_paired(
-      "without the decode step factors",
-      [](const RateReport& r) -> const auto& { return r.paired_without_step_factors; });
+  for (const auto& [label, member] :
+       {std::pair{"without the last token's way out less the first's at each request's end",
+                  &RateReport::paired_without_tail},
+        std::pair{"with the decode batch factors, each round's calibration run's own",
+                  &RateReport::paired_with_batch_factors},
+        std::pair{"with the decode batch factors over the rate's runs together",
+                  &RateReport::paired_with_pooled_batch_factors},
+        std::pair{"without the decode step factors", &RateReport::paired_without_step_factors}}) {
+    print_paired(
+        label, [member](const RateReport& r) -> const auto& { return r.*member; });
+  }
   for (const planner::ArrivalMeasure m : planner::kAllArrivalMeasures) {
     print_paired(
         std::string("with the prefill arrival work, ") + planner::ArrivalMeasureKey(m) +
