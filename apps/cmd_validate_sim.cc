@@ -97,6 +97,7 @@ using validate_sim::CalibratedLinks;
 using validate_sim::CalibrateKvReady;
 using validate_sim::CalibrateOutside;
 using validate_sim::Calibration;
+using validate_sim::ChooseSlo;
 using validate_sim::ClientRequestsOf;
 using validate_sim::ClientRouterCpuSeconds;
 using validate_sim::Combine;
@@ -125,6 +126,7 @@ using validate_sim::ThreadTimes;
 using validate_sim::TpotOf;
 using validate_sim::UpProcess;
 using validate_sim::ValidateFlags;
+using validate_sim::ValidateSlo;
 using validate_sim::WithDecodeBatchFactors;
 
 int Fail(const std::string& message) {
@@ -205,7 +207,7 @@ int PromptsAt(const ValidateFlags& f, double rate) {
 }
 
 Result<RoundResult> BenchRound(const ValidateFlags& f, const bench::DatasetSpec& spec, double rate,
-                               const planner::Slo& slo, const Deployment& dep) {
+                               const ValidateSlo& slo, const Deployment& dep) {
   const int n = PromptsAt(f, rate);
   std::fprintf(stderr, "validate-sim: rate %.3g req/s, %d requests\n", rate, n);
   bench::BenchOptions bo = BenchAt(f, spec, n, rate, f.seed);
@@ -222,7 +224,7 @@ Result<RoundResult> BenchRound(const ValidateFlags& f, const bench::DatasetSpec&
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   out.client_router_cores = (ClientRouterCpuSeconds(dep.up) - cpu0) / std::max(wall_s, 1e-9);
   ASSIGN_OR_RETURN(auto measured, planner::MeasuredFromBenchJson(real.json, "bench result"));
-  out.measured = planner::Summarize(measured, slo);
+  out.measured = planner::Summarize(measured, slo, slo.other);
   ASSIGN_OR_RETURN(out.client,
                    ClientRequestsOf(real.json, bench::ArrivalTimes(n, rate, 1.0, f.seed)));
   if (!out.client.empty()) out.requests = std::move(measured);  // in arrival order
@@ -230,7 +232,7 @@ Result<RoundResult> BenchRound(const ValidateFlags& f, const bench::DatasetSpec&
 }
 
 Status SimulateRateReport(const ValidateFlags& f, const bench::DatasetSpec& spec,
-                          const planner::Slo& slo, const planner::StepCoeffs& coeffs,
+                          const ValidateSlo& slo, const planner::StepCoeffs& coeffs,
                           int64_t kv_tokens, const planner::ClusterLinks& links,
                           const Calibration& cal, const std::optional<Calibration>& own_split,
                           RateReport* r) {
@@ -402,7 +404,7 @@ Result<LoadRunCpu> LoadRun(const ValidateFlags& f, double rate, const Deployment
 // The measured side: `f.rounds` rounds of bench runs over the rates, each rate's preceded by an
 // uncompared calibration run at that rate (`cal_runs`, per rate), a probe set after each round.
 Status RunRounds(const ValidateFlags& f, const bench::DatasetSpec& spec,
-                 const std::vector<double>& rates, const planner::Slo& slo, const Deployment& dep,
+                 const std::vector<double>& rates, const ValidateSlo& slo, const Deployment& dep,
                  const planner::StepCoeffs& c, std::vector<ProbeSet>* sets,
                  std::vector<RateReport>* reports, std::vector<std::vector<LoadRunCpu>>* cal_runs) {
   reports->assign(rates.size(), RateReport{});
@@ -456,8 +458,8 @@ Status Validate(const ValidateFlags& f) {
   }
   // The SLOs and the rates come from the pre-round probe sets: fixed before any bench round.
   ASSIGN_OR_RETURN(Calibration cal, Combine(f, sets, false));
-  const planner::Slo slo{f.ttft_slo_s > 0 ? f.ttft_slo_s : 3 * cal.idle_ttft_s,
-                         f.tpot_slo_s > 0 ? f.tpot_slo_s : 2 * cal.idle_tpot_s};
+  ASSIGN_OR_RETURN(const ValidateSlo slo,
+                   ChooseSlo(f, cal.idle_ttft_s, cal.idle_tpot_s, cal.batch_tpot_s));
   std::string rate_rule;
   ASSIGN_OR_RETURN(const std::vector<double> rates,
                    ChooseRates(f, coeffs, sets, kv.tokens, &rate_rule));
@@ -573,7 +575,12 @@ CommandRunner SetUpValidate(CLI::App* app) {
   app->add_option("--corun-pairs", f->corun_pairs, "interleaved alone/busy co-run probe pairs")
       ->capture_default_str();
   app->add_option("--ttft", f->ttft_slo_s, "TTFT SLO, s (default: 3x idle TTFT)");
-  app->add_option("--tpot", f->tpot_slo_s, "TPOT SLO, s (default: 2x idle TPOT)");
+  app->add_option("--tpot", f->tpot_slo_s, "TPOT SLO, s (default: by --slo-rule)");
+  app->add_option("--slo-rule", f->slo_rule,
+                  "the TPOT SLO: batch (the batch-8 decode probe's TPOT) or idle (2x the idle "
+                  "TPOT); the other rule's attainment is printed beside")
+      ->check(CLI::IsMember({"batch", "idle"}))
+      ->capture_default_str();
   app->add_option("--max-num-seqs", f->max_num_seqs)->capture_default_str();
   app->add_option("--max-num-batched-tokens", f->max_num_batched_tokens)->capture_default_str();
   AddMatmulFlag(app, &f->matmul,

@@ -37,6 +37,8 @@ struct Calibration {
   planner::RealOverheads overheads;
   double idle_ttft_s = 0.0;  // at the mean prompt
   double idle_tpot_s = 0.0;
+  double batch_tpot_s = 0.0;  // the largest decode probe's TPOT (`batch_probe` requests)
+  int batch_probe = 0;
   planner::ClientCpuCost client_cpu;  // bench client + router, per request and output token
   planner::ClientCpuCost prefill_own_cpu, decode_own_cpu;  // instances' non-compute threads
   Stretches stretch;                                       // of the instances during the probes
@@ -316,6 +318,8 @@ inline Result<Calibration> Combine(const ValidateFlags& f, const std::vector<Pro
   cal.stretch = sets[0].stretch;
   cal.idle_ttft_s = ttft[1].measured_ttft_s;
   cal.idle_tpot_s = decode[0].measured_tpot_s;
+  cal.batch_tpot_s = decode.back().measured_tpot_s;
+  cal.batch_probe = decode.back().batch;
   ASSIGN_OR_RETURN(cal.client_cpu, CpuCost(f, sets, &CpuPerRequest::client));
   ASSIGN_OR_RETURN(cal.prefill_own_cpu, CpuCost(f, sets, &CpuPerRequest::prefill_own));
   ASSIGN_OR_RETURN(cal.decode_own_cpu, CpuCost(f, sets, &CpuPerRequest::decode_own));

@@ -47,7 +47,7 @@ inline constexpr int kLoadRunBatchRows = 64;      // batch sizes kept apart (non
 // instances, and `cal`'s links and outside latency.
 inline Result<planner::SimResult> SimulatedRunSteps(
     const ValidateFlags& f, const bench::DatasetSpec& spec, const planner::StepCoeffs& coeffs,
-    int64_t kv_tokens, const planner::ClusterLinks& links, const planner::Slo& slo,
+    int64_t kv_tokens, const planner::ClusterLinks& links, const ValidateSlo& slo,
     const LoadRunCpu& load, const Calibration& cal, const Calibration& sim_cal) {
   ASSIGN_OR_RETURN(auto insts, CalibratedAt(f, coeffs, sim_cal, kv_tokens, load.rate));
   ASSIGN_OR_RETURN(auto reqs, BenchRequests(spec, load.requests, load.rate, load.seed));
@@ -71,7 +71,7 @@ struct DecodeRows {
 // factors were fitted over.
 inline Result<planner::DecodeLoadFactors> MeasureDecodeUnderLoad(
     const ValidateFlags& f, const bench::DatasetSpec& spec, const planner::StepCoeffs& coeffs,
-    int64_t kv_tokens, const planner::ClusterLinks& links, const planner::Slo& slo,
+    int64_t kv_tokens, const planner::ClusterLinks& links, const ValidateSlo& slo,
     const LoadRunCpu& load, const Calibration& cal, const std::vector<planner::StepRecord>& decode,
     int64_t min_steps, DecodeRows* rows = nullptr) {
   const std::vector<planner::StepRecord> real = InWindow(decode, load.begin_s, load.end_s);
@@ -110,7 +110,7 @@ inline std::string SplitText(const planner::DecodeLoadFactors& m) {
 // when the load run cannot give them. `steps`: the traced steps (ReadTracedSteps), or why not.
 inline void CalibrateDecodeUnderLoad(const ValidateFlags& f, const bench::DatasetSpec& spec,
                                      const planner::StepCoeffs& coeffs, int64_t kv_tokens,
-                                     const planner::ClusterLinks& links, const planner::Slo& slo,
+                                     const planner::ClusterLinks& links, const ValidateSlo& slo,
                                      const LoadRunCpu& load, const Result<TracedSteps>& steps,
                                      Calibration* cal) {
   auto formula =

@@ -30,7 +30,7 @@ namespace pd::apps::validate_sim {
 // `pooled_batch_factors`: the rate's decode batch factors over its runs together
 // (Calibration::measured_batch_factors of the per-rate calibration), for a variant.
 inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& spec,
-                             const planner::Slo& slo, const planner::StepCoeffs& coeffs,
+                             const ValidateSlo& slo, const planner::StepCoeffs& coeffs,
                              int64_t kv_tokens, const planner::ClusterLinks& links,
                              const std::vector<planner::CalibrationRunFactors>& runs,
                              const std::vector<planner::RunWindow>& windows,

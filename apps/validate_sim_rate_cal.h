@@ -99,7 +99,7 @@ struct PrefillUnderLoad {
 };
 inline Result<PrefillUnderLoad> MeasurePrefillUnderLoad(
     const ValidateFlags& f, const bench::DatasetSpec& spec, const planner::StepCoeffs& coeffs,
-    int64_t kv_tokens, const planner::ClusterLinks& links, const planner::Slo& slo,
+    int64_t kv_tokens, const planner::ClusterLinks& links, const ValidateSlo& slo,
     const LoadRunCpu& run, const Calibration& cal, const TracedSteps& steps,
     const planner::PerArrivalMeasure<std::optional<double>>& left_out_s) {
   Calibration unstretched = cal;
@@ -121,7 +121,7 @@ inline Result<PrefillUnderLoad> MeasurePrefillUnderLoad(
 // One calibration run's figures (`probes`: the calibration from the probe sets alone).
 inline planner::CalibrationRunFactors FactorsOfRun(
     const ValidateFlags& f, const bench::DatasetSpec& spec, const planner::StepCoeffs& coeffs,
-    int64_t kv_tokens, const planner::ClusterLinks& links, const planner::Slo& slo,
+    int64_t kv_tokens, const planner::ClusterLinks& links, const ValidateSlo& slo,
     const LoadRunCpu& run, const Calibration& probes, const Result<TracedSteps>& steps,
     const Result<std::vector<planner::TracedRequest>>& traced) {
   planner::CalibrationRunFactors out;

@@ -157,22 +157,26 @@ inline nlohmann::json OverheadsJson(const Calibration& cal) {
 }
 
 inline nlohmann::json SpreadJson(const planner::Spread& s) {
-  return {{"attainment", s.attainment},
-          {"ttft_p50", s.ttft_p50},
-          {"ttft_p90", s.ttft_p90},
-          {"tpot_p50", s.tpot_p50},
-          {"tpot_p90", s.tpot_p90}};
+  nlohmann::json j{{"attainment", s.attainment},
+                   {"ttft_p50", s.ttft_p50},
+                   {"ttft_p90", s.ttft_p90},
+                   {"tpot_p50", s.tpot_p50},
+                   {"tpot_p90", s.tpot_p90}};
+  if (s.other_attainment >= 0) j["other_attainment"] = s.other_attainment;
+  return j;
 }
 
-inline void PrintReports(const ValidateFlags& f, const planner::Slo& slo, const Calibration& cal,
+inline void PrintReports(const ValidateFlags& f, const ValidateSlo& slo, const Calibration& cal,
                          const std::vector<RateReport>& reports, const std::string& rate_rule) {
   std::printf(
       "\n%s, 1 prefill + 1 decode, %d thread(s) each%s; random dataset %d/%d tokens (range "
-      "%.2g), Poisson, seed %llu; SLO TTFT %.1f ms, TPOT %.1f ms; %s; measured = the median of "
-      "%d bench rounds per rate (rates interleaved, the same requests each round)\n",
+      "%.2g), Poisson, seed %llu; SLO TTFT %.1f ms, TPOT %.2f ms (%s; the other rule, %s: TPOT "
+      "%.2f ms, its attainment printed beside, not compared); %s; measured = the median of %d "
+      "bench rounds per rate (rates interleaved, the same requests each round)\n",
       f.model.c_str(), f.threads, f.pin_cores ? ", pinned" : "", f.input_len, f.output_len,
       f.range_ratio, static_cast<unsigned long long>(f.seed), slo.ttft_s * 1e3, slo.tpot_s * 1e3,
-      rate_rule.c_str(), f.rounds);
+      slo.rule.c_str(), slo.other_rule.c_str(), slo.other.tpot_s * 1e3, rate_rule.c_str(),
+      f.rounds);
   std::vector<planner::ComparisonRow> raw, calibrated;
   for (const RateReport& r : reports) {
     raw.push_back(r.raw);
@@ -242,7 +246,7 @@ inline PerRoundCells CountPerRoundCells(const std::vector<RateReport>& reports) 
           planner::CellsWithin(others, kCellTolerance), 5 * static_cast<int>(median.size())};
 }
 
-inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo,
+inline nlohmann::json ReportJson(const ValidateFlags& f, const ValidateSlo& slo,
                                  const Calibration& cal, const std::vector<RateReport>& reports) {
   std::vector<planner::ComparisonRow> raw, calibrated, per_rate_median, paired;
   nlohmann::json paired_rounds = nlohmann::json::array();
@@ -323,7 +327,12 @@ inline nlohmann::json ReportJson(const ValidateFlags& f, const planner::Slo& slo
   const PerRoundCells cells = CountPerRoundCells(reports);
   return {{"model", f.model},
           {"threads", f.threads},
-          {"slo", {{"ttft_s", slo.ttft_s}, {"tpot_s", slo.tpot_s}}},
+          {"slo",
+           {{"ttft_s", slo.ttft_s},
+            {"tpot_s", slo.tpot_s},
+            {"rule", slo.rule},
+            {"other", {{"ttft_s", slo.other.ttft_s}, {"tpot_s", slo.other.tpot_s}}},
+            {"other_rule", slo.other_rule}}},
           {"calibration", OverheadsJson(cal)},
           {"calibration_per_rate", per_rate},
           {"rule_used", kPairedRuleUsed ? "paired" : "per_rate_median"},

@@ -72,7 +72,7 @@ inline Result<std::vector<planner::SimRequest>> BenchRequests(const bench::Datas
 // 10 of 12 runs, and 162 cells were within 10% against 159 over those runs' same rounds).
 inline Result<planner::Summary> SimulateRate(
     std::span<const planner::InstanceConfig> insts, const planner::ClusterLinks& links,
-    const std::vector<planner::SimRequest>& sent, const planner::Slo& slo,
+    const std::vector<planner::SimRequest>& sent, const ValidateSlo& slo,
     const planner::OutsideLatency& outside, std::vector<planner::SimStep>* steps = nullptr,
     std::vector<planner::RequestResult>* requests = nullptr, bool inbound_hop = true) {
   const std::vector<planner::SimRequest> reqs =
@@ -96,7 +96,7 @@ inline Result<planner::Summary> SimulateRate(
     }
   }
   if (requests != nullptr) *requests = sim.requests;
-  return planner::Summarize(sim.requests, slo);
+  return planner::Summarize(sim.requests, slo, slo.other);
 }
 
 // The step times of each instance scaled by `factor`; the decode instance's per-sequence terms

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <string>
 #include <vector>
 
 #include "apps/validate_sim_outside.h"
@@ -39,8 +41,14 @@ TEST(ValidateSimSimulate, EachRequestsEndGetsItsDrawnTailBesideItsOutsideLatency
                                                              {-0.001, 0.001, 0.0, -0.030});
   ASSERT_TRUE(outside.ok()) << outside.status().ToString();
   std::vector<planner::RequestResult> with, without;
-  const planner::Slo slo{1.0, 1.0};
-  ASSERT_TRUE(SimulateRate(insts, links, sent, slo, *outside, nullptr, &with).ok());
+  ValidateSlo slo;
+  slo.ttft_s = slo.tpot_s = 1.0;
+  slo.other = {1e-9, 1e-9};  // no request meets it
+  const Result<planner::Summary> summary =
+      SimulateRate(insts, links, sent, slo, *outside, nullptr, &with);
+  ASSERT_TRUE(summary.ok());
+  EXPECT_EQ(summary->attainment, 1.0);
+  EXPECT_EQ(summary->other_attainment, 0.0);
   ASSERT_TRUE(
       SimulateRate(insts, links, sent, slo, outside->WithoutTail(), nullptr, &without).ok());
   ASSERT_EQ(with.size(), sent.size());
@@ -91,6 +99,45 @@ TEST(ValidateSimOutside, ClientRequestsTakeTheirSpansFromTheBenchsGaps) {
   c = ClientRequestsOf(bench, arrivals);
   ASSERT_TRUE(c.ok());
   EXPECT_TRUE(c->empty());
+}
+
+TEST(ValidateSimSlo, TheBatchRuleTakesTheBatchProbesTpotAndTheIdleRuleTwiceTheIdleOne) {
+  ValidateFlags f;
+  Result<ValidateSlo> batch = ChooseSlo(f, 0.04, 1e-3, 5e-3);  // the default rule
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+  EXPECT_DOUBLE_EQ(batch->ttft_s, 0.12);
+  EXPECT_DOUBLE_EQ(batch->tpot_s, 5e-3);
+  EXPECT_DOUBLE_EQ(batch->other.ttft_s, 0.12);
+  EXPECT_DOUBLE_EQ(batch->other.tpot_s, 2e-3);
+  f.slo_rule = "idle";
+  Result<ValidateSlo> idle = ChooseSlo(f, 0.04, 1e-3, 5e-3);
+  ASSERT_TRUE(idle.ok());
+  EXPECT_DOUBLE_EQ(idle->tpot_s, 2e-3);
+  EXPECT_DOUBLE_EQ(idle->other.tpot_s, 5e-3);
+  EXPECT_NE(idle->rule, batch->rule);
+  EXPECT_EQ(idle->rule, batch->other_rule);
+  // --ttft / --tpot replace the used rule's figures, not the other rule's.
+  f.ttft_slo_s = 0.5;
+  f.tpot_slo_s = 0.01;
+  Result<ValidateSlo> given = ChooseSlo(f, 0.04, 1e-3, 5e-3);
+  ASSERT_TRUE(given.ok());
+  EXPECT_DOUBLE_EQ(given->ttft_s, 0.5);
+  EXPECT_DOUBLE_EQ(given->tpot_s, 0.01);
+  EXPECT_DOUBLE_EQ(given->other.tpot_s, 5e-3);
+  EXPECT_DOUBLE_EQ(given->other.ttft_s, 0.12);
+}
+
+TEST(ValidateSimSlo, RejectsAnUnknownRuleAndProbesThatAreNotPositiveAndFinite) {
+  ValidateFlags f;
+  f.slo_rule = "p90";
+  const Result<ValidateSlo> bad = ChooseSlo(f, 0.04, 1e-3, 5e-3);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().ToString().find("--slo-rule: 'p90'"), std::string::npos);
+  f.slo_rule = "batch";
+  EXPECT_FALSE(ChooseSlo(f, 0.0, 1e-3, 5e-3).ok());
+  EXPECT_FALSE(ChooseSlo(f, 0.04, -1e-3, 5e-3).ok());
+  EXPECT_FALSE(ChooseSlo(f, 0.04, 1e-3, std::nan("")).ok());
+  EXPECT_FALSE(ChooseSlo(f, 0.04, 1e-3, INFINITY).ok());
 }
 
 }  // namespace

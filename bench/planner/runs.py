@@ -20,7 +20,11 @@ the simulator against each run, and the machine against itself across runs.
   within 10% and the mean error per cell. A change to the simulator is weighed so, on the same
   rounds over several runs, rather than one run against another.
 
-Usage: runs.py [--rate-tolerance 0.01] [--beside KEY] COMPARISON_JSON...
+- With --other-slo: every attainment cell is the attainment at the other SLO rule's SLO
+  (validate-sim's --slo-rule; saved beside each attainment as other_attainment), so the two SLO
+  rules are weighed on the same runs.
+
+Usage: runs.py [--rate-tolerance 0.01] [--beside KEY] [--other-slo] COMPARISON_JSON...
 """
 import argparse
 import itertools
@@ -33,6 +37,14 @@ SHORT = {"attainment": "att", "ttft_p50_s": "TTFT p50", "ttft_p90_s": "TTFT p90"
          "tpot_p50_s": "TPOT p50", "tpot_p90_s": "TPOT p90"}
 RULES = {"paired": "rows_paired", "per-rate median": "rows_per_rate_median"}
 TOLERANCE = 0.10
+
+
+def use_attainment(key):
+    """The attainment cells read `key`: "attainment" (at the SLO the run used) or
+    "other_attainment" (at the other SLO rule's)."""
+    global METRICS
+    METRICS = (key,) + METRICS[1:]
+    SHORT[key] = "att" if key == "attainment" else "att other"
 
 
 def check_figures(path, key, items, what):
@@ -213,8 +225,13 @@ def main(argv):
     p.add_argument("--beside", metavar="KEY",
                    help="a paired_rounds variant to weigh against the paired rule, e.g. "
                         "rounds_with_arrival_work")
+    p.add_argument("--other-slo", action="store_true",
+                   help="the attainment cells at the other SLO rule's SLO (other_attainment)")
     p.add_argument("comparisons", nargs="+", metavar="COMPARISON_JSON")
     a = p.parse_args(argv)
+    if a.other_slo:
+        use_attainment("other_attainment")
+        sys.stdout.write("attainment at the other SLO rule's SLO (other_attainment)\n")
     if not a.rate_tolerance > 0:
         p.error("--rate-tolerance must be positive")
     runs = [Run(path) for path in a.comparisons]

@@ -48,4 +48,17 @@ Summary Summarize(std::span<const RequestResult> results, const Slo& slo) {
   return s;
 }
 
+double Attainment(std::span<const RequestResult> results, const Slo& slo) {
+  if (results.empty()) return 0.0;
+  int met = 0;
+  for (const auto& r : results) met += MeetsSlo(r, slo);
+  return met / static_cast<double>(results.size());
+}
+
+Summary Summarize(std::span<const RequestResult> results, const Slo& slo, const Slo& other) {
+  Summary s = Summarize(results, slo);
+  s.other_attainment = Attainment(results, other);
+  return s;
+}
+
 }  // namespace pd::planner

@@ -196,6 +196,13 @@ std::string FormatComparison(const std::vector<ComparisonRow>& rows) {
                     100 * RelDiff(m.sim, m.real));
       out += line;
     }
+    if (r.simulated.other_attainment >= 0 && r.measured.other_attainment >= 0) {
+      std::snprintf(line, sizeof(line),
+                    "%-8s %-10s %10.2f%-2s %10.2f%-2s %+8.1f%%  (not compared)\n", "", "att. other",
+                    100 * r.simulated.other_attainment, "%", 100 * r.measured.other_attainment, "%",
+                    100 * RelDiff(r.simulated.other_attainment, r.measured.other_attainment));
+      out += line;
+    }
   }
   return out;
 }
@@ -203,10 +210,12 @@ std::string FormatComparison(const std::vector<ComparisonRow>& rows) {
 nlohmann::json ComparisonToJson(const std::vector<ComparisonRow>& rows) {
   nlohmann::json out = nlohmann::json::array();
   auto side = [](const Summary& s) {
-    return nlohmann::json{{"attainment", s.attainment}, {"ttft_p50_s", s.ttft_p50_s},
-                          {"ttft_p90_s", s.ttft_p90_s}, {"tpot_p50_s", s.tpot_p50_s},
-                          {"tpot_p90_s", s.tpot_p90_s}, {"num_requests", s.num_requests},
-                          {"num_failed", s.num_failed}};
+    nlohmann::json j{{"attainment", s.attainment}, {"ttft_p50_s", s.ttft_p50_s},
+                     {"ttft_p90_s", s.ttft_p90_s}, {"tpot_p50_s", s.tpot_p50_s},
+                     {"tpot_p90_s", s.tpot_p90_s}, {"num_requests", s.num_requests},
+                     {"num_failed", s.num_failed}};
+    if (s.other_attainment >= 0) j["other_attainment"] = s.other_attainment;
+    return j;
   };
   for (const ComparisonRow& r : rows) {
     out.push_back(

@@ -89,7 +89,8 @@ struct ComparisonRow {
 // Relative difference (sim − real) / real; 0 when both are 0.
 double RelDiff(double simulated, double measured);
 // The side-by-side table: per rate, attainment and p50/p90 TTFT/TPOT, simulated vs measured
-// with the relative difference.
+// with the relative difference; and the attainment at the other SLO (Summary::other_attainment)
+// when both sides have one, marked not compared. The JSON has other_attainment when set.
 std::string FormatComparison(const std::vector<ComparisonRow>& rows);
 nlohmann::json ComparisonToJson(const std::vector<ComparisonRow>& rows);
 

@@ -43,6 +43,11 @@ double SpreadOf(std::span<const Summary> rounds, Get get) {
   return mid == 0.0 ? 0.0 : (*hi - *lo) / std::fabs(mid);
 }
 
+bool AllHaveOther(std::span<const Summary> rounds) {
+  return !rounds.empty() && std::all_of(rounds.begin(), rounds.end(),
+                                        [](const Summary& s) { return s.other_attainment >= 0; });
+}
+
 }  // namespace
 
 Summary MedianSummary(std::span<const Summary> rounds) {
@@ -57,6 +62,8 @@ Summary MedianSummary(std::span<const Summary> rounds) {
   m.tpot_p50_s = MedianOf(rounds, [](const Summary& s) { return s.tpot_p50_s; });
   m.tpot_p90_s = MedianOf(rounds, [](const Summary& s) { return s.tpot_p90_s; });
   m.tpot_mean_s = MedianOf(rounds, [](const Summary& s) { return s.tpot_mean_s; });
+  if (AllHaveOther(rounds))
+    m.other_attainment = MedianOf(rounds, [](const Summary& s) { return s.other_attainment; });
   for (const Summary& s : rounds) {
     if (s.attainment == m.attainment) {
       m.num_requests = s.num_requests;
@@ -74,6 +81,8 @@ Spread RelativeSpread(std::span<const Summary> rounds) {
   s.ttft_p90 = SpreadOf(rounds, [](const Summary& r) { return r.ttft_p90_s; });
   s.tpot_p50 = SpreadOf(rounds, [](const Summary& r) { return r.tpot_p50_s; });
   s.tpot_p90 = SpreadOf(rounds, [](const Summary& r) { return r.tpot_p90_s; });
+  if (AllHaveOther(rounds))
+    s.other_attainment = SpreadOf(rounds, [](const Summary& r) { return r.other_attainment; });
   return s;
 }
 
@@ -82,7 +91,12 @@ std::string FormatSpread(const Spread& s) {
   std::snprintf(
       line, sizeof(line), "att %.0f%% | TTFT p50 %.0f%% p90 %.0f%% | TPOT p50 %.0f%% p90 %.0f%%",
       100 * s.attainment, 100 * s.ttft_p50, 100 * s.ttft_p90, 100 * s.tpot_p50, 100 * s.tpot_p90);
-  return line;
+  std::string out = line;
+  if (s.other_attainment >= 0) {
+    std::snprintf(line, sizeof(line), " | att at the other SLO %.0f%%", 100 * s.other_attainment);
+    out += line;
+  }
+  return out;
 }
 
 Result<ClientCpuCost> SolveClientCpuCost(double tokens_a, double cpu_a, double tokens_b,

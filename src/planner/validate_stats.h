@@ -23,13 +23,14 @@ double UpperMedian(std::vector<double> v);
 Result<double> SteadyCapacity(std::vector<double> per_set);
 
 // Metric by metric, the median of `rounds` (the upper median for an even count, like the probes'
-// medians); num_requests and num_failed from the round with the median attainment. An empty span
-// gives an empty Summary.
+// medians); num_requests and num_failed from the round with the median attainment;
+// other_attainment -1 unless every round has one. An empty span gives an empty Summary.
 Summary MedianSummary(std::span<const Summary> rounds);
 
 // (max − min) / median of each compared metric over `rounds`; 0 for a metric whose median is 0.
 struct Spread {
   double attainment = 0.0, ttft_p50 = 0.0, ttft_p90 = 0.0, tpot_p50 = 0.0, tpot_p90 = 0.0;
+  double other_attainment = -1.0;  // -1 unless every round has one
 };
 Spread RelativeSpread(std::span<const Summary> rounds);
 // "att 4% | TTFT p50 3% p90 9% | TPOT p50 2% p90 6%"

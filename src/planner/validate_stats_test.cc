@@ -29,6 +29,23 @@ TEST(ValidateStats, MedianSummaryTakesEachMetricsMedianSeparately) {
   EXPECT_DOUBLE_EQ(m.tpot_p90_s, 0.004);  // from round 1, while TTFT's came from round 3
   EXPECT_EQ(m.num_failed, 2);             // the round with the median attainment
   EXPECT_EQ(m.num_requests, 100);
+  EXPECT_DOUBLE_EQ(m.other_attainment, -1.0);  // no round has a second SLO
+}
+
+TEST(ValidateStats, TheOtherAttainmentHasItsOwnMedianAndSpreadWhenEveryRoundHasOne) {
+  std::vector<Summary> rounds = {Round(0.9, 0.030, 0.004), Round(0.7, 0.010, 0.002),
+                                 Round(0.8, 0.020, 0.009)};
+  rounds[0].other_attainment = 0.95;
+  rounds[1].other_attainment = 0.99;
+  EXPECT_DOUBLE_EQ(MedianSummary(rounds).other_attainment, -1.0);  // one round lacks it
+  EXPECT_DOUBLE_EQ(RelativeSpread(rounds).other_attainment, -1.0);
+  rounds[2].other_attainment = 0.97;
+  EXPECT_DOUBLE_EQ(MedianSummary(rounds).other_attainment, 0.97);
+  const Spread s = RelativeSpread(rounds);
+  EXPECT_NEAR(s.other_attainment, 0.04 / 0.97, 1e-12);
+  EXPECT_NEAR(s.attainment, 0.2 / 0.8, 1e-12);
+  EXPECT_NE(FormatSpread(s).find("| att at the other SLO 4%"), std::string::npos)
+      << FormatSpread(s);
 }
 
 TEST(ValidateStats, MedianOfAnEvenCountIsTheUpperOneAndOfNothingIsEmpty) {

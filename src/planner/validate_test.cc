@@ -20,6 +20,14 @@ TEST(Validate, MeasuredFromBenchJsonTakesTtftAndMeanGap) {
   const Summary s = Summarize(*r, Slo{0.15, 0.05});
   EXPECT_EQ(s.num_failed, 1);
   EXPECT_NEAR(s.attainment, 1.0 / 3, 1e-12);
+  EXPECT_DOUBLE_EQ(s.other_attainment, -1.0);  // no second SLO
+  // A second SLO on the same requests: a looser TTFT takes in the second request too; the
+  // failed one meets no SLO.
+  const Summary both = Summarize(*r, Slo{0.15, 0.05}, Slo{0.25, 0.05});
+  EXPECT_NEAR(both.attainment, 1.0 / 3, 1e-12);
+  EXPECT_NEAR(both.other_attainment, 2.0 / 3, 1e-12);
+  EXPECT_NEAR(Attainment(*r, Slo{0.25, 0.01}), 1.0 / 3, 1e-12);  // the first's TPOT misses
+  EXPECT_DOUBLE_EQ(Attainment({}, Slo{1, 1}), 0.0);
 }
 
 TEST(Validate, MalformedBenchJsonIsAClearError) {
@@ -144,9 +152,19 @@ TEST(Validate, ComparisonTableHasEveryMetricAndTheRelativeDifference) {
   EXPECT_NE(t.find("+10.0%"), std::string::npos) << t;
   EXPECT_DOUBLE_EQ(RelDiff(0, 0), 0.0);
   EXPECT_TRUE(std::isinf(RelDiff(1, 0)));
+  EXPECT_EQ(t.find("att. other"), std::string::npos) << t;  // neither side has a second SLO
   auto j = ComparisonToJson({row});
   EXPECT_DOUBLE_EQ(j[0]["measured"]["attainment"].get<double>(), 1.0);
   EXPECT_DOUBLE_EQ(j[0]["rate"].get<double>(), 2.0);
+  EXPECT_FALSE(j[0]["measured"].contains("other_attainment"));
+  row.simulated.other_attainment = 0.6;
+  row.measured.other_attainment = 0.5;
+  const std::string other = FormatComparison({row});
+  EXPECT_NE(other.find("att. other"), std::string::npos) << other;
+  EXPECT_NE(other.find("+20.0%  (not compared)"), std::string::npos) << other;
+  j = ComparisonToJson({row});
+  EXPECT_DOUBLE_EQ(j[0]["simulated"]["other_attainment"].get<double>(), 0.6);
+  EXPECT_DOUBLE_EQ(j[0]["measured"]["other_attainment"].get<double>(), 0.5);
 }
 
 }  // namespace

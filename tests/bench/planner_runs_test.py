@@ -124,6 +124,29 @@ class Runs(unittest.TestCase):
             beside([a], "rounds_without_something")
         self.assertIn("no paired rounds 'rounds_without_something' at 17 req/s", str(e.exception))
 
+    def test_weighs_the_attainment_at_the_other_slo_when_asked(self):
+        # The attainment at the SLO used is 30% high at the first rate; at the other SLO it is
+        # within 10% everywhere. A comparison without other_attainment is refused by name.
+        rows = [row(17.0, {"attainment": 1.3}), row(34.0), row(51.0)]
+        for r in rows:
+            r["simulated"]["other_attainment"] = 0.95
+            r["measured"]["other_attainment"] = 0.97
+        a = write(self.dir, "a.json", rows, rows)
+        self.assertIn("14 (paired)", report([a]))
+        self.assertIn("att at 17 req/s +30.0%", report([a]))
+        try:
+            runs.use_attainment("other_attainment")
+            text = report([a])
+            self.assertIn("15 (paired)", text)
+            self.assertIn("att other  -2.1% (0.0)", text)
+            bare = write(self.dir, "bare.json", [row(17.0)], [row(17.0)])
+            with self.assertRaisesRegex(SystemExit, "bare.json: a 'rows_paired' row lacks a "
+                                        "simulated figure"):
+                runs.Run(bare)
+        finally:
+            runs.use_attainment("attainment")
+        self.assertIn("14 (paired)", report([a]))
+
     def test_rejects_what_is_not_a_comparison(self):
         bad = os.path.join(self.dir, "bad.json")
         with open(bad, "w") as f:
