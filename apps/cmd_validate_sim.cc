@@ -458,8 +458,8 @@ Status Validate(const ValidateFlags& f) {
   }
   // The SLOs and the rates come from the pre-round probe sets: fixed before any bench round.
   ASSIGN_OR_RETURN(Calibration cal, Combine(f, sets, false));
-  ASSIGN_OR_RETURN(const ValidateSlo slo,
-                   ChooseSlo(f, cal.idle_ttft_s, cal.idle_tpot_s, cal.batch_tpot_s));
+  ASSIGN_OR_RETURN(const ValidateSlo slo, ChooseSlo(f, cal.idle_ttft_s, cal.idle_tpot_s,
+                                                    cal.batch_tpot_s, cal.batch_probe));
   std::string rate_rule;
   ASSIGN_OR_RETURN(const std::vector<double> rates,
                    ChooseRates(f, coeffs, sets, kv.tokens, &rate_rule));

@@ -103,23 +103,24 @@ TEST(ValidateSimOutside, ClientRequestsTakeTheirSpansFromTheBenchsGaps) {
 
 TEST(ValidateSimSlo, TheBatchRuleTakesTheBatchProbesTpotAndTheIdleRuleTwiceTheIdleOne) {
   ValidateFlags f;
-  Result<ValidateSlo> batch = ChooseSlo(f, 0.04, 1e-3, 5e-3);  // the default rule
+  Result<ValidateSlo> batch = ChooseSlo(f, 0.04, 1e-3, 5e-3, 8);  // the default rule
   ASSERT_TRUE(batch.ok()) << batch.status().ToString();
   EXPECT_DOUBLE_EQ(batch->ttft_s, 0.12);
   EXPECT_DOUBLE_EQ(batch->tpot_s, 5e-3);
   EXPECT_DOUBLE_EQ(batch->other.ttft_s, 0.12);
   EXPECT_DOUBLE_EQ(batch->other.tpot_s, 2e-3);
   f.slo_rule = "idle";
-  Result<ValidateSlo> idle = ChooseSlo(f, 0.04, 1e-3, 5e-3);
+  Result<ValidateSlo> idle = ChooseSlo(f, 0.04, 1e-3, 5e-3, 8);
   ASSERT_TRUE(idle.ok());
   EXPECT_DOUBLE_EQ(idle->tpot_s, 2e-3);
   EXPECT_DOUBLE_EQ(idle->other.tpot_s, 5e-3);
   EXPECT_NE(idle->rule, batch->rule);
   EXPECT_EQ(idle->rule, batch->other_rule);
+  EXPECT_EQ(batch->rule, "TPOT of the batch-8 probe");
   // --ttft / --tpot replace the used rule's figures, not the other rule's.
   f.ttft_slo_s = 0.5;
   f.tpot_slo_s = 0.01;
-  Result<ValidateSlo> given = ChooseSlo(f, 0.04, 1e-3, 5e-3);
+  Result<ValidateSlo> given = ChooseSlo(f, 0.04, 1e-3, 5e-3, 8);
   ASSERT_TRUE(given.ok());
   EXPECT_DOUBLE_EQ(given->ttft_s, 0.5);
   EXPECT_DOUBLE_EQ(given->tpot_s, 0.01);
@@ -130,14 +131,19 @@ TEST(ValidateSimSlo, TheBatchRuleTakesTheBatchProbesTpotAndTheIdleRuleTwiceTheId
 TEST(ValidateSimSlo, RejectsAnUnknownRuleAndProbesThatAreNotPositiveAndFinite) {
   ValidateFlags f;
   f.slo_rule = "p90";
-  const Result<ValidateSlo> bad = ChooseSlo(f, 0.04, 1e-3, 5e-3);
+  const Result<ValidateSlo> bad = ChooseSlo(f, 0.04, 1e-3, 5e-3, 8);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().ToString().find("--slo-rule: 'p90'"), std::string::npos);
   f.slo_rule = "batch";
-  EXPECT_FALSE(ChooseSlo(f, 0.0, 1e-3, 5e-3).ok());
-  EXPECT_FALSE(ChooseSlo(f, 0.04, -1e-3, 5e-3).ok());
-  EXPECT_FALSE(ChooseSlo(f, 0.04, 1e-3, std::nan("")).ok());
-  EXPECT_FALSE(ChooseSlo(f, 0.04, 1e-3, INFINITY).ok());
+  EXPECT_FALSE(ChooseSlo(f, 0.0, 1e-3, 5e-3, 8).ok());
+  EXPECT_FALSE(ChooseSlo(f, 0.04, -1e-3, 5e-3, 8).ok());
+  EXPECT_FALSE(ChooseSlo(f, 0.04, 1e-3, std::nan(""), 8).ok());
+  EXPECT_FALSE(ChooseSlo(f, 0.04, 1e-3, INFINITY, 8).ok());
+  const Result<ValidateSlo> negative = ChooseSlo(f, 0.04, -1e-3, 5e-3, 8);
+  EXPECT_NE(negative.status().ToString().find("the idle TPOT probe's figure is -0.001"),
+            std::string::npos)
+      << negative.status().ToString();
+  EXPECT_FALSE(ChooseSlo(f, 0.04, 1e-3, 5e-3, 0).ok());
 }
 
 }  // namespace
