@@ -61,7 +61,7 @@ struct ValidateSlo : planner::Slo {
 // --ttft / --tpot (when > 0) replace the used rule's figures; `other` is the other rule's.
 // Why "batch" (stop 28, 2026-12-02): on a 2-vCPU Zen 3 host the batch-1 probe's TPOT ranged
 // 0.9-2.9 ms from run to run (the batch-8 probe's 3.4-6.2 ms, the TTFT probes' within 10%), so
-// twice it fell inside the TPOT of the 20%-load rounds in half of nine runs; there, rounds of one
+// twice it fell inside the TPOT of the 20%-load rounds in five of nine runs; there, rounds of one
 // rate spread from 13% to 60% attainment, and no simulator can be within 10% of a figure the
 // machine does not repeat. Recomputed from those runs' saved requests, the batch probe's SLO gave
 // a median spread over a rate's rounds of 6% against 27%; a batch of four runs then kept it (12
