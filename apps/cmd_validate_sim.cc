@@ -128,6 +128,7 @@ using validate_sim::UpProcess;
 using validate_sim::ValidateFlags;
 using validate_sim::ValidateSlo;
 using validate_sim::WithDecodeBatchFactors;
+using validate_sim::WithoutStepFactors;
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "pdserve validate-sim: %s\n", message.c_str());
@@ -258,9 +259,8 @@ Status SimulateRateReport(const ValidateFlags& f, const bench::DatasetSpec& spec
     }
     ASSIGN_OR_RETURN(r->with_prefill_factors,
                      SimulateRate(other, cal_links, reqs, slo, cal.outside));
-    for (auto& inst : other) inst.step_factors.reset();
-    ASSIGN_OR_RETURN(r->without_step_factors,
-                     SimulateRate(other, cal_links, reqs, slo, cal.outside));
+    ASSIGN_OR_RETURN(r->without_step_factors, SimulateRate(WithoutStepFactors(cal_insts), cal_links,
+                                                           reqs, slo, cal.outside));
   }
   if (cal.outside.has_inbound()) {
     ASSIGN_OR_RETURN(r->without_inbound_hop,

@@ -78,24 +78,16 @@ inline Result<ValidateSlo> ChooseSlo(const ValidateFlags& f, double idle_ttft_s,
     }
   }
   if (batch < 1) return InvalidArgument("SLO rule: the batch probe's size must be >= 1");
+  if (f.slo_rule != "batch" && f.slo_rule != "idle") {
+    return InvalidArgument("--slo-rule: '" + f.slo_rule + "' is not one of batch, idle");
+  }
   const planner::Slo by_batch{3 * idle_ttft_s, batch_tpot_s};
   const planner::Slo by_idle{3 * idle_ttft_s, 2 * idle_tpot_s};
   const std::string batch_rule = "TPOT of the batch-" + std::to_string(batch) + " probe";
   const std::string idle_rule = "2x idle TPOT";
-  ValidateSlo slo;
-  if (f.slo_rule == "batch") {
-    static_cast<planner::Slo&>(slo) = by_batch;
-    slo.other = by_idle;
-    slo.rule = batch_rule;
-    slo.other_rule = idle_rule;
-  } else if (f.slo_rule == "idle") {
-    static_cast<planner::Slo&>(slo) = by_idle;
-    slo.other = by_batch;
-    slo.rule = idle_rule;
-    slo.other_rule = batch_rule;
-  } else {
-    return InvalidArgument("--slo-rule: '" + f.slo_rule + "' is not one of batch, idle");
-  }
+  const bool by_batch_used = f.slo_rule == "batch";
+  ValidateSlo slo{by_batch_used ? by_batch : by_idle, by_batch_used ? by_idle : by_batch,
+                  by_batch_used ? batch_rule : idle_rule, by_batch_used ? idle_rule : batch_rule};
   if (f.ttft_slo_s > 0) slo.ttft_s = f.ttft_slo_s;
   if (f.tpot_slo_s > 0) slo.tpot_s = f.tpot_slo_s;
   if (f.ttft_slo_s > 0 || f.tpot_slo_s > 0) slo.rule += " (--ttft/--tpot given)";

@@ -61,10 +61,9 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
       without_tail.push_back(w);
     }
     // Without the decode instance's step factors (the run's traced slowness replayed in order).
-    auto plain = insts;
-    for (auto& inst : plain) inst.step_factors.reset();
     ASSIGN_OR_RETURN(planner::Summary p,
-                     SimulateRate(plain, CalibratedLinks(links, cal), reqs, slo, cal.outside));
+                     SimulateRate(WithoutStepFactors(insts), CalibratedLinks(links, cal), reqs, slo,
+                                  cal.outside));
     without_factors.push_back(p);
     // The batch factors, the run's own and the rate's; a round without them takes the rule
     // used's simulation.

@@ -181,6 +181,14 @@ inline std::vector<planner::InstanceConfig> WithDecodeBatchFactors(
   return insts;
 }
 
+// `insts` with no instance's step factors (InstanceConfig::step_factors: the traced slowness
+// replayed in order), for the simulations printed beside the rule used.
+inline std::vector<planner::InstanceConfig> WithoutStepFactors(
+    std::vector<planner::InstanceConfig> insts) {
+  for (auto& inst : insts) inst.step_factors.reset();
+  return insts;
+}
+
 // The calibrated KV transfer: its time per prompt token, as the link's bandwidth.
 inline planner::ClusterLinks CalibratedLinks(const planner::ClusterLinks& links,
                                              const Calibration& cal) {

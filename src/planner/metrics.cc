@@ -18,12 +18,19 @@ double Percentile(std::vector<double> values, double q) {
   return values[lo] + (values[hi] - values[lo]) * (pos - lo);
 }
 
+double Attainment(std::span<const RequestResult> results, const Slo& slo) {
+  if (results.empty()) return 0.0;
+  int met = 0;
+  for (const auto& r : results) met += MeetsSlo(r, slo);
+  return met / static_cast<double>(results.size());
+}
+
 Summary Summarize(std::span<const RequestResult> results, const Slo& slo) {
   Summary s;
   s.num_requests = static_cast<int>(results.size());
   if (results.empty()) return s;
   std::vector<double> ttft, tpot;
-  int both = 0, ttft_ok = 0, tpot_ok = 0;
+  int ttft_ok = 0, tpot_ok = 0;
   for (const auto& r : results) {
     if (!r.done()) {
       ++s.num_failed;
@@ -33,10 +40,9 @@ Summary Summarize(std::span<const RequestResult> results, const Slo& slo) {
     tpot.push_back(r.tpot_s());
     ttft_ok += r.ttft_s() <= slo.ttft_s;
     tpot_ok += r.tpot_s() <= slo.tpot_s;
-    both += MeetsSlo(r, slo);
   }
   const double n = static_cast<double>(results.size());
-  s.attainment = both / n;
+  s.attainment = Attainment(results, slo);
   s.ttft_attainment = ttft_ok / n;
   s.tpot_attainment = tpot_ok / n;
   s.ttft_p50_s = Percentile(ttft, 0.5);
@@ -46,13 +52,6 @@ Summary Summarize(std::span<const RequestResult> results, const Slo& slo) {
   for (double v : ttft) s.ttft_mean_s += v / ttft.size();
   for (double v : tpot) s.tpot_mean_s += v / tpot.size();
   return s;
-}
-
-double Attainment(std::span<const RequestResult> results, const Slo& slo) {
-  if (results.empty()) return 0.0;
-  int met = 0;
-  for (const auto& r : results) met += MeetsSlo(r, slo);
-  return met / static_cast<double>(results.size());
 }
 
 Summary Summarize(std::span<const RequestResult> results, const Slo& slo, const Slo& other) {
