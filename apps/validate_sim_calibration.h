@@ -87,6 +87,11 @@ struct Calibration {
   // not in the rule used's simulation; WithDecodeBatchFactors puts them in for the variant
   // printed beside it. Empty when not measured.
   std::vector<double> measured_batch_factors;
+  // A rate's planner::PrefillChunkFactors over its runs together
+  // (RateCalibration::prefill_chunk_factors): not in the rule used's simulation;
+  // WithPrefillChunkFactors puts them in for the variant printed beside it. Empty when not
+  // measured.
+  std::vector<double> prefill_chunk_factors;
   const planner::ClientCpuCost& StretchCpu() const {
     return client_cpu_loaded ? *client_cpu_loaded : client_cpu;
   }

@@ -28,22 +28,23 @@ namespace pd::apps::validate_sim {
 // calibration `single` overlaid by the figures of the one calibration run (`runs`, their windows
 // in `windows`) that ended last before the round began (planner::PairRunsWithRounds).
 // `pooled_batch_factors`: the rate's decode batch factors over its runs together
-// (Calibration::measured_batch_factors of the per-rate calibration), for a variant.
+// (Calibration::measured_batch_factors of the per-rate calibration), and `chunk_factors` its
+// prefill chunk factors (Calibration::prefill_chunk_factors), each for a variant.
 inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& spec,
                              const ValidateSlo& slo, const planner::StepCoeffs& coeffs,
                              int64_t kv_tokens, const planner::ClusterLinks& links,
                              const std::vector<planner::CalibrationRunFactors>& runs,
                              const std::vector<planner::RunWindow>& windows,
                              const Calibration& single,
-                             const std::vector<double>& pooled_batch_factors, int n,
-                             RateReport* r) {
+                             const std::vector<double>& pooled_batch_factors,
+                             const std::vector<double>& chunk_factors, int n, RateReport* r) {
   std::vector<planner::RunWindow> rounds;
   for (const RoundResult& rr : r->rounds) rounds.push_back({rr.begin_s, rr.end_s});
   if (windows.size() != runs.size()) return InvalidArgument("paired: a run without its window");
   ASSIGN_OR_RETURN(r->paired_runs, planner::PairRunsWithRounds(windows, rounds));
   ASSIGN_OR_RETURN(const auto reqs, BenchRequests(spec, n, r->raw.rate, f.seed));
   std::vector<planner::Summary> simulated, measured, without_tail, with_batch, with_pooled_batch,
-      without_factors;
+      without_factors, with_chunks;
   planner::PerArrivalMeasure<std::vector<planner::Summary>> with_work;
   for (size_t k = 0; k < r->paired_runs.size(); ++k) {
     const std::vector<planner::CalibrationRunFactors> one = {runs[r->paired_runs[k]]};
@@ -79,6 +80,15 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
                                     CalibratedLinks(links, cal), reqs, slo, cal.outside));
       into->push_back(b);
     }
+    // The prefill chunk factors over the rate's runs; none measured: the rule used's simulation.
+    if (chunk_factors.empty()) {
+      with_chunks.push_back(s);
+    } else {
+      ASSIGN_OR_RETURN(planner::Summary c,
+                       SimulateRate(WithPrefillChunkFactors(insts, chunk_factors),
+                                    CalibratedLinks(links, cal), reqs, slo, cal.outside));
+      with_chunks.push_back(c);
+    }
     // Every round; one whose calibration run measured no work takes the rule used's simulation.
     for (const planner::ArrivalMeasure m : planner::kAllArrivalMeasures) {
       auto& into = with_work[static_cast<size_t>(m)];
@@ -104,6 +114,8 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
                    planner::ComparePaired(r->raw.rate, with_pooled_batch, measured));
   ASSIGN_OR_RETURN(r->paired_without_step_factors,
                    planner::ComparePaired(r->raw.rate, without_factors, measured));
+  ASSIGN_OR_RETURN(r->paired_with_chunk_factors,
+                   planner::ComparePaired(r->raw.rate, with_chunks, measured));
   for (size_t m = 0; m < planner::kArrivalMeasures; ++m) {
     ASSIGN_OR_RETURN(r->paired_with_arrival_work[m],
                      planner::ComparePaired(r->raw.rate, with_work[m], measured));
@@ -189,7 +201,9 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
                   &RateReport::paired_with_batch_factors},
         std::pair{"with the decode batch factors over the rate's runs together",
                   &RateReport::paired_with_pooled_batch_factors},
-        std::pair{"without the decode step factors", &RateReport::paired_without_step_factors}}) {
+        std::pair{"without the decode step factors", &RateReport::paired_without_step_factors},
+        std::pair{"with the prefill chunk factors over the rate's runs together",
+                  &RateReport::paired_with_chunk_factors}}) {
     print_paired(
         label, [member](const RateReport& r) -> const auto& { return r.*member; });
   }

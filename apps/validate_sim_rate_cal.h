@@ -96,6 +96,8 @@ inline uint64_t CalRunSeed(const ValidateFlags& f, int round) {
 struct PrefillUnderLoad {
   Result<double> whole = FailedPrecondition("not measured");
   planner::PerArrivalMeasure<std::optional<double>> left_out;
+  // The traced steps in the run's window and the unstretched simulation's (PrefillChunkFactors).
+  std::vector<planner::StepRecord> real, simulated;
 };
 inline Result<PrefillUnderLoad> MeasurePrefillUnderLoad(
     const ValidateFlags& f, const bench::DatasetSpec& spec, const planner::StepCoeffs& coeffs,
@@ -115,6 +117,8 @@ inline Result<PrefillUnderLoad> MeasurePrefillUnderLoad(
     auto k = planner::PrefillBusyStretch(real, simulated, kMinCalRunPrefillSteps, *left_out_s[m]);
     if (k.ok()) out.left_out[m] = *k;
   }
+  out.real = real;
+  out.simulated = simulated;
   return out;
 }
 
@@ -147,6 +151,8 @@ inline planner::CalibrationRunFactors FactorsOfRun(
                                      left_out_s);
     if (p.ok() && p->whole.ok()) out.prefill_stretch = *p->whole;
     if (p.ok()) {
+      out.prefill_real_steps = p->real;
+      out.prefill_sim_steps = p->simulated;
       out.prefill_arrival = work;
       for (const planner::ArrivalMeasure m : planner::kAllArrivalMeasures) {
         const size_t k = static_cast<size_t>(m);
@@ -431,6 +437,20 @@ inline Result<Calibration> CalibrationAtRate(
         "(larger batches as the last)\n",
         rc.pooled_split_runs, each.c_str());
   }
+  cal.prefill_chunk_factors = rc.prefill_chunk_factors;
+  if (!cal.prefill_chunk_factors.empty()) {
+    std::string each;
+    for (size_t c = 0; c < cal.prefill_chunk_factors.size(); ++c) {
+      char one[48];
+      std::snprintf(one, sizeof(one), "%s%zu x%.3f", c ? ", " : "", c + 1,
+                    cal.prefill_chunk_factors[c]);
+      each += one;
+    }
+    std::printf(
+        "    prefill steps by prompts computed, real over simulated over the busy ratio, the %d "
+        "runs together (not used): %s (more prompts as the last)\n",
+        rc.runs, each.c_str());
+  }
   for (const auto& [m, how] :
        {std::pair{planner::ArrivalMeasure::kLessChance,
                   "the held steps' excess less what they caught by chance"},
@@ -494,6 +514,10 @@ inline Result<Calibration> CalibrationAtRate(
   if (!cal.measured_batch_factors.empty()) {
     (*json)["decode_batch_factors"] = {
         {"used", false}, {"runs", rc.pooled_split_runs}, {"by_batch", cal.measured_batch_factors}};
+  }
+  if (!cal.prefill_chunk_factors.empty()) {
+    (*json)["prefill_chunk_factors"] = {
+        {"used", false}, {"runs", rc.runs}, {"by_prompts", cal.prefill_chunk_factors}};
   }
   for (const auto& [key, k, run] :
        {std::tuple{"decode_step_factors", &rc.decode_step_factors, rc.step_factor_runs},

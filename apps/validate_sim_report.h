@@ -91,6 +91,10 @@ struct RateReport {
   // Stop 27's runs on a Zen 3 host: the per-rate simulation's TPOT p90 came out 11-26% high with
   // them and -8 to +11% without (docs/planner.md).
   std::optional<planner::PairedComparison> paired_without_step_factors;
+  // The paired rule on the same rounds with the prefill chunk factors over the rate's runs
+  // together (WithPrefillChunkFactors; the same simulation where none were measured), printed
+  // beside it.
+  std::optional<planner::PairedComparison> paired_with_chunk_factors;
   // The per-rate-median rule's simulation with the prefill instance's step factors too, and
   // without any (Calibration::prefill_step_factors, decode_step_factors), printed beside it;
   // unset when none were measured.
@@ -274,7 +278,8 @@ inline nlohmann::json ReportJson(const ValidateFlags& f, const ValidateSlo& slo,
       for (const auto& [key, which] :
            {std::pair{"rounds_with_batch_factors", &r.paired_with_batch_factors},
             std::pair{"rounds_with_pooled_batch_factors", &r.paired_with_pooled_batch_factors},
-            std::pair{"rounds_without_step_factors", &r.paired_without_step_factors}}) {
+            std::pair{"rounds_without_step_factors", &r.paired_without_step_factors},
+            std::pair{"rounds_with_prefill_chunk_factors", &r.paired_with_chunk_factors}}) {
         if (*which) paired_rounds.back()[key] = planner::ComparisonToJson((*which)->rounds);
       }
     }

@@ -181,6 +181,16 @@ inline std::vector<planner::InstanceConfig> WithDecodeBatchFactors(
   return insts;
 }
 
+// `insts` with the prefill instance's steps reshaped by the prompts they compute (`factors`:
+// InstanceConfig::prefill_chunk_factors), for the variant printed beside the rule used.
+inline std::vector<planner::InstanceConfig> WithPrefillChunkFactors(
+    std::vector<planner::InstanceConfig> insts, const std::vector<double>& factors) {
+  for (auto& inst : insts) {
+    if (inst.role == planner::Role::kPrefill) inst.prefill_chunk_factors = factors;
+  }
+  return insts;
+}
+
 // `insts` with no instance's step factors (InstanceConfig::step_factors: the traced slowness
 // replayed in order), for the simulations printed beside the rule used.
 inline std::vector<planner::InstanceConfig> WithoutStepFactors(

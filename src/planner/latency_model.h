@@ -30,6 +30,7 @@ struct StepShape {
   double prefill_sq = 0.0;     // Σ chunk·(start + chunk): Σ len² for whole prompts
   int decode_seqs = 0;         // sequences decoding one token
   int64_t decode_context = 0;  // Σ (context_len + 1) over decoding sequences
+  int prefill_chunks = 0;      // prompts (or their chunks) prefilling
   bool empty() const { return prefill_tokens == 0 && decode_seqs == 0; }
 };
 

@@ -419,6 +419,12 @@ Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFac
     out.inbound_s = runs[*out.outside_run].inbound_s;
     out.tail_s = runs[*out.outside_run].tail_s;
   }
+  std::vector<StepRecord> real, sim;
+  for (const CalibrationRunFactors& r : runs) {
+    real.insert(real.end(), r.prefill_real_steps.begin(), r.prefill_real_steps.end());
+    sim.insert(sim.end(), r.prefill_sim_steps.begin(), r.prefill_sim_steps.end());
+  }
+  out.prefill_chunk_factors = PrefillChunkFactors(real, sim, kMinSplitRowSteps);
   for (const CalibrationRunFactors& r : runs) {
     for (auto [from, to, count] :
          {std::tuple{&r.decode_step_factors, &out.decode_step_factors, &out.step_factor_runs},

@@ -149,6 +149,9 @@ struct CalibrationRunFactors {
   // The decode and prefill instances' steps' factors (DecodeStepFactors, PrefillStepFactors),
   // in start order; empty when too few steps counted.
   std::vector<double> decode_step_factors, prefill_step_factors;
+  // The prefill instance's traced steps in the run's window and the unstretched simulation's
+  // steps of the same requests (PrefillChunkFactors); empty when not traced.
+  std::vector<StepRecord> prefill_real_steps, prefill_sim_steps;
 };
 
 // DecodeBatchFactors over one run's kept rows against that run's own split (decode_stretch,
@@ -188,6 +191,9 @@ struct RateCalibration {
   // DecodeBatchFactors over the same rows against that split (before its scaling: a shape by
   // batch size, not a level); empty with no pooled split.
   std::vector<double> pooled_decode_batch_factors;
+  // PrefillChunkFactors over every run's prefill steps together (kMinSplitRowSteps steps a
+  // count); empty when they give none. Printed and simulated beside the rule used.
+  std::vector<double> prefill_chunk_factors;
   std::vector<double> outside_s, inbound_s, tail_s;  // inbound_s, tail_s: the same run's, or empty
   std::vector<double> decode_step_factors, prefill_step_factors;
   int client_runs = 0, prefill_runs = 0, stretch_runs = 0, corun_runs = 0, outside_runs = 0,

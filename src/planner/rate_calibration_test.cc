@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <span>
+#include <tuple>
 #include <vector>
 
 namespace pd::planner {
@@ -534,6 +536,40 @@ TEST(ValidateRateCalibration, DecodeBatchFactorsOfARunAndOfTheRunsTogether) {
   c = CombineCalibrationRuns(runs, 32);
   ASSERT_TRUE(c.ok());
   EXPECT_TRUE(c->pooled_decode_batch_factors.empty());
+}
+
+// The prefill chunk factors are fitted over every run's steps together: two runs of 10 two-prompt
+// steps each give one count with 20.
+TEST(ValidateRateCalibration, PrefillChunkFactorsPoolTheRunsSteps) {
+  std::vector<CalibrationRunFactors> runs;
+  for (int k = 0; k < 2; ++k) {
+    runs.push_back(MakeRun(30, 0.002, 1.0, 1.0, {}));
+    for (auto [chunks, n, real_ms, sim_ms] : {std::tuple{1, int64_t{30}, 55.0, 50.0},
+                                              std::tuple{2, kMinSplitRowSteps / 2, 120.0, 100.0}}) {
+      for (int i = 0; i < n; ++i) {
+        StepRecord s;
+        s.prefill_tokens = 100 * chunks;
+        s.prefill_chunks = chunks;
+        s.duration_s = real_ms * 1e-3;
+        runs.back().prefill_real_steps.push_back(s);
+        s.duration_s = sim_ms * 1e-3;
+        runs.back().prefill_sim_steps.push_back(s);
+      }
+    }
+  }
+  auto one = CombineCalibrationRuns(std::span(runs).first(1), 32);
+  ASSERT_TRUE(one.ok());
+  ASSERT_EQ(one->prefill_chunk_factors.size(), 1u);  // a run's 10 two-prompt steps: too few
+  auto c = CombineCalibrationRuns(runs, 32);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(c->prefill_chunk_factors.size(), 2u);
+  const double busy = (30 * 55.0 + 10 * 120.0) / (30 * 50.0 + 10 * 100.0);
+  EXPECT_NEAR(c->prefill_chunk_factors[0], 1.1 / busy, 1e-12);
+  EXPECT_NEAR(c->prefill_chunk_factors[1], 1.2 / busy, 1e-12);
+  for (auto& r : runs) r.prefill_real_steps.clear();
+  c = CombineCalibrationRuns(runs, 32);
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->prefill_chunk_factors.empty());
 }
 
 TEST(ValidateRateCalibration, FactorsNoRunGaveStayUnset) {

@@ -156,13 +156,22 @@ Status Cluster::Init(std::span<const InstanceConfig> configs) {
       }
       min_batch_factor = std::min(min_batch_factor, k);
     }
+    double min_chunk_factor = 1.0;  // a mixed step's tokens come no sooner than its factor allows
+    for (double k : c.prefill_chunk_factors) {
+      if (!(std::isfinite(k) && k > 0)) {
+        return InvalidArgument("instance prefill_chunk_factors must be positive and finite, got " +
+                               std::to_string(k));
+      }
+      min_chunk_factor = std::min(min_chunk_factor, k);
+    }
     colocated += c.role == Role::kColocated;
     prefill += c.role == Role::kPrefill;
     decode += c.role == Role::kDecode;
     Instance inst;
     inst.cfg = c;
     // A factor below 1 makes some steps shorter than the model's shortest.
-    inst.min_token_step_s = MinDecodeStepSeconds(c) * min_factor * min_batch_factor;
+    inst.min_token_step_s =
+        MinDecodeStepSeconds(c) * min_factor * min_batch_factor * min_chunk_factor;
     inst.sched = factory(c.policy, c.role);
     if (!inst.sched) return InvalidArgument("scheduler factory returned no scheduler");
     instances_.push_back(std::move(inst));
@@ -345,6 +354,7 @@ StepShape Cluster::ShapeOf(const Instance& inst, const SimBatch& batch) const {
       shape.decode_context += item.start + item.num_tokens;
     } else {
       shape.prefill_tokens += item.num_tokens;
+      ++shape.prefill_chunks;
       shape.prefill_sq += static_cast<double>(item.num_tokens) * (item.start + item.num_tokens);
     }
   }
@@ -375,6 +385,12 @@ void Cluster::TryStart(double now, int i) {
     t.stage_s *= k;
     t.step_s *= k;
   }
+  const std::vector<double>& by_chunks = inst.cfg.prefill_chunk_factors;
+  if (!by_chunks.empty() && shape.prefill_chunks > 0) {
+    const double k = by_chunks[std::min<size_t>(shape.prefill_chunks, by_chunks.size()) - 1];
+    t.stage_s *= k;
+    t.step_s *= k;
+  }
   const bool corun = OtherBusyOnNode(i);
   if (inst.cfg.corun_slowdown != 1.0 && corun) {
     t.stage_s *= inst.cfg.corun_slowdown;
@@ -389,8 +405,8 @@ void Cluster::TryStart(double now, int i) {
   ++inst.steps_started;
   inst.step_work_s = inst.done_shift_s = 0.0;
   if (opts_.record_steps) {
-    result_.steps.push_back(
-        {i, now, t.step_s, shape.decode_seqs, shape.decode_context, shape.prefill_tokens, corun});
+    result_.steps.push_back({i, now, t.step_s, shape.decode_seqs, shape.decode_context,
+                             shape.prefill_tokens, corun, shape.prefill_chunks});
   }
   inst.stage_free_at = now + t.stage_s;
   // Batches leave the pipeline in the order they entered it.

@@ -58,6 +58,14 @@ struct InstanceConfig {
   // a decode step concave in the batch: validate-sim measures these from traced steps,
   // planner::DecodeBatchFactors). Empty: none. Each factor positive and finite.
   std::vector<double> decode_batch_factors;
+  // Factors the instance's steps that compute prompt tokens are multiplied by per number of
+  // prompts (or chunks) c they compute: (prefill_chunk_factors)[min(c, size) - 1], with the
+  // decode batch factors' place. The latency model's constant comes once a step, but the
+  // engine's prefill step costs more per prompt than its tokens say: stop 29's traced prefill
+  // steps (a Zen 3 host) of 2-4 prompts ran x1.21-1.26 the profile's time for them where those
+  // of one ran x1.16-1.17, in the calibration runs and the rounds alike (validate-sim measures
+  // these: planner::PrefillChunkFactors). Empty: none. Each factor positive and finite.
+  std::vector<double> prefill_chunk_factors;
   // The engine loop between a step's end and the next step's start (delivering the step's
   // outputs, taking new requests, scheduling): the next step starts no sooner. A real prefill
   // instance's back-to-back steps were 0.25 ms apart at p50 (0.45 at p90) on a 2-core host,
@@ -115,7 +123,8 @@ struct SimStep {
   int decode_seqs = 0;
   int64_t decode_context = 0;
   int64_t prefill_tokens = 0;
-  bool corun = false;  // another instance on its node was mid-step as it started
+  bool corun = false;      // another instance on its node was mid-step as it started
+  int prefill_chunks = 0;  // prompts (or their chunks) it prefilled
 };
 
 struct SimResult {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "planner/goodput.h"
@@ -310,6 +311,57 @@ TEST(Simulator, DecodeBatchFactorsMultiplyStepsByTheirNumberOfSequences) {
       ++checked;
     }
     EXPECT_GT(checked, 3);
+  }
+}
+
+// Steps that compute prompt tokens take the factor of their number of prompts (the last one
+// beyond), before the step factors; decode-only steps take none.
+TEST(Simulator, PrefillChunkFactorsMultiplyStepsByTheirNumberOfPrompts) {
+  std::vector<InstanceConfig> insts = PrefillOf4MsThenDecode({1.0, 0, 0});
+  insts[0].policy.max_num_batched_tokens = 20;  // two 10-token prompts a step at most
+  // Three prompts at once: a step of two (4 ms x1.5), then one of one (4 ms x1.0).
+  const std::vector<SimRequest> reqs = {{0, 0.0, 10, 2}, {1, 0.0, 10, 2}, {2, 0.0, 10, 2}};
+  SimOptions o;
+  o.record_steps = true;
+  for (const auto& factors : {std::vector<double>{1.0, 1.5}, std::vector<double>{1.0, 1.25, 1.5},
+                              std::vector<double>{}}) {
+    SCOPED_TRACE(factors.size());
+    insts[0].prefill_chunk_factors = factors;
+    insts[0].step_factors =
+        std::make_shared<const std::vector<double>>(std::vector<double>{2.0});  // both apply
+    insts[1].prefill_chunk_factors = {3.0};  // a decode instance computes no prompt token
+    auto r = Simulate(insts, ClusterLinks{}, reqs, o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    std::vector<std::pair<int, double>> prefill;
+    for (const SimStep& s : r->steps) {
+      if (s.instance == 0) {
+        prefill.push_back({s.prefill_chunks, s.duration_s * 1e3});
+      } else {
+        EXPECT_EQ(s.prefill_chunks, 0);
+        EXPECT_NEAR(s.duration_s * 1e3, 1.0, 1e-9);  // the decode instance's: untouched
+      }
+    }
+    ASSERT_EQ(prefill.size(), 2u);
+    EXPECT_EQ(prefill[0].first, 2);
+    EXPECT_EQ(prefill[1].first, 1);
+    const double two = factors.empty() ? 1.0 : factors[1];
+    EXPECT_NEAR(prefill[0].second, 2.0 * 4 * two, 1e-9);
+    EXPECT_NEAR(prefill[1].second, 2.0 * 4, 1e-9);
+  }
+}
+
+TEST(Simulator, RejectsPrefillChunkFactorsThatAreNotPositiveAndFinite) {
+  InstanceConfig p, d;
+  p.role = Role::kPrefill;
+  d.role = Role::kDecode;
+  std::vector<SimRequest> reqs = {{0, 0.0, 10, 2}};
+  for (double bad : {0.0, -1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    p.prefill_chunk_factors = {1.0, bad};
+    std::vector<InstanceConfig> insts = {p, d};
+    auto r = Simulate(insts, ClusterLinks{}, reqs, {});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("prefill_chunk_factors"), std::string::npos);
   }
 }
 

@@ -65,7 +65,8 @@ std::vector<StepRecord> StepsOfInstance(const SimResult& sim, int instance) {
   std::vector<StepRecord> out;
   for (const SimStep& s : sim.steps) {
     if (s.instance != instance) continue;
-    out.push_back({s.start_s, s.duration_s, s.decode_seqs, s.prefill_tokens, s.corun});
+    out.push_back(
+        {s.start_s, s.duration_s, s.decode_seqs, s.prefill_tokens, s.corun, s.prefill_chunks});
   }
   return out;
 }
@@ -210,6 +211,49 @@ std::vector<double> PrefillStepFactors(std::span<const StepRecord> steps, const 
   std::vector<double> out;
   out.reserve(ratio.size());
   for (size_t i = 0; i < ratio.size(); ++i) out.push_back(ratio[i] / (sum[corun[i]] / n[corun[i]]));
+  return out;
+}
+
+std::vector<double> PrefillChunkFactors(std::span<const StepRecord> real,
+                                        std::span<const StepRecord> sim, int64_t min_steps) {
+  struct Sums {
+    double time = 0;
+    int64_t steps = 0;
+  };
+  const auto by_chunks = [](std::span<const StepRecord> steps, Sums* total) {
+    std::vector<Sums> rows;
+    for (const StepRecord& s : steps) {
+      if (s.prefill_tokens <= 0) continue;
+      const size_t c = static_cast<size_t>(std::max(1, s.prefill_chunks));
+      if (rows.size() < c) rows.resize(c);
+      rows[c - 1].time += s.duration_s;
+      ++rows[c - 1].steps;
+      total->time += s.duration_s;
+      ++total->steps;
+    }
+    return rows;
+  };
+  Sums real_total, sim_total;
+  const std::vector<Sums> r = by_chunks(real, &real_total);
+  const std::vector<Sums> m = by_chunks(sim, &sim_total);
+  if (!(real_total.time > 0) || !(sim_total.time > 0)) return {};
+  const double busy = real_total.time / sim_total.time;
+  std::vector<double> out;
+  size_t last = 0;  // the count after the largest one that has its own factor
+  for (size_t c = 0; c < r.size(); ++c) {
+    const bool own = r[c].steps >= std::max<int64_t>(1, min_steps) && c < m.size() &&
+                     m[c].steps > 0 && m[c].time > 0;
+    if (!own) {
+      if (c == 0) return {};
+      out.push_back(out.back());
+      continue;
+    }
+    const double mean_real = r[c].time / static_cast<double>(r[c].steps);
+    const double mean_sim = m[c].time / static_cast<double>(m[c].steps);
+    out.push_back(mean_real / mean_sim / busy);
+    last = c + 1;
+  }
+  out.resize(last);
   return out;
 }
 

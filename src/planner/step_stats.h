@@ -137,6 +137,19 @@ std::vector<double> DecodeStepFactors(std::span<const StepRecord> steps,
 // time are left out; empty when no step counts.
 std::vector<double> PrefillStepFactors(std::span<const StepRecord> steps, const StepCoeffs& model);
 
+// What a prefill model with one constant a step misses: per number of prompts (or chunks) c a
+// step computed (element c-1), the real steps' mean time over the simulated ones' of c prompts,
+// over the real steps' total time over the simulated ones' (the prefill stretch's busy ratio),
+// for InstanceConfig::prefill_chunk_factors. `real` and `sim`: the traced and simulated steps of
+// the same requests (steps without prompt tokens are left out; StepRecord::prefill_chunks). A
+// count with fewer than `min_steps` real steps, or no simulated one, takes the factor of the
+// largest smaller count that has one; the vector ends at the largest count that has one (the
+// simulator holds its factor beyond). Weighted by the simulated busy time of each count, the
+// factors average about 1, so they reshape the steps by prompt count and move the total little.
+// Empty when one-prompt steps are too few or either side has no time.
+std::vector<double> PrefillChunkFactors(std::span<const StepRecord> real,
+                                        std::span<const StepRecord> sim, int64_t min_steps);
+
 // Real beside simulated, a line per batch size with steps on either side:
 // "batch  real n  corun%  mean  alone  corun  gap | sim n  corun%  mean  alone  corun".
 std::string FormatStepComparison(std::span<const BatchStepStats> real,

@@ -307,6 +307,51 @@ TEST(StepStats, DecodeBatchFactorsAreTheRealStepsOverTheSplitsByBatchSize) {
   EXPECT_LT(k[4], 1.0);
 }
 
+// Prefill steps dearer per prompt than the model says: the factors put each prompt count's real
+// mean back over the busy ratio; a count with too few real steps or no simulated one takes the
+// count below's, and the vector ends at the last count with its own.
+TEST(StepStats, PrefillChunkFactorsAreTheRealStepsOverTheSimulatedByPromptsComputed) {
+  std::vector<StepRecord> real, sim;
+  const auto add = [](std::vector<StepRecord>* v, int n, int chunks, double ms) {
+    for (int k = 0; k < n; ++k) {
+      StepRecord s;
+      s.duration_s = ms * 1e-3;
+      s.prefill_tokens = 100 * chunks;
+      s.prefill_chunks = chunks;
+      v->push_back(s);
+    }
+  };
+  // Real: 60 ms a one-prompt step, 126 for two, 195 for three (3 steps only), 260 for four;
+  // simulated: 50 a prompt. Decode-only steps on either side are left out.
+  add(&real, 100, 1, 60);
+  add(&real, 30, 2, 126);
+  add(&real, 3, 3, 195);
+  add(&real, 20, 4, 260);
+  add(&real, 50, 0, 1);
+  add(&sim, 90, 1, 50);
+  add(&sim, 30, 2, 100);
+  add(&sim, 5, 3, 150);
+  add(&sim, 20, 4, 200);
+  real.back().decode_seqs = 1;
+  const double busy =
+      (100 * 60.0 + 30 * 126 + 3 * 195 + 20 * 260) / (90 * 50.0 + 30 * 100 + 5 * 150 + 20 * 200);
+  std::vector<double> k = PrefillChunkFactors(real, sim, 20);
+  ASSERT_EQ(k.size(), 4u);
+  EXPECT_NEAR(k[0], 60.0 / 50 / busy, 1e-12);
+  EXPECT_NEAR(k[1], 126.0 / 100 / busy, 1e-12);
+  EXPECT_EQ(k[2], k[1]);  // 3 real steps, under 20
+  EXPECT_NEAR(k[3], 260.0 / 200 / busy, 1e-12);
+  EXPECT_GT(k[1], k[0]);
+  // A count past the last measured one: the vector ends there (the simulator holds the last).
+  add(&real, 40, 6, 400);
+  k = PrefillChunkFactors(real, sim, 20);  // no simulated step of 6 prompts
+  EXPECT_EQ(k.size(), 4u);
+  // Too few one-prompt steps, or no time on either side: none.
+  EXPECT_TRUE(PrefillChunkFactors(real, sim, 101).empty());
+  EXPECT_TRUE(PrefillChunkFactors({}, sim, 20).empty());
+  EXPECT_TRUE(PrefillChunkFactors(real, {}, 20).empty());
+}
+
 TEST(StepStats, DecodeBatchFactorsHoldTheLastMeasuredBatchAndNeedBatchOne) {
   // Batch 2 has too few real alone steps, batch 3 no simulated one, batch 4 is measured, batch 5
   // is not: 2 and 3 take batch 1's factor, and the factors end at batch 4.
