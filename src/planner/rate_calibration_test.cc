@@ -559,7 +559,7 @@ TEST(ValidateRateCalibration, PrefillChunkFactorsPoolTheRunsSteps) {
   }
   auto one = CombineCalibrationRuns(std::span(runs).first(1), 32);
   ASSERT_TRUE(one.ok());
-  ASSERT_EQ(one->prefill_chunk_factors.size(), 1u);  // a run's 10 two-prompt steps: too few
+  EXPECT_TRUE(one->prefill_chunk_factors.empty());  // a run's 10 two-prompt steps: too few
   auto c = CombineCalibrationRuns(runs, 32);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ASSERT_EQ(c->prefill_chunk_factors.size(), 2u);

@@ -253,6 +253,8 @@ std::vector<double> PrefillChunkFactors(std::span<const StepRecord> real,
     out.push_back(mean_real / mean_sim / busy);
     last = c + 1;
   }
+  // One count alone gives a level, not a shape: the stretch holds the level.
+  if (last < 2) return {};
   out.resize(last);
   return out;
 }

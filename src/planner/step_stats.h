@@ -146,7 +146,8 @@ std::vector<double> PrefillStepFactors(std::span<const StepRecord> steps, const 
 // largest smaller count that has one; the vector ends at the largest count that has one (the
 // simulator holds its factor beyond). Weighted by the simulated busy time of each count, the
 // factors average about 1, so they reshape the steps by prompt count and move the total little.
-// Empty when one-prompt steps are too few or either side has no time.
+// Empty when one-prompt steps are too few, no larger count has its own factor (a level, which
+// the stretch holds, and no shape), or either side has no time.
 std::vector<double> PrefillChunkFactors(std::span<const StepRecord> real,
                                         std::span<const StepRecord> sim, int64_t min_steps);
 

@@ -346,8 +346,9 @@ TEST(StepStats, PrefillChunkFactorsAreTheRealStepsOverTheSimulatedByPromptsCompu
   add(&real, 40, 6, 400);
   k = PrefillChunkFactors(real, sim, 20);  // no simulated step of 6 prompts
   EXPECT_EQ(k.size(), 4u);
-  // Too few one-prompt steps, or no time on either side: none.
+  // Too few one-prompt steps, no larger count with its own, or no time on either side: none.
   EXPECT_TRUE(PrefillChunkFactors(real, sim, 101).empty());
+  EXPECT_TRUE(PrefillChunkFactors(real, sim, 31).empty());  // only the 100 one-prompt steps
   EXPECT_TRUE(PrefillChunkFactors({}, sim, 20).empty());
   EXPECT_TRUE(PrefillChunkFactors(real, {}, 20).empty());
 }
