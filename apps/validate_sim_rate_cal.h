@@ -206,6 +206,17 @@ std::string Each(const std::vector<planner::CalibrationRunFactors>& runs, One on
   for (const auto& r : runs) s += (s.empty() ? "" : "/") + one(r);
   return s;
 }
+// Factors by count from 1: "1 x0.999, 2 x1.047".
+inline std::string NumberedFactors(const std::vector<double>& factors) {
+  std::string out;
+  for (size_t k = 0; k < factors.size(); ++k) {
+    char one[48];
+    std::snprintf(one, sizeof(one), "%s%zu x%.3f", k ? ", " : "", k + 1, factors[k]);
+    out += one;
+  }
+  return out;
+}
+
 inline std::string Fmt(const char* format, double v) {
   char b[32];
   std::snprintf(b, sizeof(b), format, v);
@@ -425,31 +436,17 @@ inline Result<Calibration> CalibrationAtRate(
   }
   cal.measured_batch_factors = rc.pooled_decode_batch_factors;
   if (!cal.measured_batch_factors.empty()) {
-    std::string each;
-    for (size_t b = 0; b < cal.measured_batch_factors.size(); ++b) {
-      char one[48];
-      std::snprintf(one, sizeof(one), "%s%zu x%.3f", b ? ", " : "", b + 1,
-                    cal.measured_batch_factors[b]);
-      each += one;
-    }
     std::printf(
         "    decode steps by batch size, real over the split, the %d runs together (not used): %s "
         "(larger batches as the last)\n",
-        rc.pooled_split_runs, each.c_str());
+        rc.pooled_split_runs, NumberedFactors(cal.measured_batch_factors).c_str());
   }
   cal.prefill_chunk_factors = rc.prefill_chunk_factors;
   if (!cal.prefill_chunk_factors.empty()) {
-    std::string each;
-    for (size_t c = 0; c < cal.prefill_chunk_factors.size(); ++c) {
-      char one[48];
-      std::snprintf(one, sizeof(one), "%s%zu x%.3f", c ? ", " : "", c + 1,
-                    cal.prefill_chunk_factors[c]);
-      each += one;
-    }
     std::printf(
         "    prefill steps by prompts computed, real over simulated over the busy ratio, the %d "
         "runs together (not used): %s (more prompts as the last)\n",
-        rc.runs, each.c_str());
+        rc.runs, NumberedFactors(cal.prefill_chunk_factors).c_str());
   }
   for (const auto& [m, how] :
        {std::pair{planner::ArrivalMeasure::kLessChance,
