@@ -47,6 +47,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -108,17 +109,16 @@ inline Result<PrefillUnderLoad> MeasurePrefillUnderLoad(
   unstretched.prefill_load = Calibration::DecodeUnderLoad{1.0, run.rate, 1.0};
   ASSIGN_OR_RETURN(planner::SimResult sim, SimulatedRunSteps(f, spec, coeffs, kv_tokens, links, slo,
                                                              run, cal, unstretched));
-  const std::vector<planner::StepRecord> real = InWindow(steps.prefill, run.begin_s, run.end_s);
-  const std::vector<planner::StepRecord> simulated = planner::StepsOfInstance(sim, 0);
   PrefillUnderLoad out;
-  out.whole = planner::PrefillBusyStretch(real, simulated, kMinCalRunPrefillSteps);
+  out.real = InWindow(steps.prefill, run.begin_s, run.end_s);
+  out.simulated = planner::StepsOfInstance(sim, 0);
+  out.whole = planner::PrefillBusyStretch(out.real, out.simulated, kMinCalRunPrefillSteps);
   for (size_t m = 0; m < planner::kArrivalMeasures; ++m) {
     if (!left_out_s[m]) continue;
-    auto k = planner::PrefillBusyStretch(real, simulated, kMinCalRunPrefillSteps, *left_out_s[m]);
+    auto k = planner::PrefillBusyStretch(out.real, out.simulated, kMinCalRunPrefillSteps,
+                                         *left_out_s[m]);
     if (k.ok()) out.left_out[m] = *k;
   }
-  out.real = real;
-  out.simulated = simulated;
   return out;
 }
 
@@ -151,8 +151,8 @@ inline planner::CalibrationRunFactors FactorsOfRun(
                                      left_out_s);
     if (p.ok() && p->whole.ok()) out.prefill_stretch = *p->whole;
     if (p.ok()) {
-      out.prefill_real_steps = p->real;
-      out.prefill_sim_steps = p->simulated;
+      out.prefill_real_steps = std::move(p->real);
+      out.prefill_sim_steps = std::move(p->simulated);
       out.prefill_arrival = work;
       for (const planner::ArrivalMeasure m : planner::kAllArrivalMeasures) {
         const size_t k = static_cast<size_t>(m);

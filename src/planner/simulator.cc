@@ -5,10 +5,32 @@
 #include <deque>
 #include <optional>
 #include <queue>
+#include <span>
 #include <string>
 
 namespace pd::planner {
 namespace {
+
+// The smallest of an instance's `name` factors and 1 (the floor they put under its steps);
+// InvalidArgument naming them when one is not positive and finite.
+Result<double> MinFactor(std::span<const double> factors, const char* name) {
+  double least = 1.0;
+  for (double k : factors) {
+    if (!(std::isfinite(k) && k > 0)) {
+      return InvalidArgument(std::string("instance ") + name +
+                             " must be positive and finite, got " + std::to_string(k));
+    }
+    least = std::min(least, k);
+  }
+  return least;
+}
+
+// The factor of `count` in factors by count from 1 (the last holding beyond); 1 when there are
+// none or the count is not positive.
+double FactorByCount(const std::vector<double>& factors, int count) {
+  if (factors.empty() || count <= 0) return 1.0;
+  return factors[std::min<size_t>(count, factors.size()) - 1];
+}
 
 enum class EventKind { kArrival, kStageFree, kStepDone, kKvReady, kKvArrived, kTtftDeadline };
 
@@ -138,32 +160,15 @@ Status Cluster::Init(std::span<const InstanceConfig> configs) {
     if (c.arrival_work_s > 0 && c.pp != 1) {
       return InvalidArgument("instance arrival_work_s needs pp 1, got pp " + std::to_string(c.pp));
     }
-    double min_factor = 1.0;
-    if (c.step_factors) {
-      for (double k : *c.step_factors) {
-        if (!(std::isfinite(k) && k > 0)) {
-          return InvalidArgument("instance step_factors must be positive and finite, got " +
-                                 std::to_string(k));
-        }
-        min_factor = std::min(min_factor, k);
-      }
-    }
-    double min_batch_factor = 1.0;
-    for (double k : c.decode_batch_factors) {
-      if (!(std::isfinite(k) && k > 0)) {
-        return InvalidArgument("instance decode_batch_factors must be positive and finite, got " +
-                               std::to_string(k));
-      }
-      min_batch_factor = std::min(min_batch_factor, k);
-    }
-    double min_chunk_factor = 1.0;  // a mixed step's tokens come no sooner than its factor allows
-    for (double k : c.prefill_chunk_factors) {
-      if (!(std::isfinite(k) && k > 0)) {
-        return InvalidArgument("instance prefill_chunk_factors must be positive and finite, got " +
-                               std::to_string(k));
-      }
-      min_chunk_factor = std::min(min_chunk_factor, k);
-    }
+    ASSIGN_OR_RETURN(const double min_factor,
+                     MinFactor(c.step_factors ? std::span<const double>(*c.step_factors)
+                                              : std::span<const double>(),
+                               "step_factors"));
+    ASSIGN_OR_RETURN(const double min_batch_factor,
+                     MinFactor(c.decode_batch_factors, "decode_batch_factors"));
+    // A mixed step's tokens come no sooner than its chunk factor allows.
+    ASSIGN_OR_RETURN(const double min_chunk_factor,
+                     MinFactor(c.prefill_chunk_factors, "prefill_chunk_factors"));
     colocated += c.role == Role::kColocated;
     prefill += c.role == Role::kPrefill;
     decode += c.role == Role::kDecode;
@@ -379,18 +384,12 @@ void Cluster::TryStart(double now, int i) {
   if (batch.empty()) return;
   const StepShape shape = ShapeOf(inst, batch);
   StageTimes t = PipelineTimes(inst.cfg.coeffs, shape, inst.cfg.pp);
-  const std::vector<double>& by_batch = inst.cfg.decode_batch_factors;
-  if (!by_batch.empty() && shape.prefill_tokens == 0 && shape.decode_seqs > 0) {
-    const double k = by_batch[std::min<size_t>(shape.decode_seqs, by_batch.size()) - 1];
-    t.stage_s *= k;
-    t.step_s *= k;
-  }
-  const std::vector<double>& by_chunks = inst.cfg.prefill_chunk_factors;
-  if (!by_chunks.empty() && shape.prefill_chunks > 0) {
-    const double k = by_chunks[std::min<size_t>(shape.prefill_chunks, by_chunks.size()) - 1];
-    t.stage_s *= k;
-    t.step_s *= k;
-  }
+  // A step computing prompt tokens takes its chunk factor, a decode-only one its batch factor.
+  const double by_count = shape.prefill_tokens > 0
+                              ? FactorByCount(inst.cfg.prefill_chunk_factors, shape.prefill_chunks)
+                              : FactorByCount(inst.cfg.decode_batch_factors, shape.decode_seqs);
+  t.stage_s *= by_count;
+  t.step_s *= by_count;
   const bool corun = OtherBusyOnNode(i);
   if (inst.cfg.corun_slowdown != 1.0 && corun) {
     t.stage_s *= inst.cfg.corun_slowdown;

@@ -220,7 +220,8 @@ std::vector<double> PrefillChunkFactors(std::span<const StepRecord> real,
     double time = 0;
     int64_t steps = 0;
   };
-  const auto by_chunks = [](std::span<const StepRecord> steps, Sums* total) {
+  // Per count, and the time of every step that computed prompt tokens (in step order).
+  const auto by_chunks = [](std::span<const StepRecord> steps, double* total_time) {
     std::vector<Sums> rows;
     for (const StepRecord& s : steps) {
       if (s.prefill_tokens <= 0) continue;
@@ -228,16 +229,15 @@ std::vector<double> PrefillChunkFactors(std::span<const StepRecord> real,
       if (rows.size() < c) rows.resize(c);
       rows[c - 1].time += s.duration_s;
       ++rows[c - 1].steps;
-      total->time += s.duration_s;
-      ++total->steps;
+      *total_time += s.duration_s;
     }
     return rows;
   };
-  Sums real_total, sim_total;
-  const std::vector<Sums> r = by_chunks(real, &real_total);
-  const std::vector<Sums> m = by_chunks(sim, &sim_total);
-  if (!(real_total.time > 0) || !(sim_total.time > 0)) return {};
-  const double busy = real_total.time / sim_total.time;
+  double real_time = 0, sim_time = 0;
+  const std::vector<Sums> r = by_chunks(real, &real_time);
+  const std::vector<Sums> m = by_chunks(sim, &sim_time);
+  if (!(real_time > 0) || !(sim_time > 0)) return {};
+  const double busy = real_time / sim_time;
   std::vector<double> out;
   size_t last = 0;  // the count after the largest one that has its own factor
   for (size_t c = 0; c < r.size(); ++c) {
