@@ -514,15 +514,17 @@ Status Validate(const ValidateFlags& f) {
       windows.push_back({run.begin_s, run.end_s});
     }
     std::optional<Calibration> own_split;
-    ASSIGN_OR_RETURN(
-        const Calibration at_rate,
-        validate_sim::CalibrationAtRate(f, runs, cal, &reports[i].rate_calibration, &own_split));
+    ASSIGN_OR_RETURN(const planner::RateCalibration rc,
+                     planner::CombineCalibrationRuns(runs, f.output_len));
+    ASSIGN_OR_RETURN(const Calibration at_rate,
+                     validate_sim::CalibrationAtRate(f, runs, rc, cal, &reports[i].rate_calibration,
+                                                     &own_split));
     RETURN_IF_ERROR(SimulateRateReport(f, spec, slo, coeffs, kv.tokens, links, at_rate, own_split,
                                        &reports[i]));
     // The paired rule (apps/validate_sim_paired.h): each round with its own calibration run.
-    const Status paired = validate_sim::SimulatePaired(
-        f, spec, slo, coeffs, kv.tokens, links, runs, windows, cal, at_rate.measured_batch_factors,
-        at_rate.prefill_chunk_factors, PromptsAt(f, rates[i]), &reports[i]);
+    const Status paired =
+        validate_sim::SimulatePaired(f, spec, slo, coeffs, kv.tokens, links, runs, windows, cal, rc,
+                                     PromptsAt(f, rates[i]), &reports[i]);
     if (!paired.ok() && validate_sim::kPairedRuleUsed) return paired;
     if (!paired.ok()) {
       std::fprintf(stderr, "validate-sim: paired rule at %.3g req/s: %s\n", rates[i],

@@ -27,24 +27,26 @@ namespace pd::apps::validate_sim {
 // Fills r->paired: each of r's rounds simulated (`n` requests, the rounds' seed) with the
 // calibration `single` overlaid by the figures of the one calibration run (`runs`, their windows
 // in `windows`) that ended last before the round began (planner::PairRunsWithRounds).
-// `pooled_batch_factors`: the rate's decode batch factors over its runs together
-// (Calibration::measured_batch_factors of the per-rate calibration), and `chunk_factors` its
-// prefill chunk factors (Calibration::prefill_chunk_factors), each for a variant.
+// `rate_cal`: the rate's runs combined (planner::CombineCalibrationRuns), whose decode batch
+// factors, prefill chunk factors and pooled decode split over the runs together each feed a
+// variant.
 inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& spec,
                              const ValidateSlo& slo, const planner::StepCoeffs& coeffs,
                              int64_t kv_tokens, const planner::ClusterLinks& links,
                              const std::vector<planner::CalibrationRunFactors>& runs,
                              const std::vector<planner::RunWindow>& windows,
-                             const Calibration& single,
-                             const std::vector<double>& pooled_batch_factors,
-                             const std::vector<double>& chunk_factors, int n, RateReport* r) {
+                             const Calibration& single, const planner::RateCalibration& rate_cal,
+                             int n, RateReport* r) {
+  const std::vector<double>& pooled_batch_factors = rate_cal.pooled_decode_batch_factors;
+  const std::vector<double>& chunk_factors = rate_cal.prefill_chunk_factors;
   std::vector<planner::RunWindow> rounds;
   for (const RoundResult& rr : r->rounds) rounds.push_back({rr.begin_s, rr.end_s});
   if (windows.size() != runs.size()) return InvalidArgument("paired: a run without its window");
   ASSIGN_OR_RETURN(r->paired_runs, planner::PairRunsWithRounds(windows, rounds));
+  ASSIGN_OR_RETURN(const auto runs_after, planner::RunsAfterRounds(windows, rounds));
   ASSIGN_OR_RETURN(const auto reqs, BenchRequests(spec, n, r->raw.rate, f.seed));
   std::vector<planner::Summary> simulated, measured, without_tail, with_batch, with_pooled_batch,
-      without_factors, with_chunks;
+      without_factors, with_chunks, with_pooled_split, with_bracketed_split;
   planner::PerArrivalMeasure<std::vector<planner::Summary>> with_work;
   for (size_t k = 0; k < r->paired_runs.size(); ++k) {
     const std::vector<planner::CalibrationRunFactors> one = {runs[r->paired_runs[k]]};
@@ -79,6 +81,28 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
                        SimulateRate(WithDecodeBatchFactors(insts, *factors),
                                     CalibratedLinks(links, cal), reqs, slo, cal.outside));
       into->push_back(b);
+    }
+    // The rate's pooled decode split at the round's run's level, and at the mean level of the
+    // runs before and after the round; no pooled split or level: the rule used's simulation.
+    const planner::CalibrationRunFactors* after = runs_after[k] ? &runs[*runs_after[k]] : nullptr;
+    for (const auto& [level, into] :
+         {std::pair{planner::DecodeLevel(one[0]), &with_pooled_split},
+          std::pair{planner::BracketedDecodeLevel(one[0], after), &with_bracketed_split}}) {
+      std::optional<planner::DecodeSplit> split;
+      if (level && cal.decode_load) {
+        ASSIGN_OR_RETURN(split, planner::PooledSplitAtLevel(rate_cal, *level));
+      }
+      if (!split) {
+        into->push_back(s);
+        continue;
+      }
+      Calibration moved = cal;
+      moved.decode_load->stretch = split->step;
+      moved.decode_load->seq_stretch = split->seq;
+      ASSIGN_OR_RETURN(auto split_insts, CalibratedAt(f, coeffs, moved, kv_tokens, r->raw.rate));
+      ASSIGN_OR_RETURN(planner::Summary p, SimulateRate(split_insts, CalibratedLinks(links, moved),
+                                                        reqs, slo, moved.outside));
+      into->push_back(p);
     }
     // The prefill chunk factors over the rate's runs; none measured: the rule used's simulation.
     if (chunk_factors.empty()) {
@@ -116,6 +140,10 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
                    planner::ComparePaired(r->raw.rate, without_factors, measured));
   ASSIGN_OR_RETURN(r->paired_with_chunk_factors,
                    planner::ComparePaired(r->raw.rate, with_chunks, measured));
+  ASSIGN_OR_RETURN(r->paired_with_pooled_split,
+                   planner::ComparePaired(r->raw.rate, with_pooled_split, measured));
+  ASSIGN_OR_RETURN(r->paired_with_bracketed_split,
+                   planner::ComparePaired(r->raw.rate, with_bracketed_split, measured));
   for (size_t m = 0; m < planner::kArrivalMeasures; ++m) {
     ASSIGN_OR_RETURN(r->paired_with_arrival_work[m],
                      planner::ComparePaired(r->raw.rate, with_work[m], measured));
@@ -203,7 +231,12 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
                   &RateReport::paired_with_pooled_batch_factors},
         std::pair{"without the decode step factors", &RateReport::paired_without_step_factors},
         std::pair{"with the prefill chunk factors over the rate's runs together",
-                  &RateReport::paired_with_chunk_factors}}) {
+                  &RateReport::paired_with_chunk_factors},
+        std::pair{"with the decode split over the rate's runs together, at each round's run's "
+                  "level",
+                  &RateReport::paired_with_pooled_split},
+        std::pair{"with the same split at the mean level of the runs before and after each round",
+                  &RateReport::paired_with_bracketed_split}}) {
     print_paired(
         label, [member](const RateReport& r) -> const auto& { return r.*member; });
   }

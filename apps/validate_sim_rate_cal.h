@@ -406,11 +406,11 @@ inline Calibration WithArrivalWork(Calibration cal, planner::ArrivalMeasure m) {
 }
 
 // The calibration at one rate: ApplyRateCalibration with the median over this rate's
-// calibration runs (planner::CombineCalibrationRuns), its decode stretch split over the runs
-// together where they give that (RateCalibration::pooled_decode_stretch). Prints the per-run
-// figures and their medians beside the single load run's. `own_split` gets the same calibration
-// with the median run's own split (not used; printed beside), or stays unset when the pooled
-// split is not taken.
+// calibration runs (`rc`: planner::CombineCalibrationRuns of `runs`), its decode stretch split over
+// the runs together where they give that (RateCalibration::pooled_decode_stretch). Prints the
+// per-run figures and their medians beside the single load run's. `own_split` gets the same
+// calibration with the median run's own split (not used; printed beside), or stays unset when the
+// pooled split is not taken.
 //
 // Why the pooled split: one 100-request run's split scatters (per sequence x1.05-1.75 in stop
 // 16; at one rate x0.95-1.35 in one run of 2026-11-30), and its per-sequence factor carries the
@@ -419,9 +419,8 @@ inline Calibration WithArrivalWork(Calibration cal, planner::ArrivalMeasure m) {
 // cells within 10% against 248, all 15 in 6 runs against 5.
 inline Result<Calibration> CalibrationAtRate(
     const ValidateFlags& f, const std::vector<planner::CalibrationRunFactors>& runs,
-    const Calibration& single, nlohmann::json* json, std::optional<Calibration>* own_split) {
-  ASSIGN_OR_RETURN(const planner::RateCalibration rc,
-                   planner::CombineCalibrationRuns(runs, f.output_len));
+    const planner::RateCalibration& rc, const Calibration& single, nlohmann::json* json,
+    std::optional<Calibration>* own_split) {
   ASSIGN_OR_RETURN(Calibration cal, ApplyRateCalibration(f, rc, single));
   PrintRateCalibration(f, runs, rc, cal, single);
   own_split->reset();

@@ -95,6 +95,12 @@ struct RateReport {
   // together (WithPrefillChunkFactors; the same simulation where none were measured), printed
   // beside it.
   std::optional<planner::PairedComparison> paired_with_chunk_factors;
+  // The paired rule on the same rounds with the rate's pooled decode split
+  // (RateCalibration::pooled_decode_stretch) in place of each round's run's own, at that run's
+  // level, and at the mean level of the runs before and after the round
+  // (planner::PooledSplitAtLevel, BracketedDecodeLevel). A round without a pooled split takes the
+  // rule used's simulation.
+  std::optional<planner::PairedComparison> paired_with_pooled_split, paired_with_bracketed_split;
   // The per-rate-median rule's simulation with the prefill instance's step factors too, and
   // without any (Calibration::prefill_step_factors, decode_step_factors), printed beside it;
   // unset when none were measured.
@@ -279,7 +285,9 @@ inline nlohmann::json ReportJson(const ValidateFlags& f, const ValidateSlo& slo,
            {std::pair{"rounds_with_batch_factors", &r.paired_with_batch_factors},
             std::pair{"rounds_with_pooled_batch_factors", &r.paired_with_pooled_batch_factors},
             std::pair{"rounds_without_step_factors", &r.paired_without_step_factors},
-            std::pair{"rounds_with_prefill_chunk_factors", &r.paired_with_chunk_factors}}) {
+            std::pair{"rounds_with_prefill_chunk_factors", &r.paired_with_chunk_factors},
+            std::pair{"rounds_with_pooled_split", &r.paired_with_pooled_split},
+            std::pair{"rounds_with_bracketed_split", &r.paired_with_bracketed_split}}) {
         if (*which) paired_rounds.back()[key] = planner::ComparisonToJson((*which)->rounds);
       }
     }

@@ -45,6 +45,22 @@ Result<std::vector<size_t>> PairRunsWithRounds(std::span<const RunWindow> runs,
   return out;
 }
 
+Result<std::vector<std::optional<size_t>>> RunsAfterRounds(std::span<const RunWindow> runs,
+                                                           std::span<const RunWindow> rounds) {
+  for (size_t i = 0; i < runs.size(); ++i) RETURN_IF_ERROR(CheckWindow(runs[i], "run", i));
+  for (size_t i = 0; i < rounds.size(); ++i) RETURN_IF_ERROR(CheckWindow(rounds[i], "round", i));
+  std::vector<std::optional<size_t>> out;
+  for (const RunWindow& round : rounds) {
+    std::optional<size_t> first;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (runs[i].begin_s < round.end_s) continue;
+      if (!first || runs[i].begin_s < runs[*first].begin_s) first = i;
+    }
+    out.push_back(first);
+  }
+  return out;
+}
+
 Result<PairedComparison> ComparePaired(double rate, std::span<const Summary> simulated,
                                        std::span<const Summary> measured) {
   if (simulated.empty() || simulated.size() != measured.size()) {

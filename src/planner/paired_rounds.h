@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -30,6 +31,14 @@ struct RunWindow {
 // one means a round's own run is missing).
 Result<std::vector<size_t>> PairRunsWithRounds(std::span<const RunWindow> runs,
                                                std::span<const RunWindow> rounds);
+
+// For each compared round of one rate (in any order), the index of that rate's calibration run
+// that began first at or after the round ended, or none when no run did (the last round): the
+// run after a round, which with PairRunsWithRounds' run before it brackets the round (a variant
+// of the paired rule, printed beside it). InvalidArgument on a window that is not finite or ends
+// before it begins.
+Result<std::vector<std::optional<size_t>>> RunsAfterRounds(std::span<const RunWindow> runs,
+                                                           std::span<const RunWindow> rounds);
 
 // One rate under the paired rule: per round, its simulation beside its measurement, and per
 // metric the median over the rounds of the simulated figures beside that of the measured ones

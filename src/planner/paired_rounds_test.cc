@@ -72,6 +72,29 @@ TEST(ValidatePairedRounds, RefusesBrokenWindows) {
   }
 }
 
+TEST(ValidatePairedRounds, EachRoundGetsTheFirstRunThatBeganAfterItEnded) {
+  // Listed out of order; run 1 begins inside round 0 (16 < 18), so round 0's run after is run 0
+  // (20), not run 1; the last round has none.
+  const std::vector<RunWindow> runs = {{20, 25}, {16, 19}, {40, 45}, {0, 5}};
+  const std::vector<RunWindow> rounds = {{46, 58}, {6, 18}, {26, 38}};
+  auto a = RunsAfterRounds(runs, rounds);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_EQ(a->size(), 3u);
+  EXPECT_FALSE((*a)[0]);
+  EXPECT_EQ((*a)[1], std::optional<size_t>(0));
+  EXPECT_EQ((*a)[2], std::optional<size_t>(2));
+  // A run beginning just as the round ends counts as after it.
+  const std::vector<RunWindow> at_end = {{18, 20}};
+  const std::vector<RunWindow> one = {{6, 18}};
+  auto b = RunsAfterRounds(at_end, one);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ((*b)[0], std::optional<size_t>(0));
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<RunWindow> broken = {{nan, 1}};
+  EXPECT_EQ(RunsAfterRounds(broken, one).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(RunsAfterRounds(one, broken).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(ValidatePairedRounds, ComparesTheMediansOfEachSideAndKeepsEachRoundsPair) {
   // Round 2 fell into a slow spell, and so did the simulation from its own calibration run.
   const std::vector<Summary> sim = {Att(0.95, 0.018), Att(0.60, 0.030), Att(0.90, 0.020)};

@@ -313,6 +313,7 @@ Status PoolDecodeSplit(std::span<const CalibrationRunFactors> runs, double level
   out->pooled_decode_stretch = pooled->step_stretch * scale;
   out->pooled_decode_seq_stretch = pooled->seq_stretch * scale;
   out->pooled_split_runs = n;
+  out->pooled_split_level = level;
   out->pooled_decode_batch_factors = DecodeBatchFactors(real, sim, fixed_s, pooled->step_stretch,
                                                         pooled->seq_stretch, kMinSplitRowSteps);
   return OkStatus();
@@ -387,10 +388,6 @@ Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFac
             &out.left_out_runs[m]));
   }
   // The runs' keys for the figures taken whole from one run.
-  const auto decode_key = [](const CalibrationRunFactors& r) -> std::optional<double> {
-    if (!r.decode_stretch) return std::nullopt;
-    return r.decode_alone_stretch.value_or(*r.decode_stretch);
-  };
   const auto client_key = [&](const CalibrationRunFactors& r) -> std::optional<double> {
     if (!r.client_cpu) return std::nullopt;
     return r.client_cpu->Seconds(output_tokens);
@@ -399,13 +396,13 @@ Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFac
     if (r.outside_s.empty()) return std::nullopt;
     return Mean(r.outside_s);
   };
-  ASSIGN_OR_RETURN(out.decode_run, MedianRun(runs, decode_key, "a decode stretch is not finite",
+  ASSIGN_OR_RETURN(out.decode_run, MedianRun(runs, DecodeLevel, "a decode stretch is not finite",
                                              &out.stretch_runs));
   if (out.decode_run) {
     const CalibrationRunFactors& r = runs[*out.decode_run];
     out.decode_stretch = r.decode_stretch;
     out.decode_seq_stretch = r.decode_seq_stretch.value_or(*r.decode_stretch);
-    RETURN_IF_ERROR(PoolDecodeSplit(runs, *decode_key(r), &out));
+    RETURN_IF_ERROR(PoolDecodeSplit(runs, *DecodeLevel(r), &out));
   }
   ASSIGN_OR_RETURN(out.decode_corun,
                    MedianOf(runs, &CalibrationRunFactors::decode_corun, &out.corun_runs));
@@ -440,6 +437,31 @@ Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFac
     }
   }
   return out;
+}
+
+std::optional<double> DecodeLevel(const CalibrationRunFactors& run) {
+  if (!run.decode_stretch) return std::nullopt;
+  return run.decode_alone_stretch.value_or(*run.decode_stretch);
+}
+
+Result<std::optional<DecodeSplit>> PooledSplitAtLevel(const RateCalibration& rc, double level) {
+  if (!std::isfinite(level) || level <= 0) {
+    return InvalidArgument("PooledSplitAtLevel: the level must be positive and finite");
+  }
+  if (!rc.pooled_decode_stretch || !rc.pooled_decode_seq_stretch || !(rc.pooled_split_level > 0)) {
+    return std::optional<DecodeSplit>();
+  }
+  const double scale = level / rc.pooled_split_level;
+  return std::optional<DecodeSplit>(
+      DecodeSplit{*rc.pooled_decode_stretch * scale, *rc.pooled_decode_seq_stretch * scale});
+}
+
+std::optional<double> BracketedDecodeLevel(const CalibrationRunFactors& before,
+                                           const CalibrationRunFactors* after) {
+  const std::optional<double> first = DecodeLevel(before);
+  if (!first) return std::nullopt;
+  const std::optional<double> second = after ? DecodeLevel(*after) : std::nullopt;
+  return second ? (*first + *second) / 2 : *first;
 }
 
 }  // namespace pd::planner

@@ -188,6 +188,8 @@ struct RateCalibration {
   // a 300-request load run's stayed within x1.19-1.21.
   std::optional<double> pooled_decode_stretch, pooled_decode_seq_stretch;
   int pooled_split_runs = 0;
+  // The unsplit level the pooled split is scaled to (the taken run's DecodeLevel); 0 without one.
+  double pooled_split_level = 0.0;
   // DecodeBatchFactors over the same rows against that split (before its scaling: a shape by
   // batch size, not a level); empty with no pooled split.
   std::vector<double> pooled_decode_batch_factors;
@@ -204,5 +206,28 @@ struct RateCalibration {
 // InvalidArgument when `runs` is empty, their rates differ, or a figure is not finite.
 Result<RateCalibration> CombineCalibrationRuns(std::span<const CalibrationRunFactors> runs,
                                                double output_tokens);
+
+// A run's unsplit decode stretch (decode_alone_stretch, or decode_stretch where the run gave no
+// split), by which CombineCalibrationRuns orders the runs; unset without a decode stretch.
+std::optional<double> DecodeLevel(const CalibrationRunFactors& run);
+
+// The decode split of a round under the paired rule's variants (validate-sim prints them beside
+// the rule used): the rate's pooled split (`rc`) scaled from its level to `level`, per step and
+// per sequence. Unset when `rc` has no pooled split; InvalidArgument when `level` is not
+// positive and finite. Why: one run's own split scatters (per sequence x0.81-1.68 over one
+// rate's runs, stop 29), and a round paired with a run split x0.68 / x1.72 simulated its decode
+// steps 10-35% longer than the real ones (batch 1 to 4); the split over the rate's runs together
+// holds their shape, the run its level.
+struct DecodeSplit {
+  double step = 1.0, seq = 1.0;
+};
+Result<std::optional<DecodeSplit>> PooledSplitAtLevel(const RateCalibration& rc, double level);
+
+// A round's decode level bracketed by the calibration runs before and after it (the mean of
+// their DecodeLevel): the host drifts by +-20% over 5-10 s, so one run before a round gives the
+// round's level only on the mean. The run before's alone when `after` is null or gave none;
+// unset when the run before gave none.
+std::optional<double> BracketedDecodeLevel(const CalibrationRunFactors& before,
+                                           const CalibrationRunFactors* after);
 
 }  // namespace pd::planner

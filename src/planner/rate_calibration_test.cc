@@ -494,6 +494,51 @@ TEST(ValidateRateCalibration, ThePooledSplitIsFittedOverTheRunsRowsTogether) {
   EXPECT_FALSE(c->pooled_decode_stretch);
 }
 
+// The paired rule's variants: the rate's pooled split at a round's own run's level, or at the
+// mean level of the runs before and after the round.
+TEST(ValidateRateCalibration, ThePooledSplitMovesToARunsLevelAndTheBracketsMean) {
+  std::vector<CalibrationRunFactors> runs;
+  for (double level : {1.1, 1.3, 1.2}) {
+    runs.push_back(MakeRun(30, 0.002, 0.8, 1.0, {}));
+    runs.back().decode_alone_stretch = level;
+    SplitRows(0.9, 1.5, 1000, &runs.back());
+  }
+  auto c = CombineCalibrationRuns(runs, 32);
+  ASSERT_TRUE(c.ok() && c->pooled_decode_stretch) << c.status().ToString();
+  EXPECT_DOUBLE_EQ(c->pooled_split_level, 1.2);  // the median run's
+  for (const CalibrationRunFactors& r : runs) {
+    auto at = PooledSplitAtLevel(*c, *DecodeLevel(r));
+    ASSERT_TRUE(at.ok() && *at);
+    EXPECT_NEAR((*at)->step, *c->pooled_decode_stretch * *r.decode_alone_stretch / 1.2, 1e-12);
+    EXPECT_NEAR((*at)->seq, *c->pooled_decode_seq_stretch * *r.decode_alone_stretch / 1.2, 1e-12);
+    // The shape stays the pooled one's.
+    EXPECT_NEAR((*at)->seq / (*at)->step, *c->pooled_decode_seq_stretch / *c->pooled_decode_stretch,
+                1e-12);
+  }
+  for (double bad : {0.0, -1.0, std::numeric_limits<double>::infinity(),
+                     std::numeric_limits<double>::quiet_NaN()}) {
+    EXPECT_EQ(PooledSplitAtLevel(*c, bad).status().code(), StatusCode::kInvalidArgument);
+  }
+  // No pooled split: none at any level.
+  RateCalibration none;
+  auto at = PooledSplitAtLevel(none, 1.2);
+  ASSERT_TRUE(at.ok());
+  EXPECT_FALSE(*at);
+
+  // A run's level: its unsplit stretch, or its stretch without a split; none without either.
+  CalibrationRunFactors unsplit;
+  EXPECT_FALSE(DecodeLevel(unsplit));
+  EXPECT_FALSE(BracketedDecodeLevel(unsplit, &runs[0]));
+  unsplit.decode_stretch = 1.4;
+  EXPECT_DOUBLE_EQ(*DecodeLevel(unsplit), 1.4);
+  // Bracketed: the mean of before and after; before alone without an after or its level.
+  EXPECT_DOUBLE_EQ(*BracketedDecodeLevel(runs[0], &runs[1]), 1.2);
+  EXPECT_DOUBLE_EQ(*BracketedDecodeLevel(runs[0], nullptr), 1.1);
+  CalibrationRunFactors no_level;
+  EXPECT_DOUBLE_EQ(*BracketedDecodeLevel(runs[1], &no_level), 1.3);
+  EXPECT_DOUBLE_EQ(*BracketedDecodeLevel(runs[1], &unsplit), (1.3 + 1.4) / 2);
+}
+
 // The batch factors: a run's against its own split (the paired rule's variant), the rate's over
 // the runs' rows together against the pooled split before its scaling (a shape, not a level).
 TEST(ValidateRateCalibration, DecodeBatchFactorsOfARunAndOfTheRunsTogether) {
