@@ -84,25 +84,29 @@ inline Status SimulatePaired(const ValidateFlags& f, const bench::DatasetSpec& s
     }
     // The rate's pooled decode split at the round's run's level, and at the mean level of the
     // runs before and after the round; no pooled split or level: the rule used's simulation.
-    const planner::CalibrationRunFactors* after = runs_after[k] ? &runs[*runs_after[k]] : nullptr;
-    for (const auto& [level, into] :
-         {std::pair{planner::DecodeLevel(one[0]), &with_pooled_split},
-          std::pair{planner::BracketedDecodeLevel(one[0], after), &with_bracketed_split}}) {
+    // A round without a run after it takes its own run's level: the same simulation, reused.
+    const auto at_pooled_split = [&](std::optional<double> level) -> Result<planner::Summary> {
       std::optional<planner::DecodeSplit> split;
       if (level && cal.decode_load) {
         ASSIGN_OR_RETURN(split, planner::PooledSplitAtLevel(rate_cal, *level));
       }
-      if (!split) {
-        into->push_back(s);
-        continue;
-      }
+      if (!split) return s;
       Calibration moved = cal;
       moved.decode_load->stretch = split->step;
       moved.decode_load->seq_stretch = split->seq;
       ASSIGN_OR_RETURN(auto split_insts, CalibratedAt(f, coeffs, moved, kv_tokens, r->raw.rate));
-      ASSIGN_OR_RETURN(planner::Summary p, SimulateRate(split_insts, CalibratedLinks(links, moved),
-                                                        reqs, slo, moved.outside));
-      into->push_back(p);
+      return SimulateRate(split_insts, CalibratedLinks(links, moved), reqs, slo, moved.outside);
+    };
+    const std::optional<double> own_level = planner::DecodeLevel(one[0]);
+    const std::optional<double> bracketed_level =
+        planner::BracketedDecodeLevel(one[0], runs_after[k] ? &runs[*runs_after[k]] : nullptr);
+    ASSIGN_OR_RETURN(const planner::Summary at_own, at_pooled_split(own_level));
+    with_pooled_split.push_back(at_own);
+    if (bracketed_level == own_level) {
+      with_bracketed_split.push_back(at_own);
+    } else {
+      ASSIGN_OR_RETURN(planner::Summary bracketed, at_pooled_split(bracketed_level));
+      with_bracketed_split.push_back(bracketed);
     }
     // The prefill chunk factors over the rate's runs; none measured: the rule used's simulation.
     if (chunk_factors.empty()) {
