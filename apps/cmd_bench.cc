@@ -23,7 +23,7 @@ constexpr const char* kDatasetHelp =
     "random: --random-input-len/--random-output-len scaled by U[1-r,1+r] (r = "
     "--random-range-ratio).\n"
     "sharegpt-like: log-normal fits to DistServe's ShareGPT sample for OPT-13B\n"
-    "  (/work/shared/distserve/sharegpt-opt13b-lengths.csv: prompt mean 759 / median 680,\n"
+    "  (data/distserve/sharegpt-opt13b-lengths.csv: prompt mean 759 / median 680,\n"
     "  output mean 186 / median 77 tokens).\n"
     "humaneval-like: log-normal around DistServe's (OSDI'24) reported HumanEval averages,\n"
     "  prompt ~171 / output ~98 tokens (code completion).\n"

@@ -5,7 +5,7 @@
 //  - random: --random-input-len / --random-output-len, each scaled by U[1-r, 1+r] with
 //    r = --random-range-ratio (vLLM's random dataset).
 //  - sharegpt-like: log-normal fits to DistServe's ShareGPT sample for OPT-13B (1600 pairs,
-//    /work/shared/distserve/sharegpt-opt13b-lengths.csv): prompt mean 759 / median 680 tokens,
+//    data/distserve/sharegpt-opt13b-lengths.csv): prompt mean 759 / median 680 tokens,
 //    output mean 186 / median 77 (DistServe, OSDI'24, chatbot workload).
 //  - humaneval-like: log-normal with DistServe's reported HumanEval averages (code completion):
 //    prompt mean ~171, output mean ~98 tokens, narrow spread.

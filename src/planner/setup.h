@@ -11,7 +11,7 @@
 
 namespace pd::planner {
 
-// DistServe's reference data (profiles, traces): ../shared/distserve beside the repository.
+// DistServe's reference data (profiles, traces): data/distserve in the source tree.
 inline std::string DefaultDistServeDir() { return PD_DISTSERVE_DIR; }
 
 struct SetupOptions {

@@ -1,5 +1,6 @@
-// Where the planner's tests find DistServe's reference data (../shared/distserve beside the
-// repository, set by CMake as PD_DISTSERVE_DIR). Tests that need it skip when it is missing.
+// Where the planner's tests find DistServe's reference data (data/distserve in the source tree,
+// set by CMake as PD_DISTSERVE_DIR). The data ships with the repository, so a test that needs it
+// fails when it is missing.
 #pragma once
 
 #include <filesystem>
@@ -15,9 +16,9 @@ inline bool HaveDistServe() {
 
 }  // namespace pd::planner::testing
 
-#define PD_REQUIRE_DISTSERVE_DATA()                                                            \
-  do {                                                                                         \
-    if (!::pd::planner::testing::HaveDistServe())                                              \
-      GTEST_SKIP() << "DistServe data not found at " << ::pd::planner::testing::DistServeDir() \
-                   << " (expected ../shared/distserve beside the repository)";                 \
+#define PD_REQUIRE_DISTSERVE_DATA()                                                      \
+  do {                                                                                   \
+    if (!::pd::planner::testing::HaveDistServe())                                        \
+      FAIL() << "DistServe data not found at " << ::pd::planner::testing::DistServeDir() \
+             << " (data/distserve in the source tree)";                                  \
   } while (0)
