@@ -3,8 +3,10 @@
 // with these flags.
 // GCC 12's AVX-512 intrinsics (reduce_add, cvtepu16) start from _mm512_undefined_*, which
 // -Wuninitialized reports falsely once inlined.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <cstddef>

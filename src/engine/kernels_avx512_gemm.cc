@@ -21,8 +21,10 @@
 // broadcasts x's pair as one 32-bit word. Each output is again one chain over the pairs in order
 // (the instruction adds the k+1 product, then the k product, each rounded, denormals flushed), so
 // it too is bit-identical across batch sizes and blockings; it equals ref::MatmulBf16Dot.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <cstddef>

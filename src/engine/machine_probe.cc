@@ -1,7 +1,9 @@
 // GCC 12's AVX-512 reduce intrinsics start from _mm*_undefined_*, which -Wuninitialized reports
 // falsely once inlined.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include "engine/machine_probe.h"
 
 #include <immintrin.h>
