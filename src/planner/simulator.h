@@ -105,7 +105,7 @@ struct SimOptions {
   // turn a probe that already reached its attainment target into a miss.
   int stop_after_meets = -1;
   Slo slo;
-  // pdserve's own hand-over (DESIGN.md, request flow step 5): the prefill instance samples
+  // pdserve's own hand-over (docs/architecture.md, disaggregated flow, step 7): prefill samples
   // nothing; the decode instance runs the last prompt token as its first decode step and samples
   // the first token, so TTFT includes the KV transfer and that step. false: DistServe's
   // accounting (the first token comes from the prefill step).
