@@ -96,7 +96,7 @@ class Engine {
   virtual const model::ModelConfig& config() const = 0;
   virtual ModelRunner& runner() = 0;
 
-  // --- Disaggregation hooks (DESIGN.md, "Request flow") ---
+  // --- Disaggregation hooks (docs/architecture.md, "Request flow, disaggregated") ---
   // Prefill side: computes the prompt, never samples; its final output (kStop) carries a
   // PrefillResult whose pages stay referenced until ReleasePages. Validated as AddRequest (the
   // sampling settings are ignored).

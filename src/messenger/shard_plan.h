@@ -1,6 +1,7 @@
 // Shard plans: which bytes of which source (prefill) rank's page go to which bytes of which
-// destination (decode) rank's page, for any pairing of tensor-parallel schemes (DESIGN.md,
-// "Sharded KV transfers"). A pure function of the two schemes, the page format and a seed.
+// destination (decode) rank's page, for any pairing of tensor-parallel schemes
+// (docs/architecture.md, "Sharded KV transfers"). A pure function of the two schemes, the page
+// format and a seed.
 //
 // How an instance shards its KV heads (exactly as the engine does), rank r of TP t, H KV heads:
 //   t <= H: heads [r*H/t, (r+1)*H/t)            (H % t == 0)
