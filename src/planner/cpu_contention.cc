@@ -46,49 +46,6 @@ Result<CpuTimes> ProcessCpuTimes(pid_t pid) {
   return sum;
 }
 
-double BusyThreadsStretch(const ThreadCpuTimes& before, const ThreadCpuTimes& after,
-                          double busy_share) {
-  std::map<pid_t, CpuTimes> delta;
-  double busiest = 0.0;
-  for (const auto& [tid, t] : after) {
-    auto b = before.find(tid);
-    const CpuTimes from = b != before.end() ? b->second : CpuTimes{};
-    delta[tid] = {t.run_s - from.run_s, t.wait_s - from.wait_s};
-    busiest = std::max(busiest, delta[tid].run_s);
-  }
-  CpuTimes sum;
-  for (const auto& [tid, d] : delta) {
-    if (busiest > 0 && d.run_s >= busy_share * busiest) {
-      sum.run_s += d.run_s;
-      sum.wait_s += d.wait_s;
-    }
-  }
-  return Stretch(CpuTimes{}, sum);
-}
-
-namespace {
-// Summed run time of every thread and the busiest thread's, between two readings.
-std::pair<double, double> SumAndBusiest(const ThreadCpuTimes& before, const ThreadCpuTimes& after) {
-  double sum = 0.0, busiest = 0.0;
-  for (const auto& [tid, t] : after) {
-    auto b = before.find(tid);
-    const double run = t.run_s - (b != before.end() ? b->second.run_s : 0.0);
-    sum += run;
-    busiest = std::max(busiest, run);
-  }
-  return {sum, busiest};
-}
-}  // namespace
-
-double OtherThreadsRunSeconds(const ThreadCpuTimes& before, const ThreadCpuTimes& after) {
-  const auto [sum, busiest] = SumAndBusiest(before, after);
-  return sum - busiest;
-}
-
-double BusiestThreadRunSeconds(const ThreadCpuTimes& before, const ThreadCpuTimes& after) {
-  return SumAndBusiest(before, after).second;
-}
-
 CpuTimes BusiestThreadTimes(const ThreadCpuTimes& before, const ThreadCpuTimes& after) {
   CpuTimes best;
   bool any = false;
@@ -100,27 +57,6 @@ CpuTimes BusiestThreadTimes(const ThreadCpuTimes& before, const ThreadCpuTimes& 
     any = true;
   }
   return best;
-}
-
-double Stretch(const CpuTimes& before, const CpuTimes& after) {
-  const double run = after.run_s - before.run_s;
-  const double wait = after.wait_s - before.wait_s;
-  if (!(run > 0)) return 1.0;
-  return (run + std::max(0.0, wait)) / run;
-}
-
-double ProcessCpuSeconds(pid_t pid) {
-  auto stat = ReadFileToString("/proc/" + std::to_string(pid) + "/stat");
-  if (!stat.ok()) return 0.0;
-  const size_t close = stat->rfind(')');  // the command name may hold spaces
-  if (close == std::string::npos) return 0.0;
-  unsigned long utime = 0, stime = 0;
-  // After ") ": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime
-  if (std::sscanf(stat->c_str() + close + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
-                  &utime, &stime) != 2) {
-    return 0.0;
-  }
-  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 std::vector<ChildProcess> ChildrenOf(pid_t ppid) {

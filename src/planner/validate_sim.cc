@@ -1,0 +1,423 @@
+#include "planner/validate_sim.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/datasets.h"
+#include "bench/runner.h"
+#include "common/file_util.h"
+#include "common/thread_util.h"
+#include "common/trace.h"
+#include "common/trace_summary.h"
+#include "model/config.h"
+#include "planner/latency_model.h"
+#include "planner/validate_calibration.h"
+#include "planner/validate_probes.h"
+
+namespace pd::planner {
+namespace {
+
+constexpr int kPreRoundProbeSets = 3;
+// Below 75%: a slower spell of this machine takes a rate near capacity into saturation, where the
+// rounds of one run disagree by far more than any model error.
+constexpr double kLoadShares[] = {0.2, 0.4, 0.6};
+constexpr int kWarmUpPrompts = 60;
+constexpr double kWarmUpRate = 20;
+constexpr int64_t kTraceMaxEvents = 8'000'000;  // five 600-request rounds trace ~1.6 M
+constexpr double kCellTolerance = 0.10;
+
+// A calibration run: at least 100 requests, and a rate's runs together as many as a round.
+int CalRunPrompts(const ValidateSimOptions& o) {
+  return std::max(100, (o.max_prompts + o.rounds - 1) / o.rounds);
+}
+int PromptsAt(const ValidateSimOptions& o, double rate) {
+  return std::clamp(static_cast<int>(rate * o.seconds_per_rate), 20, o.max_prompts);
+}
+
+// `pdserve up` as a child process, stopped (SIGTERM, then SIGKILL after 15 s) when it goes.
+class UpProcess {
+ public:
+  ~UpProcess() { Stop(); }
+  Status Start(const ValidateSimOptions& o) {
+    std::vector<std::string> args = {"pdserve", "up", "--prefill", "1", "--decode", "1"};
+    for (const auto& [flag, value] : std::initializer_list<std::pair<const char*, std::string>>{
+             {"--model", o.model},
+             {"--threads", std::to_string(o.threads)},
+             {"--port", std::to_string(o.port)},
+             {"--max-num-seqs", std::to_string(o.max_num_seqs)},
+             {"--max-num-batched-tokens", std::to_string(o.max_num_batched_tokens)},
+             {"--matmul", o.matmul},
+             {"--trace", o.trace},
+             {"--trace-max-events", std::to_string(kTraceMaxEvents)}}) {
+      args.insert(args.end(), {flag, value});
+    }
+    if (o.pin_cores) args.insert(args.end(), {"--pin-cores", "--pin-whole-instances"});
+    const int log = open(o.up_log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (log < 0) return IoError(o.up_log + ": " + std::strerror(errno));
+    pid_ = fork();
+    if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      dup2(log, 1);
+      dup2(log, 2);
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv("/proc/self/exe", argv.data());
+      _exit(127);
+    }
+    close(log);
+    if (pid_ < 0) return Internal(std::string("fork: ") + std::strerror(errno));
+    bench::Endpoint ep;
+    ep.port = o.port;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(300);
+    while (std::chrono::steady_clock::now() < end) {
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        return Unavailable("pdserve up exited during start-up; see " + o.up_log);
+      }
+      if (bench::GetServerInfo(ep).ok()) return OkStatus();
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    return DeadlineExceeded("pdserve up did not answer within 300 s; see " + o.up_log);
+  }
+  void Stop() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+    while (waitpid(pid_, nullptr, WNOHANG) != pid_) {
+      if (std::chrono::steady_clock::now() > end) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, nullptr, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    pid_ = -1;
+  }
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+bench::DatasetSpec SpecOf(const ValidateSimOptions& o) {
+  bench::DatasetSpec spec;
+  spec.name = "random";
+  spec.random_input_len = o.input_len;
+  spec.random_output_len = o.output_len;
+  spec.random_range_ratio = o.range_ratio;
+  return spec;
+}
+
+// The bench's requests regenerated with its own generators: the simulated side's.
+Result<std::vector<SimRequest>> BenchRequests(const ValidateSimOptions& o, int n, double rate,
+                                              uint64_t seed) {
+  ASSIGN_OR_RETURN(std::vector<bench::LengthPair> lengths,
+                   bench::SampleLengths(SpecOf(o), n, seed));
+  const std::vector<double> arrivals = bench::ArrivalTimes(n, rate, 1.0, seed);
+  std::vector<SimRequest> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back({i, arrivals[i], lengths[i].prompt_len, lengths[i].output_len});
+  }
+  return out;
+}
+
+// One bench run against the deployment, its window on the traces' clock.
+struct BenchRun {
+  double rate = 0;
+  int n = 0;
+  uint64_t seed = 0;
+  double begin_s = 0, end_s = 0;
+  Summary measured;
+  std::vector<ClientRequest> client;  // empty when a request failed
+};
+Result<BenchRun> RunBench(const ValidateSimOptions& o, int n, double rate, uint64_t seed,
+                          const Slo& slo) {
+  bench::BenchOptions bo;
+  bo.endpoint.port = o.port;
+  bo.dataset = SpecOf(o);
+  bo.num_prompts = n;
+  bo.request_rate = rate;
+  bo.seed = seed;
+  bo.ignore_eos = true;
+  BenchRun run;
+  run.rate = rate;
+  run.n = n;
+  run.seed = seed;
+  run.begin_s = Tracer::NowNs() * 1e-9;
+  ASSIGN_OR_RETURN(bench::BenchmarkSummary b, bench::RunBenchmark(bo));
+  run.end_s = Tracer::NowNs() * 1e-9;
+  ASSIGN_OR_RETURN(std::vector<RequestResult> results, MeasuredFromBenchJson(b.json, "bench"));
+  run.measured = Summarize(results, slo);
+  const nlohmann::json& lens = b.json["input_lens"];
+  if (b.json.value("failed", 0) == 0 && lens.is_array() && lens.size() == results.size()) {
+    const std::vector<double> arrivals = bench::ArrivalTimes(n, rate, 1.0, seed);
+    for (size_t i = 0; i < results.size(); ++i) {
+      run.client.push_back({arrivals[i], lens[i].get<int>(), results[i].first_token_s,
+                            results[i].finish_s - results[i].first_token_s});
+    }
+  }
+  return run;
+}
+
+// The rate at which the prefill instance (or the decode one, whichever first) is busy all the
+// time: mean prompts, co-run steps, and the share of its core the client and router take.
+double Capacity(const ValidateSimOptions& o, const StepCoeffs& m, const ProbeCalibration& c) {
+  const RealOverheads& ov = c.overheads;
+  const double shared = c.client_cpu_s / std::max<size_t>(1, CurrentThreadCpus().size());
+  const double prefill_s =
+      m.PrefillMs(o.input_len, double(o.input_len) * o.input_len) * 1e-3 * ov.prefill_scale;
+  const int b = std::min(o.max_num_seqs, 16);
+  const double step_s = m.DecodeMs(b, int64_t(b) * (o.input_len + o.output_len / 2)) * 1e-3 +
+                        (ov.decode_fixed_ms + b * ov.decode_seq_ms) * 1e-3;
+  return 1.0 / std::max(prefill_s * ov.corun_prefill + shared,
+                        step_s * ov.corun_decode * o.output_len / b + shared);
+}
+
+// One rate: per round its calibration run (run k just before round k) and the round, then each
+// run's calibration and the paired comparison.
+struct RateResult {
+  double rate = 0;
+  std::vector<BenchRun> cal_runs, rounds;
+  std::vector<RunCalibration> run_cals;
+  std::vector<ComparisonRow> round_rows;
+  ComparisonRow paired;  // per metric the median over the rounds of each side
+};
+
+// The traces read once: every request and step (co-run marked) of both instances.
+struct Traces {
+  std::vector<TracedRequest> requests;
+  std::vector<StepRecord> prefill_steps, decode_steps;
+};
+Result<Traces> ReadTraces(const std::string& path) {
+  TraceRecords events[2];
+  const char* names[] = {"prefill0", "decode0"};
+  for (int k = 0; k < 2; ++k) {
+    const std::string file = TracePathFor(path, names[k]);
+    ASSIGN_OR_RETURN(const std::string text, ReadFileToString(file));
+    ASSIGN_OR_RETURN(events[k], ReadTraceEvents(text));
+    if (events[k].dropped_events > 0) {
+      std::printf("WARNING: %s dropped %lld events; the runs after its last one lack figures\n",
+                  file.c_str(), static_cast<long long>(events[k].dropped_events));
+    }
+  }
+  Traces t;
+  t.requests = TracedRequests(events[0], events[1]);
+  ASSIGN_OR_RETURN(t.prefill_steps, EngineSteps(events[0]));
+  ASSIGN_OR_RETURN(t.decode_steps, EngineSteps(events[1]));
+  MarkCorun(t.decode_steps, t.prefill_steps);
+  return t;
+}
+
+// What the comparison needs besides the options: the model, the probes' calibration, the KV.
+struct Setup {
+  StepCoeffs model;
+  Calibration probes;
+  SchedPolicy policy;
+  double kv_bytes_per_token = 0;
+  Slo slo;
+};
+
+Result<SimResult> Simulate(const ValidateSimOptions& o, const Setup& s, const Calibration& cal,
+                           const BenchRun& run, bool record_steps) {
+  ASSIGN_OR_RETURN(const auto reqs, BenchRequests(o, run.n, run.rate, run.seed));
+  const auto insts = CalibratedInstances(s.model, cal, s.policy);
+  return SimulateCalibrated(insts, CalibratedLinks(s.kv_bytes_per_token, cal.overheads), reqs,
+                            cal.outside, record_steps);
+}
+
+// Each calibration run's figures, each round simulated with its run's (the paired rule).
+Status CompareRate(const ValidateSimOptions& o, const Setup& s, const Traces& t, RateResult* r) {
+  const double fixed_s =
+      (s.model.decode_small[0] + s.probes.overheads.decode_fixed_ms + s.model.overhead_ms) * 1e-3;
+  std::vector<Summary> simulated, measured;
+  for (size_t k = 0; k < r->rounds.size(); ++k) {
+    const BenchRun& run = r->cal_runs[k];
+    TracedRun traced{StepsIn(t.prefill_steps, run.begin_s, run.end_s),
+                     StepsIn(t.decode_steps, run.begin_s, run.end_s),
+                     RequestsIn(t.requests, run.begin_s, run.end_s), run.client};
+    ASSIGN_OR_RETURN(const SimResult unstretched, Simulate(o, s, s.probes, run, true));
+    r->run_cals.push_back(CalibrateRun(traced, unstretched, fixed_s));
+    const Calibration cal = WithRun(s.probes, r->run_cals.back(), o.corun, o.seed);
+    ASSIGN_OR_RETURN(const SimResult sim, Simulate(o, s, cal, r->rounds[k], false));
+    simulated.push_back(Summarize(sim.requests, s.slo));
+    measured.push_back(r->rounds[k].measured);
+    r->round_rows.push_back({r->rate, simulated.back(), measured.back()});
+  }
+  r->paired = {r->rate, MedianSummary(simulated), MedianSummary(measured)};
+  return OkStatus();
+}
+
+// A run's figures (those it gave).
+nlohmann::json RunJson(const RunCalibration& c) {
+  nlohmann::json j = nlohmann::json::object();
+  if (c.prefill_stretch) j["prefill_stretch"] = *c.prefill_stretch;
+  if (c.prefill_loop_gap_s) j["prefill_loop_gap_ms"] = *c.prefill_loop_gap_s * 1e3;
+  if (c.kv_ready_fraction) j["kv_ready_fraction"] = *c.kv_ready_fraction;
+  if (c.decode) {
+    j["decode_step_stretch"] = c.decode->step_stretch;
+    j["decode_seq_stretch"] = c.decode->seq_stretch;
+    j["decode_corun"] = c.decode->corun;
+  }
+  j["decode_step_factors"] = c.decode_step_factors.size();
+  if (!c.outside.outside_s.empty()) {
+    j["outside_p50_ms"] = Percentile(c.outside.outside_s, 0.5) * 1e3;
+    j["outside_p90_ms"] = Percentile(c.outside.outside_s, 0.9) * 1e3;
+  }
+  return j;
+}
+
+// Prints the comparison and returns its JSON.
+nlohmann::json Report(const Setup& s, const ProbeCalibration& pc, const std::string& rate_rule,
+                      const std::vector<RateResult>& results) {
+  std::vector<ComparisonRow> rows, rounds;
+  nlohmann::json rates = nlohmann::json::array();
+  for (const RateResult& r : results) {
+    std::printf("\n%.3g req/s, per round simulated / measured, with its calibration run:\n",
+                r.rate);
+    nlohmann::json runs = nlohmann::json::array();
+    std::vector<Summary> measured;
+    for (size_t k = 0; k < r.rounds.size(); ++k) {
+      const Summary& sim = r.round_rows[k].simulated;
+      const Summary& real = r.round_rows[k].measured;
+      runs.push_back(RunJson(r.run_cals[k]));
+      measured.push_back(real);
+      std::printf(
+          "  round %zu: att %.1f / %.1f%%, TTFT p50 %.2f / %.2f p90 %.2f / %.2f ms, TPOT p50 "
+          "%.3f / %.3f p90 %.3f / %.3f ms\n    run %s\n",
+          k + 1, 100 * sim.attainment, 100 * real.attainment, sim.ttft_p50_s * 1e3,
+          real.ttft_p50_s * 1e3, sim.ttft_p90_s * 1e3, real.ttft_p90_s * 1e3, sim.tpot_p50_s * 1e3,
+          real.tpot_p50_s * 1e3, sim.tpot_p90_s * 1e3, real.tpot_p90_s * 1e3,
+          runs.back().dump().c_str());
+    }
+    std::printf("  the rounds' spread (the machine): %s\n",
+                FormatSpread(RelativeSpread(measured)).c_str());
+    rows.push_back(r.paired);
+    rounds.insert(rounds.end(), r.round_rows.begin(), r.round_rows.end());
+    rates.push_back(
+        {{"rate", r.rate}, {"rounds", ComparisonToJson(r.round_rows)}, {"calibration_runs", runs}});
+  }
+  std::printf(
+      "\n%sSLO: TTFT %.2f ms, TPOT %.3f ms; %s\nthe paired rule: each round simulated with the "
+      "calibration run just before it; per metric the median over the rounds:\n%s",
+      FormatProbeCalibration(pc).c_str(), s.slo.ttft_s * 1e3, s.slo.tpot_s * 1e3, rate_rule.c_str(),
+      FormatComparison(rows).c_str());
+  const int cells = CellsWithin(rows, kCellTolerance);
+  std::printf("cells within %.0f%%: %d of %zu (the rounds one by one: %d of %zu)\n",
+              100 * kCellTolerance, cells, 5 * rows.size(), CellsWithin(rounds, kCellTolerance),
+              5 * rounds.size());
+  const RealOverheads& ov = pc.overheads;
+  return {{"slo", {{"ttft_s", s.slo.ttft_s}, {"tpot_s", s.slo.tpot_s}}},
+          {"rate_rule", rate_rule},
+          {"probes",
+           {{"prefill_scale", ov.prefill_scale},
+            {"fixed_s", ov.fixed_s},
+            {"transfer_s_per_token", ov.transfer_s_per_token},
+            {"decode_fixed_ms", ov.decode_fixed_ms},
+            {"decode_seq_ms", ov.decode_seq_ms},
+            {"corun_prefill", ov.corun_prefill},
+            {"corun_decode", ov.corun_decode}}},
+          {"comparison", ComparisonToJson(rows)},
+          {"cells_within_10pct", cells},
+          {"rates", rates}};
+}
+
+// The rates: given, or 20/40/60% of the median of the pre-round probe sets' capacities.
+Result<std::vector<double>> ChooseRates(const ValidateSimOptions& o, const StepCoeffs& model,
+                                        const std::vector<ProbeSet>& sets, std::string* rule) {
+  *rule = "rates given";
+  if (!o.rates.empty()) return o.rates;
+  std::vector<double> caps;
+  for (const ProbeSet& set : sets) {
+    ASSIGN_OR_RETURN(const ProbeCalibration one, CombineProbes({set}));
+    caps.push_back(Capacity(o, model, one));
+  }
+  const double cap = UpperMedian(caps);
+  std::vector<double> rates;
+  for (double share : kLoadShares) rates.push_back(share * cap);
+  char text[160];
+  std::snprintf(text, sizeof(text), "rates 20/40/60%% of the calibrated capacity %.1f req/s", cap);
+  *rule = text;
+  return rates;
+}
+
+}  // namespace
+
+Status RunValidateSim(const ValidateSimOptions& o) {
+  if (o.profile.empty()) return InvalidArgument("--profile: a latency model from pdserve profile");
+  if (o.threads < 1 || o.input_len < 2 || o.output_len < 2 || o.rounds < 1 || o.corun_pairs < 0 ||
+      o.max_prompts < 20) {
+    return InvalidArgument(
+        "--threads >= 1, --input-len >= 2, --output-len >= 2, --rounds >= 1, --corun-pairs >= 0 "
+        "and --max-prompts >= 20");
+  }
+  Setup s;
+  ASSIGN_OR_RETURN(const auto profile, LoadProfile(o.profile, ""));
+  ASSIGN_OR_RETURN(s.model, profile->Coeffs(1));
+  ASSIGN_OR_RETURN(const model::ModelConfig mc, model::LoadModelConfig(o.model));
+  // The serve default: an f32 KV region of 256 MiB.
+  s.kv_bytes_per_token = 2.0 * 4 * mc.num_layers * mc.num_kv_heads * mc.head_dim;
+  s.policy.kv_capacity_tokens = static_cast<int64_t>((256ull << 20) / s.kv_bytes_per_token);
+  s.policy.max_num_seqs = o.max_num_seqs;
+  s.policy.max_num_batched_tokens = o.max_num_batched_tokens;
+  s.policy.enable_chunked_prefill = true;
+  ProbeOptions po;
+  po.endpoint.port = o.port;
+  po.input_len = o.input_len;
+  po.output_len = o.output_len;
+  po.batch = std::min(8, o.max_num_seqs);
+  po.corun_pairs = o.corun ? o.corun_pairs : 0;
+
+  UpProcess up;
+  RETURN_IF_ERROR(up.Start(o));
+  ASSIGN_OR_RETURN(const Deployment dep, FindInstances(up.pid()));
+  // Warm the KV pages, caches and connections as the rounds will find them.
+  RETURN_IF_ERROR(RunBench(o, kWarmUpPrompts, kWarmUpRate, o.seed + 7919, {1e9, 1e9}).status());
+  std::vector<ProbeSet> sets;
+  for (int k = 0; k < kPreRoundProbeSets; ++k) {
+    ASSIGN_OR_RETURN(ProbeSet set, RunProbes(po, s.model, dep, k));
+    sets.push_back(std::move(set));
+  }
+  ASSIGN_OR_RETURN(const ProbeCalibration pre, CombineProbes(sets));
+  s.slo = {o.ttft_slo_s > 0 ? o.ttft_slo_s : 3 * pre.idle_ttft_s,
+           o.tpot_slo_s > 0 ? o.tpot_slo_s : pre.batch_tpot_s};
+  std::string rate_rule;
+  ASSIGN_OR_RETURN(const std::vector<double> rates, ChooseRates(o, s.model, sets, &rate_rule));
+  std::vector<RateResult> results(rates.size());
+  for (int round = 0; round < o.rounds; ++round) {
+    for (size_t i = 0; i < rates.size(); ++i) {
+      results[i].rate = rates[i];
+      std::fprintf(stderr, "validate-sim: round %d, %.3g req/s\n", round + 1, rates[i]);
+      ASSIGN_OR_RETURN(BenchRun cal, RunBench(o, CalRunPrompts(o), rates[i],
+                                              o.seed + 104729 + 1009ull * (round + 1), s.slo));
+      results[i].cal_runs.push_back(std::move(cal));
+      ASSIGN_OR_RETURN(BenchRun r, RunBench(o, PromptsAt(o, rates[i]), rates[i], o.seed, s.slo));
+      results[i].rounds.push_back(std::move(r));
+    }
+    ASSIGN_OR_RETURN(ProbeSet set, RunProbes(po, s.model, dep, kPreRoundProbeSets + round));
+    sets.push_back(std::move(set));
+  }
+  up.Stop();
+  ASSIGN_OR_RETURN(const ProbeCalibration pc, CombineProbes(sets));
+  s.probes.overheads = pc.overheads;
+  s.probes.outside = OutsideLatency::Constant(pc.overheads.fixed_s);
+  ASSIGN_OR_RETURN(const Traces traces, ReadTraces(o.trace));
+  for (RateResult& r : results) RETURN_IF_ERROR(CompareRate(o, s, traces, &r));
+  const nlohmann::json report = Report(s, pc, rate_rule, results);
+  if (o.out.empty()) return OkStatus();
+  return WriteStringToFile(o.out, report.dump(2) + "\n");
+}
+
+}  // namespace pd::planner
