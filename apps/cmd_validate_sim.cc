@@ -29,13 +29,9 @@ CommandRunner SetUpValidate(CLI::App* app) {
       ->capture_default_str();
   app->add_option("--range-ratio", o->range_ratio, "random dataset: length spread")
       ->capture_default_str();
-  app->add_option("--seconds-per-rate", o->seconds_per_rate, "arrival span per rate and round")
-      ->capture_default_str();
   app->add_option("--max-prompts", o->max_prompts, "requests per rate and round at most")
       ->capture_default_str();
   app->add_option("--rounds", o->rounds, "bench rounds per rate; each side is their median")
-      ->capture_default_str();
-  app->add_option("--corun-pairs", o->corun_pairs, "co-run probe pairs per probe set")
       ->capture_default_str();
   app->add_option("--ttft", o->ttft_slo_s, "TTFT SLO, s (default: 3x the idle TTFT)");
   app->add_option("--tpot", o->tpot_slo_s, "TPOT SLO, s (default: the batch-8 probe's TPOT)");

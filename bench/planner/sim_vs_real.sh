@@ -1,11 +1,8 @@
 #!/usr/bin/env bash
-# The simulator against the real system on this machine: a small model (unless MODEL is given),
-# `pdserve profile` of it with the instances' threads (the simulator's latency model, decode
-# shapes over what this workload gives the decode instance), then `pdserve validate-sim` (see
-# src/planner/validate_sim.h), whose comparison goes to $OUT/comparison.json.
-#   bench/planner/sim_vs_real.sh [PDSERVE] [extra validate-sim flags, e.g. --rounds 1]
-# Environment: MODEL, THREADS, MATMUL (f32 | bf16), INPUT_LEN, OUTPUT_LEN, RANGE (the random
-# dataset), MAX_PROMPTS (requests per round and rate), OUT.
+# The simulator against the real system here: a small model (unless MODEL is given), its latency
+# model (`pdserve profile`, decode shapes over this workload's), `pdserve validate-sim`
+# (src/planner/validate_sim.h). Environment: MODEL THREADS MATMUL INPUT_LEN OUTPUT_LEN RANGE
+# MAX_PROMPTS OUT.  bench/planner/sim_vs_real.sh [PDSERVE] [validate-sim flags, e.g. --rounds 1]
 set -euo pipefail
 PDSERVE=${1:-build/pdserve}
 shift || true

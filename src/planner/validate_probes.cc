@@ -6,11 +6,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <random>
 #include <thread>
 
 #include "bench/datasets.h"
-#include "planner/cpu_contention.h"
+#include "common/file_util.h"
 
 namespace pd::planner {
 namespace {
@@ -18,6 +19,38 @@ namespace {
 constexpr int kTtftRounds = 12;  // the first warms up
 constexpr int kTpotProbes = 7;
 constexpr int kBatchProbes = 5;
+
+// One schedstat line ("RUN_NS WAIT_NS SLICES").
+Result<CpuTimes> ParseSchedstat(const std::string& text) {
+  unsigned long long run = 0, wait = 0, slices = 0;
+  char extra = 0;
+  if (std::sscanf(text.c_str(), "%llu %llu %llu %c", &run, &wait, &slices, &extra) != 3) {
+    return InvalidArgument("schedstat: expected 'RUN_NS WAIT_NS SLICES', got '" + text + "'");
+  }
+  return CpuTimes{static_cast<double>(run) * 1e-9, static_cast<double>(wait) * 1e-9};
+}
+
+// Live processes whose parent is `ppid`: pid and NUL-separated argv.
+std::vector<std::pair<pid_t, std::string>> ChildrenOf(pid_t ppid) {
+  std::vector<std::pair<pid_t, std::string>> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    auto stat = ReadFileToString(e.path().string() + "/stat");
+    if (!stat.ok()) continue;
+    const size_t close = stat->rfind(')');  // the command name may hold spaces and parentheses
+    int parent = 0;
+    char state = 0;
+    if (close == std::string::npos ||
+        std::sscanf(stat->c_str() + close + 1, " %c %d", &state, &parent) != 2 || parent != ppid) {
+      continue;
+    }
+    auto cmdline = ReadFileToString(e.path().string() + "/cmdline");
+    out.push_back({static_cast<pid_t>(std::stol(name)), cmdline.ok() ? *cmdline : ""});
+  }
+  return out;
+}
 
 double ModelledPrefillS(const StepCoeffs& c, int prompt) {
   return c.PrefillMs(prompt, double(prompt) * prompt) * 1e-3;
@@ -31,10 +64,13 @@ ThreadCpuTimes Threads(pid_t pid) {
   auto t = ProcessThreadCpuTimes(pid);
   return t.ok() ? *t : ThreadCpuTimes{};
 }
-// Seconds process `pid` spent on a CPU so far (schedstat); 0 when unreadable.
+// Seconds every thread of process `pid` spent on a CPU so far; 0 when unreadable.
 double RunSeconds(pid_t pid) {
-  auto t = ProcessCpuTimes(pid);
-  return t.ok() ? t->run_s : 0.0;
+  double sum = 0;
+  if (auto threads = ProcessThreadCpuTimes(pid); threads.ok()) {
+    for (const auto& [tid, t] : *threads) sum += t.run_s;
+  }
+  return sum;
 }
 // The bench client (this process) and the router (the `up` process).
 double ClientRouterSeconds(const Deployment& d) { return RunSeconds(getpid()) + RunSeconds(d.up); }
@@ -179,15 +215,44 @@ Status CorunPair(const ProbeOptions& o, const Deployment& d, Prober& p, ProbeSet
 
 }  // namespace
 
+Result<ThreadCpuTimes> ProcessThreadCpuTimes(pid_t pid) {
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec);
+  if (ec) return NotFound(dir + ": " + ec.message());
+  ThreadCpuTimes out;
+  for (const auto& task : it) {
+    auto text = ReadFileToString(task.path().string() + "/schedstat");
+    if (!text.ok()) continue;  // the thread exited meanwhile
+    ASSIGN_OR_RETURN(CpuTimes t, ParseSchedstat(*text));
+    out[static_cast<pid_t>(std::stol(task.path().filename().string()))] = t;
+  }
+  if (out.empty()) return NotFound(dir + ": no thread has a readable schedstat");
+  return out;
+}
+
+CpuTimes BusiestThreadTimes(const ThreadCpuTimes& before, const ThreadCpuTimes& after) {
+  CpuTimes best;
+  bool any = false;
+  for (const auto& [tid, t] : after) {
+    auto b = before.find(tid);
+    const CpuTimes from = b != before.end() ? b->second : CpuTimes{};
+    const CpuTimes d{t.run_s - from.run_s, t.wait_s - from.wait_s};
+    if (!any || d.run_s > best.run_s) best = d;
+    any = true;
+  }
+  return best;
+}
+
 Result<Deployment> FindInstances(pid_t up) {
   Deployment d;
   d.up = up;
-  for (const ChildProcess& c : ChildrenOf(up)) {
-    const auto has = [&c](const std::string& role) {
-      return c.cmdline.find(std::string("--role") + '\0' + role + '\0') != std::string::npos;
+  for (const auto& [pid, cmdline] : ChildrenOf(up)) {
+    const auto has = [&cmdline](const std::string& role) {
+      return cmdline.find(std::string("--role") + '\0' + role + '\0') != std::string::npos;
     };
-    if (has("prefill")) d.prefill = c.pid;
-    if (has("decode")) d.decode = c.pid;
+    if (has("prefill")) d.prefill = pid;
+    if (has("decode")) d.decode = pid;
   }
   if (d.prefill < 0 || d.decode < 0) return NotFound("pdserve up's prefill and decode processes");
   return d;
@@ -245,21 +310,6 @@ Result<ProbeCalibration> CombineProbes(const std::vector<ProbeSet>& sets) {
   c.overheads.corun_decode = CorunFactor(decode);
   c.overheads.corun_prefill = CorunFactor(prefill);
   return c;
-}
-
-std::string FormatProbeCalibration(const ProbeCalibration& c) {
-  const RealOverheads& o = c.overheads;
-  char b[640];
-  std::snprintf(
-      b, sizeof(b),
-      "probes: idle TTFT %.2f ms, TPOT %.3f ms (batch 1) / %.3f ms (batch %d); prefill steps x%.3f "
-      "the profile's, fixed %.2f ms a request, KV transfer %.4f ms a prompt token, decode +%.3f ms "
-      "a step +%.3f ms a sequence; co-run x%.3f prefill, x%.3f decode; bench client + router "
-      "%.3f ms CPU a request\n",
-      c.idle_ttft_s * 1e3, c.idle_tpot_s * 1e3, c.batch_tpot_s * 1e3, c.batch, o.prefill_scale,
-      o.fixed_s * 1e3, o.transfer_s_per_token * 1e3, o.decode_fixed_ms, o.decode_seq_ms,
-      o.corun_prefill, o.corun_decode, c.client_cpu_s * 1e3);
-  return b;
 }
 
 }  // namespace pd::planner

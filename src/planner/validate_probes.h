@@ -7,6 +7,7 @@
 
 #include <sys/types.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,11 +18,23 @@
 
 namespace pd::planner {
 
+// A thread's CPU time from the kernel's scheduler statistics (/proc/PID/task/TID/schedstat).
+struct CpuTimes {
+  double run_s = 0.0;   // on a CPU
+  double wait_s = 0.0;  // runnable, waiting on a run queue
+};
+// Per thread of process `pid`; NotFound when the process is gone or has no schedstat.
+using ThreadCpuTimes = std::map<pid_t, CpuTimes>;
+Result<ThreadCpuTimes> ProcessThreadCpuTimes(pid_t pid);
+// Run and wait time between two readings of the thread that ran longest (an instance's compute
+// thread, on its core and waiting for it); zero with no thread.
+CpuTimes BusiestThreadTimes(const ThreadCpuTimes& before, const ThreadCpuTimes& after);
+
 // The processes of the deployment `pdserve up` (pid `up`, which also runs the router) started.
 struct Deployment {
   pid_t up = -1, prefill = -1, decode = -1;
 };
-// NotFound when `up` has no prefill or decode child.
+// Its children by their `--role`; NotFound when `up` has no prefill or decode child.
 Result<Deployment> FindInstances(pid_t up);
 
 struct ProbeOptions {
@@ -51,6 +64,5 @@ struct ProbeCalibration {
   double client_cpu_s = 0;  // the bench client's and router's CPU per request of the workload
 };
 Result<ProbeCalibration> CombineProbes(const std::vector<ProbeSet>& sets);
-std::string FormatProbeCalibration(const ProbeCalibration& c);
 
 }  // namespace pd::planner

@@ -37,13 +37,15 @@ constexpr int kWarmUpPrompts = 60;
 constexpr double kWarmUpRate = 20;
 constexpr int64_t kTraceMaxEvents = 8'000'000;  // five 600-request rounds trace ~1.6 M
 constexpr double kCellTolerance = 0.10;
+constexpr double kSecondsPerRound = 60;  // requests per round: the rate x this, at most max_prompts
+constexpr int kCorunPairs = 3;           // per probe set
 
 // A calibration run: at least 100 requests, and a rate's runs together as many as a round.
 int CalRunPrompts(const ValidateSimOptions& o) {
   return std::max(100, (o.max_prompts + o.rounds - 1) / o.rounds);
 }
 int PromptsAt(const ValidateSimOptions& o, double rate) {
-  return std::clamp(static_cast<int>(rate * o.seconds_per_rate), 20, o.max_prompts);
+  return std::clamp(static_cast<int>(rate * kSecondsPerRound), 20, o.max_prompts);
 }
 
 // `pdserve up` as a child process, stopped (SIGTERM, then SIGKILL after 15 s) when it goes.
@@ -95,15 +97,11 @@ class UpProcess {
   void Stop() {
     if (pid_ <= 0) return;
     kill(pid_, SIGTERM);
-    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(15);
-    while (waitpid(pid_, nullptr, WNOHANG) != pid_) {
-      if (std::chrono::steady_clock::now() > end) {
-        kill(pid_, SIGKILL);
-        waitpid(pid_, nullptr, 0);
-        break;
-      }
+    bool gone = false;
+    for (int i = 0; i < 300 && !(gone = waitpid(pid_, nullptr, WNOHANG) == pid_); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
+    if (!gone && kill(pid_, SIGKILL) == 0) waitpid(pid_, nullptr, 0);  // still there after 15 s
     pid_ = -1;
   }
   pid_t pid() const { return pid_; }
@@ -245,9 +243,11 @@ Status CompareRate(const ValidateSimOptions& o, const Setup& s, const Traces& t,
   std::vector<Summary> simulated, measured;
   for (size_t k = 0; k < r->rounds.size(); ++k) {
     const BenchRun& run = r->cal_runs[k];
-    TracedRun traced{StepsIn(t.prefill_steps, run.begin_s, run.end_s),
-                     StepsIn(t.decode_steps, run.begin_s, run.end_s),
-                     RequestsIn(t.requests, run.begin_s, run.end_s), run.client};
+    const auto start = &StepRecord::start_s;
+    TracedRun traced{InWindow(t.prefill_steps, start, run.begin_s, run.end_s),
+                     InWindow(t.decode_steps, start, run.begin_s, run.end_s),
+                     InWindow(t.requests, &TracedRequest::sent_s, run.begin_s, run.end_s),
+                     run.client};
     ASSIGN_OR_RETURN(const SimResult unstretched, Simulate(o, s, s.probes, run, true));
     r->run_cals.push_back(CalibrateRun(traced, unstretched, fixed_s));
     const Calibration cal = WithRun(s.probes, r->run_cals.back(), o.corun, o.seed);
@@ -309,26 +309,31 @@ nlohmann::json Report(const Setup& s, const ProbeCalibration& pc, const std::str
     rates.push_back(
         {{"rate", r.rate}, {"rounds", ComparisonToJson(r.round_rows)}, {"calibration_runs", runs}});
   }
+  const RealOverheads& ov = pc.overheads;
+  const nlohmann::json probes = {{"idle_ttft_ms", pc.idle_ttft_s * 1e3},
+                                 {"idle_tpot_ms", pc.idle_tpot_s * 1e3},
+                                 {"batch_tpot_ms", pc.batch_tpot_s * 1e3},
+                                 {"client_router_cpu_ms", pc.client_cpu_s * 1e3},
+                                 {"prefill_scale", ov.prefill_scale},
+                                 {"fixed_ms", ov.fixed_s * 1e3},
+                                 {"decode_fixed_ms", ov.decode_fixed_ms},
+                                 {"decode_seq_ms", ov.decode_seq_ms},
+                                 {"transfer_ms_per_token", ov.transfer_s_per_token * 1e3},
+                                 {"corun_prefill", ov.corun_prefill},
+                                 {"corun_decode", ov.corun_decode}};
   std::printf(
-      "\n%sSLO: TTFT %.2f ms, TPOT %.3f ms; %s\nthe paired rule: each round simulated with the "
-      "calibration run just before it; per metric the median over the rounds:\n%s",
-      FormatProbeCalibration(pc).c_str(), s.slo.ttft_s * 1e3, s.slo.tpot_s * 1e3, rate_rule.c_str(),
+      "\nprobes (median of the probe sets): %s\nSLO: TTFT %.2f ms, TPOT %.3f ms; %s\nthe paired "
+      "rule: each round simulated with the calibration run just before it; per metric the median "
+      "over the rounds:\n%s",
+      probes.dump().c_str(), s.slo.ttft_s * 1e3, s.slo.tpot_s * 1e3, rate_rule.c_str(),
       FormatComparison(rows).c_str());
   const int cells = CellsWithin(rows, kCellTolerance);
   std::printf("cells within %.0f%%: %d of %zu (the rounds one by one: %d of %zu)\n",
               100 * kCellTolerance, cells, 5 * rows.size(), CellsWithin(rounds, kCellTolerance),
               5 * rounds.size());
-  const RealOverheads& ov = pc.overheads;
   return {{"slo", {{"ttft_s", s.slo.ttft_s}, {"tpot_s", s.slo.tpot_s}}},
           {"rate_rule", rate_rule},
-          {"probes",
-           {{"prefill_scale", ov.prefill_scale},
-            {"fixed_s", ov.fixed_s},
-            {"transfer_s_per_token", ov.transfer_s_per_token},
-            {"decode_fixed_ms", ov.decode_fixed_ms},
-            {"decode_seq_ms", ov.decode_seq_ms},
-            {"corun_prefill", ov.corun_prefill},
-            {"corun_decode", ov.corun_decode}}},
+          {"probes", probes},
           {"comparison", ComparisonToJson(rows)},
           {"cells_within_10pct", cells},
           {"rates", rates}};
@@ -357,11 +362,10 @@ Result<std::vector<double>> ChooseRates(const ValidateSimOptions& o, const StepC
 
 Status RunValidateSim(const ValidateSimOptions& o) {
   if (o.profile.empty()) return InvalidArgument("--profile: a latency model from pdserve profile");
-  if (o.threads < 1 || o.input_len < 2 || o.output_len < 2 || o.rounds < 1 || o.corun_pairs < 0 ||
-      o.max_prompts < 20) {
+  if (o.threads < 1 || o.input_len < 2 || o.output_len < 2 || o.rounds < 1 || o.max_prompts < 20) {
     return InvalidArgument(
-        "--threads >= 1, --input-len >= 2, --output-len >= 2, --rounds >= 1, --corun-pairs >= 0 "
-        "and --max-prompts >= 20");
+        "--threads >= 1, --input-len >= 2, --output-len >= 2, --rounds >= 1 and "
+        "--max-prompts >= 20");
   }
   Setup s;
   ASSIGN_OR_RETURN(const auto profile, LoadProfile(o.profile, ""));
@@ -378,7 +382,7 @@ Status RunValidateSim(const ValidateSimOptions& o) {
   po.input_len = o.input_len;
   po.output_len = o.output_len;
   po.batch = std::min(8, o.max_num_seqs);
-  po.corun_pairs = o.corun ? o.corun_pairs : 0;
+  po.corun_pairs = o.corun ? kCorunPairs : 0;
 
   UpProcess up;
   RETURN_IF_ERROR(up.Start(o));

@@ -30,10 +30,8 @@ struct ValidateSimOptions {
   uint64_t seed = 1;
   int input_len = 128, output_len = 32;  // the random dataset
   double range_ratio = 0.5;
-  double seconds_per_rate = 60.0;  // requests per round: rate x this, within [20, max_prompts]
-  int max_prompts = 300;
+  int max_prompts = 300;  // requests per round and rate at most (60 s of arrivals)
   int rounds = 5;
-  int corun_pairs = 3;      // per probe set
   bool corun = true;        // measure and simulate the instances slowing each other down
   double ttft_slo_s = 0.0;  // 0: 3x the idle TTFT of a mean prompt
   double tpot_slo_s = 0.0;  // 0: the TPOT of the batch-8 decode probe

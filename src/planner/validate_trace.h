@@ -38,13 +38,9 @@ struct TracedRequest {
 // (the trace's event cap, a failed transfer) is left out.
 std::vector<TracedRequest> TracedRequests(const TraceRecords& prefill, const TraceRecords& decode);
 
-// The requests sent within [begin_s, end_s].
-std::vector<TracedRequest> RequestsIn(std::span<const TracedRequest> all, double begin_s,
-                                      double end_s);
-
 // How far into its prefill step a request's KV was whole at the decode instance: the median of
 // (kv_ready_s - step_begin_s) / step time, each capped at 1 (InstanceConfig::kv_ready_fraction).
-// FailedPrecondition under `min_requests` requests with a step, or a ready point before its step.
+// FailedPrecondition under `min_requests` requests with a step and a ready point after its start.
 Result<double> KvReadyFraction(std::span<const TracedRequest> traced, size_t min_requests);
 
 // The bench client's side of a request: sent at arrival_s (from the run's start), its prompt, the
@@ -82,7 +78,6 @@ class OutsideLatency {
   double For(int64_t request_id) const;
   double InboundFor(int64_t request_id) const;  // 0 without ways in
   double TailFor(int64_t request_id) const;     // 0 without tails
-  size_t num_samples() const { return outside_s_.size(); }
 
  private:
   size_t Draw(int64_t request_id) const;
@@ -104,7 +99,14 @@ Result<std::vector<StepRecord>> EngineSteps(const TraceRecords& trace);
 void MarkCorun(std::span<StepRecord> steps, std::span<const StepRecord> other);
 // The steps instance `instance` took in a simulation with SimOptions::record_steps.
 std::vector<StepRecord> StepsOfInstance(const SimResult& sim, int instance);
-// The steps (start order) that started in [begin_s, end_s].
-std::vector<StepRecord> StepsIn(std::span<const StepRecord> steps, double begin_s, double end_s);
+// The items of `all` whose `time` (a request's sent_s, a step's start_s) is in [begin_s, end_s].
+template <typename T>
+std::vector<T> InWindow(const std::vector<T>& all, double T::*time, double begin_s, double end_s) {
+  std::vector<T> out;
+  for (const T& x : all) {
+    if (x.*time >= begin_s && x.*time <= end_s) out.push_back(x);
+  }
+  return out;
+}
 
 }  // namespace pd::planner

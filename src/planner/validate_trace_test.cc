@@ -53,8 +53,8 @@ TEST(ValidateTrace, JoinsARequestsPartsAcrossTheTwoTraces) {
   ASSERT_TRUE(f.ok());
   EXPECT_NEAR(*f, 0.9, 1e-12);  // 4.5 ms into a 5 ms step
   EXPECT_EQ(KvReadyFraction(r, 2).status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(RequestsIn(r, 0, 0.5e-3).size(), 0u);
-  EXPECT_EQ(RequestsIn(r, 0, 1e-3).size(), 1u);
+  EXPECT_EQ(InWindow(r, &TracedRequest::sent_s, 0, 0.5e-3).size(), 0u);
+  EXPECT_EQ(InWindow(r, &TracedRequest::sent_s, 0, 1e-3).size(), 1u);
   auto steps = EngineSteps(t.decode);
   ASSERT_TRUE(steps.ok());
   ASSERT_EQ(steps->size(), 1u);
@@ -117,7 +117,7 @@ TEST(ValidateTrace, MarkCorunSaysWhetherTheOtherInstanceWasMidStep) {
   EXPECT_FALSE(decode[0].corun);
   EXPECT_TRUE(decode[1].corun);  // the prefill step 1.5-2.5 runs at 2.0
   EXPECT_TRUE(decode[2].corun);  // 5.0-7.0 runs at 5.5
-  EXPECT_EQ(StepsIn(decode, 1.0, 5.5).size(), 2u);
+  EXPECT_EQ(InWindow(decode, &StepRecord::start_s, 1.0, 5.5).size(), 2u);
 }
 
 }  // namespace
