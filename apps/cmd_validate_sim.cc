@@ -23,16 +23,12 @@ CommandRunner SetUpValidate(CLI::App* app) {
   app->add_option("--rate", o->rates, "request rates (default: 20/40/60% of capacity)");
   app->add_option("--port", o->port, "router port (instances: P+1, P+2)")->capture_default_str();
   app->add_option("--seed", o->seed)->capture_default_str();
-  app->add_option("--input-len", o->input_len, "random dataset: prompt tokens")
+  app->add_option("--input-len", o->input_len, "dataset: prompt tokens")->capture_default_str();
+  app->add_option("--output-len", o->output_len, "dataset: output tokens")->capture_default_str();
+  app->add_option("--range-ratio", o->range_ratio, "dataset: length spread")->capture_default_str();
+  app->add_option("--max-prompts", o->max_prompts, "requests a round at most")
       ->capture_default_str();
-  app->add_option("--output-len", o->output_len, "random dataset: output tokens")
-      ->capture_default_str();
-  app->add_option("--range-ratio", o->range_ratio, "random dataset: length spread")
-      ->capture_default_str();
-  app->add_option("--max-prompts", o->max_prompts, "requests per rate and round at most")
-      ->capture_default_str();
-  app->add_option("--rounds", o->rounds, "bench rounds per rate; each side is their median")
-      ->capture_default_str();
+  app->add_option("--rounds", o->rounds, "bench rounds per rate")->capture_default_str();
   app->add_option("--ttft", o->ttft_slo_s, "TTFT SLO, s (default: 3x the idle TTFT)");
   app->add_option("--tpot", o->tpot_slo_s, "TPOT SLO, s (default: the batch-8 probe's TPOT)");
   app->add_option("--max-num-seqs", o->max_num_seqs)->capture_default_str();
@@ -40,8 +36,7 @@ CommandRunner SetUpValidate(CLI::App* app) {
   AddMatmulFlag(app, &o->matmul, "f32 | bf16: the instances' --matmul");
   app->add_flag("!--no-pin", o->pin_cores, "do not pin the instances to cores");
   app->add_flag("!--no-corun", o->corun, "do not measure or simulate co-run slowdowns");
-  app->add_option("--trace", o->trace, "the instances' traces (pdserve up --trace)")
-      ->capture_default_str();
+  app->add_option("--trace", o->trace, "pdserve up --trace FILE")->capture_default_str();
   app->add_option("--up-log", o->up_log, "where pdserve up's output goes")->capture_default_str();
   app->add_option("--out", o->out, "also write the comparison as JSON");
   return [o] {

@@ -188,15 +188,6 @@ Summary RelativeSpread(std::span<const Summary> rounds) {
   return out;
 }
 
-std::string FormatSpread(const Summary& s) {
-  char line[160];
-  std::snprintf(line, sizeof(line),
-                "att %.0f%% | TTFT p50 %.0f%% p90 %.0f%% | TPOT p50 %.0f%% p90 %.0f%%",
-                100 * s.attainment, 100 * s.ttft_p50_s, 100 * s.ttft_p90_s, 100 * s.tpot_p50_s,
-                100 * s.tpot_p90_s);
-  return line;
-}
-
 double RelDiff(double simulated, double measured) {
   if (measured == 0.0) return simulated == 0.0 ? 0.0 : INFINITY;
   return (simulated - measured) / measured;

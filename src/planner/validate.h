@@ -66,7 +66,6 @@ double CorunFactor(std::vector<double> ratios);
 Summary MedianSummary(std::span<const Summary> rounds);
 // How far the rounds of one rate spread: per compared metric (max - min) / median.
 Summary RelativeSpread(std::span<const Summary> rounds);
-std::string FormatSpread(const Summary& spread);
 
 struct ComparisonRow {
   double rate = 0.0;

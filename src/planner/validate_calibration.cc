@@ -278,28 +278,20 @@ Result<double> PrefillLoopGap(std::span<const StepRecord> steps,
 
 RunCalibration CalibrateRun(const TracedRun& run, const SimResult& unstretched,
                             double sim_fixed_s) {
+  // A figure the run cannot give (too few steps or requests of its kind) stays unset.
+  const auto if_ok = [](auto r) { return r.ok() ? std::optional(*r) : std::nullopt; };
   RunCalibration out;
-  if (auto k =
-          PrefillBusyStretch(run.prefill_steps, StepsOfInstance(unstretched, 0), kMinPrefillSteps);
-      k.ok()) {
-    out.prefill_stretch = *k;
-  }
-  if (auto m = DecodeFactorsUnderLoad(run.decode_steps, StepsOfInstance(unstretched, 1),
-                                      kMinDecodeSteps, sim_fixed_s);
-      m.ok()) {
-    out.decode = *m;
-  }
+  out.prefill_stretch = if_ok(
+      PrefillBusyStretch(run.prefill_steps, StepsOfInstance(unstretched, 0), kMinPrefillSteps));
+  out.decode = if_ok(DecodeFactorsUnderLoad(run.decode_steps, StepsOfInstance(unstretched, 1),
+                                            kMinDecodeSteps, sim_fixed_s));
+  out.prefill_loop_gap_s = if_ok(PrefillLoopGap(run.prefill_steps, run.requests, kMinLoopGaps));
+  out.kv_ready_fraction = if_ok(KvReadyFraction(run.requests, kMinKvReadyRequests));
   std::vector<double> ready;
   for (const TracedRequest& r : run.requests) ready.push_back(r.kv_ready_s);
   out.decode_step_factors = DecodeStepFactors(run.decode_steps, ready);
   if (static_cast<int64_t>(out.decode_step_factors.size()) < kMinDecodeSteps) {
     out.decode_step_factors.clear();
-  }
-  if (auto g = PrefillLoopGap(run.prefill_steps, run.requests, kMinLoopGaps); g.ok()) {
-    out.prefill_loop_gap_s = *g;
-  }
-  if (auto f = KvReadyFraction(run.requests, kMinKvReadyRequests); f.ok()) {
-    out.kv_ready_fraction = *f;
   }
   if (!run.client.empty()) {
     auto j = JoinOutsideLatency(run.client, run.requests);

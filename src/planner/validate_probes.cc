@@ -19,15 +19,12 @@ namespace {
 constexpr int kTtftRounds = 12;  // the first warms up
 constexpr int kTpotProbes = 7;
 constexpr int kBatchProbes = 5;
+constexpr int kCorunPairs = 3;
 
-// One schedstat line ("RUN_NS WAIT_NS SLICES").
-Result<CpuTimes> ParseSchedstat(const std::string& text) {
-  unsigned long long run = 0, wait = 0, slices = 0;
-  char extra = 0;
-  if (std::sscanf(text.c_str(), "%llu %llu %llu %c", &run, &wait, &slices, &extra) != 3) {
-    return InvalidArgument("schedstat: expected 'RUN_NS WAIT_NS SLICES', got '" + text + "'");
-  }
-  return CpuTimes{static_cast<double>(run) * 1e-9, static_cast<double>(wait) * 1e-9};
+bench::Endpoint Endpoint(const ValidateSimOptions& o) {
+  bench::Endpoint ep;
+  ep.port = o.port;
+  return ep;
 }
 
 // Live processes whose parent is `ppid`: pid and NUL-separated argv.
@@ -78,7 +75,7 @@ double ClientRouterSeconds(const Deployment& d) { return RunSeconds(getpid()) + 
 // Sends probe requests with synthetic prompts, each its own salt.
 class Prober {
  public:
-  Prober(const ProbeOptions& o, std::string model, uint64_t salt)
+  Prober(const ValidateSimOptions& o, std::string model, uint64_t salt)
       : o_(o), model_(std::move(model)), salt_(salt) {}
   bench::RequestResult Send(int prompt_len, int max_tokens) {
     std::mt19937_64 rng(salt_++);
@@ -88,7 +85,7 @@ class Prober {
     r.prompt_len = prompt_len;
     r.max_tokens = max_tokens;
     r.ignore_eos = true;
-    return bench::SendStreaming(o_.endpoint, r);
+    return bench::SendStreaming(Endpoint(o_), r);
   }
   Result<bench::RequestResult> SendOk(int prompt_len, int max_tokens) {
     bench::RequestResult m = Send(prompt_len, max_tokens);
@@ -99,14 +96,14 @@ class Prober {
   }
 
  private:
-  const ProbeOptions& o_;
+  const ValidateSimOptions& o_;
   const std::string model_;
   std::atomic<uint64_t> salt_;
 };
 
 // Idle TTFT probes, round-robin over the lengths; the median of 11 after a warm-up round, with
 // how long the prompt held the prefill instance's busiest thread (on its core or waiting).
-Status TtftProbes(const ProbeOptions& o, const StepCoeffs& c, const Deployment& d, Prober& p,
+Status TtftProbes(const ValidateSimOptions& o, const StepCoeffs& c, const Deployment& d, Prober& p,
                   ProbeSet* out) {
   const int lens[] = {16, o.input_len, 2 * o.input_len};
   std::vector<double> ttft[3], held[3];
@@ -145,8 +142,8 @@ Result<double> BatchTpot(Prober& p, int batch, int output_len) {
   return sum / batch;
 }
 
-Status DecodeProbes(const ProbeOptions& o, const StepCoeffs& c, const Deployment& d, Prober& p,
-                    ProbeSet* out) {
+Status DecodeProbes(const ValidateSimOptions& o, const StepCoeffs& c, const Deployment& d,
+                    Prober& p, ProbeSet* out) {
   std::vector<double> tpot;
   const double cpu0 = ClientRouterSeconds(d);
   for (int rep = 0; rep < kTpotProbes; ++rep) {
@@ -156,15 +153,16 @@ Status DecodeProbes(const ProbeOptions& o, const StepCoeffs& c, const Deployment
   out->client_cpu_s = (ClientRouterSeconds(d) - cpu0) / kTpotProbes;
   out->decode.push_back(
       {1, UpperMedian(tpot), c.DecodeMs(1, o.input_len + o.output_len / 2) * 1e-3});
-  if (o.batch < 2) return OkStatus();
+  const int batch = std::min(8, o.max_num_seqs);
+  if (batch < 2) return OkStatus();
   const int len = 4 * o.output_len;
   std::vector<double> batch_tpot;
   for (int rep = 0; rep < kBatchProbes; ++rep) {
-    ASSIGN_OR_RETURN(double t, BatchTpot(p, o.batch, len));
+    ASSIGN_OR_RETURN(double t, BatchTpot(p, batch, len));
     batch_tpot.push_back(t);
   }
-  out->decode.push_back({o.batch, UpperMedian(batch_tpot),
-                         c.DecodeMs(o.batch, int64_t(o.batch) * (16 + len / 2)) * 1e-3});
+  out->decode.push_back(
+      {batch, UpperMedian(batch_tpot), c.DecodeMs(batch, int64_t(batch) * (16 + len / 2)) * 1e-3});
   return OkStatus();
 }
 
@@ -173,43 +171,38 @@ Status DecodeProbes(const ProbeOptions& o, const StepCoeffs& c, const Deployment
 // Prefill: a 2L-token prompt alone, then while four long answers decode (the prefill process's
 // CPU). Compute CPU rather than latency: the time an instance loses to other threads on its core
 // is not the other instance's doing.
-Status CorunPair(const ProbeOptions& o, const Deployment& d, Prober& p, ProbeSet* out) {
+Status CorunPair(const ValidateSimOptions& o, const Deployment& d, Prober& p, ProbeSet* out) {
   const int long_prompt = 2 * o.input_len;
-  struct {
-    double decode_alone, decode_busy, prefill_alone, prefill_busy;
-  } s;
   const auto decode_cpu = [&] {
     const ThreadCpuTimes before = Threads(d.decode);
     p.Send(16, 4 * o.output_len);
     return BusiestThreadTimes(before, Threads(d.decode)).run_s;
   };
-  s.decode_alone = decode_cpu();
-  {
-    std::atomic<bool> stop{false};
-    std::thread load([&] {
-      while (!stop.load()) p.Send(long_prompt, 1);
-    });
-    s.decode_busy = decode_cpu();
-    stop = true;
-    load.join();
-  }
-  double cpu0 = RunSeconds(d.prefill);
-  p.Send(long_prompt, 2);
-  s.prefill_alone = RunSeconds(d.prefill) - cpu0;
-  std::vector<std::thread> load;
-  for (int i = 0; i < 4; ++i) load.emplace_back([&] { p.Send(16, 16 * o.output_len); });
+  const auto prefill_cpu = [&] {
+    const double cpu0 = RunSeconds(d.prefill);
+    p.Send(long_prompt, 2);
+    return RunSeconds(d.prefill) - cpu0;
+  };
+  const double decode_alone = decode_cpu();
+  std::atomic<bool> stop{false};
+  std::thread prefill_load([&] {
+    while (!stop.load()) p.Send(long_prompt, 1);
+  });
+  const double decode_busy = decode_cpu();
+  stop = true;
+  prefill_load.join();
+  const double prefill_alone = prefill_cpu();
+  std::vector<std::thread> decode_load;
+  for (int i = 0; i < 4; ++i) decode_load.emplace_back([&] { p.Send(16, 16 * o.output_len); });
   // Let the four reach the decode instance (a 16-token prefill and the hand-over) first.
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  cpu0 = RunSeconds(d.prefill);
-  p.Send(long_prompt, 2);
-  s.prefill_busy = RunSeconds(d.prefill) - cpu0;
-  for (auto& t : load) t.join();
-  if (!(s.decode_alone > 0) || !(s.decode_busy > 0) || !(s.prefill_alone > 0) ||
-      !(s.prefill_busy > 0)) {
+  const double prefill_busy = prefill_cpu();
+  for (auto& t : decode_load) t.join();
+  if (!(decode_alone > 0 && decode_busy > 0 && prefill_alone > 0 && prefill_busy > 0)) {
     return Unavailable("co-run probes: no CPU time came back");
   }
-  out->corun_decode.push_back(s.decode_busy / s.decode_alone);
-  out->corun_prefill.push_back(s.prefill_busy / s.prefill_alone);
+  out->corun_decode.push_back(decode_busy / decode_alone);
+  out->corun_prefill.push_back(prefill_busy / prefill_alone);
   return OkStatus();
 }
 
@@ -223,9 +216,13 @@ Result<ThreadCpuTimes> ProcessThreadCpuTimes(pid_t pid) {
   ThreadCpuTimes out;
   for (const auto& task : it) {
     auto text = ReadFileToString(task.path().string() + "/schedstat");
-    if (!text.ok()) continue;  // the thread exited meanwhile
-    ASSIGN_OR_RETURN(CpuTimes t, ParseSchedstat(*text));
-    out[static_cast<pid_t>(std::stol(task.path().filename().string()))] = t;
+    if (!text.ok()) continue;                    // the thread exited meanwhile
+    unsigned long long run_ns = 0, wait_ns = 0;  // "RUN_NS WAIT_NS SLICES"
+    if (std::sscanf(text->c_str(), "%llu %llu", &run_ns, &wait_ns) != 2) {
+      return InvalidArgument(task.path().string() + "/schedstat: '" + *text + "'");
+    }
+    const auto tid = static_cast<pid_t>(std::stol(task.path().filename().string()));
+    out[tid] = {run_ns * 1e-9, wait_ns * 1e-9};
   }
   if (out.empty()) return NotFound(dir + ": no thread has a readable schedstat");
   return out;
@@ -258,15 +255,15 @@ Result<Deployment> FindInstances(pid_t up) {
   return d;
 }
 
-Result<ProbeSet> RunProbes(const ProbeOptions& o, const StepCoeffs& model, const Deployment& dep,
-                           int set) {
-  ASSIGN_OR_RETURN(bench::ServerInfo info, bench::GetServerInfo(o.endpoint));
+Result<ProbeSet> RunProbes(const ValidateSimOptions& o, const StepCoeffs& model,
+                           const Deployment& dep, int set) {
+  ASSIGN_OR_RETURN(bench::ServerInfo info, bench::GetServerInfo(Endpoint(o)));
   Prober p(o, info.model_id, 1 + 100000ull * set);
   ProbeSet ps;
   RETURN_IF_ERROR(TtftProbes(o, model, dep, p, &ps));
   RETURN_IF_ERROR(DecodeProbes(o, model, dep, p, &ps));
-  if (o.corun_pairs > 0) p.Send(2 * o.input_len, 2);  // warms the long prompt up
-  for (int k = 0; k < o.corun_pairs; ++k) {
+  if (o.corun) p.Send(2 * o.input_len, 2);  // warms the long prompt up
+  for (int k = 0; o.corun && k < kCorunPairs; ++k) {
     RETURN_IF_ERROR(CorunPair(o, dep, p, &ps));
   }
   std::fprintf(stderr,
@@ -300,7 +297,6 @@ Result<ProbeCalibration> CombineProbes(const std::vector<ProbeSet>& sets) {
   c.idle_ttft_s = ttft[1].measured_ttft_s;
   c.idle_tpot_s = decode_probes[0].measured_tpot_s;
   c.batch_tpot_s = decode_probes.back().measured_tpot_s;
-  c.batch = decode_probes.back().batch;
   c.client_cpu_s = median([](const ProbeSet& s) { return s.client_cpu_s; });
   std::vector<double> decode, prefill;
   for (const ProbeSet& s : sets) {

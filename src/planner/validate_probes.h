@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "planner/latency_model.h"
 #include "planner/validate.h"
+#include "planner/validate_sim.h"
 
 namespace pd::planner {
 
@@ -37,30 +38,22 @@ struct Deployment {
 // Its children by their `--role`; NotFound when `up` has no prefill or decode child.
 Result<Deployment> FindInstances(pid_t up);
 
-struct ProbeOptions {
-  bench::Endpoint endpoint;
-  int input_len = 128, output_len = 32;  // the workload's mean prompt and output
-  int batch = 8;                         // the batch probe's requests
-  int corun_pairs = 3;                   // 0: no co-run pairs
-};
-
 struct ProbeSet {
   std::vector<IdleProbe> ttft;      // prompts of 16, input_len and 2 input_len tokens
-  std::vector<DecodeProbe> decode;  // batch 1 (mean prompt), then `batch` (16-token prompts)
+  std::vector<DecodeProbe> decode;  // batch 1 (mean prompt), then 8 (16-token prompts)
   double client_cpu_s = 0;          // the bench client's and router's CPU per decode probe
   // Per co-run pair, busy over alone compute CPU: the decode instance's while the prefill one
   // computes, and the prefill instance's while the decode one does.
   std::vector<double> corun_decode, corun_prefill;
 };
 // `set` salts the probes' prompts (each set its own).
-Result<ProbeSet> RunProbes(const ProbeOptions& o, const StepCoeffs& model, const Deployment& dep,
-                           int set);
+Result<ProbeSet> RunProbes(const ValidateSimOptions& o, const StepCoeffs& model,
+                           const Deployment& dep, int set);
 
 // The calibration from probe sets: each probe's median over the sets, the co-run pairs pooled.
 struct ProbeCalibration {
   RealOverheads overheads;
-  double idle_ttft_s = 0, idle_tpot_s = 0, batch_tpot_s = 0;  // mean prompt; batch 1; `batch`
-  int batch = 0;
+  double idle_ttft_s = 0, idle_tpot_s = 0, batch_tpot_s = 0;  // mean prompt; batch 1; batch 8
   double client_cpu_s = 0;  // the bench client's and router's CPU per request of the workload
 };
 Result<ProbeCalibration> CombineProbes(const std::vector<ProbeSet>& sets);

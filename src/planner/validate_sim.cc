@@ -30,15 +30,11 @@ namespace pd::planner {
 namespace {
 
 constexpr int kPreRoundProbeSets = 3;
-// Below 75%: a slower spell of this machine takes a rate near capacity into saturation, where the
-// rounds of one run disagree by far more than any model error.
-constexpr double kLoadShares[] = {0.2, 0.4, 0.6};
 constexpr int kWarmUpPrompts = 60;
 constexpr double kWarmUpRate = 20;
 constexpr int64_t kTraceMaxEvents = 8'000'000;  // five 600-request rounds trace ~1.6 M
 constexpr double kCellTolerance = 0.10;
 constexpr double kSecondsPerRound = 60;  // requests per round: the rate x this, at most max_prompts
-constexpr int kCorunPairs = 3;           // per probe set
 
 // A calibration run: at least 100 requests, and a rate's runs together as many as a round.
 int CalRunPrompts(const ValidateSimOptions& o) {
@@ -260,23 +256,20 @@ Status CompareRate(const ValidateSimOptions& o, const Setup& s, const Traces& t,
   return OkStatus();
 }
 
-// A run's figures (those it gave).
+// A run's figures; null where it gave none.
 nlohmann::json RunJson(const RunCalibration& c) {
-  nlohmann::json j = nlohmann::json::object();
-  if (c.prefill_stretch) j["prefill_stretch"] = *c.prefill_stretch;
-  if (c.prefill_loop_gap_s) j["prefill_loop_gap_ms"] = *c.prefill_loop_gap_s * 1e3;
-  if (c.kv_ready_fraction) j["kv_ready_fraction"] = *c.kv_ready_fraction;
-  if (c.decode) {
-    j["decode_step_stretch"] = c.decode->step_stretch;
-    j["decode_seq_stretch"] = c.decode->seq_stretch;
-    j["decode_corun"] = c.decode->corun;
-  }
-  j["decode_step_factors"] = c.decode_step_factors.size();
-  if (!c.outside.outside_s.empty()) {
-    j["outside_p50_ms"] = Percentile(c.outside.outside_s, 0.5) * 1e3;
-    j["outside_p90_ms"] = Percentile(c.outside.outside_s, 0.9) * 1e3;
-  }
-  return j;
+  using nlohmann::json;
+  const auto opt = [](const std::optional<double>& v) { return v ? json(*v) : json(); };
+  const std::vector<double>& o = c.outside.outside_s;
+  return {{"prefill_stretch", opt(c.prefill_stretch)},
+          {"prefill_loop_gap_s", opt(c.prefill_loop_gap_s)},
+          {"kv_ready_fraction", opt(c.kv_ready_fraction)},
+          {"decode_step_stretch", c.decode ? json(c.decode->step_stretch) : json()},
+          {"decode_seq_stretch", c.decode ? json(c.decode->seq_stretch) : json()},
+          {"decode_corun", c.decode ? json(c.decode->corun) : json()},
+          {"decode_step_factors", c.decode_step_factors.size()},
+          {"outside_p50_s", o.empty() ? json() : json(Percentile(o, 0.5))},
+          {"outside_p90_s", o.empty() ? json() : json(Percentile(o, 0.9))}};
 }
 
 // Prints the comparison and returns its JSON.
@@ -302,8 +295,12 @@ nlohmann::json Report(const Setup& s, const ProbeCalibration& pc, const std::str
           real.tpot_p50_s * 1e3, sim.tpot_p90_s * 1e3, real.tpot_p90_s * 1e3,
           runs.back().dump().c_str());
     }
-    std::printf("  the rounds' spread (the machine): %s\n",
-                FormatSpread(RelativeSpread(measured)).c_str());
+    const Summary m = RelativeSpread(measured);
+    std::printf(
+        "  the rounds' spread (the machine): att %.0f%%, TTFT p50 %.0f%% p90 %.0f%%, TPOT "
+        "p50 %.0f%% p90 %.0f%%\n",
+        100 * m.attainment, 100 * m.ttft_p50_s, 100 * m.ttft_p90_s, 100 * m.tpot_p50_s,
+        100 * m.tpot_p90_s);
     rows.push_back(r.paired);
     rounds.insert(rounds.end(), r.round_rows.begin(), r.round_rows.end());
     rates.push_back(
@@ -339,7 +336,9 @@ nlohmann::json Report(const Setup& s, const ProbeCalibration& pc, const std::str
           {"rates", rates}};
 }
 
-// The rates: given, or 20/40/60% of the median of the pre-round probe sets' capacities.
+// The rates: given, or 20/40/60% of the median of the pre-round probe sets' capacities (near
+// capacity a slower spell of the machine saturates a rate, and its rounds disagree far more than
+// any model error).
 Result<std::vector<double>> ChooseRates(const ValidateSimOptions& o, const StepCoeffs& model,
                                         const std::vector<ProbeSet>& sets, std::string* rule) {
   *rule = "rates given";
@@ -350,12 +349,8 @@ Result<std::vector<double>> ChooseRates(const ValidateSimOptions& o, const StepC
     caps.push_back(Capacity(o, model, one));
   }
   const double cap = UpperMedian(caps);
-  std::vector<double> rates;
-  for (double share : kLoadShares) rates.push_back(share * cap);
-  char text[160];
-  std::snprintf(text, sizeof(text), "rates 20/40/60%% of the calibrated capacity %.1f req/s", cap);
-  *rule = text;
-  return rates;
+  *rule = "rates 20/40/60% of the calibrated capacity " + std::to_string(cap) + " req/s";
+  return std::vector<double>{0.2 * cap, 0.4 * cap, 0.6 * cap};
 }
 
 }  // namespace
@@ -377,12 +372,6 @@ Status RunValidateSim(const ValidateSimOptions& o) {
   s.policy.max_num_seqs = o.max_num_seqs;
   s.policy.max_num_batched_tokens = o.max_num_batched_tokens;
   s.policy.enable_chunked_prefill = true;
-  ProbeOptions po;
-  po.endpoint.port = o.port;
-  po.input_len = o.input_len;
-  po.output_len = o.output_len;
-  po.batch = std::min(8, o.max_num_seqs);
-  po.corun_pairs = o.corun ? kCorunPairs : 0;
 
   UpProcess up;
   RETURN_IF_ERROR(up.Start(o));
@@ -391,7 +380,7 @@ Status RunValidateSim(const ValidateSimOptions& o) {
   RETURN_IF_ERROR(RunBench(o, kWarmUpPrompts, kWarmUpRate, o.seed + 7919, {1e9, 1e9}).status());
   std::vector<ProbeSet> sets;
   for (int k = 0; k < kPreRoundProbeSets; ++k) {
-    ASSIGN_OR_RETURN(ProbeSet set, RunProbes(po, s.model, dep, k));
+    ASSIGN_OR_RETURN(ProbeSet set, RunProbes(o, s.model, dep, k));
     sets.push_back(std::move(set));
   }
   ASSIGN_OR_RETURN(const ProbeCalibration pre, CombineProbes(sets));
@@ -410,7 +399,7 @@ Status RunValidateSim(const ValidateSimOptions& o) {
       ASSIGN_OR_RETURN(BenchRun r, RunBench(o, PromptsAt(o, rates[i]), rates[i], o.seed, s.slo));
       results[i].rounds.push_back(std::move(r));
     }
-    ASSIGN_OR_RETURN(ProbeSet set, RunProbes(po, s.model, dep, kPreRoundProbeSets + round));
+    ASSIGN_OR_RETURN(ProbeSet set, RunProbes(o, s.model, dep, kPreRoundProbeSets + round));
     sets.push_back(std::move(set));
   }
   up.Stop();

@@ -21,9 +21,6 @@ TEST(Validate, MeasuredFromBenchJsonTakesTtftAndMeanGap) {
   EXPECT_NEAR(Summarize(*r, Slo{0.15, 0.05}).attainment, 1.0 / 3, 1e-12);
   auto missing = MeasuredFromBenchJson({{"ttfts", {0.1}}}, "b.json");
   EXPECT_NE(missing.status().message().find("b.json: missing array 'itls'"), std::string::npos);
-  auto uneven = MeasuredFromBenchJson(
-      {{"ttfts", {0.1, 0.2}}, {"itls", {{0.1}}}, {"output_lens", {2, 2}}}, "b.json");
-  EXPECT_NE(uneven.status().message().find("differ in length"), std::string::npos);
 }
 
 // A TTFT probe whose modelled prefill step is `prefill_ms` and first decode step 1 ms, with the
@@ -112,7 +109,6 @@ TEST(Validate, RoundsCompareByTheMedianOfEachSide) {
   const Summary s = RelativeSpread(real);
   EXPECT_NEAR(s.ttft_p50_s, 1.0, 1e-12);  // (20 - 10) / 10
   EXPECT_NEAR(s.attainment, 0.2 / 0.9, 1e-12);
-  EXPECT_NE(FormatSpread(s).find("TTFT p50 100%"), std::string::npos) << FormatSpread(s);
   const std::string t = FormatComparison(std::span(&row, 1));
   for (const char* m : {"SLO att.", "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90", "+5.0%"}) {
     EXPECT_NE(t.find(m), std::string::npos) << m << "\n" << t;

@@ -36,12 +36,12 @@ std::vector<TracedRequest> TracedRequests(const TraceRecords& prefill, const Tra
     const double ts = e.ts_us * 1e-6;
     if (e.name == "prefill request sent") {
       TracedRequest r;
-      r.id = e.Arg("request");
       r.sent_s = ts;
       r.prompt_tokens = static_cast<int>(e.IntArg("tokens").value_or(-1)) + 1;
       r.kv_ready_s = -1;
-      sent.emplace(r.id, r);  // the first attempt's
-      if (!e.Arg("engine_request").empty()) by_engine_id.emplace(e.Arg("engine_request"), r.id);
+      const std::string id = e.Arg("request");  // the messenger's
+      sent.emplace(id, r);                      // the first attempt's
+      if (!e.Arg("engine_request").empty()) by_engine_id.emplace(e.Arg("engine_request"), id);
     } else if (e.name == "first token written" || e.name == "last token written") {
       auto [it, fresh] = written.emplace(e.Arg("request"), std::make_pair(-1.0, -1.0));
       (e.name == "first token written" ? it->second.first : it->second.second) = ts;

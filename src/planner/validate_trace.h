@@ -18,7 +18,6 @@ namespace pd::planner {
 
 // A request as the two instances traced it, steady-clock seconds (the traces' clock).
 struct TracedRequest {
-  std::string id;         // the messenger's request id
   int prompt_tokens = 0;  // the trace's "tokens" + 1 (the prompt without its last token)
   double sent_s = 0;      // the decode instance sent the prefill request
   double got_s = 0;       // the prefill instance got it ("transfer" begin or "prefill request")
