@@ -42,12 +42,9 @@ Result<std::vector<RequestResult>> MeasuredFromBenchJson(const nlohmann::json& b
     if (r.output_len <= 1) r.finish_s = r.first_token_s;
     out.push_back(r);
   }
-  const int failed = bench.value("failed", 0);
-  for (int i = 0; i < failed; ++i) {
-    RequestResult r;
-    r.id = static_cast<int64_t>(out.size());
-    r.failed = true;
-    out.push_back(r);
+  for (int i = bench.value("failed", 0); i > 0; --i) {
+    out.push_back({});
+    out.back().failed = true;
   }
   return out;
 }

@@ -49,10 +49,6 @@ std::vector<std::pair<pid_t, std::string>> ChildrenOf(pid_t ppid) {
   return out;
 }
 
-double ModelledPrefillS(const StepCoeffs& c, int prompt) {
-  return c.PrefillMs(prompt, double(prompt) * prompt) * 1e-3;
-}
-
 double TpotOf(const bench::RequestResult& m) {
   return m.output_len > 1 ? (m.latency - m.ttft) / (m.output_len - 1) : 0.0;
 }
@@ -118,7 +114,7 @@ Status TtftProbes(const ValidateSimOptions& o, const StepCoeffs& c, const Deploy
     }
   }
   for (int k = 0; k < 3; ++k) {
-    const double prefill_s = ModelledPrefillS(c, lens[k]);
+    const double prefill_s = c.PrefillMs(lens[k], double(lens[k]) * lens[k]) * 1e-3;
     out->ttft.push_back({lens[k], UpperMedian(ttft[k]),
                          prefill_s + c.DecodeMs(1, lens[k] + 1) * 1e-3, prefill_s,
                          UpperMedian(held[k])});

@@ -3,13 +3,14 @@
 // `pdserve up` (1 prefill + 1 decode instance, each pinned to its own core, traced) runs as a
 // child process. Probe sets (three before the first round, one after each) calibrate the latency
 // model (validate_probes.h) and fix the SLOs and the compared rates (20/40/60% of the calibrated
-// capacity unless given). Then, per round and rate, an uncompared calibration run (CalRunPrompts
-// requests, its own seed) and the compared bench run (the same seed every round). After the
-// rounds the traces are read: each calibration run gives the figures only load shows
-// (validate_calibration.h: the prefill and decode steps' stretch, the decode co-run factor and
-// step-by-step slowness, the prefill loop gap, the KV hand-over point, the latency outside the
-// engines per request), and each compared round is simulated with the calibration run just
-// before it (the paired rule). Per rate and metric, the median over the rounds of the simulated
+// capacity unless given). An uncompared load run (300 requests at the highest rate), then per
+// round and rate an uncompared calibration run (CalRunPrompts requests, its own seed) and the
+// compared bench run (the same seed every round). After the rounds the traces are read: each
+// calibration run gives the figures only load shows (validate_calibration.h: the prefill and
+// decode steps' stretch, the decode co-run factor and step-by-step slowness, the prefill loop
+// gap, the KV hand-over point, the latency outside the engines per request), and each compared
+// round is simulated with the calibration run just before it (the paired rule; a figure that run
+// lacks, the load run's). Per rate and metric, the median over the rounds of the simulated
 // figures stands beside the median of the measured ones.
 #pragma once
 
