@@ -1,6 +1,7 @@
 #include "common/trace_summary.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -19,47 +20,29 @@ struct Compute {
 // (pid, step, layer)
 using LayerKey = std::tuple<int64_t, int64_t, int>;
 
-// The argument as text: requests are written as strings, but a hand-written trace may use numbers.
-std::string ArgText(const json& args, const char* key) {
-  if (!args.contains(key)) return "";
-  const json& v = args.at(key);
-  return v.is_string() ? v.get<std::string>() : v.dump();
-}
-
-Status ReadEvents(const json& events, std::map<LayerKey, Compute>* compute,
+Status ReadEvents(const std::vector<TraceRecord>& events, std::map<LayerKey, Compute>* compute,
                   std::vector<TraceLayerRow>* posts, int* num_layers) {
-  for (const json& e : events) {
-    if (!e.is_object() || e.value("ph", "") != "X") continue;
-    const std::string name = e.value("name", "");
-    const bool is_layer = name == "layer" && e.value("cat", "") == "compute";
-    const bool is_post = name == "post writes" && e.value("cat", "") == "kv";
+  for (const TraceRecord& e : events) {
+    if (e.ph != "X") continue;
+    const bool is_layer = e.name == "layer" && e.cat == "compute";
+    const bool is_post = e.name == "post writes" && e.cat == "kv";
     if (!is_layer && !is_post) continue;
-    if (!e.contains("ts") || !e.at("ts").is_number() || !e.contains("args") ||
-        !e.at("args").contains("layer") || !e.at("args").contains("step")) {
-      return InvalidArgument("trace: a '" + name + "' event lacks ts, args.layer or args.step: " +
-                             e.dump().substr(0, 200));
+    const std::optional<int64_t> layer = e.IntArg("layer"), step = e.IntArg("step");
+    if (!layer || !step) {
+      return InvalidArgument("trace: a '" + e.name +
+                             "' event lacks integer args.layer or args.step at ts " +
+                             std::to_string(e.ts_us));
     }
-    const json& args = e.at("args");
-    if (!args.at("layer").is_number_integer() || !args.at("step").is_number_integer()) {
-      return InvalidArgument("trace: args.layer and args.step must be integers: " +
-                             e.dump().substr(0, 200));
-    }
-    const int64_t pid = e.value("pid", int64_t{0});
-    const int64_t step = args.at("step").get<int64_t>();
-    const int layer = args.at("layer").get<int>();
-    const double ts = e.at("ts").get<double>();
     if (is_layer) {
-      const double dur =
-          e.contains("dur") && e.at("dur").is_number() ? e.at("dur").get<double>() : 0;
-      (*compute)[{pid, step, layer}] = {ts, ts + dur};
-      *num_layers = std::max(*num_layers, layer + 1);
+      (*compute)[{e.pid, *step, static_cast<int>(*layer)}] = {e.ts_us, e.ts_us + e.dur_us};
+      *num_layers = std::max(*num_layers, static_cast<int>(*layer) + 1);
     } else {
       TraceLayerRow row;
-      row.request = ArgText(args, "request");
-      row.pid = pid;
-      row.step = step;
-      row.layer = layer;
-      row.posted_us = ts;
+      row.request = e.Arg("request");
+      row.pid = e.pid;
+      row.step = *step;
+      row.layer = static_cast<int>(*layer);
+      row.posted_us = e.ts_us;
       posts->push_back(row);
     }
   }
@@ -68,7 +51,32 @@ Status ReadEvents(const json& events, std::map<LayerKey, Compute>* compute,
 
 }  // namespace
 
-Result<TraceSummary> SummarizePrefillTrace(std::string_view json_text) {
+std::string TraceRecord::Arg(const std::string& key) const {
+  const auto it = args.find(key);
+  return it == args.end() ? "" : it->second;
+}
+
+std::optional<double> TraceRecord::NumArg(const std::string& key) const {
+  const auto it = args.find(key);
+  if (it == args.end()) return std::nullopt;
+  double v = 0;
+  const char* end = it->second.data() + it->second.size();
+  const auto [p, ec] = std::from_chars(it->second.data(), end, v);
+  if (ec != std::errc() || p != end) return std::nullopt;
+  return v;
+}
+
+std::optional<int64_t> TraceRecord::IntArg(const std::string& key) const {
+  const auto it = args.find(key);
+  if (it == args.end()) return std::nullopt;
+  int64_t v = 0;
+  const char* end = it->second.data() + it->second.size();
+  const auto [p, ec] = std::from_chars(it->second.data(), end, v);
+  if (ec != std::errc() || p != end) return std::nullopt;
+  return v;
+}
+
+Result<TraceRecords> ReadTraceEvents(std::string_view json_text) {
   json doc;
   try {
     doc = json::parse(json_text);
@@ -78,13 +86,41 @@ Result<TraceSummary> SummarizePrefillTrace(std::string_view json_text) {
   if (!doc.is_object() || !doc.contains("traceEvents") || !doc.at("traceEvents").is_array()) {
     return InvalidArgument("trace: expected an object with a \"traceEvents\" array");
   }
+  TraceRecords out;
+  json& events = doc.at("traceEvents");
+  out.events.reserve(events.size());
+  for (const json& e : events) {
+    if (!e.is_object() || e.value("ph", "") == "M") continue;  // metadata: names, no time
+    if (!e.contains("ts") || !e.at("ts").is_number()) {
+      return InvalidArgument("trace: an event lacks a numeric ts: " + e.dump().substr(0, 200));
+    }
+    TraceRecord t;
+    t.name = e.value("name", "");
+    t.cat = e.value("cat", "");
+    t.ph = e.value("ph", "");
+    t.pid = e.contains("pid") && e.at("pid").is_number_integer() ? e.at("pid").get<int64_t>() : 0;
+    t.ts_us = e.at("ts").get<double>();
+    t.dur_us = e.contains("dur") && e.at("dur").is_number() ? e.at("dur").get<double>() : 0;
+    if (e.contains("args") && e.at("args").is_object()) {
+      for (const auto& [key, v] : e.at("args").items()) {
+        t.args[key] = v.is_string() ? v.get<std::string>() : v.dump();
+      }
+    }
+    out.events.push_back(std::move(t));
+  }
+  if (doc.contains("otherData") && doc.at("otherData").is_object()) {
+    out.dropped_events = doc.at("otherData").value("dropped_events", int64_t{0});
+  }
+  return out;
+}
+
+Result<TraceSummary> SummarizePrefillTrace(std::string_view json_text) {
+  ASSIGN_OR_RETURN(const TraceRecords events, ReadTraceEvents(json_text));
   TraceSummary s;
+  s.dropped_events = events.dropped_events;
   std::map<LayerKey, Compute> compute;
   std::vector<TraceLayerRow> posts;
-  RETURN_IF_ERROR(ReadEvents(doc.at("traceEvents"), &compute, &posts, &s.num_layers));
-  if (doc.contains("otherData") && doc.at("otherData").is_object()) {
-    s.dropped_events = doc.at("otherData").value("dropped_events", int64_t{0});
-  }
+  RETURN_IF_ERROR(ReadEvents(events.events, &compute, &posts, &s.num_layers));
   for (TraceLayerRow& row : posts) {
     auto it = compute.find({row.pid, row.step, row.layer});
     if (it == compute.end()) {

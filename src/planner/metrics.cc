@@ -54,10 +54,4 @@ Summary Summarize(std::span<const RequestResult> results, const Slo& slo) {
   return s;
 }
 
-Summary Summarize(std::span<const RequestResult> results, const Slo& slo, const Slo& other) {
-  Summary s = Summarize(results, slo);
-  s.other_attainment = Attainment(results, other);
-  return s;
-}
-
 }  // namespace pd::planner

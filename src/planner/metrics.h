@@ -45,14 +45,9 @@ struct Summary {
   double tpot_attainment = 0.0;
   double ttft_p50_s = 0.0, ttft_p90_s = 0.0, ttft_mean_s = 0.0;
   double tpot_p50_s = 0.0, tpot_p90_s = 0.0, tpot_mean_s = 0.0;
-  // Attainment (both SLOs) at a second SLO on the same requests, so that two SLO rules are
-  // weighed on one run (validate-sim); -1: no second SLO.
-  double other_attainment = -1.0;
 };
 
 Summary Summarize(std::span<const RequestResult> results, const Slo& slo);
-// As Summarize, with other_attainment at `other`.
-Summary Summarize(std::span<const RequestResult> results, const Slo& slo, const Slo& other);
 // The share of `results` that finished and met both targets of `slo`; 0 when empty.
 double Attainment(std::span<const RequestResult> results, const Slo& slo);
 // Linear-interpolated percentile (q in [0, 1]) of unsorted values; 0 when empty.

@@ -25,13 +25,6 @@ Result<double> MinFactor(std::span<const double> factors, const char* name) {
   return least;
 }
 
-// The factor of `count` in factors by count from 1 (the last holding beyond); 1 when there are
-// none or the count is not positive.
-double FactorByCount(const std::vector<double>& factors, int count) {
-  if (factors.empty() || count <= 0) return 1.0;
-  return factors[std::min<size_t>(count, factors.size()) - 1];
-}
-
 enum class EventKind { kArrival, kStageFree, kStepDone, kKvReady, kKvArrived, kTtftDeadline };
 
 struct Event {
@@ -51,9 +44,6 @@ struct Instance {
   int in_flight = 0;
   int incoming = 0;  // KV transfers on their way here
   int64_t steps_started = 0;
-  // InstanceConfig::arrival_work_s: the work requests brought while the running step ran (pp 1:
-  // one step at a time), and how much of it the step's end has been moved by.
-  double step_work_s = 0.0, done_shift_s = 0.0;
   bool dirty = false;  // may be able to start a step at the current instant
   std::deque<SimBatch> batches;
   int load() const { return sched->num_unfinished() + incoming; }
@@ -91,11 +81,6 @@ class Cluster {
   int PickLeastLoaded(Role role) const;
   void OnArrival(double now, int64_t req);
   void OnStepDone(double now, int inst);
-  // Moves an event of `inst`'s running step (its end, or a prompt's KV-ready point) by the
-  // arrival work that came since it was last moved (`*shift_s`: how far it has been, updated):
-  // the instant it is pushed again to, or nullopt when there is nothing to move it by.
-  std::optional<double> HeldByArrivalWork(double now, int inst, EventKind kind, int64_t req,
-                                          double* shift_s);
   // `req`'s KV is whole on the prefill instance `inst`: picks a decode instance and starts the
   // transfer to it.
   void HandOver(double now, int inst, int64_t req);
@@ -131,7 +116,6 @@ class Cluster {
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
   int64_t next_seq_ = 0;
   std::vector<int> generated_;
-  std::vector<double> ready_shift_;  // how much a request's KV-ready point has been moved
   std::vector<char> missed_;
   SimResult result_;
   int misses_ = 0;
@@ -149,34 +133,20 @@ Status Cluster::Init(std::span<const InstanceConfig> configs) {
       return InvalidArgument("instance kv_ready_fraction must be in (0, 1], got " +
                              std::to_string(c.kv_ready_fraction));
     }
-    if (!(std::isfinite(c.loop_gap_s) && c.loop_gap_s >= 0)) {
-      return InvalidArgument("instance loop_gap_s must be finite and >= 0, got " +
-                             std::to_string(c.loop_gap_s));
+    const StepCalibration none;
+    const StepCalibration& cal = c.calibration ? *c.calibration : none;
+    if (!(std::isfinite(cal.loop_gap_s) && cal.loop_gap_s >= 0)) {
+      return InvalidArgument("instance calibration loop_gap_s must be finite and >= 0, got " +
+                             std::to_string(cal.loop_gap_s));
     }
-    if (!(std::isfinite(c.arrival_work_s) && c.arrival_work_s >= 0)) {
-      return InvalidArgument("instance arrival_work_s must be finite and >= 0, got " +
-                             std::to_string(c.arrival_work_s));
-    }
-    if (c.arrival_work_s > 0 && c.pp != 1) {
-      return InvalidArgument("instance arrival_work_s needs pp 1, got pp " + std::to_string(c.pp));
-    }
-    ASSIGN_OR_RETURN(const double min_factor,
-                     MinFactor(c.step_factors ? std::span<const double>(*c.step_factors)
-                                              : std::span<const double>(),
-                               "step_factors"));
-    ASSIGN_OR_RETURN(const double min_batch_factor,
-                     MinFactor(c.decode_batch_factors, "decode_batch_factors"));
-    // A mixed step's tokens come no sooner than its chunk factor allows.
-    ASSIGN_OR_RETURN(const double min_chunk_factor,
-                     MinFactor(c.prefill_chunk_factors, "prefill_chunk_factors"));
+    ASSIGN_OR_RETURN(const double min_factor, MinFactor(cal.step_factors, "step_factors"));
     colocated += c.role == Role::kColocated;
     prefill += c.role == Role::kPrefill;
     decode += c.role == Role::kDecode;
     Instance inst;
     inst.cfg = c;
     // A factor below 1 makes some steps shorter than the model's shortest.
-    inst.min_token_step_s =
-        MinDecodeStepSeconds(c) * min_factor * min_batch_factor * min_chunk_factor;
+    inst.min_token_step_s = MinDecodeStepSeconds(c) * min_factor;
     inst.sched = factory(c.policy, c.role);
     if (!inst.sched) return InvalidArgument("scheduler factory returned no scheduler");
     instances_.push_back(std::move(inst));
@@ -190,7 +160,6 @@ Status Cluster::Init(std::span<const InstanceConfig> configs) {
   colocated_ = colocated > 0;
   result_.requests.resize(requests_.size());
   generated_.assign(requests_.size(), 0);
-  ready_shift_.assign(requests_.size(), 0.0);
   missed_.assign(requests_.size(), 0);
   for (size_t i = 0; i < requests_.size(); ++i) {
     const SimRequest& r = requests_[i];
@@ -236,11 +205,7 @@ SimResult Cluster::Run() {
         OnStepDone(now, e.instance);
         break;
       case EventKind::kKvReady:
-        if (!HeldByArrivalWork(now, e.instance, EventKind::kKvReady, e.request,
-                               &ready_shift_[e.request])
-                 .has_value()) {
-          HandOver(now, e.instance, e.request);
-        }
+        HandOver(now, e.instance, e.request);
         break;
       case EventKind::kKvArrived:
         OnKvArrived(now, e.instance, e.request);
@@ -296,18 +261,6 @@ void Cluster::OnArrival(double now, int64_t req) {
     return;
   }
   MarkDirty(inst);
-  Instance& in = instances_[inst];
-  if (in.in_flight > 0) in.step_work_s += in.cfg.arrival_work_s;
-}
-
-std::optional<double> Cluster::HeldByArrivalWork(double now, int i, EventKind kind, int64_t req,
-                                                 double* shift_s) {
-  const double work = instances_[i].step_work_s;
-  if (!(work > *shift_s)) return std::nullopt;
-  const double at = now + (work - *shift_s);
-  *shift_s = work;
-  Push(at, kind, i, req);
-  return at;
 }
 
 void Cluster::OnTtftDeadline(double now, int64_t req) {
@@ -384,25 +337,18 @@ void Cluster::TryStart(double now, int i) {
   if (batch.empty()) return;
   const StepShape shape = ShapeOf(inst, batch);
   StageTimes t = PipelineTimes(inst.cfg.coeffs, shape, inst.cfg.pp);
-  // A step computing prompt tokens takes its chunk factor, a decode-only one its batch factor.
-  const double by_count = shape.prefill_tokens > 0
-                              ? FactorByCount(inst.cfg.prefill_chunk_factors, shape.prefill_chunks)
-                              : FactorByCount(inst.cfg.decode_batch_factors, shape.decode_seqs);
-  t.stage_s *= by_count;
-  t.step_s *= by_count;
   const bool corun = OtherBusyOnNode(i);
   if (inst.cfg.corun_slowdown != 1.0 && corun) {
     t.stage_s *= inst.cfg.corun_slowdown;
     t.step_s *= inst.cfg.corun_slowdown;
   }
-  if (inst.cfg.step_factors && !inst.cfg.step_factors->empty()) {
-    const std::vector<double>& f = *inst.cfg.step_factors;
-    const double k = f[(inst.cfg.step_factor_offset + inst.steps_started) % f.size()];
+  if (inst.cfg.calibration && !inst.cfg.calibration->step_factors.empty()) {
+    const std::vector<double>& f = inst.cfg.calibration->step_factors;
+    const double k = f[inst.steps_started % f.size()];
     t.stage_s *= k;
     t.step_s *= k;
   }
   ++inst.steps_started;
-  inst.step_work_s = inst.done_shift_s = 0.0;
   if (opts_.record_steps) {
     result_.steps.push_back({i, now, t.step_s, shape.decode_seqs, shape.decode_context,
                              shape.prefill_tokens, corun, shape.prefill_chunks});
@@ -450,10 +396,6 @@ bool Cluster::OnToken(double now, Instance& inst, int64_t req) {
 
 void Cluster::OnStepDone(double now, int i) {
   Instance& inst = instances_[i];
-  if (const auto later = HeldByArrivalWork(now, i, EventKind::kStepDone, -1, &inst.done_shift_s)) {
-    inst.last_done = std::max(inst.last_done, *later);
-    return;
-  }
   SimBatch batch = std::move(inst.batches.front());
   inst.batches.pop_front();
   --inst.in_flight;
@@ -462,8 +404,9 @@ void Cluster::OnStepDone(double now, int i) {
     if (item.samples && OnToken(now, inst, item.seq_id)) finished.push_back(item.seq_id);
   }
   inst.sched->Update(batch, finished);
-  if (inst.cfg.loop_gap_s > 0 && now + inst.cfg.loop_gap_s > inst.stage_free_at) {
-    inst.stage_free_at = now + inst.cfg.loop_gap_s;
+  const double gap_s = inst.cfg.calibration ? inst.cfg.calibration->loop_gap_s : 0.0;
+  if (gap_s > 0 && now + gap_s > inst.stage_free_at) {
+    inst.stage_free_at = now + gap_s;
     Push(inst.stage_free_at, EventKind::kStageFree, i, -1);
     return;
   }

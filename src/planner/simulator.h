@@ -27,6 +27,16 @@ namespace pd::planner {
 enum class Role { kColocated, kPrefill, kDecode };
 std::string_view RoleName(Role role);  // "colocated" | "prefill" | "decode"
 
+// A simulated instance's steps as a measured one ran them. The k-th step (from 0) takes
+// step_factors[k % size] times the model's time, after the co-run factor: a host's slowness
+// replayed step by step in the order it was traced, so a slow spell stays a run of slow steps
+// that every sequence in it shares. Each step starts no sooner than loop_gap_s after the one
+// before it ended (the engine loop between steps: delivering outputs, scheduling).
+struct StepCalibration {
+  std::vector<double> step_factors;  // each positive and finite; empty: none
+  double loop_gap_s = 0.0;           // finite and >= 0
+};
+
 struct InstanceConfig {
   Role role = Role::kColocated;
   int tp = 1;
@@ -45,43 +55,9 @@ struct InstanceConfig {
   // write (a traced local deployment: 0.90 of the step). 1: when the step ends (DistServe's
   // accounting). In (0, 1].
   double kv_ready_fraction = 1.0;
-  // Factors the instance's steps are multiplied by in turn, the k-th step (counted from 0) by
-  // (*step_factors)[(step_factor_offset + k) % size], after the co-run factor: a shared host's
-  // slowness replayed step by step in the order it was traced, so that a slow spell stays a run
-  // of slow steps that every sequence in it shares (validate-sim: planner::DecodeStepFactors).
-  // Null or empty: every step takes the latency model's time. Each factor positive and finite.
-  std::shared_ptr<const std::vector<double>> step_factors;
-  size_t step_factor_offset = 0;
-  // Factors the instance's steps that compute no prompt token are multiplied by per number of
-  // decoding sequences b: (decode_batch_factors)[min(b, size) - 1], before the co-run and step
-  // factors. A latency model linear in the batch misses the engine's shape in it (on a CPU host,
-  // a decode step concave in the batch: validate-sim measures these from traced steps,
-  // planner::DecodeBatchFactors). Empty: none. Each factor positive and finite.
-  std::vector<double> decode_batch_factors;
-  // Factors the instance's steps that compute prompt tokens are multiplied by per number of
-  // prompts (or chunks) c they compute: (prefill_chunk_factors)[min(c, size) - 1], with the
-  // decode batch factors' place. The latency model's constant comes once a step, but the
-  // engine's prefill step can cost more per prompt than its tokens say: traced prefill steps of
-  // 2-4 prompts on a 2-vCPU host ran x1.21-1.26 the profile's time for them where those of one
-  // ran x1.16-1.17 (validate-sim measures these: planner::PrefillChunkFactors). Empty: none.
-  // Each factor positive and finite.
-  std::vector<double> prefill_chunk_factors;
-  // The engine loop between a step's end and the next step's start (delivering the step's
-  // outputs, taking new requests, scheduling): the next step starts no sooner. A real prefill
-  // instance's back-to-back steps were 0.25 ms apart at p50 (0.45 at p90) on a 2-core host,
-  // which every prompt queued behind others pays once per step ahead of it (validate-sim:
-  // planner::PrefillLoopGap). 0: none (a decode instance's loop is in its calibrated step).
-  // Finite and >= 0.
-  double loop_gap_s = 0.0;
-  // Work on the instance's own core for each request that reaches it while one of its steps
-  // runs (pdserve on a shared host: the messenger's and fabric's threads, pinned with the
-  // engine, take the prefill request while a prompt computes): the running step ends that much
-  // later, and so does its prompts' KV (kv_ready_fraction) when the request came before that
-  // point. A request that finds the instance idle adds none here: its work comes before the
-  // engine has it, on its way in. A traced prefill instance on a 2-core host: steps that a
-  // request reached 0.16-0.59 ms longer than the others (planner::MeasurePrefillArrivalWork).
-  // Finite and >= 0; > 0 only with pp 1.
-  double arrival_work_s = 0.0;
+  // How this instance's steps differ from the latency model's on a real host (validate-sim
+  // measures it from traces); null: every step takes the model's time.
+  std::shared_ptr<const StepCalibration> calibration;
 };
 
 struct ClusterLinks {
@@ -105,7 +81,7 @@ struct SimOptions {
   // turn a probe that already reached its attainment target into a miss.
   int stop_after_meets = -1;
   Slo slo;
-  // pdserve's own hand-over (docs/architecture.md, disaggregated flow, step 7): prefill samples
+  // pdserve's own hand-over (DESIGN.md, request flow step 5): the prefill instance samples
   // nothing; the decode instance runs the last prompt token as its first decode step and samples
   // the first token, so TTFT includes the KV transfer and that step. false: DistServe's
   // accounting (the first token comes from the prefill step).

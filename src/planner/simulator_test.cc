@@ -252,131 +252,32 @@ TEST(Simulator, RejectsAKvReadyFractionOutsideZeroToOne) {
   }
 }
 
-// Decode steps of 1 ms with the factors {1, 2, 3} from offset 1: the five decode steps of a
-// six-token answer take 2, 3, 1, 2, 3 ms in turn (the sequence wraps); the prefill instance, with
-// none, keeps its model's time.
+// Decode steps of 1 ms with the factors {1, 2, 3}: the five decode steps of a six-token answer
+// take 1, 2, 3, 1, 2 ms in turn (the sequence wraps); the prefill instance, with none, keeps its
+// model's time.
 TEST(Simulator, StepFactorsMultiplyAnInstancesStepsInTurn) {
   std::vector<InstanceConfig> insts = PrefillOf4MsThenDecode({1.0, 0, 0});
-  insts[1].step_factors = std::make_shared<const std::vector<double>>(std::vector<double>{1, 2, 3});
-  insts[1].step_factor_offset = 1;
+  insts[1].calibration = std::make_shared<const StepCalibration>(StepCalibration{{1, 2, 3}, 0.0});
   std::vector<SimRequest> reqs = {{0, 0.0, 10, 6}};
   SimOptions o;
   o.record_steps = true;
   auto r = Simulate(insts, ClusterLinks{}, reqs, o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_NEAR(r->requests[0].ttft_s(), 0.004, 1e-12);
-  EXPECT_NEAR(r->requests[0].finish_s, 0.004 + 0.011, 1e-12);
+  EXPECT_NEAR(r->requests[0].finish_s, 0.004 + 0.009, 1e-12);
   std::vector<double> decode_ms;
   for (const SimStep& s : r->steps)
     if (s.instance == 1) decode_ms.push_back(s.duration_s * 1e3);
   ASSERT_EQ(decode_ms.size(), 5u);
-  const double want[] = {2, 3, 1, 2, 3};
+  const double want[] = {1, 2, 3, 1, 2};
   for (int k = 0; k < 5; ++k) EXPECT_NEAR(decode_ms[k], want[k], 1e-9) << k;
-  // Without factors (null or empty) every step is the model's 1 ms.
-  for (auto none : {std::shared_ptr<const std::vector<double>>(),
-                    std::make_shared<const std::vector<double>>()}) {
-    insts[1].step_factors = none;
+  // Without a calibration, or with no factors, every step is the model's 1 ms.
+  for (auto none :
+       {std::shared_ptr<const StepCalibration>(), std::make_shared<const StepCalibration>()}) {
+    insts[1].calibration = none;
     auto plain = Simulate(insts, ClusterLinks{}, reqs, {});
     ASSERT_TRUE(plain.ok());
     EXPECT_NEAR(plain->requests[0].finish_s, 0.004 + 0.005, 1e-12);
-  }
-}
-
-// Decode-only steps take the factor of their batch size (the last one beyond), before the step
-// factors; steps that compute prompt tokens take none.
-TEST(Simulator, DecodeBatchFactorsMultiplyStepsByTheirNumberOfSequences) {
-  std::vector<InstanceConfig> insts = PrefillOf4MsThenDecode({1.0, 0, 1.0});  // + 1 ms a seq
-  // Three requests prefilled together reach the decode instance together: steps of 3 sequences
-  // (4 ms, x0.75 as batch 2's is the last), then of 2 (3 ms x0.75), then of 1 (2 ms).
-  const std::vector<SimRequest> reqs = {{0, 0.0, 10, 3}, {1, 0.0, 10, 4}, {2, 0.0, 10, 5}};
-  SimOptions o;
-  o.record_steps = true;
-  for (const auto& factors : {std::vector<double>{1.0, 0.75}, std::vector<double>{}}) {
-    SCOPED_TRACE(factors.size());
-    insts[1].decode_batch_factors = factors;
-    insts[1].step_factors =
-        std::make_shared<const std::vector<double>>(std::vector<double>{2.0});  // both apply
-    auto r = Simulate(insts, ClusterLinks{}, reqs, o);
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
-    const double shrink = factors.empty() ? 1.0 : 0.75;
-    int checked = 0;
-    for (const SimStep& s : r->steps) {
-      if (s.instance == 0) {
-        EXPECT_NEAR(s.duration_s, 0.004, 1e-12);  // the prefill instance's steps: untouched
-        continue;
-      }
-      const double model_ms = 1.0 + s.decode_seqs;
-      const double want_ms = 2.0 * model_ms * (s.decode_seqs >= 2 ? shrink : 1.0);
-      EXPECT_NEAR(s.duration_s * 1e3, want_ms, 1e-9) << s.decode_seqs;
-      ++checked;
-    }
-    EXPECT_GT(checked, 3);
-  }
-}
-
-// Steps that compute prompt tokens take the factor of their number of prompts (the last one
-// beyond), before the step factors; decode-only steps take none.
-TEST(Simulator, PrefillChunkFactorsMultiplyStepsByTheirNumberOfPrompts) {
-  std::vector<InstanceConfig> insts = PrefillOf4MsThenDecode({1.0, 0, 0});
-  insts[0].policy.max_num_batched_tokens = 20;  // two 10-token prompts a step at most
-  // Three prompts at once: a step of two (4 ms x1.5), then one of one (4 ms x1.0).
-  const std::vector<SimRequest> reqs = {{0, 0.0, 10, 2}, {1, 0.0, 10, 2}, {2, 0.0, 10, 2}};
-  SimOptions o;
-  o.record_steps = true;
-  for (const auto& factors : {std::vector<double>{1.0, 1.5}, std::vector<double>{1.0, 1.25, 1.5},
-                              std::vector<double>{}}) {
-    SCOPED_TRACE(factors.size());
-    insts[0].prefill_chunk_factors = factors;
-    insts[0].step_factors =
-        std::make_shared<const std::vector<double>>(std::vector<double>{2.0});  // both apply
-    insts[1].prefill_chunk_factors = {3.0};  // a decode instance computes no prompt token
-    auto r = Simulate(insts, ClusterLinks{}, reqs, o);
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
-    std::vector<std::pair<int, double>> prefill;
-    for (const SimStep& s : r->steps) {
-      if (s.instance == 0) {
-        prefill.push_back({s.prefill_chunks, s.duration_s * 1e3});
-      } else {
-        EXPECT_EQ(s.prefill_chunks, 0);
-        EXPECT_NEAR(s.duration_s * 1e3, 1.0, 1e-9);  // the decode instance's: untouched
-      }
-    }
-    ASSERT_EQ(prefill.size(), 2u);
-    EXPECT_EQ(prefill[0].first, 2);
-    EXPECT_EQ(prefill[1].first, 1);
-    const double two = factors.empty() ? 1.0 : factors[1];
-    EXPECT_NEAR(prefill[0].second, 2.0 * 4 * two, 1e-9);
-    EXPECT_NEAR(prefill[1].second, 2.0 * 4, 1e-9);
-  }
-}
-
-TEST(Simulator, RejectsPrefillChunkFactorsThatAreNotPositiveAndFinite) {
-  InstanceConfig p, d;
-  p.role = Role::kPrefill;
-  d.role = Role::kDecode;
-  std::vector<SimRequest> reqs = {{0, 0.0, 10, 2}};
-  for (double bad : {0.0, -1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
-    p.prefill_chunk_factors = {1.0, bad};
-    std::vector<InstanceConfig> insts = {p, d};
-    auto r = Simulate(insts, ClusterLinks{}, reqs, {});
-    ASSERT_FALSE(r.ok()) << bad;
-    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(r.status().message().find("prefill_chunk_factors"), std::string::npos);
-  }
-}
-
-TEST(Simulator, RejectsDecodeBatchFactorsThatAreNotPositiveAndFinite) {
-  InstanceConfig p, d;
-  p.role = Role::kPrefill;
-  d.role = Role::kDecode;
-  std::vector<SimRequest> reqs = {{0, 0.0, 10, 2}};
-  for (double bad : {0.0, -1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
-    d.decode_batch_factors = {1.0, bad};
-    std::vector<InstanceConfig> insts = {p, d};
-    auto r = Simulate(insts, ClusterLinks{}, reqs, {});
-    ASSERT_FALSE(r.ok()) << bad;
-    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(r.status().message().find("decode_batch_factors"), std::string::npos);
   }
 }
 
@@ -392,7 +293,7 @@ TEST(Simulator, LoopGapHoldsTheNextStepAfterAStepEnds) {
       {0, 0.0, 10, 1}, {1, 0.001, 10, 1}, {2, 0.0086, 10, 1}, {3, 0.020, 10, 1}};
   for (double gap : {0.0, 0.0005}) {
     SCOPED_TRACE(gap);
-    inst.loop_gap_s = gap;
+    inst.calibration = std::make_shared<const StepCalibration>(StepCalibration{{}, gap});
     auto r = Simulate(std::vector<InstanceConfig>{inst}, ClusterLinks{}, reqs, {});
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_NEAR(r->requests[0].ttft_s(), 0.004, 1e-12);
@@ -408,63 +309,12 @@ TEST(Simulator, RejectsALoopGapThatIsNegativeOrNotFinite) {
   inst.role = Role::kColocated;
   std::vector<SimRequest> reqs = {{0, 0.0, 10, 2}};
   for (double bad : {-1e-3, std::nan(""), std::numeric_limits<double>::infinity()}) {
-    inst.loop_gap_s = bad;
+    inst.calibration = std::make_shared<const StepCalibration>(StepCalibration{{}, bad});
     auto r = Simulate(std::vector<InstanceConfig>{inst}, ClusterLinks{}, reqs, {});
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(r.status().message().find("loop_gap_s"), std::string::npos);
   }
-}
-
-// Arrival work (InstanceConfig::arrival_work_s): a prefill instance of 10 ms steps, one prompt
-// a step, whose KV is ready 0.8 of the way through, 1 ms per request that comes mid-step. A comes
-// to an idle instance (no work); B comes at 5 ms, before A's ready point (8 ms), so A's KV is
-// ready at 9 ms and its step ends at 11; C comes at 9.5 ms, after that point (A's KV does not
-// move; its step ends at 12). B's step runs 12-22 and C's 22-32, which D, coming at 30.5 ms,
-// holds to 33; without the work D finds the instance idle and starts at once.
-TEST(Simulator, ArrivalWorkHoldsTheRunningStepAndItsKvReadyPoint) {
-  std::vector<InstanceConfig> insts = OnePromptAStep(10, 1);
-  const std::vector<SimRequest> reqs = {
-      {0, 0.0, 100, 2}, {1, 0.005, 100, 2}, {2, 0.0095, 100, 2}, {3, 0.0305, 100, 2}};
-  SimOptions o;
-  o.first_token_on_decode = true;
-  for (double work : {0.0, 0.001}) {
-    SCOPED_TRACE(work);
-    insts[0].arrival_work_s = work;
-    auto r = Simulate(insts, ClusterLinks{}, reqs, o);
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
-    const auto& q = r->requests;
-    EXPECT_NEAR(q[0].kv_arrived_s, 0.008 + work, 1e-12);        // B came before the ready point
-    EXPECT_NEAR(q[0].prefill_done_s, 0.010 + 2 * work, 1e-12);  // B's and C's work
-    EXPECT_NEAR(q[1].prefill_done_s, 0.020 + 2 * work, 1e-12);  // starts when A's step ends
-    if (work == 0) {
-      EXPECT_NEAR(q[2].prefill_done_s, 0.030, 1e-12);
-      EXPECT_NEAR(q[3].prefill_done_s, 0.0405, 1e-12);
-    } else {
-      EXPECT_NEAR(q[2].kv_arrived_s, 0.030, 1e-12);  // D came after C's ready point
-      EXPECT_NEAR(q[2].prefill_done_s, 0.033, 1e-12);
-      EXPECT_NEAR(q[3].prefill_done_s, 0.043, 1e-12);
-    }
-  }
-}
-
-TEST(Simulator, RejectsArrivalWorkThatIsNegativeOrNotFiniteOrPipelined) {
-  InstanceConfig p, d;
-  p.role = Role::kPrefill;
-  d.role = Role::kDecode;
-  std::vector<SimRequest> reqs = {{0, 0.0, 10, 2}};
-  for (double bad : {-1e-3, std::nan(""), std::numeric_limits<double>::infinity()}) {
-    p.arrival_work_s = bad;
-    auto r = Simulate(std::vector<InstanceConfig>{p, d}, ClusterLinks{}, reqs, {});
-    ASSERT_FALSE(r.ok()) << bad;
-    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(r.status().message().find("arrival_work_s"), std::string::npos);
-  }
-  p.arrival_work_s = 1e-3;
-  p.pp = 2;
-  auto r = Simulate(std::vector<InstanceConfig>{p, d}, ClusterLinks{}, reqs, {});
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("needs pp 1"), std::string::npos);
 }
 
 TEST(Simulator, RejectsStepFactorsThatAreNotPositiveAndFinite) {
@@ -473,7 +323,7 @@ TEST(Simulator, RejectsStepFactorsThatAreNotPositiveAndFinite) {
   d.role = Role::kDecode;
   std::vector<SimRequest> reqs = {{0, 0.0, 10, 2}};
   for (double bad : {0.0, -1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
-    d.step_factors = std::make_shared<const std::vector<double>>(std::vector<double>{1.0, bad});
+    d.calibration = std::make_shared<const StepCalibration>(StepCalibration{{1.0, bad}, 0.0});
     std::vector<InstanceConfig> insts = {p, d};
     auto r = Simulate(insts, ClusterLinks{}, reqs, {});
     ASSERT_FALSE(r.ok()) << bad;

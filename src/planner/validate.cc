@@ -3,9 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <numeric>
 
 namespace pd::planner {
+
+double UpperMedian(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 Result<std::vector<RequestResult>> MeasuredFromBenchJson(const nlohmann::json& bench,
                                                          const std::string& source) {
@@ -37,21 +42,18 @@ Result<std::vector<RequestResult>> MeasuredFromBenchJson(const nlohmann::json& b
     if (r.output_len <= 1) r.finish_s = r.first_token_s;
     out.push_back(r);
   }
-  const int failed = bench.value("failed", 0);
-  for (int i = 0; i < failed; ++i) {
-    RequestResult r;
-    r.id = static_cast<int64_t>(out.size());
-    r.failed = true;
-    out.push_back(r);
+  for (int i = bench.value("failed", 0); i > 0; --i) {
+    out.push_back({});
+    out.back().failed = true;
   }
   return out;
 }
 
 namespace {
 
-// Least squares of y = p0 + p1·x with p0 >= lo0 and p1 >= lo1 (the unconstrained fit, else each
-// bound in turn with the other refitted; the feasible candidate with the smaller residual).
-// `flat`: the xs do not differ, p1 is not identifiable.
+// Least squares of y = p0 + p1 x with p0 >= lo0 and p1 >= lo1 (the unconstrained fit, else each
+// bound in turn with the other refitted; the candidate with the smaller residual). `flat`: the
+// xs do not differ, p1 is not identifiable.
 struct Line {
   double p0 = 0.0, p1 = 0.0;
   bool flat = false;
@@ -85,31 +87,11 @@ Line FitBoundedLine(const std::vector<double>& x, const std::vector<double>& y, 
   return sse(a) <= sse(b) ? a : b;
 }
 
-// The prefill scale from the instance's measured compute time, the rest of the TTFT as a fixed
-// cost and a transfer time per prompt token.
-void SolveMeasuredPrefill(const std::vector<IdleProbe>& probes, double first_step_extra_s,
-                          RealOverheads* o) {
-  double cm = 0, mm = 0;
-  for (const IdleProbe& p : probes) {
-    cm += p.measured_prefill_cpu_s * p.modelled_prefill_s;
-    mm += p.modelled_prefill_s * p.modelled_prefill_s;
-  }
-  o->prefill_scale = std::max(kMinPrefillScale, cm / mm);
-  std::vector<double> x, y;
-  for (const IdleProbe& p : probes) {
-    x.push_back(p.prompt_len);
-    y.push_back(p.measured_ttft_s - (p.modelled_ttft_s - p.modelled_prefill_s) -
-                first_step_extra_s - o->prefill_scale * p.modelled_prefill_s);
-  }
-  const Line rest = FitBoundedLine(x, y, 0.0, 0.0);
-  if (rest.flat) {
-    double sum = 0;
-    for (double v : y) sum += v;
-    o->fixed_s = std::max(0.0, sum / static_cast<double>(y.size()));
-  } else {
-    o->fixed_s = rest.p0;
-    o->transfer_s_per_token = rest.p1;
-  }
+// The mean of `y`, at least 0.
+double MeanAtLeastZero(const std::vector<double>& y) {
+  double sum = 0;
+  for (double v : y) sum += v;
+  return std::max(0.0, sum / static_cast<double>(y.size()));
 }
 
 }  // namespace
@@ -127,39 +109,80 @@ Result<RealOverheads> SolveOverheads(const std::vector<IdleProbe>& probes,
   }
   const Line decode = FitBoundedLine(x, y, 0.0, 0.0);
   if (decode.flat) {  // one batch size: all per sequence
-    double per_seq = 0;
-    for (size_t i = 0; i < x.size(); ++i) per_seq += y[i] / x[i];
-    o.decode_seq_ms = std::max(0.0, per_seq / static_cast<double>(x.size()));
+    for (size_t i = 0; i < x.size(); ++i) y[i] /= x[i];
+    o.decode_seq_ms = MeanAtLeastZero(y);
   } else {
     o.decode_fixed_ms = decode.p0;
     o.decode_seq_ms = decode.p1;
   }
   // The first token's step is a batch-1 decode step, calibrated as above.
   const double first_step_extra_s = (o.decode_fixed_ms + o.decode_seq_ms) * 1e-3;
-  const bool measured = std::all_of(probes.begin(), probes.end(), [](const IdleProbe& p) {
-    return p.measured_prefill_cpu_s > 0 && p.modelled_prefill_s > 0;
-  });
-  if (measured) {
-    SolveMeasuredPrefill(probes, first_step_extra_s, &o);
-    return o;
+  double cm = 0, mm = 0;
+  for (const IdleProbe& p : probes) {
+    if (!(p.measured_prefill_cpu_s > 0) || !(p.modelled_prefill_s > 0)) {
+      return InvalidArgument("overheads: a TTFT probe without its measured prefill compute time");
+    }
+    cm += p.measured_prefill_cpu_s * p.modelled_prefill_s;
+    mm += p.modelled_prefill_s * p.modelled_prefill_s;
   }
+  o.prefill_scale = std::max(kMinPrefillScale, cm / mm);
   x.clear();
   y.clear();
   for (const IdleProbe& p : probes) {
-    x.push_back(p.modelled_prefill_s);
+    x.push_back(p.prompt_len);
     y.push_back(p.measured_ttft_s - (p.modelled_ttft_s - p.modelled_prefill_s) -
-                first_step_extra_s);
+                first_step_extra_s - o.prefill_scale * p.modelled_prefill_s);
   }
-  const Line prefill = FitBoundedLine(x, y, 0.0, kMinPrefillScale);
-  if (prefill.flat) {  // one prompt length: the latency model's prefill as it is
-    double resid = 0;
-    for (size_t i = 0; i < x.size(); ++i) resid += y[i] - x[i];
-    o.fixed_s = std::max(0.0, resid / static_cast<double>(x.size()));
+  const Line rest = FitBoundedLine(x, y, 0.0, 0.0);
+  if (rest.flat) {
+    o.fixed_s = MeanAtLeastZero(y);
   } else {
-    o.fixed_s = prefill.p0;
-    o.prefill_scale = prefill.p1;
+    o.fixed_s = rest.p0;
+    o.transfer_s_per_token = rest.p1;
   }
   return o;
+}
+
+double CorunFactor(std::vector<double> ratios) {
+  return ratios.empty() ? 1.0 : std::clamp(UpperMedian(std::move(ratios)), 1.0, 4.0);
+}
+
+namespace {
+
+// The five compared metrics of a summary.
+constexpr double Summary::*kMetrics[] = {&Summary::attainment, &Summary::ttft_p50_s,
+                                         &Summary::ttft_p90_s, &Summary::tpot_p50_s,
+                                         &Summary::tpot_p90_s};
+
+}  // namespace
+
+Summary MedianSummary(std::span<const Summary> rounds) {
+  Summary m;
+  if (rounds.empty()) return m;
+  for (double Summary::*f :
+       {&Summary::attainment, &Summary::ttft_attainment, &Summary::tpot_attainment,
+        &Summary::ttft_p50_s, &Summary::ttft_p90_s, &Summary::ttft_mean_s, &Summary::tpot_p50_s,
+        &Summary::tpot_p90_s, &Summary::tpot_mean_s}) {
+    std::vector<double> v;
+    for (const Summary& s : rounds) v.push_back(s.*f);
+    m.*f = UpperMedian(std::move(v));
+  }
+  m.num_requests = rounds[0].num_requests;
+  m.num_failed = rounds[0].num_failed;
+  return m;
+}
+
+Summary RelativeSpread(std::span<const Summary> rounds) {
+  Summary out;
+  for (double Summary::*f : kMetrics) {
+    std::vector<double> v;
+    for (const Summary& s : rounds) v.push_back(s.*f);
+    if (v.empty()) continue;
+    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+    const double mid = UpperMedian(v);
+    out.*f = mid == 0.0 ? 0.0 : (*hi - *lo) / std::fabs(mid);
+  }
+  return out;
 }
 
 double RelDiff(double simulated, double measured) {
@@ -167,61 +190,51 @@ double RelDiff(double simulated, double measured) {
   return (simulated - measured) / measured;
 }
 
-std::string FormatComparison(const std::vector<ComparisonRow>& rows) {
+std::string FormatComparison(std::span<const ComparisonRow> rows) {
+  static const char* kNames[] = {"SLO att.", "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90"};
   std::string out;
   char line[256];
   std::snprintf(line, sizeof(line), "%-8s %-10s %12s %12s %9s\n", "rate", "metric", "simulated",
                 "measured", "sim/real");
   out += line;
   for (const ComparisonRow& r : rows) {
-    struct Metric {
-      const char* name;
-      double sim, real, scale;
-      const char* unit;
-    };
-    const Metric metrics[] = {
-        {"SLO att.", r.simulated.attainment, r.measured.attainment, 100, "%"},
-        {"TTFT p50", r.simulated.ttft_p50_s, r.measured.ttft_p50_s, 1e3, "ms"},
-        {"TTFT p90", r.simulated.ttft_p90_s, r.measured.ttft_p90_s, 1e3, "ms"},
-        {"TPOT p50", r.simulated.tpot_p50_s, r.measured.tpot_p50_s, 1e3, "ms"},
-        {"TPOT p90", r.simulated.tpot_p90_s, r.measured.tpot_p90_s, 1e3, "ms"},
-    };
-    bool first = true;
-    for (const Metric& m : metrics) {
+    for (int k = 0; k < 5; ++k) {
       char rate[16] = "";
-      if (first) std::snprintf(rate, sizeof(rate), "%.3g", r.rate);
-      first = false;
-      std::snprintf(line, sizeof(line), "%-8s %-10s %10.2f%-2s %10.2f%-2s %+8.1f%%\n", rate, m.name,
-                    m.sim * m.scale, m.unit, m.real * m.scale, m.unit,
-                    100 * RelDiff(m.sim, m.real));
-      out += line;
-    }
-    if (r.simulated.other_attainment >= 0 && r.measured.other_attainment >= 0) {
-      std::snprintf(line, sizeof(line),
-                    "%-8s %-10s %10.2f%-2s %10.2f%-2s %+8.1f%%  (not compared)\n", "", "att. other",
-                    100 * r.simulated.other_attainment, "%", 100 * r.measured.other_attainment, "%",
-                    100 * RelDiff(r.simulated.other_attainment, r.measured.other_attainment));
+      if (k == 0) std::snprintf(rate, sizeof(rate), "%.3g", r.rate);
+      const double sim = r.simulated.*kMetrics[k], real = r.measured.*kMetrics[k];
+      const double scale = k == 0 ? 100 : 1e3;
+      const char* unit = k == 0 ? "%" : "ms";
+      std::snprintf(line, sizeof(line), "%-8s %-10s %10.2f%-2s %10.2f%-2s %+8.1f%%\n", rate,
+                    kNames[k], sim * scale, unit, real * scale, unit, 100 * RelDiff(sim, real));
       out += line;
     }
   }
   return out;
 }
 
-nlohmann::json ComparisonToJson(const std::vector<ComparisonRow>& rows) {
+nlohmann::json ComparisonToJson(std::span<const ComparisonRow> rows) {
   nlohmann::json out = nlohmann::json::array();
   auto side = [](const Summary& s) {
-    nlohmann::json j{{"attainment", s.attainment}, {"ttft_p50_s", s.ttft_p50_s},
-                     {"ttft_p90_s", s.ttft_p90_s}, {"tpot_p50_s", s.tpot_p50_s},
-                     {"tpot_p90_s", s.tpot_p90_s}, {"num_requests", s.num_requests},
-                     {"num_failed", s.num_failed}};
-    if (s.other_attainment >= 0) j["other_attainment"] = s.other_attainment;
-    return j;
+    return nlohmann::json{{"attainment", s.attainment}, {"ttft_p50_s", s.ttft_p50_s},
+                          {"ttft_p90_s", s.ttft_p90_s}, {"tpot_p50_s", s.tpot_p50_s},
+                          {"tpot_p90_s", s.tpot_p90_s}, {"num_requests", s.num_requests},
+                          {"num_failed", s.num_failed}};
   };
   for (const ComparisonRow& r : rows) {
     out.push_back(
         {{"rate", r.rate}, {"simulated", side(r.simulated)}, {"measured", side(r.measured)}});
   }
   return out;
+}
+
+int CellsWithin(std::span<const ComparisonRow> rows, double tolerance) {
+  int n = 0;
+  for (const ComparisonRow& r : rows) {
+    for (double Summary::*f : kMetrics) {
+      if (std::fabs(RelDiff(r.simulated.*f, r.measured.*f)) <= tolerance) ++n;
+    }
+  }
+  return n;
 }
 
 }  // namespace pd::planner

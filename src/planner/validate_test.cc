@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 namespace pd::planner {
 namespace {
 
@@ -15,156 +17,105 @@ TEST(Validate, MeasuredFromBenchJsonTakesTtftAndMeanGap) {
   ASSERT_EQ(r->size(), 3u);
   EXPECT_DOUBLE_EQ((*r)[0].ttft_s(), 0.1);
   EXPECT_NEAR((*r)[0].tpot_s(), 0.02, 1e-12);  // (0.01 + 0.03) / (3 - 1)
-  EXPECT_DOUBLE_EQ((*r)[1].tpot_s(), 0.0);
   EXPECT_TRUE((*r)[2].failed);
-  const Summary s = Summarize(*r, Slo{0.15, 0.05});
-  EXPECT_EQ(s.num_failed, 1);
-  EXPECT_NEAR(s.attainment, 1.0 / 3, 1e-12);
-  EXPECT_DOUBLE_EQ(s.other_attainment, -1.0);  // no second SLO
-  // A second SLO on the same requests: a looser TTFT takes in the second request too; the
-  // failed one meets no SLO.
-  const Summary both = Summarize(*r, Slo{0.15, 0.05}, Slo{0.25, 0.05});
-  EXPECT_NEAR(both.attainment, 1.0 / 3, 1e-12);
-  EXPECT_NEAR(both.other_attainment, 2.0 / 3, 1e-12);
-  EXPECT_NEAR(Attainment(*r, Slo{0.25, 0.01}), 1.0 / 3, 1e-12);  // the first's TPOT misses
-  EXPECT_DOUBLE_EQ(Attainment({}, Slo{1, 1}), 0.0);
-}
-
-TEST(Validate, MalformedBenchJsonIsAClearError) {
+  EXPECT_NEAR(Summarize(*r, Slo{0.15, 0.05}).attainment, 1.0 / 3, 1e-12);
   auto missing = MeasuredFromBenchJson({{"ttfts", {0.1}}}, "b.json");
-  EXPECT_EQ(missing.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(missing.status().message().find("b.json: missing array 'itls'"), std::string::npos);
-  auto uneven = MeasuredFromBenchJson(
-      {{"ttfts", {0.1, 0.2}}, {"itls", {{0.1}}}, {"output_lens", {2, 2}}}, "b.json");
-  EXPECT_NE(uneven.status().message().find("differ in length"), std::string::npos);
-  auto bad =
-      MeasuredFromBenchJson({{"ttfts", {"x"}}, {"itls", {{0.1}}}, {"output_lens", {2}}}, "b.json");
-  EXPECT_NE(bad.status().message().find("request 0 is malformed"), std::string::npos);
 }
 
-// A TTFT probe whose modelled prefill step is `prefill_ms` and first decode step 1 ms, measured
-// as `fixed_ms` + scale · prefill + 1 ms.
-IdleProbe Probe(int len, double prefill_ms, double fixed_ms, double scale) {
-  return {len, (fixed_ms + scale * prefill_ms + 1.0) * 1e-3, (prefill_ms + 1.0) * 1e-3,
-          prefill_ms * 1e-3};
+// A TTFT probe whose modelled prefill step is `prefill_ms` and first decode step 1 ms, with the
+// prompt holding the prefill compute thread `scale` x that step, measured as fixed + transfer +
+// scale x prefill + the first decode step (1 ms + the probes' 0.3 ms decode costs).
+IdleProbe Probe(int len, double prefill_ms, double fixed_ms, double per_token_ms, double scale) {
+  return {len, (fixed_ms + per_token_ms * len + scale * prefill_ms + 1.3) * 1e-3,
+          (prefill_ms + 1.0) * 1e-3, prefill_ms * 1e-3, scale * prefill_ms * 1e-3};
 }
+const std::vector<DecodeProbe> kDecode = {{1, 1.3e-3, 1.0e-3}, {8, 3.4e-3, 1.7e-3}};
 
-TEST(Validate, SolveOverheadsRecoversFixedCostPrefillScaleAndDecodeCosts) {
-  // The real prefill is 1.4x the profile, 3 ms fixed; decode 0.1 ms per step + 0.2 per sequence.
-  std::vector<IdleProbe> probes = {Probe(16, 1.5, 3, 1.4), Probe(128, 12, 3, 1.4),
-                                   Probe(256, 28, 3, 1.4)};
-  std::vector<DecodeProbe> decode = {{1, 1.3e-3, 1.0e-3}, {8, 3.4e-3, 1.7e-3}};
-  auto o = SolveOverheads(probes, decode);
+TEST(Validate, SolveOverheadsTakesTheMeasuredPrefillAndFitsTheRest) {
+  // Decode 0.1 ms a step + 0.2 a sequence; prefill 1.2x the profile, 2 ms fixed, 0.01 ms a token.
+  const std::vector<IdleProbe> probes = {Probe(16, 1.5, 2, 0.01, 1.2), Probe(128, 12, 2, 0.01, 1.2),
+                                         Probe(256, 28, 2, 0.01, 1.2)};
+  auto o = SolveOverheads(probes, kDecode);
   ASSERT_TRUE(o.ok()) << o.status().ToString();
-  EXPECT_NEAR(o->fixed_s, 2.7e-3, 1e-9);  // 3 ms less the first token's 0.3 ms decode costs
-  EXPECT_NEAR(o->prefill_scale, 1.4, 1e-9);
   EXPECT_NEAR(o->decode_fixed_ms, 0.1, 1e-9);
   EXPECT_NEAR(o->decode_seq_ms, 0.2, 1e-9);
-}
-
-TEST(Validate, SolveOverheadsTakesTheMeasuredPrefillComputeAndFitsTheRestAsTransfer) {
-  // The prefill instance computes 1.2x the profile (measured); the TTFT also holds 2 ms fixed and
-  // 0.01 ms per prompt token of transfer; decode 0.1 ms per step + 0.2 per sequence.
-  std::vector<IdleProbe> probes;
-  for (auto [len, prefill_ms] : {std::pair{16, 1.5}, {128, 12.0}, {256, 28.0}}) {
-    IdleProbe p = Probe(len, prefill_ms, 0, 1.2);
-    p.measured_ttft_s += (2.0 + 0.3 + 0.01 * len) * 1e-3;  // + the first step's 0.3 ms extra
-    p.measured_prefill_cpu_s = 1.2 * prefill_ms * 1e-3;
-    probes.push_back(p);
-  }
-  auto o = SolveOverheads(probes, {{1, 1.3e-3, 1.0e-3}, {8, 3.4e-3, 1.7e-3}});
-  ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_NEAR(o->prefill_scale, 1.2, 1e-9);
   EXPECT_NEAR(o->fixed_s, 2.0e-3, 1e-9);
   EXPECT_NEAR(o->transfer_s_per_token, 0.01e-3, 1e-12);
-  // One probe without its compute time: the TTFT-only fit, no transfer term.
-  probes[1].measured_prefill_cpu_s = 0;
-  auto old = SolveOverheads(probes, {{1, 1.3e-3, 1.0e-3}, {8, 3.4e-3, 1.7e-3}});
-  ASSERT_TRUE(old.ok());
-  EXPECT_DOUBLE_EQ(old->transfer_s_per_token, 0.0);
-}
-
-TEST(Validate, SolveOverheadsWithMeasuredPrefillKeepsTheRestNonNegative) {
-  // The TTFT holds less than the measured compute (noise): no fixed cost, no transfer.
-  std::vector<IdleProbe> probes = {Probe(16, 1.5, 0, 1.0), Probe(256, 28, 0, 1.0)};
-  for (IdleProbe& p : probes) p.measured_prefill_cpu_s = 1.5 * p.modelled_prefill_s;
-  auto o = SolveOverheads(probes, {{1, 1.0e-3, 1.0e-3}});
-  ASSERT_TRUE(o.ok());
-  EXPECT_NEAR(o->prefill_scale, 1.5, 1e-9);
-  EXPECT_DOUBLE_EQ(o->fixed_s, 0.0);
-  EXPECT_DOUBLE_EQ(o->transfer_s_per_token, 0.0);
+  EXPECT_EQ(o->kv_ready_fraction, 1.0);
 }
 
 TEST(Validate, SolveOverheadsKeepsEveryTermWithinItsBound) {
-  // The real system faster than the model everywhere: no cost, the scale at its floor.
-  std::vector<IdleProbe> faster = {Probe(16, 2, 0, 0.1), Probe(256, 40, 0, 0.1)};
-  auto z = SolveOverheads(faster, {{1, 0.5e-3, 1e-3}, {8, 1e-3, 2e-3}});
+  // The TTFT holds less than the measured compute: no fixed cost, no transfer; the real decode
+  // faster than the model: no cost; a tiny measured compute: the scale at its floor.
+  const std::vector<IdleProbe> probes = {Probe(16, 2, -3, 0, 0.1), Probe(256, 40, -3, 0, 0.1)};
+  auto z = SolveOverheads(probes, {{1, 0.5e-3, 1e-3}, {8, 1e-3, 2e-3}});
   ASSERT_TRUE(z.ok());
   EXPECT_EQ(z->fixed_s, 0.0);
+  EXPECT_EQ(z->transfer_s_per_token, 0.0);
   EXPECT_EQ(z->prefill_scale, kMinPrefillScale);
   EXPECT_EQ(z->decode_fixed_ms, 0.0);
   EXPECT_EQ(z->decode_seq_ms, 0.0);
-  // A slope that would make the fixed cost negative: fixed held at 0, the scale refitted.
-  std::vector<IdleProbe> steep = {Probe(16, 2, -1, 1.5), Probe(256, 40, -1, 1.5)};
-  auto s = SolveOverheads(steep, {{1, 1e-3, 1e-3}});
-  ASSERT_TRUE(s.ok());
-  EXPECT_EQ(s->fixed_s, 0.0);
-  EXPECT_GT(s->prefill_scale, 1.4);
-  EXPECT_LT(s->prefill_scale, 1.5);
-  // Per-sequence cost falling with the batch: all per step instead.
-  auto d = SolveOverheads({Probe(16, 2, 1, 1)}, {{1, 1.5e-3, 1e-3}, {8, 1.4e-3, 1e-3}});
-  ASSERT_TRUE(d.ok());
-  EXPECT_EQ(d->decode_seq_ms, 0.0);
-  EXPECT_NEAR(d->decode_fixed_ms, 0.45, 1e-9);
-}
-
-TEST(Validate, SolveOverheadsWithOneShapeEachFallsBackToTheModelsForm) {
-  // One prompt length: the scale is not identifiable, the residual is all fixed.
-  auto one = SolveOverheads({Probe(64, 10, 2, 1.5)}, {{4, 2e-3, 1e-3}});
+  // One prompt length: all fixed; one batch size: all per sequence (1 ms over a batch of 4).
+  auto one = SolveOverheads({Probe(64, 10, 2, 0.01, 1.0)}, {{4, 2e-3, 1e-3}});
   ASSERT_TRUE(one.ok());
-  EXPECT_EQ(one->prefill_scale, 1.0);
-  EXPECT_NEAR(one->fixed_s, 6.75e-3, 1e-12);  // 2 ms + 0.5 x 10 ms, less the 0.25 ms below
-  // One batch size: the residual is per sequence (1 ms over a batch of 4).
-  EXPECT_EQ(one->decode_fixed_ms, 0.0);
   EXPECT_NEAR(one->decode_seq_ms, 0.25, 1e-12);
+  EXPECT_NEAR(one->fixed_s, (2 + 0.64 + 0.3 - 0.25) * 1e-3, 1e-12);
 }
 
-TEST(Validate, SolveOverheadsNeedsProbesOfBothKinds) {
-  EXPECT_EQ(SolveOverheads({}, {{1, 1e-3, 1e-3}}).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(SolveOverheads({Probe(16, 1, 1, 1)}, {}).status().code(), StatusCode::kInvalidArgument);
-  auto bad = SolveOverheads({Probe(16, 1, 1, 1)}, {{0, 1e-3, 1e-3}});
-  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("batch must be >= 1"), std::string::npos);
+TEST(Validate, SolveOverheadsNeedsMeasuredProbesOfBothKinds) {
+  EXPECT_EQ(SolveOverheads({}, kDecode).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SolveOverheads({Probe(16, 1, 1, 0, 1)}, {}).status().code(),
+            StatusCode::kInvalidArgument);
+  auto batch = SolveOverheads({Probe(16, 1, 1, 0, 1)}, {{0, 1e-3, 1e-3}});
+  EXPECT_NE(batch.status().message().find("batch must be >= 1"), std::string::npos);
+  IdleProbe unmeasured = Probe(16, 1, 1, 0, 1);
+  unmeasured.measured_prefill_cpu_s = 0;
+  EXPECT_EQ(SolveOverheads({unmeasured}, kDecode).status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST(Validate, ComparisonTableHasEveryMetricAndTheRelativeDifference) {
-  ComparisonRow row;
-  row.rate = 2;
-  row.simulated.attainment = 0.9;
-  row.measured.attainment = 1.0;
-  row.simulated.ttft_p50_s = 0.11;
-  row.measured.ttft_p50_s = 0.1;
-  const std::string t = FormatComparison({row});
-  for (const char* m : {"SLO att.", "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90"}) {
-    EXPECT_NE(t.find(m), std::string::npos) << m;
+TEST(Validate, CorunFactorAndMedians) {
+  // The median ratio, clamped to [1, 4].
+  EXPECT_DOUBLE_EQ(CorunFactor({1.1, 1.3, 1.2}), 1.2);
+  EXPECT_DOUBLE_EQ(CorunFactor({0.5, 0.9}), 1.0);
+  EXPECT_DOUBLE_EQ(CorunFactor({5.0}), 4.0);
+  EXPECT_DOUBLE_EQ(CorunFactor({}), 1.0);
+  EXPECT_DOUBLE_EQ(UpperMedian({60, 40, 50, 70}), 60.0);
+  EXPECT_DOUBLE_EQ(UpperMedian({}), 0.0);
+}
+
+Summary Of(double att, double ttft_ms, double tpot_ms) {
+  Summary s;
+  s.attainment = att;
+  s.ttft_p50_s = ttft_ms * 1e-3;
+  s.ttft_p90_s = 2 * ttft_ms * 1e-3;
+  s.tpot_p50_s = tpot_ms * 1e-3;
+  s.tpot_p90_s = 2 * tpot_ms * 1e-3;
+  return s;
+}
+
+TEST(Validate, RoundsCompareByTheMedianOfEachSide) {
+  const std::vector<Summary> sim = {Of(0.9, 10, 1), Of(0.8, 12, 1.2), Of(1.0, 10.5, 1.3)};
+  const std::vector<Summary> real = {Of(0.9, 10, 1), Of(0.9, 20, 1), Of(0.7, 10, 1)};
+  const ComparisonRow row = {2.0, MedianSummary(sim), MedianSummary(real)};
+  EXPECT_DOUBLE_EQ(row.simulated.attainment, 0.9);
+  EXPECT_DOUBLE_EQ(row.simulated.ttft_p50_s, 10.5e-3);
+  EXPECT_DOUBLE_EQ(row.measured.ttft_p50_s, 10e-3);
+  std::vector<ComparisonRow> rounds;
+  for (int k = 0; k < 3; ++k) rounds.push_back({2.0, sim[k], real[k]});
+  EXPECT_EQ(CellsWithin(rounds, 0.10), 5 + 0 + 2);      // round 3: TTFT p50 and p90 (+5%)
+  EXPECT_EQ(CellsWithin(std::span(&row, 1), 0.10), 3);  // TPOT p50 and p90 +20%
+  const Summary s = RelativeSpread(real);
+  EXPECT_NEAR(s.ttft_p50_s, 1.0, 1e-12);  // (20 - 10) / 10
+  EXPECT_NEAR(s.attainment, 0.2 / 0.9, 1e-12);
+  const std::string t = FormatComparison(std::span(&row, 1));
+  for (const char* m : {"SLO att.", "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90", "+5.0%"}) {
+    EXPECT_NE(t.find(m), std::string::npos) << m << "\n" << t;
   }
-  EXPECT_NE(t.find("-10.0%"), std::string::npos) << t;
-  EXPECT_NE(t.find("+10.0%"), std::string::npos) << t;
-  EXPECT_DOUBLE_EQ(RelDiff(0, 0), 0.0);
+  EXPECT_DOUBLE_EQ(ComparisonToJson(std::span(&row, 1))[0]["rate"].get<double>(), 2.0);
   EXPECT_TRUE(std::isinf(RelDiff(1, 0)));
-  EXPECT_EQ(t.find("att. other"), std::string::npos) << t;  // neither side has a second SLO
-  auto j = ComparisonToJson({row});
-  EXPECT_DOUBLE_EQ(j[0]["measured"]["attainment"].get<double>(), 1.0);
-  EXPECT_DOUBLE_EQ(j[0]["rate"].get<double>(), 2.0);
-  EXPECT_FALSE(j[0]["measured"].contains("other_attainment"));
-  row.simulated.other_attainment = 0.6;
-  row.measured.other_attainment = 0.5;
-  const std::string other = FormatComparison({row});
-  EXPECT_NE(other.find("att. other"), std::string::npos) << other;
-  EXPECT_NE(other.find("+20.0%  (not compared)"), std::string::npos) << other;
-  j = ComparisonToJson({row});
-  EXPECT_DOUBLE_EQ(j[0]["simulated"]["other_attainment"].get<double>(), 0.6);
-  EXPECT_DOUBLE_EQ(j[0]["measured"]["other_attainment"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(RelDiff(0, 0), 0.0);
 }
 
 }  // namespace
