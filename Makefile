@@ -1,7 +1,7 @@
 # pdserve: make demo | make test | make build | make asan | make tsan | make bench-disagg | make bench-engine
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
-DEMO_MODEL ?= models/demo-qwen3-small
+DEMO_MODEL ?= models/demo-llama
 
 .PHONY: deps configure build test demo asan tsan bench-disagg bench-engine format clean
 
@@ -30,14 +30,16 @@ asan tsan: deps
 	cmake --build build-$@ -j $(JOBS) --target $(SAN_TESTS)
 	cd build-$@ && ctest -L '$(SAN_LABELS)' --output-on-failure -j $(JOBS) --timeout 900
 
-# The demo: make the default model if missing and generate once offline; then the same chat-like
-# `pdserve bench` workload on `pdserve up` (1 prefill + 1 decode instance, each pinned to its own
-# core) and on a colocated `pdserve serve` using both cores, the two reports side by side
+# The demo: builds pdserve alone, generates once offline with the shipped model (models/demo-llama,
+# a small Llama trained on Debian's fortune cookies by tools/train_demo_model.py), then runs the
+# same chat-like `pdserve bench` workload on `pdserve up` (1 prefill + 1 decode instance, each
+# pinned to its own core) and on a colocated `pdserve serve` using both cores, prints the two
+# reports side by side and ends with a chat completion generated through `up`, prefill -> decode
 # (bench/disagg/run.sh --scenario demo; every server is stopped on exit, failure or Ctrl-C).
-demo: build
-	@test -f $(DEMO_MODEL)/config.json || $(BUILD_DIR)/pdserve make-model --arch qwen3 --preset small --dtype bf16 --seed 1 --out $(DEMO_MODEL)
-	@echo "demo: offline generation (random weights: the text is noise; token ids and logprobs show the engine at work)"
-	$(BUILD_DIR)/pdserve generate --model $(DEMO_MODEL) --prompt "Hello world, this is a test" --max-tokens 16 --ignore-eos --json
+demo: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target pdserve
+	@echo "demo: offline generation (pdserve generate, greedy)"
+	$(BUILD_DIR)/pdserve generate --model $(DEMO_MODEL) --prompt "The secret of life is" --max-tokens 40
 	bench/disagg/run.sh --scenario demo --model $(DEMO_MODEL) --pdserve $(BUILD_DIR)/pdserve
 
 # Disaggregated against colocated: the demo's chat workload, the TTFT added at low load, and p99
