@@ -242,7 +242,7 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
         std::pair{"with the same split at the mean level of the runs before and after each round",
                   &RateReport::paired_with_bracketed_split}}) {
     print_paired(
-        label, [member](const RateReport& r) -> const auto& { return r.*member; });
+        label, [member = member](const RateReport& r) -> const auto& { return r.*member; });
   }
   for (const planner::ArrivalMeasure m : planner::kAllArrivalMeasures) {
     print_paired(
@@ -284,7 +284,7 @@ inline void PrintPaired(const std::vector<RateReport>& reports) {
         std::pair{"with the decode batch factors over the rate's runs together",
                   &RateReport::with_batch_factors}}) {
     print_plain(
-        label, [member](const RateReport& r) -> const auto& { return r.*member; });
+        label, [member = member](const RateReport& r) -> const auto& { return r.*member; });
   }
   for (const planner::ArrivalMeasure m : planner::kAllArrivalMeasures) {
     print_plain(
