@@ -12,11 +12,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -24,6 +22,7 @@
 
 #include "apps/command.h"
 #include "common/log.h"
+#include "common/mutex.h"
 #include "messenger/shard_plan.h"
 #include "messenger/shard_writes.h"
 #include "transfer/domain_group.h"
@@ -188,28 +187,51 @@ struct Row {
   double fabric_gbps = 0, tcp_gbps = 0, p50_us = 0, p99_us = 0;
 };
 
+// One completion at a time: Callback's completion from any thread, Wait on the submitter's.
 class Waiter {
  public:
   transfer::Completion Callback() {
     return [this](const Status& s) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       status_ = s;
       done_ = true;
-      cv_.notify_all();
+      cv_.SignalAll();
     };
   }
-  Status Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_; });
+  Status Wait() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    while (!done_) cv_.Wait(&mu_);
     done_ = false;
     return status_;
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  Status status_;
+  Mutex mu_;
+  CondVar cv_;
+  bool done_ GUARDED_BY(mu_) = false;
+  Status status_ GUARDED_BY(mu_);
+};
+
+// Counts `n` completions down; Wait returns the first error once every one has come.
+class Latch {
+ public:
+  explicit Latch(size_t n) : left_(n) {}
+  void Done(const Status& s) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    if (!s.ok() && first_.ok()) first_ = s;
+    if (--left_ == 0) cv_.SignalAll();
+  }
+  Status Wait() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    while (left_ > 0) cv_.Wait(&mu_);
+    return first_;
+  }
+
+ private:
+  Mutex mu_;
+  CondVar cv_;
+  size_t left_ GUARDED_BY(mu_);
+  Status first_ GUARDED_BY(mu_);
 };
 
 struct Parent {
@@ -389,28 +411,15 @@ Result<double> ShardRequest(Parent& p, const messenger::ShardPlan& plan) {
       }
     }
   }
-  std::mutex mu;
-  std::condition_variable cv;
-  size_t left = shapes.size();
-  Status first;
-  auto done = [&](const Status& s) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (!s.ok() && first.ok()) first = s;
-    if (--left == 0) cv.notify_all();
-  };
+  Latch latch(shapes.size());
+  auto done = [&latch](const Status& s) { latch.Done(s); };
   double t0 = Now();
   for (size_t i = 0; i < shapes.size(); ++i) {
     Result<transfer::TransferId> id =
         p.groups[1]->SubmitPagedWrite(p.regions[1], p.remotes[1], shapes[i], done);
-    if (!id.ok()) {  // never posted: count it as finished
-      std::lock_guard<std::mutex> lock(mu);
-      if (first.ok()) first = id.status();
-      --left;
-    }
+    if (!id.ok()) latch.Done(id.status());  // never posted: count it as finished
   }
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return left == 0; });
-  RETURN_IF_ERROR(first);
+  RETURN_IF_ERROR(latch.Wait());
   return Now() - t0;
 }
 

@@ -3,42 +3,41 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
-#include <mutex>
 #include <thread>
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/mutex.h"
 #include "common/thread_util.h"
 
 namespace pd::bench {
 
 namespace {
 
-// Limits requests in flight to max_concurrency (0: no limit).
+// Limits requests in flight to max_concurrency (0: no limit). Thread safety: any thread.
 class Gate {
  public:
   explicit Gate(int limit) : limit_(limit) {}
-  void Enter() {
+  void Enter() EXCLUDES(mu_) {
     if (limit_ <= 0) return;
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return in_flight_ < limit_; });
+    MutexLock lock(&mu_);
+    while (in_flight_ >= limit_) cv_.Wait(&mu_);
     ++in_flight_;
   }
-  void Leave() {
+  void Leave() EXCLUDES(mu_) {
     if (limit_ <= 0) return;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       --in_flight_;
     }
-    cv_.notify_one();
+    cv_.Signal();
   }
 
  private:
   const int limit_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int in_flight_ = 0;
+  Mutex mu_;
+  CondVar cv_;
+  int in_flight_ GUARDED_BY(mu_) = 0;
 };
 
 std::vector<GenerationRequest> BuildRequests(const BenchOptions& o, const std::string& model,

@@ -130,40 +130,40 @@ void Tracer::Complete(std::string_view name, std::string_view cat, int64_t begin
   TraceEvent e{
       std::string(name), std::string(cat), 'X', begin_ns, end_ns > begin_ns ? end_ns - begin_ns : 0,
       CurrentThreadId(), std::move(args)};
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (Admit()) events_.push_back(std::move(e));
 }
 
 void Tracer::Instant(std::string_view name, std::string_view cat, TraceArgs args) {
   TraceEvent e{std::string(name), std::string(cat), 'i', NowNs(), 0,
                CurrentThreadId(), std::move(args)};
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (Admit()) events_.push_back(std::move(e));
 }
 
 void Tracer::SetThreadName(std::string_view name) {
   const int64_t tid = CurrentThreadId();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   names_[tid] = std::string(name);
 }
 
 size_t Tracer::num_events() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return events_.size();
 }
 
 uint64_t Tracer::dropped() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return dropped_;
 }
 
 std::vector<TraceEvent> Tracer::Events() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return events_;
 }
 
 std::string Tracer::ToJson() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::string out = "{\"traceEvents\":[\n";
   bool first = true;
   auto sep = [&] {

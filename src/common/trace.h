@@ -13,13 +13,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace pd {
@@ -65,30 +65,30 @@ class Tracer {
 
   // A complete event from begin_ns to end_ns on the calling thread.
   void Complete(std::string_view name, std::string_view cat, int64_t begin_ns, int64_t end_ns,
-                TraceArgs args = {});
+                TraceArgs args = {}) EXCLUDES(mu_);
   // An instant event now on the calling thread.
-  void Instant(std::string_view name, std::string_view cat, TraceArgs args = {});
+  void Instant(std::string_view name, std::string_view cat, TraceArgs args = {}) EXCLUDES(mu_);
   // Names the calling thread in the viewer (not counted against the cap).
-  void SetThreadName(std::string_view name);
+  void SetThreadName(std::string_view name) EXCLUDES(mu_);
 
-  size_t num_events() const;
-  uint64_t dropped() const;
-  std::vector<TraceEvent> Events() const;  // a copy, in recording order
+  size_t num_events() const EXCLUDES(mu_);
+  uint64_t dropped() const EXCLUDES(mu_);
+  std::vector<TraceEvent> Events() const EXCLUDES(mu_);  // a copy, in recording order
 
   // {"traceEvents":[...],"otherData":{"dropped_events":N,...}}.
-  std::string ToJson() const;
+  std::string ToJson() const EXCLUDES(mu_);
   // Writes ToJson() to path (through path.tmp and a rename); IoError names the path and errno.
-  Status WriteToFile(const std::string& path) const;
+  Status WriteToFile(const std::string& path) const EXCLUDES(mu_);
 
  private:
-  bool Admit();  // under mu_: room for one more event, else counts a drop
+  bool Admit() REQUIRES(mu_);  // room for one more event, else counts a drop
 
   const TracerOptions options_;
   const int64_t pid_;
-  mutable std::mutex mu_;
-  std::vector<TraceEvent> events_;        // GUARDED_BY(mu_)
-  std::map<int64_t, std::string> names_;  // GUARDED_BY(mu_) tid -> thread name
-  uint64_t dropped_ = 0;                  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::vector<TraceEvent> events_ GUARDED_BY(mu_);
+  std::map<int64_t, std::string> names_ GUARDED_BY(mu_);  // tid -> thread name
+  uint64_t dropped_ GUARDED_BY(mu_) = 0;
 };
 
 // Records one complete event from construction to destruction; does nothing when tracer is null.

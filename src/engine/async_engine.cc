@@ -5,14 +5,13 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "common/log.h"
+#include "common/mutex.h"
 #include "common/thread_util.h"
 #include "engine/idle_poll.h"
 #include "engine/preempt_yield.h"
@@ -32,20 +31,20 @@ class AsyncEngineImpl final : public AsyncEngine {
 
   Result<int64_t> Submit(std::vector<int32_t> prompt_ids, const SamplingParams& sampling,
                          OutputCallback on_output) override;
-  void Abort(int64_t request_id) override;
-  EngineStats stats() const override {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Abort(int64_t request_id) override EXCLUDES(mu_);
+  EngineStats stats() const override EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return stats_;
   }
   const model::ModelConfig& config() const override { return config_; }
-  void Shutdown() override;
+  void Shutdown() override EXCLUDES(mu_, shutdown_mu_);
   Result<int64_t> SubmitPrefillOnly(std::vector<int32_t> prompt_ids,
                                     OutputCallback on_output) override;
-  void ReleasePages(std::vector<int32_t> pages) override;
+  void ReleasePages(std::vector<int32_t> pages) override EXCLUDES(mu_);
   void RetainPages(const std::vector<int32_t>& pages) override { engine_->RetainPages(pages); }
   Result<int64_t> SubmitRemoteKv(std::vector<int32_t> prompt_ids, const SamplingParams& sampling,
                                  OutputCallback on_output, KvReservedCallback on_reserved) override;
-  void MarkKvReady(int64_t request_id) override;
+  void MarkKvReady(int64_t request_id) override EXCLUDES(mu_);
 
  private:
   enum class Kind { kNormal, kPrefillOnly, kRemoteKv };
@@ -55,41 +54,47 @@ class AsyncEngineImpl final : public AsyncEngine {
     Kind kind = Kind::kNormal;
     KvReservedCallback on_reserved;
   };
-  Result<int64_t> Enqueue(Submission sub);
+  Result<int64_t> Enqueue(Submission sub) EXCLUDES(mu_);
   void DeliverReservations();
 
-  void Loop();
+  void Loop() EXCLUDES(mu_);
   void PollBeforeWaiting();  // options_.idle_poll_us: spin on news_ before the condvar wait
   // A Step would do something now. A stalled engine (Engine::Stalled) waits for news like an
   // idle one instead of spinning on empty steps, which would take the CPU from the threads
   // (fabric, messenger) that bring the KV or release the pages it waits for.
   bool Runnable() const { return engine_->HasWork() && !engine_->Stalled(); }
+  // Something for the loop: a queue is not empty, stop_ is set, or Runnable().
+  bool ReadyLocked() const REQUIRES(mu_) {
+    return stop_ || !submissions_.empty() || !aborts_.empty() || !kv_ready_.empty() ||
+           !releases_.empty() || Runnable();
+  }
   // Moves queued submissions and aborts into the engine (loop thread).
   void Drain(std::vector<Submission>* submissions, std::vector<int64_t>* aborts);
-  void Deliver(const RequestOutput& out);  // calls the callback; forgets finished requests
-  void AbortEverything();
-  void RefreshStats();
+  // Calls the callback (no lock held); forgets finished requests.
+  void Deliver(const RequestOutput& out) EXCLUDES(mu_);
+  void AbortEverything() EXCLUDES(mu_);
+  void RefreshStats() EXCLUDES(mu_);
 
   std::unique_ptr<Engine> engine_;
   const AsyncEngineOptions options_;
   const model::ModelConfig config_ = engine_->config();
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Submission> submissions_;  // GUARDED_BY(mu_)
-  std::vector<int64_t> aborts_;          // GUARDED_BY(mu_)
-  std::vector<int64_t> kv_ready_;        // GUARDED_BY(mu_)
-  std::vector<int32_t> releases_;        // GUARDED_BY(mu_): pages to give back
-  int num_pending_ = 0;                  // GUARDED_BY(mu_): queued + in the engine
-  bool stop_ = false;                    // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::vector<Submission> submissions_ GUARDED_BY(mu_);
+  std::vector<int64_t> aborts_ GUARDED_BY(mu_);
+  std::vector<int64_t> kv_ready_ GUARDED_BY(mu_);
+  std::vector<int32_t> releases_ GUARDED_BY(mu_);  // pages to give back
+  int num_pending_ GUARDED_BY(mu_) = 0;            // queued + in the engine
+  bool stop_ GUARDED_BY(mu_) = false;
   // Set (under mu_) with anything the loop must act on; lets a cache-warming pass stop early.
   std::atomic<bool> news_{false};
-  EngineStats stats_;  // GUARDED_BY(mu_): refreshed after every step
+  EngineStats stats_ GUARDED_BY(mu_);  // refreshed after every step
   std::atomic<int64_t> next_id_{1};
 
   std::unordered_map<int64_t, OutputCallback> callbacks_;               // loop thread only
   std::unordered_map<int64_t, KvReservedCallback> reserved_callbacks_;  // loop thread only
-  std::mutex shutdown_mu_;  // serialises Shutdown callers
+  Mutex shutdown_mu_;  // serialises Shutdown callers (guards no field)
   std::thread loop_;
 };
 
@@ -130,7 +135,7 @@ Result<int64_t> AsyncEngineImpl::Enqueue(Submission sub) {
   RETURN_IF_ERROR(engine_->ValidateRequest(sub.request));  // thread-safe by contract
   const int64_t id = sub.request.id;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stop_) return Unavailable("the engine is shut down");
     if (num_pending_ >= options_.max_pending_requests) {
       return ResourceExhausted("too many pending requests (max_pending_requests = " +
@@ -140,13 +145,13 @@ Result<int64_t> AsyncEngineImpl::Enqueue(Submission sub) {
     submissions_.push_back(std::move(sub));
     news_.store(true, std::memory_order_relaxed);
   }
-  cv_.notify_one();
+  cv_.Signal();
   return id;
 }
 
 void AsyncEngineImpl::ReleasePages(std::vector<int32_t> pages) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stop_) {  // the loop is gone: give them back here (the pool locks)
       engine_->ReleasePages(pages);
       return;
@@ -154,27 +159,27 @@ void AsyncEngineImpl::ReleasePages(std::vector<int32_t> pages) {
     releases_.insert(releases_.end(), pages.begin(), pages.end());
     news_.store(true, std::memory_order_relaxed);
   }
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void AsyncEngineImpl::MarkKvReady(int64_t request_id) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stop_) return;
     kv_ready_.push_back(request_id);
     news_.store(true, std::memory_order_relaxed);
   }
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void AsyncEngineImpl::Abort(int64_t request_id) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stop_) return;
     aborts_.push_back(request_id);
     news_.store(true, std::memory_order_relaxed);
   }
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void AsyncEngineImpl::Drain(std::vector<Submission>* submissions, std::vector<int64_t>* aborts) {
@@ -225,7 +230,7 @@ void AsyncEngineImpl::Deliver(const RequestOutput& out) {
   if (out.finished()) {
     callbacks_.erase(it);
     reserved_callbacks_.erase(out.request_id);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     --num_pending_;
   }
 }
@@ -244,16 +249,20 @@ void AsyncEngineImpl::Loop() {
   while (true) {
     PollBeforeWaiting();
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      auto ready = [&] {
-        return stop_ || !submissions_.empty() || !aborts_.empty() || !kv_ready_.empty() ||
-               !releases_.empty() || Runnable();
-      };
+      MutexLock lock(&mu_);
       if (options_.warm_period_s > 0 && engine_->AwaitsKv()) {
         // Idle but for transfers in flight: keep what the first decode step reads cached.
-        const auto period = std::chrono::duration<double>(options_.warm_period_s);
-        if (!cv_.wait_for(lock, period, ready)) {
-          lock.unlock();
+        const auto deadline = std::chrono::steady_clock::now() +
+                              std::chrono::ceil<std::chrono::steady_clock::duration>(
+                                  std::chrono::duration<double>(options_.warm_period_s));
+        bool ready = ReadyLocked();
+        while (!ready) {
+          const bool woken = cv_.WaitUntil(&mu_, deadline);
+          ready = ReadyLocked();
+          if (!woken) break;
+        }
+        if (!ready) {
+          lock.Unlock();
           // A pass only fills time nothing else wants: it yields the CPU between chunks, so the
           // I/O threads that receive the KV (often on this core) are never queued behind it.
           engine_->WarmCaches(options_.warm_max_bytes, [this] {
@@ -263,7 +272,7 @@ void AsyncEngineImpl::Loop() {
           continue;
         }
       } else {
-        cv_.wait(lock, ready);
+        while (!ReadyLocked()) cv_.Wait(&mu_);
       }
       if (stop_) break;
       news_.store(false, std::memory_order_relaxed);
@@ -316,7 +325,7 @@ void AsyncEngineImpl::PollBeforeWaiting() {
 
 void AsyncEngineImpl::RefreshStats() {
   EngineStats stats = engine_->stats();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   stats_ = stats;
 }
 
@@ -324,7 +333,7 @@ void AsyncEngineImpl::RefreshStats() {
 void AsyncEngineImpl::AbortEverything() {
   std::vector<Submission> submissions;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     submissions.swap(submissions_);
     aborts_.clear();
     kv_ready_.clear();
@@ -340,7 +349,7 @@ void AsyncEngineImpl::AbortEverything() {
   (void)drained;
   {
     EngineStats stats = engine_->stats();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stats_ = stats;
   }
   for (int64_t id : ids) {
@@ -352,13 +361,13 @@ void AsyncEngineImpl::AbortEverything() {
 }
 
 void AsyncEngineImpl::Shutdown() {
-  std::lock_guard<std::mutex> serial(shutdown_mu_);
+  MutexLock serial(&shutdown_mu_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
     news_.store(true, std::memory_order_relaxed);
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (loop_.joinable()) {
     PD_CHECK(loop_.get_id() != std::this_thread::get_id())
         << "AsyncEngine::Shutdown called from its own callback";

@@ -7,11 +7,15 @@
 namespace pd::engine {
 namespace {
 
-// F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports has no "f16c".
-bool HasF16c() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return false;
-  return (ecx & bit_F16C) != 0;
+enum CpuidReg { kEax, kEbx, kEcx, kEdx };
+
+// One CPUID feature bit, for the features clang before 16 has no __builtin_cpu_supports name for
+// (f16c, avx512bf16). Each is read only once AVX2 or AVX-512 is known usable, so the check of OS
+// support that the builtin adds has been made already.
+bool CpuidBit(unsigned leaf, unsigned subleaf, CpuidReg reg, int bit) {
+  unsigned r[4] = {0, 0, 0, 0};
+  if (__get_cpuid_count(leaf, subleaf, &r[kEax], &r[kEbx], &r[kEcx], &r[kEdx]) == 0) return false;
+  return ((r[reg] >> bit) & 1) != 0;
 }
 
 }  // namespace
@@ -20,10 +24,11 @@ const CpuFeatures& DetectCpuFeatures() {
   static const CpuFeatures features = [] {
     __builtin_cpu_init();
     CpuFeatures f;
-    f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && HasF16c();
+    f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             CpuidBit(1, 0, kEcx, 29);  // F16C
     f.avx512 = f.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
+    f.avx512_bf16 = f.avx512 && CpuidBit(7, 1, kEax, 5);  // AVX512_BF16
     return f;
   }();
   return features;

@@ -85,7 +85,7 @@ PagePool::PagePool(int num_pages) : num_total_(num_pages) {
 
 Result<std::vector<int32_t>> PagePool::Allocate(int n) {
   if (n < 0) return InvalidArgument("cannot allocate " + std::to_string(n) + " pages");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (static_cast<size_t>(n) > free_list_.size())
     return ResourceExhausted("KV page pool: asked for " + std::to_string(n) + " pages, " +
                              std::to_string(free_list_.size()) + " free of " +
@@ -98,7 +98,7 @@ Result<std::vector<int32_t>> PagePool::Allocate(int n) {
 }
 
 void PagePool::AddRef(std::span<const int32_t> pages) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (int32_t p : pages) {
     PD_CHECK(p >= 0 && p < num_total_) << "page id " << p << " out of range";
     PD_CHECK(refcount_[p] > 0) << "AddRef on free page " << p;
@@ -107,7 +107,7 @@ void PagePool::AddRef(std::span<const int32_t> pages) {
 }
 
 void PagePool::Release(std::span<const int32_t> pages) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (int32_t p : pages) {
     PD_CHECK(p >= 0 && p < num_total_) << "page id " << p << " out of range";
     PD_CHECK(refcount_[p] > 0) << "double release of page " << p;
@@ -116,12 +116,12 @@ void PagePool::Release(std::span<const int32_t> pages) {
 }
 
 int PagePool::num_free() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return static_cast<int>(free_list_.size());
 }
 
 int PagePool::RefCount(int32_t page) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   PD_CHECK(page >= 0 && page < num_total_) << "page id " << page << " out of range";
   return refcount_[page];
 }

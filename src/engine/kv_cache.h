@@ -12,11 +12,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string_view>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace pd::engine {
@@ -84,19 +84,19 @@ class PagePool {
   explicit PagePool(int num_pages);
 
   // n pages with refcount 1, or ResourceExhausted (and nothing allocated).
-  Result<std::vector<int32_t>> Allocate(int n);
-  void AddRef(std::span<const int32_t> pages);
+  Result<std::vector<int32_t>> Allocate(int n) EXCLUDES(mu_);
+  void AddRef(std::span<const int32_t> pages) EXCLUDES(mu_);
   // Drops one reference of each page; a page whose count reaches 0 is free again.
-  void Release(std::span<const int32_t> pages);
-  int num_free() const;
+  void Release(std::span<const int32_t> pages) EXCLUDES(mu_);
+  int num_free() const EXCLUDES(mu_);
   int num_total() const { return num_total_; }
-  int RefCount(int32_t page) const;
+  int RefCount(int32_t page) const EXCLUDES(mu_);
 
  private:
   const int num_total_;
-  mutable std::mutex mu_;
-  std::vector<int32_t> free_list_;  // GUARDED_BY(mu_)
-  std::vector<int32_t> refcount_;   // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::vector<int32_t> free_list_ GUARDED_BY(mu_);
+  std::vector<int32_t> refcount_ GUARDED_BY(mu_);
 };
 
 }  // namespace pd::engine

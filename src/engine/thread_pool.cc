@@ -34,11 +34,11 @@ ThreadPool::ThreadPool(int num_threads) : num_threads_(num_threads < 1 ? 1 : num
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_.store(true, std::memory_order_release);
     generation_.fetch_add(1, std::memory_order_acq_rel);
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   for (std::thread& w : workers_) w.join();
 }
 
@@ -60,8 +60,8 @@ void ThreadPool::Run(int64_t n, RawFn fn, void* ctx) {
   pending_.store(num_threads_ - 1, std::memory_order_relaxed);
   generation_.fetch_add(1);  // seq_cst: pairs with the sleeper's increment
   if (sleepers_.load() > 0) {
-    std::lock_guard<std::mutex> lock(mu_);  // orders the notify after a sleeper's check
-    cv_.notify_all();
+    MutexLock lock(&mu_);  // orders the notify after a sleeper's check
+    cv_.SignalAll();
   }
   RunChunk(0);
   SpinUntil([&] { return pending_.load(std::memory_order_acquire) == 0; }, false);
@@ -74,9 +74,9 @@ void ThreadPool::WorkerLoop(int thread) {
     const bool got = SpinUntil(
         [&] { return (gen = generation_.load(std::memory_order_acquire)) != seen; }, true);
     if (!got) {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       sleepers_.fetch_add(1);
-      cv_.wait(lock, [&] { return generation_.load() != seen; });
+      while (generation_.load() == seen) cv_.Wait(&mu_);
       sleepers_.fetch_sub(1, std::memory_order_acq_rel);
       gen = generation_.load(std::memory_order_acquire);
     }

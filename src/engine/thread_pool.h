@@ -3,12 +3,12 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <thread>
 #include <type_traits>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace pd::engine {
 
@@ -59,8 +59,10 @@ class ThreadPool {
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};  // workers that have not finished the current job
   std::atomic<bool> stop_{false};
-  std::mutex mu_;
-  std::condition_variable cv_;  // workers sleep here after spinning a while
+  // Guards no field (the job is published through the atomics): a sleeper checks generation_
+  // under it and Run notifies under it, so a wake-up cannot slip in between the two.
+  Mutex mu_;
+  CondVar cv_;  // workers sleep here after spinning a while
   std::atomic<int> sleepers_{0};
 };
 

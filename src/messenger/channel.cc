@@ -38,18 +38,21 @@ Status ReplayGuard::Check(const std::string& sender, uint64_t seq) {
 
 void TaskQueue::Post(std::function<void()> task) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopped_) return;
     tasks_.push_back(std::move(task));
   }
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 bool TaskQueue::RunFor(std::chrono::milliseconds timeout) {
   std::deque<std::function<void()>> tasks;
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, timeout, [&] { return stopped_ || woken_ || !tasks_.empty(); });
+    MutexLock lock(&mu_);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!stopped_ && !woken_ && tasks_.empty()) {
+      if (!cv_.WaitUntil(&mu_, deadline)) break;
+    }
     if (stopped_) return false;
     woken_ = false;
     tasks.swap(tasks_);
@@ -60,19 +63,19 @@ bool TaskQueue::RunFor(std::chrono::milliseconds timeout) {
 
 void TaskQueue::Wake() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     woken_ = true;
   }
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void TaskQueue::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopped_ = true;
     tasks_.clear();
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 double NowSeconds() {

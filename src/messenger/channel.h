@@ -4,16 +4,15 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "messenger/wire.h"
 
@@ -50,21 +49,21 @@ class ReplayGuard {
 // A queue of tasks run by one thread. Thread safety: Post and Stop from any thread.
 class TaskQueue {
  public:
-  void Post(std::function<void()> task);
+  void Post(std::function<void()> task) EXCLUDES(mu_);
   // Runs every queued task; waits up to `timeout` for one (or a Wake) when none is queued. False
   // once stopped.
-  bool RunFor(std::chrono::milliseconds timeout);
+  bool RunFor(std::chrono::milliseconds timeout) EXCLUDES(mu_);
   // Ends the current or next RunFor's wait without a task (a wake-up is never lost: it is kept
   // until a RunFor consumes it). Any thread.
-  void Wake();
-  void Stop();
+  void Wake() EXCLUDES(mu_);
+  void Stop() EXCLUDES(mu_);
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;  // GUARDED_BY(mu_)
-  bool woken_ = false;                       // GUARDED_BY(mu_)
-  bool stopped_ = false;                     // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<void()>> tasks_ GUARDED_BY(mu_);
+  bool woken_ GUARDED_BY(mu_) = false;
+  bool stopped_ GUARDED_BY(mu_) = false;
 };
 
 double NowSeconds();  // steady clock, for deadlines

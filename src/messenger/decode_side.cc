@@ -5,7 +5,6 @@
 #include "messenger/decode_side.h"
 
 #include <algorithm>
-#include <mutex>
 #include <string>
 #include <utility>
 
@@ -77,7 +76,6 @@ void DecodeMessenger::Impl::Greet() {
                     addr.status().ToString());
         continue;
       }
-      std::lock_guard<std::mutex> lock(peers_mu_);
       p.addr = *addr;
       p.have_addr = true;
     }
@@ -146,14 +144,11 @@ void DecodeMessenger::Impl::MarkDown(int peer, const Status& why) {
     PD_LOG_WARN("decode messenger: prefill instance {} is unreachable: {}", p.config.name,
                 why.ToString());
   }
-  {
-    std::lock_guard<std::mutex> lock(peers_mu_);
-    if (p.state == PeerStatus::State::kAccepted || p.state == PeerStatus::State::kDown) {
-      p.state = PeerStatus::State::kDown;
-    }
-    p.hello_interval = std::min(30.0, std::max(2.0, 2 * p.hello_interval));
+  if (p.state == PeerStatus::State::kAccepted || p.state == PeerStatus::State::kDown) {
+    p.state = PeerStatus::State::kDown;
   }
-  peers_cv_.notify_all();
+  p.hello_interval = std::min(30.0, std::max(2.0, 2 * p.hello_interval));
+  PublishPeer(peer);
   std::vector<Req*> affected;
   for (auto& [id, r] : reqs_) {
     if (r->in_flight && r->peer == peer) affected.push_back(r.get());
@@ -202,17 +197,14 @@ void DecodeMessenger::Impl::OnHelloReply(const HelloReply& reply, uint64_t seq) 
   } else if (Status plan = PlanTransfer(reply.scheme, scheme_, format_, 0).status(); !plan.ok()) {
     reason = "prefill instance " + it->config.name + ": " + plan.message();
   }
-  {
-    std::lock_guard<std::mutex> lock(peers_mu_);
-    if (it->state != PeerStatus::State::kWaiting && it->state != PeerStatus::State::kDown) {
-      return;  // a heartbeat's answer, or a late duplicate
-    }
-    it->state = reason.empty() ? PeerStatus::State::kAccepted : PeerStatus::State::kRefused;
-    it->hello_interval = 0.0;
-    it->reason = reason;
-    it->scheme = reply.scheme;
+  if (it->state != PeerStatus::State::kWaiting && it->state != PeerStatus::State::kDown) {
+    return;  // a heartbeat's answer, or a late duplicate
   }
-  peers_cv_.notify_all();
+  it->state = reason.empty() ? PeerStatus::State::kAccepted : PeerStatus::State::kRefused;
+  it->hello_interval = 0.0;
+  it->reason = reason;
+  it->scheme = reply.scheme;
+  PublishPeer(static_cast<int>(it - peers_.begin()));
   if (reason.empty()) {
     PD_LOG_INFO("decode messenger: prefill instance {} ('{}') accepted us", it->config.name,
                 reply.instance_name);
@@ -221,24 +213,34 @@ void DecodeMessenger::Impl::OnHelloReply(const HelloReply& reply, uint64_t seq) 
   }
 }
 
+void DecodeMessenger::Impl::PublishPeer(int peer) {
+  const Peer& p = peers_[peer];
+  {
+    MutexLock lock(&peers_mu_);
+    peer_status_[peer] = {p.config.name, p.state, p.reason, p.outstanding};
+  }
+  peers_cv_.SignalAll();
+}
+
 Status DecodeMessenger::Impl::WaitForPeers(double timeout_s) {
-  std::unique_lock<std::mutex> lock(peers_mu_);
-  auto all_answered = [&] {
-    return std::none_of(peers_.begin(), peers_.end(),
-                        [](const Peer& p) { return p.state == PeerStatus::State::kWaiting; });
-  };
-  peers_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), all_answered);
+  MutexLock lock(&peers_mu_);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::ceil<std::chrono::steady_clock::duration>(
+                                             std::chrono::duration<double>(timeout_s));
+  while (std::any_of(peer_status_.begin(), peer_status_.end(),
+                     [](const PeerStatus& p) { return p.state == PeerStatus::State::kWaiting; })) {
+    if (!peers_cv_.WaitUntil(&peers_mu_, deadline)) break;
+  }
   std::string refusals, silent;
   int accepted = 0;
-  for (const Peer& p : peers_) {
+  for (const PeerStatus& p : peer_status_) {
     if (p.state == PeerStatus::State::kAccepted) ++accepted;
     if (p.state == PeerStatus::State::kRefused)
       refusals += (refusals.empty() ? "" : "; ") + p.reason;
     if (p.state == PeerStatus::State::kDown) {
-      silent += (silent.empty() ? "" : ", ") + p.config.name + " (unreachable)";
+      silent += (silent.empty() ? "" : ", ") + p.name + " (unreachable)";
     }
-    if (p.state == PeerStatus::State::kWaiting)
-      silent += (silent.empty() ? "" : ", ") + p.config.name;
+    if (p.state == PeerStatus::State::kWaiting) silent += (silent.empty() ? "" : ", ") + p.name;
   }
   if (!refusals.empty()) return FailedPrecondition(refusals);
   if (accepted == 0) {
@@ -251,10 +253,8 @@ Status DecodeMessenger::Impl::WaitForPeers(double timeout_s) {
 }
 
 std::vector<PeerStatus> DecodeMessenger::Impl::Peers() const {
-  std::lock_guard<std::mutex> lock(peers_mu_);
-  std::vector<PeerStatus> out;
-  for (const Peer& p : peers_) out.push_back({p.config.name, p.state, p.reason, p.outstanding});
-  return out;
+  MutexLock lock(&peers_mu_);
+  return peer_status_;
 }
 
 int DecodeMessenger::Impl::PickPeer(const Req& r) const {

@@ -4,10 +4,8 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -15,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "messenger/channel.h"
 #include "messenger/decode_side.h"
 #include "messenger/handshake.h"
@@ -25,8 +24,8 @@ namespace decode_internal {
 // Shared by a request's engine callbacks and the messenger thread.
 struct RequestInfo {
   std::vector<int32_t> prefill_tokens;  // the prompt without its last token
-  std::mutex mu;
-  Status failure;  // GUARDED_BY(mu): set before the messenger aborts the request
+  Mutex mu;
+  Status failure GUARDED_BY(mu);  // set before the messenger aborts the request
 };
 
 struct Req {
@@ -110,15 +109,16 @@ class DecodeMessenger::Impl {
       Peer peer;
       peer.config = p;
       peers_.push_back(std::move(peer));
+      peer_status_.push_back({p.name, PeerStatus::State::kWaiting, "", 0});
     }
   }
 
   Status Init();
   void Stop();
-  Status WaitForPeers(double timeout_s);
-  std::vector<PeerStatus> Peers() const;
+  Status WaitForPeers(double timeout_s) EXCLUDES(peers_mu_);
+  std::vector<PeerStatus> Peers() const EXCLUDES(peers_mu_);
   Result<int64_t> Submit(std::vector<int32_t> prompt, const engine::SamplingParams& sampling,
-                         engine::OutputCallback on_output);
+                         engine::OutputCallback on_output) EXCLUDES(peers_mu_);
   const std::string& address() const { return domain_->info().address; }
 
  private:
@@ -152,6 +152,9 @@ class DecodeMessenger::Impl {
   void OnEnded(int64_t id);
   void CheckDeadlines();
   int PickPeer(const Req& r) const;
+  // Copies peers_[peer]'s name, state, reason and outstanding to peer_status_ and wakes
+  // WaitForPeers: call after changing any of them.
+  void PublishPeer(int peer) EXCLUDES(peers_mu_);
   Req* Find(int64_t id);
   void UpdateActive();
   // Sends a control message to peers_[peer]; `on_fail` (messenger thread) runs if it fails or
@@ -177,11 +180,13 @@ class DecodeMessenger::Impl {
   std::atomic<bool> stopped_{false};
   uint64_t wire_prefix_ = 0;
 
-  mutable std::mutex peers_mu_;  // peers_ is read by WaitForPeers / Peers / Submit
-  std::condition_variable peers_cv_;
-  std::vector<Peer> peers_;  // GUARDED_BY(peers_mu_) for readers; written on the messenger thread
+  // What other threads (WaitForPeers, Peers, Submit) see of peers_, one entry per peer.
+  mutable Mutex peers_mu_;
+  CondVar peers_cv_;
+  std::vector<PeerStatus> peer_status_ GUARDED_BY(peers_mu_);
 
-  // Messenger thread only.
+  // Messenger thread only (Stop reads them after joining that thread).
+  std::vector<Peer> peers_;
   ReplayGuard replay_;
   std::unordered_map<int64_t, std::unique_ptr<Req>> reqs_;
   std::unordered_map<uint64_t, int64_t> by_wire_;

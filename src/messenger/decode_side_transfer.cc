@@ -5,7 +5,6 @@
 // Lifecycle and peers are in decode_side.cc; Impl's definition in decode_side_impl.h.
 #include <algorithm>
 #include <cstring>
-#include <mutex>
 #include <string>
 #include <utility>
 
@@ -30,9 +29,9 @@ Result<int64_t> DecodeMessenger::Impl::Submit(std::vector<int32_t> prompt,
   engine::AsyncEngine& inner = *owner_->inner_;
   if (prompt.size() < 2) return inner.Submit(std::move(prompt), sampling, std::move(on_output));
   {
-    std::lock_guard<std::mutex> lock(peers_mu_);
-    if (std::none_of(peers_.begin(), peers_.end(),
-                     [](const Peer& p) { return p.state == PeerStatus::State::kAccepted; })) {
+    MutexLock lock(&peers_mu_);
+    if (std::none_of(peer_status_.begin(), peer_status_.end(),
+                     [](const PeerStatus& p) { return p.state == PeerStatus::State::kAccepted; })) {
       return Unavailable("no prefill instance has accepted this decode instance");
     }
   }
@@ -46,7 +45,7 @@ Result<int64_t> DecodeMessenger::Impl::Submit(std::vector<int32_t> prompt,
     }
     engine::RequestOutput copy = out;
     {
-      std::lock_guard<std::mutex> lock(info->mu);
+      MutexLock lock(&info->mu);
       if (!info->failure.ok() && copy.finish_reason == engine::FinishReason::kAbort) {
         copy.finish_reason = engine::FinishReason::kError;
         copy.error = info->failure;
@@ -122,10 +121,8 @@ void DecodeMessenger::Impl::StartAttempt(Req* r, const Status& last_error) {
   r->attempts++;
   r->tried.push_back(peer);
   r->deadline = NowSeconds() + options_.transfer_timeout_ms / 1000.0;
-  {
-    std::lock_guard<std::mutex> lock(peers_mu_);
-    peers_[peer].outstanding++;
-  }
+  peers_[peer].outstanding++;
+  PublishPeer(peer);
   UpdateActive();
   SendPrefillRequest(r, num_pages, *expected);
 }
@@ -306,10 +303,8 @@ void DecodeMessenger::Impl::EndAttempt(Req* r, bool fence) {
     FreeMetaSlot(r->meta_slot, r->meta_imm);
   }
   r->meta_slot = -1;
-  {
-    std::lock_guard<std::mutex> lock(peers_mu_);
-    peers_[r->peer].outstanding--;
-  }
+  peers_[r->peer].outstanding--;
+  PublishPeer(r->peer);
   UpdateActive();
 }
 
@@ -345,7 +340,7 @@ void DecodeMessenger::Impl::Fail(Req* r, const Status& status) {
                               {"error", status.ToString()}});
   }
   {
-    std::lock_guard<std::mutex> lock(r->info->mu);
+    MutexLock lock(&r->info->mu);
     r->info->failure =
         Status(status.code(), "KV transfer failed after " + std::to_string(r->attempts) +
                                   " attempt(s): " + status.message());

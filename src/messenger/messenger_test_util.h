@@ -8,17 +8,16 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/check.h"
+#include "common/mutex.h"
 #include "common/trace.h"
 #include "engine/async_engine.h"
 #include "engine/engine.h"
@@ -167,19 +166,20 @@ class PendingRequest {
                  const engine::SamplingParams& params)
       : engine_(engine), state_(std::make_shared<State>()) {
     auto id = engine.Submit(prompt, params, [state = state_](const engine::RequestOutput& out) {
-      std::lock_guard<std::mutex> lock(state->mu);
+      MutexLock lock(&state->mu);
       state->outcome.tokens.insert(state->outcome.tokens.end(), out.new_token_ids.begin(),
                                    out.new_token_ids.end());
       if (out.finished()) {
         state->outcome.finish = out.finish_reason;
         state->outcome.error = out.error;
         state->done = true;
-        state->cv.notify_all();
+        state->cv.SignalAll();
       }
     });
     if (id.ok()) {
       id_ = *id;
     } else {
+      MutexLock lock(&state_->mu);
       state_->outcome.finish = engine::FinishReason::kError;
       state_->outcome.error = id.status();
       state_->done = true;
@@ -188,7 +188,7 @@ class PendingRequest {
   ~PendingRequest() {
     bool done;
     {
-      std::lock_guard<std::mutex> lock(state_->mu);
+      MutexLock lock(&state_->mu);
       done = state_->done;
     }
     if (!done) engine_.Abort(id_);
@@ -201,19 +201,24 @@ class PendingRequest {
 
   // The outcome once the request has ended (a test failure if it has not after `timeout_s`).
   Outcome Wait(double timeout_s = kDeadlineS) {
-    std::unique_lock<std::mutex> lock(state_->mu);
-    EXPECT_TRUE(state_->cv.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] {
-      return state_->done;
-    })) << "request did not finish";
-    return state_->outcome;
+    State* state = state_.get();
+    MutexLock lock(&state->mu);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::ceil<std::chrono::steady_clock::duration>(
+                                               std::chrono::duration<double>(timeout_s));
+    while (!state->done) {
+      if (!state->cv.WaitUntil(&state->mu, deadline)) break;
+    }
+    EXPECT_TRUE(state->done) << "request did not finish";
+    return state->outcome;
   }
 
  private:
   struct State {
-    std::mutex mu;
-    std::condition_variable cv;
-    Outcome outcome;
-    bool done = false;
+    Mutex mu;
+    CondVar cv;
+    Outcome outcome GUARDED_BY(mu);
+    bool done GUARDED_BY(mu) = false;
   };
   engine::AsyncEngine& engine_;
   std::shared_ptr<State> state_;
@@ -284,17 +289,19 @@ class FakePeer {
     ASSERT_TRUE(domain_->SubmitSend(*peer, codec_.Encode(m), nullptr).ok());
   }
   transfer::Domain& domain() { return *domain_; }
-  void Record(const Frame& f) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Record(const Frame& f) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     received_.push_back(f);
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   // Waits for the next recorded frame.
-  std::optional<Frame> Next() {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, std::chrono::seconds(30), [&] { return !received_.empty(); })) {
-      return std::nullopt;
+  std::optional<Frame> Next() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (received_.empty()) {
+      if (!cv_.WaitUntil(&mu_, deadline)) break;
     }
+    if (received_.empty()) return std::nullopt;
     Frame f = received_.front();
     received_.pop_front();
     return f;
@@ -308,9 +315,9 @@ class FakePeer {
   Handler handler_;
   std::unique_ptr<transfer::Domain> domain_;
   std::thread thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Frame> received_;
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Frame> received_ GUARDED_BY(mu_);
 };
 
 }  // namespace pd::messenger::testing

@@ -6,15 +6,18 @@ namespace pd::server {
 
 void OutputChannel::Push(const engine::RequestOutput& output, double time) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     items_.push_back({output, time});
   }
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void OutputChannel::Wait(std::vector<Item>* items, std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, timeout, [&] { return !items_.empty(); });
+  MutexLock lock(&mu_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (items_.empty()) {
+    if (!cv_.WaitUntil(&mu_, deadline)) break;
+  }
   while (!items_.empty()) {
     items->push_back(std::move(items_.front()));
     items_.pop_front();

@@ -4,12 +4,11 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "common/mutex.h"
 #include "engine/async_engine.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
@@ -24,14 +23,14 @@ class OutputChannel {
     engine::RequestOutput output;
     double time = 0.0;  // SystemClock seconds when the engine handed it over
   };
-  void Push(const engine::RequestOutput& output, double time);
+  void Push(const engine::RequestOutput& output, double time) EXCLUDES(mu_);
   // Moves every queued item into *items; waits up to timeout when none is queued.
-  void Wait(std::vector<Item>* items, std::chrono::milliseconds timeout);
+  void Wait(std::vector<Item>* items, std::chrono::milliseconds timeout) EXCLUDES(mu_);
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Item> items_;  // GUARDED_BY(mu_); bounded by the request's max_tokens
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Item> items_ GUARDED_BY(mu_);  // bounded by the request's max_tokens
 };
 
 // Thread safety: owned and used by one HTTP thread.

@@ -88,19 +88,19 @@ MetricFamily::Series& MetricFamily::GetSeries(const Labels& labels) {
 void MetricFamily::Increment(const Labels& labels, double delta) {
   PD_CHECK(type_ != MetricType::kHistogram) << name_;
   PD_CHECK(type_ == MetricType::kGauge || delta >= 0) << name_ << ": counters only go up";
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   GetSeries(labels).value += delta;
 }
 
 void MetricFamily::Set(const Labels& labels, double value) {
   PD_CHECK(type_ == MetricType::kGauge) << name_;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   GetSeries(labels).value = value;
 }
 
 void MetricFamily::Observe(const Labels& labels, double value) {
   PD_CHECK(type_ == MetricType::kHistogram) << name_;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Series& s = GetSeries(labels);
   s.value += value;
   s.count += 1;
@@ -113,24 +113,24 @@ void MetricFamily::Observe(const Labels& labels, double value) {
 }
 
 void MetricFamily::Touch(const Labels& labels) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   GetSeries(labels);
 }
 
 double MetricFamily::Value(const Labels& labels) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = series_.find(labels);
   return it == series_.end() ? 0.0 : it->second.value;
 }
 
 uint64_t MetricFamily::SampleCount(const Labels& labels) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = series_.find(labels);
   return it == series_.end() ? 0 : it->second.count;
 }
 
 void MetricFamily::AppendText(std::string* out) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   *out += "# HELP " + name_ + " " + help_ + "\n";
   *out += "# TYPE " + name_ + " " + std::string(TypeName(type_)) + "\n";
   for (const auto& [labels, s] : series_) {
@@ -154,32 +154,32 @@ void MetricFamily::AppendText(std::string* out) const {
 }
 
 MetricFamily* Registry::AddCounter(const std::string& name, const std::string& help) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   families_.push_back(std::make_unique<MetricFamily>(name, help, MetricType::kCounter));
   return families_.back().get();
 }
 
 MetricFamily* Registry::AddGauge(const std::string& name, const std::string& help) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   families_.push_back(std::make_unique<MetricFamily>(name, help, MetricType::kGauge));
   return families_.back().get();
 }
 
 MetricFamily* Registry::AddHistogram(const std::string& name, const std::string& help,
                                      std::vector<double> buckets) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   families_.push_back(
       std::make_unique<MetricFamily>(name, help, MetricType::kHistogram, std::move(buckets)));
   return families_.back().get();
 }
 
 void Registry::AddCollectHook(std::function<void()> hook) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   hooks_.push_back(std::move(hook));
 }
 
 std::string Registry::Render() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& hook : hooks_) hook();
   std::string out;
   for (const auto& family : families_) family->AppendText(&out);

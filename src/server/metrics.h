@@ -8,9 +8,10 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace pd::server {
 
@@ -32,16 +33,18 @@ class MetricFamily {
                std::vector<double> buckets = {});
 
   // Counter: adds delta (>= 0). Gauge: sets or adds. Histogram: observes.
-  void Increment(const Labels& labels, double delta = 1.0);
-  void Set(const Labels& labels, double value);
-  void Observe(const Labels& labels, double value);
+  void Increment(const Labels& labels, double delta = 1.0) EXCLUDES(mu_);
+  void Set(const Labels& labels, double value) EXCLUDES(mu_);
+  void Observe(const Labels& labels, double value) EXCLUDES(mu_);
   // Creates the series with value 0 so it is exported before its first event.
-  void Touch(const Labels& labels);
-  double Value(const Labels& labels) const;          // counter / gauge value (0 when absent)
-  uint64_t SampleCount(const Labels& labels) const;  // histogram count (0 when absent)
+  void Touch(const Labels& labels) EXCLUDES(mu_);
+  // Counter / gauge value (0 when absent).
+  double Value(const Labels& labels) const EXCLUDES(mu_);
+  // Histogram count (0 when absent).
+  uint64_t SampleCount(const Labels& labels) const EXCLUDES(mu_);
 
   const std::string& name() const { return name_; }
-  void AppendText(std::string* out) const;
+  void AppendText(std::string* out) const EXCLUDES(mu_);
 
  private:
   struct Series {
@@ -49,31 +52,31 @@ class MetricFamily {
     uint64_t count = 0;                   // histogram
     std::vector<uint64_t> bucket_counts;  // histogram, non-cumulative, one per bucket
   };
-  Series& GetSeries(const Labels& labels);  // requires mu_
+  Series& GetSeries(const Labels& labels) REQUIRES(mu_);
 
   const std::string name_;
   const std::string help_;
   const MetricType type_;
   const std::vector<double> buckets_;  // upper bounds, ascending; +Inf implied
-  mutable std::mutex mu_;
-  std::map<Labels, Series> series_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::map<Labels, Series> series_ GUARDED_BY(mu_);
 };
 
 class Registry {
  public:
-  MetricFamily* AddCounter(const std::string& name, const std::string& help);
-  MetricFamily* AddGauge(const std::string& name, const std::string& help);
+  MetricFamily* AddCounter(const std::string& name, const std::string& help) EXCLUDES(mu_);
+  MetricFamily* AddGauge(const std::string& name, const std::string& help) EXCLUDES(mu_);
   MetricFamily* AddHistogram(const std::string& name, const std::string& help,
-                             std::vector<double> buckets);
+                             std::vector<double> buckets) EXCLUDES(mu_);
   // Called before each scrape, e.g. to read gauges from the engine.
-  void AddCollectHook(std::function<void()> hook);
+  void AddCollectHook(std::function<void()> hook) EXCLUDES(mu_);
   // The whole registry in Prometheus text format, families in registration order.
-  std::string Render() const;
+  std::string Render() const EXCLUDES(mu_);
 
  private:
-  mutable std::mutex mu_;
-  std::vector<std::unique_ptr<MetricFamily>> families_;  // GUARDED_BY(mu_)
-  std::vector<std::function<void()>> hooks_;             // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::vector<std::unique_ptr<MetricFamily>> families_ GUARDED_BY(mu_);
+  std::vector<std::function<void()>> hooks_ GUARDED_BY(mu_);
 };
 
 // vLLM's bucket boundaries (vllm/v1/metrics/loggers.py).

@@ -73,25 +73,29 @@ FakeAsyncEngine::~FakeAsyncEngine() { Shutdown(); }
 
 void FakeAsyncEngine::Shutdown() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (shutdown_) return;
     shutdown_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   thread_.join();
-  for (auto& [id, r] : active_) {
+  std::map<int64_t, Req> left;
+  {
+    MutexLock lock(&mu_);
+    left.swap(active_);
+  }
+  for (auto& [id, r] : left) {
     engine::RequestOutput out;
     out.request_id = id;
     out.finish_reason = engine::FinishReason::kAbort;
     r.callback(out);
   }
-  active_.clear();
 }
 
 Result<int64_t> FakeAsyncEngine::Submit(std::vector<int32_t> prompt_ids,
                                         const engine::SamplingParams& sampling,
                                         engine::OutputCallback on_output) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (shutdown_) return Unavailable("engine is shut down");
   if (static_cast<int>(active_.size()) >= options_.max_pending)
     return ResourceExhausted(std::to_string(options_.max_pending) + " requests pending");
@@ -100,20 +104,20 @@ Result<int64_t> FakeAsyncEngine::Submit(std::vector<int32_t> prompt_ids,
   last_sampling_ = sampling;
   last_prompt_ = prompt_ids;
   active_.emplace(id, Req{id, std::move(prompt_ids), sampling, std::move(on_output)});
-  cv_.notify_all();
+  cv_.SignalAll();
   return id;
 }
 
 void FakeAsyncEngine::Abort(int64_t request_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   aborted_.insert(request_id);
   auto it = active_.find(request_id);
   if (it != active_.end()) it->second.abort = true;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 engine::EngineStats FakeAsyncEngine::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   engine::EngineStats s;
   s.num_running = std::min<int>(static_cast<int>(active_.size()), options_.max_running);
   s.num_waiting = static_cast<int>(active_.size()) - s.num_running;
@@ -123,36 +127,36 @@ engine::EngineStats FakeAsyncEngine::stats() const {
 }
 
 void FakeAsyncEngine::Hold() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   held_ = true;
 }
 
 void FakeAsyncEngine::Release() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     held_ = false;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 std::set<int64_t> FakeAsyncEngine::aborted() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return aborted_;
 }
 int64_t FakeAsyncEngine::num_submitted() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return next_id_ - 1;
 }
 int FakeAsyncEngine::num_active() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return static_cast<int>(active_.size());
 }
 engine::SamplingParams FakeAsyncEngine::last_sampling() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return last_sampling_;
 }
 std::vector<int32_t> FakeAsyncEngine::last_prompt() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return last_prompt_;
 }
 
@@ -185,15 +189,16 @@ engine::RequestOutput FakeAsyncEngine::StepOne(Req& r) {
   return out;
 }
 
+bool FakeAsyncEngine::HasAbortLocked() const {
+  for (const auto& [id, r] : active_)
+    if (r.abort) return true;
+  return false;
+}
+
 void FakeAsyncEngine::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (;;) {
-    auto has_abort = [&] {
-      for (const auto& [id, r] : active_)
-        if (r.abort) return true;
-      return false;
-    };
-    cv_.wait(lock, [&] { return shutdown_ || (!active_.empty() && (!held_ || has_abort())); });
+    while (!shutdown_ && (active_.empty() || (held_ && !HasAbortLocked()))) cv_.Wait(&mu_);
     if (shutdown_) return;
     std::vector<std::pair<engine::OutputCallback, engine::RequestOutput>> outs;
     int n = 0;
@@ -206,10 +211,10 @@ void FakeAsyncEngine::Loop() {
       outs.emplace_back(it->second.callback, out);
       it = out.finished() ? active_.erase(it) : std::next(it);
     }
-    lock.unlock();
+    lock.Unlock();
     for (auto& [cb, out] : outs) cb(out);  // like the real engine: callbacks on the engine thread
     std::this_thread::sleep_for(std::chrono::microseconds(options_.step_interval_us));
-    lock.lock();
+    lock.Lock();
   }
 }
 

@@ -3,13 +3,12 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <set>
 #include <thread>
 
+#include "common/mutex.h"
 #include "engine/async_engine.h"
 #include "model/tokenizer.h"
 
@@ -52,19 +51,19 @@ class FakeAsyncEngine final : public engine::AsyncEngine {
   ~FakeAsyncEngine() override;
 
   Result<int64_t> Submit(std::vector<int32_t> prompt_ids, const engine::SamplingParams& sampling,
-                         engine::OutputCallback on_output) override;
-  void Abort(int64_t request_id) override;
-  engine::EngineStats stats() const override;
+                         engine::OutputCallback on_output) override EXCLUDES(mu_);
+  void Abort(int64_t request_id) override EXCLUDES(mu_);
+  engine::EngineStats stats() const override EXCLUDES(mu_);
   const model::ModelConfig& config() const override { return config_; }
-  void Shutdown() override;
+  void Shutdown() override EXCLUDES(mu_);
 
-  void Hold();
-  void Release();
-  std::set<int64_t> aborted() const;
-  int64_t num_submitted() const;
-  int num_active() const;
-  engine::SamplingParams last_sampling() const;
-  std::vector<int32_t> last_prompt() const;
+  void Hold() EXCLUDES(mu_);
+  void Release() EXCLUDES(mu_);
+  std::set<int64_t> aborted() const EXCLUDES(mu_);
+  int64_t num_submitted() const EXCLUDES(mu_);
+  int num_active() const EXCLUDES(mu_);
+  engine::SamplingParams last_sampling() const EXCLUDES(mu_);
+  std::vector<int32_t> last_prompt() const EXCLUDES(mu_);
 
  private:
   struct Req {
@@ -75,20 +74,21 @@ class FakeAsyncEngine final : public engine::AsyncEngine {
     int generated = 0;
     bool abort = false;
   };
-  void Loop();
+  void Loop() EXCLUDES(mu_);
+  bool HasAbortLocked() const REQUIRES(mu_);
   engine::RequestOutput StepOne(Req& r);
 
   const FakeEngineOptions options_;
   model::ModelConfig config_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<int64_t, Req> active_;  // GUARDED_BY(mu_)
-  std::set<int64_t> aborted_;      // GUARDED_BY(mu_)
-  engine::SamplingParams last_sampling_;
-  std::vector<int32_t> last_prompt_;
-  int64_t next_id_ = 1;
-  bool held_ = false;
-  bool shutdown_ = false;
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::map<int64_t, Req> active_ GUARDED_BY(mu_);
+  std::set<int64_t> aborted_ GUARDED_BY(mu_);
+  engine::SamplingParams last_sampling_ GUARDED_BY(mu_);
+  std::vector<int32_t> last_prompt_ GUARDED_BY(mu_);
+  int64_t next_id_ GUARDED_BY(mu_) = 1;
+  bool held_ GUARDED_BY(mu_) = false;
+  bool shutdown_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

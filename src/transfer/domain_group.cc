@@ -78,11 +78,14 @@ namespace {
 // Joins the parts of one group transfer: `done` runs once, after the last part, with the first
 // error.
 struct Join {
-  std::mutex mu;
-  size_t remaining = 0;
-  Status first;
-  Completion done;
-  std::function<void()> forget;
+  Join(size_t num_parts, Completion done_in, std::function<void()> forget_in)
+      : remaining(num_parts), done(std::move(done_in)), forget(std::move(forget_in)) {}
+
+  Mutex mu;
+  size_t remaining GUARDED_BY(mu);
+  Status first GUARDED_BY(mu);
+  const Completion done;
+  const std::function<void()> forget;
 };
 }  // namespace
 
@@ -118,14 +121,13 @@ Result<TransferId> DomainGroup::SubmitPagedWrite(const GroupRegion& src, const G
     parts[owner[k]].dst_pages.push_back(shape.dst_pages[k]);
   }
   TransferId id = next_id_.fetch_add(1);
-  auto join = std::make_shared<Join>();
-  join->done = std::move(done);
-  join->forget = [this, id] {
-    std::lock_guard<std::mutex> lock(mu_);
+  size_t num_parts = 0;
+  for (auto& p : parts) num_parts += p.src_pages.empty() ? 0 : 1;
+  auto join = std::make_shared<Join>(num_parts, std::move(done), [this, id] {
+    MutexLock lock(&mu_);
     parts_.erase(id);
-  };
-  for (auto& p : parts) join->remaining += p.src_pages.empty() ? 0 : 1;
-  std::lock_guard<std::mutex> lock(mu_);  // completions wait for the parts list to be complete
+  });
+  MutexLock lock(&mu_);  // completions wait for the parts list to be complete
   auto& ids = parts_[id];
   for (size_t i = 0; i < parts.size(); ++i) {
     if (parts[i].src_pages.empty()) continue;
@@ -135,12 +137,13 @@ Result<TransferId> DomainGroup::SubmitPagedWrite(const GroupRegion& src, const G
     stats->outstanding += bytes;
     auto sub = domains_[i]->SubmitPagedWrite(parts[i], [join, stats, bytes](const Status& s) {
       stats->outstanding -= bytes;
-      std::unique_lock<std::mutex> jl(join->mu);
+      MutexLock jl(&join->mu);
       if (join->first.ok() && !s.ok()) join->first = s;
       if (--join->remaining > 0) return;
-      jl.unlock();
+      const Status first = join->first;
+      jl.Unlock();
       join->forget();
-      if (join->done) join->done(join->first);
+      if (join->done) join->done(first);
     });
     PD_CHECK(sub.ok()) << "validated part rejected: " << sub.status().ToString();
     ids.emplace_back(i, *sub);
@@ -151,7 +154,7 @@ Result<TransferId> DomainGroup::SubmitPagedWrite(const GroupRegion& src, const G
 void DomainGroup::Cancel(TransferId id) {
   std::vector<std::pair<size_t, TransferId>> ids;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = parts_.find(id);
     if (it == parts_.end()) return;
     ids = it->second;

@@ -7,10 +7,10 @@
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
 #include "transfer/domain.h"
 
 namespace pd::transfer {
@@ -53,8 +53,9 @@ class DomainGroup {
   // `shape` gives the pages, sizes, strides, offsets and imm; its src and dst are ignored. Every
   // page write carries the imm, whichever domain posts it. `done` runs once, with the first error.
   Result<TransferId> SubmitPagedWrite(const GroupRegion& src, const GroupRemote& dst,
-                                      const PagedWriteRequest& shape, Completion done);
-  void Cancel(TransferId id);
+                                      const PagedWriteRequest& shape, Completion done)
+      EXCLUDES(mu_);
+  void Cancel(TransferId id) EXCLUDES(mu_);
 
   // Bytes submitted to domain i over the group's life (for tests and the bench).
   uint64_t bytes_submitted(size_t i) const { return stats_[i]->submitted.load(); }
@@ -72,10 +73,9 @@ class DomainGroup {
   std::vector<std::unique_ptr<Domain>> domains_;
   std::vector<std::unique_ptr<Stats>> stats_;
   std::atomic<TransferId> next_id_{1};
-  std::mutex mu_;
+  Mutex mu_;
   // group transfer -> (domain, transfer) parts still running
-  std::unordered_map<TransferId, std::vector<std::pair<size_t, TransferId>>>
-      parts_;  // GUARDED_BY(mu_)
+  std::unordered_map<TransferId, std::vector<std::pair<size_t, TransferId>>> parts_ GUARDED_BY(mu_);
 };
 
 }  // namespace pd::transfer

@@ -31,7 +31,7 @@ void DomainWorker::Run() {
   while (true) {
     RunCommands();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (stop_) break;
     }
     PostPending();
@@ -55,7 +55,7 @@ void DomainWorker::Run() {
 void DomainWorker::RunCommands() {
   std::vector<std::function<void()>> commands;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     commands.swap(commands_);
   }
   for (auto& command : commands) command();

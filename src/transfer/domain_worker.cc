@@ -231,7 +231,7 @@ Result<fi_addr_t> DomainWorker::DoInsertAddress(const std::string& fabric_addr) 
 
 void DomainWorker::Post(std::function<void()> command) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     commands_.push_back(std::move(command));
   }
   uint64_t one = 1;
@@ -242,7 +242,7 @@ void DomainWorker::Post(std::function<void()> command) {
 DomainWorker::~DomainWorker() {
   if (thread_.joinable()) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stop_ = true;
     }
     Post([] {});

@@ -13,12 +13,12 @@
 #include <functional>
 #include <future>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
+#include "common/mutex.h"
 #include "transfer/domain.h"
 #include "transfer/fabric_util.h"
 
@@ -68,9 +68,9 @@ class DomainWorker {
                                                     DomainInfo* info);
   ~DomainWorker();
 
-  void Post(std::function<void()> command);
+  void Post(std::function<void()> command) EXCLUDES(mu_);
   template <typename T>
-  T Call(std::function<T()> fn) {
+  T Call(std::function<T()> fn) EXCLUDES(mu_) {
     auto promise = std::make_shared<std::promise<T>>();
     std::future<T> future = promise->get_future();
     Post([promise, fn = std::move(fn)] { promise->set_value(fn()); });
@@ -93,8 +93,8 @@ class DomainWorker {
   Result<FidPtr<fid_mr>> RegisterRaw(void* data, uint64_t size, uint64_t access);
   Status PostRecv(uint32_t index);
 
-  void Run();
-  void RunCommands();
+  void Run() EXCLUDES(mu_);
+  void RunCommands() EXCLUDES(mu_);
   void PostPending();
   // 0, -FI_EAGAIN, 1 (send buffers exhausted), 2 (the destination holds its share of send
   // buffers) or another -errno.
@@ -154,9 +154,9 @@ class DomainWorker {
   std::unordered_map<fi_addr_t, double> dest_completion_;
   std::unordered_map<fi_addr_t, uint32_t> dest_sends_;
 
-  std::mutex mu_;
-  std::vector<std::function<void()>> commands_;  // GUARDED_BY(mu_)
-  bool stop_ = false;                            // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::vector<std::function<void()>> commands_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
   std::atomic<size_t> num_pending_{0};
   std::thread thread_;
 };

@@ -6,30 +6,42 @@
 namespace pd::transfer {
 
 bool ImmWaiter::reached() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return reached_;
 }
 
 uint64_t ImmWaiter::received() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return received_;
 }
 
 bool ImmWaiter::WaitFor(double timeout_s) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return reached_; });
+  MutexLock lock(&mu_);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::ceil<std::chrono::steady_clock::duration>(
+                                             std::chrono::duration<double>(timeout_s));
+  while (!reached_) {
+    if (!cv_.WaitUntil(&mu_, deadline)) break;
+  }
+  return reached_;
 }
 
 // The callback runs before the waiter reports the count reached, so whoever sees reached() or
 // returns from WaitFor also sees everything the callback did.
 void ImmCounterTable::Fire(Entry& entry) {
   if (entry.callback) entry.callback();
+  ImmWaiter* waiter = entry.waiter.get();
   {
-    std::lock_guard<std::mutex> lock(entry.waiter->mu_);
-    entry.waiter->received_ = entry.received;
-    entry.waiter->reached_ = true;
+    MutexLock lock(&waiter->mu_);
+    waiter->received_ = entry.received;
+    waiter->reached_ = true;
   }
-  entry.waiter->cv_.notify_all();
+  waiter->cv_.SignalAll();
+}
+
+void ImmCounterTable::SetReceived(ImmWaiter* waiter, uint64_t received) {
+  MutexLock lock(&waiter->mu_);
+  waiter->received_ = received;
 }
 
 Result<std::shared_ptr<const ImmWaiter>> ImmCounterTable::Expect(uint32_t imm, uint64_t count,
@@ -41,7 +53,7 @@ Result<std::shared_ptr<const ImmWaiter>> ImmCounterTable::Expect(uint32_t imm, u
   entry.waiter = std::make_shared<ImmWaiter>();
   std::shared_ptr<const ImmWaiter> waiter = entry.waiter;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (active_.count(imm) != 0) {
       return AlreadyExists("imm counter " + std::to_string(imm) + " is already active");
     }
@@ -53,7 +65,7 @@ Result<std::shared_ptr<const ImmWaiter>> ImmCounterTable::Expect(uint32_t imm, u
       if (it->second == 0) unclaimed_.erase(it);
     }
     if (entry.received < entry.expected) {
-      entry.waiter->received_ = entry.received;
+      SetReceived(entry.waiter.get(), entry.received);
       active_.emplace(imm, std::move(entry));
       return waiter;
     }
@@ -63,7 +75,7 @@ Result<std::shared_ptr<const ImmWaiter>> ImmCounterTable::Expect(uint32_t imm, u
 }
 
 bool ImmCounterTable::Remove(uint32_t imm) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   bool removed = active_.erase(imm) != 0;
   removed = unclaimed_.erase(imm) != 0 || removed;
   return removed;
@@ -72,7 +84,7 @@ bool ImmCounterTable::Remove(uint32_t imm) {
 void ImmCounterTable::OnArrival(uint32_t imm) {
   Entry done;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = active_.find(imm);
     if (it == active_.end()) {
       ++unclaimed_[imm];
@@ -81,8 +93,7 @@ void ImmCounterTable::OnArrival(uint32_t imm) {
     Entry& entry = it->second;
     ++entry.received;
     if (entry.received < entry.expected) {
-      std::lock_guard<std::mutex> wlock(entry.waiter->mu_);
-      entry.waiter->received_ = entry.received;
+      SetReceived(entry.waiter.get(), entry.received);
       return;
     }
     done = std::move(entry);
@@ -92,12 +103,12 @@ void ImmCounterTable::OnArrival(uint32_t imm) {
 }
 
 size_t ImmCounterTable::num_active() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return active_.size();
 }
 
 uint64_t ImmCounterTable::unclaimed(uint32_t imm) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = unclaimed_.find(imm);
   return it == unclaimed_.end() ? 0 : it->second;
 }

@@ -9,13 +9,12 @@
 // its waiter reports the count reached.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace pd::transfer {
@@ -23,17 +22,17 @@ namespace pd::transfer {
 // The pollable side of one counter. Shared between the table and whoever waits.
 class ImmWaiter {
  public:
-  bool reached() const;
-  uint64_t received() const;
+  bool reached() const EXCLUDES(mu_);
+  uint64_t received() const EXCLUDES(mu_);
   // Waits until the count is reached or `timeout_s` passes; returns reached().
-  bool WaitFor(double timeout_s) const;
+  bool WaitFor(double timeout_s) const EXCLUDES(mu_);
 
  private:
   friend class ImmCounterTable;
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  bool reached_ = false;   // GUARDED_BY(mu_)
-  uint64_t received_ = 0;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  mutable CondVar cv_;
+  bool reached_ GUARDED_BY(mu_) = false;
+  uint64_t received_ GUARDED_BY(mu_) = 0;
 };
 
 class ImmCounterTable {
@@ -43,16 +42,16 @@ class ImmCounterTable {
   // Expects `count` (> 0) writes carrying `imm`. Fails with AlreadyExists if a counter for `imm`
   // is active. Fires at once when earlier arrivals already make the count.
   Result<std::shared_ptr<const ImmWaiter>> Expect(uint32_t imm, uint64_t count,
-                                                  Callback callback = {});
+                                                  Callback callback = {}) EXCLUDES(mu_);
   // Cancels the counter for `imm`: its callback never fires and arrivals kept for it are dropped.
   // Returns false when no counter and no kept arrivals existed.
-  bool Remove(uint32_t imm);
+  bool Remove(uint32_t imm) EXCLUDES(mu_);
   // Counts one landed write carrying `imm`.
-  void OnArrival(uint32_t imm);
+  void OnArrival(uint32_t imm) EXCLUDES(mu_);
 
-  size_t num_active() const;
+  size_t num_active() const EXCLUDES(mu_);
   // Arrivals kept for imm values nobody expects (yet).
-  uint64_t unclaimed(uint32_t imm) const;
+  uint64_t unclaimed(uint32_t imm) const EXCLUDES(mu_);
 
  private:
   struct Entry {
@@ -61,11 +60,15 @@ class ImmCounterTable {
     Callback callback;
     std::shared_ptr<ImmWaiter> waiter;
   };
+  // Runs the callback, then marks the waiter reached; called without mu_ (the callback may call
+  // Expect or Remove).
   static void Fire(Entry& entry);
+  // Publishes `received` to the waiter's pollers.
+  static void SetReceived(ImmWaiter* waiter, uint64_t received);
 
-  mutable std::mutex mu_;
-  std::unordered_map<uint32_t, Entry> active_;        // GUARDED_BY(mu_)
-  std::unordered_map<uint32_t, uint64_t> unclaimed_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::unordered_map<uint32_t, Entry> active_ GUARDED_BY(mu_);
+  std::unordered_map<uint32_t, uint64_t> unclaimed_ GUARDED_BY(mu_);
 };
 
 }  // namespace pd::transfer

@@ -9,13 +9,12 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
 
+#include "common/mutex.h"
 #include "transfer/domain.h"
 
 namespace pd::transfer::testing {
@@ -66,27 +65,32 @@ class Done {
  public:
   Completion Callback() {
     return [this](const Status& s) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       ++calls_;
       status_ = s;
-      cv_.notify_all();
+      cv_.SignalAll();
     };
   }
-  std::optional<Status> Wait(double timeout_s = 30.0) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return calls_ > 0; });
+  std::optional<Status> Wait(double timeout_s = 30.0) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::ceil<std::chrono::steady_clock::duration>(
+                                               std::chrono::duration<double>(timeout_s));
+    while (calls_ == 0) {
+      if (!cv_.WaitUntil(&mu_, deadline)) break;
+    }
     return status_;
   }
-  int calls() {
-    std::lock_guard<std::mutex> lock(mu_);
+  int calls() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return calls_;
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int calls_ = 0;
-  std::optional<Status> status_;
+  Mutex mu_;
+  CondVar cv_;
+  int calls_ GUARDED_BY(mu_) = 0;
+  std::optional<Status> status_ GUARDED_BY(mu_);
 };
 
 // A TCP listener on loopback that never accepts: the fabric connects at the TCP level and then
