@@ -79,6 +79,10 @@ class BudgetedSocketStream final : public httplib::Stream {
   bool must_close() const { return must_close_; }
   void set_must_close() { must_close_ = true; }
   bool HasBuffered() const { return buf_off_ < buf_len_; }
+  // After Detach, writes are dropped: the taker writes the response.
+  void Detach(std::function<void(int)> take) { take_ = std::move(take); }
+  bool detached() const { return take_ != nullptr; }
+  std::function<void(int)> TakeTaker() { return std::move(take_); }
 
   bool PeerClosed() const {
     if (HasBuffered()) return false;
@@ -92,6 +96,7 @@ class BudgetedSocketStream final : public httplib::Stream {
     return HasBuffered() || PollFor(fd_, POLLIN, ReadTimeoutMs());
   }
   bool is_writable() const override {
+    if (detached()) return true;
     return PollFor(fd_, POLLOUT, limits_.write_timeout_ms) && !PeerClosed();
   }
 
@@ -120,6 +125,7 @@ class BudgetedSocketStream final : public httplib::Stream {
   }
 
   ssize_t write(const char* ptr, size_t size) override {
+    if (detached()) return static_cast<ssize_t>(size);
     if (!PollFor(fd_, POLLOUT, limits_.write_timeout_ms)) return -1;
     ssize_t n;
     do {
@@ -157,6 +163,7 @@ class BudgetedSocketStream final : public httplib::Stream {
   size_t remaining_ = 0;
   SteadyClock::time_point head_deadline_;
   bool must_close_ = false;
+  std::function<void(int)> take_;
   char buf_[4096];
   size_t buf_off_ = 0;
   size_t buf_len_ = 0;
@@ -327,6 +334,12 @@ bool LimitedHttpServer::CurrentPeerClosed() {
   return tl_stream != nullptr && tl_stream->PeerClosed();
 }
 
+bool LimitedHttpServer::DetachCurrentConnection(std::function<void(int fd)> take) {
+  if (tl_stream == nullptr || take == nullptr) return false;
+  tl_stream->Detach(std::move(take));
+  return true;
+}
+
 void LimitedHttpServer::SetListenBacklog(int backlog) {
   socket_t sock = svr_sock_;
   if (sock != INVALID_SOCKET) ::listen(sock, backlog);  // Linux updates the backlog in place
@@ -370,6 +383,11 @@ bool LimitedHttpServer::process_and_close_socket(socket_t sock) {
     stream.BeginRequest();
     bool connection_closed = false;
     ret = process_request(stream, left == 1, connection_closed, nullptr);
+    if (stream.detached()) {
+      tl_stream = nullptr;
+      stream.TakeTaker()(sock);
+      return ret;
+    }
     if (!ret || connection_closed || stream.must_close()) break;
   }
   tl_stream = nullptr;

@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <string>
 
 namespace pd::server {
@@ -51,6 +52,11 @@ class LimitedHttpServer : public httplib::Server {
   // For handlers: true when the client of the request this thread is serving has closed its
   // connection (checked without blocking). False outside a handler.
   static bool CurrentPeerClosed();
+  // For handlers: hands the connection over to `take` once the request is done with. The
+  // response the handler sets is discarded; after the library has finished with the request,
+  // take(fd) runs on this HTTP thread and owns the descriptor from then on (it writes the
+  // response and closes it), and the thread serves the next connection. False outside a handler.
+  static bool DetachCurrentConnection(std::function<void(int fd)> take);
   // After bind: the listen backlog (the library's is 5, too small for a burst of clients).
   void SetListenBacklog(int backlog);
 
