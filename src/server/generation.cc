@@ -8,8 +8,19 @@ void OutputChannel::Push(const engine::RequestOutput& output, double time) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     items_.push_back({output, time});
+    if (notify_) notify_();
   }
   cv_.notify_one();
+}
+
+void OutputChannel::SetNotify(std::function<void()> notify) {
+  std::lock_guard<std::mutex> lock(mu_);
+  notify_ = std::move(notify);
+}
+
+bool OutputChannel::pending() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !items_.empty();
 }
 
 void OutputChannel::Wait(std::vector<Item>* items, std::chrono::milliseconds timeout) {
@@ -47,7 +58,13 @@ Result<std::unique_ptr<Generation>> Generation::Start(engine::AsyncEngine& engin
   return gen;
 }
 
+void Generation::SetOnNews(std::function<void()> on_news) {
+  channel_->SetNotify(on_news);
+  if (on_news && channel_->pending()) on_news();
+}
+
 Generation::~Generation() {
+  channel_->SetNotify(nullptr);
   if (!engine_done_ && request_id_ >= 0) engine_.Abort(request_id_);
   if (!generator_.finished()) RecordFinished("abort");
 }

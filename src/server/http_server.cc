@@ -44,6 +44,14 @@ struct StreamState {
   bool first_token_written = false;
 };
 
+struct OpenAiServer::DetachedStream {
+  std::shared_ptr<StreamState> state;
+  std::unique_ptr<ClientStream> client;
+  // Set by the engine's callback when it posts a pump, cleared by the pump: one post per burst.
+  std::shared_ptr<std::atomic<bool>> pump_posted = std::make_shared<std::atomic<bool>>(false);
+  bool ended = false;
+};
+
 OpenAiServer::OpenAiServer(const ServerOptions& options, engine::AsyncEngine* engine,
                            const model::Tokenizer* tokenizer)
     : options_(options),
@@ -76,6 +84,13 @@ Result<std::unique_ptr<OpenAiServer>> OpenAiServer::Create(const ServerOptions& 
     s->metrics_.num_waiting->Set(labels, stats.num_waiting);
     s->metrics_.kv_cache_usage->Set(labels, stats.kv_cache_usage());
   });
+  EventLoopOptions lo;
+  lo.thread_name = "pd-streams";
+  lo.on_tick = [s = server.get()] {
+    const auto now = std::chrono::steady_clock::now();
+    for (auto& [id, stream] : s->detached_) stream->client->CheckStalled(now);
+  };
+  ASSIGN_OR_RETURN(server->stream_loop_, EventLoop::Create(lo));
   server->RegisterRoutes();
   return server;
 }
@@ -105,6 +120,11 @@ void OpenAiServer::Stop() {
   if (stopping_.exchange(true)) return;
   http_.stop();
   if (listen_thread_.joinable()) listen_thread_.join();
+  if (stream_loop_ != nullptr) {  // after the HTTP threads: none hands a stream over any more
+    // Destroying a stream's generation aborts its engine request; its client sees the close.
+    stream_loop_->Post([this] { detached_.clear(); });
+    stream_loop_->Stop();
+  }
 }
 
 void OpenAiServer::SendError(httplib::Response& res, int http_status,
@@ -285,24 +305,49 @@ void OpenAiServer::RespondWhole(StreamState& state, httplib::Response& res) {
 }
 
 void OpenAiServer::RespondStream(std::shared_ptr<StreamState> state, httplib::Response& res) {
-  res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, state](size_t, httplib::DataSink& sink) { return PumpStream(*state, sink); },
-      [state](bool /*success*/) {
-        // Destroying the generation aborts its engine request if it has not finished.
-        state->generation.reset();
-        state->slot.reset();
-      });
+  const bool detached = LimitedHttpServer::DetachCurrentConnection([this, state](int fd) {
+    stream_loop_->Post([this, state, fd] { StartDetachedStream(fd, state); });
+  });
+  if (!detached) return SendError(res, 500, "the stream cannot be handed to the stream loop");
+  res.status = 200;  // the stream loop writes the real answer
 }
 
-// One call of the content provider: waits for news and writes it as SSE events. False closes
-// the connection (client gone or server stopping; the request is aborted).
-bool OpenAiServer::PumpStream(StreamState& state, httplib::DataSink& sink) {
-  auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
+void OpenAiServer::StartDetachedStream(int fd, std::shared_ptr<StreamState> state) {
+  const uint64_t id = next_stream_id_++;
+  auto stream = std::make_unique<DetachedStream>();
+  stream->state = std::move(state);
+  ClientStream::Options co;
+  co.write_timeout_ms = options_.http.write_timeout_ms;
+  // Closed: written out, or the client went away. Freed after this event; destroying the
+  // generation aborts an unfinished engine request.
+  co.on_closed = [this, id](bool) { stream_loop_->Post([this, id] { detached_.erase(id); }); };
+  stream->client = std::make_unique<ClientStream>(*stream_loop_, fd, std::move(co));
+  stream->client->WriteHead(200,
+                            "Content-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                            "Transfer-Encoding: chunked\r\n");
+  DetachedStream* raw = stream.get();
+  detached_.emplace(id, std::move(stream));
+  raw->state->generation->SetOnNews(
+      [this, id, loop = stream_loop_.get(), posted = raw->pump_posted] {
+        if (!posted->exchange(true)) loop->Post([this, id] { PumpDetachedStream(id); });
+      });
+  PumpDetachedStream(id);  // the role chunk, and whatever arrived already
+}
+
+void OpenAiServer::PumpDetachedStream(uint64_t id) {
+  auto it = detached_.find(id);
+  if (it == detached_.end() || it->second->ended) return;
+  DetachedStream& stream = *it->second;
+  stream.pump_posted->store(false);
+  if (WriteReadyEvents(*stream.state, *stream.client)) stream.ended = true;
+}
+
+// Writes every SSE event the generation has ready, without waiting; true when the stream ended
+// (the connection closes once it is written out).
+bool OpenAiServer::WriteReadyEvents(StreamState& state, ClientStream& client) {
   if (!state.role_sent) {
     state.role_sent = true;
-    return write(state.builder->RoleChunk());
+    client.WriteChunk(state.builder->RoleChunk());
   }
   Generation& gen = *state.generation;
   // The request's engine id on the instant (the messenger's "prefill request sent" names it
@@ -311,35 +356,23 @@ bool OpenAiServer::PumpStream(StreamState& state, httplib::DataSink& sink) {
     if (options_.tracer != nullptr)
       options_.tracer->Instant(what, "http", {{"request", gen.request_id()}});
   };
-  for (;;) {
-    if (stopping_ || !sink.is_writable()) {
-      gen.Abort();
-      return false;
-    }
-    std::vector<TextDelta> deltas = gen.Next(kPollInterval);
-    for (const TextDelta& delta : deltas) {
-      std::string event =
-          delta.finish_reason == "error"
-              ? "data: " + ErrorBody(500, "generation failed: " + delta.error.message()) + "\n\n"
-              : state.builder->Chunk(delta);
-      if (!write(event)) {
-        gen.Abort();
-        return false;
-      }
-      if (!state.first_token_written) trace_written("first token written");
-      state.first_token_written = true;
-      if (!delta.finished) continue;
-      trace_written("last token written");
-      const auto stats = gen.stats();
-      if (state.include_usage &&
-          !write(state.builder->UsageChunk(stats.prompt_tokens, stats.completion_tokens)))
-        return false;
-      if (!write(ResponseBuilder::DoneEvent())) return false;
-      sink.done();
-      return true;
-    }
-    if (!deltas.empty()) return true;
+  for (const TextDelta& delta : gen.Next(std::chrono::milliseconds(0))) {
+    client.WriteChunk(
+        delta.finish_reason == "error"
+            ? "data: " + ErrorBody(500, "generation failed: " + delta.error.message()) + "\n\n"
+            : state.builder->Chunk(delta));
+    if (!state.first_token_written) trace_written("first token written");
+    state.first_token_written = true;
+    if (!delta.finished) continue;
+    trace_written("last token written");
+    const auto stats = gen.stats();
+    if (state.include_usage)
+      client.WriteChunk(state.builder->UsageChunk(stats.prompt_tokens, stats.completion_tokens));
+    client.WriteChunk(ResponseBuilder::DoneEvent());
+    client.EndChunked();
+    return true;
   }
+  return false;
 }
 
 void OpenAiServer::HandleTokenize(const httplib::Request& req, httplib::Response& res) {

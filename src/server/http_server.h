@@ -1,8 +1,11 @@
 // The OpenAI-compatible HTTP server of one colocated instance:
 //   POST /v1/completions, POST /v1/chat/completions (JSON or SSE streams ending "data: [DONE]"),
 //   GET /v1/models, GET /health, GET /metrics, POST /tokenize, POST /detokenize.
-// HTTP threads submit to the AsyncEngine and wait on a per-request channel fed by the engine's
-// callback; a client that disconnects has its request aborted at once.
+// HTTP threads submit to the AsyncEngine. A whole (non-streamed) answer is awaited on the HTTP
+// thread, on a per-request channel fed by the engine's callback. A streamed one is not: the HTTP
+// thread hands the connection to the stream loop (one event-loop thread for every open stream),
+// which the engine's callback wakes to write the new SSE events. A client that disconnects has
+// its request aborted at once.
 //
 // Thread safety: Start/Stop from one thread; handlers run on the HTTP pool's threads.
 #pragma once
@@ -12,11 +15,14 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <unordered_map>
 
 #include "common/status.h"
 #include "common/trace.h"
 #include "engine/async_engine.h"
 #include "model/tokenizer.h"
+#include "server/client_stream.h"
+#include "server/event_loop.h"
 #include "server/http_transport.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
@@ -69,7 +75,11 @@ class OpenAiServer {
                                                httplib::Response& res);
   void RespondWhole(StreamState& state, httplib::Response& res);
   void RespondStream(std::shared_ptr<StreamState> state, httplib::Response& res);
-  bool PumpStream(StreamState& state, httplib::DataSink& sink);
+  // The stream loop's side of a streamed answer (loop thread only).
+  struct DetachedStream;
+  void StartDetachedStream(int fd, std::shared_ptr<StreamState> state);
+  void PumpDetachedStream(uint64_t id);
+  bool WriteReadyEvents(StreamState& state, ClientStream& client);  // true: the stream ended
   void HandleTokenize(const httplib::Request& req, httplib::Response& res);
   void HandleDetokenize(const httplib::Request& req, httplib::Response& res);
   void HandleModels(httplib::Response& res) const;
@@ -85,6 +95,9 @@ class OpenAiServer {
   ServingMetrics metrics_;
   LimitedHttpServer http_;
   std::thread listen_thread_;
+  std::unique_ptr<EventLoop> stream_loop_;
+  std::unordered_map<uint64_t, std::unique_ptr<DetachedStream>> detached_;  // stream loop only
+  uint64_t next_stream_id_ = 0;                                             // stream loop only
   int port_ = 0;
   std::atomic<bool> stopping_{false};
   std::atomic<int> inflight_{0};
