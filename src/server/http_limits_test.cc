@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <fstream>
+
 #include "server/http_server.h"
 #include "server/test_fakes.h"
 #include "server/test_http.h"
@@ -250,6 +252,45 @@ TEST_F(LimitsTest, ClientDisconnectWhileWaitingNonStreamingAbortsTheRequest) {
   ASSERT_TRUE(WaitFor([&] { return engine_->num_active() == 1; }, 5s));
   c.Close();
   EXPECT_TRUE(WaitFor([&] { return engine_->aborted().size() == 1; }, 5s));
+  EXPECT_TRUE(WaitFor([&] { return engine_->num_active() == 0; }, 5s));
+}
+
+int ThreadCount() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+TEST_F(LimitsTest, ManyOpenStreamsTakeNoThreadEach) {
+  constexpr int kStreams = 200;  // far more than HTTP threads
+  FakeEngineOptions eo;
+  eo.start_held = true;
+  eo.max_pending = kStreams;
+  ServerOptions so;
+  so.http.num_threads = 4;
+  so.http.max_queued_connections = kStreams;
+  Start(eo, so);
+  ASSERT_TRUE(Healthy());  // every HTTP thread has started
+  const int threads_before = ThreadCount();
+  std::vector<std::unique_ptr<RawConnection>> clients;
+  for (int i = 0; i < kStreams; ++i) {
+    clients.push_back(std::make_unique<RawConnection>(port()));
+    ASSERT_TRUE(clients.back()->Send(
+        Request(R"({"prompt":"hi","max_tokens":3,"stream":true,"ignore_eos":true})")));
+  }
+  ASSERT_TRUE(WaitFor([&] { return engine_->num_submitted() == kStreams; }, 20s))
+      << engine_->num_submitted();
+  EXPECT_EQ(ThreadCount(), threads_before) << "no thread per stream";
+  engine_->Release();
+  for (auto& c : clients) {
+    const std::string got = c->ReadUntil("\r\n0\r\n\r\n", 20s);
+    EXPECT_THAT(got, HasSubstr("\"text\":\"c\""));
+    EXPECT_THAT(got, HasSubstr("\"finish_reason\":\"length\""));
+    EXPECT_THAT(got, HasSubstr("data: [DONE]\n\n\r\n0\r\n\r\n")) << "a clean chunked end";
+  }
   EXPECT_TRUE(WaitFor([&] { return engine_->num_active() == 0; }, 5s));
 }
 
