@@ -15,8 +15,6 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr auto kPollInterval = std::chrono::milliseconds(50);
-
 // Holds one slot of the server-side in-flight cap for as long as it lives.
 class InflightSlot {
  public:
@@ -44,7 +42,7 @@ struct StreamState {
   bool first_token_written = false;
 };
 
-struct OpenAiServer::DetachedStream {
+struct OpenAiServer::Answer {
   std::shared_ptr<StreamState> state;
   std::unique_ptr<ClientStream> client;
   // Set by the engine's callback when it posts a pump, cleared by the pump: one post per burst.
@@ -85,12 +83,12 @@ Result<std::unique_ptr<OpenAiServer>> OpenAiServer::Create(const ServerOptions& 
     s->metrics_.kv_cache_usage->Set(labels, stats.kv_cache_usage());
   });
   EventLoopOptions lo;
-  lo.thread_name = "pd-streams";
+  lo.thread_name = "pd-answers";
   lo.on_tick = [s = server.get()] {
     const auto now = std::chrono::steady_clock::now();
-    for (auto& [id, stream] : s->detached_) stream->client->CheckStalled(now);
+    for (auto& [id, stream] : s->answers_) stream->client->CheckStalled(now);
   };
-  ASSIGN_OR_RETURN(server->stream_loop_, EventLoop::Create(lo));
+  ASSIGN_OR_RETURN(server->answer_loop_, EventLoop::Create(lo));
   server->RegisterRoutes();
   return server;
 }
@@ -120,10 +118,10 @@ void OpenAiServer::Stop() {
   if (stopping_.exchange(true)) return;
   http_.stop();
   if (listen_thread_.joinable()) listen_thread_.join();
-  if (stream_loop_ != nullptr) {  // after the HTTP threads: none hands a stream over any more
+  if (answer_loop_ != nullptr) {  // after the HTTP threads: none hands a stream over any more
     // Destroying a stream's generation aborts its engine request; its client sees the close.
-    stream_loop_->Post([this] { detached_.clear(); });
-    stream_loop_->Stop();
+    answer_loop_->Post([this] { answers_.clear(); });
+    answer_loop_->Stop();
   }
 }
 
@@ -219,11 +217,10 @@ void OpenAiServer::HandleGenerate(ApiKind kind, const httplib::Request& req,
                                   httplib::Response& res) {
   std::shared_ptr<StreamState> state = StartGeneration(kind, req, res);
   if (state == nullptr) return;  // the error response is set
-  if (state->stream) {
-    RespondStream(std::move(state), res);
-  } else {
-    RespondWhole(*state, res);
-  }
+  const bool detached = LimitedHttpServer::DetachCurrentConnection(
+      [this, state](int fd) { answer_loop_->Post([this, state, fd] { StartAnswer(fd, state); }); });
+  if (!detached) return SendError(res, 500, "the request cannot be handed to the answer loop");
+  res.status = 200;  // the answer loop writes the real answer
 }
 
 std::shared_ptr<StreamState> OpenAiServer::StartGeneration(ApiKind kind,
@@ -286,58 +283,34 @@ std::shared_ptr<StreamState> OpenAiServer::StartGeneration(ApiKind kind,
   return state;
 }
 
-void OpenAiServer::RespondWhole(StreamState& state, httplib::Response& res) {
-  Generation& gen = *state.generation;
-  while (!gen.finished()) {
-    if (stopping_ || LimitedHttpServer::CurrentPeerClosed()) {
-      gen.Abort();
-      return SendError(res, 503, "request aborted");
-    }
-    for (const TextDelta& delta : gen.Next(kPollInterval)) {
-      if (delta.finished && delta.finish_reason == "error")
-        return SendError(res, 500, "generation failed: " + delta.error.message());
-      state.builder->Accumulate(delta);
-    }
-  }
-  const auto stats = gen.stats();
-  res.set_content(state.builder->Final(stats.prompt_tokens, stats.completion_tokens),
-                  "application/json");
-}
-
-void OpenAiServer::RespondStream(std::shared_ptr<StreamState> state, httplib::Response& res) {
-  const bool detached = LimitedHttpServer::DetachCurrentConnection([this, state](int fd) {
-    stream_loop_->Post([this, state, fd] { StartDetachedStream(fd, state); });
-  });
-  if (!detached) return SendError(res, 500, "the stream cannot be handed to the stream loop");
-  res.status = 200;  // the stream loop writes the real answer
-}
-
-void OpenAiServer::StartDetachedStream(int fd, std::shared_ptr<StreamState> state) {
-  const uint64_t id = next_stream_id_++;
-  auto stream = std::make_unique<DetachedStream>();
+void OpenAiServer::StartAnswer(int fd, std::shared_ptr<StreamState> state) {
+  const uint64_t id = next_answer_id_++;
+  auto stream = std::make_unique<Answer>();
   stream->state = std::move(state);
   ClientStream::Options co;
   co.write_timeout_ms = options_.http.write_timeout_ms;
   // Closed: written out, or the client went away. Freed after this event; destroying the
   // generation aborts an unfinished engine request.
-  co.on_closed = [this, id](bool) { stream_loop_->Post([this, id] { detached_.erase(id); }); };
-  stream->client = std::make_unique<ClientStream>(*stream_loop_, fd, std::move(co));
-  stream->client->WriteHead(200,
-                            "Content-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                            "Transfer-Encoding: chunked\r\n");
-  DetachedStream* raw = stream.get();
-  detached_.emplace(id, std::move(stream));
+  co.on_closed = [this, id](bool) { answer_loop_->Post([this, id] { answers_.erase(id); }); };
+  stream->client = std::make_unique<ClientStream>(*answer_loop_, fd, std::move(co));
+  if (stream->state->stream) {
+    stream->client->WriteHead(200,
+                              "Content-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                              "Transfer-Encoding: chunked\r\n");
+  }
+  Answer* raw = stream.get();
+  answers_.emplace(id, std::move(stream));
   raw->state->generation->SetOnNews(
-      [this, id, loop = stream_loop_.get(), posted = raw->pump_posted] {
-        if (!posted->exchange(true)) loop->Post([this, id] { PumpDetachedStream(id); });
+      [this, id, loop = answer_loop_.get(), posted = raw->pump_posted] {
+        if (!posted->exchange(true)) loop->Post([this, id] { PumpAnswer(id); });
       });
-  PumpDetachedStream(id);  // the role chunk, and whatever arrived already
+  PumpAnswer(id);  // the role chunk, and whatever arrived already
 }
 
-void OpenAiServer::PumpDetachedStream(uint64_t id) {
-  auto it = detached_.find(id);
-  if (it == detached_.end() || it->second->ended) return;
-  DetachedStream& stream = *it->second;
+void OpenAiServer::PumpAnswer(uint64_t id) {
+  auto it = answers_.find(id);
+  if (it == answers_.end() || it->second->ended) return;
+  Answer& stream = *it->second;
   stream.pump_posted->store(false);
   if (WriteReadyEvents(*stream.state, *stream.client)) stream.ended = true;
 }
@@ -345,6 +318,7 @@ void OpenAiServer::PumpDetachedStream(uint64_t id) {
 // Writes every SSE event the generation has ready, without waiting; true when the stream ended
 // (the connection closes once it is written out).
 bool OpenAiServer::WriteReadyEvents(StreamState& state, ClientStream& client) {
+  if (!state.stream) return WriteWholeIfDone(state, client);
   if (!state.role_sent) {
     state.role_sent = true;
     client.WriteChunk(state.builder->RoleChunk());
@@ -373,6 +347,32 @@ bool OpenAiServer::WriteReadyEvents(StreamState& state, ClientStream& client) {
     return true;
   }
   return false;
+}
+
+namespace {
+
+void WriteJson(ClientStream& client, int status, const std::string& body) {
+  client.WriteHead(status, "Content-Type: application/json\r\nContent-Length: " +
+                               std::to_string(body.size()) + "\r\n");
+  client.Write(body);
+  client.End();
+}
+
+}  // namespace
+
+bool OpenAiServer::WriteWholeIfDone(StreamState& state, ClientStream& client) {
+  Generation& gen = *state.generation;
+  for (const TextDelta& delta : gen.Next(std::chrono::milliseconds(0))) {
+    if (delta.finished && delta.finish_reason == "error") {
+      WriteJson(client, 500, ErrorBody(500, "generation failed: " + delta.error.message()));
+      return true;
+    }
+    state.builder->Accumulate(delta);
+  }
+  if (!gen.finished()) return false;
+  const auto stats = gen.stats();
+  WriteJson(client, 200, state.builder->Final(stats.prompt_tokens, stats.completion_tokens));
+  return true;
 }
 
 void OpenAiServer::HandleTokenize(const httplib::Request& req, httplib::Response& res) {

@@ -330,10 +330,6 @@ LimitedHttpServer::LimitedHttpServer(const HttpLimits& limits) : limits_(limits)
 
 LimitedHttpServer::~LimitedHttpServer() = default;
 
-bool LimitedHttpServer::CurrentPeerClosed() {
-  return tl_stream != nullptr && tl_stream->PeerClosed();
-}
-
 bool LimitedHttpServer::DetachCurrentConnection(std::function<void(int fd)> take) {
   if (tl_stream == nullptr || take == nullptr) return false;
   tl_stream->Detach(std::move(take));

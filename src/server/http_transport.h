@@ -33,7 +33,7 @@ struct HttpLimits {
   int write_timeout_ms = 30000;      // per write of a response
   int keep_alive_timeout_ms = 5000;  // idle time between requests on one connection
   int keep_alive_max_requests = 100;
-  int num_threads = 64;              // HTTP threads (one per in-flight request)
+  int num_threads = 64;              // HTTP threads (each reads one request at a time)
   int max_queued_connections = 256;  // accepted, waiting for a thread
   int retry_after_s = 1;             // Retry-After on 429/503
 };
@@ -49,9 +49,6 @@ class LimitedHttpServer : public httplib::Server {
   const HttpLimits& limits() const { return limits_; }
   int64_t num_rejected_connections() const { return rejected_.load(); }
 
-  // For handlers: true when the client of the request this thread is serving has closed its
-  // connection (checked without blocking). False outside a handler.
-  static bool CurrentPeerClosed();
   // For handlers: hands the connection over to `take` once the request is done with. The
   // response the handler sets is discarded; after the library has finished with the request,
   // take(fd) runs on this HTTP thread and owns the descriptor from then on (it writes the

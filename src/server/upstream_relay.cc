@@ -212,6 +212,7 @@ class UpstreamRelay::Exchange {
     if (finished_) return;  // the client went away while written to
     if (parser_.done()) {
       CloseUpstream(parser_.keep_alive());  // pooled before the client sees the end
+      ReleaseCounts();
       if (parser_.chunked()) return client_->EndChunked();
       head_written_ = true;
       client_->WriteHead(parser_.status(), HeadFields() + "Content-Length: " +
@@ -250,6 +251,7 @@ class UpstreamRelay::Exchange {
       return Connect(/*allow_idle=*/false);
     }
     relay_.failures_.fetch_add(1);
+    ReleaseCounts();
     const std::string message = "decode instance " + target_->url + ": " + why;
     if (head_written_) {  // mid-stream: an error event, then a clean end
       client_->WriteChunk("data: " + ErrorBody(502, message) + "\n\n");
@@ -274,12 +276,21 @@ class UpstreamRelay::Exchange {
     up_fd_ = -1;
   }
 
+  // The exchange no longer counts as outstanding or open: its answer is complete (only the
+  // client's copy may still be in flight) or it is over. Before the client can see the end, so
+  // a client that reads the counters after its answer sees them released.
+  void ReleaseCounts() {
+    if (!counted_) return;
+    counted_ = false;
+    target_->outstanding.fetch_sub(1);
+    if (on_done_) on_done_();
+  }
+
   void Finish() {
     if (finished_) return;
     finished_ = true;
     CloseUpstream(false);
-    target_->outstanding.fetch_sub(1);
-    if (on_done_) on_done_();
+    ReleaseCounts();
     relay_.Finished(this);
   }
 
@@ -302,6 +313,7 @@ class UpstreamRelay::Exchange {
   bool first_read_ = false;
   bool first_written_ = false;
   bool finished_ = false;
+  bool counted_ = true;  // in target_->outstanding and the caller's count (on_done_ not run)
   HttpResponseParser parser_;
   std::string whole_;  // a body that is not chunked, until it is complete
   SteadyClock::time_point last_upstream_;

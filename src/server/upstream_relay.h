@@ -69,7 +69,8 @@ class UpstreamRelay {
 
   // Relays `request` to `target` and its answer to the client on `client_fd`, which the relay
   // owns from now on. `target` outlives the relay; its outstanding count is released and
-  // `on_done` runs (on the loop thread) when the exchange ends.
+  // `on_done` runs (on the loop thread) when the answer is complete, before the client can see
+  // its end, or when the exchange ends otherwise.
   void Relay(UpstreamTarget* target, int client_fd, RelayRequest request,
              std::function<void()> on_done);
   // Closes every exchange and idle connection and ends the loop thread. Idempotent.
