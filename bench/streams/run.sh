@@ -32,4 +32,5 @@ echo "up: router pid $up, prefill pid $prefill, decode pid $decode; output in $O
 /usr/bin/python3 "$here/stream_load.py" --url "http://127.0.0.1:$PORT" --model tiny \
   --clients "$CLIENTS" --max-tokens "$MAX_TOKENS" \
   --watch "router=$up" --watch "prefill=$prefill" --watch "decode=$decode" \
+  --router-metrics "http://127.0.0.1:$PORT/metrics" --prompt "${PROMPT:-Once upon a time}" \
   --json "$OUT/report.json"

@@ -10,7 +10,8 @@ First one non-streamed request (greedy, temperature 0) gives the reference text;
 streamed requests of the same prompt all open their connections and send at once (asyncio, one
 thread), each reading its SSE stream to "data: [DONE]". A client passes when its text equals the
 reference and its finish_reason is set. Every --watch process's /proc/PID/status is sampled every
---sample-ms: the report gives its peak Threads and its VmHWM (peak resident memory) at the end.
+--sample-ms: the report gives its peak Threads and its VmHWM (peak resident memory) at the end
+(and, with --router-metrics, the peak of the router's open streams).
 Exit status 0 only when every client passed. Standard library only.
 """
 import argparse
@@ -119,12 +120,28 @@ def read_status(pid):
     return out
 
 
-async def sample(watch, peaks, stop, period_s):
+def open_streams(metrics_url):
+    """The router's pdserve:router_open_streams gauge, or None."""
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("pdserve:router_open_streams "):
+                    return int(float(line.split()[1]))
+    except OSError:
+        pass
+    return None
+
+
+async def sample(args, watch, peaks, stop, period_s):
     while not stop.is_set():
         for name, pid in watch.items():
             s = read_status(pid)
             if "Threads" in s:
                 peaks[name] = max(peaks.get(name, 0), s["Threads"])
+        if args.router_metrics:
+            n = await asyncio.to_thread(open_streams, args.router_metrics)
+            if n is not None:
+                peaks["open_streams"] = max(peaks.get("open_streams", 0), n)
         try:
             await asyncio.wait_for(stop.wait(), period_s)
         except asyncio.TimeoutError:
@@ -137,7 +154,7 @@ async def run(args):
     watch = dict(w.split("=", 1) for w in args.watch)
     peaks, results = {}, []
     stop, start = asyncio.Event(), asyncio.Event()
-    sampler = asyncio.create_task(sample(watch, peaks, stop, args.sample_ms / 1000))
+    sampler = asyncio.create_task(sample(args, watch, peaks, stop, args.sample_ms / 1000))
     clients = [asyncio.create_task(one_client(args, host, port, start, results))
                for _ in range(args.clients)]
     await asyncio.sleep(0)  # every client waits on `start`
@@ -161,6 +178,8 @@ def main():
     p.add_argument("--watch", action="append", default=[], metavar="NAME=PID",
                    help="a process to sample (repeatable)")
     p.add_argument("--sample-ms", type=float, default=50)
+    p.add_argument("--router-metrics", metavar="URL",
+                   help="the router's /metrics: report the peak of its open streams")
     p.add_argument("--timeout-s", type=float, default=600)
     p.add_argument("--json", help="also write the report here")
     args = p.parse_args()
@@ -174,13 +193,15 @@ def main():
     failures = [d for ok, d in results if not ok]
     report = {"clients": args.clients, "passed": passed, "failed": len(failures),
               "wall_s": round(wall, 3), "reference": args.expected,
-              "reference_finish_reason": finish, "processes": {}}
+              "reference_finish_reason": finish, "peak_open_streams": peaks.get("open_streams"),
+              "processes": {}}
     for name, pid in watch.items():
         s = read_status(pid)
         report["processes"][name] = {"pid": int(pid), "peak_threads": peaks.get(name),
                                      "vm_hwm_kib": s.get("VmHWM"), "vm_rss_kib": s.get("VmRSS")}
     print(f"{passed}/{args.clients} streams correct in {wall:.2f} s "
-          f"(reference {args.expected!r}, finish_reason {finish})")
+          f"(reference {args.expected!r}, finish_reason {finish}); "
+          f"router's peak open streams {peaks.get('open_streams')}")
     for name, r in report["processes"].items():
         print(f"  {name:8s} pid {r['pid']}: peak threads {r['peak_threads']}, "
               f"peak RSS (VmHWM) {r['vm_hwm_kib'] / 1024 if r['vm_hwm_kib'] else 0:.1f} MiB")
