@@ -199,26 +199,6 @@ TEST_F(LimitsTest, ServerInflightCapIs503) {
   EXPECT_THAT(first.ReadUntil("total_tokens", 5s), StartsWith("HTTP/1.1 200"));
 }
 
-TEST_F(LimitsTest, FullConnectionQueueIs503) {
-  ServerOptions so;
-  so.http.num_threads = 1;
-  so.http.max_queued_connections = 1;
-  Start({}, so);
-  // Occupies the only HTTP thread: answered, it is kept alive and the thread waits for its next
-  // request (no request holds a thread while it generates, so a kept-alive one is the way).
-  RawConnection busy(port());
-  ASSERT_TRUE(busy.Send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
-  ASSERT_THAT(busy.ReadUntil("\r\n\r\n", 5s), StartsWith("HTTP/1.1 200"));
-  RawConnection queued(port());    // waits in the queue
-  RawConnection rejected(port());  // finds the queue full
-  std::string resp = rejected.ReadUntil("}}", 5s);
-  EXPECT_THAT(resp, StartsWith("HTTP/1.1 503"));
-  EXPECT_THAT(resp, HasSubstr("Retry-After: 1"));
-  busy.Close();  // frees the thread
-  ASSERT_TRUE(queued.Send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
-  EXPECT_THAT(queued.ReadUntil("\r\n\r\n", 5s), StartsWith("HTTP/1.1 200"));
-}
-
 TEST_F(LimitsTest, ClientDisconnectMidStreamAbortsTheRequest) {
   FakeEngineOptions eo;
   eo.step_interval_us = 1000;

@@ -18,6 +18,7 @@
 
 #include "common/log.h"
 #include "common/thread_util.h"
+#include "server/idle_connections.h"
 #include "server/openai_protocol.h"
 
 namespace pd::server {
@@ -174,13 +175,16 @@ namespace {
 thread_local BudgetedSocketStream* tl_stream = nullptr;
 thread_local bool tl_reject = false;
 
+}  // namespace
+
 // A fixed pool of threads and a bounded queue of accepted connections. When the queue is full
 // the connection's task runs at once on the accepting thread with tl_reject set, which answers
 // 503 without reading the request.
 class BoundedThreadPool final : public httplib::TaskQueue {
  public:
-  BoundedThreadPool(int num_threads, int max_queued)
-      : max_queued_(static_cast<size_t>(max_queued)) {
+  // `after_shutdown` runs once every thread has ended.
+  BoundedThreadPool(int num_threads, int max_queued, std::function<void()> after_shutdown)
+      : max_queued_(static_cast<size_t>(max_queued)), after_shutdown_(std::move(after_shutdown)) {
     for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this] { Work(); });
   }
 
@@ -206,7 +210,10 @@ class BoundedThreadPool final : public httplib::TaskQueue {
     cv_.notify_all();
     for (auto& t : threads_) t.join();
     threads_.clear();
+    if (after_shutdown_) after_shutdown_();
   }
+
+  int busy() const { return busy_.load(); }
 
  private:
   void Work() {
@@ -223,17 +230,23 @@ class BoundedThreadPool final : public httplib::TaskQueue {
         fn = std::move(jobs_.front());
         jobs_.pop_front();
       }
+      busy_.fetch_add(1);
       fn();
+      busy_.fetch_sub(1);
     }
   }
 
   const size_t max_queued_;
+  const std::function<void()> after_shutdown_;
+  std::atomic<int> busy_{0};
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> jobs_;  // GUARDED_BY(mu_)
   bool shutdown_ = false;                   // GUARDED_BY(mu_)
   std::vector<std::thread> threads_;
 };
+
+namespace {
 
 std::string LimitMessage(LimitHit hit, const HttpLimits& limits) {
   if (hit == LimitHit::kHeaders)
@@ -302,8 +315,18 @@ LimitedHttpServer::LimitedHttpServer(const HttpLimits& limits) : limits_(limits)
   set_keep_alive_max_count(static_cast<size_t>(std::max(1, limits_.keep_alive_max_requests)));
   set_keep_alive_timeout(std::max(1, limits_.keep_alive_timeout_ms / 1000));
   new_task_queue = [this] {
-    return new BoundedThreadPool(limits_.num_threads, limits_.max_queued_connections);
+    auto* pool = new BoundedThreadPool(limits_.num_threads, limits_.max_queued_connections, [this] {
+      std::lock_guard<std::mutex> lock(pool_mu_);
+      pool_ = nullptr;
+    });
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    pool_ = pool;
+    return pool;
   };
+  // Without the idle loop (it could not start), threads wait on idle connections themselves.
+  auto idle = IdleConnections::Create(limits_.keep_alive_timeout_ms,
+                                      [this](int fd, int left) { Resume(fd, left); });
+  if (idle.ok()) idle_ = std::move(idle).value();
   // Runs after the headers are read and before the body is.
   set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     BudgetedSocketStream* stream = tl_stream;
@@ -328,7 +351,27 @@ LimitedHttpServer::LimitedHttpServer(const HttpLimits& limits) : limits_(limits)
       }));
 }
 
-LimitedHttpServer::~LimitedHttpServer() = default;
+LimitedHttpServer::~LimitedHttpServer() {
+  idle_.reset();  // its loop may be resuming a connection into the pool: end it first
+}
+
+int LimitedHttpServer::num_busy_threads() {
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  return pool_ != nullptr ? pool_->busy() : 0;
+}
+
+int LimitedHttpServer::num_parked_connections() const {
+  return idle_ != nullptr ? idle_->num_parked() : 0;
+}
+
+void LimitedHttpServer::Resume(int fd, int requests_left) {
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  if (pool_ == nullptr || !is_running()) {  // stopped: no thread will serve it
+    ::close(fd);
+    return;
+  }
+  pool_->enqueue([this, fd, requests_left] { ServeConnection(fd, requests_left); });
+}
 
 bool LimitedHttpServer::DetachCurrentConnection(std::function<void(int fd)> take) {
   if (tl_stream == nullptr || take == nullptr) return false;
@@ -367,6 +410,10 @@ void LimitedHttpServer::RejectOverloaded(socket_t sock) {
 }
 
 bool LimitedHttpServer::process_and_close_socket(socket_t sock) {
+  return ServeConnection(sock, std::max(1, limits_.keep_alive_max_requests));
+}
+
+bool LimitedHttpServer::ServeConnection(int sock, int requests_left) {
   if (tl_reject) {
     RejectOverloaded(sock);
     return false;
@@ -374,7 +421,13 @@ bool LimitedHttpServer::process_and_close_socket(socket_t sock) {
   BudgetedSocketStream stream(sock, limits_);
   tl_stream = &stream;
   bool ret = false;
-  for (int left = std::max(1, limits_.keep_alive_max_requests); left > 0; --left) {
+  for (int left = requests_left; left > 0; --left) {
+    if (idle_ != nullptr && !stream.HasBuffered() && !PollFor(sock, POLLIN, 0)) {
+      // Nothing to read yet: the idle loop waits for the next request, not this thread.
+      tl_stream = nullptr;
+      idle_->Park(sock, left);
+      return ret;
+    }
     if (!WaitForRequest(stream)) break;
     stream.BeginRequest();
     bool connection_closed = false;

@@ -10,7 +10,12 @@
 //  - at most max_header_count headers (431);
 //  - read / write timeouts per socket operation, a keep-alive timeout and request count;
 //  - a fixed pool of num_threads HTTP threads and at most max_queued_connections accepted
-//    connections waiting for one; beyond that a connection is answered 503 + Retry-After at once.
+//    connections waiting for one; beyond that a connection is answered 503 + Retry-After at once;
+//  - a connection with nothing to read (a new one whose request has not come yet, or a kept-alive
+//    one between requests) holds no thread: it waits on one event-loop thread
+//    (server/idle_connections.h) until it turns readable, and is closed after
+//    keep_alive_timeout_ms;
+//  - a handler may take the connection over (DetachCurrentConnection) and answer it elsewhere.
 // Error responses of these limits use OpenAI's error shape.
 //
 // Thread safety: configure before Listen; the handlers run on the pool's threads.
@@ -21,6 +26,8 @@
 #include <atomic>
 #include <cstddef>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 
 namespace pd::server {
@@ -48,6 +55,9 @@ class LimitedHttpServer : public httplib::Server {
 
   const HttpLimits& limits() const { return limits_; }
   int64_t num_rejected_connections() const { return rejected_.load(); }
+  // HTTP threads serving a connection now, and connections waiting idle on the idle loop.
+  int num_busy_threads();
+  int num_parked_connections() const;
 
   // For handlers: hands the connection over to `take` once the request is done with. The
   // response the handler sets is discarded; after the library has finished with the request,
@@ -59,11 +69,18 @@ class LimitedHttpServer : public httplib::Server {
 
  private:
   bool process_and_close_socket(socket_t sock) override;
+  // Serves up to `requests_left` requests on `sock`, then closes it (or parks or detaches it).
+  bool ServeConnection(int sock, int requests_left);
+  // From the idle loop: `fd` has its next request (or closed); back to the pool.
+  void Resume(int fd, int requests_left);
   void RejectOverloaded(socket_t sock);
   bool WaitForRequest(class BudgetedSocketStream& stream);
 
   const HttpLimits limits_;
   std::atomic<int64_t> rejected_{0};
+  std::mutex pool_mu_;
+  class BoundedThreadPool* pool_ = nullptr;  // GUARDED_BY(pool_mu_); set while listening
+  std::unique_ptr<class IdleConnections> idle_;
 };
 
 }  // namespace pd::server
