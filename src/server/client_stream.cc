@@ -56,7 +56,7 @@ void ClientStream::WriteHead(int status, std::string_view headers) {
   std::snprintf(line, sizeof(line), "HTTP/1.1 %d %s\r\n", status, ReasonPhrase(status));
   std::string head = line;
   head.append(headers);
-  head += "Connection: close\r\n\r\n";
+  head += options_.on_reusable ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
   Write(head);
 }
 
@@ -105,7 +105,8 @@ void ClientStream::Flush() {
   }
   if (pending_bytes() >= kHighWater) was_high_ = true;
   if (ending_ && pending_bytes() == 0) return Close(true);
-  loop_.Modify(token_, pending_bytes() > 0 ? EPOLLIN | EPOLLOUT : EPOLLIN);
+  const uint32_t in = reading_ ? uint32_t{EPOLLIN} : 0u;
+  loop_.Modify(token_, pending_bytes() > 0 ? in | EPOLLOUT : in);
   if (was_high_ && pending_bytes() < kLowWater) {
     was_high_ = false;
     if (options_.on_drained) options_.on_drained();
@@ -114,12 +115,18 @@ void ClientStream::Flush() {
 
 void ClientStream::OnEvents(uint32_t events) {
   if (events & EPOLLIN) {
-    // The request was read whole; anything more is a pipelined request (dropped: the connection
-    // closes after this response) or the client's close.
+    // The request was read whole; anything more is the client's next request (left for the
+    // server when the connection is kept alive, dropped when it closes after this response) or
+    // the client's close.
     char scratch[4096];
-    const ssize_t n = ::recv(fd_, scratch, sizeof(scratch), MSG_DONTWAIT);
+    const int flags = MSG_DONTWAIT | (options_.on_reusable ? MSG_PEEK : 0);
+    const ssize_t n = ::recv(fd_, scratch, options_.on_reusable ? 1 : sizeof(scratch), flags);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
       return Close(false);
+    if (n > 0 && options_.on_reusable) {  // a close shows as a failed write from now on
+      reading_ = false;
+      loop_.Modify(token_, pending_bytes() > 0 ? uint32_t{EPOLLOUT} : 0u);
+    }
   }
   if (events & (EPOLLERR | EPOLLHUP)) return Close(false);
   if (events & EPOLLOUT) Flush();
@@ -133,8 +140,12 @@ void ClientStream::CheckStalled(std::chrono::steady_clock::time_point now) {
 void ClientStream::Close(bool clean) {
   if (fd_ < 0) return;
   loop_.Unwatch(token_);
-  if (clean) ::shutdown(fd_, SHUT_WR);
-  ::close(fd_);
+  if (clean && options_.on_reusable) {
+    options_.on_reusable(fd_);
+  } else {
+    if (clean) ::shutdown(fd_, SHUT_WR);
+    ::close(fd_);
+  }
   fd_ = -1;
   if (options_.on_closed) options_.on_closed(clean);
 }

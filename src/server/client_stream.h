@@ -1,7 +1,7 @@
 // A client connection that an HTTP thread handed over (LimitedHttpServer::DetachCurrentConnection)
 // once the request was read: the event loop writes the response as it comes, without blocking,
-// and notices when the client goes away. The connection closes when the response ends
-// ("Connection: close" in every head written here).
+// and notices when the client goes away. When the response ends the connection is closed, or
+// with keep_alive handed back (on_reusable) for the client's next request.
 //
 // Thread safety: loop thread only (create it in a task posted to the loop).
 #pragma once
@@ -26,6 +26,10 @@ class ClientStream {
     std::function<void(bool clean)> on_closed;
     // Called when pending bytes fell back under kLowWater after reaching kHighWater.
     std::function<void()> on_drained;
+    // Set: the head says "Connection: keep-alive", and once the response is written whole the
+    // descriptor goes to on_reusable (before on_closed(true)) instead of being closed. The
+    // client's next request is then left unread.
+    std::function<void(int fd)> on_reusable;
   };
   static constexpr size_t kHighWater = 1u << 20;
   static constexpr size_t kLowWater = 64u << 10;
@@ -36,7 +40,7 @@ class ClientStream {
   ClientStream(const ClientStream&) = delete;
   ClientStream& operator=(const ClientStream&) = delete;
 
-  // A response head: status line, `headers` ("Name: value\r\n" each) and "Connection: close".
+  // A response head: status line, `headers` ("Name: value\r\n" each) and Connection.
   void WriteHead(int status, std::string_view headers);
   void Write(std::string_view bytes);
   void WriteChunk(std::string_view data);  // one chunk of a chunked body (none when empty)
@@ -66,6 +70,7 @@ class ClientStream {
   size_t out_off_ = 0;
   bool ending_ = false;
   bool was_high_ = false;
+  bool reading_ = true;  // watching for the client's close (or next request)
   std::chrono::steady_clock::time_point last_progress_;
 };
 

@@ -272,5 +272,28 @@ TEST_F(LimitsTest, ManyOpenStreamsTakeNoThreadEach) {
   EXPECT_TRUE(WaitFor([&] { return engine_->num_active() == 0; }, 5s));
 }
 
+TEST_F(LimitsTest, AKeptAliveConnectionCarriesStreamedAndWholeAnswers) {
+  Start({}, {});
+  RawConnection c(port());
+  const std::string stream = Request(R"({"prompt":"hi","max_tokens":2,"stream":true})");
+  const std::string whole = Request(R"({"prompt":"hi","max_tokens":2})");
+  ASSERT_TRUE(c.Send(stream));
+  ASSERT_THAT(c.ReadUntil("[DONE]\n\n\r\n0\r\n\r\n", 5s), HasSubstr("Connection: keep-alive"));
+  ASSERT_TRUE(c.Send(whole));
+  ASSERT_THAT(c.ReadUntil("total_tokens", 5s), HasSubstr("\"object\":\"text_completion\""));
+  ASSERT_TRUE(c.Send(stream));  // a third answer on the same connection, streamed again
+  std::string got;
+  auto streams_ended = [&] {
+    got = c.ReadUntil("(never sent)", 1ms);
+    size_t n = 0;
+    for (size_t at = got.find("data: [DONE]"); at != std::string::npos;
+         at = got.find("data: [DONE]", at + 1))
+      ++n;
+    return n == 2;
+  };
+  EXPECT_TRUE(WaitFor(streams_ended, 5s)) << got;
+  EXPECT_TRUE(WaitFor([&] { return engine_->num_active() == 0; }, 5s));
+}
+
 }  // namespace
 }  // namespace pd::server

@@ -110,6 +110,9 @@ Status OpenAiServer::Start() {
     (void)SetCurrentThreadLatencySensitive();  // best effort: it accepts every connection
     http_.listen_after_bind();
   });
+  // Every thread exists once Start returns (so a caller can see, pin or count them).
+  if (!http_.WaitListening(std::chrono::seconds(10)))
+    return Internal("server: HTTP threads did not start");
   PD_LOG_INFO("serving {} on http://{}:{}", options_.served_model_name, options_.host, port_);
   return OkStatus();
 }
@@ -217,8 +220,10 @@ void OpenAiServer::HandleGenerate(ApiKind kind, const httplib::Request& req,
                                   httplib::Response& res) {
   std::shared_ptr<StreamState> state = StartGeneration(kind, req, res);
   if (state == nullptr) return;  // the error response is set
-  const bool detached = LimitedHttpServer::DetachCurrentConnection(
-      [this, state](int fd) { answer_loop_->Post([this, state, fd] { StartAnswer(fd, state); }); });
+  const bool detached = LimitedHttpServer::DetachCurrentConnection([this, state](
+                                                                       int fd, int requests_left) {
+    answer_loop_->Post([this, state, fd, requests_left] { StartAnswer(fd, requests_left, state); });
+  });
   if (!detached) return SendError(res, 500, "the request cannot be handed to the answer loop");
   res.status = 200;  // the answer loop writes the real answer
 }
@@ -283,12 +288,17 @@ std::shared_ptr<StreamState> OpenAiServer::StartGeneration(ApiKind kind,
   return state;
 }
 
-void OpenAiServer::StartAnswer(int fd, std::shared_ptr<StreamState> state) {
+void OpenAiServer::StartAnswer(int fd, int requests_left, std::shared_ptr<StreamState> state) {
   const uint64_t id = next_answer_id_++;
   auto stream = std::make_unique<Answer>();
   stream->state = std::move(state);
   ClientStream::Options co;
   co.write_timeout_ms = options_.http.write_timeout_ms;
+  if (requests_left > 0) {  // kept alive: the client's next request goes back to the HTTP pool
+    co.on_reusable = [this, requests_left](int conn) {
+      http_.ResumeConnection(conn, requests_left);
+    };
+  }
   // Closed: written out, or the client went away. Freed after this event; destroying the
   // generation aborts an unfinished engine request.
   co.on_closed = [this, id](bool) { answer_loop_->Post([this, id] { answers_.erase(id); }); };

@@ -76,7 +76,7 @@ class OpenAiServer {
                                                httplib::Response& res);
   // The answer loop's side of a request in flight (loop thread only).
   struct Answer;
-  void StartAnswer(int fd, std::shared_ptr<StreamState> state);
+  void StartAnswer(int fd, int requests_left, std::shared_ptr<StreamState> state);
   void PumpAnswer(uint64_t id);
   // Write what the generation has ready, without waiting; true when the answer ended.
   bool WriteReadyEvents(StreamState& state, ClientStream& client);

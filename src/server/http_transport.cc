@@ -81,9 +81,9 @@ class BudgetedSocketStream final : public httplib::Stream {
   void set_must_close() { must_close_ = true; }
   bool HasBuffered() const { return buf_off_ < buf_len_; }
   // After Detach, writes are dropped: the taker writes the response.
-  void Detach(std::function<void(int)> take) { take_ = std::move(take); }
+  void Detach(LimitedHttpServer::Taker take) { take_ = std::move(take); }
   bool detached() const { return take_ != nullptr; }
-  std::function<void(int)> TakeTaker() { return std::move(take_); }
+  LimitedHttpServer::Taker TakeTaker() { return std::move(take_); }
 
   bool PeerClosed() const {
     if (HasBuffered()) return false;
@@ -164,7 +164,7 @@ class BudgetedSocketStream final : public httplib::Stream {
   size_t remaining_ = 0;
   SteadyClock::time_point head_deadline_;
   bool must_close_ = false;
-  std::function<void(int)> take_;
+  LimitedHttpServer::Taker take_;
   char buf_[4096];
   size_t buf_off_ = 0;
   size_t buf_len_ = 0;
@@ -321,6 +321,7 @@ LimitedHttpServer::LimitedHttpServer(const HttpLimits& limits) : limits_(limits)
     });
     std::lock_guard<std::mutex> lock(pool_mu_);
     pool_ = pool;
+    pool_cv_.notify_all();
     return pool;
   };
   // Without the idle loop (it could not start), threads wait on idle connections themselves.
@@ -355,6 +356,11 @@ LimitedHttpServer::~LimitedHttpServer() {
   idle_.reset();  // its loop may be resuming a connection into the pool: end it first
 }
 
+bool LimitedHttpServer::WaitListening(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(pool_mu_);
+  return pool_cv_.wait_for(lock, timeout, [&] { return pool_ != nullptr; });
+}
+
 int LimitedHttpServer::num_busy_threads() {
   std::lock_guard<std::mutex> lock(pool_mu_);
   return pool_ != nullptr ? pool_->busy() : 0;
@@ -362,6 +368,16 @@ int LimitedHttpServer::num_busy_threads() {
 
 int LimitedHttpServer::num_parked_connections() const {
   return idle_ != nullptr ? idle_->num_parked() : 0;
+}
+
+void LimitedHttpServer::ResumeConnection(int fd, int requests_left) {
+  if (requests_left <= 0) {
+    ::close(fd);
+  } else if (idle_ != nullptr) {
+    idle_->Park(fd, requests_left);
+  } else {
+    Resume(fd, requests_left);
+  }
 }
 
 void LimitedHttpServer::Resume(int fd, int requests_left) {
@@ -373,7 +389,7 @@ void LimitedHttpServer::Resume(int fd, int requests_left) {
   pool_->enqueue([this, fd, requests_left] { ServeConnection(fd, requests_left); });
 }
 
-bool LimitedHttpServer::DetachCurrentConnection(std::function<void(int fd)> take) {
+bool LimitedHttpServer::DetachCurrentConnection(Taker take) {
   if (tl_stream == nullptr || take == nullptr) return false;
   tl_stream->Detach(std::move(take));
   return true;
@@ -434,7 +450,10 @@ bool LimitedHttpServer::ServeConnection(int sock, int requests_left) {
     ret = process_request(stream, left == 1, connection_closed, nullptr);
     if (stream.detached()) {
       tl_stream = nullptr;
-      stream.TakeTaker()(sock);
+      // Bytes read past this request (a pipelined one) would be lost: close after the answer.
+      const bool reusable =
+          ret && !connection_closed && !stream.must_close() && left > 1 && !stream.HasBuffered();
+      stream.TakeTaker()(sock, reusable ? left - 1 : 0);
       return ret;
     }
     if (!ret || connection_closed || stream.must_close()) break;

@@ -24,6 +24,8 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -61,11 +63,20 @@ class LimitedHttpServer : public httplib::Server {
 
   // For handlers: hands the connection over to `take` once the request is done with. The
   // response the handler sets is discarded; after the library has finished with the request,
-  // take(fd) runs on this HTTP thread and owns the descriptor from then on (it writes the
-  // response and closes it), and the thread serves the next connection. False outside a handler.
-  static bool DetachCurrentConnection(std::function<void(int fd)> take);
+  // take(fd, requests_left) runs on this HTTP thread and owns the descriptor from then on (it
+  // writes the response), and the thread serves the next connection. requests_left > 0: the
+  // connection may carry that many more requests; once the answer is written whole, the taker
+  // gives it back with ResumeConnection (or closes it). 0: the taker closes it after the answer
+  // ("Connection: close"). False outside a handler.
+  using Taker = std::function<void(int fd, int requests_left)>;
+  static bool DetachCurrentConnection(Taker take);
+  // A detached connection whose answer is complete: it waits for its next request, then is
+  // served by the pool. Any thread.
+  void ResumeConnection(int fd, int requests_left);
   // After bind: the listen backlog (the library's is 5, too small for a burst of clients).
   void SetListenBacklog(int backlog);
+  // After listen_after_bind started on another thread: waits until the HTTP threads exist.
+  bool WaitListening(std::chrono::milliseconds timeout);
 
  private:
   bool process_and_close_socket(socket_t sock) override;
@@ -79,6 +90,7 @@ class LimitedHttpServer : public httplib::Server {
   const HttpLimits limits_;
   std::atomic<int64_t> rejected_{0};
   std::mutex pool_mu_;
+  std::condition_variable pool_cv_;          // pool_ set
   class BoundedThreadPool* pool_ = nullptr;  // GUARDED_BY(pool_mu_); set while listening
   std::unique_ptr<class IdleConnections> idle_;
 };

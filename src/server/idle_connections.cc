@@ -26,6 +26,10 @@ Result<std::unique_ptr<IdleConnections>> IdleConnections::Create(int idle_timeou
 IdleConnections::~IdleConnections() { Stop(); }
 
 void IdleConnections::Park(int fd, int requests_left) {
+  if (loop_ == nullptr) {  // stopped
+    ::close(fd);
+    return;
+  }
   num_parked_.fetch_add(1);
   loop_->Post([this, fd, requests_left] {
     Parked p;

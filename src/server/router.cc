@@ -52,6 +52,9 @@ Result<std::unique_ptr<Router>> Router::Create(const RouterOptions& options) {
   ro.max_idle_upstream = options.max_idle_upstream;
   ro.upstream_idle_s = options.upstream_idle_s;
   ro.tracer = options.tracer;
+  ro.give_back = [raw = r.get()](int fd, int requests_left) {
+    raw->http_.ResumeConnection(fd, requests_left);
+  };
   ASSIGN_OR_RETURN(r->relay_, UpstreamRelay::Create(ro));
   r->RegisterRoutes();
   return r;
@@ -107,6 +110,9 @@ Status Router::Start() {
     (void)SetCurrentThreadLatencySensitive();  // best effort: it accepts every connection
     http_.listen_after_bind();
   });
+  // Every thread exists once Start returns (so a caller can see, pin or count them).
+  if (!http_.WaitListening(std::chrono::seconds(10)))
+    return Internal("router: HTTP threads did not start");
   return OkStatus();
 }
 
@@ -155,8 +161,8 @@ void Router::Forward(const httplib::Request& req, httplib::Response& res) {
   up.body = req.body;
   up.stream = req.method == "POST" && WantsStream(req.body);
   const bool detached = LimitedHttpServer::DetachCurrentConnection(
-      [this, target, up = std::move(up)](int fd) mutable {
-        relay_->Relay(target, fd, std::move(up), [this] { open_.fetch_sub(1); });
+      [this, target, up = std::move(up)](int fd, int requests_left) mutable {
+        relay_->Relay(target, fd, requests_left, std::move(up), [this] { open_.fetch_sub(1); });
       });
   if (!detached) {  // not on one of our HTTP threads: cannot happen with LimitedHttpServer
     target->outstanding.fetch_sub(1);

@@ -77,9 +77,14 @@ class UpstreamRelay::Exchange {
   Exchange(const Exchange&) = delete;
   Exchange& operator=(const Exchange&) = delete;
 
-  void Begin(int client_fd) {
+  void Begin(int client_fd, int requests_left) {
     ClientStream::Options co;
     co.write_timeout_ms = relay_.options_.write_timeout_ms;
+    if (requests_left > 0 && relay_.options_.give_back) {
+      co.on_reusable = [give_back = relay_.options_.give_back, requests_left](int fd) {
+        give_back(fd, requests_left);
+      };
+    }
     co.on_closed = [this](bool clean) {
       if (!clean) CloseUpstream(false);  // client gone: the decode instance aborts
       Finish();
@@ -333,15 +338,15 @@ Result<std::unique_ptr<UpstreamRelay>> UpstreamRelay::Create(const UpstreamRelay
   return relay;
 }
 
-void UpstreamRelay::Relay(UpstreamTarget* target, int client_fd, RelayRequest request,
-                          std::function<void()> on_done) {
-  loop_->Post([this, target, client_fd, request = std::move(request),
+void UpstreamRelay::Relay(UpstreamTarget* target, int client_fd, int requests_left,
+                          RelayRequest request, std::function<void()> on_done) {
+  loop_->Post([this, target, client_fd, requests_left, request = std::move(request),
                on_done = std::move(on_done)]() mutable {
     auto exchange =
         std::make_unique<Exchange>(*this, target, std::move(request), std::move(on_done));
     Exchange* raw = exchange.get();
     exchanges_.emplace(raw, std::move(exchange));
-    raw->Begin(client_fd);
+    raw->Begin(client_fd, requests_left);
   });
 }
 

@@ -60,6 +60,9 @@ struct UpstreamRelayOptions {
   int max_idle_upstream = 32;        // kept-alive decode connections per instance
   double upstream_idle_s = 2.0;      // reused only within this long of their last answer
   Tracer* tracer = nullptr;          // borrowed, may be null
+  // A client connection whose answer is written whole and that may carry requests_left more
+  // requests goes here (the HTTP server's ResumeConnection); empty: it is closed.
+  std::function<void(int fd, int requests_left)> give_back;
 };
 
 class UpstreamRelay {
@@ -68,10 +71,11 @@ class UpstreamRelay {
   ~UpstreamRelay();  // Stop()
 
   // Relays `request` to `target` and its answer to the client on `client_fd`, which the relay
-  // owns from now on. `target` outlives the relay; its outstanding count is released and
-  // `on_done` runs (on the loop thread) when the answer is complete, before the client can see
-  // its end, or when the exchange ends otherwise.
-  void Relay(UpstreamTarget* target, int client_fd, RelayRequest request,
+  // owns from now on (and gives back when it may carry `requests_left` > 0 more requests). `target`
+  // outlives the relay; its outstanding count is released and `on_done` runs (on the loop thread)
+  // when the answer is complete, before the client can see its end, or when the exchange ends
+  // otherwise.
+  void Relay(UpstreamTarget* target, int client_fd, int requests_left, RelayRequest request,
              std::function<void()> on_done);
   // Closes every exchange and idle connection and ends the loop thread. Idempotent.
   void Stop();

@@ -273,5 +273,42 @@ TEST(UpstreamRelayTest, AnUpstreamThatDiesMidStreamEndsTheStreamWithAnError) {
   EXPECT_TRUE(testing::WaitFor([&] { return router->open_streams() == 0; }, kDeadline));
 }
 
+// The answers read so far on `c` that ended (a chunked body's last chunk), waiting up to
+// `timeout` for `n` of them.
+int ReadEndedAnswers(testing::RawConnection& c, int n, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int ended = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const std::string got = c.ReadUntil("(never sent)", std::chrono::milliseconds(20));
+    ended = 0;
+    for (size_t at = got.find("\r\n0\r\n\r\n"); at != std::string::npos;
+         at = got.find("\r\n0\r\n\r\n", at + 1))
+      ++ended;
+    if (ended >= n) break;
+  }
+  return ended;
+}
+
+TEST(UpstreamRelayTest, AKeptAliveClientConnectionCarriesStreamAfterStream) {
+  GatedUpstream upstream;
+  upstream.Release();  // every request answered whole at once
+  auto router = StartRouter(upstream.url());
+  ASSERT_NE(router, nullptr);
+  testing::RawConnection c(router->port());
+  for (int i = 1; i <= 3; ++i) {
+    ASSERT_TRUE(c.Send(kStreamRequest)) << i;
+    ASSERT_EQ(ReadEndedAnswers(c, i, kDeadline), i);
+  }
+  const std::string got = c.ReadUntil("(never sent)", std::chrono::milliseconds(1));
+  EXPECT_NE(got.find("Connection: keep-alive"), std::string::npos) << got;
+  EXPECT_EQ(got.find("Connection: close"), std::string::npos) << got;
+  // Asking for the close is honoured.
+  ASSERT_TRUE(
+      c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+             "Content-Length: 15\r\n\r\n{\"stream\":true}"));
+  ASSERT_EQ(ReadEndedAnswers(c, 4, kDeadline), 4);
+  EXPECT_NE(c.ReadUntil("(never sent)", kDeadline).find("Connection: close"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace pd::server
