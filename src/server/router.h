@@ -3,8 +3,10 @@
 // requests. An HTTP thread reads the request and hands the connection to the relay's event-loop
 // thread (server/upstream_relay.h), which carries the exchange to its end: SSE chunks relayed as
 // they come, a client that goes away closes the upstream connection (the decode instance aborts
-// the request). So the router's threads are a fixed few (http.num_threads + the listener + the
-// relay), however many streams are open; past max_open_streams a request gets 429.
+// the request); a kept-alive client connection then goes back to the HTTP server for its next
+// request. So the router's threads are a fixed few (http.num_threads, the listener, the relay and
+// the HTTP server's idle-connection loop), however many streams are open; past max_open_streams
+// a request gets 429.
 // /health answers when at least one decode instance is healthy; /metrics reports the router's own
 // counters; GET /v1/models is forwarded.
 //
