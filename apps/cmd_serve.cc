@@ -46,8 +46,8 @@ struct ServeFlags {
   int tensor_parallel_size = 1;
   std::string api_key;
   int max_pending_requests = 256;
-  int http_threads = 0;  // 0: max_pending_requests + 16
-  int max_queued_connections = 256;
+  int http_threads = 16;  // they read requests; one event-loop thread writes every answer
+  int max_queued_connections = 4096;
   size_t max_body_bytes = 4u << 20;
   RoleFlags roles;                            // disaggregation roles (apps/serve_roles.h)
   int64_t idle_poll_us = kDefaultIdlePollUs;  // only with dedicated --compute-cpus
@@ -124,8 +124,7 @@ server::ServerOptions MakeServerOptions(const ServeFlags& f, int max_model_len) 
   so.model_path = f.model;
   so.api_key = f.api_key;
   so.max_model_len = max_model_len;
-  so.http.num_threads =
-      f.http_threads > 0 ? f.http_threads : std::min(1024, f.max_pending_requests + 16);
+  so.http.num_threads = f.http_threads;
   so.http.max_queued_connections = f.max_queued_connections;
   so.http.max_body_bytes = f.max_body_bytes;
   return so;
@@ -256,7 +255,10 @@ PD_REGISTER_COMMAND(serve, "Serve a model with the OpenAI-compatible HTTP API", 
   app->add_option("--max-pending-requests", f->max_pending_requests,
                   "queued + running requests; beyond it requests get 429")
       ->capture_default_str();
-  app->add_option("--http-threads", f->http_threads, "HTTP threads (0: max-pending-requests + 16)")
+  app->add_option("--http-threads", f->http_threads,
+                  "HTTP threads: they read, check and tokenise requests (one event-loop thread "
+                  "writes every answer, streamed or not)")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app->add_option("--max-queued-connections", f->max_queued_connections,
                   "connections waiting for an HTTP thread; beyond it they get 503")

@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -252,6 +253,7 @@ Result<std::unique_ptr<engine::AsyncEngine>> CreateRoleEngine(
   mo.model_hash = messenger::ModelFingerprint(weights);
   mo.domain = DomainFor(flags);
   mo.transfer_timeout_ms = static_cast<uint32_t>(flags.kv_transfer_timeout_ms);
+  mo.max_transfers = std::max(mo.max_transfers, ao.max_pending_requests);  // one per request
   mo.tracer = flags.tracer;
   std::stringstream urls(flags.prefill_peers);
   std::string url;

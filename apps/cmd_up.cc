@@ -51,6 +51,8 @@ struct UpFlags {
   int decode_tp = 1;   // ... and of the decode instances
   int max_num_batched_tokens = 512;
   int max_num_seqs = 64;
+  int max_pending_requests = 256;  // every instance's --max-pending-requests
+  int max_open_streams = server::RouterOptions().max_open_streams;  // the router's
   int max_model_len = 0;
   std::string kv_cache_bytes;
   std::string cluster_secret_file;
@@ -106,7 +108,8 @@ std::vector<std::string> ServeArgs(const UpFlags& f, const std::string& secret_f
       "--kv-layout", f.kv_layout, "--page-size", std::to_string(f.page_size), "--threads",
       std::to_string(f.threads), "--max-num-batched-tokens",
       std::to_string(f.max_num_batched_tokens), "--max-num-seqs", std::to_string(f.max_num_seqs),
-      "--cluster-secret-file", secret_file, "--fabric-provider", f.fabric_provider, "--fabric-node",
+      "--max-pending-requests", std::to_string(f.max_pending_requests), "--cluster-secret-file",
+      secret_file, "--fabric-provider", f.fabric_provider, "--fabric-node",
       // shm names each endpoint after its node: let it pick one each
       f.fabric_provider == "shm" ? "" : f.host, "--kv-transfer-timeout-ms",
       std::to_string(f.kv_transfer_timeout_ms), "--idle-poll-us", std::to_string(f.idle_poll_us),
@@ -386,6 +389,7 @@ int RunUp(const UpFlags& flags) {
   ro.host = f.host;
   ro.port = f.port;
   ro.backends = decode_urls;
+  ro.max_open_streams = f.max_open_streams;
   std::unique_ptr<Tracer> router_trace;  // --trace: FILE.router.json, written when up stops
   if (!f.trace.empty()) {
     TracerOptions to;
@@ -444,6 +448,14 @@ PD_REGISTER_COMMAND(
                       "tokens per engine step")
           ->capture_default_str();
       app->add_option("--max-num-seqs", f->max_num_seqs, "sequences per instance")
+          ->capture_default_str();
+      app->add_option("--max-pending-requests", f->max_pending_requests,
+                      "queued + running requests per instance; beyond it 429")
+          ->check(CLI::PositiveNumber)
+          ->capture_default_str();
+      app->add_option("--max-open-streams", f->max_open_streams,
+                      "requests the router relays at once (streamed or not); beyond it 429")
+          ->check(CLI::PositiveNumber)
           ->capture_default_str();
       app->add_option("--max-model-len", f->max_model_len, "prompt + output");
       app->add_option("--kv-cache-bytes", f->kv_cache_bytes, "per instance");

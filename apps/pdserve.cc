@@ -1,4 +1,6 @@
 // The pdserve CLI: one binary, one subcommand per apps/cmd_*.cc.
+#include <sys/resource.h>
+
 #include <cstdio>
 #include <map>
 
@@ -16,6 +18,19 @@ bool RegisterCommand(Command command) {
   Commands().push_back(std::move(command));
   return true;
 }
+
+namespace {
+
+// Every open stream holds a descriptor (the router two: client and decode instance), and a
+// serving process may hold thousands: lift the soft limit on descriptors to the hard one.
+void RaiseDescriptorLimit() {
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) != 0 || nofile.rlim_cur >= nofile.rlim_max) return;
+  nofile.rlim_cur = nofile.rlim_max;
+  (void)::setrlimit(RLIMIT_NOFILE, &nofile);
+}
+
+}  // namespace
 
 }  // namespace pd::apps
 
@@ -37,6 +52,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   pd::SetLogLevel(log_level);
+  pd::apps::RaiseDescriptorLimit();
   for (auto& [sub, runner] : runners) {
     if (sub->parsed()) return runner();
   }

@@ -64,6 +64,9 @@ struct DecodeMessengerOptions {
   // send_timeout_s, not at the transfer deadline. 0: no heartbeats.
   double heartbeat_s = 0.25;
   int max_attempts = 2;  // the first try and one retry on another instance
+  // Metadata slots: transfers in flight at once (with those fenced, below); a request that finds
+  // none free fails ResourceExhausted. Give at least the engine's max_pending_requests.
+  int max_transfers = 1024;
   // An attempt that ended early (failed, cancelled, aborted) keeps its pages and metadata slot out
   // of use until its prefill instance answers PrefillDone (sent once all its writes completed) or
   // is unreachable, at most this long past the attempt's deadline: a late write can never land in

@@ -175,7 +175,7 @@ class DecodeMessenger::Impl {
   std::unique_ptr<transfer::Domain> domain_;
   std::vector<transfer::MemoryRegion> kv_mrs_;  // per rank, all in the one domain
   transfer::MemoryRegion meta_mr_;
-  std::vector<uint8_t> meta_buffer_;  // (kMetaSlots, meta_bytes): where prefill writes metadata
+  std::vector<uint8_t> meta_buffer_;  // (max_transfers, meta_bytes): where prefill writes metadata
   std::thread thread_;
   std::atomic<bool> stopped_{false};
   uint64_t wire_prefix_ = 0;
@@ -195,8 +195,6 @@ class DecodeMessenger::Impl {
   std::unordered_map<uint64_t, Fence> fences_;  // by attempt wire id
   uint32_t next_imm_ = 1;
   uint32_t next_wire_ = 1;
-
-  static constexpr int kMetaSlots = 1024;
 };
 
 }  // namespace pd::messenger

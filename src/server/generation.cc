@@ -8,8 +8,19 @@ void OutputChannel::Push(const engine::RequestOutput& output, double time) {
   {
     MutexLock lock(&mu_);
     items_.push_back({output, time});
+    if (notify_) notify_();
   }
   cv_.Signal();
+}
+
+void OutputChannel::SetNotify(std::function<void()> notify) {
+  MutexLock lock(&mu_);
+  notify_ = std::move(notify);
+}
+
+bool OutputChannel::pending() {
+  MutexLock lock(&mu_);
+  return !items_.empty();
 }
 
 void OutputChannel::Wait(std::vector<Item>* items, std::chrono::milliseconds timeout) {
@@ -50,7 +61,13 @@ Result<std::unique_ptr<Generation>> Generation::Start(engine::AsyncEngine& engin
   return gen;
 }
 
+void Generation::SetOnNews(std::function<void()> on_news) {
+  channel_->SetNotify(on_news);
+  if (on_news && channel_->pending()) on_news();
+}
+
 Generation::~Generation() {
+  channel_->SetNotify(nullptr);
   if (!engine_done_ && request_id_ >= 0) engine_.Abort(request_id_);
   if (!generator_.finished()) RecordFinished("abort");
 }

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -16,9 +17,14 @@
 
 namespace pd::server {
 
-// Thread safety: Push from the engine thread, Wait from the one HTTP thread; both lock mu_.
+// Thread safety: Push from the engine thread, Wait and SetNotify from the request's owner; all
+// lock mu_.
 class OutputChannel {
  public:
+  // `notify` runs (under mu_, on the pushing thread) after each Push; it must not block. Empty:
+  // none. Set before items are pushed, or see pending() after setting it.
+  void SetNotify(std::function<void()> notify) EXCLUDES(mu_);
+  bool pending() EXCLUDES(mu_);
   struct Item {
     engine::RequestOutput output;
     double time = 0.0;  // SystemClock seconds when the engine handed it over
@@ -31,9 +37,10 @@ class OutputChannel {
   Mutex mu_;
   CondVar cv_;
   std::deque<Item> items_ GUARDED_BY(mu_);  // bounded by the request's max_tokens
+  std::function<void()> notify_ GUARDED_BY(mu_);
 };
 
-// Thread safety: owned and used by one HTTP thread.
+// Thread safety: owned and used by one thread (an HTTP thread or the stream loop).
 class Generation {
  public:
   struct Stats {
@@ -51,6 +58,10 @@ class Generation {
 
   // Waits up to `timeout` for news; returns the non-empty deltas (the last one finished()).
   std::vector<TextDelta> Next(std::chrono::milliseconds timeout);
+  // `on_news` runs on the engine's thread whenever outputs arrive (and once now if some already
+  // have), so an event loop can call Next(0) instead of a thread waiting in it. It must not
+  // block; it is cleared when the Generation is destroyed.
+  void SetOnNews(std::function<void()> on_news);
   // The client went away: abort the engine request and finish with "abort".
   TextDelta Abort();
   bool finished() const { return generator_.finished(); }

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <fstream>
+
 #include "server/http_server.h"
 #include "server/test_fakes.h"
 #include "server/test_http.h"
@@ -197,28 +199,6 @@ TEST_F(LimitsTest, ServerInflightCapIs503) {
   EXPECT_THAT(first.ReadUntil("total_tokens", 5s), StartsWith("HTTP/1.1 200"));
 }
 
-TEST_F(LimitsTest, FullConnectionQueueIs503) {
-  FakeEngineOptions eo;
-  eo.start_held = true;
-  ServerOptions so;
-  so.http.num_threads = 1;
-  so.http.max_queued_connections = 1;
-  Start(eo, so);
-  RawConnection busy(port());  // occupies the only HTTP thread
-  ASSERT_TRUE(busy.Send(Request(R"({"prompt":"hi","max_tokens":2})")));
-  ASSERT_TRUE(WaitFor([&] { return engine_->num_active() == 1; }, 5s));
-  RawConnection queued(port());    // waits in the queue
-  RawConnection rejected(port());  // finds the queue full
-  std::string resp = rejected.ReadUntil("}}", 5s);
-  EXPECT_THAT(resp, StartsWith("HTTP/1.1 503"));
-  EXPECT_THAT(resp, HasSubstr("Retry-After: 1"));
-  engine_->Release();
-  EXPECT_THAT(busy.ReadUntil("total_tokens", 5s), StartsWith("HTTP/1.1 200"));
-  busy.Close();  // frees the thread (it would otherwise wait for a keep-alive request)
-  ASSERT_TRUE(queued.Send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
-  EXPECT_THAT(queued.ReadUntil("\r\n\r\n", 5s), StartsWith("HTTP/1.1 200"));
-}
-
 TEST_F(LimitsTest, ClientDisconnectMidStreamAbortsTheRequest) {
   FakeEngineOptions eo;
   eo.step_interval_us = 1000;
@@ -250,6 +230,68 @@ TEST_F(LimitsTest, ClientDisconnectWhileWaitingNonStreamingAbortsTheRequest) {
   ASSERT_TRUE(WaitFor([&] { return engine_->num_active() == 1; }, 5s));
   c.Close();
   EXPECT_TRUE(WaitFor([&] { return engine_->aborted().size() == 1; }, 5s));
+  EXPECT_TRUE(WaitFor([&] { return engine_->num_active() == 0; }, 5s));
+}
+
+int ThreadCount() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+TEST_F(LimitsTest, ManyOpenStreamsTakeNoThreadEach) {
+  constexpr int kStreams = 200;  // far more than HTTP threads
+  FakeEngineOptions eo;
+  eo.start_held = true;
+  eo.max_pending = kStreams;
+  ServerOptions so;
+  so.http.num_threads = 4;
+  so.http.max_queued_connections = kStreams;
+  Start(eo, so);
+  ASSERT_TRUE(Healthy());  // every HTTP thread has started
+  const int threads_before = ThreadCount();
+  std::vector<std::unique_ptr<RawConnection>> clients;
+  for (int i = 0; i < kStreams; ++i) {
+    clients.push_back(std::make_unique<RawConnection>(port()));
+    ASSERT_TRUE(clients.back()->Send(
+        Request(R"({"prompt":"hi","max_tokens":3,"stream":true,"ignore_eos":true})")));
+  }
+  ASSERT_TRUE(WaitFor([&] { return engine_->num_submitted() == kStreams; }, 20s))
+      << engine_->num_submitted();
+  EXPECT_EQ(ThreadCount(), threads_before) << "no thread per stream";
+  engine_->Release();
+  for (auto& c : clients) {
+    const std::string got = c->ReadUntil("\r\n0\r\n\r\n", 20s);
+    EXPECT_THAT(got, HasSubstr("\"text\":\"c\""));
+    EXPECT_THAT(got, HasSubstr("\"finish_reason\":\"length\""));
+    EXPECT_THAT(got, HasSubstr("data: [DONE]\n\n\r\n0\r\n\r\n")) << "a clean chunked end";
+  }
+  EXPECT_TRUE(WaitFor([&] { return engine_->num_active() == 0; }, 5s));
+}
+
+TEST_F(LimitsTest, AKeptAliveConnectionCarriesStreamedAndWholeAnswers) {
+  Start({}, {});
+  RawConnection c(port());
+  const std::string stream = Request(R"({"prompt":"hi","max_tokens":2,"stream":true})");
+  const std::string whole = Request(R"({"prompt":"hi","max_tokens":2})");
+  ASSERT_TRUE(c.Send(stream));
+  ASSERT_THAT(c.ReadUntil("[DONE]\n\n\r\n0\r\n\r\n", 5s), HasSubstr("Connection: keep-alive"));
+  ASSERT_TRUE(c.Send(whole));
+  ASSERT_THAT(c.ReadUntil("total_tokens", 5s), HasSubstr("\"object\":\"text_completion\""));
+  ASSERT_TRUE(c.Send(stream));  // a third answer on the same connection, streamed again
+  std::string got;
+  auto streams_ended = [&] {
+    got = c.ReadUntil("(never sent)", 20ms);  // reads what has come
+    size_t n = 0;
+    for (size_t at = got.find("data: [DONE]"); at != std::string::npos;
+         at = got.find("data: [DONE]", at + 1))
+      ++n;
+    return n == 2;
+  };
+  EXPECT_TRUE(WaitFor(streams_ended, 5s)) << got;
   EXPECT_TRUE(WaitFor([&] { return engine_->num_active() == 0; }, 5s));
 }
 

@@ -15,8 +15,6 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr auto kPollInterval = std::chrono::milliseconds(50);
-
 // Holds one slot of the server-side in-flight cap for as long as it lives.
 class InflightSlot {
  public:
@@ -42,6 +40,14 @@ struct StreamState {
   bool role_sent = false;
   bool include_usage = false;
   bool first_token_written = false;
+};
+
+struct OpenAiServer::Answer {
+  std::shared_ptr<StreamState> state;
+  std::unique_ptr<ClientStream> client;
+  // Set by the engine's callback when it posts a pump, cleared by the pump: one post per burst.
+  std::shared_ptr<std::atomic<bool>> pump_posted = std::make_shared<std::atomic<bool>>(false);
+  bool ended = false;
 };
 
 OpenAiServer::OpenAiServer(const ServerOptions& options, engine::AsyncEngine* engine,
@@ -76,6 +82,13 @@ Result<std::unique_ptr<OpenAiServer>> OpenAiServer::Create(const ServerOptions& 
     s->metrics_.num_waiting->Set(labels, stats.num_waiting);
     s->metrics_.kv_cache_usage->Set(labels, stats.kv_cache_usage());
   });
+  EventLoopOptions lo;
+  lo.thread_name = "pd-answers";
+  lo.on_tick = [s = server.get()] {
+    const auto now = std::chrono::steady_clock::now();
+    for (auto& [id, stream] : s->answers_) stream->client->CheckStalled(now);
+  };
+  ASSIGN_OR_RETURN(server->answer_loop_, EventLoop::Create(lo));
   server->RegisterRoutes();
   return server;
 }
@@ -97,6 +110,9 @@ Status OpenAiServer::Start() {
     (void)SetCurrentThreadLatencySensitive();  // best effort: it accepts every connection
     http_.listen_after_bind();
   });
+  // Every thread exists once Start returns (so a caller can see, pin or count them).
+  if (!http_.WaitListening(std::chrono::seconds(10)))
+    return Internal("server: HTTP threads did not start");
   PD_LOG_INFO("serving {} on http://{}:{}", options_.served_model_name, options_.host, port_);
   return OkStatus();
 }
@@ -105,6 +121,11 @@ void OpenAiServer::Stop() {
   if (stopping_.exchange(true)) return;
   http_.stop();
   if (listen_thread_.joinable()) listen_thread_.join();
+  if (answer_loop_ != nullptr) {  // after the HTTP threads: none hands a stream over any more
+    // Destroying a stream's generation aborts its engine request; its client sees the close.
+    answer_loop_->Post([this] { answers_.clear(); });
+    answer_loop_->Stop();
+  }
 }
 
 void OpenAiServer::SendError(httplib::Response& res, int http_status,
@@ -199,11 +220,12 @@ void OpenAiServer::HandleGenerate(ApiKind kind, const httplib::Request& req,
                                   httplib::Response& res) {
   std::shared_ptr<StreamState> state = StartGeneration(kind, req, res);
   if (state == nullptr) return;  // the error response is set
-  if (state->stream) {
-    RespondStream(std::move(state), res);
-  } else {
-    RespondWhole(*state, res);
-  }
+  const bool detached = LimitedHttpServer::DetachCurrentConnection([this, state](
+                                                                       int fd, int requests_left) {
+    answer_loop_->Post([this, state, fd, requests_left] { StartAnswer(fd, requests_left, state); });
+  });
+  if (!detached) return SendError(res, 500, "the request cannot be handed to the answer loop");
+  res.status = 200;  // the answer loop writes the real answer
 }
 
 std::shared_ptr<StreamState> OpenAiServer::StartGeneration(ApiKind kind,
@@ -266,43 +288,50 @@ std::shared_ptr<StreamState> OpenAiServer::StartGeneration(ApiKind kind,
   return state;
 }
 
-void OpenAiServer::RespondWhole(StreamState& state, httplib::Response& res) {
-  Generation& gen = *state.generation;
-  while (!gen.finished()) {
-    if (stopping_ || LimitedHttpServer::CurrentPeerClosed()) {
-      gen.Abort();
-      return SendError(res, 503, "request aborted");
-    }
-    for (const TextDelta& delta : gen.Next(kPollInterval)) {
-      if (delta.finished && delta.finish_reason == "error")
-        return SendError(res, 500, "generation failed: " + delta.error.message());
-      state.builder->Accumulate(delta);
-    }
+void OpenAiServer::StartAnswer(int fd, int requests_left, std::shared_ptr<StreamState> state) {
+  const uint64_t id = next_answer_id_++;
+  auto stream = std::make_unique<Answer>();
+  stream->state = std::move(state);
+  ClientStream::Options co;
+  co.write_timeout_ms = options_.http.write_timeout_ms;
+  if (requests_left > 0) {  // kept alive: the client's next request goes back to the HTTP pool
+    co.on_reusable = [this, requests_left](int conn) {
+      http_.ResumeConnection(conn, requests_left);
+    };
   }
-  const auto stats = gen.stats();
-  res.set_content(state.builder->Final(stats.prompt_tokens, stats.completion_tokens),
-                  "application/json");
-}
-
-void OpenAiServer::RespondStream(std::shared_ptr<StreamState> state, httplib::Response& res) {
-  res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, state](size_t, httplib::DataSink& sink) { return PumpStream(*state, sink); },
-      [state](bool /*success*/) {
-        // Destroying the generation aborts its engine request if it has not finished.
-        state->generation.reset();
-        state->slot.reset();
+  // Closed: written out, or the client went away. Freed after this event; destroying the
+  // generation aborts an unfinished engine request.
+  co.on_closed = [this, id](bool) { answer_loop_->Post([this, id] { answers_.erase(id); }); };
+  stream->client = std::make_unique<ClientStream>(*answer_loop_, fd, std::move(co));
+  if (stream->state->stream) {
+    stream->client->WriteHead(200,
+                              "Content-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                              "Transfer-Encoding: chunked\r\n");
+  }
+  Answer* raw = stream.get();
+  answers_.emplace(id, std::move(stream));
+  raw->state->generation->SetOnNews(
+      [this, id, loop = answer_loop_.get(), posted = raw->pump_posted] {
+        if (!posted->exchange(true)) loop->Post([this, id] { PumpAnswer(id); });
       });
+  PumpAnswer(id);  // the role chunk, and whatever arrived already
 }
 
-// One call of the content provider: waits for news and writes it as SSE events. False closes
-// the connection (client gone or server stopping; the request is aborted).
-bool OpenAiServer::PumpStream(StreamState& state, httplib::DataSink& sink) {
-  auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
+void OpenAiServer::PumpAnswer(uint64_t id) {
+  auto it = answers_.find(id);
+  if (it == answers_.end() || it->second->ended) return;
+  Answer& stream = *it->second;
+  stream.pump_posted->store(false);
+  if (WriteReadyEvents(*stream.state, *stream.client)) stream.ended = true;
+}
+
+// Writes every SSE event the generation has ready, without waiting; true when the stream ended
+// (the connection closes once it is written out).
+bool OpenAiServer::WriteReadyEvents(StreamState& state, ClientStream& client) {
+  if (!state.stream) return WriteWholeIfDone(state, client);
   if (!state.role_sent) {
     state.role_sent = true;
-    return write(state.builder->RoleChunk());
+    client.WriteChunk(state.builder->RoleChunk());
   }
   Generation& gen = *state.generation;
   // The request's engine id on the instant (the messenger's "prefill request sent" names it
@@ -311,35 +340,49 @@ bool OpenAiServer::PumpStream(StreamState& state, httplib::DataSink& sink) {
     if (options_.tracer != nullptr)
       options_.tracer->Instant(what, "http", {{"request", gen.request_id()}});
   };
-  for (;;) {
-    if (stopping_ || !sink.is_writable()) {
-      gen.Abort();
-      return false;
-    }
-    std::vector<TextDelta> deltas = gen.Next(kPollInterval);
-    for (const TextDelta& delta : deltas) {
-      std::string event =
-          delta.finish_reason == "error"
-              ? "data: " + ErrorBody(500, "generation failed: " + delta.error.message()) + "\n\n"
-              : state.builder->Chunk(delta);
-      if (!write(event)) {
-        gen.Abort();
-        return false;
-      }
-      if (!state.first_token_written) trace_written("first token written");
-      state.first_token_written = true;
-      if (!delta.finished) continue;
-      trace_written("last token written");
-      const auto stats = gen.stats();
-      if (state.include_usage &&
-          !write(state.builder->UsageChunk(stats.prompt_tokens, stats.completion_tokens)))
-        return false;
-      if (!write(ResponseBuilder::DoneEvent())) return false;
-      sink.done();
+  for (const TextDelta& delta : gen.Next(std::chrono::milliseconds(0))) {
+    client.WriteChunk(
+        delta.finish_reason == "error"
+            ? "data: " + ErrorBody(500, "generation failed: " + delta.error.message()) + "\n\n"
+            : state.builder->Chunk(delta));
+    if (!state.first_token_written) trace_written("first token written");
+    state.first_token_written = true;
+    if (!delta.finished) continue;
+    trace_written("last token written");
+    const auto stats = gen.stats();
+    if (state.include_usage)
+      client.WriteChunk(state.builder->UsageChunk(stats.prompt_tokens, stats.completion_tokens));
+    client.WriteChunk(ResponseBuilder::DoneEvent());
+    client.EndChunked();
+    return true;
+  }
+  return false;
+}
+
+namespace {
+
+void WriteJson(ClientStream& client, int status, const std::string& body) {
+  client.WriteHead(status, "Content-Type: application/json\r\nContent-Length: " +
+                               std::to_string(body.size()) + "\r\n");
+  client.Write(body);
+  client.End();
+}
+
+}  // namespace
+
+bool OpenAiServer::WriteWholeIfDone(StreamState& state, ClientStream& client) {
+  Generation& gen = *state.generation;
+  for (const TextDelta& delta : gen.Next(std::chrono::milliseconds(0))) {
+    if (delta.finished && delta.finish_reason == "error") {
+      WriteJson(client, 500, ErrorBody(500, "generation failed: " + delta.error.message()));
       return true;
     }
-    if (!deltas.empty()) return true;
+    state.builder->Accumulate(delta);
   }
+  if (!gen.finished()) return false;
+  const auto stats = gen.stats();
+  WriteJson(client, 200, state.builder->Final(stats.prompt_tokens, stats.completion_tokens));
+  return true;
 }
 
 void OpenAiServer::HandleTokenize(const httplib::Request& req, httplib::Response& res) {

@@ -1,8 +1,12 @@
 // The OpenAI-compatible HTTP server of one colocated instance:
 //   POST /v1/completions, POST /v1/chat/completions (JSON or SSE streams ending "data: [DONE]"),
 //   GET /v1/models, GET /health, GET /metrics, POST /tokenize, POST /detokenize.
-// HTTP threads submit to the AsyncEngine and wait on a per-request channel fed by the engine's
-// callback; a client that disconnects has its request aborted at once.
+// HTTP threads read, validate and tokenise a request and submit it to the AsyncEngine, then hand
+// the connection to the answer loop: one event-loop thread for every request in flight, woken by
+// the engine's callback (through a per-request channel) to write new SSE events, or a whole JSON
+// answer once it is complete. No request holds an HTTP thread while it generates, so a few HTTP
+// threads serve thousands of open streams. A client that disconnects has its request aborted at
+// once.
 //
 // Thread safety: Start/Stop from one thread; handlers run on the HTTP pool's threads.
 #pragma once
@@ -12,11 +16,14 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <unordered_map>
 
 #include "common/status.h"
 #include "common/trace.h"
 #include "engine/async_engine.h"
 #include "model/tokenizer.h"
+#include "server/client_stream.h"
+#include "server/event_loop.h"
 #include "server/http_transport.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
@@ -67,9 +74,13 @@ class OpenAiServer {
   // Validates, tokenises and submits; nullptr after setting an error response.
   std::shared_ptr<StreamState> StartGeneration(ApiKind kind, const httplib::Request& req,
                                                httplib::Response& res);
-  void RespondWhole(StreamState& state, httplib::Response& res);
-  void RespondStream(std::shared_ptr<StreamState> state, httplib::Response& res);
-  bool PumpStream(StreamState& state, httplib::DataSink& sink);
+  // The answer loop's side of a request in flight (loop thread only).
+  struct Answer;
+  void StartAnswer(int fd, int requests_left, std::shared_ptr<StreamState> state);
+  void PumpAnswer(uint64_t id);
+  // Write what the generation has ready, without waiting; true when the answer ended.
+  bool WriteReadyEvents(StreamState& state, ClientStream& client);
+  bool WriteWholeIfDone(StreamState& state, ClientStream& client);
   void HandleTokenize(const httplib::Request& req, httplib::Response& res);
   void HandleDetokenize(const httplib::Request& req, httplib::Response& res);
   void HandleModels(httplib::Response& res) const;
@@ -85,6 +96,9 @@ class OpenAiServer {
   ServingMetrics metrics_;
   LimitedHttpServer http_;
   std::thread listen_thread_;
+  std::unique_ptr<EventLoop> answer_loop_;
+  std::unordered_map<uint64_t, std::unique_ptr<Answer>> answers_;  // stream loop only
+  uint64_t next_answer_id_ = 0;                                    // stream loop only
   int port_ = 0;
   std::atomic<bool> stopping_{false};
   std::atomic<int> inflight_{0};

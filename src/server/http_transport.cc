@@ -18,6 +18,7 @@
 
 #include "common/log.h"
 #include "common/thread_util.h"
+#include "server/idle_connections.h"
 #include "server/openai_protocol.h"
 
 namespace pd::server {
@@ -79,6 +80,10 @@ class BudgetedSocketStream final : public httplib::Stream {
   bool must_close() const { return must_close_; }
   void set_must_close() { must_close_ = true; }
   bool HasBuffered() const { return buf_off_ < buf_len_; }
+  // After Detach, writes are dropped: the taker writes the response.
+  void Detach(LimitedHttpServer::Taker take) { take_ = std::move(take); }
+  bool detached() const { return take_ != nullptr; }
+  LimitedHttpServer::Taker TakeTaker() { return std::move(take_); }
 
   bool PeerClosed() const {
     if (HasBuffered()) return false;
@@ -92,6 +97,7 @@ class BudgetedSocketStream final : public httplib::Stream {
     return HasBuffered() || PollFor(fd_, POLLIN, ReadTimeoutMs());
   }
   bool is_writable() const override {
+    if (detached()) return true;
     return PollFor(fd_, POLLOUT, limits_.write_timeout_ms) && !PeerClosed();
   }
 
@@ -120,6 +126,7 @@ class BudgetedSocketStream final : public httplib::Stream {
   }
 
   ssize_t write(const char* ptr, size_t size) override {
+    if (detached()) return static_cast<ssize_t>(size);
     if (!PollFor(fd_, POLLOUT, limits_.write_timeout_ms)) return -1;
     ssize_t n;
     do {
@@ -157,6 +164,7 @@ class BudgetedSocketStream final : public httplib::Stream {
   size_t remaining_ = 0;
   SteadyClock::time_point head_deadline_;
   bool must_close_ = false;
+  LimitedHttpServer::Taker take_;
   char buf_[4096];
   size_t buf_off_ = 0;
   size_t buf_len_ = 0;
@@ -167,13 +175,16 @@ namespace {
 thread_local BudgetedSocketStream* tl_stream = nullptr;
 thread_local bool tl_reject = false;
 
+}  // namespace
+
 // A fixed pool of threads and a bounded queue of accepted connections. When the queue is full
 // the connection's task runs at once on the accepting thread with tl_reject set, which answers
 // 503 without reading the request.
 class BoundedThreadPool final : public httplib::TaskQueue {
  public:
-  BoundedThreadPool(int num_threads, int max_queued)
-      : max_queued_(static_cast<size_t>(max_queued)) {
+  // `after_shutdown` runs once every thread has ended.
+  BoundedThreadPool(int num_threads, int max_queued, std::function<void()> after_shutdown)
+      : max_queued_(static_cast<size_t>(max_queued)), after_shutdown_(std::move(after_shutdown)) {
     for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this] { Work(); });
   }
 
@@ -199,7 +210,10 @@ class BoundedThreadPool final : public httplib::TaskQueue {
     cv_.notify_all();
     for (auto& t : threads_) t.join();
     threads_.clear();
+    if (after_shutdown_) after_shutdown_();
   }
+
+  int busy() const { return busy_.load(); }
 
  private:
   void Work() {
@@ -216,17 +230,23 @@ class BoundedThreadPool final : public httplib::TaskQueue {
         fn = std::move(jobs_.front());
         jobs_.pop_front();
       }
+      busy_.fetch_add(1);
       fn();
+      busy_.fetch_sub(1);
     }
   }
 
   const size_t max_queued_;
+  const std::function<void()> after_shutdown_;
+  std::atomic<int> busy_{0};
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> jobs_;  // GUARDED_BY(mu_)
   bool shutdown_ = false;                   // GUARDED_BY(mu_)
   std::vector<std::thread> threads_;
 };
+
+namespace {
 
 std::string LimitMessage(LimitHit hit, const HttpLimits& limits) {
   if (hit == LimitHit::kHeaders)
@@ -295,8 +315,19 @@ LimitedHttpServer::LimitedHttpServer(const HttpLimits& limits) : limits_(limits)
   set_keep_alive_max_count(static_cast<size_t>(std::max(1, limits_.keep_alive_max_requests)));
   set_keep_alive_timeout(std::max(1, limits_.keep_alive_timeout_ms / 1000));
   new_task_queue = [this] {
-    return new BoundedThreadPool(limits_.num_threads, limits_.max_queued_connections);
+    auto* pool = new BoundedThreadPool(limits_.num_threads, limits_.max_queued_connections, [this] {
+      std::lock_guard<std::mutex> lock(pool_mu_);
+      pool_ = nullptr;
+    });
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    pool_ = pool;
+    pool_cv_.notify_all();
+    return pool;
   };
+  // Without the idle loop (it could not start), threads wait on idle connections themselves.
+  auto idle = IdleConnections::Create(limits_.keep_alive_timeout_ms,
+                                      [this](int fd, int left) { Resume(fd, left); });
+  if (idle.ok()) idle_ = std::move(idle).value();
   // Runs after the headers are read and before the body is.
   set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     BudgetedSocketStream* stream = tl_stream;
@@ -321,10 +352,47 @@ LimitedHttpServer::LimitedHttpServer(const HttpLimits& limits) : limits_(limits)
       }));
 }
 
-LimitedHttpServer::~LimitedHttpServer() = default;
+LimitedHttpServer::~LimitedHttpServer() {
+  idle_.reset();  // its loop may be resuming a connection into the pool: end it first
+}
 
-bool LimitedHttpServer::CurrentPeerClosed() {
-  return tl_stream != nullptr && tl_stream->PeerClosed();
+bool LimitedHttpServer::WaitListening(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(pool_mu_);
+  return pool_cv_.wait_for(lock, timeout, [&] { return pool_ != nullptr; });
+}
+
+int LimitedHttpServer::num_busy_threads() {
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  return pool_ != nullptr ? pool_->busy() : 0;
+}
+
+int LimitedHttpServer::num_parked_connections() const {
+  return idle_ != nullptr ? idle_->num_parked() : 0;
+}
+
+void LimitedHttpServer::ResumeConnection(int fd, int requests_left) {
+  if (requests_left <= 0) {
+    ::close(fd);
+  } else if (idle_ != nullptr) {
+    idle_->Park(fd, requests_left);
+  } else {
+    Resume(fd, requests_left);
+  }
+}
+
+void LimitedHttpServer::Resume(int fd, int requests_left) {
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  if (pool_ == nullptr || !is_running()) {  // stopped: no thread will serve it
+    ::close(fd);
+    return;
+  }
+  pool_->enqueue([this, fd, requests_left] { ServeConnection(fd, requests_left); });
+}
+
+bool LimitedHttpServer::DetachCurrentConnection(Taker take) {
+  if (tl_stream == nullptr || take == nullptr) return false;
+  tl_stream->Detach(std::move(take));
+  return true;
 }
 
 void LimitedHttpServer::SetListenBacklog(int backlog) {
@@ -358,6 +426,10 @@ void LimitedHttpServer::RejectOverloaded(socket_t sock) {
 }
 
 bool LimitedHttpServer::process_and_close_socket(socket_t sock) {
+  return ServeConnection(sock, std::max(1, limits_.keep_alive_max_requests));
+}
+
+bool LimitedHttpServer::ServeConnection(int sock, int requests_left) {
   if (tl_reject) {
     RejectOverloaded(sock);
     return false;
@@ -365,11 +437,25 @@ bool LimitedHttpServer::process_and_close_socket(socket_t sock) {
   BudgetedSocketStream stream(sock, limits_);
   tl_stream = &stream;
   bool ret = false;
-  for (int left = std::max(1, limits_.keep_alive_max_requests); left > 0; --left) {
+  for (int left = requests_left; left > 0; --left) {
+    if (idle_ != nullptr && !stream.HasBuffered() && !PollFor(sock, POLLIN, 0)) {
+      // Nothing to read yet: the idle loop waits for the next request, not this thread.
+      tl_stream = nullptr;
+      idle_->Park(sock, left);
+      return ret;
+    }
     if (!WaitForRequest(stream)) break;
     stream.BeginRequest();
     bool connection_closed = false;
     ret = process_request(stream, left == 1, connection_closed, nullptr);
+    if (stream.detached()) {
+      tl_stream = nullptr;
+      // Bytes read past this request (a pipelined one) would be lost: close after the answer.
+      const bool reusable =
+          ret && !connection_closed && !stream.must_close() && left > 1 && !stream.HasBuffered();
+      stream.TakeTaker()(sock, reusable ? left - 1 : 0);
+      return ret;
+    }
     if (!ret || connection_closed || stream.must_close()) break;
   }
   tl_stream = nullptr;

@@ -10,7 +10,12 @@
 //  - at most max_header_count headers (431);
 //  - read / write timeouts per socket operation, a keep-alive timeout and request count;
 //  - a fixed pool of num_threads HTTP threads and at most max_queued_connections accepted
-//    connections waiting for one; beyond that a connection is answered 503 + Retry-After at once.
+//    connections waiting for one; beyond that a connection is answered 503 + Retry-After at once;
+//  - a connection with nothing to read (a new one whose request has not come yet, or a kept-alive
+//    one between requests) holds no thread: it waits on one event-loop thread
+//    (server/idle_connections.h) until it turns readable, and is closed after
+//    keep_alive_timeout_ms;
+//  - a handler may take the connection over (DetachCurrentConnection) and answer it elsewhere.
 // Error responses of these limits use OpenAI's error shape.
 //
 // Thread safety: configure before Listen; the handlers run on the pool's threads.
@@ -19,7 +24,12 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 
 namespace pd::server {
@@ -32,7 +42,7 @@ struct HttpLimits {
   int write_timeout_ms = 30000;      // per write of a response
   int keep_alive_timeout_ms = 5000;  // idle time between requests on one connection
   int keep_alive_max_requests = 100;
-  int num_threads = 64;              // HTTP threads (one per in-flight request)
+  int num_threads = 64;              // HTTP threads (each reads one request at a time)
   int max_queued_connections = 256;  // accepted, waiting for a thread
   int retry_after_s = 1;             // Retry-After on 429/503
 };
@@ -47,20 +57,42 @@ class LimitedHttpServer : public httplib::Server {
 
   const HttpLimits& limits() const { return limits_; }
   int64_t num_rejected_connections() const { return rejected_.load(); }
+  // HTTP threads serving a connection now, and connections waiting idle on the idle loop.
+  int num_busy_threads();
+  int num_parked_connections() const;
 
-  // For handlers: true when the client of the request this thread is serving has closed its
-  // connection (checked without blocking). False outside a handler.
-  static bool CurrentPeerClosed();
+  // For handlers: hands the connection over to `take` once the request is done with. The
+  // response the handler sets is discarded; after the library has finished with the request,
+  // take(fd, requests_left) runs on this HTTP thread and owns the descriptor from then on (it
+  // writes the response), and the thread serves the next connection. requests_left > 0: the
+  // connection may carry that many more requests; once the answer is written whole, the taker
+  // gives it back with ResumeConnection (or closes it). 0: the taker closes it after the answer
+  // ("Connection: close"). False outside a handler.
+  using Taker = std::function<void(int fd, int requests_left)>;
+  static bool DetachCurrentConnection(Taker take);
+  // A detached connection whose answer is complete: it waits for its next request, then is
+  // served by the pool. Any thread.
+  void ResumeConnection(int fd, int requests_left);
   // After bind: the listen backlog (the library's is 5, too small for a burst of clients).
   void SetListenBacklog(int backlog);
+  // After listen_after_bind started on another thread: waits until the HTTP threads exist.
+  bool WaitListening(std::chrono::milliseconds timeout);
 
  private:
   bool process_and_close_socket(socket_t sock) override;
+  // Serves up to `requests_left` requests on `sock`, then closes it (or parks or detaches it).
+  bool ServeConnection(int sock, int requests_left);
+  // From the idle loop: `fd` has its next request (or closed); back to the pool.
+  void Resume(int fd, int requests_left);
   void RejectOverloaded(socket_t sock);
   bool WaitForRequest(class BudgetedSocketStream& stream);
 
   const HttpLimits limits_;
   std::atomic<int64_t> rejected_{0};
+  std::mutex pool_mu_;
+  std::condition_variable pool_cv_;          // pool_ set
+  class BoundedThreadPool* pool_ = nullptr;  // GUARDED_BY(pool_mu_); set while listening
+  std::unique_ptr<class IdleConnections> idle_;
 };
 
 }  // namespace pd::server

@@ -1,9 +1,14 @@
 // The router of a disaggregated deployment: the OpenAI API in front of decode instances. Every
 // generation request (streaming or not) goes to the decode instance with the least outstanding
-// requests; its answer is relayed as it comes (SSE chunks unbuffered). A client that goes away
-// closes the upstream connection, so the decode instance aborts the request. /health answers when
-// at least one decode instance is healthy; /metrics reports the router's own counters;
-// GET /v1/models is forwarded.
+// requests. An HTTP thread reads the request and hands the connection to the relay's event-loop
+// thread (server/upstream_relay.h), which carries the exchange to its end: SSE chunks relayed as
+// they come, a client that goes away closes the upstream connection (the decode instance aborts
+// the request); a kept-alive client connection then goes back to the HTTP server for its next
+// request. So the router's threads are a fixed few (http.num_threads, the listener, the relay and
+// the HTTP server's idle-connection loop), however many streams are open; past max_open_streams
+// a request gets 429.
+// /health answers when at least one decode instance is healthy; /metrics reports the router's own
+// counters; GET /v1/models is forwarded.
 //
 // Thread safety: Start/Stop from one thread; handlers run on the HTTP pool's threads.
 #pragma once
@@ -17,8 +22,18 @@
 #include "common/status.h"
 #include "common/trace.h"
 #include "server/http_transport.h"
+#include "server/upstream_relay.h"
 
 namespace pd::server {
+
+// The router's HTTP threads only read requests (and answer /health and /metrics): a few suffice,
+// and connections wait for one in a long queue rather than being turned away in a burst.
+inline HttpLimits RouterHttpLimits() {
+  HttpLimits l;
+  l.num_threads = 8;
+  l.max_queued_connections = 4096;
+  return l;
+}
 
 struct RouterOptions {
   std::string host = "127.0.0.1";
@@ -30,7 +45,9 @@ struct RouterOptions {
   // decode instance's keep-alive timeout, 5 s by default, so it has not closed it meanwhile).
   int max_idle_upstream = 32;
   double upstream_idle_s = 2.0;
-  HttpLimits http;
+  // Relayed requests (streamed or not) open at once; beyond it a request gets 429 at once.
+  int max_open_streams = 4096;
+  HttpLimits http = RouterHttpLimits();
   // Borrowed, may be null: instants per streamed request ("router request", "router upstream
   // sent", "router upstream status", "router first chunk read", "router first chunk written").
   Tracer* tracer = nullptr;
@@ -46,25 +63,27 @@ class Router {
   // Requests in flight per backend, in options order.
   std::vector<int> outstanding() const;
   // Upstream connections opened so far (reusing a kept-alive one opens none).
-  uint64_t upstream_connections() const { return connections_.load(); }
+  uint64_t upstream_connections() const { return relay_->connections_opened(); }
+  // Relayed requests open now, and those turned away by max_open_streams so far.
+  int open_streams() const { return open_.load(); }
+  uint64_t rejected() const { return rejected_.load(); }
 
  private:
-  struct Backend;
-  class Upstream;
   explicit Router(const RouterOptions& options);
   int Pick();
   void Forward(const httplib::Request& req, httplib::Response& res);
-  void ForwardStream(Backend& b, const httplib::Request& req, httplib::Response& res);
+  void RegisterRoutes();
 
   const RouterOptions options_;
-  std::vector<std::unique_ptr<Backend>> backends_;
+  std::vector<std::unique_ptr<UpstreamTarget>> backends_;
+  std::unique_ptr<UpstreamRelay> relay_;
   LimitedHttpServer http_;
   std::thread listen_thread_;
   int port_ = 0;
   std::atomic<uint64_t> requests_{0};
-  std::atomic<uint64_t> failures_{0};
+  std::atomic<uint64_t> rejected_{0};
+  std::atomic<int> open_{0};
   std::atomic<uint64_t> round_robin_{0};
-  std::atomic<uint64_t> connections_{0};
 };
 
 }  // namespace pd::server
