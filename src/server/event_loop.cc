@@ -50,7 +50,7 @@ EventLoop::~EventLoop() {
 
 void EventLoop::Post(std::function<void()> task) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (exited_) return;
     posted_.push_back(std::move(task));
   }
@@ -60,13 +60,13 @@ void EventLoop::Post(std::function<void()> task) {
 
 void EventLoop::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
   const uint64_t one = 1;
   (void)!::write(wake_fd_, &one, sizeof(one));
   if (thread_.joinable() && !InLoopThread()) thread_.join();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   posted_.clear();
 }
 
@@ -101,7 +101,7 @@ void EventLoop::RunPosted() {
   (void)!::read(wake_fd_, &count, sizeof(count));
   std::deque<std::function<void()>> tasks;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     tasks.swap(posted_);
   }
   for (auto& task : tasks) task();
@@ -133,7 +133,7 @@ void EventLoop::Run() {
       (*handler)(events[i].events);
     }
     RunPosted();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopping_ && posted_.empty()) {
       exited_ = true;
       return;

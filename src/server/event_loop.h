@@ -14,11 +14,11 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace pd::server {
@@ -40,9 +40,9 @@ class EventLoop {
 
   // Runs `task` on the loop thread. Tasks posted before Stop run before the thread ends; later
   // ones are dropped.
-  void Post(std::function<void()> task);
+  void Post(std::function<void()> task) EXCLUDES(mu_);
   // Runs the tasks posted so far, then ends the thread. Idempotent.
-  void Stop();
+  void Stop() EXCLUDES(mu_);
   bool InLoopThread() const { return std::this_thread::get_id() == thread_.get_id(); }
 
   // Loop thread only. Watch returns a token (0 when epoll_ctl fails).
@@ -65,10 +65,10 @@ class EventLoop {
   const int epoll_fd_;
   const int wake_fd_;
   std::thread thread_;
-  std::mutex mu_;
-  std::deque<std::function<void()>> posted_;  // GUARDED_BY(mu_)
-  bool stopping_ = false;                     // GUARDED_BY(mu_)
-  bool exited_ = false;                       // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::deque<std::function<void()>> posted_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
+  bool exited_ GUARDED_BY(mu_) = false;
   // Loop thread only.
   std::unordered_map<uint64_t, Watched> watched_;
   uint64_t next_token_ = 1;

@@ -9,14 +9,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "common/log.h"
+#include "common/mutex.h"
 #include "common/thread_util.h"
 #include "server/idle_connections.h"
 #include "server/openai_protocol.h"
@@ -188,12 +187,12 @@ class BoundedThreadPool final : public httplib::TaskQueue {
     for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this] { Work(); });
   }
 
-  void enqueue(std::function<void()> fn) override {
+  void enqueue(std::function<void()> fn) override EXCLUDES(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (!shutdown_ && jobs_.size() < max_queued_) {
         jobs_.push_back(std::move(fn));
-        cv_.notify_one();
+        cv_.Signal();
         return;
       }
     }
@@ -202,12 +201,12 @@ class BoundedThreadPool final : public httplib::TaskQueue {
     tl_reject = false;
   }
 
-  void shutdown() override {
+  void shutdown() override EXCLUDES(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       shutdown_ = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     for (auto& t : threads_) t.join();
     threads_.clear();
     if (after_shutdown_) after_shutdown_();
@@ -216,7 +215,7 @@ class BoundedThreadPool final : public httplib::TaskQueue {
   int busy() const { return busy_.load(); }
 
  private:
-  void Work() {
+  void Work() EXCLUDES(mu_) {
     SetCurrentThreadName("pd-http");
     // Best effort: a request's thread runs as soon as it is woken (its first token is written
     // while the engine's thread computes the next step, maybe on the same CPU).
@@ -224,8 +223,8 @@ class BoundedThreadPool final : public httplib::TaskQueue {
     for (;;) {
       std::function<void()> fn;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return shutdown_ || !jobs_.empty(); });
+        MutexLock lock(&mu_);
+        while (!shutdown_ && jobs_.empty()) cv_.Wait(&mu_);
         if (jobs_.empty()) return;  // shutting down and drained
         fn = std::move(jobs_.front());
         jobs_.pop_front();
@@ -239,10 +238,10 @@ class BoundedThreadPool final : public httplib::TaskQueue {
   const size_t max_queued_;
   const std::function<void()> after_shutdown_;
   std::atomic<int> busy_{0};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;  // GUARDED_BY(mu_)
-  bool shutdown_ = false;                   // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<void()>> jobs_ GUARDED_BY(mu_);
+  bool shutdown_ GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 
@@ -316,12 +315,12 @@ LimitedHttpServer::LimitedHttpServer(const HttpLimits& limits) : limits_(limits)
   set_keep_alive_timeout(std::max(1, limits_.keep_alive_timeout_ms / 1000));
   new_task_queue = [this] {
     auto* pool = new BoundedThreadPool(limits_.num_threads, limits_.max_queued_connections, [this] {
-      std::lock_guard<std::mutex> lock(pool_mu_);
+      MutexLock lock(&pool_mu_);
       pool_ = nullptr;
     });
-    std::lock_guard<std::mutex> lock(pool_mu_);
+    MutexLock lock(&pool_mu_);
     pool_ = pool;
-    pool_cv_.notify_all();
+    pool_cv_.SignalAll();
     return pool;
   };
   // Without the idle loop (it could not start), threads wait on idle connections themselves.
@@ -357,12 +356,16 @@ LimitedHttpServer::~LimitedHttpServer() {
 }
 
 bool LimitedHttpServer::WaitListening(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(pool_mu_);
-  return pool_cv_.wait_for(lock, timeout, [&] { return pool_ != nullptr; });
+  MutexLock lock(&pool_mu_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (pool_ == nullptr) {
+    if (!pool_cv_.WaitUntil(&pool_mu_, deadline)) return pool_ != nullptr;
+  }
+  return true;
 }
 
 int LimitedHttpServer::num_busy_threads() {
-  std::lock_guard<std::mutex> lock(pool_mu_);
+  MutexLock lock(&pool_mu_);
   return pool_ != nullptr ? pool_->busy() : 0;
 }
 
@@ -381,7 +384,7 @@ void LimitedHttpServer::ResumeConnection(int fd, int requests_left) {
 }
 
 void LimitedHttpServer::Resume(int fd, int requests_left) {
-  std::lock_guard<std::mutex> lock(pool_mu_);
+  MutexLock lock(&pool_mu_);
   if (pool_ == nullptr || !is_running()) {  // stopped: no thread will serve it
     ::close(fd);
     return;

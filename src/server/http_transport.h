@@ -25,12 +25,12 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
+
+#include "common/mutex.h"
 
 namespace pd::server {
 
@@ -58,7 +58,7 @@ class LimitedHttpServer : public httplib::Server {
   const HttpLimits& limits() const { return limits_; }
   int64_t num_rejected_connections() const { return rejected_.load(); }
   // HTTP threads serving a connection now, and connections waiting idle on the idle loop.
-  int num_busy_threads();
+  int num_busy_threads() EXCLUDES(pool_mu_);
   int num_parked_connections() const;
 
   // For handlers: hands the connection over to `take` once the request is done with. The
@@ -76,22 +76,22 @@ class LimitedHttpServer : public httplib::Server {
   // After bind: the listen backlog (the library's is 5, too small for a burst of clients).
   void SetListenBacklog(int backlog);
   // After listen_after_bind started on another thread: waits until the HTTP threads exist.
-  bool WaitListening(std::chrono::milliseconds timeout);
+  bool WaitListening(std::chrono::milliseconds timeout) EXCLUDES(pool_mu_);
 
  private:
   bool process_and_close_socket(socket_t sock) override;
   // Serves up to `requests_left` requests on `sock`, then closes it (or parks or detaches it).
   bool ServeConnection(int sock, int requests_left);
   // From the idle loop: `fd` has its next request (or closed); back to the pool.
-  void Resume(int fd, int requests_left);
+  void Resume(int fd, int requests_left) EXCLUDES(pool_mu_);
   void RejectOverloaded(socket_t sock);
   bool WaitForRequest(class BudgetedSocketStream& stream);
 
   const HttpLimits limits_;
   std::atomic<int64_t> rejected_{0};
-  std::mutex pool_mu_;
-  std::condition_variable pool_cv_;          // pool_ set
-  class BoundedThreadPool* pool_ = nullptr;  // GUARDED_BY(pool_mu_); set while listening
+  Mutex pool_mu_;
+  CondVar pool_cv_;                                               // pool_ set
+  class BoundedThreadPool* pool_ GUARDED_BY(pool_mu_) = nullptr;  // set while listening
   std::unique_ptr<class IdleConnections> idle_;
 };
 
