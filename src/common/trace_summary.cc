@@ -3,13 +3,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <tuple>
+
+#include "common/trace_reader.h"
 
 namespace pd {
 namespace {
-
-using nlohmann::json;
 
 struct Compute {
   double begin_us = 0;
@@ -19,47 +18,33 @@ struct Compute {
 // (pid, step, layer)
 using LayerKey = std::tuple<int64_t, int64_t, int>;
 
-// The argument as text: requests are written as strings, but a hand-written trace may use numbers.
-std::string ArgText(const json& args, const char* key) {
-  if (!args.contains(key)) return "";
-  const json& v = args.at(key);
-  return v.is_string() ? v.get<std::string>() : v.dump();
-}
+double Micros(int64_t ns) { return static_cast<double>(ns) / 1000.0; }
 
-Status ReadEvents(const json& events, std::map<LayerKey, Compute>* compute,
+Status ReadEvents(const std::vector<TraceEvent>& events, std::map<LayerKey, Compute>* compute,
                   std::vector<TraceLayerRow>* posts, int* num_layers) {
-  for (const json& e : events) {
-    if (!e.is_object() || e.value("ph", "") != "X") continue;
-    const std::string name = e.value("name", "");
-    const bool is_layer = name == "layer" && e.value("cat", "") == "compute";
-    const bool is_post = name == "post writes" && e.value("cat", "") == "kv";
+  for (const TraceEvent& e : events) {
+    if (e.ph != 'X') continue;
+    const bool is_layer = e.name == "layer" && e.cat == "compute";
+    const bool is_post = e.name == "post writes" && e.cat == "kv";
     if (!is_layer && !is_post) continue;
-    if (!e.contains("ts") || !e.at("ts").is_number() || !e.contains("args") ||
-        !e.at("args").contains("layer") || !e.at("args").contains("step")) {
-      return InvalidArgument("trace: a '" + name + "' event lacks ts, args.layer or args.step: " +
-                             e.dump().substr(0, 200));
+    const std::optional<int64_t> layer = TraceArgInt(e, "layer");
+    const std::optional<int64_t> step = TraceArgInt(e, "step");
+    if (!layer.has_value() || !step.has_value()) {
+      return InvalidArgument("trace: a '" + e.name +
+                             "' event lacks the integer arguments args.layer and args.step");
     }
-    const json& args = e.at("args");
-    if (!args.at("layer").is_number_integer() || !args.at("step").is_number_integer()) {
-      return InvalidArgument("trace: args.layer and args.step must be integers: " +
-                             e.dump().substr(0, 200));
-    }
-    const int64_t pid = e.value("pid", int64_t{0});
-    const int64_t step = args.at("step").get<int64_t>();
-    const int layer = args.at("layer").get<int>();
-    const double ts = e.at("ts").get<double>();
     if (is_layer) {
-      const double dur =
-          e.contains("dur") && e.at("dur").is_number() ? e.at("dur").get<double>() : 0;
-      (*compute)[{pid, step, layer}] = {ts, ts + dur};
-      *num_layers = std::max(*num_layers, layer + 1);
+      const double ts = Micros(e.ts_ns);
+      (*compute)[{e.pid, *step, static_cast<int>(*layer)}] = {ts, ts + Micros(e.dur_ns)};
+      *num_layers = std::max(*num_layers, static_cast<int>(*layer) + 1);
     } else {
       TraceLayerRow row;
-      row.request = ArgText(args, "request");
-      row.pid = pid;
-      row.step = step;
-      row.layer = layer;
-      row.posted_us = ts;
+      // Requests are written as strings, but a hand-written trace may use numbers.
+      row.request = TraceArgText(e, "request");
+      row.pid = e.pid;
+      row.step = *step;
+      row.layer = static_cast<int>(*layer);
+      row.posted_us = Micros(e.ts_ns);
       posts->push_back(row);
     }
   }
@@ -69,22 +54,12 @@ Status ReadEvents(const json& events, std::map<LayerKey, Compute>* compute,
 }  // namespace
 
 Result<TraceSummary> SummarizePrefillTrace(std::string_view json_text) {
-  json doc;
-  try {
-    doc = json::parse(json_text);
-  } catch (const std::exception& e) {
-    return InvalidArgument(std::string("trace: not JSON: ") + e.what());
-  }
-  if (!doc.is_object() || !doc.contains("traceEvents") || !doc.at("traceEvents").is_array()) {
-    return InvalidArgument("trace: expected an object with a \"traceEvents\" array");
-  }
+  ASSIGN_OR_RETURN(const std::vector<TraceEvent> events, ParseTraceEvents(json_text));
   TraceSummary s;
+  s.dropped_events = static_cast<int64_t>(TraceDroppedEvents(json_text).value_or(0));
   std::map<LayerKey, Compute> compute;
   std::vector<TraceLayerRow> posts;
-  RETURN_IF_ERROR(ReadEvents(doc.at("traceEvents"), &compute, &posts, &s.num_layers));
-  if (doc.contains("otherData") && doc.at("otherData").is_object()) {
-    s.dropped_events = doc.at("otherData").value("dropped_events", int64_t{0});
-  }
+  RETURN_IF_ERROR(ReadEvents(events, &compute, &posts, &s.num_layers));
   for (TraceLayerRow& row : posts) {
     auto it = compute.find({row.pid, row.step, row.layer});
     if (it == compute.end()) {
