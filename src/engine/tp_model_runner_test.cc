@@ -17,6 +17,7 @@
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "engine/model_runner_test_util.h"
+#include "engine/tp_all_reduce.h"
 #include "engine/tp_shard.h"
 
 namespace pd::engine {
