@@ -3,9 +3,8 @@
 //
 // Rank r of TP t (model: nh query heads, H KV heads, I MLP columns, V vocab rows):
 //   query heads     [r*nh/t, (r+1)*nh/t)                           (nh % t == 0)
-//   KV heads        t <= H: [r*H/t, (r+1)*H/t)                      (H % t == 0)
-//                   t >  H: head r*H/t = r/(t/H): t/H replicas each  (t % H == 0)
-//                   (the rule of src/messenger/shard_plan.h, so the messenger can move them)
+//   KV heads        RankKvHeads (kv_heads.h), the rule the messenger plans transfers by:
+//                   t <= H: [r*H/t, (r+1)*H/t); t > H: head r/(t/H), t/H replicas each
 //   MLP columns     [r*I/t, (r+1)*I/t) of gate/up rows and down columns (I % t == 0)
 //   lm_head rows    [r*V/t, (r+1)*V/t) (any V): every rank computes its slice of the logits
 // q/k/v/gate/up are row-split (their rows are views into the checkpoint); o_proj and down_proj are
