@@ -1,9 +1,9 @@
-# pdserve: make demo | make test | make build | make bench-disagg | make bench-engine
+# pdserve: make demo | make test | make build | make asan | make tsan | make bench-disagg | make bench-engine
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 DEMO_MODEL ?= models/demo-qwen3-small
 
-.PHONY: deps configure build test demo bench-disagg bench-engine format clean
+.PHONY: deps configure build test demo asan tsan bench-disagg bench-engine format clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -14,8 +14,21 @@ configure: deps
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
+# The whole suite, after clang's thread-safety analysis over the tree (syntax only, a few minutes).
 test: build
+	scripts/check-thread-safety.sh $(BUILD_DIR) $(JOBS)
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+# The transfer, messenger and server tests under AddressSanitizer (with LeakSanitizer) or
+# ThreadSanitizer, in a clang build of their own (build-asan/, build-tsan/).
+SAN_TESTS = transfer_tests messenger_tests server_tests
+SAN_LABELS = ^(transfer_tests|messenger_tests|server_tests)$$
+asan tsan: deps
+	@test -f build-$@/build.ninja || cmake -S . -B build-$@ -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+	  -DPD_SANITIZE=$(if $(filter asan,$@),address,thread)
+	cmake --build build-$@ -j $(JOBS) --target $(SAN_TESTS)
+	cd build-$@ && ctest -L '$(SAN_LABELS)' --output-on-failure -j $(JOBS) --timeout 900
 
 # The demo: make the default model if missing and generate once offline; then the same chat-like
 # `pdserve bench` workload on `pdserve up` (1 prefill + 1 decode instance, each pinned to its own
@@ -39,4 +52,4 @@ format:
 	clang-format -i $$(git ls-files '*.h' '*.cc')
 
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) build-asan build-tsan

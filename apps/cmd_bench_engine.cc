@@ -18,8 +18,8 @@
 // the median prefill/probe ratio, its fraction against that pair's probe; decode rows' flops
 // fraction is against the run's peak (the better of an FMA measurement before and after the rows).
 // The header also gives the AVX-512 BF16 dot-product (vdpbf16ps) peak where the CPU has it ("n/a"
-// otherwise; JSON "peak_bf16dot_gflops", absent then): on the machine the f32 kernels were tuned
-// on it was half the FMA rate, on a Zen 4 host twice.
+// otherwise; JSON "peak_bf16dot_gflops", absent then): depending on the CPU it runs at anywhere
+// from half to twice the FMA rate, which decides which matmul precision is the faster.
 //
 // --matmul f32|bf16|both (default both): the rows with each engine matmul precision
 // (MatmulPrecision: x kept f32, or rounded to bf16 and multiplied with vdpbf16ps), side by side; a

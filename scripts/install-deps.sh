@@ -5,7 +5,8 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config clang-format
-  libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-14-dev
+  libgtest-dev libgmock-dev
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libcpp-httplib-dev
   libfabric-dev libfabric-bin libhwloc-dev libopenblas-dev libpcre2-dev
   libssl-dev

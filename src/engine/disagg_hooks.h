@@ -2,7 +2,8 @@
 // requests whose pages outlive them, requests whose prompt KV arrives from elsewhere, the page
 // references a transfer holds, a look at every step before it runs, and, on the decode side while
 // KV is awaited, keeping what the first decode step reads in the caches. The messengers use them
-// through AsyncEngine, which runs them on the engine loop (DESIGN.md, "Request flow").
+// through AsyncEngine, which runs them on the engine loop (docs/architecture.md, "Request flow,
+// disaggregated").
 #pragma once
 
 #include <cstddef>

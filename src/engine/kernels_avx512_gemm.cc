@@ -240,9 +240,9 @@ constexpr const MicroFn* PackedTable2() {
 // Streaming (decode) kernels by rows. One group per pass and no software prefetch: a thread's
 // share of the matrix is then one sequential read, which the hardware prefetcher follows faster
 // than any number of prefetched streams (Zen 4 guest, 2 threads, 2 GiB: one plain stream 53-60
-// GB/s, 4 or 8 prefetched streams 41-53; batch-1 decode of llama-1b 0.78-0.85 -> 0.98-1.05 of
-// the read probe). f32 FMA at 3-4 rows is bound by the FMA rate instead: 3 or 2 groups per pass
-// share each broadcast of x, with the prefetching that served them before.
+// GB/s, 4 or 8 prefetched streams 41-53; batch-1 decode of llama-1b reads at 0.98-1.05 of the
+// read probe). f32 FMA at 3-4 rows is bound by the FMA rate instead: 3 or 2 groups per pass
+// share each broadcast of x, with software prefetching of the groups.
 template <WMode kMode>
 constexpr bool kStreamShared = !IsDot(kMode);  // rows 3-4 take several groups per pass
 template <WMode kMode>

@@ -10,7 +10,7 @@ namespace pd::engine {
 enum class KernelKind { kReference, kFast };
 
 // How the matmuls over bf16 weights multiply.
-//   kF32:  x stays f32, each product exact (the default; outputs as before this option).
+//   kF32:  x stays f32, each product exact (the default).
 //   kBf16: x rounded to bf16 and multiplied with AVX-512 BF16 dot products (vdpbf16ps): up to
 //          twice the FMA rate where the CPU runs them at full speed (bench-engine prints the
 //          ratio), logits within ~1e-2 relative of kF32. Needs AVX512_BF16 for the fast kernels

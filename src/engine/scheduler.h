@@ -21,7 +21,7 @@
 // Callers guarantee progress: a sequence at its longest (prompt + max tokens) fits in the pool,
 // and, without chunked prefill, in one step's budget (the Engine checks both).
 //
-// Disaggregation (DESIGN.md, "Request flow") adds two kinds of sequence:
+// Disaggregation (docs/architecture.md, "Request flow, disaggregated") adds two kinds of sequence:
 //   - prefill-only (prefill instance): its tokens are computed and never sampled; all its pages
 //     are allocated when it is admitted and it is never a preemption victim, so the messenger can
 //     stream its pages while it runs. Its last chunk `samples` like any other: the engine turns

@@ -1,5 +1,5 @@
-// The decode side of the KV messenger (DESIGN.md, "Request flow", steps 1, 4 and 5), as an
-// AsyncEngine: the OpenAI server submits to it exactly as to a colocated engine.
+// The decode side of the KV messenger (docs/architecture.md, disaggregated flow, steps 1, 4, 5
+// and 7), as an AsyncEngine: the OpenAI server submits to it exactly as to a colocated engine.
 //
 // For a request with a prompt of n > 1 tokens it asks the inner engine for a remote-KV request
 // (pages for the whole prompt reserved, FCFS as pages free up, held out of scheduling), takes a

@@ -1,4 +1,5 @@
-// The prefill side of the KV messenger (DESIGN.md, "Request flow", steps 2-3).
+// The prefill side of the KV messenger (docs/architecture.md, disaggregated flow, steps 2, 3, 5
+// and 6).
 //
 // It accepts Hello from decode instances (same model fingerprint, page size, layout and KV dtype,
 // else a HelloReply that says what differs) and PrefillRequests from the peers it accepted. Each

@@ -1,6 +1,7 @@
 // Shard plans: which bytes of which source (prefill) rank's page go to which bytes of which
-// destination (decode) rank's page, for any pairing of tensor-parallel schemes (DESIGN.md,
-// "Sharded KV transfers"). A pure function of the two schemes, the page format and a seed.
+// destination (decode) rank's page, for any pairing of tensor-parallel schemes
+// (docs/architecture.md, "Sharded KV transfers"). A pure function of the two schemes, the page
+// format and a seed.
 //
 // Which KV heads a rank holds is the engine's rule, engine::RankKvHeads (engine/kv_heads.h):
 //   t <= H: heads [r*H/t, (r+1)*H/t)            (H % t == 0)
@@ -13,10 +14,10 @@
 //
 // Replicas: replica k of a scheme is the set of ranks that together hold every head once: the
 // k-th holder, in rank order, of each head (t > H: ranks {h*(t/H) + k}; replicated: rank k;
-// otherwise the whole instance). Each destination
-// replica j is served by source replica perm[j % Rs], perm a seeded shuffle of the Rs source
-// replicas, so with Rd >= Rs every source NIC is used and otherwise the seed (say, the request id)
-// spreads requests over them. Every destination byte is written exactly once.
+// otherwise the whole instance). Each destination replica j is served by source replica
+// perm[j % Rs], perm a seeded shuffle of the Rs source replicas, so with Rd >= Rs every source NIC
+// is used and otherwise the seed (say, the request id) spreads requests over them. Every
+// destination byte is written exactly once.
 //
 // Issuing: every PageRun applies identically to every (layer, page) block. For a transfer of pages
 // src_pages[k] -> dst_pages[k] over L layers, a run is one transfer::PagedWriteRequest whose

@@ -38,7 +38,7 @@ enum class MessageType : uint16_t {
   kCancel = 5,
 };
 
-// How an instance shards its KV cache (DESIGN.md, "Sharded KV transfers").
+// How an instance shards its KV cache (docs/architecture.md, "Sharded KV transfers").
 struct ShardScheme {
   uint16_t tp_size = 1;
   uint16_t num_kv_heads = 1;  // the model's KV heads (all ranks together)

@@ -61,10 +61,10 @@ struct InstanceConfig {
   // Factors the instance's steps that compute prompt tokens are multiplied by per number of
   // prompts (or chunks) c they compute: (prefill_chunk_factors)[min(c, size) - 1], with the
   // decode batch factors' place. The latency model's constant comes once a step, but the
-  // engine's prefill step costs more per prompt than its tokens say: stop 29's traced prefill
-  // steps (a Zen 3 host) of 2-4 prompts ran x1.21-1.26 the profile's time for them where those
-  // of one ran x1.16-1.17, in the calibration runs and the rounds alike (validate-sim measures
-  // these: planner::PrefillChunkFactors). Empty: none. Each factor positive and finite.
+  // engine's prefill step can cost more per prompt than its tokens say: traced prefill steps of
+  // 2-4 prompts on a 2-vCPU host ran x1.21-1.26 the profile's time for them where those of one
+  // ran x1.16-1.17 (validate-sim measures these: planner::PrefillChunkFactors). Empty: none.
+  // Each factor positive and finite.
   std::vector<double> prefill_chunk_factors;
   // The engine loop between a step's end and the next step's start (delivering the step's
   // outputs, taking new requests, scheduling): the next step starts no sooner. A real prefill
@@ -79,9 +79,8 @@ struct InstanceConfig {
   // later, and so does its prompts' KV (kv_ready_fraction) when the request came before that
   // point. A request that finds the instance idle adds none here: its work comes before the
   // engine has it, on its way in. A traced prefill instance on a 2-core host: steps that a
-  // request reached 0.16-0.59 ms longer than the others (planner::MeasurePrefillArrivalWork;
-  // validate-sim prints the simulation with it beside, not used). Finite and >= 0; > 0 only
-  // with pp 1.
+  // request reached 0.16-0.59 ms longer than the others (planner::MeasurePrefillArrivalWork).
+  // Finite and >= 0; > 0 only with pp 1.
   double arrival_work_s = 0.0;
 };
 
@@ -106,7 +105,7 @@ struct SimOptions {
   // turn a probe that already reached its attainment target into a miss.
   int stop_after_meets = -1;
   Slo slo;
-  // pdserve's own hand-over (DESIGN.md, request flow step 5): the prefill instance samples
+  // pdserve's own hand-over (docs/architecture.md, disaggregated flow, step 7): prefill samples
   // nothing; the decode instance runs the last prompt token as its first decode step and samples
   // the first token, so TTFT includes the KV transfer and that step. false: DistServe's
   // accounting (the first token comes from the prefill step).
