@@ -164,9 +164,11 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
   mo.max_transfers = ao.max_pending_requests;
   mo.peer_silence_s = flags.peer_silence_s;
   mo.tracer = flags.tracer;
+  engine::DisaggHooks* hooks = eng->disagg_hooks();
+  if (hooks == nullptr) return fail(FailedPrecondition("the engine runs no prefill-only requests"));
   auto messenger = messenger::PrefillMessenger::Create(mo, eng->runner());
   if (!messenger.ok()) return fail(messenger.status().WithContext("fabric"));
-  eng->SetStepObserver((*messenger)->step_observer());
+  hooks->SetStepObserver((*messenger)->step_observer());
   auto async = engine::AsyncEngine::Create(std::move(eng), ao);
   if (!async.ok()) return fail(async.status());
   (*messenger)->Start(async->get());

@@ -7,7 +7,6 @@
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +22,7 @@
 #include "apps/command.h"
 #include "common/log.h"
 #include "common/mutex.h"
+#include "common/subprocess.h"
 #include "messenger/shard_plan.h"
 #include "messenger/shard_writes.h"
 #include "transfer/domain_group.h"
@@ -510,21 +510,21 @@ int RunBench(const BenchOptions& o) {
   if (o.peer_fd >= 0) return RunPeer(o);
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return 1;
-  char exe[4096];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (n <= 0) return 1;
-  exe[n] = '\0';
-  pid_t pid = fork();
-  if (pid == 0) {
-    int fd = dup(sv[1]);
-    std::string fd_text = std::to_string(fd);
-    const char* argv[] = {exe,         "--log-level",   "warn",       "transfer-bench",
-                          "--peer-fd", fd_text.c_str(), "--provider", o.provider.c_str(),
-                          "--node",    o.node.c_str(),  nullptr};
-    execv(exe, const_cast<char**>(argv));
-    _exit(127);
-  }
+  SubprocessOptions peer_options;
+  peer_options.path = "/proc/self/exe";
+  peer_options.argv = {"pdserve",    "--log-level",
+                       "warn",       "transfer-bench",
+                       "--peer-fd",  std::to_string(sv[1]),
+                       "--provider", o.provider,
+                       "--node",     o.node};
+  peer_options.inherit_fds = {sv[1]};
+  Result<Subprocess> peer = Subprocess::Spawn(peer_options);
   close(sv[1]);
+  if (!peer.ok()) {
+    close(sv[0]);
+    fprintf(stderr, "transfer-bench: the peer: %s\n", peer.status().ToString().c_str());
+    return 1;
+  }
   Parent p;
   p.o = o;
   Status s = SetUpParent(p, sv[0]);
@@ -542,8 +542,10 @@ int RunBench(const BenchOptions& o) {
     close(p.tcp_fd);
   }
   SendBlob(sv[0], "exit");
-  int status = 0;
-  waitpid(pid, &status, 0);
+  if (Result<ExitStatus> status = peer->Wait(std::chrono::seconds(60)); !status.ok()) {
+    fprintf(stderr, "transfer-bench: the peer: %s\n", status.status().ToString().c_str());
+  }
+  close(sv[0]);
   if (!rows.ok()) {
     fprintf(stderr, "transfer-bench: %s\n", rows.status().ToString().c_str());
     return 1;

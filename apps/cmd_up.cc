@@ -10,8 +10,6 @@
 #include <httplib.h>
 #include <sched.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +26,7 @@
 #include "apps/idle_poll_flag.h"
 #include "apps/matmul_flag.h"
 #include "common/file_util.h"
+#include "common/subprocess.h"
 #include "common/thread_util.h"
 #include "common/trace.h"
 #include "planner/deployment.h"
@@ -74,32 +73,19 @@ struct UpFlags {
 struct Child {
   std::string name;
   std::string url;
-  pid_t pid = -1;
-  bool alive = false;
+  Subprocess process;
   std::string trace_file;  // its --trace file, if any
 };
 
-// `cpu` >= 0: the child and every thread it starts run on that CPU only.
-pid_t Spawn(const std::vector<std::string>& args, int cpu) {
-  pid_t pid = fork();
-  if (pid != 0) return pid;
-  // Child: die with the parent, take the default signal mask, become the instance.
-  prctl(PR_SET_PDEATHSIG, SIGTERM);
-  sigset_t none;
-  sigemptyset(&none);
-  pthread_sigmask(SIG_SETMASK, &none, nullptr);
-  if (cpu >= 0) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    sched_setaffinity(0, sizeof(set), &set);
-  }
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  execv("/proc/self/exe", argv.data());
-  std::fprintf(stderr, "up: execv: %s\n", std::strerror(errno));
-  _exit(127);
+// This binary again with `args` (args[0] its name), dying with this process; `cpu` >= 0: the child
+// and every thread it starts run on that CPU only.
+Result<Subprocess> Spawn(const std::vector<std::string>& args, int cpu) {
+  SubprocessOptions o;
+  o.path = "/proc/self/exe";
+  o.argv = args;
+  o.die_with_parent = true;
+  if (cpu >= 0) o.cpus = {cpu};
+  return Subprocess::Spawn(o);
 }
 
 std::vector<std::string> ServeArgs(const UpFlags& f, const std::string& secret_file, int port) {
@@ -138,53 +124,42 @@ std::string IoCpus(const UpFlags& f) {
 }
 
 // Reaps children that exited; returns the first one found dead (or nullptr).
-Child* ReapDead(std::vector<Child>& children, int* status_out) {
+Child* ReapDead(std::vector<Child>& children) {
   for (Child& c : children) {
-    if (!c.alive) continue;
-    int status = 0;
-    if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
-      c.alive = false;
-      *status_out = status;
-      return &c;
-    }
+    if (!c.process.running()) continue;
+    Result<std::optional<ExitStatus>> status = c.process.Poll();
+    if (!status.ok() || status->has_value()) return &c;
   }
   return nullptr;
 }
 
+// How a child that ReapDead returned ended.
+std::string DescribeExit(const Child& c) {
+  const std::optional<ExitStatus>& status = c.process.exit_status();
+  return status.has_value() ? status->ToString() : "cannot be waited for";
+}
+
+// SIGTERM to every child, then up to 10 s (together) for them to exit before a SIGKILL.
 void StopAll(std::vector<Child>& children) {
   for (Child& c : children) {
-    if (c.alive) kill(c.pid, SIGTERM);
+    if (c.process.running()) (void)c.process.Signal(SIGTERM);
   }
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   for (Child& c : children) {
-    while (c.alive) {
-      int status = 0;
-      if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
-        c.alive = false;
-      } else if (std::chrono::steady_clock::now() > end) {
-        kill(c.pid, SIGKILL);
-        waitpid(c.pid, &status, 0);
-        c.alive = false;
-      } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    }
+    if (!c.process.running()) continue;
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+        std::max(end - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration(0)));
+    if (!c.process.Wait(left).ok()) (void)c.process.Kill();
   }
-}
-
-std::string DescribeExit(int status) {
-  if (WIFSIGNALED(status)) return "was killed by signal " + std::to_string(WTERMSIG(status));
-  return "exited with status " + std::to_string(WEXITSTATUS(status));
 }
 
 // Waits for GET url/health == 200 while the children live.
 bool WaitHealthy(Child& c, std::vector<Child>& children, double timeout_s) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   while (std::chrono::steady_clock::now() < end) {
-    int status = 0;
-    if (Child* dead = ReapDead(children, &status)) {
-      std::fprintf(stderr, "up: %s (pid %d) %s during start-up\n", dead->name.c_str(), dead->pid,
-                   DescribeExit(status).c_str());
+    if (Child* dead = ReapDead(children)) {
+      std::fprintf(stderr, "up: %s (pid %d) %s during start-up\n", dead->name.c_str(),
+                   dead->process.pid(), DescribeExit(*dead).c_str());
       return false;
     }
     httplib::Client client(c.url);
@@ -261,17 +236,18 @@ struct LocalDeployment {
   std::vector<Child> children;
 };
 
-// Starts one instance: `pdserve serve` with up's flags plus `extra`; its index in d.children.
-// --pin-cores: instance k's model threads on CPU k (serve --compute-cpus); its HTTP, fabric and KV
-// messenger threads may run anywhere, as a NIC's transfers take no compute cycles.
+// Starts one instance: `pdserve serve` with up's flags plus `extra`; its index in d.children, or
+// why it could not start. --pin-cores: instance k's model threads on CPU k (serve --compute-cpus);
+// its HTTP, fabric and KV messenger threads may run anywhere, as a NIC's transfers take no compute
+// cycles.
 // --pin-whole-instances: all of instance k on CPU k (the instances then disturb each other less,
 // but each one's I/O threads take its own compute's cycles).
-size_t StartInstance(LocalDeployment& d, const std::string& name, int port,
-                     const std::vector<std::string>& extra) {
+Result<size_t> StartInstance(LocalDeployment& d, const std::string& name, int port,
+                             const std::vector<std::string>& extra) {
   const UpFlags& f = d.f;
   std::vector<std::string> args = ServeArgs(f, d.secret_file, port);
   args.insert(args.end(), extra.begin(), extra.end());
-  Child c{name, "http://" + f.host + ":" + std::to_string(port), -1, true, ""};
+  Child c{name, "http://" + f.host + ":" + std::to_string(port), Subprocess(), ""};
   if (!f.trace.empty()) {  // "prefill 0" -> FILE.prefill0.json
     std::string tag = name;
     tag.erase(std::remove(tag.begin(), tag.end(), ' '), tag.end());
@@ -284,9 +260,16 @@ size_t StartInstance(LocalDeployment& d, const std::string& name, int port,
   if ((f.pin_cores || f.pin_whole) && cpu >= 0)
     args.insert(args.end(), {"--compute-cpus", std::to_string(cpu)});
   if (const std::string io = IoCpus(f); !io.empty()) args.insert(args.end(), {"--io-cpus", io});
-  c.pid = Spawn(args, f.pin_whole ? cpu : -1);
-  d.children.push_back(c);
+  Result<Subprocess> process = Spawn(args, f.pin_whole ? cpu : -1);
+  if (!process.ok()) return process.status().WithContext(name);
+  c.process = std::move(process).value();
+  d.children.push_back(std::move(c));
   return d.children.size() - 1;
+}
+
+bool FailedStart(const Status& s) {
+  std::fprintf(stderr, "up: %s\n", s.ToString().c_str());
+  return false;
 }
 
 // The prefill instances, healthy, then the decode instances (which connect to them), healthy.
@@ -295,20 +278,22 @@ bool StartInstances(LocalDeployment& d, std::vector<std::string>* decode_urls) {
   const UpFlags& f = d.f;
   std::string prefill_urls;
   for (int i = 0; i < f.num_prefill; ++i) {
-    size_t k = StartInstance(
+    Result<size_t> k = StartInstance(
         d, "prefill " + std::to_string(i), f.port + 1 + i,
         {"--role", "prefill", "--tensor-parallel-size", std::to_string(f.prefill_tp)});
-    prefill_urls += (i ? "," : "") + d.children[k].url;
+    if (!k.ok()) return FailedStart(k.status());
+    prefill_urls += (i ? "," : "") + d.children[*k].url;
   }
   for (size_t k = 0; k < d.children.size(); ++k) {
     if (!WaitHealthy(d.children[k], d.children, f.start_timeout_s)) return false;
   }
   for (int j = 0; j < f.num_decode; ++j) {
-    size_t k = StartInstance(
+    Result<size_t> k = StartInstance(
         d, "decode " + std::to_string(j), f.port + 1 + f.num_prefill + j,
         {"--role", "decode", "--prefill-peers", prefill_urls, "--tensor-parallel-size",
          std::to_string(f.decode_tp), "--kv-wait-warm-ms", std::to_string(f.kv_wait_warm_ms)});
-    decode_urls->push_back(d.children[k].url);
+    if (!k.ok()) return FailedStart(k.status());
+    decode_urls->push_back(d.children[*k].url);
   }
   for (size_t k = f.num_prefill; k < d.children.size(); ++k) {
     if (!WaitHealthy(d.children[k], d.children, f.start_timeout_s)) return false;
@@ -318,7 +303,7 @@ bool StartInstances(LocalDeployment& d, std::vector<std::string>* decode_urls) {
 
 void PrintWhere(const LocalDeployment& d) {
   for (const Child& c : d.children) {
-    std::printf("pdserve up: %s on %s (pid %d)\n", c.name.c_str(), c.url.c_str(), c.pid);
+    std::printf("pdserve up: %s on %s (pid %d)\n", c.name.c_str(), c.url.c_str(), c.process.pid());
     if (!c.trace_file.empty()) {
       std::printf("pdserve up: %s traces to %s (written when it stops)\n", c.name.c_str(),
                   c.trace_file.c_str());
@@ -338,10 +323,9 @@ int Supervise(LocalDeployment& d, const sigset_t& signals) {
       std::printf("pdserve up: signal %d: stopping every instance\n", sig);
       return 0;
     }
-    int status = 0;
-    if (Child* dead = ReapDead(d.children, &status)) {
+    if (Child* dead = ReapDead(d.children)) {
       std::fprintf(stderr, "pdserve up: %s (pid %d) %s: stopping every instance\n",
-                   dead->name.c_str(), dead->pid, DescribeExit(status).c_str());
+                   dead->name.c_str(), dead->process.pid(), DescribeExit(*dead).c_str());
       return 1;
     }
   }

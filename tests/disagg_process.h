@@ -22,23 +22,23 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "common/subprocess.h"
+
 namespace pd::testing {
 
+// A child (common/subprocess.h: SIGKILLed and reaped on destruction) whose stdout and stderr
+// come through a pipe.
 class Process {
  public:
   Process() = default;
   ~Process() {
-    if (pid_ > 0 && Running()) {
-      kill(pid_, SIGKILL);
-      int status = 0;
-      waitpid(pid_, &status, 0);
-    }
     if (fd_ >= 0) close(fd_);
   }
   Process(const Process&) = delete;
@@ -47,18 +47,18 @@ class Process {
   bool Start(const std::vector<std::string>& argv) {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0) return false;
-    pid_ = fork();
-    if (pid_ < 0) return false;
-    if (pid_ == 0) {
-      dup2(fds[1], 1);
-      dup2(fds[1], 2);
-      std::vector<char*> args;
-      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
+    SubprocessOptions o;
+    o.argv = argv;
+    o.stdout_fd = fds[1];
+    o.stderr_fd = fds[1];
+    Result<Subprocess> p = Subprocess::Spawn(o);
     close(fds[1]);
+    if (!p.ok()) {
+      close(fds[0]);
+      output_ = p.status().ToString();
+      return false;
+    }
+    process_ = std::move(p).value();
     fd_ = fds[0];
     return true;
   }
@@ -93,13 +93,15 @@ class Process {
       Drain(20);
     }
     Drain(0);
-    return exit_code_;
+    const std::optional<ExitStatus>& s = process_.exit_status();
+    if (!s.has_value()) return -1;
+    return s->signal != 0 ? 128 + s->signal : s->code;
   }
   int Stop(int sig, std::chrono::milliseconds timeout) {
-    if (Running()) kill(pid_, sig);
+    if (Running()) (void)process_.Signal(sig);
     return Wait(timeout);
   }
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return process_.pid(); }
   const std::string& output() {
     Drain(0);
     return output_;
@@ -117,21 +119,15 @@ class Process {
     output_.append(buf, static_cast<size_t>(n));
     return true;
   }
+  // Reaps the child once it has exited.
   bool Running() {
-    if (pid_ <= 0 || exited_) return false;
-    int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      exited_ = true;
-      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      return false;
-    }
-    return true;
+    if (!process_.running()) return false;
+    Result<std::optional<ExitStatus>> s = process_.Poll();
+    return s.ok() && !s->has_value();
   }
 
-  pid_t pid_ = -1;
+  Subprocess process_;
   int fd_ = -1;
-  bool exited_ = false;
-  int exit_code_ = -1;
   std::string output_;
   size_t scanned_ = 0;
 };

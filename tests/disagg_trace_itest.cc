@@ -18,6 +18,7 @@
 
 #include "common/file_util.h"
 #include "common/trace.h"
+#include "common/trace_reader.h"
 #include "common/trace_summary.h"
 #include "tests/disagg_process.h"
 
@@ -56,15 +57,13 @@ int Complete(int port, int prompt_len) {
   return testing::CompleteAt("127.0.0.1", port, testing::PromptOf(prompt_len, 0), 3).first;
 }
 
-json ReadJson(const std::string& path) {
-  auto text = ReadFileToString(path);
-  EXPECT_TRUE(text.ok()) << path;
-  return text.ok() ? json::parse(*text, nullptr, false) : json();
-}
-
-std::map<std::string, int> CountNames(const json& trace) {
+// How many events of each name the trace file holds (none when it cannot be read).
+std::map<std::string, int> CountNames(const std::string& path) {
   std::map<std::string, int> n;
-  for (const json& e : trace.at("traceEvents")) n[e.value("name", "")]++;
+  Result<std::vector<TraceEvent>> events = ReadTraceEvents(path);
+  EXPECT_TRUE(events.ok()) << events.status().ToString();
+  if (!events.ok()) return n;
+  for (const TraceEvent& e : *events) n[e.name]++;
   return n;
 }
 
@@ -94,9 +93,7 @@ TEST(TraceUpTest, EachInstanceWritesItsOwnCausalTrace) {
 
   const int layers = NumLayers();
   ASSERT_GT(layers, 1);
-  json prefill = ReadJson(prefill_file);
-  ASSERT_TRUE(prefill.is_object()) << "not JSON: " << prefill_file;
-  auto names = CountNames(prefill);
+  auto names = CountNames(prefill_file);
   EXPECT_EQ(names["prefill request"], 1);
   EXPECT_EQ(names["post writes"], 3 * layers);  // one per layer per chunk
   EXPECT_EQ(names["write layer"], 3 * layers);
@@ -104,18 +101,18 @@ TEST(TraceUpTest, EachInstanceWritesItsOwnCausalTrace) {
   EXPECT_EQ(names["transfer"], 1);
   EXPECT_GE(names["layer"], 3 * layers);
   EXPECT_GE(names["step"], 3);
-  EXPECT_EQ(prefill.at("otherData").at("dropped_events"), 0);
+  auto prefill_text = ReadFileToString(prefill_file);
+  ASSERT_TRUE(prefill_text.ok()) << prefill_text.status().ToString();
+  EXPECT_EQ(TraceDroppedEvents(*prefill_text), 0u);
 
-  auto summary = SummarizePrefillTrace(prefill.dump());
+  auto summary = SummarizePrefillTrace(*prefill_text);
   ASSERT_TRUE(summary.ok()) << summary.status().ToString();
   EXPECT_EQ(summary->num_layers, layers);
   EXPECT_EQ(summary->rows.size(), static_cast<size_t>(3 * layers));
   EXPECT_EQ(summary->num_posts_without_compute, 0);
   EXPECT_EQ(summary->num_posts_before_compute_began, 0);  // posted only once the layer ran
 
-  json decode = ReadJson(decode_file);
-  ASSERT_TRUE(decode.is_object()) << "not JSON: " << decode_file;
-  auto dnames = CountNames(decode);
+  auto dnames = CountNames(decode_file);
   EXPECT_EQ(dnames["prefill request sent"], 1);
   EXPECT_EQ(dnames["kv ready"], 1);
   EXPECT_EQ(dnames["transfer failed"], 0);
@@ -141,19 +138,22 @@ TEST(TraceUpTest, TheEventCapReachesEveryInstanceAndTheRouter) {
     const std::string path = TempPath(std::string("capped.") + tag + ".json");
     auto text = ReadFileToString(path);
     ASSERT_TRUE(text.ok()) << path;
-    const json t = json::parse(*text, nullptr, false);
-    ASSERT_TRUE(t.is_object()) << "not JSON: " << path;
-    EXPECT_EQ(t.at("otherData").at("max_events"), 4) << tag;
+    auto events = ParseTraceEvents(*text);
+    ASSERT_TRUE(events.ok()) << events.status().ToString();
+    EXPECT_THAT(*text, HasSubstr("\"max_events\":4,")) << tag;
     int kept = 0;
-    for (const json& e : t.at("traceEvents")) {
-      kept += e.value("ph", "") != "M" && e.value("name", "") != "trace_events_dropped";
+    int64_t noted = 0;  // the dropped count of the closing "trace_events_dropped" event
+    for (const TraceEvent& e : *events) {
+      kept += e.ph != 'M' && e.name != "trace_events_dropped";
+      if (e.name == "trace_events_dropped") noted = TraceArgInt(e, "dropped").value_or(-1);
     }
     EXPECT_LE(kept, 4) << tag;
-    const int64_t dropped = t.at("otherData").at("dropped_events");
-    EXPECT_EQ(TraceDroppedEvents(*text), static_cast<uint64_t>(dropped)) << tag;
+    const std::optional<uint64_t> dropped = TraceDroppedEvents(*text);
+    ASSERT_TRUE(dropped.has_value()) << tag;
+    EXPECT_EQ(noted, static_cast<int64_t>(*dropped)) << tag;
     // One request of 39 prompt tokens in three chunks: far more than four events on either side.
     if (std::string(tag) != "router") {
-      EXPECT_GT(dropped, 0) << tag;
+      EXPECT_GT(*dropped, 0u) << tag;
     }
   }
 }
@@ -177,9 +177,7 @@ TEST(TraceServeTest, AColocatedTraceHasComputeButNoWrites) {
   ASSERT_EQ(Complete(port, 9), 200);
   ASSERT_EQ(serve.Stop(SIGTERM, 60s), 0) << serve.output();
   EXPECT_THAT(serve.output(), HasSubstr("written to " + trace));
-  json t = ReadJson(trace);
-  ASSERT_TRUE(t.is_object());
-  auto names = CountNames(t);
+  auto names = CountNames(trace);
   EXPECT_GE(names["step"], 3);
   EXPECT_EQ(names["layer"] % NumLayers(), 0);
   EXPECT_GE(names["layer"], 3 * NumLayers());

@@ -68,7 +68,7 @@ void AppendValue(std::string* out, const TraceValue& v) {
   }
 }
 
-void AppendEvent(std::string* out, const TraceEvent& e, int64_t pid) {
+void AppendEvent(std::string* out, const TraceEvent& e) {
   out->append("{\"name\":");
   AppendEscaped(out, e.name);
   out->append(",\"cat\":");
@@ -82,7 +82,7 @@ void AppendEvent(std::string* out, const TraceEvent& e, int64_t pid) {
     AppendMicros(out, e.dur_ns);
   }
   if (e.ph == 'i') out->append(",\"s\":\"t\"");
-  out->append(",\"pid\":" + std::to_string(pid) + ",\"tid\":" + std::to_string(e.tid));
+  out->append(",\"pid\":" + std::to_string(e.pid) + ",\"tid\":" + std::to_string(e.tid));
   out->append(",\"args\":{");
   for (size_t i = 0; i < e.args.size(); ++i) {
     if (i > 0) out->push_back(',');
@@ -127,16 +127,21 @@ bool Tracer::Admit() {
 
 void Tracer::Complete(std::string_view name, std::string_view cat, int64_t begin_ns, int64_t end_ns,
                       TraceArgs args) {
-  TraceEvent e{
-      std::string(name), std::string(cat), 'X', begin_ns, end_ns > begin_ns ? end_ns - begin_ns : 0,
-      CurrentThreadId(), std::move(args)};
+  TraceEvent e{std::string(name),
+               std::string(cat),
+               'X',
+               begin_ns,
+               end_ns > begin_ns ? end_ns - begin_ns : 0,
+               CurrentThreadId(),
+               pid_,
+               std::move(args)};
   MutexLock lock(&mu_);
   if (Admit()) events_.push_back(std::move(e));
 }
 
 void Tracer::Instant(std::string_view name, std::string_view cat, TraceArgs args) {
-  TraceEvent e{std::string(name), std::string(cat), 'i', NowNs(), 0,
-               CurrentThreadId(), std::move(args)};
+  TraceEvent e{std::string(name), std::string(cat), 'i', NowNs(), 0, CurrentThreadId(), pid_,
+               std::move(args)};
   MutexLock lock(&mu_);
   if (Admit()) events_.push_back(std::move(e));
 }
@@ -180,7 +185,7 @@ std::string Tracer::ToJson() const {
   }
   for (const TraceEvent& e : events_) {
     sep();
-    AppendEvent(&out, e, pid_);
+    AppendEvent(&out, e);
   }
   if (dropped_ > 0) {  // visible in the viewer too, at the last kept event's time
     sep();
@@ -190,8 +195,9 @@ std::string Tracer::ToJson() const {
                     events_.empty() ? 0 : events_.back().ts_ns,
                     0,
                     0,
+                    pid_,
                     TraceArgs{{"dropped", static_cast<int64_t>(dropped_)}}};
-    AppendEvent(&out, note, pid_);
+    AppendEvent(&out, note);
   }
   out.append("\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"dropped_events\":" +
              std::to_string(dropped_) + ",\"max_events\":" + std::to_string(options_.max_events) +

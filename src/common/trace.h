@@ -39,6 +39,7 @@ struct TraceEvent {
   int64_t ts_ns = 0;   // begin
   int64_t dur_ns = 0;  // 'X' only
   int64_t tid = 0;     // the recording thread's id
+  int64_t pid = 0;     // the recording process's id
   TraceArgs args;
 };
 

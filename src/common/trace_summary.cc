@@ -4,13 +4,12 @@
 #include <charconv>
 #include <cstdio>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <tuple>
+
+#include "common/trace_reader.h"
 
 namespace pd {
 namespace {
-
-using nlohmann::json;
 
 struct Compute {
   double begin_us = 0;
@@ -20,29 +19,33 @@ struct Compute {
 // (pid, step, layer)
 using LayerKey = std::tuple<int64_t, int64_t, int>;
 
-Status ReadEvents(const std::vector<TraceRecord>& events, std::map<LayerKey, Compute>* compute,
+double Micros(int64_t ns) { return static_cast<double>(ns) / 1000.0; }
+
+Status ReadEvents(const std::vector<TraceEvent>& events, std::map<LayerKey, Compute>* compute,
                   std::vector<TraceLayerRow>* posts, int* num_layers) {
-  for (const TraceRecord& e : events) {
-    if (e.ph != "X") continue;
+  for (const TraceEvent& e : events) {
+    if (e.ph != 'X') continue;
     const bool is_layer = e.name == "layer" && e.cat == "compute";
     const bool is_post = e.name == "post writes" && e.cat == "kv";
     if (!is_layer && !is_post) continue;
-    const std::optional<int64_t> layer = e.IntArg("layer"), step = e.IntArg("step");
-    if (!layer || !step) {
+    const std::optional<int64_t> layer = TraceArgInt(e, "layer");
+    const std::optional<int64_t> step = TraceArgInt(e, "step");
+    if (!layer.has_value() || !step.has_value()) {
       return InvalidArgument("trace: a '" + e.name +
-                             "' event lacks integer args.layer or args.step at ts " +
-                             std::to_string(e.ts_us));
+                             "' event lacks the integer arguments args.layer and args.step");
     }
     if (is_layer) {
-      (*compute)[{e.pid, *step, static_cast<int>(*layer)}] = {e.ts_us, e.ts_us + e.dur_us};
+      const double ts = Micros(e.ts_ns);
+      (*compute)[{e.pid, *step, static_cast<int>(*layer)}] = {ts, ts + Micros(e.dur_ns)};
       *num_layers = std::max(*num_layers, static_cast<int>(*layer) + 1);
     } else {
       TraceLayerRow row;
-      row.request = e.Arg("request");
+      // Requests are written as strings, but a hand-written trace may use numbers.
+      row.request = TraceArgText(e, "request");
       row.pid = e.pid;
       row.step = *step;
       row.layer = static_cast<int>(*layer);
-      row.posted_us = e.ts_us;
+      row.posted_us = Micros(e.ts_ns);
       posts->push_back(row);
     }
   }
@@ -51,76 +54,13 @@ Status ReadEvents(const std::vector<TraceRecord>& events, std::map<LayerKey, Com
 
 }  // namespace
 
-std::string TraceRecord::Arg(const std::string& key) const {
-  const auto it = args.find(key);
-  return it == args.end() ? "" : it->second;
-}
-
-std::optional<double> TraceRecord::NumArg(const std::string& key) const {
-  const auto it = args.find(key);
-  if (it == args.end()) return std::nullopt;
-  double v = 0;
-  const char* end = it->second.data() + it->second.size();
-  const auto [p, ec] = std::from_chars(it->second.data(), end, v);
-  if (ec != std::errc() || p != end) return std::nullopt;
-  return v;
-}
-
-std::optional<int64_t> TraceRecord::IntArg(const std::string& key) const {
-  const auto it = args.find(key);
-  if (it == args.end()) return std::nullopt;
-  int64_t v = 0;
-  const char* end = it->second.data() + it->second.size();
-  const auto [p, ec] = std::from_chars(it->second.data(), end, v);
-  if (ec != std::errc() || p != end) return std::nullopt;
-  return v;
-}
-
-Result<TraceRecords> ReadTraceEvents(std::string_view json_text) {
-  json doc;
-  try {
-    doc = json::parse(json_text);
-  } catch (const std::exception& e) {
-    return InvalidArgument(std::string("trace: not JSON: ") + e.what());
-  }
-  if (!doc.is_object() || !doc.contains("traceEvents") || !doc.at("traceEvents").is_array()) {
-    return InvalidArgument("trace: expected an object with a \"traceEvents\" array");
-  }
-  TraceRecords out;
-  json& events = doc.at("traceEvents");
-  out.events.reserve(events.size());
-  for (const json& e : events) {
-    if (!e.is_object() || e.value("ph", "") == "M") continue;  // metadata: names, no time
-    if (!e.contains("ts") || !e.at("ts").is_number()) {
-      return InvalidArgument("trace: an event lacks a numeric ts: " + e.dump().substr(0, 200));
-    }
-    TraceRecord t;
-    t.name = e.value("name", "");
-    t.cat = e.value("cat", "");
-    t.ph = e.value("ph", "");
-    t.pid = e.contains("pid") && e.at("pid").is_number_integer() ? e.at("pid").get<int64_t>() : 0;
-    t.ts_us = e.at("ts").get<double>();
-    t.dur_us = e.contains("dur") && e.at("dur").is_number() ? e.at("dur").get<double>() : 0;
-    if (e.contains("args") && e.at("args").is_object()) {
-      for (const auto& [key, v] : e.at("args").items()) {
-        t.args[key] = v.is_string() ? v.get<std::string>() : v.dump();
-      }
-    }
-    out.events.push_back(std::move(t));
-  }
-  if (doc.contains("otherData") && doc.at("otherData").is_object()) {
-    out.dropped_events = doc.at("otherData").value("dropped_events", int64_t{0});
-  }
-  return out;
-}
-
 Result<TraceSummary> SummarizePrefillTrace(std::string_view json_text) {
-  ASSIGN_OR_RETURN(const TraceRecords events, ReadTraceEvents(json_text));
+  ASSIGN_OR_RETURN(const std::vector<TraceEvent> events, ParseTraceEvents(json_text));
   TraceSummary s;
-  s.dropped_events = events.dropped_events;
+  s.dropped_events = static_cast<int64_t>(TraceDroppedEvents(json_text).value_or(0));
   std::map<LayerKey, Compute> compute;
   std::vector<TraceLayerRow> posts;
-  RETURN_IF_ERROR(ReadEvents(events.events, &compute, &posts, &s.num_layers));
+  RETURN_IF_ERROR(ReadEvents(events, &compute, &posts, &s.num_layers));
   for (TraceLayerRow& row : posts) {
     auto it = compute.find({row.pid, row.step, row.layer});
     if (it == compute.end()) {

@@ -1,5 +1,4 @@
-// The one reader of the Chrome trace-event files common/trace.h writes (ReadTraceEvents), and,
-// on top of it, a prefill instance's trace turned into the streaming claim: for every request,
+// Turns a prefill instance's trace (common/trace.h) into the streaming claim: for every request,
 // runner step and layer L, when layer L's compute ended, when its page writes were posted and
 // when layer L+1's compute ended; and how many layers had their writes posted before the next
 // layer's compute ended.
@@ -9,8 +8,6 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,26 +15,6 @@
 #include "common/status.h"
 
 namespace pd {
-
-// One event of a trace-event file as read back (common/trace.h's TraceEvent is the written one):
-// its arguments as text (strings as they are, other values as
-// JSON), times in the file's unit (microseconds).
-struct TraceRecord {
-  std::string name, cat, ph;
-  int64_t pid = 0;
-  double ts_us = 0, dur_us = 0;
-  std::map<std::string, std::string> args;
-  std::string Arg(const std::string& key) const;  // "" when absent
-  // The argument as a number / an integer; unset when absent or not one.
-  std::optional<double> NumArg(const std::string& key) const;
-  std::optional<int64_t> IntArg(const std::string& key) const;
-};
-struct TraceRecords {
-  std::vector<TraceRecord> events;  // in file order
-  int64_t dropped_events = 0;       // from the file's otherData
-};
-// InvalidArgument if the text is not a trace-event JSON object or an event lacks a numeric "ts".
-Result<TraceRecords> ReadTraceEvents(std::string_view json_text);
 
 struct TraceLayerRow {
   std::string request;

@@ -116,29 +116,6 @@ TEST(TraceSummaryTest, RejectsMalformedInput) {
   EXPECT_EQ(bad_type.status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST(TraceSummaryTest, ReadTraceEventsKeepsEveryTimedEventWithItsArgumentsAsText) {
-  auto t = ReadTraceEvents(
-      "{\"traceEvents\":[{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":3},"
-      "{\"name\":\"step\",\"cat\":\"engine\",\"ph\":\"X\",\"ts\":10.5,\"dur\":2,"
-      "\"pid\":3,\"args\":{\"decodes\":4,\"request\":\"r1\",\"load\":0.25}}],"
-      "\"otherData\":{\"dropped_events\":7}}");
-  ASSERT_TRUE(t.ok()) << t.status().ToString();
-  ASSERT_EQ(t->events.size(), 1u);  // the metadata event has no time
-  const TraceRecord& e = t->events[0];
-  EXPECT_EQ(e.name, "step");
-  EXPECT_EQ(e.pid, 3);
-  EXPECT_DOUBLE_EQ(e.ts_us + e.dur_us, 12.5);
-  EXPECT_EQ(e.IntArg("decodes"), 4);
-  EXPECT_EQ(e.Arg("request"), "r1");
-  EXPECT_FALSE(e.IntArg("request").has_value());
-  EXPECT_FALSE(e.IntArg("load").has_value());
-  EXPECT_DOUBLE_EQ(*e.NumArg("load"), 0.25);
-  EXPECT_EQ(e.Arg("absent"), "");
-  EXPECT_EQ(t->dropped_events, 7);
-  EXPECT_EQ(ReadTraceEvents("{\"traceEvents\":[{\"name\":\"x\"}]}").status().code(),
-            StatusCode::kInvalidArgument);  // no ts
-}
-
 TEST(TraceSummaryTest, EmptyTraceHasNoRows) {
   auto s = SummarizePrefillTrace("{\"traceEvents\":[]}");
   ASSERT_TRUE(s.ok());

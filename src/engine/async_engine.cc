@@ -41,7 +41,9 @@ class AsyncEngineImpl final : public AsyncEngine {
   Result<int64_t> SubmitPrefillOnly(std::vector<int32_t> prompt_ids,
                                     OutputCallback on_output) override;
   void ReleasePages(std::vector<int32_t> pages) override EXCLUDES(mu_);
-  void RetainPages(const std::vector<int32_t>& pages) override { engine_->RetainPages(pages); }
+  void RetainPages(const std::vector<int32_t>& pages) override {
+    if (hooks_ != nullptr) hooks_->RetainPages(pages);
+  }
   Result<int64_t> SubmitRemoteKv(std::vector<int32_t> prompt_ids, const SamplingParams& sampling,
                                  OutputCallback on_output, KvReservedCallback on_reserved) override;
   void MarkKvReady(int64_t request_id) override EXCLUDES(mu_);
@@ -76,6 +78,7 @@ class AsyncEngineImpl final : public AsyncEngine {
   void RefreshStats() EXCLUDES(mu_);
 
   std::unique_ptr<Engine> engine_;
+  DisaggHooks* const hooks_ = engine_->disagg_hooks();  // null: the engine has none
   const AsyncEngineOptions options_;
   const model::ModelConfig config_ = engine_->config();
 
@@ -109,6 +112,7 @@ Result<int64_t> AsyncEngineImpl::Submit(std::vector<int32_t> prompt_ids,
 
 Result<int64_t> AsyncEngineImpl::SubmitPrefillOnly(std::vector<int32_t> prompt_ids,
                                                    OutputCallback on_output) {
+  if (hooks_ == nullptr) return Unimplemented("this engine does not run prefill-only requests");
   Submission sub;
   sub.request.prompt_ids = std::move(prompt_ids);
   sub.request.sampling.max_tokens = 1;  // only the prompt must fit (AddPrefillOnlyRequest)
@@ -121,6 +125,7 @@ Result<int64_t> AsyncEngineImpl::SubmitRemoteKv(std::vector<int32_t> prompt_ids,
                                                 const SamplingParams& sampling,
                                                 OutputCallback on_output,
                                                 KvReservedCallback on_reserved) {
+  if (hooks_ == nullptr) return Unimplemented("this engine does not take remote KV");
   Submission sub;
   sub.request.prompt_ids = std::move(prompt_ids);
   sub.request.sampling = sampling;
@@ -150,10 +155,11 @@ Result<int64_t> AsyncEngineImpl::Enqueue(Submission sub) {
 }
 
 void AsyncEngineImpl::ReleasePages(std::vector<int32_t> pages) {
+  if (hooks_ == nullptr) return;
   {
     MutexLock lock(&mu_);
     if (stop_) {  // the loop is gone: give them back here (the pool locks)
-      engine_->ReleasePages(pages);
+      hooks_->ReleasePages(pages);
       return;
     }
     releases_.insert(releases_.end(), pages.begin(), pages.end());
@@ -163,6 +169,7 @@ void AsyncEngineImpl::ReleasePages(std::vector<int32_t> pages) {
 }
 
 void AsyncEngineImpl::MarkKvReady(int64_t request_id) {
+  if (hooks_ == nullptr) return;
   {
     MutexLock lock(&mu_);
     if (stop_) return;
@@ -193,10 +200,10 @@ void AsyncEngineImpl::Drain(std::vector<Submission>* submissions, std::vector<in
         status = engine_->AddRequest(std::move(sub.request));
         break;
       case Kind::kPrefillOnly:
-        status = engine_->AddPrefillOnlyRequest(std::move(sub.request));
+        status = hooks_->AddPrefillOnlyRequest(std::move(sub.request));
         break;
       case Kind::kRemoteKv:
-        status = engine_->AddRemoteKvRequest(std::move(sub.request));
+        status = hooks_->AddRemoteKvRequest(std::move(sub.request));
         if (status.ok()) reserved_callbacks_[id] = std::move(sub.on_reserved);
         break;
     }
@@ -214,7 +221,8 @@ void AsyncEngineImpl::Drain(std::vector<Submission>* submissions, std::vector<in
 }
 
 void AsyncEngineImpl::DeliverReservations() {
-  for (KvReservation& r : engine_->TakeKvReservations()) {
+  if (hooks_ == nullptr) return;
+  for (KvReservation& r : hooks_->TakeKvReservations()) {
     auto it = reserved_callbacks_.find(r.request_id);
     if (it == reserved_callbacks_.end()) continue;
     KvReservedCallback cb = std::move(it->second);
@@ -250,7 +258,7 @@ void AsyncEngineImpl::Loop() {
     PollBeforeWaiting();
     {
       MutexLock lock(&mu_);
-      if (options_.warm_period_s > 0 && engine_->AwaitsKv()) {
+      if (options_.warm_period_s > 0 && hooks_ != nullptr && hooks_->AwaitsKv()) {
         // Idle but for transfers in flight: keep what the first decode step reads cached.
         const auto deadline = std::chrono::steady_clock::now() +
                               std::chrono::ceil<std::chrono::steady_clock::duration>(
@@ -265,7 +273,7 @@ void AsyncEngineImpl::Loop() {
           lock.Unlock();
           // A pass only fills time nothing else wants: it yields the CPU between chunks, so the
           // I/O threads that receive the KV (often on this core) are never queued behind it.
-          engine_->WarmCaches(options_.warm_max_bytes, [this] {
+          hooks_->WarmCaches(options_.warm_max_bytes, [this] {
             sched_yield();
             return news_.load(std::memory_order_relaxed);
           });
@@ -282,9 +290,9 @@ void AsyncEngineImpl::Loop() {
       releases.swap(releases_);
     }
     Drain(&submissions, &aborts);
-    engine_->ReleasePages(releases);
+    if (!releases.empty()) hooks_->ReleasePages(releases);  // only queued when there are hooks
     for (int64_t id : kv_ready) {
-      Status s = engine_->MarkKvReady(id);  // NotFound when it ended meanwhile: nothing to do
+      Status s = hooks_->MarkKvReady(id);  // NotFound when it ended meanwhile: nothing to do
       if (!s.ok() && s.code() != StatusCode::kNotFound) {
         PD_LOG_WARN("MarkKvReady({}): {}", id, s.ToString());
       }
@@ -337,7 +345,7 @@ void AsyncEngineImpl::AbortEverything() {
     submissions.swap(submissions_);
     aborts_.clear();
     kv_ready_.clear();
-    engine_->ReleasePages(releases_);
+    if (!releases_.empty()) hooks_->ReleasePages(releases_);
     releases_.clear();
   }
   for (Submission& sub : submissions) callbacks_[sub.request.id] = std::move(sub.on_output);

@@ -53,7 +53,8 @@ class AsyncEngine {
   virtual const model::ModelConfig& config() const = 0;
   virtual void Shutdown() = 0;
 
-  // --- Disaggregation (Engine's hooks, run on the loop; defaults: Unimplemented / no-op) ---
+  // --- Disaggregation (the engine's DisaggHooks, run on the loop; defaults: Unimplemented /
+  // no-op, and so for an engine without hooks) ---
   // Prefill side: a prefill-only request; its final kStop output carries the PrefillResult.
   virtual Result<int64_t> SubmitPrefillOnly(std::vector<int32_t> prompt_ids,
                                             OutputCallback on_output);

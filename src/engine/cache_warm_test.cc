@@ -97,7 +97,8 @@ class WarmCachesTest : public ::testing::TestWithParam<model::DType> {};
 
 TEST_P(WarmCachesTest, ReadsTheWeightsAndTheAwaitedPagesOnlyWhileKvIsAwaited) {
   WarmFixture f = MakeWarmEngine(GetParam());
-  Engine& e = *f.engine;
+  ASSERT_NE(f.engine->disagg_hooks(), nullptr);
+  DisaggHooks& e = *f.engine->disagg_hooks();
   ASSERT_GT(f.weight_bytes, 0u);
   EXPECT_FALSE(e.AwaitsKv());
   EXPECT_EQ(e.WarmCaches(1ull << 30, nullptr), 0u);  // nothing awaited: nothing to keep warm
@@ -115,7 +116,7 @@ TEST_P(WarmCachesTest, ReadsTheWeightsAndTheAwaitedPagesOnlyWhileKvIsAwaited) {
 
   ASSERT_TRUE(e.MarkKvReady(1).ok());  // runnable now: its pages are no longer "awaited"
   EXPECT_EQ(e.WarmCaches(1ull << 30, nullptr), f.weight_bytes + 1 * f.page_bytes_all_layers);
-  e.Abort(2);
+  f.engine->Abort(2);
   EXPECT_FALSE(e.AwaitsKv());
   EXPECT_EQ(e.WarmCaches(1ull << 30, nullptr), 0u);
 }

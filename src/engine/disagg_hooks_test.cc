@@ -211,6 +211,11 @@ std::unique_ptr<Engine> MakeEngine(int page_size, int num_pages, int budget) {
   return std::move(engine).value();
 }
 
+DisaggHooks& Hooks(Engine& engine) {
+  PD_CHECK(engine.disagg_hooks() != nullptr);
+  return *engine.disagg_hooks();
+}
+
 Request MakeRequest(int64_t id, std::vector<int32_t> prompt, int max_tokens) {
   Request r;
   r.id = id;
@@ -238,19 +243,19 @@ TEST_P(DisaggEngineTest, HandedOverKvGivesTheColocatedGreedyTokens) {
   auto prefill = MakeEngine(page_size, 64, budget);
   auto decode = MakeEngine(page_size, 64, 16);
   std::vector<StepInfo> steps;
-  prefill->SetStepObserver([&](const StepInfo& info) { steps.push_back(info); });
+  Hooks(*prefill).SetStepObserver([&](const StepInfo& info) { steps.push_back(info); });
   for (int len : {1, 2, 3, 4, 5, 9, 13}) {
     SCOPED_TRACE("prompt length " + std::to_string(len));
     const std::vector<int32_t> prompt = PromptOf(len, len);
     const int64_t id = 100 + len;
-    ASSERT_TRUE(decode->AddRemoteKvRequest(MakeRequest(id, prompt, 6)).ok());
-    std::vector<KvReservation> res = decode->TakeKvReservations();
+    ASSERT_TRUE(Hooks(*decode).AddRemoteKvRequest(MakeRequest(id, prompt, 6)).ok());
+    std::vector<KvReservation> res = Hooks(*decode).TakeKvReservations();
     ASSERT_EQ(res.size(), 1u);
     ASSERT_EQ(static_cast<int>(res[0].page_table.size()), (len + page_size - 1) / page_size);
     if (len > 1) {
       steps.clear();
       std::vector<int32_t> head(prompt.begin(), prompt.end() - 1);
-      ASSERT_TRUE(prefill->AddPrefillOnlyRequest(MakeRequest(id, head, 1)).ok());
+      ASSERT_TRUE(Hooks(*prefill).AddPrefillOnlyRequest(MakeRequest(id, head, 1)).ok());
       std::shared_ptr<const PrefillResult> result;
       while (prefill->HasWork()) {
         auto outs = prefill->Step();
@@ -282,11 +287,11 @@ TEST_P(DisaggEngineTest, HandedOverKvGivesTheColocatedGreedyTokens) {
       EXPECT_EQ(prefill->stats().num_free_pages, 64 - static_cast<int>(result->page_table.size()));
       CopyPages(*prefill, result->page_table, *decode, res[0].page_table,
                 static_cast<int>(result->page_table.size()));
-      prefill->ReleasePages(result->page_table);
+      Hooks(*prefill).ReleasePages(result->page_table);
       EXPECT_EQ(prefill->stats().num_free_pages, 64);
     }
     EXPECT_FALSE(decode->HasWork());
-    ASSERT_TRUE(decode->MarkKvReady(id).ok());
+    ASSERT_TRUE(Hooks(*decode).MarkKvReady(id).ok());
     std::vector<int32_t> tokens;
     while (decode->HasWork()) {
       auto outs = decode->Step();
@@ -306,7 +311,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, DisaggEngineTest,
 
 TEST(DisaggEngineTest, AbortedPrefillOnlyRequestKeepsNoPage) {
   auto engine = MakeEngine(4, 16, 4);
-  ASSERT_TRUE(engine->AddPrefillOnlyRequest(MakeRequest(1, PromptOf(12, 1), 1)).ok());
+  ASSERT_TRUE(Hooks(*engine).AddPrefillOnlyRequest(MakeRequest(1, PromptOf(12, 1), 1)).ok());
   auto outs = engine->Step();  // first chunk only
   ASSERT_TRUE(outs.ok());
   EXPECT_TRUE(outs->empty());
@@ -327,8 +332,8 @@ TEST(DisaggEngineTest, AForwardFailureFailsThePrefillOnlyRequestWithoutKeepingPa
   auto engine =
       std::move(Engine::CreateWithRunner(FakeRunner::Make(ro), FakeEngineOptions(64, 4))).value();
   StepInfo seen;
-  engine->SetStepObserver([&](const StepInfo& info) { seen = info; });
-  ASSERT_TRUE(engine->AddPrefillOnlyRequest(MakeRequest(1, PromptOf(6, 1), 1)).ok());
+  Hooks(*engine).SetStepObserver([&](const StepInfo& info) { seen = info; });
+  ASSERT_TRUE(Hooks(*engine).AddPrefillOnlyRequest(MakeRequest(1, PromptOf(6, 1), 1)).ok());
   auto outs = engine->Step();
   ASSERT_TRUE(outs.ok());
   ASSERT_EQ(outs->size(), 1u);
@@ -341,10 +346,10 @@ TEST(DisaggEngineTest, AForwardFailureFailsThePrefillOnlyRequestWithoutKeepingPa
 TEST(DisaggEngineTest, RemoteKvRequestsCountAsAwaitingAndAreValidated) {
   auto engine = MakeEngine(4, 4, 16);
   Request bad = MakeRequest(1, {}, 4);
-  EXPECT_EQ(engine->AddRemoteKvRequest(bad).code(), StatusCode::kInvalidArgument);
-  ASSERT_TRUE(engine->AddRemoteKvRequest(MakeRequest(2, PromptOf(8, 2), 4)).ok());
-  ASSERT_TRUE(engine->AddRemoteKvRequest(MakeRequest(3, PromptOf(8, 3), 4)).ok());
-  EXPECT_EQ(engine->TakeKvReservations().size(), 2u);
+  EXPECT_EQ(Hooks(*engine).AddRemoteKvRequest(bad).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(Hooks(*engine).AddRemoteKvRequest(MakeRequest(2, PromptOf(8, 2), 4)).ok());
+  ASSERT_TRUE(Hooks(*engine).AddRemoteKvRequest(MakeRequest(3, PromptOf(8, 3), 4)).ok());
+  EXPECT_EQ(Hooks(*engine).TakeKvReservations().size(), 2u);
   EXPECT_EQ(engine->stats().num_awaiting_kv, 2);
   EXPECT_EQ(engine->stats().num_free_pages, 0);
   engine->Abort(2);
@@ -355,18 +360,18 @@ TEST(DisaggEngineTest, RemoteKvRequestsCountAsAwaitingAndAreValidated) {
 
 TEST(DisaggEngineTest, RetainedPagesOutliveTheirAbortedRequestUntilReleased) {
   auto engine = MakeEngine(4, 4, 16);
-  ASSERT_TRUE(engine->AddRemoteKvRequest(MakeRequest(2, PromptOf(8, 2), 4)).ok());
-  std::vector<KvReservation> res = engine->TakeKvReservations();
+  ASSERT_TRUE(Hooks(*engine).AddRemoteKvRequest(MakeRequest(2, PromptOf(8, 2), 4)).ok());
+  std::vector<KvReservation> res = Hooks(*engine).TakeKvReservations();
   ASSERT_EQ(res.size(), 1u);
-  engine->RetainPages(res[0].page_table);  // a transfer may still write into them
+  Hooks(*engine).RetainPages(res[0].page_table);  // a transfer may still write into them
   engine->Abort(2);
   EXPECT_EQ(engine->stats().num_free_pages, 2) << "retained pages must not be free";
   EXPECT_EQ(engine->stats().num_awaiting_kv, 0);
   // Nothing else can take them meanwhile.
-  ASSERT_TRUE(engine->AddRemoteKvRequest(MakeRequest(3, PromptOf(12, 3), 4)).ok());
-  EXPECT_TRUE(engine->TakeKvReservations().empty());
-  engine->ReleasePages(res[0].page_table);
-  EXPECT_EQ(engine->TakeKvReservations().size(), 1u);
+  ASSERT_TRUE(Hooks(*engine).AddRemoteKvRequest(MakeRequest(3, PromptOf(12, 3), 4)).ok());
+  EXPECT_TRUE(Hooks(*engine).TakeKvReservations().empty());
+  Hooks(*engine).ReleasePages(res[0].page_table);
+  EXPECT_EQ(Hooks(*engine).TakeKvReservations().size(), 1u);
   engine->Abort(3);
   EXPECT_EQ(engine->stats().num_free_pages, 4);
 }
@@ -490,10 +495,12 @@ TEST(DisaggAsyncEngineTest, AbortingARemoteKvRequestFreesItsReservedPages) {
   EXPECT_EQ(async->stats().num_awaiting_kv, 0);
 }
 
-// Counts Step calls, forwarding everything to a real Engine (the loop's calls are what is tested).
+// Counts Step calls, forwarding everything to a real Engine (the loop's calls are what is tested);
+// without expose_hooks it stands for an engine that has no disaggregation hooks.
 class StepCountingEngine final : public Engine {
  public:
-  explicit StepCountingEngine(std::unique_ptr<Engine> inner) : inner_(std::move(inner)) {}
+  explicit StepCountingEngine(std::unique_ptr<Engine> inner, bool expose_hooks = true)
+      : inner_(std::move(inner)), expose_hooks_(expose_hooks) {}
   int64_t steps() const { return steps_.load(); }
   int64_t stalled_steps() const { return stalled_steps_.load(); }
 
@@ -511,30 +518,40 @@ class StepCountingEngine final : public Engine {
   EngineStats stats() const override { return inner_->stats(); }
   const model::ModelConfig& config() const override { return inner_->config(); }
   ModelRunner& runner() override { return inner_->runner(); }
-  Status AddPrefillOnlyRequest(Request r) override {
-    return inner_->AddPrefillOnlyRequest(std::move(r));
-  }
-  void ReleasePages(std::span<const int32_t> pages) override { inner_->ReleasePages(pages); }
-  void RetainPages(std::span<const int32_t> pages) override { inner_->RetainPages(pages); }
-  void SetStepObserver(StepObserver o) override { inner_->SetStepObserver(std::move(o)); }
-  Status AddRemoteKvRequest(Request r) override { return inner_->AddRemoteKvRequest(std::move(r)); }
-  std::vector<KvReservation> TakeKvReservations() override { return inner_->TakeKvReservations(); }
-  Status MarkKvReady(int64_t id) override { return inner_->MarkKvReady(id); }
-  bool AwaitsKv() const override { return inner_->AwaitsKv(); }
-  size_t WarmCaches(size_t max_bytes, const std::function<bool()>& stop) override {
-    return inner_->WarmCaches(max_bytes, stop);
-  }
+  DisaggHooks* disagg_hooks() override { return expose_hooks_ ? inner_->disagg_hooks() : nullptr; }
 
  private:
   std::unique_ptr<Engine> inner_;
+  const bool expose_hooks_;
   std::atomic<int64_t> steps_{0};
   std::atomic<int64_t> stalled_steps_{0};
 };
 
+TEST(DisaggAsyncEngineTest, AnEngineWithoutHooksRefusesDisaggregatedRequestsOnly) {
+  auto async = MakeAsync(std::make_unique<StepCountingEngine>(MakeEngine(4, 8, 16), false));
+  SamplingParams p;
+  p.max_tokens = 2;
+  EXPECT_EQ(async->SubmitPrefillOnly(PromptOf(5, 1), nullptr).status().code(),
+            StatusCode::kUnimplemented);
+  EXPECT_EQ(async->SubmitRemoteKv(PromptOf(5, 1), p, nullptr, nullptr).status().code(),
+            StatusCode::kUnimplemented);
+  async->ReleasePages({0});  // nothing to give back to: ignored
+  Box<FinishReason> finish;
+  auto id = async->Submit(PromptOf(5, 1), p, [&](const RequestOutput& out) {
+    if (out.finished()) finish.Set(out.finish_reason);
+  });
+  ASSERT_TRUE(id.ok());
+  FinishReason reason = FinishReason::kNone;
+  ASSERT_TRUE(finish.Wait(&reason));
+  EXPECT_EQ(reason, FinishReason::kLength);
+  async->Shutdown();
+  EXPECT_EQ(async->stats().num_free_pages, 8);
+}
+
 TEST(DisaggEngineTest, AStepThatCanScheduleNothingLeavesTheEngineStalledUntilPagesCome) {
   auto engine = MakeEngine(4, 4, 16);
-  ASSERT_TRUE(engine->AddRemoteKvRequest(MakeRequest(1, PromptOf(9, 1), 1)).ok());
-  ASSERT_EQ(engine->TakeKvReservations().size(), 1u);                       // 3 of the 4 pages
+  ASSERT_TRUE(Hooks(*engine).AddRemoteKvRequest(MakeRequest(1, PromptOf(9, 1), 1)).ok());
+  ASSERT_EQ(Hooks(*engine).TakeKvReservations().size(), 1u);                // 3 of the 4 pages
   ASSERT_TRUE(engine->AddRequest(MakeRequest(2, PromptOf(8, 2), 1)).ok());  // needs 3
   EXPECT_FALSE(engine->Stalled());
   auto out = engine->Step();
@@ -547,7 +564,7 @@ TEST(DisaggEngineTest, AStepThatCanScheduleNothingLeavesTheEngineStalledUntilPag
   ASSERT_TRUE(engine->AddRequest(MakeRequest(3, PromptOf(8, 3), 1)).ok());
   ASSERT_TRUE(engine->Step().ok());  // reports the abort; request 3 cannot start
   EXPECT_TRUE(engine->Stalled());
-  ASSERT_TRUE(engine->MarkKvReady(1).ok());
+  ASSERT_TRUE(Hooks(*engine).MarkKvReady(1).ok());
   out = engine->Step();  // request 1 decodes its one token and ends
   ASSERT_TRUE(out.ok());
   EXPECT_FALSE(engine->Stalled());

@@ -23,7 +23,7 @@ struct RequestState {
 };
 
 // Thread safety: see Engine; only ValidateRequest may run concurrently with the rest.
-class EngineImpl final : public Engine {
+class EngineImpl final : public Engine, public DisaggHooks {
  public:
   EngineImpl(std::unique_ptr<ModelRunner> runner, const EngineOptions& options)
       : runner_(std::move(runner)),
@@ -42,6 +42,7 @@ class EngineImpl final : public Engine {
   EngineStats stats() const override;
   const model::ModelConfig& config() const override { return runner_->config(); }
   ModelRunner& runner() override { return *runner_; }
+  DisaggHooks* disagg_hooks() override { return this; }
 
   Status AddPrefillOnlyRequest(Request request) override;
   void ReleasePages(std::span<const int32_t> pages) override { pool_.Release(pages); }

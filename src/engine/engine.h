@@ -1,5 +1,8 @@
 // The engine's step API: requests in, one Step() = Schedule() -> Execute(batch) -> Update(batch,
-// outputs), RequestOutputs out. Single-threaded: AsyncEngine runs it on its own thread.
+// outputs), RequestOutputs out. Single-threaded: AsyncEngine runs it on its own thread. What
+// disaggregated serving adds (prefill-only and remote-KV requests, page references, the step
+// observer, cache warming while KV is awaited) is a second interface, DisaggHooks
+// (disagg_hooks.h): an engine made by Create gives it through disagg_hooks().
 #pragma once
 
 #include <functional>
@@ -10,6 +13,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "engine/disagg_hooks.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
 #include "model/weights.h"
@@ -39,31 +43,6 @@ struct EngineStats {
   double kv_cache_usage() const {
     return num_total_pages == 0 ? 0.0 : 1.0 - double(num_free_pages) / num_total_pages;
   }
-};
-
-// One scheduled chunk of a prefill-only request, as the step observer sees it.
-struct PrefillChunk {
-  int64_t request_id = 0;
-  int start_pos = 0;
-  int num_tokens = 0;
-  std::vector<int32_t> page_table;  // all the request's pages (allocated at admission)
-  bool is_last_chunk = false;
-};
-
-// What one step runs, told before its Forward: the runner's step index (ModelRunner::steps_done()
-// before the step; its layer l is final once progress() >= runner_step*num_layers + l + 1) and
-// the chunks of prefill-only requests in it.
-struct StepInfo {
-  uint64_t runner_step = 0;
-  std::vector<PrefillChunk> prefill_chunks;
-};
-// Runs on the engine thread before every non-empty step's Forward; must not block.
-using StepObserver = std::function<void(const StepInfo&)>;
-
-// A remote-KV request whose pages were just reserved.
-struct KvReservation {
-  int64_t request_id = 0;
-  std::vector<int32_t> page_table;  // covers the whole prompt
 };
 
 // Thread safety: not thread-safe; one thread (the engine loop) calls every method.
@@ -96,33 +75,9 @@ class Engine {
   virtual const model::ModelConfig& config() const = 0;
   virtual ModelRunner& runner() = 0;
 
-  // --- Disaggregation hooks (docs/architecture.md, "Request flow, disaggregated") ---
-  // Prefill side: computes the prompt, never samples; its final output (kStop) carries a
-  // PrefillResult whose pages stay referenced until ReleasePages. Validated as AddRequest (the
-  // sampling settings are ignored).
-  virtual Status AddPrefillOnlyRequest(Request request) = 0;
-  // Gives back pages a PrefillResult kept. Thread-safe (the page pool locks).
-  virtual void ReleasePages(std::span<const int32_t> pages) = 0;
-  // Takes one more reference on allocated pages (given back with ReleasePages), so they stay out
-  // of the free list after their request ends: the decode side holds a remote-KV request's pages
-  // until no write of its transfer can land any more. Thread-safe (the page pool locks).
-  virtual void RetainPages(std::span<const int32_t> pages) = 0;
-  virtual void SetStepObserver(StepObserver observer) = 0;
-  // Decode side: the prompt's KV arrives from elsewhere. Pages for the whole prompt are reserved
-  // when free (see TakeKvReservations); the request then waits until MarkKvReady, and its last
-  // prompt token runs as its first decode step. Abort releases the pages at any point.
-  virtual Status AddRemoteKvRequest(Request request) = 0;
-  // Reserves pages for queued remote-KV requests (FCFS, as free pages allow); returns those
-  // reserved now.
-  virtual std::vector<KvReservation> TakeKvReservations() = 0;
-  // NotFound for an unknown request; FailedPrecondition when its pages are not reserved yet.
-  virtual Status MarkKvReady(int64_t request_id) = 0;
-  // Decode side, while idle: true when a request waits for its KV (its pages reserved).
-  virtual bool AwaitsKv() const = 0;
-  // Reads the memory the next decode step will read (the weights, and the KV pages of requests
-  // waiting for their KV) back into the caches, stopping between chunks once stop() is true;
-  // only when that memory is at most max_bytes. Returns the bytes read. See cache_warm.h.
-  virtual size_t WarmCaches(size_t max_bytes, const std::function<bool()>& stop) = 0;
+  // The disaggregation hooks (disagg_hooks.h) of this engine; null when it has none. They live
+  // as long as the engine.
+  virtual DisaggHooks* disagg_hooks() { return nullptr; }
 };
 
 }  // namespace pd::engine

@@ -1,12 +1,12 @@
-// The forward pass of one instance over a batch that mixes prefill chunks and decode tokens.
+// The forward pass of one instance over a batch that mixes prefill chunks and decode tokens: the
+// interface, and Create, which picks the runner.
+//
+//   rank_runner.h      one rank's forward pass: the whole model at TP 1
+//   tp_model_runner.h  TP > 1: N rank runners over sharded weights (tp_shard.h), in lockstep
 #pragma once
 
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <vector>
 
@@ -15,6 +15,8 @@
 #include "common/trace.h"
 #include "engine/cache_warm.h"
 #include "engine/kv_cache.h"
+#include "engine/layer_progress.h"
+#include "engine/matmul_precision.h"
 #include "model/weights.h"
 
 namespace pd::engine {
@@ -38,42 +40,6 @@ struct ForwardOutput {
   // (hidden) final-norm hidden state of each seq's last token (the messenger's metadata).
   std::vector<std::vector<float>> last_hidden;
 };
-
-// Counts finished layers across steps: after step s (0-based, counted by this runner) finishes
-// layer l's attention output projection, Value() >= s*num_layers + l + 1. Another thread waits on
-// it to stream that layer's KV pages. Thread safety: any thread.
-class LayerProgress {
- public:
-  uint64_t Value() const { return value_.load(std::memory_order_acquire); }
-  void Bump();
-  // True once Value() >= target; false if timeout_ms passes first.
-  bool WaitAtLeast(uint64_t target, int64_t timeout_ms) const;
-  // Called on the bumping thread after every Bump (nullptr: none), so a thread that waits for
-  // other events too (the prefill messenger's task queue) wakes at a bump without polling. It
-  // must be quick and must not call back into this object.
-  void SetListener(std::function<void()> on_bump) const;
-
- private:
-  std::atomic<uint64_t> value_{0};
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  mutable std::function<void()> on_bump_;  // GUARDED_BY(mu_); an observer, not part of the value
-};
-
-enum class KernelKind { kReference, kFast };
-
-// How the matmuls over bf16 weights multiply.
-//   kF32:  x stays f32, each product exact (the default).
-//   kBf16: x rounded to bf16 and multiplied with AVX-512 BF16 dot products (vdpbf16ps): up to
-//          twice the FMA rate where the CPU runs them at full speed (bench-engine prints the
-//          ratio), logits within ~1e-2 relative of kF32. Needs AVX512_BF16 for the fast kernels
-//          (without it they keep kF32; MatmulBf16DotUsed says which); the reference kernels
-//          emulate it (ref::MatmulBf16Dot). Matrices with f32 weights or odd k keep kF32.
-enum class MatmulPrecision { kF32, kBf16 };
-std::string_view MatmulPrecisionName(MatmulPrecision p);  // "f32" | "bf16"
-Result<MatmulPrecision> ParseMatmulPrecision(std::string_view name);
-// Whether a runner created with these kernels and precision multiplies in bf16.
-bool MatmulBf16DotUsed(KernelKind kernels, MatmulPrecision precision);
 
 struct ModelRunnerOptions {
   KvCacheSpec kv;     // num_layers/num_kv_heads/head_dim are filled from the config

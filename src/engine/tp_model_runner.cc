@@ -1,8 +1,7 @@
 // The tensor-parallel runner: N rank runners over sharded weights, each with its own KV region
 // and thread pool, run step by step in lockstep (the all-reduces inside the layers keep them so).
 // Rank 0 runs on the caller's thread (the engine loop), ranks 1.. on threads owned here.
-#include <pthread.h>
-#include <sched.h>
+#include "engine/tp_model_runner.h"
 
 #include <condition_variable>
 #include <mutex>
@@ -11,9 +10,8 @@
 
 #include "common/check.h"
 #include "common/thread_util.h"
-#include "engine/cpu_features.h"
-#include "engine/kernels.h"
-#include "engine/thread_pool.h"
+#include "engine/rank_runner.h"
+#include "engine/tp_all_reduce.h"
 #include "engine/tp_shard.h"
 
 namespace pd::engine {

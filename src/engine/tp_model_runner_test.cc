@@ -17,6 +17,7 @@
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "engine/model_runner_test_util.h"
+#include "engine/tp_all_reduce.h"
 #include "engine/tp_shard.h"
 
 namespace pd::engine {
@@ -278,7 +279,7 @@ TEST(TpShardTest, KvHeadsFollowTheShardPlanRule) {
       std::vector<int> holders(h, 0);
       for (int r = 0; r < t; ++r) {
         const TpShard s = ComputeTpShard(c, t, r);
-        // src/messenger/shard_plan.h: t <= H: [r*H/t, (r+1)*H/t); t > H: head r / (t/H).
+        // kv_heads.h: t <= H: [r*H/t, (r+1)*H/t); t > H: head r / (t/H).
         if (t <= h) {
           EXPECT_EQ(s.kv_head_begin, r * h / t);
           EXPECT_EQ(s.num_kv_heads, h / t);
@@ -334,12 +335,10 @@ TEST(TpRunnerTest, BadSizesAreRefusedWithTheNumbers) {
   EXPECT_THAT(s.message(), HasSubstr("tensor_parallel_size 4 does not divide the MLP width "
                                      "intermediate_size 50"));
   s = CreateWith(12, 6, 48, 4);
-  EXPECT_THAT(s.message(),
-              HasSubstr("tensor_parallel_size 4 does not divide num_key_value_heads 6"));
+  EXPECT_THAT(s.message(), HasSubstr("tensor-parallel size 4 does not divide the 6 KV heads"));
   s = CreateWith(12, 4, 48, 6);
-  EXPECT_THAT(
-      s.message(),
-      HasSubstr("tensor_parallel_size 6 exceeds num_key_value_heads 4 and is not a multiple"));
+  EXPECT_THAT(s.message(),
+              HasSubstr("tensor-parallel size 6 exceeds the 4 KV heads and is not a multiple"));
   s = CreateWith(8, 2, 48, 0);
   EXPECT_THAT(s.message(), HasSubstr("tensor_parallel_size 0 must be at least 1"));
   s = CreateWith(8, 2, 48, -2);

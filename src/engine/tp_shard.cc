@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "engine/kv_heads.h"
 
 namespace pd::engine {
 namespace {
@@ -83,12 +84,7 @@ Status ValidateTensorParallel(const model::ModelConfig& c, int tp) {
   if (c.intermediate_size % tp != 0)
     return InvalidArgument(who + " does not divide the MLP width intermediate_size " +
                            Num(c.intermediate_size));
-  const int h = c.num_kv_heads;
-  if (tp <= h && h % tp != 0)
-    return InvalidArgument(who + " does not divide num_key_value_heads " + Num(h));
-  if (tp > h && tp % h != 0)
-    return InvalidArgument(who + " exceeds num_key_value_heads " + Num(h) +
-                           " and is not a multiple of it (KV heads are replicated t/H times)");
+  RETURN_IF_ERROR(ValidateKvHeadSplit(c.num_kv_heads, tp));
   if (c.vocab_size < tp) return InvalidArgument(who + " exceeds vocab_size " + Num(c.vocab_size));
   return OkStatus();
 }
@@ -99,9 +95,9 @@ TpShard ComputeTpShard(const model::ModelConfig& c, int tp, int rank) {
   s.tp_size = tp;
   s.num_heads = c.num_heads / tp;
   s.head_begin = rank * s.num_heads;
-  const int h = c.num_kv_heads;
-  s.num_kv_heads = tp <= h ? h / tp : 1;
-  s.kv_head_begin = static_cast<int>(static_cast<int64_t>(rank) * h / tp);
+  const KvHeadRange kv = RankKvHeads(c.num_kv_heads, tp, rank);
+  s.kv_head_begin = kv.begin;
+  s.num_kv_heads = kv.size();
   s.inter = c.intermediate_size / tp;
   s.inter_begin = rank * s.inter;
   s.vocab_begin = static_cast<int64_t>(c.vocab_size) * rank / tp;

@@ -102,7 +102,8 @@ inline std::unique_ptr<PrefillInstance> LaunchPrefill(std::unique_ptr<engine::En
                                                       const PrefillMessengerOptions& o) {
   auto m = PrefillMessenger::Create(o, e->runner());
   if (!m.ok()) return nullptr;
-  e->SetStepObserver((*m)->step_observer());
+  PD_CHECK(e->disagg_hooks() != nullptr);
+  e->disagg_hooks()->SetStepObserver((*m)->step_observer());
   auto p = std::make_unique<PrefillInstance>();
   p->messenger = std::move(m).value();
   p->engine = Async(std::move(e));

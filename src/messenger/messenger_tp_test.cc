@@ -195,7 +195,7 @@ TEST(MessengerTpExpectedWritesTest, UnpairableSchemesAreAFailedPreconditionThatS
   EXPECT_EQ(bad.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(bad.status().message(),
               HasSubstr("cannot pair prefill tp_size 3 with decode tp_size 1"));
-  EXPECT_THAT(bad.status().message(), HasSubstr("exceeds num_kv_heads 2"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("tensor-parallel size 3 exceeds the 2 KV heads"));
   auto heads = ExpectedWrites({1, 2}, {1, 4}, f, 1, 0);
   EXPECT_EQ(heads.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(heads.status().message(), HasSubstr("prefill has 2 KV heads but decode has 4"));
@@ -229,7 +229,7 @@ TEST(MessengerTpHandshakeTest, PrefillRefusesADecodeSchemeItCannotPlanFor) {
   ASSERT_NE(r, nullptr);
   EXPECT_FALSE(r->accepted);
   EXPECT_THAT(r->reason, HasSubstr("cannot pair prefill tp_size 2 with decode tp_size 3"));
-  EXPECT_THAT(r->reason, HasSubstr("tp_size 3 exceeds num_kv_heads 2"));
+  EXPECT_THAT(r->reason, HasSubstr("decode: tensor-parallel size 3 exceeds the 2 KV heads"));
   EXPECT_EQ(r->scheme, (ShardScheme{2, 2, false}));
   EXPECT_EQ(prefill->messenger->num_peers(), 0);
   // A plannable scheme from the same peer is accepted.

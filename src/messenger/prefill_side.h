@@ -19,7 +19,7 @@
 //
 //   auto engine = Engine::Create(weights, options);
 //   auto messenger = PrefillMessenger::Create(opts, engine->runner());
-//   engine->SetStepObserver(messenger->step_observer());
+//   engine->disagg_hooks()->SetStepObserver(messenger->step_observer());
 //   auto async = AsyncEngine::Create(std::move(engine), {});
 //   messenger->Start(async.get());   ... messenger->Stop() before the AsyncEngine goes.
 //
@@ -71,7 +71,7 @@ class PrefillMessenger {
   PrefillMessenger(const PrefillMessenger&) = delete;
   PrefillMessenger& operator=(const PrefillMessenger&) = delete;
 
-  // For Engine::SetStepObserver (before the engine is handed to its AsyncEngine).
+  // For DisaggHooks::SetStepObserver (before the engine is handed to its AsyncEngine).
   engine::StepObserver step_observer();
   // Starts the messenger thread; `engine` must outlive Stop().
   void Start(engine::AsyncEngine* engine);

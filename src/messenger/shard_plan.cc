@@ -32,11 +32,19 @@ std::vector<int> SeededPermutation(int n, uint64_t seed) {
   return perm;
 }
 
-// The rank of replica `replica` that holds head `head`.
+bool Holds(const ShardSpec& spec, int rank, int head) {
+  const HeadRange held = RankHeads(spec, rank);
+  return held.begin <= head && head < held.end;
+}
+
+// The rank of replica `replica` that holds head `head`: the replica-th holder of the head.
 int RankOfReplica(const ShardSpec& spec, int replica, int head) {
-  if (spec.replicated) return replica;
-  if (spec.tp_size > spec.num_kv_heads) return head * (spec.tp_size / spec.num_kv_heads) + replica;
-  return head / (spec.num_kv_heads / spec.tp_size);
+  int k = 0;
+  for (int r = 0; r < spec.tp_size; ++r) {
+    if (Holds(spec, r, head) && k++ == replica) return r;
+  }
+  PD_CHECK(false) << "replica " << replica << " holds no head " << head;
+  return -1;
 }
 
 Status ValidateFormat(const PageFormat& f) {
@@ -102,37 +110,28 @@ Status ValidateShardSpec(const ShardSpec& spec, const char* side) {
                                        side, kMaxKvHeads, spec.num_kv_heads));
   }
   if (spec.replicated) return OkStatus();
-  if (spec.tp_size <= spec.num_kv_heads && spec.num_kv_heads % spec.tp_size != 0) {
-    return InvalidArgument(
-        fmt::format("shard plan: {} num_kv_heads {} is not divisible by tp_size {}", side,
-                    spec.num_kv_heads, spec.tp_size));
-  }
-  if (spec.tp_size > spec.num_kv_heads && spec.tp_size % spec.num_kv_heads != 0) {
-    return InvalidArgument(
-        fmt::format("shard plan: {} tp_size {} exceeds num_kv_heads {} and is not a multiple of it",
-                    side, spec.tp_size, spec.num_kv_heads));
-  }
-  return OkStatus();
+  return engine::ValidateKvHeadSplit(spec.num_kv_heads, spec.tp_size)
+      .WithContext(fmt::format("shard plan: {}", side));
 }
 
 HeadRange RankHeads(const ShardSpec& spec, int rank) {
   PD_CHECK(rank >= 0 && rank < spec.tp_size) << "rank " << rank << " of tp " << spec.tp_size;
-  const int heads = spec.num_kv_heads, tp = spec.tp_size;
-  if (spec.replicated) return {0, heads};
-  if (tp > heads) {
-    int head = rank / (tp / heads);
-    return {head, head + 1};
-  }
-  int per = heads / tp;
-  return {rank * per, (rank + 1) * per};
+  if (spec.replicated) return {0, spec.num_kv_heads};
+  return engine::RankKvHeads(spec.num_kv_heads, spec.tp_size, rank);
 }
 
+// Every head is held by the same number of ranks: the replicas.
 int NumReplicas(const ShardSpec& spec) {
-  if (spec.replicated) return spec.tp_size;
-  return spec.tp_size > spec.num_kv_heads ? spec.tp_size / spec.num_kv_heads : 1;
+  return spec.tp_size * RankHeads(spec, 0).size() / spec.num_kv_heads;
 }
 
-int ReplicaOf(const ShardSpec& spec, int rank) { return rank % NumReplicas(spec); }
+// The rank's position among the holders of its first head.
+int ReplicaOf(const ShardSpec& spec, int rank) {
+  const int head = RankHeads(spec, rank).begin;
+  int k = 0;
+  for (int r = 0; r < rank; ++r) k += Holds(spec, r, head) ? 1 : 0;
+  return k;
+}
 
 size_t ShardPlan::num_runs() const {
   size_t n = 0;

@@ -3,20 +3,21 @@
 // (docs/architecture.md, "Sharded KV transfers"). A pure function of the two schemes, the page
 // format and a seed.
 //
-// How an instance shards its KV heads (exactly as the engine does), rank r of TP t, H KV heads:
+// Which KV heads a rank holds is the engine's rule, engine::RankKvHeads (engine/kv_heads.h):
 //   t <= H: heads [r*H/t, (r+1)*H/t)            (H % t == 0)
 //   t >  H: head r / (t/H)                       (t % H == 0): t/H replicas of every head
-//   replicated (MLA-like latent cache): every rank holds all H heads: t replicas of everything
+// and, for a replicated (MLA-like latent) cache, every rank holds all H heads: t replicas.
 // A rank's page holds only its heads (KvCacheSpec with num_kv_heads = its heads):
 //   HND page (rank_heads, 2, page_size, head_dim): a head range is one contiguous run
 //   NHD page (page_size, rank_heads, 2, head_dim): a head range is one run per token, merged into
 //                                                  one run when it spans the page on both sides
 //
-// Replicas: replica k of a scheme is the set of ranks that together hold every head once
-// (t > H: ranks {h*(t/H) + k}; replicated: rank k; otherwise the whole instance). Each destination
-// replica j is served by source replica perm[j % Rs], perm a seeded shuffle of the Rs source
-// replicas, so with Rd >= Rs every source NIC is used and otherwise the seed (say, the request id)
-// spreads requests over them. Every destination byte is written exactly once.
+// Replicas: replica k of a scheme is the set of ranks that together hold every head once: the
+// k-th holder, in rank order, of each head (t > H: ranks {h*(t/H) + k}; replicated: rank k;
+// otherwise the whole instance). Each destination replica j is served by source replica
+// perm[j % Rs], perm a seeded shuffle of the Rs source replicas, so with Rd >= Rs every source NIC
+// is used and otherwise the seed (say, the request id) spreads requests over them. Every
+// destination byte is written exactly once.
 //
 // Issuing: every PageRun applies identically to every (layer, page) block. For a transfer of pages
 // src_pages[k] -> dst_pages[k] over L layers, a run is one transfer::PagedWriteRequest whose
@@ -32,6 +33,7 @@
 
 #include "common/status.h"
 #include "engine/kv_cache.h"
+#include "engine/kv_heads.h"
 #include "messenger/wire.h"
 
 namespace pd::messenger {
@@ -55,12 +57,9 @@ struct PageFormat {
 
 // Checks a scheme on its own; InvalidArgument naming the field and value otherwise.
 Status ValidateShardSpec(const ShardSpec& spec, const char* side);
-// The global KV heads [begin, end) rank `rank` holds.
-struct HeadRange {
-  int begin = 0;
-  int end = 0;
-  int size() const { return end - begin; }
-};
+// The global KV heads [begin, end) rank `rank` holds: engine::RankKvHeads, or all of them when
+// replicated.
+using HeadRange = engine::KvHeadRange;
 HeadRange RankHeads(const ShardSpec& spec, int rank);
 int NumReplicas(const ShardSpec& spec);
 int ReplicaOf(const ShardSpec& spec, int rank);

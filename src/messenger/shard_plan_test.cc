@@ -323,8 +323,9 @@ void ExpectInvalid(const ShardSpec& prefill, const ShardSpec& decode, const Page
 
 TEST(ShardPlanTest, RejectsSchemesTheEngineCannotShard) {
   const PageFormat f = Format(KvLayout::kHND);
-  ExpectInvalid({4, 6}, {1, 6}, f, "prefill num_kv_heads 6 is not divisible by tp_size 4");
-  ExpectInvalid({1, 3}, {4, 3}, f, "decode tp_size 4 exceeds num_kv_heads 3");
+  ExpectInvalid({4, 6}, {1, 6}, f,
+                "shard plan: prefill: tensor-parallel size 4 does not divide the 6 KV heads");
+  ExpectInvalid({1, 3}, {4, 3}, f, "shard plan: decode: tensor-parallel size 4 exceeds the 3 KV");
   ExpectInvalid({2, 8}, {2, 4}, f, "prefill has 8 KV heads but decode has 4");
   ExpectInvalid({0, 8}, {1, 8}, f, "prefill tp_size must be in [1, 64], got 0");
   ExpectInvalid({1, 8}, {65, 8}, f, "decode tp_size must be in [1, 64], got 65");

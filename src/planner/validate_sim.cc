@@ -1,9 +1,6 @@
 #include "planner/validate_sim.h"
 
 #include <fcntl.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,9 +15,10 @@
 #include "bench/datasets.h"
 #include "bench/runner.h"
 #include "common/file_util.h"
+#include "common/subprocess.h"
 #include "common/thread_util.h"
 #include "common/trace.h"
-#include "common/trace_summary.h"
+#include "common/trace_reader.h"
 #include "model/config.h"
 #include "planner/latency_model.h"
 #include "planner/validate_calibration.h"
@@ -48,40 +46,36 @@ class UpProcess {
  public:
   ~UpProcess() { Stop(); }
   Status Start(const ValidateSimOptions& o) {
-    std::vector<std::string> args = {"pdserve",  "up",     "--prefill", "1",
-                                     "--decode", "1",      "--model",   o.model,
-                                     "--matmul", o.matmul, "--trace",   o.trace};
-    const auto add = [&args](const char* flag, int64_t v) {
-      args.insert(args.end(), {flag, std::to_string(v)});
+    SubprocessOptions so;
+    so.path = "/proc/self/exe";
+    so.argv = {"pdserve", "up",    "--prefill", "1",      "--decode", "1",
+               "--model", o.model, "--matmul",  o.matmul, "--trace",  o.trace};
+    const auto add = [&so](const char* flag, int64_t v) {
+      so.argv.insert(so.argv.end(), {flag, std::to_string(v)});
     };
     add("--threads", o.threads);
     add("--port", o.port);
     add("--max-num-seqs", o.max_num_seqs);
     add("--max-num-batched-tokens", o.max_num_batched_tokens);
     add("--trace-max-events", kTraceMaxEvents);
-    if (o.pin_cores) args.insert(args.end(), {"--pin-cores", "--pin-whole-instances"});
-    const int log = open(o.up_log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (o.pin_cores) so.argv.insert(so.argv.end(), {"--pin-cores", "--pin-whole-instances"});
+    so.die_with_parent = true;
+    const int log = open(o.up_log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (log < 0) return IoError(o.up_log + ": " + std::strerror(errno));
-    pid_ = fork();
-    if (pid_ == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGTERM);
-      dup2(log, 1);
-      dup2(log, 2);
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv("/proc/self/exe", argv.data());
-      _exit(127);
-    }
+    so.stdout_fd = log;
+    so.stderr_fd = log;
+    Result<Subprocess> child = Subprocess::Spawn(so);
     close(log);
-    if (pid_ < 0) return Internal(std::string("fork: ") + std::strerror(errno));
+    if (!child.ok()) return child.status();
+    child_ = std::move(child).value();
     bench::Endpoint ep;
     ep.port = o.port;
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(300);
     while (std::chrono::steady_clock::now() < end) {
-      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
-        pid_ = -1;
-        return Unavailable("pdserve up exited during start-up; see " + o.up_log);
+      ASSIGN_OR_RETURN(const std::optional<ExitStatus> exited, child_.Poll());
+      if (exited.has_value()) {
+        return Unavailable("pdserve up " + exited->ToString() + " during start-up; see " +
+                           o.up_log);
       }
       if (bench::GetServerInfo(ep).ok()) return OkStatus();
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -89,19 +83,12 @@ class UpProcess {
     return DeadlineExceeded("pdserve up did not answer within 300 s; see " + o.up_log);
   }
   void Stop() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    bool gone = false;
-    for (int i = 0; i < 300 && !(gone = waitpid(pid_, nullptr, WNOHANG) == pid_); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    if (!gone && kill(pid_, SIGKILL) == 0) waitpid(pid_, nullptr, 0);  // still there after 15 s
-    pid_ = -1;
+    if (child_.running()) (void)child_.Terminate(std::chrono::seconds(15));
   }
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return child_.pid(); }
 
  private:
-  pid_t pid_ = -1;
+  Subprocess child_;
 };
 
 bench::DatasetSpec SpecOf(const ValidateSimOptions& o) {
@@ -194,15 +181,16 @@ struct Traces {
   std::vector<StepRecord> prefill_steps, decode_steps;
 };
 Result<Traces> ReadTraces(const std::string& path) {
-  TraceRecords events[2];
+  std::vector<TraceEvent> events[2];
   const char* names[] = {"prefill0", "decode0"};
   for (int k = 0; k < 2; ++k) {
     const std::string file = TracePathFor(path, names[k]);
     ASSIGN_OR_RETURN(const std::string text, ReadFileToString(file));
-    ASSIGN_OR_RETURN(events[k], ReadTraceEvents(text));
-    if (events[k].dropped_events > 0) {
-      std::printf("WARNING: %s dropped %lld events; the runs after its last one lack figures\n",
-                  file.c_str(), static_cast<long long>(events[k].dropped_events));
+    ASSIGN_OR_RETURN(events[k], ParseTraceEvents(text));
+    const uint64_t dropped = TraceDroppedEvents(text).value_or(0);
+    if (dropped > 0) {
+      std::printf("WARNING: %s dropped %llu events; the runs after its last one lack figures\n",
+                  file.c_str(), static_cast<unsigned long long>(dropped));
     }
   }
   Traces t;

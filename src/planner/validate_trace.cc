@@ -10,46 +10,48 @@
 
 namespace pd::planner {
 
-std::vector<TracedRequest> TracedRequests(const TraceRecords& prefill, const TraceRecords& decode) {
+std::vector<TracedRequest> TracedRequests(const std::vector<TraceEvent>& prefill,
+                                          const std::vector<TraceEvent>& decode) {
   // The prefill side: when each request arrived, the first and last step its KV came from.
   std::map<std::string, double> got;
   std::map<std::string, std::pair<int64_t, int64_t>> steps_of;
   std::map<int64_t, std::pair<double, double>> steps;  // step -> begin, end
-  for (const TraceRecord& e : prefill.events) {
-    const double ts = e.ts_us * 1e-6;
-    if (e.name == "prefill request" || (e.name == "transfer" && e.ph == "X")) {
-      auto [it, fresh] = got.emplace(e.Arg("request"), ts);
+  for (const TraceEvent& e : prefill) {
+    const double ts = static_cast<double>(e.ts_ns) * 1e-9;
+    if (e.name == "prefill request" || (e.name == "transfer" && e.ph == 'X')) {
+      auto [it, fresh] = got.emplace(TraceArgText(e, "request"), ts);
       if (!fresh) it->second = std::min(it->second, ts);
-    } else if (e.name == "post writes" && e.IntArg("step")) {
-      const int64_t step = *e.IntArg("step");
-      auto [it, fresh] = steps_of.emplace(e.Arg("request"), std::make_pair(step, step));
+    } else if (e.name == "post writes" && TraceArgInt(e, "step")) {
+      const int64_t step = *TraceArgInt(e, "step");
+      auto [it, fresh] = steps_of.emplace(TraceArgText(e, "request"), std::make_pair(step, step));
       it->second = {std::min(it->second.first, step), std::max(it->second.second, step)};
-    } else if (e.name == "step" && e.cat == "engine" && e.IntArg("step")) {
-      steps[*e.IntArg("step")] = {ts, ts + e.dur_us * 1e-6};
+    } else if (e.name == "step" && e.cat == "engine" && TraceArgInt(e, "step")) {
+      steps[*TraceArgInt(e, "step")] = {ts, ts + static_cast<double>(e.dur_ns) * 1e-9};
     }
   }
   std::map<std::string, TracedRequest> sent;
   std::map<std::string, std::string> by_engine_id;           // engine request id -> messenger's
   std::map<std::string, std::pair<double, double>> written;  // engine id -> first, last write
   std::vector<std::pair<double, double>> decode_steps;
-  for (const TraceRecord& e : decode.events) {
-    const double ts = e.ts_us * 1e-6;
+  for (const TraceEvent& e : decode) {
+    const double ts = static_cast<double>(e.ts_ns) * 1e-9;
     if (e.name == "prefill request sent") {
       TracedRequest r;
       r.sent_s = ts;
-      r.prompt_tokens = static_cast<int>(e.IntArg("tokens").value_or(-1)) + 1;
+      r.prompt_tokens = static_cast<int>(TraceArgInt(e, "tokens").value_or(-1)) + 1;
       r.kv_ready_s = -1;
-      const std::string id = e.Arg("request");  // the messenger's
-      sent.emplace(id, r);                      // the first attempt's
-      if (!e.Arg("engine_request").empty()) by_engine_id.emplace(e.Arg("engine_request"), id);
+      const std::string id = TraceArgText(e, "request");  // the messenger's
+      sent.emplace(id, r);                                // the first attempt's
+      if (!TraceArgText(e, "engine_request").empty())
+        by_engine_id.emplace(TraceArgText(e, "engine_request"), id);
     } else if (e.name == "first token written" || e.name == "last token written") {
-      auto [it, fresh] = written.emplace(e.Arg("request"), std::make_pair(-1.0, -1.0));
+      auto [it, fresh] = written.emplace(TraceArgText(e, "request"), std::make_pair(-1.0, -1.0));
       (e.name == "first token written" ? it->second.first : it->second.second) = ts;
     } else if (e.name == "kv ready") {
-      auto it = sent.find(e.Arg("request"));
+      auto it = sent.find(TraceArgText(e, "request"));
       if (it != sent.end()) it->second.kv_ready_s = ts;
     } else if (e.name == "step" && e.cat == "engine") {
-      decode_steps.emplace_back(ts, ts + e.dur_us * 1e-6);
+      decode_steps.emplace_back(ts, ts + static_cast<double>(e.dur_ns) * 1e-9);
     }
   }
   std::sort(decode_steps.begin(), decode_steps.end());
@@ -204,16 +206,17 @@ double OutsideLatency::TailFor(int64_t id) const {
   return tail_s_.empty() ? 0.0 : tail_s_[Draw(id)];
 }
 
-Result<std::vector<StepRecord>> EngineSteps(const TraceRecords& trace) {
+Result<std::vector<StepRecord>> EngineSteps(const std::vector<TraceEvent>& trace) {
   std::vector<StepRecord> out;
-  for (const TraceRecord& e : trace.events) {
-    if (e.name != "step" || e.cat != "engine" || e.ph != "X") continue;
-    const auto decodes = e.IntArg("decodes"), prefill_tokens = e.IntArg("prefill_tokens");
+  for (const TraceEvent& e : trace) {
+    if (e.name != "step" || e.cat != "engine" || e.ph != 'X') continue;
+    const auto decodes = TraceArgInt(e, "decodes"),
+               prefill_tokens = TraceArgInt(e, "prefill_tokens");
     if (!decodes || !prefill_tokens) {
       return InvalidArgument("trace: a step event lacks decodes or prefill_tokens");
     }
-    out.push_back(
-        {e.ts_us * 1e-6, e.dur_us * 1e-6, static_cast<int>(*decodes), *prefill_tokens, false});
+    out.push_back({static_cast<double>(e.ts_ns) * 1e-9, static_cast<double>(e.dur_ns) * 1e-9,
+                   static_cast<int>(*decodes), *prefill_tokens, false});
   }
   std::stable_sort(out.begin(), out.end(),
                    [](const StepRecord& a, const StepRecord& b) { return a.start_s < b.start_s; });

@@ -10,7 +10,8 @@
 #include <vector>
 
 #include "common/status.h"
-#include "common/trace_summary.h"
+#include "common/trace.h"
+#include "common/trace_reader.h"
 #include "planner/simulator.h"
 #include "planner/workload.h"
 
@@ -35,7 +36,8 @@ struct TracedRequest {
 
 // The requests both traces hold whole, in the order they were sent; a request with a part missing
 // (the trace's event cap, a failed transfer) is left out.
-std::vector<TracedRequest> TracedRequests(const TraceRecords& prefill, const TraceRecords& decode);
+std::vector<TracedRequest> TracedRequests(const std::vector<TraceEvent>& prefill,
+                                          const std::vector<TraceEvent>& decode);
 
 // How far into its prefill step a request's KV was whole at the decode instance: the median of
 // (kv_ready_s - step_begin_s) / step time, each capped at 1 (InstanceConfig::kv_ready_fraction).
@@ -93,7 +95,7 @@ struct StepRecord {
   bool corun = false;  // the other instance was mid-step as this one started
 };
 // The traced steps, in start order. InvalidArgument when a step lacks its arguments.
-Result<std::vector<StepRecord>> EngineSteps(const TraceRecords& trace);
+Result<std::vector<StepRecord>> EngineSteps(const std::vector<TraceEvent>& trace);
 // Sets each step's `corun`: whether a step of `other` (start order) was running as it started.
 void MarkCorun(std::span<StepRecord> steps, std::span<const StepRecord> other);
 // The steps instance `instance` took in a simulation with SimOptions::record_steps.

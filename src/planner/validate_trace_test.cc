@@ -7,35 +7,37 @@
 namespace pd::planner {
 namespace {
 
-// An event at `ms` milliseconds lasting `dur_ms`, with text arguments.
-TraceRecord Ev(const std::string& name, double ms, double dur_ms,
-               std::map<std::string, std::string> args, const std::string& cat = "") {
-  TraceRecord e;
+// An event at `ms` milliseconds lasting `dur_ms`.
+TraceEvent Ev(const std::string& name, double ms, double dur_ms, TraceArgs args,
+              const std::string& cat = "") {
+  TraceEvent e;
   e.name = name;
   e.cat = cat;
-  e.ph = dur_ms > 0 ? "X" : "i";
-  e.ts_us = ms * 1e3;
-  e.dur_us = dur_ms * 1e3;
+  e.ph = dur_ms > 0 ? 'X' : 'i';
+  e.ts_ns = std::llround(ms * 1e6);
+  e.dur_ns = std::llround(dur_ms * 1e6);
   e.args = std::move(args);
   return e;
 }
+TraceArg Int(const std::string& key, int64_t v) { return {key, v}; }
+TraceArg Text(const std::string& key, const std::string& v) { return {key, v}; }
 
 // Request "a" (16 tokens): sent at 1 ms, got at 2, computed by prefill step 7 (3-8 ms), KV ready
 // at 7.5, first decode step 8-9, written at 9.2 and 9.8. Request "b" has no KV ready: left out.
 struct TwoTraces {
-  TraceRecords prefill, decode;
+  std::vector<TraceEvent> prefill, decode;
   TwoTraces() {
-    prefill.events = {
-        Ev("transfer", 2, 0.5, {{"request", "a"}}),
-        Ev("post writes", 5, 0.1, {{"request", "a"}, {"step", "7"}}),
-        Ev("step", 3, 5, {{"step", "7"}, {"decodes", "0"}, {"prefill_tokens", "16"}}, "engine")};
-    decode.events = {Ev("prefill request sent", 1, 0,
-                        {{"request", "a"}, {"tokens", "15"}, {"engine_request", "1"}}),
-                     Ev("prefill request sent", 1.5, 0, {{"request", "b"}, {"tokens", "15"}}),
-                     Ev("kv ready", 7.5, 0, {{"request", "a"}}),
-                     Ev("step", 8, 1, {{"decodes", "1"}, {"prefill_tokens", "0"}}, "engine"),
-                     Ev("first token written", 9.2, 0, {{"request", "1"}}),
-                     Ev("last token written", 9.8, 0, {{"request", "1"}})};
+    prefill = {
+        Ev("transfer", 2, 0.5, {Text("request", "a")}),
+        Ev("post writes", 5, 0.1, {Text("request", "a"), Int("step", 7)}),
+        Ev("step", 3, 5, {Int("step", 7), Int("decodes", 0), Int("prefill_tokens", 16)}, "engine")};
+    decode = {Ev("prefill request sent", 1, 0,
+                 {Text("request", "a"), Int("tokens", 15), Int("engine_request", 1)}),
+              Ev("prefill request sent", 1.5, 0, {Text("request", "b"), Int("tokens", 15)}),
+              Ev("kv ready", 7.5, 0, {Text("request", "a")}),
+              Ev("step", 8, 1, {Int("decodes", 1), Int("prefill_tokens", 0)}, "engine"),
+              Ev("first token written", 9.2, 0, {Int("request", 1)}),
+              Ev("last token written", 9.8, 0, {Int("request", 1)})};
   }
 };
 
@@ -58,8 +60,7 @@ TEST(ValidateTrace, JoinsARequestsPartsAcrossTheTwoTraces) {
   ASSERT_TRUE(steps.ok());
   ASSERT_EQ(steps->size(), 1u);
   EXPECT_EQ((*steps)[0].decode_seqs, 1);
-  TraceRecords bad;
-  bad.events = {Ev("step", 1, 1, {{"decodes", "x"}}, "engine")};
+  const std::vector<TraceEvent> bad = {Ev("step", 1, 1, {Text("decodes", "x")}, "engine")};
   EXPECT_EQ(EngineSteps(bad).status().code(), StatusCode::kInvalidArgument);
 }
 

@@ -1,68 +1,62 @@
 #include "server/test_process.h"
 
 #include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
-#include <thread>
 
 namespace pd::server::testing {
+namespace {
+
+// How long a wait sleeps between reads of the output file (a regular file has no readiness to
+// wait on); the child's exit ends the sleep at once.
+constexpr std::chrono::milliseconds kReadPeriod(10);
+
+}  // namespace
 
 ChildProcess::~ChildProcess() {
-  if (pid_ > 0) {
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-  }
   if (out_fd_ >= 0) ::close(out_fd_);
 }
 
 bool ChildProcess::Start(const std::vector<std::string>& argv) {
-  // Output goes to an unlinked temporary file, never a pipe: a chatty child can never block on it.
   char path[] = "/tmp/pdserve_child_XXXXXX";
-  int write_fd = ::mkstemp(path);
-  if (write_fd < 0) return false;
-  out_fd_ = ::open(path, O_RDONLY);
-  ::unlink(path);
-  pid_ = ::fork();
-  if (pid_ < 0) return false;
-  if (pid_ == 0) {
-    ::dup2(write_fd, 1);
-    ::dup2(write_fd, 2);
-    ::close(write_fd);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    ::_exit(127);
+  const int write_fd = ::mkstemp(path);
+  if (write_fd < 0) {
+    output_ = "mkstemp failed";
+    return false;
   }
+  out_fd_ = ::open(path, O_RDONLY | O_CLOEXEC);
+  ::unlink(path);
+  SubprocessOptions o;
+  o.argv = argv;
+  o.stdout_fd = write_fd;
+  o.stderr_fd = write_fd;
+  Result<Subprocess> p = Subprocess::Spawn(o);
   ::close(write_fd);
+  if (!p.ok()) {
+    output_ = p.status().ToString();
+    return false;
+  }
+  process_ = std::move(p).value();
   return out_fd_ >= 0;
 }
 
-void ChildProcess::Drain(int wait_ms) {
+void ChildProcess::Drain() {
   if (out_fd_ < 0) return;
   char buf[4096];
-  bool got = false;
   for (;;) {
-    ssize_t n = ::read(out_fd_, buf, sizeof(buf));
+    const ssize_t n = ::read(out_fd_, buf, sizeof(buf));
     if (n <= 0) break;
-    got = true;
     output_.append(buf, static_cast<size_t>(n));
   }
-  // A regular file has no readiness to wait on: back off briefly before the caller polls again.
-  if (!got && wait_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
 }
 
 std::string ChildProcess::WaitForLine(const std::string& needle,
                                       std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    Drain(0);
+    Drain();
     size_t pos = output_.find(needle, scanned_);
     if (pos != std::string::npos) {
       size_t start = output_.rfind('\n', pos);
@@ -72,38 +66,34 @@ std::string ChildProcess::WaitForLine(const std::string& needle,
       scanned_ = end;
       return output_.substr(start, end - start);
     }
-    if (std::chrono::steady_clock::now() > deadline || !Running()) return "";
-    Drain(10);
+    if (std::chrono::steady_clock::now() > deadline || !process_.running()) return "";
+    (void)process_.Wait(kReadPeriod);
   }
-}
-
-bool ChildProcess::Running() {
-  if (pid_ <= 0) return false;
-  int status = 0;
-  if (::waitpid(pid_, &status, WNOHANG) != pid_) return true;
-  pid_ = -1;
-  exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return false;
 }
 
 int ChildProcess::Wait(std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (Running()) {
-    if (std::chrono::steady_clock::now() > deadline) return -1;
-    Drain(10);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    Drain();
+    Result<ExitStatus> status = process_.Wait(kReadPeriod);
+    if (status.ok()) {
+      Drain();
+      return status->signal == 0 ? status->code : -1;
+    }
+    if (status.status().code() != StatusCode::kDeadlineExceeded ||
+        std::chrono::steady_clock::now() > deadline) {
+      return -1;
+    }
   }
-  Drain(0);
-  return exit_code_;
 }
 
 int ChildProcess::Stop(int signal, std::chrono::milliseconds timeout) {
-  if (pid_ <= 0) return -1;
-  ::kill(pid_, signal);
+  if (!process_.Signal(signal).ok()) return -1;
   return Wait(timeout);
 }
 
 long ChildProcess::VmRssKib() const {
-  std::ifstream f("/proc/" + std::to_string(pid_) + "/status");
+  std::ifstream f("/proc/" + std::to_string(process_.pid()) + "/status");
   std::string line;
   while (std::getline(f, line)) {
     if (line.rfind("VmRSS:", 0) == 0) return std::strtol(line.c_str() + 6, nullptr, 10);
@@ -114,8 +104,8 @@ long ChildProcess::VmRssKib() const {
 int RunCommand(const std::vector<std::string>& argv, std::string* output,
                std::chrono::milliseconds timeout) {
   ChildProcess p;
-  if (!p.Start(argv)) return -1;
-  int code = p.Wait(timeout);
+  const bool started = p.Start(argv);
+  const int code = started ? p.Wait(timeout) : -1;
   if (output) *output += p.output();
   return code;
 }

@@ -1,4 +1,5 @@
-// A child process for end-to-end tests: fork/exec with stdout+stderr captured through a pipe.
+// A child process for end-to-end tests (a Subprocess, common/subprocess.h) with its stdout and
+// stderr captured in an unlinked temporary file, never a pipe: a chatty child never blocks on it.
 #pragma once
 
 #include <sys/types.h>
@@ -7,32 +8,33 @@
 #include <string>
 #include <vector>
 
+#include "common/subprocess.h"
+
 namespace pd::server::testing {
 
 class ChildProcess {
  public:
   ChildProcess() = default;
-  ~ChildProcess();  // SIGKILLs a child that is still running
+  ~ChildProcess();  // the Subprocess SIGKILLs a child that is still running
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
 
+  // Starts argv (argv[0] a path); false when it cannot, with the reason in output().
   bool Start(const std::vector<std::string>& argv);
   // Reads output until a line contains `needle`; returns that line ("" on timeout or exit).
   std::string WaitForLine(const std::string& needle, std::chrono::milliseconds timeout);
   // Sends a signal and waits for exit; the exit code, or -1 on timeout / abnormal exit.
   int Stop(int signal, std::chrono::milliseconds timeout);
-  // Waits for exit; the exit code, or -1 on timeout.
+  // Waits for exit; the exit code, or -1 on timeout / abnormal exit.
   int Wait(std::chrono::milliseconds timeout);
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return process_.pid(); }
   const std::string& output() const { return output_; }
   // Resident memory in KiB from /proc/PID/status (VmRSS), or -1.
   long VmRssKib() const;
 
  private:
-  void Drain(int wait_ms);
-  bool Running();  // reaps the child when it has exited
-  pid_t pid_ = -1;
-  int exit_code_ = -1;
+  void Drain();  // appends what the child wrote since the last call
+  Subprocess process_;
   int out_fd_ = -1;
   std::string output_;
   size_t scanned_ = 0;

@@ -11,11 +11,10 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
-#include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -24,6 +23,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/subprocess.h"
 #include "transfer/domain.h"
 #include "transfer/test_util.h"
 
@@ -137,37 +137,32 @@ inline bool RunPeerIfRequested() {
   _exit(PeerMain(atoi(fd)));
 }
 
-// The parent's handle on a peer process. Kills and reaps it on destruction.
+// The parent's handle on a peer process (a Subprocess: killed and reaped on destruction).
 class PeerProcess {
  public:
-  // `env` adds PD_TRANSFER_PEER_* variables for the peer.
+  // `env` adds PD_TRANSFER_PEER_* variables for the peer. Null when it cannot start.
   static std::unique_ptr<PeerProcess> Spawn(const std::map<std::string, std::string>& env = {}) {
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return nullptr;
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    if (n <= 0) return nullptr;
-    exe[n] = '\0';
-    pid_t pid = fork();
-    if (pid == 0) {
-      int fd = dup(sv[1]);  // without CLOEXEC, so it survives exec
-      setenv("PD_TRANSFER_PEER_FD", std::to_string(fd).c_str(), 1);
-      for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
-      char* argv[] = {exe, nullptr};
-      execv(exe, argv);
-      _exit(127);
-    }
+    SubprocessOptions o;
+    o.path = "/proc/self/exe";  // this test binary, whose static hook runs PeerMain
+    o.argv = {"transfer-peer"};
+    o.env.assign(env.begin(), env.end());
+    o.env.emplace_back("PD_TRANSFER_PEER_FD", std::to_string(sv[1]));
+    o.inherit_fds = {sv[1]};
+    Result<Subprocess> process = Subprocess::Spawn(o);
     close(sv[1]);
+    if (!process.ok()) {
+      close(sv[0]);
+      return nullptr;
+    }
     auto p = std::unique_ptr<PeerProcess>(new PeerProcess());
-    p->pid_ = pid;
+    p->process_ = std::move(process).value();
     p->fd_ = sv[0];
     return p;
   }
   ~PeerProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
+    (void)process_.Kill();
     close(fd_);
   }
   bool Send(std::string_view header, std::string_view payload = {}) {
@@ -175,29 +170,19 @@ class PeerProcess {
   }
   std::optional<Frame> Receive(double timeout_s = 30.0) { return ReadFrame(fd_, timeout_s); }
   // Stops the peer and returns once the kernel reports it stopped.
-  void Stop() {
-    kill(pid_, SIGSTOP);
-    int status = 0;
-    waitpid(pid_, &status, WUNTRACED);
-  }
-  void Continue() { kill(pid_, SIGCONT); }
-  void Kill() {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  // Asks the peer to exit and returns its exit code (-1 if it died otherwise).
+  void Stop() { (void)process_.Suspend(); }
+  void Continue() { (void)process_.Resume(); }
+  void Kill() { (void)process_.Kill(); }
+  // Asks the peer to exit and returns its exit code (-1 if it died otherwise or does not exit).
   int Exit() {
     Send("exit");
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    Result<ExitStatus> status = process_.Wait(std::chrono::seconds(60));
+    return status.ok() && status->signal == 0 ? status->code : -1;
   }
 
  private:
   PeerProcess() = default;
-  pid_t pid_ = -1;
+  Subprocess process_;
   int fd_ = -1;
 };
 

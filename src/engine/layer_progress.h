@@ -1,0 +1,34 @@
+// How far the forward pass has got, layer by layer, for the threads that stream a layer's KV
+// pages as soon as that layer is final (the prefill messenger).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+
+namespace pd::engine {
+
+// Counts finished layers across steps: after step s (0-based, counted by this runner) finishes
+// layer l's attention output projection, Value() >= s*num_layers + l + 1. Another thread waits on
+// it to stream that layer's KV pages. Thread safety: any thread.
+class LayerProgress {
+ public:
+  uint64_t Value() const { return value_.load(std::memory_order_acquire); }
+  void Bump();
+  // True once Value() >= target; false if timeout_ms passes first.
+  bool WaitAtLeast(uint64_t target, int64_t timeout_ms) const;
+  // Called on the bumping thread after every Bump (nullptr: none), so a thread that waits for
+  // other events too (the prefill messenger's task queue) wakes at a bump without polling. It
+  // must be quick and must not call back into this object.
+  void SetListener(std::function<void()> on_bump) const;
+
+ private:
+  std::atomic<uint64_t> value_{0};
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  mutable std::function<void()> on_bump_;  // GUARDED_BY(mu_); an observer, not part of the value
+};
+
+}  // namespace pd::engine
