@@ -3,10 +3,10 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
+
+#include "common/mutex.h"
 
 namespace pd::engine {
 
@@ -16,19 +16,20 @@ namespace pd::engine {
 class LayerProgress {
  public:
   uint64_t Value() const { return value_.load(std::memory_order_acquire); }
-  void Bump();
+  void Bump() EXCLUDES(mu_);
   // True once Value() >= target; false if timeout_ms passes first.
-  bool WaitAtLeast(uint64_t target, int64_t timeout_ms) const;
+  bool WaitAtLeast(uint64_t target, int64_t timeout_ms) const EXCLUDES(mu_);
   // Called on the bumping thread after every Bump (nullptr: none), so a thread that waits for
   // other events too (the prefill messenger's task queue) wakes at a bump without polling. It
   // must be quick and must not call back into this object.
-  void SetListener(std::function<void()> on_bump) const;
+  void SetListener(std::function<void()> on_bump) const EXCLUDES(mu_);
 
  private:
   std::atomic<uint64_t> value_{0};
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  mutable std::function<void()> on_bump_;  // GUARDED_BY(mu_); an observer, not part of the value
+  mutable Mutex mu_;
+  mutable CondVar cv_;
+  // An observer, not part of the value.
+  mutable std::function<void()> on_bump_ GUARDED_BY(mu_);
 };
 
 }  // namespace pd::engine

@@ -3,12 +3,11 @@
 // Rank 0 runs on the caller's thread (the engine loop), ranks 1.. on threads owned here.
 #include "engine/tp_model_runner.h"
 
-#include <condition_variable>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "common/check.h"
+#include "common/mutex.h"
 #include "common/thread_util.h"
 #include "engine/rank_runner.h"
 #include "engine/tp_all_reduce.h"
@@ -31,14 +30,14 @@ class TpRunner final : public ModelRunner {
   }
   ~TpRunner() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stop_ = true;
     }
-    work_cv_.notify_all();
+    work_cv_.SignalAll();
     for (std::thread& t : threads_) t.join();
   }
 
-  Status Forward(const ForwardBatch& batch, ForwardOutput* out) override;
+  Status Forward(const ForwardBatch& batch, ForwardOutput* out) override EXCLUDES(mu_);
   const model::ModelConfig& config() const override { return full_->config; }
   KvRegion& region() override { return ranks_[0]->region(); }
   const LayerProgress& progress() const override { return ranks_[0]->progress(); }
@@ -50,21 +49,21 @@ class TpRunner final : public ModelRunner {
   }
 
  private:
-  void RankLoop(int rank);
+  void RankLoop(int rank) EXCLUDES(mu_);
 
   std::unique_ptr<RunnerWeights> full_;  // the unsharded views the ranks' weights point into
   std::unique_ptr<TpAllReduce> reduce_;
   std::vector<std::unique_ptr<ModelRunner>> ranks_;
   std::vector<std::thread> threads_;  // ranks 1..N-1
 
-  std::mutex mu_;
-  std::condition_variable work_cv_, done_cv_;
-  uint64_t generation_ = 0;              // GUARDED_BY(mu_): bumped per step
-  int pending_ = 0;                      // GUARDED_BY(mu_): rank threads still running the step
-  bool stop_ = false;                    // GUARDED_BY(mu_)
-  const ForwardBatch* batch_ = nullptr;  // GUARDED_BY(mu_)
-  ForwardOutput* out_ = nullptr;         // GUARDED_BY(mu_)
-  std::vector<Status> status_;           // [rank] of the current step
+  Mutex mu_;
+  CondVar work_cv_, done_cv_;
+  uint64_t generation_ GUARDED_BY(mu_) = 0;  // bumped per step
+  int pending_ GUARDED_BY(mu_) = 0;          // rank threads still running the step
+  bool stop_ GUARDED_BY(mu_) = false;
+  const ForwardBatch* batch_ GUARDED_BY(mu_) = nullptr;
+  ForwardOutput* out_ GUARDED_BY(mu_) = nullptr;
+  std::vector<Status> status_;  // [rank] of the current step
 };
 
 void TpRunner::RankLoop(int rank) {
@@ -74,8 +73,8 @@ void TpRunner::RankLoop(int rank) {
     const ForwardBatch* batch;
     ForwardOutput* out;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      MutexLock lock(&mu_);
+      while (!stop_ && generation_ == seen) work_cv_.Wait(&mu_);
       if (stop_) return;
       seen = generation_;
       batch = batch_;
@@ -83,10 +82,10 @@ void TpRunner::RankLoop(int rank) {
     }
     status_[rank] = ranks_[rank]->Forward(*batch, out);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       --pending_;
     }
-    done_cv_.notify_one();
+    done_cv_.Signal();
   }
 }
 
@@ -104,19 +103,19 @@ Status TpRunner::Forward(const ForwardBatch& batch, ForwardOutput* out) {
     out->last_hidden[i].resize(full_->config.hidden_size);
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     batch_ = &batch;
     out_ = out;
     pending_ = static_cast<int>(threads_.size());
     ++generation_;
   }
-  work_cv_.notify_all();
+  work_cv_.SignalAll();
   // Every rank validates the same batch against the same page count, so all fail or none does
   // (a failed rank never reaches the all-reduce barriers).
   status_[0] = ranks_[0]->Forward(batch, out);
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [&] { return pending_ == 0; });
+    MutexLock lock(&mu_);
+    while (pending_ != 0) done_cv_.Wait(&mu_);
   }
   for (const Status& s : status_) RETURN_IF_ERROR(s);
   return OkStatus();
