@@ -28,7 +28,8 @@ asan tsan: deps
 	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
 	  -DPD_SANITIZE=$(if $(filter asan,$@),address,thread)
 	cmake --build build-$@ -j $(JOBS) --target $(SAN_TESTS)
-	cd build-$@ && ctest -L '$(SAN_LABELS)' --output-on-failure -j $(JOBS) --timeout 900
+	cd build-$@ && TSAN_OPTIONS="suppressions=$(CURDIR)/scripts/tsan.supp" \
+	  ctest -L '$(SAN_LABELS)' --output-on-failure -j $(JOBS) --timeout 900
 
 # The demo: builds pdserve alone, generates once offline with the shipped model (models/demo-llama,
 # a small Llama trained on Debian's fortune cookies by tools/train_demo_model.py), then runs the

@@ -28,3 +28,11 @@
 #define ASSERT_CAPABILITY(x) PD_THREAD_ANNOTATION(assert_capability(x))
 #define RETURN_CAPABILITY(x) PD_THREAD_ANNOTATION(lock_returned(x))
 #define NO_THREAD_SAFETY_ANALYSIS PD_THREAD_ANNOTATION(no_thread_safety_analysis)
+
+// A function whose memory accesses ThreadSanitizer does not check: only for loads that race by
+// design and whose values are never used (cache warming).
+#if defined(__clang__)
+#define PD_NO_SANITIZE_THREAD __attribute__((no_sanitize("thread")))
+#else
+#define PD_NO_SANITIZE_THREAD
+#endif
