@@ -241,8 +241,8 @@ Result<Deployment> FindInstances(pid_t up) {
   Deployment d;
   d.up = up;
   for (const auto& [pid, cmdline] : ChildrenOf(up)) {
-    const auto has = [&cmdline](const std::string& role) {
-      return cmdline.find(std::string("--role") + '\0' + role + '\0') != std::string::npos;
+    const auto has = [&cl = cmdline](const std::string& role) {
+      return cl.find(std::string("--role") + '\0' + role + '\0') != std::string::npos;
     };
     if (has("prefill")) d.prefill = pid;
     if (has("decode")) d.decode = pid;
