@@ -3,7 +3,6 @@
 // measured on it.
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <sstream>
 
@@ -65,7 +64,7 @@ void PrintHeader(const char* first) {
 }
 
 int Replay(const SimulateOptions& o, planner::PlannerSetup& setup) {
-  const std::string name = std::filesystem::path(o.trace).stem().string();
+  const std::string name = planner::TraceNameOf(o.trace);
   const std::string dir = o.setup.distserve_dir + "/real-a100-opt13b-sharegpt/";
   bool assumed = false;
   auto spec = planner::DeploymentFromTraceName(name, &assumed);

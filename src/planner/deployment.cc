@@ -93,6 +93,15 @@ Result<DeploymentSpec> DeploymentFromTraceName(const std::string& name, bool* as
                          "' is not vllm-N-RATE, distserve-N-RATE or distserve-cTPPPdTPPP-N-RATE");
 }
 
+std::string TraceNameOf(const std::string& name_or_path) {
+  std::string name = name_or_path.substr(name_or_path.find_last_of('/') + 1);
+  const std::string ext = ".json";
+  if (name.size() > ext.size() && name.compare(name.size() - ext.size(), ext.size(), ext) == 0) {
+    name.resize(name.size() - ext.size());
+  }
+  return name;
+}
+
 namespace {
 
 // The "threads" of every instance in the plan, which must agree (0 when none gives it).

@@ -27,6 +27,9 @@ Result<DeploymentSpec> ParsePlanJson(const std::string& json_text, const std::st
 // a prefill and a decode instance on one node; plain "distserve-N-RATE" does not record its
 // configuration and is taken as c21d11 (`assumed` is set).
 Result<DeploymentSpec> DeploymentFromTraceName(const std::string& name, bool* assumed);
+// The trace name in what a user typed: a name, or a path to the workloads/ file. Only a final
+// ".json" is taken off, never another dot: "distserve-c21d11-300-4.5" names a rate of 4.5.
+std::string TraceNameOf(const std::string& name_or_path);
 
 // What `pdserve up --plan FILE` can start on this machine: one process per instance, prefill and
 // decode roles only, no pipeline parallelism.

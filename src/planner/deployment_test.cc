@@ -12,6 +12,8 @@
 #include "common/file_util.h"
 #include "planner/latency_model.h"
 #include "planner/setup.h"
+#include "planner/test_data.h"
+#include "planner/workload.h"
 
 namespace pd::planner {
 namespace {
@@ -205,6 +207,35 @@ TEST(LocalPlan, TensorParallelPassesWhenTheEngineHasIt) {
       PlanJson(R"({"role": "prefill", "count": 3}, {"role": "decode", "count": 3})"), "p",
       LocalLimits{2, false, false});
   EXPECT_TRUE(many.ok());
+}
+
+TEST(TraceName, OnlyAFinalJsonIsTakenOff) {
+  EXPECT_EQ(TraceNameOf("distserve-c21d11-300-4.5"), "distserve-c21d11-300-4.5");
+  EXPECT_EQ(TraceNameOf("vllm-150-1.5.json"), "vllm-150-1.5");
+  EXPECT_EQ(TraceNameOf("data/workloads/distserve-c21d12-400-4.json"), "distserve-c21d12-400-4");
+  EXPECT_EQ(TraceNameOf("vllm-100-1"), "vllm-100-1");
+}
+
+// Every recorded A100 trace, whatever its name: a deployment read off the name, and a workload
+// and a measured file that load and describe the same requests.
+TEST(TraceName, EveryRecordedTraceHasADeploymentAWorkloadAndItsMeasurements) {
+  PD_REQUIRE_DISTSERVE_DATA();
+  const std::string dir = testing::DistServePath("real-a100-opt13b-sharegpt/");
+  int traces = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "workloads")) {
+    const std::string name = TraceNameOf(entry.path().string());
+    SCOPED_TRACE(name);
+    bool assumed = false;
+    EXPECT_TRUE(DeploymentFromTraceName(name, &assumed).ok());
+    auto trace = LoadTraceJson(dir + "workloads/" + name + ".json");
+    auto measured = LoadMeasuredJson(dir + "measured/" + name + ".json");
+    ASSERT_TRUE(trace.ok()) << trace.status().ToString();
+    ASSERT_TRUE(measured.ok()) << measured.status().ToString();
+    EXPECT_FALSE(trace->empty());
+    EXPECT_EQ(trace->size(), measured->size());
+    ++traces;
+  }
+  EXPECT_EQ(traces, 37);
 }
 
 }  // namespace
