@@ -10,6 +10,7 @@
 #include "common/file_util.h"
 #include "planner/deployment.h"
 #include "planner/setup.h"
+#include "planner/trace_replay.h"
 
 namespace pd::apps {
 
@@ -26,7 +27,8 @@ struct SimulateOptions {
   bool chunked = false;
   bool same_node = false;
   std::vector<double> rates = {1.0};
-  std::string trace;  // a DistServe trace name (or workloads/ file) to replay
+  std::string trace;   // a DistServe trace name (or workloads/ file) to replay
+  std::string traces;  // "all" or a glob: every matching trace replayed, one table
 };
 
 Result<planner::DeploymentSpec> SpecFromFlags(const SimulateOptions& o) {
@@ -63,56 +65,46 @@ void PrintHeader(const char* first) {
               "TPOT p50", "TPOT p90");
 }
 
-int Replay(const SimulateOptions& o, planner::PlannerSetup& setup) {
-  const std::string name = planner::TraceNameOf(o.trace);
-  const std::string dir = o.setup.distserve_dir + "/real-a100-opt13b-sharegpt/";
-  bool assumed = false;
-  auto spec = planner::DeploymentFromTraceName(name, &assumed);
-  if (!spec.ok()) {
-    std::fprintf(stderr, "pdserve simulate: %s\n", spec.status().ToString().c_str());
-    return 1;
-  }
-  auto trace = planner::LoadTraceJson(dir + "workloads/" + name + ".json");
-  auto measured = planner::LoadMeasuredJson(dir + "measured/" + name + ".json");
-  if (!trace.ok() || !measured.ok()) {
-    std::fprintf(stderr, "pdserve simulate: %s\n",
-                 (!trace.ok() ? trace.status() : measured.status()).ToString().c_str());
-    return 1;
-  }
-  auto insts = planner::BuildInstances(setup.inputs, *spec);
-  if (!insts.ok()) {
-    std::fprintf(stderr, "pdserve simulate: %s\n", insts.status().ToString().c_str());
-    return 1;
-  }
-  planner::ClusterLinks links;
-  links.intra_node_bw = setup.inputs.hw.intra_node_bw;
-  links.inter_node_bw = setup.inputs.cluster.inter_node_bw;
-  links.kv_bytes_per_token = setup.inputs.shape.KvBytesPerToken();
-  planner::SimOptions sim;
-  sim.make_scheduler = setup.inputs.make_scheduler;
-  auto r = planner::Simulate(*insts, links, *trace, sim);
+// One trace: the deployment, the latency model and the two summaries.
+int Replay(const SimulateOptions& o, const planner::PlannerSetup& setup) {
+  auto r = planner::ReplayTrace(setup, o.setup.distserve_dir, o.trace);
   if (!r.ok()) {
     std::fprintf(stderr, "pdserve simulate: %s\n", r.status().ToString().c_str());
     return 1;
   }
-  std::vector<planner::RequestResult> real;
-  for (const auto& m : *measured) {
-    planner::RequestResult q;
-    q.output_len = m.output_len;
-    q.first_token_s = m.ttft_s;
-    q.finish_s = m.ttft_s + m.tpot_s * std::max(0, m.output_len - 1);
-    real.push_back(q);
-  }
-  std::printf("trace %s: %zu requests, deployment %s%s\nlatency model: %s\n", name.c_str(),
-              trace->size(), spec->Describe().c_str(),
-              assumed ? " (assumed: the file does not record it)" : "",
-              (spec->disaggregated ? setup.inputs.model : setup.inputs.colocated_model)
+  std::printf("trace %s: %zu requests, deployment %s%s\nlatency model: %s\n", r->name.c_str(),
+              r->num_requests, r->spec.Describe().c_str(),
+              r->assumed ? " (assumed: the file does not record it)" : "",
+              (r->spec.disaggregated ? setup.inputs.model : setup.inputs.colocated_model)
                   ->Describe()
                   .c_str());
   std::printf("SLO TTFT %.3g s, TPOT %.3g s\n", setup.inputs.slo.ttft_s, setup.inputs.slo.tpot_s);
   PrintHeader("");
-  PrintSummaryRow("simulated", planner::Summarize(r->requests, setup.inputs.slo));
-  PrintSummaryRow("measured", planner::Summarize(real, setup.inputs.slo));
+  PrintSummaryRow("simulated", r->simulated);
+  PrintSummaryRow("measured", r->measured);
+  return 0;
+}
+
+// Every trace matching --traces: one table.
+int ReplayMany(const SimulateOptions& o, const planner::PlannerSetup& setup) {
+  auto names = planner::MatchTraces(o.setup.distserve_dir, o.traces);
+  if (!names.ok()) {
+    std::fprintf(stderr, "pdserve simulate: %s\n", names.status().ToString().c_str());
+    return 1;
+  }
+  std::vector<planner::TraceReplay> rows;
+  for (const std::string& name : *names) {
+    auto r = planner::ReplayTrace(setup, o.setup.distserve_dir, name);
+    if (!r.ok()) {
+      std::fprintf(stderr, "pdserve simulate: %s: %s\n", name.c_str(),
+                   r.status().ToString().c_str());
+      return 1;
+    }
+    rows.push_back(std::move(r).value());
+  }
+  std::printf("SLO TTFT %.3g s, TPOT %.3g s; attainment diff = simulated - measured, in points\n",
+              setup.inputs.slo.ttft_s, setup.inputs.slo.tpot_s);
+  std::fputs(planner::FormatReplayTable(rows).c_str(), stdout);
   return 0;
 }
 
@@ -122,7 +114,12 @@ int RunSimulate(const SimulateOptions& o) {
     std::fprintf(stderr, "pdserve simulate: %s\n", setup.status().ToString().c_str());
     return 1;
   }
+  if (!o.trace.empty() && !o.traces.empty()) {
+    std::fprintf(stderr, "pdserve simulate: --trace and --traces go alone, not together\n");
+    return 2;
+  }
   if (!o.trace.empty()) return Replay(o, **setup);
+  if (!o.traces.empty()) return ReplayMany(o, **setup);
   const planner::PlannerInputs& in = (*setup)->inputs;
   auto spec = SpecFromFlags(o);
   if (!spec.ok()) {
@@ -180,6 +177,9 @@ PD_REGISTER_COMMAND(
       app->add_option("--trace", o->trace,
                       "replay a DistServe trace, e.g. vllm-300-3, and compare "
                       "with its measured file");
+      app->add_option("--traces", o->traces,
+                      "replay every DistServe trace matching 'all' or a glob (e.g. "
+                      "'distserve-c21d12-*'): one table, a row per trace");
       return [o] { return RunSimulate(*o); };
     });
 

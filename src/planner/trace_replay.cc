@@ -1,0 +1,122 @@
+#include "planner/trace_replay.h"
+
+#include <fnmatch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include "planner/simulator.h"
+#include "planner/workload.h"
+
+namespace pd::planner {
+namespace {
+
+std::string Dir(const std::string& distserve_dir) {
+  return distserve_dir + "/real-a100-opt13b-sharegpt/";
+}
+
+// "vllm-300-3" -> "vllm"; "distserve-c21d12-1000-10" -> "c21d12"; "distserve-300-3" -> "distserve".
+std::string SystemOf(const std::string& name) {
+  if (name.rfind("vllm-", 0) == 0) return "vllm";
+  const size_t c = name.find("-c");
+  if (c != std::string::npos) return name.substr(c + 1, name.find('-', c + 1) - c - 1);
+  return "distserve";
+}
+
+// The rate: the name's last dash-separated field.
+double RateOf(const std::string& name) {
+  return std::strtod(name.substr(name.find_last_of('-') + 1).c_str(), nullptr);
+}
+
+std::string Row(const TraceReplay& r) {
+  const Summary& s = r.simulated;
+  const Summary& m = r.measured;
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "%-27s %-9s %5.1f %6.1f%% %6.1f%% %+6.1f  %6.3f %6.3f  %6.3f %6.3f  %6.4f %6.4f  "
+                "%6.4f %6.4f\n",
+                r.name.c_str(), r.system.c_str(), r.rate, 100 * s.attainment, 100 * m.attainment,
+                100 * (s.attainment - m.attainment), s.ttft_p50_s, m.ttft_p50_s, s.ttft_p90_s,
+                m.ttft_p90_s, s.tpot_p50_s, m.tpot_p50_s, s.tpot_p90_s, m.tpot_p90_s);
+  return line;
+}
+
+}  // namespace
+
+Result<std::vector<std::string>> MatchTraces(const std::string& distserve_dir,
+                                             const std::string& pattern) {
+  const std::string workloads = Dir(distserve_dir) + "workloads";
+  std::error_code ec;
+  std::filesystem::directory_iterator it(workloads, ec);
+  if (ec) return NotFound(workloads + ": " + ec.message());
+  const std::string glob = pattern == "all" ? "*" : TraceNameOf(pattern);
+  std::vector<std::string> names;
+  for (const auto& entry : it) {
+    const std::string name = TraceNameOf(entry.path().string());
+    if (fnmatch(glob.c_str(), name.c_str(), 0) == 0) names.push_back(name);
+  }
+  if (names.empty()) return NotFound("no trace in " + workloads + " matches '" + pattern + "'");
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Result<TraceReplay> ReplayTrace(const PlannerSetup& setup, const std::string& distserve_dir,
+                                const std::string& name_or_path) {
+  TraceReplay r;
+  r.name = TraceNameOf(name_or_path);
+  r.system = SystemOf(r.name);
+  r.rate = RateOf(r.name);
+  ASSIGN_OR_RETURN(r.spec, DeploymentFromTraceName(r.name, &r.assumed));
+  const std::string dir = Dir(distserve_dir);
+  ASSIGN_OR_RETURN(const std::vector<SimRequest> trace,
+                   LoadTraceJson(dir + "workloads/" + r.name + ".json"));
+  ASSIGN_OR_RETURN(const std::vector<MeasuredRequest> measured,
+                   LoadMeasuredJson(dir + "measured/" + r.name + ".json"));
+  r.num_requests = trace.size();
+  const PlannerInputs& in = setup.inputs;
+  ASSIGN_OR_RETURN(const std::vector<InstanceConfig> insts, BuildInstances(in, r.spec));
+  const ClusterLinks links{in.hw.intra_node_bw, in.cluster.inter_node_bw,
+                           in.shape.KvBytesPerToken()};
+  SimOptions sim;
+  sim.make_scheduler = in.make_scheduler;
+  ASSIGN_OR_RETURN(const SimResult result, Simulate(insts, links, trace, sim));
+  std::vector<RequestResult> real;
+  real.reserve(measured.size());
+  for (const MeasuredRequest& m : measured) {
+    RequestResult q;
+    q.output_len = m.output_len;
+    q.first_token_s = m.ttft_s;
+    q.finish_s = m.ttft_s + m.tpot_s * std::max(0, m.output_len - 1);
+    real.push_back(q);
+  }
+  r.simulated = Summarize(result.requests, in.slo);
+  r.measured = Summarize(real, in.slo);
+  return r;
+}
+
+std::string FormatReplayTable(const std::vector<TraceReplay>& rows) {
+  std::string out =
+      "trace                       system     rate   attainment sim/real  diff   TTFT p50 (s)   "
+      "TTFT p90 (s)   TPOT p50 (s)    TPOT p90 (s)\n";
+  std::map<std::string, std::vector<double>> diffs;  // system -> |simulated - measured| points
+  for (const TraceReplay& r : rows) {
+    out += Row(r);
+    diffs[r.system].push_back(100 * std::abs(r.simulated.attainment - r.measured.attainment));
+  }
+  for (auto& [system, d] : diffs) {
+    std::sort(d.begin(), d.end());
+    const size_t n = d.size();
+    const double median = n % 2 == 1 ? d[n / 2] : (d[n / 2 - 1] + d[n / 2]) / 2;
+    char line[160];
+    std::snprintf(line, sizeof(line),
+                  "%-9s %2zu traces: attainment difference median %.1f points, worst %.1f\n",
+                  system.c_str(), n, median, d.back());
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace pd::planner
