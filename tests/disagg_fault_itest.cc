@@ -389,10 +389,13 @@ TEST(DisaggFaultTest, HundredStreamsAbortedAtRandomPointsLeaveNothingBehind) {
   const double n = kThreads * kPerThread;
   EXPECT_TRUE(PagesFree(decode));
   EXPECT_TRUE(PagesFree(prefill));
-  // Every request ended exactly once, on every hop.
-  EXPECT_TRUE(WaitFor([&] { return Metric(decode, "pdserve:request_success_total") == n; }, 30s))
-      << Metric(decode, "pdserve:request_success_total");
+  // Every request ended exactly once, on every hop: the router took all of them, and the decode
+  // instance finished every one the router wrote to it whole (a client may leave before that).
   EXPECT_EQ(Metric(port, "pdserve:router_requests_total"), n);
+  const double forwarded = n - Metric(port, "pdserve:router_unforwarded_total");
+  EXPECT_TRUE(
+      WaitFor([&] { return Metric(decode, "pdserve:request_success_total") == forwarded; }, 30s))
+      << Metric(decode, "pdserve:request_success_total") << " of " << forwarded;
   EXPECT_TRUE(WaitFor([&] { return Metric(port, "pdserve:router_outstanding") == 0; }, 30s));
   EXPECT_EQ(Metric(decode, "pdserve:num_requests_running"), 0);
   EXPECT_EQ(Metric(decode, "pdserve:num_requests_waiting"), 0);

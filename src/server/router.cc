@@ -85,6 +85,8 @@ void Router::RegisterRoutes() {
         std::to_string(requests_.load()) +
         "\n# TYPE pdserve:router_failures_total counter\npdserve:router_failures_total " +
         std::to_string(relay_->failures()) +
+        "\n# TYPE pdserve:router_unforwarded_total counter\npdserve:router_unforwarded_total " +
+        std::to_string(relay_->unforwarded()) +
         "\n# TYPE pdserve:router_rejected_total counter\npdserve:router_rejected_total " +
         std::to_string(rejected_.load()) +
         "\n# TYPE pdserve:router_open_streams gauge\npdserve:router_open_streams " +

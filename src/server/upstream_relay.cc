@@ -86,6 +86,9 @@ class UpstreamRelay::Exchange {
       };
     }
     co.on_closed = [this](bool clean) {
+      if (!clean && !forwarded_) {
+        relay_.unforwarded_.fetch_add(1);  // the request never reached the decode instance whole
+      }
       if (!clean) CloseUpstream(false);  // client gone: the decode instance aborts
       Finish();
     };
@@ -133,6 +136,7 @@ class UpstreamRelay::Exchange {
     }
     up_fd_ = fd;
     sent_ = 0;
+    forwarded_ = false;
     got_bytes_ = false;
     parser_ = HttpResponseParser();
     last_upstream_ = SteadyClock::now();
@@ -165,6 +169,7 @@ class UpstreamRelay::Exchange {
         return UpstreamFailed(std::string("send: ") + std::strerror(errno));
       }
     }
+    forwarded_ = true;
     last_upstream_ = SteadyClock::now();
     relay_.loop_->Modify(up_token_, EPOLLIN);
   }
@@ -243,6 +248,7 @@ class UpstreamRelay::Exchange {
   void ResumeReading() {
     if (!paused_ || up_fd_ < 0) return;
     paused_ = false;
+    forwarded_ = true;
     last_upstream_ = SteadyClock::now();
     relay_.loop_->Modify(up_token_, EPOLLIN);
   }
@@ -309,6 +315,7 @@ class UpstreamRelay::Exchange {
   uint64_t up_token_ = 0;
   size_t sent_ = 0;
   bool connecting_ = false;
+  bool forwarded_ = false;  // the request was written whole on the current connection
   bool reused_ = false;
   bool retried_ = false;
   bool got_bytes_ = false;

@@ -82,6 +82,9 @@ class UpstreamRelay {
 
   uint64_t connections_opened() const { return connections_.load(); }
   uint64_t failures() const { return failures_.load(); }
+  // Exchanges whose client went away before their request was written whole to a decode
+  // instance: the decode instance never saw them.
+  uint64_t unforwarded() const { return unforwarded_.load(); }
 
  private:
   class Exchange;
@@ -99,6 +102,7 @@ class UpstreamRelay {
   std::unique_ptr<EventLoop> loop_;
   std::atomic<uint64_t> connections_{0};
   std::atomic<uint64_t> failures_{0};
+  std::atomic<uint64_t> unforwarded_{0};
   // Loop thread only.
   std::unordered_map<Exchange*, std::unique_ptr<Exchange>> exchanges_;
   std::unordered_map<UpstreamTarget*, std::vector<IdleConnection>> idle_;  // newest last
