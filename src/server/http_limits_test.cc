@@ -19,6 +19,7 @@ using testing::FakeTokenizer;
 using ::testing::HasSubstr;
 using testing::RawConnection;
 using ::testing::StartsWith;
+using testing::ThreadCount;
 using testing::WaitFor;
 using namespace std::chrono_literals;
 
@@ -231,15 +232,6 @@ TEST_F(LimitsTest, ClientDisconnectWhileWaitingNonStreamingAbortsTheRequest) {
   c.Close();
   EXPECT_TRUE(WaitFor([&] { return engine_->aborted().size() == 1; }, 5s));
   EXPECT_TRUE(WaitFor([&] { return engine_->num_active() == 0; }, 5s));
-}
-
-int ThreadCount() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
-  }
-  return -1;
 }
 
 TEST_F(LimitsTest, ManyOpenStreamsTakeNoThreadEach) {

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 #include <thread>
 
@@ -86,6 +87,15 @@ double MetricValue(const std::string& text, const std::string& series) {
     if (line.size() > series.size() && line.compare(0, series.size(), series) == 0 &&
         line[series.size()] == ' ')
       return std::strtod(line.c_str() + series.size() + 1, nullptr);
+  }
+  return -1;
+}
+
+int ThreadCount() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
   }
   return -1;
 }

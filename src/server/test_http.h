@@ -40,4 +40,7 @@ bool WaitFor(const std::function<bool()>& condition, std::chrono::milliseconds t
 // The value of a Prometheus sample line `name{labels} value` (exact series text), or -1.
 double MetricValue(const std::string& metrics_text, const std::string& series);
 
+// This process's thread count, from /proc/self/status (-1 when unreadable).
+int ThreadCount();
+
 }  // namespace pd::server::testing

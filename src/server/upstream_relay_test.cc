@@ -146,15 +146,6 @@ class GatedUpstream {
   std::atomic<int> peer_closed_{0};
 };
 
-int ThreadCount() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
-  }
-  return -1;
-}
-
 std::unique_ptr<Router> StartRouter(const std::string& backend, int max_open_streams = 4096) {
   RouterOptions o;
   o.port = 0;
@@ -186,7 +177,7 @@ TEST(UpstreamRelayTest, ManyOpenStreamsShareTheRoutersFixedThreads) {
     httplib::Client c("127.0.0.1", router->port());
     ASSERT_TRUE(c.Get("/metrics"));
   }
-  const int threads_before = ThreadCount();
+  const int threads_before = testing::ThreadCount();
   std::vector<std::unique_ptr<testing::RawConnection>> clients;
   for (int i = 0; i < n; ++i) {
     clients.push_back(std::make_unique<testing::RawConnection>(router->port()));
@@ -197,7 +188,7 @@ TEST(UpstreamRelayTest, ManyOpenStreamsShareTheRoutersFixedThreads) {
       << upstream.streaming() << " of " << n;
   EXPECT_EQ(router->open_streams(), n);
   EXPECT_EQ(router->outstanding(), std::vector<int>{n});
-  EXPECT_EQ(ThreadCount(), threads_before) << "no thread per stream";
+  EXPECT_EQ(testing::ThreadCount(), threads_before) << "no thread per stream";
   for (auto& c : clients) {
     EXPECT_NE(c->ReadUntil("data: 0\n\n", kDeadline).find("data: 0\n\n"), std::string::npos);
   }
