@@ -1,6 +1,7 @@
 // Clang's thread-safety annotations (https://clang.llvm.org/docs/ThreadSafetyAnalysis.html).
 // Under clang with -Wthread-safety they are checked at compile time (scripts/check-thread-safety.sh
-// runs that check over the whole tree in `make test`); under other compilers they expand to nothing.
+// runs that check over the whole tree in `make test`); under other compilers they expand to
+// nothing.
 //
 //   Mutex mu_;
 //   int count_ GUARDED_BY(mu_);          // read or written only with mu_ held
