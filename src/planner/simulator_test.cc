@@ -471,15 +471,7 @@ TEST(Simulator, ReplayOfRealA100TraceLandsNearMeasuredAttainment) {
   ASSERT_TRUE(r.ok());
   const Slo slo{0.25, 0.1};
   const Summary sim = Summarize(r->requests, slo);
-  std::vector<RequestResult> real;
-  for (const auto& m : *measured) {
-    RequestResult q;
-    q.output_len = m.output_len;
-    q.first_token_s = m.ttft_s;
-    q.finish_s = m.ttft_s + m.tpot_s * std::max(0, m.output_len - 1);
-    real.push_back(q);
-  }
-  const Summary meas = Summarize(real, slo);
+  const Summary meas = Summarize(MeasuredResults(*measured), slo);
   RecordProperty("sim_attainment", std::to_string(sim.attainment));
   RecordProperty("real_attainment", std::to_string(meas.attainment));
   std::printf("%s: attainment sim %.3f real %.3f; TTFT p50 sim %.3f real %.3f s\n", name.c_str(),

@@ -18,12 +18,13 @@ std::string Dir(const std::string& distserve_dir) {
   return distserve_dir + "/real-a100-opt13b-sharegpt/";
 }
 
-// "vllm-300-3" -> "vllm"; "distserve-c21d12-1000-10" -> "c21d12"; "distserve-300-3" -> "distserve".
-std::string SystemOf(const std::string& name) {
-  if (name.rfind("vllm-", 0) == 0) return "vllm";
-  const size_t c = name.find("-c");
-  if (c != std::string::npos) return name.substr(c + 1, name.find('-', c + 1) - c - 1);
-  return "distserve";
+// "vllm" (colocated), "distserve" (configuration not recorded), else "cTPPPdTPPP" as the name
+// writes the deployment, e.g. "c21d12".
+std::string SystemOf(const DeploymentSpec& spec, bool assumed) {
+  if (!spec.disaggregated) return "vllm";
+  if (assumed) return "distserve";
+  return "c" + std::to_string(spec.prefill.tp) + std::to_string(spec.prefill.pp) + "d" +
+         std::to_string(spec.decode.tp) + std::to_string(spec.decode.pp);
 }
 
 // The rate: the name's last dash-separated field.
@@ -67,9 +68,9 @@ Result<TraceReplay> ReplayTrace(const PlannerSetup& setup, const std::string& di
                                 const std::string& name_or_path) {
   TraceReplay r;
   r.name = TraceNameOf(name_or_path);
-  r.system = SystemOf(r.name);
   r.rate = RateOf(r.name);
   ASSIGN_OR_RETURN(r.spec, DeploymentFromTraceName(r.name, &r.assumed));
+  r.system = SystemOf(r.spec, r.assumed);
   const std::string dir = Dir(distserve_dir);
   ASSIGN_OR_RETURN(const std::vector<SimRequest> trace,
                    LoadTraceJson(dir + "workloads/" + r.name + ".json"));
@@ -83,17 +84,8 @@ Result<TraceReplay> ReplayTrace(const PlannerSetup& setup, const std::string& di
   SimOptions sim;
   sim.make_scheduler = in.make_scheduler;
   ASSIGN_OR_RETURN(const SimResult result, Simulate(insts, links, trace, sim));
-  std::vector<RequestResult> real;
-  real.reserve(measured.size());
-  for (const MeasuredRequest& m : measured) {
-    RequestResult q;
-    q.output_len = m.output_len;
-    q.first_token_s = m.ttft_s;
-    q.finish_s = m.ttft_s + m.tpot_s * std::max(0, m.output_len - 1);
-    real.push_back(q);
-  }
   r.simulated = Summarize(result.requests, in.slo);
-  r.measured = Summarize(real, in.slo);
+  r.measured = Summarize(MeasuredResults(measured), in.slo);
   return r;
 }
 

@@ -142,4 +142,17 @@ Result<std::vector<MeasuredRequest>> LoadMeasuredJson(const std::string& path) {
   return ParseMeasuredJson(text, path);
 }
 
+std::vector<RequestResult> MeasuredResults(std::span<const MeasuredRequest> measured) {
+  std::vector<RequestResult> out;
+  out.reserve(measured.size());
+  for (const MeasuredRequest& m : measured) {
+    RequestResult q;
+    q.output_len = m.output_len;
+    q.first_token_s = m.ttft_s;
+    q.finish_s = m.ttft_s + m.tpot_s * std::max(0, m.output_len - 1);
+    out.push_back(q);
+  }
+  return out;
+}
+
 }  // namespace pd::planner

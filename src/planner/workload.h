@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "planner/metrics.h"
 
 namespace pd::planner {
 
@@ -56,5 +57,8 @@ struct MeasuredRequest {
 Result<std::vector<MeasuredRequest>> ParseMeasuredJson(const std::string& text,
                                                        const std::string& source);
 Result<std::vector<MeasuredRequest>> LoadMeasuredJson(const std::string& path);
+// The measurements as the simulator's results, to summarise beside a replay: first token at
+// TTFT, last at TTFT + TPOT per further token.
+std::vector<RequestResult> MeasuredResults(std::span<const MeasuredRequest> measured);
 
 }  // namespace pd::planner
