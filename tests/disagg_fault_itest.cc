@@ -484,8 +484,11 @@ class PrefillWireTest : public ::testing::Test {
     return std::vector<int32_t>(p.begin(), p.end());
   }
   // A request the prefill must refuse with PrefillDone(error) and no write.
-  void ExpectRefused(const messenger::PrefillRequest& r, StatusCode code, const std::string& what) {
+  // (Its totals are what it carries: the test edits the ids.)
+  void ExpectRefused(messenger::PrefillRequest r, StatusCode code, const std::string& what) {
     SCOPED_TRACE(what);
+    r.num_tokens = static_cast<uint32_t>(r.token_ids.size());
+    r.num_pages = static_cast<uint32_t>(r.dst_pages.size());
     ASSERT_TRUE(client_->SendFrame(r));
     auto done = client_->WaitDone(r.request_id, 30s);
     ASSERT_TRUE(done.has_value()) << prefill_.output();

@@ -311,6 +311,36 @@ TEST(DisaggHandshakeTest, AWrongClusterSecretIsRefused) {
   EXPECT_THAT(prefill.output(), HasSubstr("frame authentication failed"));
 }
 
+// serve --role refuses to start without a cluster secret, naming the flag; --insecure-no-secret
+// runs without one only while the fabric endpoint is on loopback.
+TEST(DisaggHandshakeTest, ARoleWithoutASecretIsRefusedUnlessInsecureOnLoopback) {
+  const int port = PickPort();
+  for (const char* role : {"prefill", "decode"}) {
+    SCOPED_TRACE(role);
+    std::vector<std::string> flags = {"--role", role};
+    if (std::string(role) == "decode") {
+      flags.insert(flags.end(), {"--prefill-peers", "http://127.0.0.1:1"});
+    }
+    Process p;
+    ASSERT_TRUE(p.Start(ServeArgs(port + 1, flags)));
+    EXPECT_EQ(p.Wait(120s), 1);
+    EXPECT_THAT(p.output(), HasSubstr("needs --cluster-secret-file"));
+    EXPECT_THAT(p.output(), HasSubstr("--insecure-no-secret"));
+    flags.insert(flags.end(), {"--insecure-no-secret", "--fabric-node", "0.0.0.0"});
+    Process open;
+    ASSERT_TRUE(open.Start(ServeArgs(port + 1, flags)));
+    EXPECT_EQ(open.Wait(120s), 1);
+    EXPECT_THAT(open.output(), HasSubstr("only allowed with the fabric endpoint on loopback"));
+  }
+  Process loopback;
+  ASSERT_TRUE(StartAndWaitFor(loopback,
+                              ServeArgs(port + 1, {"--role", "prefill", "--insecure-no-secret",
+                                                   "--fabric-node", "127.0.0.1"}),
+                              "prefill instance on", 120s));
+  EXPECT_EQ(loopback.Stop(SIGTERM, 30s), 0);
+  EXPECT_THAT(loopback.output(), HasSubstr("checked for integrity only"));
+}
+
 // ------------------------------------------------------------------ faults
 
 // Prefill instances and one decode instance started one by one (`up` would stop them all).
