@@ -183,6 +183,12 @@ Status DecodeMessenger::Impl::SendPrefillRequest(Req* r, uint32_t num_pages, uin
   m.metadata_bytes = meta_bytes_;
   m.deadline_ms = options_.transfer_timeout_ms;
   m.metadata_imm = r->meta_imm;
+  if (num_tokens > kMaxPromptTokens || num_pages > kMaxPages) {
+    return InvalidArgument("a prompt of " + std::to_string(num_tokens) + " tokens (" +
+                           std::to_string(num_pages) + " pages) exceeds the wire limits of " +
+                           std::to_string(kMaxPromptTokens) + " tokens and " +
+                           std::to_string(kMaxPages) + " pages");
+  }
   const size_t limit = std::min(options_.max_message_bytes, peers_[peer].max_message_bytes);
   // Room for ids once the fixed fields are in: what an id-less frame of each kind takes.
   const size_t request_base = EncodeFrame({0, 0, 0, m}, "").size();

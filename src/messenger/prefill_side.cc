@@ -174,8 +174,15 @@ void PrefillMessenger::Impl::OnHello(const Hello& hello, const Frame& frame) {
 
 void PrefillMessenger::Impl::PeerRestarted(const std::string& address, uint64_t old_session) {
   PD_LOG_WARN(
-      "prefill messenger: decode instance at this address came back with a new session: "
+      "prefill messenger: the decode instance at this address came back with a new session: "
       "dropping what its previous run had here");
+  // Forgotten first: nothing below answers the previous run (its frames would be refused).
+  peers_.erase(address);
+  owner_->num_peers_.fetch_sub(1);
+  by_session_.erase(old_session);
+  replay_.Forget(std::to_string(old_session));
+  if (retired_sessions_.size() >= kMaxRetiredSessions) retired_sessions_.clear();
+  retired_sessions_.insert(old_session);
   const Status gone = Unavailable("the decode instance restarted (new session)");
   std::vector<Transfer*> stale;
   for (auto& [id, t] : transfers_) {
@@ -186,13 +193,7 @@ void PrefillMessenger::Impl::PeerRestarted(const std::string& address, uint64_t 
   for (const auto& [id, p] : partials_) {
     if (p.peer_address == address) partial.push_back(id);
   }
-  for (uint64_t id : partial) DropPartial(id, OkStatus());  // nobody to tell
-  by_session_.erase(old_session);
-  replay_.Forget(std::to_string(old_session));
-  if (retired_sessions_.size() >= kMaxRetiredSessions) retired_sessions_.clear();
-  retired_sessions_.insert(old_session);
-  peers_.erase(address);
-  owner_->num_peers_.fetch_sub(1);
+  for (uint64_t id : partial) DropPartial(id, OkStatus());
 }
 
 const std::string* PrefillMessenger::Impl::Sender(const Frame& frame, const char* what,
