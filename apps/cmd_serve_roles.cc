@@ -38,6 +38,10 @@ void AddRoleFlags(CLI::App* app, RoleFlags* f) {
   app->add_option("--kv-transfer-timeout-ms", f->kv_transfer_timeout_ms,
                   "deadline of one KV transfer attempt")
       ->capture_default_str();
+  app->add_option("--control-message-bytes", f->control_message_bytes,
+                  "largest control message this instance receives (announced in the handshake; "
+                  "a prompt's ids travel in as many messages as they need); at least 4096")
+      ->capture_default_str();
   app->add_option("--peer-wait-s", f->peer_wait_s,
                   "decode role: how long to wait for prefill instances at start")
       ->capture_default_str();
@@ -73,6 +77,11 @@ Status ValidateRoleFlags(const RoleFlags& f) {
     return InvalidArgument("--kv-transfer-timeout-ms must be positive");
   }
   if (!(f.peer_silence_s >= 0)) return InvalidArgument("--peer-silence-s must be >= 0");
+  if (f.control_message_bytes < messenger::kMinMessageBytes) {
+    return InvalidArgument("--control-message-bytes must be at least " +
+                           std::to_string(messenger::kMinMessageBytes) + ", got " +
+                           std::to_string(f.control_message_bytes));
+  }
   if (!(f.kv_wait_warm_ms >= 0)) return InvalidArgument("--kv-wait-warm-ms must be >= 0");
   if (f.role == "colocated") return OkStatus();
   if (!f.cluster_secret_file.empty() && f.insecure_no_secret) {
@@ -200,6 +209,7 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
   mo.model_hash = messenger::ModelFingerprint(weights);
   mo.domain = DomainFor(flags);
   mo.max_transfers = ao.max_pending_requests;
+  mo.max_message_bytes = flags.control_message_bytes;
   // A decode instance's deadline is capped at this: never below what it asks for.
   mo.max_deadline_ms =
       std::max(mo.max_deadline_ms, static_cast<uint32_t>(flags.kv_transfer_timeout_ms));
@@ -296,6 +306,7 @@ Result<std::unique_ptr<engine::AsyncEngine>> CreateRoleEngine(
   mo.model_hash = messenger::ModelFingerprint(weights);
   mo.domain = DomainFor(flags);
   mo.transfer_timeout_ms = static_cast<uint32_t>(flags.kv_transfer_timeout_ms);
+  mo.max_message_bytes = flags.control_message_bytes;
   mo.max_transfers = std::max(mo.max_transfers, ao.max_pending_requests);  // one per request
   mo.tracer = flags.tracer;
   std::stringstream urls(flags.prefill_peers);

@@ -125,6 +125,46 @@ INSTANTIATE_TEST_SUITE_P(Shapes, DisaggGoldenTest,
                                   (i.param.provider == "shm" ? "_shm" : "");
                          });
 
+// A prompt whose ids need several control messages (here limited to 4 KiB on both sides; the
+// default is 256 KiB) gives the colocated greedy tokens, across processes.
+TEST(DisaggLongPromptTest, APromptOfManyControlMessagesGivesTheColocatedTokens) {
+  const int port = PickPort();
+  constexpr int kLen = 2500, kMaxModelLen = 3072;  // 2499 ids and 157 page ids: 3 messages
+  const std::vector<std::string> small = {"--control-message-bytes", "4096"};
+  Process colocated;
+  ASSERT_TRUE(StartAndWaitFor(
+      colocated,
+      testing::ServeArgv(kBinary, ModelDir(), port + 9, kMaxModelLen, {"--threads", "1"}),
+      "on http://", 120s));
+  const std::string secret = SecretFile("secret_long", "long-secret");
+  std::vector<std::string> role = {"--role", "prefill", "--cluster-secret-file", secret};
+  role.insert(role.end(), small.begin(), small.end());
+  Process prefill;
+  ASSERT_TRUE(StartAndWaitFor(prefill,
+                              testing::ServeArgv(kBinary, ModelDir(), port + 1, kMaxModelLen, role),
+                              "prefill instance on", 120s));
+  role = {"--role", "decode",          "--cluster-secret-file",
+          secret,   "--prefill-peers", "http://127.0.0.1:" + std::to_string(port + 1)};
+  role.insert(role.end(), small.begin(), small.end());
+  Process decode;
+  ASSERT_TRUE(StartAndWaitFor(decode,
+                              testing::ServeArgv(kBinary, ModelDir(), port + 2, kMaxModelLen, role),
+                              "on http://", 120s));
+  const auto prompt = PromptOf(kLen, 3);
+  auto [ws, want] = Complete(port + 9, prompt, 6);
+  auto [gs, got] = Complete(port + 2, prompt, 6);
+  ASSERT_EQ(ws, 200) << want.dump();
+  ASSERT_EQ(gs, 200) << got.dump() << decode.output();
+  EXPECT_EQ(got["choices"][0]["text"], want["choices"][0]["text"]);
+  EXPECT_EQ(got["usage"], want["usage"]);
+  EXPECT_EQ(Metric(port + 1, "pdserve:kv_transfers_total", "role=\"prefill\""), 1);
+  EXPECT_TRUE(PagesFree(port + 2));
+  EXPECT_TRUE(PagesFree(port + 1));
+  EXPECT_EQ(decode.Stop(SIGTERM, 30s), 0);
+  EXPECT_EQ(prefill.Stop(SIGTERM, 30s), 0);
+  EXPECT_EQ(colocated.Stop(SIGTERM, 30s), 0);
+}
+
 // The pid on one of up's "NAME on URL (pid N)" lines; -1 if none.
 pid_t PidOnLine(const std::string& line) {
   const size_t at = line.find("(pid ");
