@@ -125,27 +125,25 @@ INSTANTIATE_TEST_SUITE_P(Shapes, DisaggGoldenTest,
                                   (i.param.provider == "shm" ? "_shm" : "");
                          });
 
-// A prompt whose ids need several control messages (here limited to 4 KiB on both sides; the
-// default is 256 KiB) gives the colocated greedy tokens, across processes.
+// A prompt whose ids need several control messages gives the colocated greedy tokens, across
+// processes: the prefill instance receives messages of 4 KiB at most (the default is 256 KiB) and
+// says so in the handshake, so the decode instance (default limit) must cut the prompt to fit.
 TEST(DisaggLongPromptTest, APromptOfManyControlMessagesGivesTheColocatedTokens) {
   const int port = PickPort();
   constexpr int kLen = 2500, kMaxModelLen = 3072;  // 2499 ids and 157 page ids: 3 messages
-  const std::vector<std::string> small = {"--control-message-bytes", "4096"};
   Process colocated;
-  ASSERT_TRUE(StartAndWaitFor(
-      colocated,
-      testing::ServeArgv(kBinary, ModelDir(), port + 9, kMaxModelLen, {"--threads", "1"}),
-      "on http://", 120s));
+  ASSERT_TRUE(StartAndWaitFor(colocated,
+                              testing::ServeArgv(kBinary, ModelDir(), port + 9, kMaxModelLen, {}),
+                              "on http://", 120s));
   const std::string secret = SecretFile("secret_long", "long-secret");
-  std::vector<std::string> role = {"--role", "prefill", "--cluster-secret-file", secret};
-  role.insert(role.end(), small.begin(), small.end());
+  std::vector<std::string> role = {
+      "--role", "prefill", "--cluster-secret-file", secret, "--control-message-bytes", "4096"};
   Process prefill;
   ASSERT_TRUE(StartAndWaitFor(prefill,
                               testing::ServeArgv(kBinary, ModelDir(), port + 1, kMaxModelLen, role),
                               "prefill instance on", 120s));
   role = {"--role", "decode",          "--cluster-secret-file",
           secret,   "--prefill-peers", "http://127.0.0.1:" + std::to_string(port + 1)};
-  role.insert(role.end(), small.begin(), small.end());
   Process decode;
   ASSERT_TRUE(StartAndWaitFor(decode,
                               testing::ServeArgv(kBinary, ModelDir(), port + 2, kMaxModelLen, role),
