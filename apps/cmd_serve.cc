@@ -30,6 +30,7 @@ namespace {
 
 struct ServeFlags {
   std::string model;
+  std::string chat_template;  // a Jinja file replacing the model's chat template
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string served_model_name;
@@ -150,7 +151,7 @@ int RunServe(const ServeFlags& f) {
   if (!layout.ok()) return Fail("--kv-layout: " + layout.status().message());
   // Before the model loads: a refused role (no cluster secret, ...) says so at once.
   if (Status s = ValidateRoleFlags(f.roles); !s.ok()) return Fail(s.message());
-  auto tokenizer = model::Tokenizer::Load(f.model);
+  auto tokenizer = model::Tokenizer::Load(f.model, f.chat_template);
   if (!tokenizer.ok()) return Fail(tokenizer.status().ToString());
   auto weights = model::LoadModelWeights(f.model);
   if (!weights.ok()) return Fail(weights.status().ToString());
@@ -228,6 +229,9 @@ PD_REGISTER_COMMAND(serve, "Serve a model with the OpenAI-compatible HTTP API", 
       ->capture_default_str();
   app->add_option("--served-model-name", f->served_model_name,
                   "model name in the API (default: --model)");
+  app->add_option("--chat-template", f->chat_template,
+                  "Jinja chat template file (default: the model's chat_template.jinja or "
+                  "tokenizer_config.json's chat_template)");
   app->add_option("--max-model-len", f->max_model_len,
                   "prompt + output tokens (default: the model's)");
   app->add_option("--max-num-seqs", f->max_num_seqs, "sequences running at once")

@@ -67,7 +67,8 @@ struct UpFlags {
   int64_t idle_poll_us = kDefaultIdlePollUs;  // every instance's --idle-poll-us
   std::string fabric_provider = "tcp;ofi_rxm";
   double start_timeout_s = 300.0;
-  std::string plan;  // a pdserve-plan-v1 file: instance counts and threads come from it
+  std::string plan;           // a pdserve-plan-v1 file: instance counts and threads come from it
+  std::string chat_template;  // every instance's --chat-template
 };
 
 struct Child {
@@ -107,6 +108,7 @@ std::vector<std::string> ServeArgs(const UpFlags& f, const std::string& secret_f
     a.insert(a.end(), {"--max-model-len", std::to_string(f.max_model_len)});
   }
   if (!f.kv_cache_bytes.empty()) a.insert(a.end(), {"--kv-cache-bytes", f.kv_cache_bytes});
+  if (!f.chat_template.empty()) a.insert(a.end(), {"--chat-template", f.chat_template});
   return a;
 }
 
@@ -411,6 +413,8 @@ PD_REGISTER_COMMAND(
       app->add_option("--model", f->model, "model directory")->required();
       app->add_option("--served-model-name", f->served_model_name,
                       "model name in the API (default: --model)");
+      app->add_option("--chat-template", f->chat_template,
+                      "every instance's --chat-template (see serve --help)");
       app->add_option("--prefill", f->num_prefill, "prefill instances")->capture_default_str();
       app->add_option("--decode", f->num_decode, "decode instances")->capture_default_str();
       app->add_option("--host", f->host, "address of every instance")->capture_default_str();
