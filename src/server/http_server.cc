@@ -155,7 +155,7 @@ void OpenAiServer::RegisterRoutes() {
     res.status = 200;
   });
   http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    std::string text = metrics_.registry.Render();
+    std::string text = metrics_.registry.Render() + http_.RefusedMetricsText();
     if (options_.extra_metrics) text += options_.extra_metrics();
     res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
   });

@@ -95,6 +95,7 @@ void Router::RegisterRoutes() {
       out += "pdserve:router_outstanding{backend=\"" + b->url + "\"} " +
              std::to_string(b->outstanding.load()) + "\n";
     }
+    out += http_.RefusedMetricsText();
     res.set_content(out, "text/plain; version=0.0.4");
   });
 }
