@@ -89,6 +89,8 @@ void Router::RegisterRoutes() {
         std::to_string(relay_->unforwarded()) +
         "\n# TYPE pdserve:router_rejected_total counter\npdserve:router_rejected_total " +
         std::to_string(rejected_.load()) +
+        "\n# TYPE pdserve:router_clients_gone_total counter\npdserve:router_clients_gone_total " +
+        std::to_string(relay_->clients_gone()) +
         "\n# TYPE pdserve:router_open_streams gauge\npdserve:router_open_streams " +
         std::to_string(open_.load()) + "\n# TYPE pdserve:router_outstanding gauge\n";
     for (const auto& b : backends_) {
