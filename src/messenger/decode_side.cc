@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "common/log.h"
+#include "common/rate_limited_log.h"
 #include "common/thread_util.h"
 #include "messenger/decode_side_impl.h"
 
@@ -168,7 +169,8 @@ void DecodeMessenger::Impl::MarkDown(int peer, const Status& why) {
 void DecodeMessenger::Impl::OnMessage(const std::string& bytes) {
   auto frame = codec_.Decode(bytes);
   if (!frame.ok()) {
-    PD_LOG_WARN("decode messenger: dropped a control message: {}", frame.status().ToString());
+    PD_LOG_WARN_EVERY_N_SEC(10.0, "rejected", "decode messenger: dropped a control message: {}",
+                            frame.status().ToString());
     return;
   }
   if (auto* reply = std::get_if<HelloReply>(&frame->message)) {
@@ -176,7 +178,8 @@ void DecodeMessenger::Impl::OnMessage(const std::string& bytes) {
   } else if (auto* done = std::get_if<PrefillDone>(&frame->message)) {
     OnPrefillDone(*done, frame->sender_seq);
   } else {
-    PD_LOG_WARN("decode messenger: unexpected message type {}", frame->message.index() + 1);
+    PD_LOG_WARN_EVERY_N_SEC(10.0, "type", "decode messenger: unexpected message type {}",
+                            frame->message.index() + 1);
   }
 }
 

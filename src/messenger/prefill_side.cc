@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/rate_limited_log.h"
 #include "common/thread_util.h"
 #include "messenger/prefill_side_impl.h"
 
@@ -94,7 +95,8 @@ void PrefillMessenger::Impl::Stop() {
 void PrefillMessenger::Impl::OnMessage(const std::string& bytes) {
   auto frame = codec_.Decode(bytes);
   if (!frame.ok()) {
-    PD_LOG_WARN("prefill messenger: dropped a control message: {}", frame.status().ToString());
+    PD_LOG_WARN_EVERY_N_SEC(10.0, "rejected", "prefill messenger: dropped a control message: {}",
+                            frame.status().ToString());
     owner_->metrics_.Rejected();
     return;
   }
@@ -105,7 +107,8 @@ void PrefillMessenger::Impl::OnMessage(const std::string& bytes) {
   } else if (auto* cancel = std::get_if<Cancel>(&frame->message)) {
     OnCancel(*cancel, frame->sender_seq);
   } else {
-    PD_LOG_WARN("prefill messenger: unexpected message type {}", frame->message.index() + 1);
+    PD_LOG_WARN_EVERY_N_SEC(10.0, "type", "prefill messenger: unexpected message type {}",
+                            frame->message.index() + 1);
     owner_->metrics_.Rejected();
   }
 }
