@@ -18,6 +18,10 @@ inline void AddHttpLimitFlags(CLI::App* app, server::HttpLimits* l) {
                   "connections waiting for an HTTP thread; beyond it they get 503")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app->add_option("--max-idle-connections", l->max_idle_connections,
+                  "connections open without a request in progress; beyond it new ones get 503")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app->add_option("--max-body-bytes", l->max_body_bytes, "largest request body; beyond it 413")
       ->capture_default_str();
   app->add_option("--max-header-bytes", l->max_header_bytes,

@@ -355,7 +355,7 @@ LimitedHttpServer::LimitedHttpServer(const HttpLimits& limits) : limits_(limits)
     return pool;
   };
   // Without the idle loop (it could not start), threads wait on idle connections themselves.
-  auto idle = IdleConnections::Create(limits_.keep_alive_timeout_ms,
+  auto idle = IdleConnections::Create(limits_.keep_alive_timeout_ms, limits_.max_idle_connections,
                                       [this](int fd, int left) { Resume(fd, left); });
   if (idle.ok()) idle_ = std::move(idle).value();
   // Runs after the headers are read and before the body is.
@@ -409,7 +409,7 @@ void LimitedHttpServer::ResumeConnection(int fd, int requests_left) {
   if (requests_left <= 0) {
     ::close(fd);
   } else if (idle_ != nullptr) {
-    idle_->Park(fd, requests_left);
+    Park(fd, requests_left, /*fresh=*/false);
   } else {
     Resume(fd, requests_left);
   }
@@ -421,7 +421,7 @@ void LimitedHttpServer::Resume(int fd, int requests_left) {
     ::close(fd);
     return;
   }
-  pool_->enqueue([this, fd, requests_left] { ServeConnection(fd, requests_left); });
+  pool_->enqueue([this, fd, requests_left] { ServeConnection(fd, requests_left, false); });
 }
 
 bool LimitedHttpServer::DetachCurrentConnection(Taker take) {
@@ -487,14 +487,29 @@ std::string LimitedHttpServer::RefusedMetricsText() const {
   line("body", num_limit_hits(LimitHit::kBody));
   line("timeout", num_limit_hits(LimitHit::kDeadline));
   line("connections", rejected_.load());
+  text += "# TYPE pdserve:http_idle_connections gauge\npdserve:http_idle_connections " +
+          std::to_string(num_parked_connections()) + "\n";
   return text;
 }
 
 bool LimitedHttpServer::process_and_close_socket(socket_t sock) {
-  return ServeConnection(sock, std::max(1, limits_.keep_alive_max_requests));
+  return ServeConnection(sock, std::max(1, limits_.keep_alive_max_requests), /*fresh=*/true);
 }
 
-bool LimitedHttpServer::ServeConnection(int sock, int requests_left) {
+void LimitedHttpServer::Park(int fd, int requests_left, bool fresh) {
+  if (idle_->Park(fd, requests_left)) return;
+  rejected_.fetch_add(1);
+  PD_LOG_WARN_EVERY_N_SEC(10.0, "idle",
+                          "http: {} connections wait idle already (limit): closed one",
+                          limits_.max_idle_connections);
+  if (fresh) {
+    WriteErrorAndClose(fd, 503, "server overloaded: too many idle connections; retry later");
+  } else {
+    ::close(fd);
+  }
+}
+
+bool LimitedHttpServer::ServeConnection(int sock, int requests_left, bool fresh) {
   if (tl_reject) {
     RejectOverloaded(sock);
     return false;
@@ -506,7 +521,7 @@ bool LimitedHttpServer::ServeConnection(int sock, int requests_left) {
     if (idle_ != nullptr && !stream.HasBuffered() && !PollFor(sock, POLLIN, 0)) {
       // Nothing to read yet: the idle loop waits for the next request, not this thread.
       tl_stream = nullptr;
-      idle_->Park(sock, left);
+      Park(sock, left, fresh && left == requests_left);
       return ret;
     }
     if (!WaitForRequest(stream)) break;

@@ -17,7 +17,9 @@
 //  - a connection with nothing to read (a new one whose request has not come yet, or a kept-alive
 //    one between requests) holds no thread: it waits on one event-loop thread
 //    (server/idle_connections.h) until it turns readable, and is closed after
-//    keep_alive_timeout_ms;
+//    keep_alive_timeout_ms; at most max_idle_connections wait so (a new one beyond it is answered
+//    503, a kept-alive one closed), so the connections the server holds are bounded by
+//    num_threads + max_queued_connections + max_idle_connections;
 //  - a handler may take the connection over (DetachCurrentConnection) and answer it elsewhere.
 // Error responses of these limits use OpenAI's error shape.
 //
@@ -48,6 +50,7 @@ struct HttpLimits {
   int keep_alive_max_requests = 100;
   int num_threads = 64;              // HTTP threads (each reads one request at a time)
   int max_queued_connections = 256;  // accepted, waiting for a thread
+  int max_idle_connections = 4096;   // open without a request in progress; beyond it 503/closed
   int retry_after_s = 1;             // Retry-After on 429/503
 };
 
@@ -64,7 +67,8 @@ class LimitedHttpServer : public httplib::Server {
   int64_t num_rejected_connections() const { return rejected_.load(); }
   // Requests refused for `hit` so far (kDeadline: answered 408).
   int64_t num_limit_hits(LimitHit hit) const { return hits_[static_cast<int>(hit)].load(); }
-  // Prometheus text: pdserve:http_refused_total{reason="headers|body|timeout|connections"}.
+  // Prometheus text: pdserve:http_refused_total{reason="headers|body|timeout|connections"} and
+  // the gauge pdserve:http_idle_connections.
   std::string RefusedMetricsText() const;
   // HTTP threads serving a connection now, and connections waiting idle on the idle loop.
   int num_busy_threads() EXCLUDES(pool_mu_);
@@ -90,7 +94,11 @@ class LimitedHttpServer : public httplib::Server {
  private:
   bool process_and_close_socket(socket_t sock) override;
   // Serves up to `requests_left` requests on `sock`, then closes it (or parks or detaches it).
-  bool ServeConnection(int sock, int requests_left);
+  // `fresh`: accepted just now (no request served on it yet).
+  bool ServeConnection(int sock, int requests_left, bool fresh);
+  // Hands `fd` to the idle loop; beyond max_idle_connections it is refused (503 when fresh) and
+  // closed.
+  void Park(int fd, int requests_left, bool fresh);
   // From the idle loop: `fd` has its next request (or closed); back to the pool.
   void Resume(int fd, int requests_left) EXCLUDES(pool_mu_);
   void RejectOverloaded(socket_t sock);
