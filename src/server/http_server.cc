@@ -5,6 +5,7 @@
 #include <ctime>
 
 #include "common/log.h"
+#include "common/rate_limited_log.h"
 #include "common/thread_util.h"
 #include "server/auth.h"
 #include "server/generation.h"
@@ -123,6 +124,10 @@ void OpenAiServer::SendError(httplib::Response& res, int http_status,
   res.status = http_status;
   if (http_status == 429 || http_status == 503)
     res.set_header("Retry-After", std::to_string(options_.http.retry_after_s));
+  if (http_status == 401 || http_status == 429 || http_status == 503) {  // refusals, not mistakes
+    PD_LOG_WARN_EVERY_N_SEC(10.0, std::to_string(http_status), "http: answered {}: {}", http_status,
+                            message);
+  }
   res.set_content(ErrorBody(http_status, message), "application/json");
 }
 

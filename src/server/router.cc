@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "common/rate_limited_log.h"
 #include "common/thread_util.h"
 #include "server/openai_protocol.h"
 
@@ -20,6 +21,7 @@ std::string ForwardedHeaders(const httplib::Request& req) {
 
 void SendError(httplib::Response& res, int status, const std::string& message) {
   res.status = status;
+  PD_LOG_WARN_EVERY_N_SEC(10.0, std::to_string(status), "router: answered {}: {}", status, message);
   res.set_content(ErrorBody(status, message), "application/json");
 }
 
