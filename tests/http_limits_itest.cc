@@ -27,6 +27,10 @@ std::string TempPath(const std::string& name) {
   return testing::TempPathFor("pdserve_http_limits_", name);
 }
 
+// Removes the model and secret files when the binary ends.
+[[maybe_unused]] const auto* const kTempCleanup =
+    ::testing::AddGlobalTestEnvironment(new testing::TempPathCleanup("pdserve_http_limits_"));
+
 // Sends `request` to 127.0.0.1:port and returns what comes back until the server closes or
 // `timeout` passes.
 std::string Exchange(int port, const std::string& request, std::chrono::milliseconds timeout) {
