@@ -102,21 +102,6 @@ void TaskQueue::Stop() {
   cv_.SignalAll();
 }
 
-bool WarnLimiter::ShouldLog(const std::string& key, uint64_t* suppressed) {
-  const double now = NowSeconds();
-  MutexLock lock(&mu_);
-  if (keys_.size() >= kMaxKeys && keys_.count(key) == 0) keys_.clear();
-  KeyState& k = keys_[key];
-  if (now - k.last_s < interval_s_) {
-    ++k.suppressed;
-    return false;
-  }
-  k.last_s = now;
-  *suppressed = k.suppressed;
-  k.suppressed = 0;
-  return true;
-}
-
 double NowSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }

@@ -1,6 +1,5 @@
 // Pieces both messenger sides share: frame encoding with a per-process session and sequence
-// numbers, replay refusal per sender, the task queue that feeds each side's own thread, and a
-// limiter for warnings a peer can provoke at will.
+// numbers, replay refusal per sender, and the task queue that feeds each side's own thread.
 #pragma once
 
 #include <atomic>
@@ -77,25 +76,6 @@ class TaskQueue {
   std::deque<std::function<void()>> tasks_ GUARDED_BY(mu_);
   bool woken_ GUARDED_BY(mu_) = false;
   bool stopped_ GUARDED_BY(mu_) = false;
-};
-
-// At most one warning per `interval_s` per key, so that a peer sending garbage cannot flood the
-// log; ShouldLog says how many were suppressed since the last one logged. Thread safety: any
-// thread.
-class WarnLimiter {
- public:
-  static constexpr size_t kMaxKeys = 256;  // beyond: every key is forgotten (and logs again)
-  explicit WarnLimiter(double interval_s = 10.0) : interval_s_(interval_s) {}
-  bool ShouldLog(const std::string& key, uint64_t* suppressed) EXCLUDES(mu_);
-
- private:
-  struct KeyState {
-    double last_s = -1e18;
-    uint64_t suppressed = 0;
-  };
-  const double interval_s_;
-  Mutex mu_;
-  std::unordered_map<std::string, KeyState> keys_ GUARDED_BY(mu_);
 };
 
 double NowSeconds();  // steady clock, for deadlines

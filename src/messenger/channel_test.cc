@@ -57,19 +57,6 @@ TEST(FrameCodecTest, AFrameIsAcceptedOnlyByTheSessionItNames) {
   EXPECT_FALSE(b.CheckRecipient(*no_session).ok());
 }
 
-TEST(WarnLimiterTest, LogsOncePerIntervalPerKeyAndCountsTheRest) {
-  WarnLimiter w(3600.0);
-  uint64_t suppressed = 99;
-  EXPECT_TRUE(w.ShouldLog("a", &suppressed));
-  EXPECT_EQ(suppressed, 0u);
-  EXPECT_FALSE(w.ShouldLog("a", &suppressed));
-  EXPECT_FALSE(w.ShouldLog("a", &suppressed));
-  EXPECT_TRUE(w.ShouldLog("b", &suppressed));  // another key
-  WarnLimiter always(0.0);
-  EXPECT_TRUE(always.ShouldLog("a", &suppressed));
-  EXPECT_TRUE(always.ShouldLog("a", &suppressed));
-}
-
 TEST(TaskQueueTest, RunsPostedTasksInOrderAndStops) {
   TaskQueue q;
   std::vector<int> order;

@@ -187,11 +187,8 @@ void DecodeMessenger::Impl::OnFrame(Frame frame) {
     OnPrefillDone(*done, frame);
   } else {
     owner_->metrics_.Rejected();
-    uint64_t suppressed = 0;
-    if (warnings_.ShouldLog("type", &suppressed)) {
-      PD_LOG_WARN("decode messenger: unexpected message type {} ({} more since)",
-                  frame.message.index() + 1, suppressed);
-    }
+    PD_LOG_WARN_LIMITED(warnings_, "type", "decode messenger: unexpected message type {}",
+                        frame.message.index() + 1);
   }
 }
 
@@ -204,11 +201,8 @@ bool DecodeMessenger::Impl::FromPeer(int peer, const Frame& frame) {
                                std::to_string(peers_[peer].session) + " (replayed?)");
   if (s.ok()) return true;
   owner_->metrics_.Replayed();
-  uint64_t suppressed = 0;
-  if (warnings_.ShouldLog("replay", &suppressed)) {
-    PD_LOG_WARN("decode messenger: dropped a control message: {} ({} more since)", s.ToString(),
-                suppressed);
-  }
+  PD_LOG_WARN_LIMITED(warnings_, "replay", "decode messenger: dropped a control message: {}",
+                      s.ToString());
   return false;
 }
 

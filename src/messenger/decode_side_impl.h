@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/mutex.h"
+#include "common/rate_limited_log.h"
 #include "messenger/channel.h"
 #include "messenger/decode_side.h"
 #include "messenger/handshake.h"
@@ -204,7 +205,7 @@ class DecodeMessenger::Impl {
   std::unordered_map<uint64_t, Fence> fences_;  // by attempt wire id
   uint32_t next_imm_ = 1;
   uint32_t next_wire_ = 1;
-  WarnLimiter warnings_;
+  RateLimitedLog warnings_{10.0};  // what a peer can provoke at will, per reason
 };
 
 }  // namespace pd::messenger

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/log.h"
+#include "common/rate_limited_log.h"
 
 namespace pd::messenger {
 
@@ -152,13 +153,10 @@ namespace {
 struct InboxState {
   ControlInbox inbox;
   std::atomic<size_t> queued{0};
-  WarnLimiter warnings;
+  RateLimitedLog warnings{10.0};  // per reason
 
   void Warn(const std::string& key, const std::string& what) {
-    uint64_t suppressed = 0;
-    if (!warnings.ShouldLog(key, &suppressed)) return;
-    PD_LOG_WARN("{}: dropped a control message: {}{}", inbox.side, what,
-                suppressed == 0 ? "" : " (" + std::to_string(suppressed) + " more since)");
+    PD_LOG_WARN_LIMITED(warnings, key, "{}: dropped a control message: {}", inbox.side, what);
   }
 
   // On the fabric worker: nothing reaches the messenger's queue unauthenticated.

@@ -117,10 +117,7 @@ void PrefillMessenger::Impl::OnFrame(Frame frame) {
 }
 
 void PrefillMessenger::Impl::Warn(const std::string& key, const std::string& what) {
-  uint64_t suppressed = 0;
-  if (!warnings_.ShouldLog(key, &suppressed)) return;
-  PD_LOG_WARN("prefill messenger: {}{}", what,
-              suppressed == 0 ? "" : " (" + std::to_string(suppressed) + " more since)");
+  PD_LOG_WARN_LIMITED(warnings_, key, "prefill messenger: {}", what);
 }
 
 void PrefillMessenger::Impl::OnHello(const Hello& hello, const Frame& frame) {

@@ -14,6 +14,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/rate_limited_log.h"
 #include "messenger/channel.h"
 #include "messenger/handshake.h"
 #include "messenger/prefill_side.h"
@@ -189,7 +190,7 @@ class PrefillMessenger::Impl {
   std::unordered_map<uint64_t, PartialPrompt> partials_;  // by request id
   uint64_t partial_bytes_ = 0;
   static constexpr size_t kMaxRetiredSessions = 1024;
-  WarnLimiter warnings_;
+  RateLimitedLog warnings_{10.0};
   std::unordered_map<std::string, double> last_heard_;  // NowSeconds(), by address
   std::unordered_map<uint64_t, std::unique_ptr<Transfer>> transfers_;
   std::unordered_map<int64_t, uint64_t> by_engine_id_;
