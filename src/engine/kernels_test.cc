@@ -56,6 +56,17 @@ class IsaTest : public ::testing::TestWithParam<IsaLevel> {
   const IsaKernels* isa_ = nullptr;
 };
 
+// The panel kernel (IsaKernels::matmul_panel): AVX-512 has one; scalar and AVX2 keep row-major
+// weights and have none to test. Skipped only where the CPU lacks AVX-512.
+class PanelTest : public IsaTest {
+ protected:
+  void SetUp() override {
+    IsaTest::SetUp();
+    if (IsSkipped()) return;
+    ASSERT_NE(isa_->matmul_panel, nullptr) << isa_->name << " lost its panel kernel";
+  }
+};
+
 TEST_P(IsaTest, MatmulMatchesReferenceOnOddShapes) {
   for (bool bf16 : {false, true})
     for (int64_t m : {1, 2, 3, 4, 5, 13})
@@ -160,8 +171,7 @@ struct PanelWeights {
   }
 };
 
-TEST_P(IsaTest, PanelMatmulMatchesReferenceOnOddShapes) {
-  if (isa_->matmul_panel == nullptr) GTEST_SKIP() << isa_->name << " has no panel kernel";
+TEST_P(PanelTest, PanelMatmulMatchesReferenceOnOddShapes) {
   ThreadPool pool(2);
   for (bool bf16 : {false, true})
     for (int64_t m : {1, 2, 3, 4, 5, 13, 15, 30, 70})
@@ -185,8 +195,7 @@ TEST_P(IsaTest, PanelMatmulMatchesReferenceOnOddShapes) {
         }
 }
 
-TEST_P(IsaTest, PanelMatmulRowsDoNotDependOnTheirCompany) {
-  if (isa_->matmul_panel == nullptr) GTEST_SKIP() << isa_->name << " has no panel kernel";
+TEST_P(PanelTest, PanelMatmulRowsDoNotDependOnTheirCompany) {
   ThreadPool pool(1);
   PanelWeights pw({77}, 600, true, 3, pool);
   const int64_t n = 77, k = 600;
@@ -211,8 +220,7 @@ TEST_P(IsaTest, PanelMatmulRowsDoNotDependOnTheirCompany) {
 // groups (the last with an odd group) and a slice not starting at group 0: every row equals that
 // row computed alone (streamed, bit for bit) and the reference (within rounding); columns outside
 // the slice are untouched.
-TEST_P(IsaTest, PanelMatmulBlockedOverManyRunsEqualsStreamedRows) {
-  if (isa_->matmul_panel == nullptr) GTEST_SKIP() << isa_->name << " has no panel kernel";
+TEST_P(PanelTest, PanelMatmulBlockedOverManyRunsEqualsStreamedRows) {
   ThreadPool pool(2);
   const int64_t n = 32 * 19 + 5, n_begin = 64;
   for (bool bf16 : {true, false})
@@ -239,8 +247,7 @@ TEST_P(IsaTest, PanelMatmulBlockedOverManyRunsEqualsStreamedRows) {
     }
 }
 
-TEST_P(IsaTest, PanelMatmulSliceWritesOnlyItsColumns) {
-  if (isa_->matmul_panel == nullptr) GTEST_SKIP() << isa_->name << " has no panel kernel";
+TEST_P(PanelTest, PanelMatmulSliceWritesOnlyItsColumns) {
   ThreadPool pool(1);
   PanelWeights pw({100}, 24, true, 5, pool);
   for (int64_t m : {2, 9}) {
@@ -259,8 +266,7 @@ TEST_P(IsaTest, PanelMatmulSliceWritesOnlyItsColumns) {
   }
 }
 
-TEST_P(IsaTest, ParallelPanelMatmulMatchesReference) {
-  if (isa_->matmul_panel == nullptr) GTEST_SKIP() << isa_->name << " has no panel kernel";
+TEST_P(PanelTest, ParallelPanelMatmulMatchesReference) {
   ThreadPool pool(3);
   PanelWeights pw({101, 40}, 64, false, 8, pool);
   std::vector<float> x = Random(13 * 64, 9);
@@ -273,8 +279,7 @@ TEST_P(IsaTest, ParallelPanelMatmulMatchesReference) {
 // Decode batches (up to 64 rows) deal chunks of groups to whichever thread asks (fixed sizes up
 // to 4 rows, shrinking guided chunks above): every column is still written, once, with the bits
 // of a single-threaded call.
-TEST_P(IsaTest, ParallelPanelMatmulDealtInChunksEqualsOneThread) {
-  if (isa_->matmul_panel == nullptr) GTEST_SKIP() << isa_->name << " has no panel kernel";
+TEST_P(PanelTest, ParallelPanelMatmulDealtInChunksEqualsOneThread) {
   ThreadPool pool2(2), pool3(3);
   const int64_t n = 32 * 41 + 7, k = 96;  // 42 groups: several chunks at every batch size
   PanelWeights pw({n}, k, true, 21, pool2);
@@ -524,6 +529,9 @@ TEST_P(IsaTest, ParallelAttentionRowsEqualItemsForAnyThreadCount) {
 
 INSTANTIATE_TEST_SUITE_P(All, IsaTest,
                          ::testing::Values(IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvx512),
+                         [](const auto& info) { return std::string(IsaLevelName(info.param)); });
+
+INSTANTIATE_TEST_SUITE_P(Avx512, PanelTest, ::testing::Values(IsaLevel::kAvx512),
                          [](const auto& info) { return std::string(IsaLevelName(info.param)); });
 
 INSTANTIATE_TEST_SUITE_P(Avx512, Bf16DotTest, ::testing::Values(IsaLevel::kAvx512),
