@@ -122,7 +122,8 @@ class Deployment {
   Deployment(const Deployment&) = delete;
   Deployment& operator=(const Deployment&) = delete;
 
-  Status Start();
+  // Everything started, or why not; Cancelled when `signals` brought SIGINT / SIGTERM first.
+  Status Start(const sigset_t& signals);
   // Until SIGINT / SIGTERM in `signals` (OK) or supervision gives up.
   Status Supervise(const sigset_t& signals);
   // Stops the router (writing its trace), every child, and removes the secret file if up wrote
@@ -187,7 +188,15 @@ size_t Deployment::AddInstance(const std::string& name, int port,
 
 // The prefill instances, healthy, then the decode instances (which connect to them), healthy,
 // then the router in front of the decode instances.
-Status Deployment::Start() {
+Status Deployment::Start(const sigset_t& signals) {
+  const auto interrupted = [&signals] {
+    timespec now{0, 0};
+    siginfo_t info;
+    int sig;
+    while ((sig = sigtimedwait(&signals, &info, &now)) == SIGCHLD) {
+    }
+    return sig == SIGINT || sig == SIGTERM;
+  };
   secret_file_ = f_.cluster_secret_file;
   if (secret_file_.empty()) {
     ASSIGN_OR_RETURN(secret_file_, WriteSecretFile());
@@ -209,9 +218,9 @@ Status Deployment::Start() {
     decode_urls_.push_back(supervisor_.spec(decode.back()).health_url);
   }
   for (size_t k : prefill) RETURN_IF_ERROR(supervisor_.Start(k));
-  RETURN_IF_ERROR(supervisor_.WaitHealthy(prefill, f_.start_timeout_s));
+  RETURN_IF_ERROR(supervisor_.WaitHealthy(prefill, f_.start_timeout_s, interrupted));
   for (size_t k : decode) RETURN_IF_ERROR(supervisor_.Start(k));
-  RETURN_IF_ERROR(supervisor_.WaitHealthy(decode, f_.start_timeout_s));
+  RETURN_IF_ERROR(supervisor_.WaitHealthy(decode, f_.start_timeout_s, interrupted));
   RETURN_IF_ERROR(StartRouter());
   PrintWhere();
   return OkStatus();
@@ -265,7 +274,7 @@ Status Deployment::Supervise(const sigset_t& signals) {
     timespec tick{0, 100 * 1000 * 1000};
     const int sig = sigtimedwait(&signals, &info, &tick);
     if (sig == SIGINT || sig == SIGTERM) {
-      std::printf("pdserve up: %s: stopping every instance\n", sigabbrev_np(sig));
+      std::printf("pdserve up: SIG%s: stopping every instance\n", sigabbrev_np(sig));
       std::fflush(stdout);
       return OkStatus();
     }
@@ -302,8 +311,13 @@ Status RunLocalDeployment(const LocalDeploymentOptions& options) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   Deployment d(f);
-  Status status = d.Start();
-  if (status.ok()) status = d.Supervise(signals);
+  Status status = d.Start(signals);
+  if (status.ok()) {
+    status = d.Supervise(signals);
+  } else if (status.code() == StatusCode::kCancelled) {  // Ctrl-C while starting: a clean stop
+    std::printf("pdserve up: interrupted while starting: stopping every instance\n");
+    status = OkStatus();
+  }
   Status stopped = d.Stop();
   if (status.ok()) status = stopped;
   std::printf("pdserve up: stopped\n");

@@ -68,7 +68,8 @@ bool Supervisor::CheckHealth(Child& c) {
   return res && res->status == 200;
 }
 
-Status Supervisor::WaitHealthy(const std::vector<size_t>& children, double timeout_s) {
+Status Supervisor::WaitHealthy(const std::vector<size_t>& children, double timeout_s,
+                               const std::function<bool()>& cancelled) {
   const double end = Now() + timeout_s;
   for (size_t k : children) {
     Child& c = children_[k];
@@ -87,6 +88,7 @@ Status Supervisor::WaitHealthy(const std::vector<size_t>& children, double timeo
         c.tracker.Healthy(Now());
         break;
       }
+      if (cancelled && cancelled()) return Cancelled("interrupted during start-up");
       if (Now() > end) {
         return DeadlineExceeded(c.spec.name + " did not become healthy within " +
                                 FormatSeconds(timeout_s) + " s");

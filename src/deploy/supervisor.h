@@ -61,8 +61,10 @@ class Supervisor {
   size_t Add(ChildSpec spec);  // its index
   Status Start(size_t child);  // the first start: its error names the child
   // Until each of `children` is healthy (OK), one of all children dies (FailedPrecondition naming
-  // it and how it ended: a first start is not retried) or timeout_s passes (DeadlineExceeded).
-  Status WaitHealthy(const std::vector<size_t>& children, double timeout_s);
+  // it and how it ended: a first start is not retried), timeout_s passes (DeadlineExceeded) or
+  // `cancelled` (checked between health checks; may be empty) says so (Cancelled).
+  Status WaitHealthy(const std::vector<size_t>& children, double timeout_s,
+                     const std::function<bool()>& cancelled = {});
   // One supervision step: reaps the children that died, restarts those whose backoff is over,
   // checks the health of those starting up. An error (saying which child, how it ended and why
   // this is the end) when the supervisor gives up; the children then still run: StopAll them.

@@ -131,5 +131,18 @@ TEST(SupervisorTest, ADeathDuringTheFirstStartFailsWaitHealthy) {
   EXPECT_EQ(st.message(), "never did not become healthy within 0.3 s");
 }
 
+TEST(SupervisorTest, WaitHealthyEndsWhenCancelled) {
+  std::vector<std::string> log;
+  Supervisor s(Options(OnFailure::kRestart, &log));
+  ChildSpec never = Shell("never", "exec sleep 100");
+  never.health_url = "http://127.0.0.1:1";  // nothing answers there
+  const size_t k = s.Add(never);
+  ASSERT_TRUE(s.Start(k).ok());
+  int checks = 0;
+  const Status st = s.WaitHealthy({k}, 60.0, [&] { return ++checks == 3; });
+  EXPECT_EQ(st.code(), StatusCode::kCancelled) << st.ToString();
+  EXPECT_EQ(checks, 3);
+}
+
 }  // namespace
 }  // namespace pd::deploy
