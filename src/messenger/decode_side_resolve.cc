@@ -52,6 +52,8 @@ void DecodeMessenger::Impl::Readdress(int peer, const std::string& fabric_addres
       p.config.name);
   // The old process is gone: its attempts fail over now, its fences lift.
   MarkDown(peer, Unavailable("it restarted at a new fabric endpoint"));
+  if (p.session != 0) replay_.Forget(std::to_string(p.session));
+  p.session = 0;  // the new process's comes with its HelloReply
   p.config.fabric_address = fabric_address;
   p.have_addr = false;
   ++p.generation;
