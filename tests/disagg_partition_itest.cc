@@ -116,8 +116,8 @@ TEST(DisaggPartitionTest, LinkDownMidTransferFailsCleanlyAndServiceResumesWhenIt
   const auto up = Clock::now();
   bool served = false;
   ASSERT_TRUE(hosts->RunInB([&] {
-    served = WaitFor([&] { return CompleteAt(b, port + 2, PromptOf(40, 99), 4, 30).first == 200; },
-                     60s);
+    served =
+        WaitFor([&] { return CompleteAt(b, port + 2, PromptOf(40, 99), 4, 30).first == 200; }, 60s);
   }));
   EXPECT_TRUE(served) << "no request succeeded within 60 s of the link coming back";
   std::printf(

@@ -59,8 +59,7 @@ TEST_P(UpSigstopTest, RequestsEndAndServiceResumesAfterCont) {
   if (HasFailure()) ADD_FAILURE() << d.up().output();
 }
 
-INSTANTIATE_TEST_SUITE_P(Roles, UpSigstopTest,
-                         ::testing::Values("prefill 0", "decode 0", "router"),
+INSTANTIATE_TEST_SUITE_P(Roles, UpSigstopTest, ::testing::Values("prefill 0", "decode 0", "router"),
                          [](const ::testing::TestParamInfo<std::string>& i) {
                            std::string n = i.param;
                            n.erase(std::remove(n.begin(), n.end(), ' '), n.end());
