@@ -44,6 +44,8 @@ PD_REGISTER_COMMAND(
       app->add_option("--model", f->model, "model directory")->required();
       app->add_option("--served-model-name", f->served_model_name,
                       "model name in the API (default: --model)");
+      app->add_option("--reasoning-parser", f->reasoning_parser,
+                      "every instance's --reasoning-parser (see serve --help)");
       app->add_option("--chat-template", f->chat_template,
                       "every instance's --chat-template (see serve --help)");
       app->add_option("--prefill", f->num_prefill, "prefill instances")->capture_default_str();

@@ -31,7 +31,8 @@ struct LocalDeploymentOptions {
   std::string binary = "/proc/self/exe";  // the pdserve executable the instances run
   std::string model;
   std::string served_model_name;
-  std::string chat_template;  // every instance's --chat-template ("": the model's own)
+  std::string chat_template;     // every instance's --chat-template ("": the model's own)
+  std::string reasoning_parser;  // every instance's --reasoning-parser ("": none)
   int num_prefill = 1;
   int num_decode = 1;
   std::string host = "127.0.0.1";

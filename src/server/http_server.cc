@@ -273,6 +273,7 @@ std::shared_ptr<StreamState> OpenAiServer::StartGeneration(ApiKind kind,
   format.num_logprobs = request.num_logprobs;
   format.return_tokens_as_token_ids = request.return_tokens_as_token_ids;
   format.include_usage = request.include_usage;
+  format.reasoning_parser = options_.reasoning_parser;
   state->generation = std::move(started).value();
   state->builder = std::make_unique<ResponseBuilder>(format, *tokenizer_);
   state->stream = request.stream;
