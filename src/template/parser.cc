@@ -51,6 +51,9 @@ Status Parser::ParseBody(std::initializer_list<std::string_view> end_tags, Body*
         return OkStatus();
       }
     }
+    if (open_blocks_.size() >= static_cast<size_t>(kMaxNesting)) {
+      return Error(Cur().pos, "blocks nested deeper than " + std::to_string(kMaxNesting));
+    }
     open_blocks_.push_back(Cur().pos);
     Result<NodePtr> node = ParseStatement();
     open_blocks_.pop_back();

@@ -38,6 +38,10 @@ Result<ExprPtr> Parser::ParseTuple(bool with_condexpr) {
 }
 
 Result<ExprPtr> Parser::ParseExpression() {
+  const NestingGuard guard(&expression_depth_);
+  if (guard.too_deep()) {
+    return Error(Cur().pos, "expression nested deeper than " + std::to_string(kMaxNesting));
+  }
   ASSIGN_OR_RETURN(ExprPtr expr, ParseOr());
   while (IsName("if")) {
     const SourcePos pos = Cur().pos;
@@ -79,6 +83,10 @@ Result<ExprPtr> Parser::ParseAnd() {
 }
 
 Result<ExprPtr> Parser::ParseNot() {
+  const NestingGuard guard(&expression_depth_);
+  if (guard.too_deep()) {
+    return Error(Cur().pos, "expression nested deeper than " + std::to_string(kMaxNesting));
+  }
   if (IsName("not")) {
     const SourcePos pos = Cur().pos;
     Advance();
@@ -162,6 +170,10 @@ Result<ExprPtr> Parser::ParsePow() {
 }
 
 Result<ExprPtr> Parser::ParseUnary(bool with_filter) {
+  const NestingGuard guard(&expression_depth_);
+  if (guard.too_deep()) {
+    return Error(Cur().pos, "expression nested deeper than " + std::to_string(kMaxNesting));
+  }
   const SourcePos pos = Cur().pos;
   ExprPtr node;
   if (IsOp("-") || IsOp("+")) {

@@ -15,6 +15,20 @@ namespace pd::template_engine::internal {
 
 using TK = Token::Kind;
 
+// Deeper nesting is a load-time error, not a stack overflow.
+constexpr int kMaxNesting = 256;
+
+// Counts one level of expression nesting for as long as it lives.
+class NestingGuard {
+ public:
+  explicit NestingGuard(int* depth) : depth_(depth) { ++*depth_; }
+  ~NestingGuard() { --*depth_; }
+  bool too_deep() const { return *depth_ > kMaxNesting; }
+
+ private:
+  int* depth_;
+};
+
 class Parser {
  public:
   explicit Parser(std::vector<Token> tokens) : tokens_(std::move(tokens)) {}
@@ -130,7 +144,9 @@ class Parser {
   std::vector<Token> tokens_;
   size_t pos_ = 0;
   int loop_depth_ = 0;
-  std::vector<SourcePos> open_blocks_;  // where each statement being parsed starts
+  std::vector<SourcePos> open_blocks_;
+  int expression_depth_ =
+      0;  // nesting of the expression being parsed  // where each statement being parsed starts
 };
 
 }  // namespace pd::template_engine::internal

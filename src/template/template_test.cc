@@ -217,6 +217,33 @@ TEST(Template, LoadTimeErrors) {
   EXPECT_EQ(Render("{% endfor %}"), "ERROR: template 1:4: unsupported statement 'endfor'");
 }
 
+TEST(Template, DeepNestingIsAnErrorNotACrash) {
+  const std::string parens = std::string(100000, '(') + "1" + std::string(100000, ')');
+  // Each parenthesis is a few levels of the grammar: the limit falls inside the first hundred.
+  EXPECT_EQ(Render("{{ " + parens + " }}"),
+            "ERROR: template 1:89: expression nested deeper than 256");
+  std::string nots = "{{ ";
+  for (int i = 0; i < 100000; ++i) nots += "not ";
+  EXPECT_EQ(Render(nots + "x }}"), "ERROR: template 1:1024: expression nested deeper than 256");
+  std::string ifs;
+  for (int i = 0; i < 100000; ++i) ifs += "{% if x %}";
+  EXPECT_EQ(Render(ifs), "ERROR: template 1:" + std::to_string(1 + 10 * 256 + 3) +
+                             ": blocks nested deeper than 256");
+  // Within the limits, nesting works.
+  EXPECT_EQ(Render("{{ " + std::string(50, '(') + "2" + std::string(50, ')') + " }}"), "2");
+}
+
+TEST(Template, MoreRuntimeErrors) {
+  EXPECT_EQ(Render("{% macro m() %}{{ raise_exception('in macro') }}{% endmacro %}{{ m() }}"),
+            "ERROR: template 1:19: raise_exception: in macro");
+  EXPECT_EQ(Render("{% for a, b in [1] %}{% endfor %}"),
+            "ERROR: template 1:4: cannot unpack int into 2 names");
+  EXPECT_EQ(Render("{{ ['a'] | map('nofilter') | list }}"),
+            "ERROR: template 1:12: filter 'map': unknown filter 'nofilter'");
+  EXPECT_EQ(Render("{{ [1][::0] }}"), "ERROR: template 1:7: slice step cannot be zero");
+  EXPECT_EQ(Render("{% generation %}kept{% endgeneration %}"), "kept");
+}
+
 TEST(Template, RuntimeErrors) {
   EXPECT_EQ(Render("{{ x.y }}"), "ERROR: template 1:5: 'x' is undefined");
   EXPECT_EQ(Render("{% for x in 3 %}{% endfor %}"),
