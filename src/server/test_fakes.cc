@@ -57,9 +57,12 @@ std::optional<int32_t> FakeTokenizer::TokenToId(std::string_view token) const {
 const model::ChatTemplate* FakeTokenizer::chat_template() const {
   static const model::ChatTemplate* const kChatML =
       model::ChatTemplate::Create(
+          "{% if messages[0].role == 'developer' %}{{ raise_exception('no developer role') }}"
+          "{% endif %}{% if tools %}<tools>{{ tools | tojson }}</tools>{% endif %}"
           "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + "
           "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
-          "{{ '<|im_start|>assistant\\n' }}{% endif %}",
+          "{{ '<|im_start|>assistant\\n' }}{% endif %}"
+          "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}",
           {}, "FakeTokenizer")
           .value()
           .release();

@@ -29,7 +29,8 @@ class FakeTokenizer final : public model::Tokenizer {
   std::optional<int32_t> bos_token_id() const override { return std::nullopt; }
   std::optional<int32_t> eos_token_id() const override { return kEos; }
   bool adds_bos_token() const override { return false; }
-  // ChatML, rendered by the template engine as a checkpoint's template is.
+  // ChatML, rendered by the template engine as a checkpoint's template is; it also writes the
+  // tools, honours enable_thinking = false and raises on a first "developer" message.
   const model::ChatTemplate* chat_template() const override;
   Result<std::string> ApplyChatTemplate(const model::ChatInput& input) const override;
 };
