@@ -50,5 +50,6 @@ if [[ $npm_missing -eq 1 ]]; then
   echo "install-deps: installing ${NPM_PACKAGES[*]} into $NPM_DIR"
   mkdir -p "$NPM_DIR"
   npm install --prefix "$NPM_DIR" --no-save --no-audit --no-fund --ignore-scripts --silent \
-    "${NPM_PACKAGES[@]}"
+    "${NPM_PACKAGES[@]}" ||
+    echo "install-deps: npm install failed: the chat template golden tests will skip" >&2
 fi
