@@ -66,17 +66,31 @@ Result<Value> Arithmetic(const std::string& op, const Value& a0, const Value& b0
   const bool ints = a.is_int() && b.is_int();
   const double x = a.as_double();
   const double y = b.as_double();
-  if (op == "+") return ints ? Value(a.as_int() + b.as_int()) : Value(x + y);
-  if (op == "-") return ints ? Value(a.as_int() - b.as_int()) : Value(x - y);
-  if (op == "*") return ints ? Value(a.as_int() * b.as_int()) : Value(x * y);
-  if (op == "**") {
-    if (ints && b.as_int() >= 0) {
-      int64_t r = 1;
-      for (int64_t i = 0; i < b.as_int() && i < 64; ++i) r *= a.as_int();
-      return Value(r);
+  if (ints && (op == "+" || op == "-" || op == "*" || (op == "**" && b.as_int() >= 0))) {
+    // Python's ints do not overflow; beyond 64 bits is an error rather than a wrong number.
+    int64_t r = 0;
+    bool overflow = false;
+    if (op == "+") {
+      overflow = __builtin_add_overflow(a.as_int(), b.as_int(), &r);
+    } else if (op == "-") {
+      overflow = __builtin_sub_overflow(a.as_int(), b.as_int(), &r);
+    } else if (op == "*") {
+      overflow = __builtin_mul_overflow(a.as_int(), b.as_int(), &r);
+    } else if (a.as_int() >= -1 && a.as_int() <= 1) {  // no overflow, however large b is
+      r = b.as_int() == 0 ? 1 : (a.as_int() == -1 && b.as_int() % 2 == 0) ? 1 : a.as_int();
+    } else {
+      r = 1;
+      for (int64_t i = 0; i < b.as_int() && !overflow; ++i) {
+        overflow = __builtin_mul_overflow(r, a.as_int(), &r);
+      }
     }
-    return Value(std::pow(x, y));
+    if (overflow) return InvalidArgument("integer overflow in '" + op + "' (beyond 64 bits)");
+    return Value(r);
   }
+  if (op == "+") return Value(x + y);
+  if (op == "-") return Value(x - y);
+  if (op == "*") return Value(x * y);
+  if (op == "**") return Value(std::pow(x, y));
   if (y == 0) return InvalidArgument("division by zero");
   if (op == "/") return Value(x / y);
   if (op == "//") {
@@ -138,6 +152,7 @@ Result<Value> Renderer::Eval(const Expr& e) {
     case Expr::Kind::kList:
     case Expr::Kind::kTuple: {
       ASSIGN_OR_RETURN(CallArgs items, EvalArgs(e, 0));
+      if (e.kind == Expr::Kind::kTuple) return Value::Tuple(std::move(items.positional));
       return Value(std::move(items.positional));
     }
     case Expr::Kind::kDict: {

@@ -369,7 +369,7 @@ Result<Value> SequenceFilter(std::string_view name, const Value& target, const A
     if (target.is_undefined()) return Value(Array());
     if (!target.is_object()) return r.Error("expected a dict, not " + target.TypeName());
     Array out;
-    for (const auto& [k, v] : target.as_object()) out.push_back(Value(Array{Value(k), v}));
+    for (const auto& [k, v] : target.as_object()) out.push_back(Value::Tuple(Array{Value(k), v}));
     return Value(std::move(out));
   }
   if (name == "dictsort") {
@@ -378,7 +378,7 @@ Result<Value> SequenceFilter(std::string_view name, const Value& target, const A
     ASSIGN_OR_RETURN(std::string by, r.String(1, "by", "key"));
     const bool reverse = r.Bool(2, "reverse", false);
     Array pairs;
-    for (const auto& [k, v] : target.as_object()) pairs.push_back(Value(Array{Value(k), v}));
+    for (const auto& [k, v] : target.as_object()) pairs.push_back(Value::Tuple(Array{Value(k), v}));
     CallArgs sort_args;
     sort_args.positional = {Value(reverse), Value(case_sensitive),
                             Value(by == "value" ? "1" : "0")};

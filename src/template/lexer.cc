@@ -271,7 +271,19 @@ class Lexer {
 }  // namespace
 
 Result<std::vector<Token>> Tokenize(std::string_view source, const LexerOptions& options) {
-  return Lexer(source, options).Run();
+  // As Jinja (keep_trailing_newline=False): newlines normalised to \n, one at the end dropped.
+  std::string normalized;
+  normalized.reserve(source.size());
+  for (size_t i = 0; i < source.size(); ++i) {
+    if (source[i] == '\r') {
+      normalized += '\n';
+      if (i + 1 < source.size() && source[i + 1] == '\n') ++i;
+    } else {
+      normalized += source[i];
+    }
+  }
+  if (!normalized.empty() && normalized.back() == '\n') normalized.pop_back();
+  return Lexer(normalized, options).Run();
 }
 
 }  // namespace pd::template_engine

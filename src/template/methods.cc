@@ -107,7 +107,7 @@ Result<Value> DictMethod(const Value& d, std::string_view name, const CallArgs& 
     Array out;
     for (const auto& [k, v] : d.as_object()) {
       if (name == "items") {
-        out.push_back(Value(Array{Value(k), v}));
+        out.push_back(Value::Tuple(Array{Value(k), v}));
       } else {
         out.push_back(name == "keys" ? Value(k) : v);
       }

@@ -152,7 +152,7 @@ TEST(Template, Filters) {
              "{{ [1, 2] | first }}{{ [1, 2] | last }}{{ [1, 1, 2] | unique | list }}"
              "{{ [1, 2] | reverse | list }}{{ {'b': 1, 'a': 2} | dictsort }}",
              R"({"d": {"k": "v"}})"),
-      "[['k', 'v']][1, 2, 3][3, 2, 1]12[1, 2][2, 1][['a', 2], ['b', 1]]");
+      "[('k', 'v')][1, 2, 3][3, 2, 1]12[1, 2][2, 1][('a', 2), ('b', 1)]");
   EXPECT_EQ(
       Render("{{ x | default('d') }}{{ '' | default('e', true) }}{{ '' | d('f') }}"
              "{{ '12' | int + 1 }}{{ '1.5' | float }}{{ -3 | abs }}{{ 2.567 | round(2) }}"
@@ -189,7 +189,9 @@ TEST(Template, WhitespaceControl) {
   EXPECT_EQ(Render("a {{- 'b' -}} c"), "abc");
   // trim_blocks drops the newline after a block tag; lstrip_blocks the indentation before it.
   EXPECT_EQ(Render("{% if true %}\n  x\n  {% endif %}\ny"), "  x\ny");
-  EXPECT_EQ(Render("  {{ 'v' }}\n"), "  v\n");
+  // As Jinja: one newline at the end of the template is dropped, \r\n and \r become \n.
+  EXPECT_EQ(Render("  {{ 'v' }}\n"), "  v");
+  EXPECT_EQ(Render("a\r\nb\rc\n\n"), "a\nb\nc\n");
   EXPECT_EQ(Render("a{# comment #}\nb"), "ab");
   EXPECT_EQ(Render("  {%+ if true %}x{% endif %}"), "  x");
 }
@@ -242,6 +244,21 @@ TEST(Template, MoreRuntimeErrors) {
             "ERROR: template 1:12: filter 'map': unknown filter 'nofilter'");
   EXPECT_EQ(Render("{{ [1][::0] }}"), "ERROR: template 1:7: slice step cannot be zero");
   EXPECT_EQ(Render("{% generation %}kept{% endgeneration %}"), "kept");
+}
+
+TEST(Template, TuplesPrintAsPython) {
+  EXPECT_EQ(Render("{{ (1, 'a') }}{{ (1,) }}{{ {'k': 1}.items() | list }}"),
+            "(1, 'a')(1,)[('k', 1)]");
+  EXPECT_EQ(Render("{{ (1, 2) | tojson }}{{ (1, 2) | list }}"), "[1, 2][1, 2]");
+}
+
+TEST(Template, IntegerOverflowIsAnError) {
+  EXPECT_EQ(Render("{{ 2 ** 62 }}{{ (-1) ** 1000000000001 }}{{ 1 ** 1000000000000 }}"),
+            "4611686018427387904-11");
+  EXPECT_EQ(Render("{{ 2 ** 64 }}"),
+            "ERROR: template 1:6: integer overflow in '**' (beyond 64 bits)");
+  EXPECT_EQ(Render("{{ 9223372036854775807 + 1 }}"),
+            "ERROR: template 1:24: integer overflow in '+' (beyond 64 bits)");
 }
 
 TEST(Template, RuntimeErrors) {

@@ -23,6 +23,12 @@ Value::Value(std::string s)
 Value::Value(Array a) : kind_(Kind::kArray), a_(std::make_shared<Array>(std::move(a))) {}
 Value::Value(Object o) : kind_(Kind::kObject), o_(std::make_shared<Object>(std::move(o))) {}
 
+Value Value::Tuple(Array a) {
+  Value v(std::move(a));
+  v.tuple_ = true;
+  return v;
+}
+
 Value Value::FromFunction(Function f) {
   Value v;
   v.kind_ = Kind::kFunction;
@@ -133,7 +139,7 @@ std::string Value::TypeName() const {
     case Kind::kString:
       return "str";
     case Kind::kArray:
-      return "list";
+      return tuple_ ? "tuple" : "list";
     case Kind::kObject:
       return "dict";
     case Kind::kFunction:
@@ -229,12 +235,13 @@ std::string Value::Repr() const {
     case Kind::kString:
       return StringRepr(*s_);
     case Kind::kArray: {
-      std::string out = "[";
+      std::string out = tuple_ ? "(" : "[";
       for (size_t i = 0; i < a_->size(); ++i) {
         if (i) out += ", ";
         out += (*a_)[i].Repr();
       }
-      return out + "]";
+      if (tuple_ && a_->size() == 1) out += ",";
+      return out + (tuple_ ? ")" : "]");
     }
     case Kind::kObject: {
       std::string out = "{";

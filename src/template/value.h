@@ -47,6 +47,8 @@ class Value {
   Value(Array a);                                       // NOLINT
   Value(Object o);                                      // NOLINT
   static Value FromFunction(Function f);
+  // A list that prints as Python's tuple: "(1, 2)" (dict items, tuple literals).
+  static Value Tuple(Array a);
   // A name for errors ("undefined variable 'x'") carried by an undefined value.
   static Value Undefined(std::string hint);
   // nlohmann JSON (ordered or not) to a Value; object key order is kept as iterated.
@@ -62,6 +64,7 @@ class Value {
   bool is_number() const { return kind_ == Kind::kInt || kind_ == Kind::kFloat; }
   bool is_string() const { return kind_ == Kind::kString; }
   bool is_array() const { return kind_ == Kind::kArray; }
+  bool is_tuple() const { return kind_ == Kind::kArray && tuple_; }
   bool is_object() const { return kind_ == Kind::kObject; }
   bool is_function() const { return kind_ == Kind::kFunction; }
 
@@ -96,6 +99,7 @@ class Value {
  private:
   Kind kind_ = Kind::kUndefined;
   bool b_ = false;
+  bool tuple_ = false;  // an array that prints as a tuple
   int64_t i_ = 0;
   double d_ = 0;
   std::shared_ptr<std::string> s_;
