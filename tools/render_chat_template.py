@@ -4,9 +4,11 @@ apply_chat_template does (transformers' _compile_jinja_template and render), the
 pdserve's own template engine is compared with byte for byte (tests/chat_template_golden.cc).
 
   render_chat_template.py TOKENIZER_CONFIG_JSON CASES_JSON
+  render_chat_template.py --templates CASES_JSON
 
 CASES_JSON is a list of {"name", "messages", "tools"?, "add_generation_prompt"?,
-"chat_template_kwargs"?}. Prints a JSON list with, per case, {"text": ...} or {"error": ...}.
+"chat_template_kwargs"?}; with --templates, {"context": {...}, "templates": [...]}, each template
+rendered over the context. Prints a JSON list with, per case, {"text": ...} or {"error": ...}.
 Exits 77 when jinja2 is not installed (Debian: python3-jinja2).
 """
 import datetime
@@ -70,16 +72,37 @@ def template_text(config):
     return template
 
 
-def main():
-    with open(sys.argv[1], encoding="utf-8") as f:
-        config = json.load(f)
-    with open(sys.argv[2], encoding="utf-8") as f:
-        cases = json.load(f)
+def hf_environment():
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
+    return env
+
+
+def render_templates(path):
+    with open(path, encoding="utf-8") as f:
+        cases = json.load(f)
+    env = hf_environment()
+    results = []
+    for text in cases["templates"]:
+        try:
+            results.append({"text": env.from_string(text).render(**cases["context"])})
+        except Exception as e:
+            results.append({"error": f"{type(e).__name__}: {e}"})
+    json.dump(results, sys.stdout, ensure_ascii=False)
+
+
+def main():
+    if sys.argv[1] == "--templates":
+        render_templates(sys.argv[2])
+        return
+    with open(sys.argv[1], encoding="utf-8") as f:
+        config = json.load(f)
+    with open(sys.argv[2], encoding="utf-8") as f:
+        cases = json.load(f)
+    env = hf_environment()
     template = env.from_string(template_text(config))
     tokens = special_tokens(config)
     results = []
