@@ -64,6 +64,10 @@ struct DecodeMessengerOptions {
   // send_timeout_s, not at the transfer deadline. 0: no heartbeats.
   double heartbeat_s = 0.25;
   int max_attempts = 2;  // the first try and one retry on another instance
+  // --kv-checksum (kv_checksum.h): check a CRC32C per layer of the KV that landed before the
+  // request is ready; a mismatch fails the attempt (counted in checksum_mismatch). Prefill
+  // instances must say the same, else the handshake is refused.
+  bool kv_checksum = false;
   // Metadata slots: transfers in flight at once (with those fenced, below); a request that finds
   // none free fails ResourceExhausted. Give at least the engine's max_pending_requests.
   int max_transfers = 1024;

@@ -115,7 +115,10 @@ void DecodeMessenger::Impl::StartAttempt(Req* r, const Status& last_error) {
   free_meta_slots_.pop_back();
   by_wire_[r->wire_id] = r->id;
   // The canary the prefill's metadata write must replace (every float a NaN no computation makes).
-  std::memset(meta_buffer_.data() + size_t{meta_bytes_} * r->meta_slot, 0xFF, meta_bytes_);
+  std::memset(meta_buffer_.data() + slot_bytes_ * r->meta_slot, 0xFF, meta_bytes_);
+  // --kv-checksum: no record until this attempt's lands (a zero imm matches no attempt).
+  std::memset(meta_buffer_.data() + slot_bytes_ * r->meta_slot + meta_bytes_, 0,
+              slot_bytes_ - meta_bytes_);
   r->peer = peer;
   r->in_flight = true;
   r->attempts++;
@@ -168,7 +171,7 @@ void DecodeMessenger::Impl::SendPrefillRequest(Req* r, uint32_t num_pages, uint6
     m.rank_regions.push_back(mr.descriptor.ToBytes());
   m.dst_pages.assign(r->pages.begin(), r->pages.begin() + num_pages);
   m.metadata_region = meta_mr_.descriptor.ToBytes();
-  m.metadata_offset = uint64_t{meta_bytes_} * r->meta_slot;
+  m.metadata_offset = slot_bytes_ * r->meta_slot;
   m.metadata_bytes = meta_bytes_;
   m.deadline_ms = options_.transfer_timeout_ms;
   m.metadata_imm = r->meta_imm;
@@ -191,6 +194,13 @@ void DecodeMessenger::Impl::SendPrefillRequest(Req* r, uint32_t num_pages, uint6
 void DecodeMessenger::Impl::OnKvArrived(int64_t id, uint32_t imm) {
   Req* r = Find(id);
   if (r == nullptr || !r->in_flight || r->imm != imm) return;
+  if (format_.kv_checksum) {
+    if (Status s = CheckKvChecksums(*r); !s.ok()) {
+      owner_->metrics_.ChecksumMismatch();
+      FailAttempt(r, s.WithContext("prefill instance " + peers_[r->peer].config.name));
+      return;
+    }
+  }
   const uint64_t num_pages =
       PagesForTokens(static_cast<uint32_t>(r->info->prefill_tokens.size()), spec_.page_size);
   const uint64_t bytes = num_pages * spec_.num_layers * spec_.page_bytes() + meta_bytes_;
@@ -231,7 +241,7 @@ void DecodeMessenger::Impl::OnMetaArrived(uint64_t wire_id, uint32_t meta_imm) {
 // (the write landed elsewhere): counted and logged, the request (decoding already) goes on.
 void DecodeMessenger::Impl::DeliverMetadata(int64_t id, int peer, int meta_slot) {
   std::vector<float> hidden(meta_bytes_ / sizeof(float));
-  std::memcpy(hidden.data(), meta_buffer_.data() + size_t{meta_bytes_} * meta_slot, meta_bytes_);
+  std::memcpy(hidden.data(), meta_buffer_.data() + slot_bytes_ * meta_slot, meta_bytes_);
   const auto canary = std::count_if(hidden.begin(), hidden.end(), [](float v) {
     uint32_t bits;
     std::memcpy(&bits, &v, sizeof(bits));

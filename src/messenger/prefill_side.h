@@ -56,6 +56,9 @@ struct PrefillMessengerOptions {
   // DecodeMessengerOptions::heartbeat_s (0.25 s) while they have attempts in flight, so the default
   // is 8 heartbeats. 0: off (only the request's deadline applies).
   double peer_silence_s = 2.0;
+  // --kv-checksum (kv_checksum.h): send a CRC32C per layer of the KV written. Decode instances must
+  // say the same in their Hello, else the handshake is refused.
+  bool kv_checksum = false;
   // Borrowed, outlives the messenger; null: no trace. Events: "post writes" per request and
   // layer, "write layer" (post -> completion), "post metadata", "transfer", "transfer failed".
   Tracer* tracer = nullptr;

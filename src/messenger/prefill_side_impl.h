@@ -15,6 +15,7 @@
 
 #include "messenger/channel.h"
 #include "messenger/handshake.h"
+#include "messenger/kv_checksum.h"
 #include "messenger/prefill_side.h"
 #include "messenger/shard_writes.h"
 
@@ -61,6 +62,8 @@ struct Transfer {
   uint32_t num_writes = 0;
   uint64_t bytes = 0;
   Status error;
+  std::vector<uint32_t> layer_crcs;  // --kv-checksum: each layer's CRC over the pages posted so far
+  bool checksums_posted = false;
 };
 
 }  // namespace prefill_internal
@@ -104,6 +107,10 @@ class PrefillMessenger::Impl {
   void PostReady(uint64_t progress);
   void PostLayer(Transfer* t, const LayerWork& w, int layer);
   void MaybePostMetadata(Transfer* t);
+  // --kv-checksum (prefill_side_checksum.cc).
+  Status InitChecksums();
+  void ChecksumLayer(Transfer* t, const LayerWork& w, int layer);
+  void PostChecksums(Transfer* t);
   void Track(Transfer* t, Result<transfer::TransferId> id, uint64_t bytes, uint32_t writes);
   void Fail(Transfer* t, const Status& status);
   void TryFinish(Transfer* t);
@@ -128,6 +135,10 @@ class PrefillMessenger::Impl {
   std::vector<transfer::MemoryRegion> kv_mrs_;  // per rank, all in the one domain
   transfer::MemoryRegion meta_mr_;
   std::vector<uint8_t> meta_staging_;  // (max_transfers, meta_bytes): metadata write sources
+  // --kv-checksum: (max_transfers, ChecksumBytes(num_layers)) checksum write sources, by meta slot.
+  std::vector<uint8_t> crc_staging_;
+  transfer::MemoryRegion crc_mr_;
+  std::vector<RankKv> src_kv_;  // per rank, for the checksums
   engine::AsyncEngine* engine_ = nullptr;
   std::thread thread_;
   std::atomic<bool> stop_{false};

@@ -21,7 +21,8 @@ namespace pd::messenger {
 inline constexpr uint32_t kWireMagic = 0x564b4450;  // "PDKV"
 // Version 2: ShardScheme carries the replicated flag (tensor-parallel transfers).
 // Version 3: PrefillRequest carries metadata_imm (the metadata write is counted on its own).
-inline constexpr uint16_t kWireVersion = 3;
+// Version 4: KvFormat carries kv_checksum (--kv-checksum, kv_checksum.h).
+inline constexpr uint16_t kWireVersion = 4;
 inline constexpr size_t kMacBytes = 32;
 inline constexpr size_t kFrameHeaderBytes = 4 + 2 + 2 + 8 + 4;
 inline constexpr size_t kMaxBodyBytes = 8u << 20;
@@ -54,6 +55,9 @@ struct KvFormat {
   uint32_t page_size = 0;
   uint8_t layout = 0;    // engine::KvLayout
   uint8_t kv_dtype = 0;  // engine::KvDType
+  // --kv-checksum (kv_checksum.h): 1 when a CRC32C per layer travels with the KV. Both sides must
+  // say the same, so a mixed deployment is refused at the handshake rather than half-checked.
+  uint8_t kv_checksum = 0;
   bool operator==(const KvFormat&) const = default;
 };
 
