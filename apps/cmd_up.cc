@@ -56,6 +56,7 @@ struct UpFlags {
   std::string kv_cache_bytes;
   std::string cluster_secret_file;
   int kv_transfer_timeout_ms = 30000;
+  bool kv_checksum = false;  // every prefill and decode instance's --kv-checksum
   std::string trace;  // --trace FILE: each instance writes FILE with its name before the extension
   int64_t trace_max_events = static_cast<int64_t>(TracerOptions{}.max_events);  // per file
   bool pin_cores = false;
@@ -107,6 +108,7 @@ std::vector<std::string> ServeArgs(const UpFlags& f, const std::string& secret_f
     a.insert(a.end(), {"--max-model-len", std::to_string(f.max_model_len)});
   }
   if (!f.kv_cache_bytes.empty()) a.insert(a.end(), {"--kv-cache-bytes", f.kv_cache_bytes});
+  if (f.kv_checksum) a.push_back("--kv-checksum");
   return a;
 }
 
@@ -448,6 +450,9 @@ PD_REGISTER_COMMAND(
       app->add_option("--kv-transfer-timeout-ms", f->kv_transfer_timeout_ms,
                       "deadline of one KV transfer attempt")
           ->capture_default_str();
+      app->add_flag("--kv-checksum", f->kv_checksum,
+                    "every prefill and decode instance sends and checks a CRC32C per layer of the "
+                    "KV it moves (serve --kv-checksum)");
       app->add_option("--trace", f->trace,
                       "Chrome trace-event JSON per instance: FILE with the instance's name "
                       "inserted before the extension (t.json -> t.prefill0.json)");
