@@ -35,13 +35,16 @@ TEST(Crc32cTest, KnownValues) {
   }
 }
 
-// Random buffers at odd offsets and lengths (alignment heads and tails), in one piece and chained
-// in random pieces: the table and the SSE4.2 paths equal the bitwise reference.
+// Random buffers at odd offsets and lengths (alignment heads and tails, the interleaved blocks),
+// in one piece and chained in random pieces: the table and the SSE4.2 paths equal the bitwise
+// reference.
 TEST(Crc32cTest, BothImplementationsMatchTheReference) {
   std::mt19937 rng(7);
-  std::vector<uint8_t> buf(4096 + 16);
+  std::vector<uint8_t> buf(20000 + 16);
   for (auto& b : buf) b = static_cast<uint8_t>(rng());
-  for (size_t len : {0u, 1u, 3u, 7u, 8u, 9u, 31u, 32u, 33u, 255u, 1000u, 4096u}) {
+  // 384 and 6144 bytes: where the SSE4.2 path starts three interleaved chains of 128 and 2048.
+  for (size_t len : {0u, 1u, 3u, 7u, 8u, 9u, 31u, 32u, 33u, 255u, 383u, 384u, 1000u, 4096u, 6143u,
+                     6144u, 6152u, 13000u, 20000u}) {
     for (size_t off : {0u, 1u, 5u, 8u}) {
       SCOPED_TRACE("len " + std::to_string(len) + " offset " + std::to_string(off));
       const uint8_t* p = buf.data() + off;
