@@ -77,8 +77,8 @@ struct DecodeMessengerOptions {
   // pages another request already uses.
   double fence_grace_s = 5.0;
   // Borrowed, outlives the messenger; null: no trace. Events: "prefill request sent",
-  // "kv transfer" (sent -> KV counter fired), "kv ready", "metadata landed", "attempt failed",
-  // "transfer failed".
+  // "kv transfer" (sent -> KV counter fired), "kv checksum" (--kv-checksum: the check), "kv ready",
+  // "metadata landed", "attempt failed", "transfer failed".
   Tracer* tracer = nullptr;
   // Called (on the messenger thread, must not block) with each successful transfer's metadata
   // when its write lands: the last prefilled position's hidden state, hidden_size floats. It may

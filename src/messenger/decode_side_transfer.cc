@@ -195,7 +195,14 @@ void DecodeMessenger::Impl::OnKvArrived(int64_t id, uint32_t imm) {
   Req* r = Find(id);
   if (r == nullptr || !r->in_flight || r->imm != imm) return;
   if (format_.kv_checksum) {
-    if (Status s = CheckKvChecksums(*r); !s.ok()) {
+    const int64_t begin_ns = options_.tracer != nullptr ? Tracer::NowNs() : 0;
+    Status s = CheckKvChecksums(*r);
+    if (options_.tracer != nullptr) {
+      options_.tracer->Complete(
+          "kv checksum", "kv", begin_ns, Tracer::NowNs(),
+          {{"request", std::to_string(r->wire_id)}, {"ok", int64_t{s.ok() ? 1 : 0}}});
+    }
+    if (!s.ok()) {
       owner_->metrics_.ChecksumMismatch();
       FailAttempt(r, s.WithContext("prefill instance " + peers_[r->peer].config.name));
       return;
