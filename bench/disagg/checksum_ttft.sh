@@ -3,12 +3,18 @@
 # `pdserve up` deployments of the same model (one prefill and one decode instance each), one of
 # them with --kv-checksum, are up at once; prompts go one at a time, alternating between them
 # (prompt i to both, the first side alternating), so the host's drift hits both sides of a pair
-# alike. Prints the median TTFT of each side and the median of the per-prompt differences.
+# alike. Prints the median TTFT of each side and the median of the per-prompt differences, and,
+# from both deployments' traces (--trace), what the checksums cost directly: the decode instance's
+# check of a request ("kv checksum", on the path to its first token) and the prefill instance's
+# "post writes" per layer and chunk (with the checksum: that chunk's CRC, after its writes are
+# posted) on each side.
 #
 #   bench/disagg/checksum_ttft.sh [--model DIR] [--pdserve BIN] [--input-len N] [--pairs N]
-#                                 [--out DIR]
+#                                 [--out DIR] [--control]
 #
 # Defaults: models/demo-llama, 2048-token prompts (random token ids), 20 pairs, 4 output tokens.
+# --control: neither deployment gets --kv-checksum (an A/A run): the per-pair difference it
+# prints is what the host's noise alone gives, the resolution of the A/B run.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -17,6 +23,7 @@ MODEL=$ROOT/models/demo-llama
 INPUT_LEN=2048
 PAIRS=20
 OUT=
+CONTROL=0
 PY=/usr/bin/python3
 
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
@@ -27,6 +34,7 @@ while [ $# -gt 0 ]; do
     --input-len) INPUT_LEN=$2; shift 2 ;;
     --pairs) PAIRS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
+    --control) CONTROL=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "checksum_ttft: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
@@ -81,8 +89,9 @@ start() {
   PORT=$port
 }
 
-start plain; url_plain=$URL
-start checksum --kv-checksum; url_checksum=$URL; port_checksum=$PORT
+start plain --trace "$OUT/plain.json"; url_plain=$URL
+if [ "$CONTROL" = 1 ]; then FLAG=(); else FLAG=(--kv-checksum); fi
+start checksum "${FLAG[@]}" --trace "$OUT/checksum.json"; url_checksum=$URL; port_checksum=$PORT
 
 bench_once() {  # bench_once URL NAME SEED
   "$PDSERVE" --log-level warn bench --base-url "$1" --result-dir "$OUT" --result-filename "$2.json" \
@@ -102,11 +111,11 @@ for i in $(seq "$PAIRS"); do
 done
 # The decode instance of `up` listens on the router's port + 2.
 curl -s "http://127.0.0.1:$((port_checksum + 2))/metrics" > "$OUT/checksum.decode.metrics" || true
-cleanup
+cleanup  # the instances write their traces as they stop
 
-"$PY" - "$OUT" "$PAIRS" "$INPUT_LEN" <<'PYEOF'
+"$PY" - "$OUT" "$PAIRS" "$INPUT_LEN" "$CONTROL" <<'PYEOF'
 import json, statistics, sys
-out, pairs, input_len = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+out, pairs, input_len, control = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
 def ttft(name):
     with open(f"{out}/{name}.json") as f:
         j = json.load(f)
@@ -115,10 +124,24 @@ def ttft(name):
 plain = [ttft(f"plain{i}") for i in range(1, pairs + 1)]
 check = [ttft(f"checksum{i}") for i in range(1, pairs + 1)]
 diff = [c - p for c, p in zip(check, plain)]
-print(f"checksum_ttft: {pairs} pairs of {input_len}-token prompts")
+def durations_us(side, instance, name):
+    try:
+        with open(f"{out}/{side}.{instance}.json") as f:
+            j = json.load(f)
+    except OSError:
+        return []
+    events = j["traceEvents"] if isinstance(j, dict) else j
+    return [e["dur"] for e in events if e.get("ph") == "X" and e.get("name") == name]
+def median(xs):
+    return f"{statistics.median(xs):8.1f}" if xs else "     n/a"
+label = "control (A/A: neither side checks)" if control else "A/B"
+print(f"checksum_ttft: {pairs} pairs of {input_len}-token prompts, {label}")
 print(f"  median TTFT without --kv-checksum: {statistics.median(plain):8.2f} ms")
 print(f"  median TTFT with    --kv-checksum: {statistics.median(check):8.2f} ms")
 print(f"  median per-pair difference:        {statistics.median(diff):+8.2f} ms")
+print(f"  decode 'kv checksum' per request:  {median(durations_us('checksum', 'decode0', 'kv checksum'))} us")
+print(f"  prefill 'post writes' without:     {median(durations_us('plain', 'prefill0', 'post writes'))} us")
+print(f"  prefill 'post writes' with:        {median(durations_us('checksum', 'prefill0', 'post writes'))} us")
 try:
     for line in open(f"{out}/checksum.decode.metrics"):
         if line.startswith("pdserve:kv_transfer_checksum_mismatch_total"):

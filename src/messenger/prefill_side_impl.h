@@ -131,14 +131,15 @@ class PrefillMessenger::Impl {
   const uint32_t meta_bytes_;
   FrameCodec codec_;
   std::shared_ptr<TaskQueue> queue_;  // shared with callbacks that may outlive us
+  // --kv-checksum: (max_transfers, ChecksumBytes(num_layers)) checksum write sources, by meta
+  // slot. Declared before domain_ so that it outlives the domain (and any write from it).
+  std::vector<uint8_t> crc_staging_;
   std::unique_ptr<transfer::Domain> domain_;
   std::vector<transfer::MemoryRegion> kv_mrs_;  // per rank, all in the one domain
   transfer::MemoryRegion meta_mr_;
   std::vector<uint8_t> meta_staging_;  // (max_transfers, meta_bytes): metadata write sources
-  // --kv-checksum: (max_transfers, ChecksumBytes(num_layers)) checksum write sources, by meta slot.
-  std::vector<uint8_t> crc_staging_;
-  transfer::MemoryRegion crc_mr_;
-  std::vector<RankKv> src_kv_;  // per rank, for the checksums
+  transfer::MemoryRegion crc_mr_;      // crc_staging_'s registration
+  std::vector<RankKv> src_kv_;         // per rank, for the checksums
   engine::AsyncEngine* engine_ = nullptr;
   std::thread thread_;
   std::atomic<bool> stop_{false};
