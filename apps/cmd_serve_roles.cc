@@ -216,7 +216,7 @@ sigset_t StopSignals() {
 
 int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
                    std::unique_ptr<engine::Engine> eng, const engine::AsyncEngineOptions& ao,
-                   const std::string& host, int port) {
+                   const std::string& host, int port, const server::HttpLimits& limits) {
   auto fail = [](const Status& s) {
     std::fprintf(stderr, "serve: %s\n", s.ToString().c_str());
     return 1;
@@ -245,7 +245,7 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
   if (!async.ok()) return fail(async.status());
   (*messenger)->Start(async->get());
 
-  httplib::Server http;
+  server::LimitedHttpServer http(limits);
   const messenger::KvFormat fmt = (*messenger)->format();
   nlohmann::json info = {
       {"role", "prefill"},
@@ -262,8 +262,9 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
   });
   engine::AsyncEngine* a = async->get();
   messenger::PrefillMessenger* m = messenger->get();
-  http.Get("/metrics", [a, m](const httplib::Request&, httplib::Response& res) {
-    res.set_content(EngineMetrics(a->stats(), "prefill") + m->metrics().PrometheusText("prefill"),
+  http.Get("/metrics", [a, m, &http](const httplib::Request&, httplib::Response& res) {
+    res.set_content(EngineMetrics(a->stats(), "prefill") + m->metrics().PrometheusText("prefill") +
+                        http.RefusedMetricsText(),
                     "text/plain; version=0.0.4");
   });
   int bound = port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, port) ? port : -1);
@@ -331,6 +332,12 @@ Result<std::unique_ptr<engine::AsyncEngine>> CreateRoleEngine(
   mo.max_message_bytes = flags.control_message_bytes;
   mo.max_transfers = std::max(mo.max_transfers, ao.max_pending_requests);  // one per request
   mo.tracer = flags.tracer;
+  // A prefill instance that restarts (under `up`'s supervision) has a new fabric endpoint at the
+  // same URL: one look at its /pd/info per round.
+  mo.resolve_address = [](const messenger::PrefillPeer& p) -> Result<std::string> {
+    ASSIGN_OR_RETURN(messenger::PrefillPeer now, FetchPeer(p.name, 0.0));
+    return now.fabric_address;
+  };
   std::stringstream urls(flags.prefill_peers);
   std::string url;
   while (std::getline(urls, url, ',')) {

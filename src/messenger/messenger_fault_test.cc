@@ -94,7 +94,8 @@ struct Split {
   std::unique_ptr<PrefillInstance> faulty, clean;
   std::unique_ptr<DecodeMessenger> decode;
 
-  // False when the fabric provider is unavailable.
+  // False only where the fabric provider is absent (LaunchPrefill fails the test on any other
+  // error).
   bool Start(bool checksum, bool with_clean) {
     faulty = Prefill(checksum, prefill_faults);
     if (faulty == nullptr) return false;
@@ -118,12 +119,13 @@ struct Split {
     auto d = DecodeMessenger::Create(o, runner, Async(std::move(e)));
     PD_CHECK(d.ok()) << d.status().ToString();
     decode = std::move(d).value();
-    return WaitUntil([&] {
+    EXPECT_TRUE(WaitUntil([&] {
       for (const PeerStatus& p : decode->peers()) {
         if (p.state != PeerStatus::State::kAccepted) return false;
       }
       return true;
-    });
+    })) << "not every prefill instance accepted the decode instance";
+    return true;
   }
 
   static std::unique_ptr<PrefillInstance> Prefill(bool checksum,
