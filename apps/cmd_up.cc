@@ -85,6 +85,9 @@ PD_REGISTER_COMMAND(
       app->add_option("--kv-transfer-timeout-ms", f->kv_transfer_timeout_ms,
                       "deadline of one KV transfer attempt")
           ->capture_default_str();
+      app->add_flag("--kv-checksum", f->kv_checksum,
+                    "every prefill and decode instance sends and checks a CRC32C per layer of the "
+                    "KV it moves (serve --kv-checksum)");
       app->add_option("--trace", f->trace,
                       "Chrome trace-event JSON per instance: FILE with the instance's name "
                       "inserted before the extension (t.json -> t.prefill0.json)");
