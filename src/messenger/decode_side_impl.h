@@ -17,6 +17,7 @@
 #include "messenger/channel.h"
 #include "messenger/decode_side.h"
 #include "messenger/handshake.h"
+#include "transfer/host_buffer.h"
 
 namespace pd::messenger {
 namespace decode_internal {
@@ -59,6 +60,10 @@ struct Peer {
   double last_hello = -1e9;
   double hello_interval = 0.0;  // grows while the peer is down
   double last_heartbeat = -1e9;
+  // Our regions as this peer may write them: registered for it alone, so its keys can be revoked
+  // (RevokeKeys) without touching any other peer's.
+  std::vector<transfer::MemoryRegion> kv_mrs;  // per rank
+  transfer::MemoryRegion meta_mr;
 };
 
 struct PendingSend {
@@ -162,6 +167,13 @@ class DecodeMessenger::Impl {
   void Send(int peer, const Message& m);
   void OnSendDone(transfer::TransferId id, const Status& status);
   void MarkDown(int peer, const Status& why);
+  // Registers our KV regions and metadata buffer for peers_[peer] (fresh keys).
+  Status RegisterPeerRegions(int peer);
+  // Deregisters peers_[peer]'s regions and registers them anew: once this returns, no write of
+  // that peer with the keys it was given can land (the provider rejects the old keys), whatever
+  // it still has queued. A peer whose regions cannot be registered again is refused.
+  void RevokeKeys(int peer, const Status& why);
+  void PublishFences();
 
   DecodeMessenger* const owner_;
   const DecodeMessengerOptions options_;
@@ -172,10 +184,9 @@ class DecodeMessenger::Impl {
   const ShardScheme scheme_;
   FrameCodec codec_;
   std::shared_ptr<TaskQueue> queue_;
+  // Declared before the domain so it is freed after it: peers may write here until it closes.
+  transfer::HostBuffer meta_buffer_;  // (max_transfers, meta_bytes): where prefill writes metadata
   std::unique_ptr<transfer::Domain> domain_;
-  std::vector<transfer::MemoryRegion> kv_mrs_;  // per rank, all in the one domain
-  transfer::MemoryRegion meta_mr_;
-  std::vector<uint8_t> meta_buffer_;  // (max_transfers, meta_bytes): where prefill writes metadata
   std::thread thread_;
   std::atomic<bool> stopped_{false};
   uint64_t wire_prefix_ = 0;

@@ -24,11 +24,15 @@ constexpr int kDeadlineScanMs = 20;  // the longest the loop sleeps without a ta
 Status PrefillMessenger::Impl::Init() {
   ASSIGN_OR_RETURN(domain_, OpenMessengerDomain(options_.domain, queue_,
                                                 [this](const std::string& m) { OnMessage(m); }));
-  ASSIGN_OR_RETURN(kv_mrs_, RegisterRankRegions(*domain_, runner_));
+  address_ = domain_->info().address;
+  ASSIGN_OR_RETURN(kv_mrs_,
+                   RegisterRankRegions(*domain_, runner_, transfer::RegionAccess::kLocalSource));
   PD_LOG_INFO("prefill messenger: {} rank KV region(s) registered (tp_size {}, {} KV heads)",
               kv_mrs_.size(), scheme_.tp_size, scheme_.num_kv_heads);
-  meta_staging_.assign(static_cast<size_t>(options_.max_transfers) * meta_bytes_, 0);
-  ASSIGN_OR_RETURN(meta_mr_, domain_->RegisterMemory(meta_staging_.data(), meta_staging_.size()));
+  ASSIGN_OR_RETURN(meta_staging_, transfer::HostBuffer::Allocate(
+                                      static_cast<size_t>(options_.max_transfers) * meta_bytes_));
+  ASSIGN_OR_RETURN(meta_mr_, domain_->RegisterMemory(meta_staging_.data(), meta_staging_.size(),
+                                                     transfer::RegionAccess::kLocalSource));
   for (int i = options_.max_transfers - 1; i >= 0; --i) free_meta_slots_.push_back(i);
   return OkStatus();
 }
@@ -80,8 +84,11 @@ void PrefillMessenger::Impl::Stop() {
   queue_->Wake();
   if (thread_.joinable()) thread_.join();
   queue_->Stop();
+  // Closing the domain ends every write still posted (nothing of ours can land any more) before
+  // the source pages go back to the engine, and before the runner's KV regions and our buffers
+  // can be freed by whoever owns them.
+  domain_.reset();
   for (auto& [id, t] : transfers_) {
-    for (transfer::TransferId x : t->inflight) domain_->Cancel(x);
     if (!t->kept_pages.empty()) engine_->ReleasePages(t->kept_pages);
     if (!t->engine_done && engine_ != nullptr) engine_->Abort(t->engine_id);
   }

@@ -14,8 +14,10 @@
 // decodes as soon as the last layer's page writes (posted at that layer's progress bump, while
 // the step still runs its last MLP) have landed. When every write has
 // completed the source pages go back to the engine and PrefillDone goes to the decode side; a
-// failure, a Cancel or the request's deadline stops the writes, frees the pages and reports
-// PrefillDone with the error.
+// failure, a Cancel or the request's deadline stops the writes and, once every write already
+// posted has come back from the fabric (completed, failed or flushed: Domain reports a cancelled
+// transfer no sooner), frees the pages and reports PrefillDone with the error. PrefillDone thus
+// always means that no write of that transfer can land any more.
 //
 //   auto engine = Engine::Create(weights, options);
 //   auto messenger = PrefillMessenger::Create(opts, engine->runner());
@@ -75,7 +77,9 @@ class PrefillMessenger {
   engine::StepObserver step_observer();
   // Starts the messenger thread; `engine` must outlive Stop().
   void Start(engine::AsyncEngine* engine);
-  // Fails every transfer (Cancelled), gives their pages back and joins the thread. Idempotent.
+  // Joins the thread, closes the fabric domain (no write of ours can land afterwards), then gives
+  // every transfer's pages back and aborts its engine request. Idempotent. Once it returned the
+  // runner's KV regions may be freed before the messenger is destroyed.
   void Stop();
 
   const std::string& fabric_address() const;

@@ -17,6 +17,7 @@
 #include "messenger/handshake.h"
 #include "messenger/prefill_side.h"
 #include "messenger/shard_writes.h"
+#include "transfer/host_buffer.h"
 
 namespace pd::messenger {
 namespace prefill_internal {
@@ -85,7 +86,7 @@ class PrefillMessenger::Impl {
   void Start(engine::AsyncEngine* engine);
   void Stop();
   engine::StepObserver Observer();
-  const std::string& address() const { return domain_->info().address; }
+  const std::string& address() const { return address_; }
 
  private:
   void Loop();
@@ -124,10 +125,13 @@ class PrefillMessenger::Impl {
   const uint32_t meta_bytes_;
   FrameCodec codec_;
   std::shared_ptr<TaskQueue> queue_;  // shared with callbacks that may outlive us
+  // Registered memory is declared before the domain so it is freed after it (Stop closes the
+  // domain first anyway); the KV regions belong to the runner, which outlives Stop.
+  transfer::HostBuffer meta_staging_;  // (max_transfers, meta_bytes): metadata write sources
   std::unique_ptr<transfer::Domain> domain_;
+  std::string address_;                         // the domain's, kept once it is closed
   std::vector<transfer::MemoryRegion> kv_mrs_;  // per rank, all in the one domain
   transfer::MemoryRegion meta_mr_;
-  std::vector<uint8_t> meta_staging_;  // (max_transfers, meta_bytes): metadata write sources
   engine::AsyncEngine* engine_ = nullptr;
   std::thread thread_;
   std::atomic<bool> stop_{false};
