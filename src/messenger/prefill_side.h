@@ -58,6 +58,14 @@ struct PrefillMessengerOptions {
   // DecodeMessengerOptions::heartbeat_s (0.25 s) while they have attempts in flight, so the default
   // is 8 heartbeats. 0: off (only the request's deadline applies).
   double peer_silence_s = 2.0;
+  // A failed transfer waits for every write it posted to come back before it frees its pages
+  // and answers PrefillDone. Writes a stalled decode instance holds (SIGSTOP, a partition) may
+  // not come back for long: after this many seconds the transfer is set aside, its pages and
+  // slot freed (what the fabric may still send from them lands only in pages its decode
+  // instance keeps quarantined) and it stops counting as active, but its PrefillDone still waits
+  // for the last write to come back: it is sent then, or never (the decode instance revokes this
+  // instance's keys instead). Counted in kv_transfers_set_aside_total.
+  double drain_timeout_s = 2.0;
   // Borrowed, outlives the messenger; null: no trace. Events: "post writes" per request and
   // layer, "write layer" (post -> completion), "post metadata", "transfer", "transfer failed".
   Tracer* tracer = nullptr;

@@ -62,11 +62,22 @@ struct Transfer {
   uint32_t num_writes = 0;
   uint64_t bytes = 0;
   Status error;
+  double failed_at = 0.0;  // NowSeconds() when `error` was set
+};
+
+// A failed transfer set aside (SetAside) with writes still held by the fabric: its PrefillDone
+// goes out once they have all come back.
+struct SetAsideTransfer {
+  transfer::PeerAddr peer;
+  int outstanding = 0;
+  uint32_t num_writes = 0;
+  Status error;
 };
 
 }  // namespace prefill_internal
 
 using prefill_internal::LayerWork;
+using prefill_internal::SetAsideTransfer;
 using prefill_internal::Transfer;
 
 class PrefillMessenger::Impl {
@@ -108,6 +119,9 @@ class PrefillMessenger::Impl {
   void Track(Transfer* t, Result<transfer::TransferId> id, uint64_t bytes, uint32_t writes);
   void Fail(Transfer* t, const Status& status);
   void TryFinish(Transfer* t);
+  // Frees a failed transfer's pages and slot although some of its writes are still out
+  // (drain_timeout_s); its PrefillDone waits in set_aside_ for them.
+  void SetAside(Transfer* t);
   void CheckDeadlines();
   void Heard(const std::string& fabric_address);
   bool Silent(const Transfer& t, double now) const;
@@ -141,6 +155,7 @@ class PrefillMessenger::Impl {
   std::unordered_map<std::string, transfer::PeerAddr> peers_;  // accepted, by fabric address
   std::unordered_map<std::string, double> last_heard_;         // NowSeconds(), by address
   std::unordered_map<uint64_t, std::unique_ptr<Transfer>> transfers_;
+  std::unordered_map<uint64_t, SetAsideTransfer> set_aside_;  // by request id
   std::unordered_map<int64_t, uint64_t> by_engine_id_;
   std::vector<int> free_meta_slots_;
   std::vector<LayerWork> work_;

@@ -49,6 +49,9 @@ std::string TransferMetrics::PrometheusText(const std::string& role) const {
       "late write can land.\n"
       "# TYPE pdserve:kv_transfer_quarantined_pages gauge\npdserve:kv_transfer_quarantined_pages" +
       l + " " + std::to_string(quarantined_pages()) + "\n";
+  counter("kv_transfers_set_aside_total",
+          "Failed transfers whose pages were freed while the fabric still held their writes.",
+          set_aside());
   counter("kv_transfer_keys_revoked_total",
           "Times a prefill instance's remote keys were revoked (unreachable or unconfirmed).",
           keys_revoked());

@@ -21,6 +21,8 @@ class TransferMetrics {
   void Rejected() { rejected_.fetch_add(1, std::memory_order_relaxed); }
   // A transfer dropped because its decode peer fell silent (prefill side).
   void DroppedSilentPeer() { dropped_silent_.fetch_add(1, std::memory_order_relaxed); }
+  // A failed transfer set aside while the fabric still held some of its writes (prefill side).
+  void SetAside() { set_aside_.fetch_add(1, std::memory_order_relaxed); }
   void SetActive(int64_t n) { active_.store(n, std::memory_order_relaxed); }
   // Decode side: a request whose KV had landed (so it decodes) but whose metadata write never
   // landed before its slot was released (PrefillDone, peer lost or deadline + grace), or landed
@@ -42,6 +44,7 @@ class TransferMetrics {
   uint64_t retried() const { return retried_.load(); }
   uint64_t rejected() const { return rejected_.load(); }
   uint64_t dropped_silent() const { return dropped_silent_.load(); }
+  uint64_t set_aside() const { return set_aside_.load(); }
   uint64_t bytes() const { return bytes_.load(); }
   int64_t active() const { return active_.load(); }
   uint64_t metadata_missing() const { return metadata_missing_.load(); }
@@ -55,7 +58,7 @@ class TransferMetrics {
 
  private:
   std::atomic<uint64_t> started_{0}, succeeded_{0}, failed_{0}, retried_{0}, rejected_{0};
-  std::atomic<uint64_t> dropped_silent_{0};
+  std::atomic<uint64_t> dropped_silent_{0}, set_aside_{0};
   std::atomic<uint64_t> metadata_missing_{0}, metadata_bad_{0};
   std::atomic<int64_t> fenced_{0};
   std::atomic<int64_t> quarantined_pages_{0};

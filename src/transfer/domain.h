@@ -12,9 +12,12 @@
 // fi_cancel where the provider supports cancelling it) or the endpoint was closed: until then a
 // write may still land, so its caller must not reuse or announce the memory it targets. An
 // operation held by a stalled peer therefore holds its transfer's completion until the peer
-// moves, dies (its connection breaks) or the domain closes.
+// moves, dies (its connection breaks) or the domain closes. Neither closing our endpoint nor
+// removing the peer from the address vector (whose effect on operations in progress libfabric
+// leaves undefined) recalls bytes a kernel or NIC already sent: only the target can refuse late
+// writes for sure, by closing the region's registration (the decode messenger revokes keys).
 //
-// Ordering (checked at Create, see ProtocolNeeds in domain_worker.cc): every write is posted
+// Ordering (checked at Create, see GetInfoWith in domain_worker.cc): every write is posted
 // with FI_DELIVERY_COMPLETE, so its completion means the data is placed in the target's memory;
 // the protocol never relies on write-after-write (FI_ORDER_WAW), send-after-write (FI_ORDER_SAW)
 // or completion order: the target counts immediates, and "done" messages are sent only after
@@ -34,7 +37,9 @@
 //
 // Thread safety: all public methods are thread-safe. Completions, message handlers and imm
 // callbacks run on the worker thread and must not block or call blocking Domain methods
-// (RegisterMemory, Deregister, AddRemote, AddPeer); Submit*/Cancel are fine.
+// (RegisterMemory, Deregister, AddRemote, AddPeer); Submit*/Cancel are fine. Completions of the
+// transfers still open when the domain is destroyed run on the destroying thread, once the
+// endpoint is closed.
 #pragma once
 
 #include <rdma/fabric.h>
@@ -179,7 +184,7 @@ class Domain {
   // NumRegionsFreedWhileRegistered).
   Result<MemoryRegion> RegisterMemory(void* data, uint64_t size,
                                       RegionAccess access = RegionAccess::kSourceAndTarget);
-  // FailedPrecondition while operations (also abandoned ones) still use the region.
+  // FailedPrecondition while operations (also those of failed transfers) still use the region.
   Status Deregister(const MemoryRegion& region);
 
   // Validates a peer's descriptor and inserts its address (cached per address).
