@@ -148,6 +148,8 @@ int RunServe(const ServeFlags& f) {
 
   auto layout = engine::ParseKvLayout(f.kv_layout);
   if (!layout.ok()) return Fail("--kv-layout: " + layout.status().message());
+  // Before the model loads: a refused role (no cluster secret, ...) says so at once.
+  if (Status s = ValidateRoleFlags(f.roles); !s.ok()) return Fail(s.message());
   auto tokenizer = model::Tokenizer::Load(f.model);
   if (!tokenizer.ok()) return Fail(tokenizer.status().ToString());
   auto weights = model::LoadModelWeights(f.model);
@@ -186,7 +188,6 @@ int RunServe(const ServeFlags& f) {
         "--compute-cpus and --io-cpus without a CPU in common)");
   }
   ao.warm_period_s = f.roles.kv_wait_warm_ms / 1000.0;
-  if (Status s = ValidateRoleFlags(f.roles); !s.ok()) return Fail(s.message());
   if (f.roles.role == "prefill") {
     const int rc = RunPrefillRole(roles, *weights, std::move(eng).value(), ao, f.host, f.port);
     return FinishTrace(roles.tracer, roles.trace_file, rc);

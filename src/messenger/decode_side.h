@@ -79,6 +79,15 @@ struct DecodeMessengerOptions {
   // instance is marked down and its keys revoked (its other attempts retry elsewhere), then the
   // pages are freed: a late write can never land in pages another request already uses.
   double fence_grace_s = 5.0;
+  // The largest control message received; a prompt's ids are split into PromptChunks that fit
+  // both this and what each prefill instance announced in the handshake. At least
+  // kMinMessageBytes.
+  uint32_t max_message_bytes = kDefaultMessageBytes;
+  // Control messages waiting for the messenger thread; beyond, dropped and counted.
+  size_t max_queued_messages = 1024;
+  // Tests only: consulted before each control message goes to the fabric; an error is treated as
+  // that send's local failure (as an encoding or a size error would be). Messenger thread.
+  std::function<Status(const Message&)> send_fault;
   // Borrowed, outlives the messenger; null: no trace. Events: "prefill request sent",
   // "kv transfer" (sent -> KV counter fired), "kv ready", "metadata landed", "attempt failed",
   // "transfer failed".
