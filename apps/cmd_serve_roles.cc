@@ -196,7 +196,7 @@ sigset_t StopSignals() {
 
 int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
                    std::unique_ptr<engine::Engine> eng, const engine::AsyncEngineOptions& ao,
-                   const std::string& host, int port) {
+                   const std::string& host, int port, const server::HttpLimits& limits) {
   auto fail = [](const Status& s) {
     std::fprintf(stderr, "serve: %s\n", s.ToString().c_str());
     return 1;
@@ -224,7 +224,7 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
   if (!async.ok()) return fail(async.status());
   (*messenger)->Start(async->get());
 
-  httplib::Server http;
+  server::LimitedHttpServer http(limits);
   const messenger::KvFormat fmt = (*messenger)->format();
   nlohmann::json info = {
       {"role", "prefill"},
@@ -241,8 +241,9 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
   });
   engine::AsyncEngine* a = async->get();
   messenger::PrefillMessenger* m = messenger->get();
-  http.Get("/metrics", [a, m](const httplib::Request&, httplib::Response& res) {
-    res.set_content(EngineMetrics(a->stats(), "prefill") + m->metrics().PrometheusText("prefill"),
+  http.Get("/metrics", [a, m, &http](const httplib::Request&, httplib::Response& res) {
+    res.set_content(EngineMetrics(a->stats(), "prefill") + m->metrics().PrometheusText("prefill") +
+                        http.RefusedMetricsText(),
                     "text/plain; version=0.0.4");
   });
   int bound = port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, port) ? port : -1);

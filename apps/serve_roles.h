@@ -19,6 +19,7 @@
 #include "engine/async_engine.h"
 #include "engine/engine.h"
 #include "model/weights.h"
+#include "server/http_transport.h"
 
 namespace pd::apps {
 
@@ -49,9 +50,10 @@ bool FabricIsLoopbackOnly(const std::string& provider, const std::string& node);
 
 // Runs a prefill instance until SIGINT/SIGTERM (which the caller has blocked); returns the exit
 // code.
+// Its bootstrap HTTP server has the same limits as every other (`http`).
 int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
                    std::unique_ptr<engine::Engine> engine, const engine::AsyncEngineOptions& ao,
-                   const std::string& host, int port);
+                   const std::string& host, int port, const server::HttpLimits& http);
 
 // The engine the OpenAI server runs on: a plain AsyncEngine (colocated) or a DecodeMessenger
 // that has completed its handshake with the prefill instances (decode).

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "common/rate_limited_log.h"
 #include "common/thread_util.h"
 #include "server/openai_protocol.h"
 
@@ -20,6 +21,7 @@ std::string ForwardedHeaders(const httplib::Request& req) {
 
 void SendError(httplib::Response& res, int status, const std::string& message) {
   res.status = status;
+  PD_LOG_WARN_EVERY_N_SEC(10.0, std::to_string(status), "router: answered {}: {}", status, message);
   res.set_content(ErrorBody(status, message), "application/json");
 }
 
@@ -89,12 +91,15 @@ void Router::RegisterRoutes() {
         std::to_string(relay_->unforwarded()) +
         "\n# TYPE pdserve:router_rejected_total counter\npdserve:router_rejected_total " +
         std::to_string(rejected_.load()) +
+        "\n# TYPE pdserve:router_clients_gone_total counter\npdserve:router_clients_gone_total " +
+        std::to_string(relay_->clients_gone()) +
         "\n# TYPE pdserve:router_open_streams gauge\npdserve:router_open_streams " +
         std::to_string(open_.load()) + "\n# TYPE pdserve:router_outstanding gauge\n";
     for (const auto& b : backends_) {
       out += "pdserve:router_outstanding{backend=\"" + b->url + "\"} " +
              std::to_string(b->outstanding.load()) + "\n";
     }
+    out += http_.RefusedMetricsText();
     res.set_content(out, "text/plain; version=0.0.4");
   });
 }

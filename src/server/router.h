@@ -67,6 +67,8 @@ class Router {
   // Relayed requests open now, and those turned away by max_open_streams so far.
   int open_streams() const { return open_.load(); }
   uint64_t rejected() const { return rejected_.load(); }
+  // Clients that went away before their answer was complete (their upstream request aborted).
+  uint64_t clients_gone() const { return relay_->clients_gone(); }
 
  private:
   explicit Router(const RouterOptions& options);

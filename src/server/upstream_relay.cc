@@ -89,6 +89,7 @@ class UpstreamRelay::Exchange {
       if (!clean && !forwarded_) {
         relay_.unforwarded_.fetch_add(1);  // the request never reached the decode instance whole
       }
+      if (!clean && counted_) relay_.clients_gone_.fetch_add(1);  // before its answer ended
       if (!clean) CloseUpstream(false);  // client gone: the decode instance aborts
       Finish();
     };

@@ -85,6 +85,9 @@ class UpstreamRelay {
   // Exchanges whose client went away before their request was written whole to a decode
   // instance: the decode instance never saw them.
   uint64_t unforwarded() const { return unforwarded_.load(); }
+  // Exchanges whose client went away before the answer was complete (streamed or not): their
+  // decode connection was closed, so the decode instance aborted the request.
+  uint64_t clients_gone() const { return clients_gone_.load(); }
 
  private:
   class Exchange;
@@ -103,6 +106,7 @@ class UpstreamRelay {
   std::atomic<uint64_t> connections_{0};
   std::atomic<uint64_t> failures_{0};
   std::atomic<uint64_t> unforwarded_{0};
+  std::atomic<uint64_t> clients_gone_{0};
   // Loop thread only.
   std::unordered_map<Exchange*, std::unique_ptr<Exchange>> exchanges_;
   std::unordered_map<UpstreamTarget*, std::vector<IdleConnection>> idle_;  // newest last
