@@ -314,6 +314,12 @@ Result<std::unique_ptr<engine::AsyncEngine>> CreateRoleEngine(
   mo.max_message_bytes = flags.control_message_bytes;
   mo.max_transfers = std::max(mo.max_transfers, ao.max_pending_requests);  // one per request
   mo.tracer = flags.tracer;
+  // A prefill instance that restarts (under `up`'s supervision) has a new fabric endpoint at the
+  // same URL: one look at its /pd/info per round.
+  mo.resolve_address = [](const messenger::PrefillPeer& p) -> Result<std::string> {
+    ASSIGN_OR_RETURN(messenger::PrefillPeer now, FetchPeer(p.name, 0.0));
+    return now.fabric_address;
+  };
   std::stringstream urls(flags.prefill_peers);
   std::string url;
   while (std::getline(urls, url, ',')) {

@@ -169,22 +169,6 @@ pid_t PidOnLine(const std::string& line) {
   return at == std::string::npos ? -1 : std::atoi(line.c_str() + at + 5);
 }
 
-TEST(DisaggUpTest, StopsEveryInstanceWhenOneDies) {
-  const int port = PickPort();
-  Process up;
-  ASSERT_TRUE(up.Start({kBinary, "up", "--model", ModelDir(), "--port", std::to_string(port),
-                        "--threads", "1", "--max-model-len", "256"}));
-  std::string line = up.WaitForLine("prefill 0 on", 180s);
-  ASSERT_FALSE(line.empty()) << up.output();
-  ASSERT_FALSE(up.WaitForLine("router (OpenAI API) on", 60s).empty()) << up.output();
-  const pid_t prefill = PidOnLine(line);
-  ASSERT_GT(prefill, 0);
-  kill(prefill, SIGKILL);
-  EXPECT_EQ(up.Wait(60s), 1);
-  EXPECT_THAT(up.output(), HasSubstr("prefill 0 (pid " + std::to_string(prefill) +
-                                     ") was killed by signal 9: stopping every instance"));
-}
-
 // Each thread of a process: its name and its Cpus_allowed_list, from /proc.
 std::vector<std::pair<std::string, std::string>> ThreadCpus(pid_t pid) {
   std::vector<std::pair<std::string, std::string>> out;

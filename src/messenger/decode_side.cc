@@ -34,6 +34,7 @@ Status DecodeMessenger::Impl::Init() {
       runner_.num_ranks(), peers_.size(), scheme_.tp_size, scheme_.num_kv_heads);
   for (int i = slots - 1; i >= 0; --i) free_meta_slots_.push_back(i);
   thread_ = std::thread([this] { Loop(); });
+  if (options_.resolve_address) resolver_ = std::thread([this] { ResolveLoop(); });
   return OkStatus();
 }
 
@@ -79,6 +80,7 @@ void DecodeMessenger::Impl::Loop() {
 
 void DecodeMessenger::Impl::Stop() {
   if (stopped_.exchange(true)) return;
+  StopResolver();  // before the queue it posts to
   queue_->Stop();
   if (thread_.joinable()) thread_.join();
   for (auto& [id, r] : reqs_) {
@@ -170,16 +172,17 @@ Status DecodeMessenger::Impl::Send(int peer, const Message& m) {
                                 });
   if (!id.ok()) return id.status().WithContext("sending to " + peers_[peer].config.name);
   *slot = *id;
-  sends_[*id] = {peer, NowSeconds() + options_.send_timeout_s};
+  sends_[*id] = {peer, NowSeconds() + options_.send_timeout_s, peers_[peer].generation};
   return OkStatus();
 }
 
 void DecodeMessenger::Impl::OnSendDone(transfer::TransferId id, const Status& status) {
   auto it = sends_.find(id);
   if (it == sends_.end()) return;  // timed out and handled already
-  const int peer = it->second.peer;
+  const PendingSend send = it->second;
   sends_.erase(it);
-  if (!status.ok()) MarkDown(peer, status);
+  // A send to the address a restarted peer had says nothing about the new one.
+  if (!status.ok() && send.generation == peers_[send.peer].generation) MarkDown(send.peer, status);
 }
 
 // The peer cannot be reached, or did not confirm the end of a transfer in time: revoke its keys

@@ -99,6 +99,13 @@ struct DecodeMessengerOptions {
   // landed while the canary is still there is not delivered but counted (metadata_bad) and
   // logged; one that never lands is counted (metadata_missing). Neither fails the request.
   std::function<void(int64_t request_id, const std::vector<float>& last_hidden)> on_metadata;
+  // Looks up a peer's current fabric address (e.g. GET its bootstrap URL's /pd/info); may block.
+  // Set: a thread of the messenger's own asks it for every peer not refused, every
+  // resolve_interval_s; a peer whose address changed (a prefill instance restarted) has its
+  // attempts in flight failed over as for a dead peer and is greeted at the new address at once.
+  // Empty: a peer's address never changes.
+  std::function<Result<std::string>(const PrefillPeer& peer)> resolve_address;
+  double resolve_interval_s = 1.0;
 };
 
 struct PeerStatus {

@@ -63,6 +63,7 @@ struct Peer {
   double last_heartbeat = -1e9;
   uint64_t session = 0;  // its process's, from its HelloReply; 0: not known yet
   uint32_t max_message_bytes = kMinMessageBytes;  // the largest control message it receives
+  uint32_t generation = 0;  // bumped when its address changes (a restart): older sends don't count
   // Our regions as this peer may write them: registered for it alone, so its keys can be revoked
   // (RevokeKeys) without touching any other peer's.
   std::vector<transfer::MemoryRegion> kv_mrs;  // per rank
@@ -72,6 +73,7 @@ struct Peer {
 struct PendingSend {
   int peer = -1;
   double deadline = 0.0;
+  uint32_t generation = 0;  // the peer's when sent
 };
 
 // An attempt that ended while its prefill instance may still write: its pages (a reference of
@@ -176,6 +178,11 @@ class DecodeMessenger::Impl {
   Status Send(int peer, const Message& m);
   void OnSendDone(transfer::TransferId id, const Status& status);
   void MarkDown(int peer, const Status& why);
+  // The resolver thread (options_.resolve_address): every resolve_interval_s until Stop, each
+  // peer's address; a changed one goes to Readdress on the messenger thread.
+  void ResolveLoop() EXCLUDES(resolve_mu_);
+  void StopResolver() EXCLUDES(resolve_mu_);
+  void Readdress(int peer, const std::string& fabric_address);
   // Registers our KV regions and metadata buffer for peers_[peer] (fresh keys).
   Status RegisterPeerRegions(int peer);
   // Deregisters peers_[peer]'s regions and registers them anew: once this returns, no write of
@@ -198,6 +205,10 @@ class DecodeMessenger::Impl {
   std::unique_ptr<transfer::Domain> domain_;
   std::thread thread_;
   std::atomic<bool> stopped_{false};
+  std::thread resolver_;
+  Mutex resolve_mu_;
+  CondVar resolve_cv_;
+  bool resolve_stop_ GUARDED_BY(resolve_mu_) = false;
   uint64_t wire_prefix_ = 0;
 
   // What other threads (WaitForPeers, Peers, Submit) see of peers_, one entry per peer.

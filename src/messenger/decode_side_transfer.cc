@@ -464,12 +464,14 @@ void DecodeMessenger::Impl::CheckDeadlines() {
                                    [](const auto& a, const auto& b) { return a.first < b.first; });
     if (now > oldest->second.deadline) {
       const transfer::TransferId id = oldest->first;
-      const int peer = oldest->second.peer;
+      const PendingSend stuck = oldest->second;
       sends_.erase(oldest);
       for (auto& [other, send] : sends_) send.deadline = now + options_.send_timeout_s;
       domain_->Cancel(id);  // unblocks the queue behind it
-      MarkDown(peer, DeadlineExceeded("a control message was not delivered within " +
-                                      std::to_string(options_.send_timeout_s) + " s"));
+      if (stuck.generation == peers_[stuck.peer].generation) {
+        MarkDown(stuck.peer, DeadlineExceeded("a control message was not delivered within " +
+                                              std::to_string(options_.send_timeout_s) + " s"));
+      }
     }
   }
   // A fence past its deadline and fence_grace_s: its prefill instance is alive (an unreachable one

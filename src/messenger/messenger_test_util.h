@@ -99,14 +99,20 @@ struct PrefillInstance {
   }
 };
 
-// A started prefill instance ("prefill"), or null when the fabric provider is unavailable.
+// A started prefill instance ("prefill"), or null when the fabric provider is absent (any other
+// Create error also adds a test failure).
 // `tracer` (may be null) traces both its engine and its messenger.
 // A prefill messenger over `e`, observing its steps, started on its async engine (null when
 // the fabric is unavailable).
 inline std::unique_ptr<PrefillInstance> LaunchPrefill(std::unique_ptr<engine::Engine> e,
                                                       const PrefillMessengerOptions& o) {
   auto m = PrefillMessenger::Create(o, e->runner());
-  if (!m.ok()) return nullptr;
+  if (!m.ok()) {  // null only where the provider is absent (the caller skips): else a failure
+    if (!transfer::testing::ProviderAbsent(m.status())) {
+      ADD_FAILURE() << "PrefillMessenger::Create: " << m.status().ToString();
+    }
+    return nullptr;
+  }
   PD_CHECK(e->disagg_hooks() != nullptr);
   e->disagg_hooks()->SetStepObserver((*m)->step_observer());
   auto p = std::make_unique<PrefillInstance>();
@@ -279,7 +285,12 @@ class FakePeer {
       });
     };
     auto d = transfer::Domain::Create(o);
-    if (!d.ok()) return nullptr;
+    if (!d.ok()) {  // null only where the provider is absent (the caller skips): else a failure
+      if (!transfer::testing::ProviderAbsent(d.status())) {
+        ADD_FAILURE() << "FakePeer: Domain::Create: " << d.status().ToString();
+      }
+      return nullptr;
+    }
     p->domain_ = std::move(d).value();
     p->thread_ = std::thread([raw] {
       while (raw->queue_.RunFor(std::chrono::milliseconds(20))) {

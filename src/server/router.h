@@ -72,6 +72,9 @@ class Router {
 
  private:
   explicit Router(const RouterOptions& options);
+  // The backend with the fewest requests in flight among those that did not refuse a connection
+  // within the last second (ties go round); null when every one did.
+  UpstreamTarget* PickAvailable(const UpstreamTarget* besides = nullptr);
   int Pick();
   void Forward(const httplib::Request& req, httplib::Response& res);
   void RegisterRoutes();

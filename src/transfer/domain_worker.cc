@@ -75,13 +75,16 @@ Result<FiInfoPtr> GetInfoWith(const DomainOptions& options, uint64_t mr_mode) {
   const char* node = options.node.empty() ? nullptr : options.node.c_str();
   int rc = fi_getinfo(FI_VERSION(1, 17), node, nullptr, node ? FI_SOURCE : 0, hints.get(), &info);
   if (rc != 0) {
-    return FabricError("fi_getinfo(provider '" + options.provider + "', domain '" +
-                           options.domain_name + "', node '" + options.node + "')",
-                       rc)
-        .WithContext(
-            "no matching fabric interface (the transfer engine needs an FI_EP_RDM endpoint with "
-            "RMA writes, send-after-send ordering (FI_ORDER_SAS)" +
-            std::string(options.delivery_complete ? " and FI_DELIVERY_COMPLETE" : "") + ")");
+    Status s =
+        FabricError("fi_getinfo(provider '" + options.provider + "', domain '" +
+                        options.domain_name + "', node '" + options.node + "')",
+                    rc)
+            .WithContext(
+                "no matching fabric interface (the transfer engine needs an FI_EP_RDM "
+                "endpoint with RMA writes, send-after-send ordering (FI_ORDER_SAS)" +
+                std::string(options.delivery_complete ? " and FI_DELIVERY_COMPLETE" : "") + ")");
+    // FI_ENODATA: no such provider here, or none that offers what we asked for.
+    return rc == -FI_ENODATA ? NotFound(s.message()) : s;
   }
   return FiInfoPtr(info);
 }
