@@ -278,8 +278,12 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
   sigwait(&stop, &sig);
   http.stop();
   listener.join();
+  // Teardown order: the messenger stops and closes its fabric domain, the engine stops, then the
+  // messenger goes before the engine, which owns the KV region the domain had registered.
   (*messenger)->Stop();
   (*async)->Shutdown();
+  messenger->reset();
+  async->reset();
   std::printf("pdserve: stopped\n");
   return 0;
 }

@@ -24,15 +24,47 @@ Status DecodeMessenger::Impl::Init() {
   inbox.max_queued = options_.max_queued_messages;
   ASSIGN_OR_RETURN(domain_,
                    OpenMessengerDomain(options_.domain, options_.max_message_bytes, inbox));
-  ASSIGN_OR_RETURN(kv_mrs_, RegisterRankRegions(*domain_, runner_));
-  PD_LOG_INFO("decode messenger: {} rank KV region(s) registered (tp_size {}, {} KV heads)",
-              kv_mrs_.size(), scheme_.tp_size, scheme_.num_kv_heads);
-  meta_buffer_.assign(static_cast<size_t>(std::max(1, options_.max_transfers)) * slot_bytes_, 0);
-  ASSIGN_OR_RETURN(meta_mr_, domain_->RegisterMemory(meta_buffer_.data(), meta_buffer_.size()));
-  for (int i = std::max(1, options_.max_transfers) - 1; i >= 0; --i) free_meta_slots_.push_back(i);
+  const int slots = std::max(1, options_.max_transfers);
+  ASSIGN_OR_RETURN(meta_buffer_,
+                   transfer::HostBuffer::Allocate(static_cast<size_t>(slots) * slot_bytes_));
+  for (size_t i = 0; i < peers_.size(); ++i) RETURN_IF_ERROR(RegisterPeerRegions(i));
+  PD_LOG_INFO(
+      "decode messenger: {} rank KV region(s) registered for each of {} prefill peer(s) "
+      "(tp_size {}, {} KV heads)",
+      runner_.num_ranks(), peers_.size(), scheme_.tp_size, scheme_.num_kv_heads);
+  for (int i = slots - 1; i >= 0; --i) free_meta_slots_.push_back(i);
   thread_ = std::thread([this] { Loop(); });
   if (options_.resolve_address) resolver_ = std::thread([this] { ResolveLoop(); });
   return OkStatus();
+}
+
+Status DecodeMessenger::Impl::RegisterPeerRegions(int peer) {
+  Peer& p = peers_[peer];
+  ASSIGN_OR_RETURN(p.kv_mrs,
+                   RegisterRankRegions(*domain_, runner_, transfer::RegionAccess::kRemoteWrite));
+  ASSIGN_OR_RETURN(p.meta_mr, domain_->RegisterMemory(meta_buffer_.data(), meta_buffer_.size(),
+                                                      transfer::RegionAccess::kRemoteWrite));
+  return OkStatus();
+}
+
+void DecodeMessenger::Impl::RevokeKeys(int peer, const Status& why) {
+  Peer& p = peers_[peer];
+  for (const transfer::MemoryRegion& mr : p.kv_mrs) (void)domain_->Deregister(mr);
+  (void)domain_->Deregister(p.meta_mr);
+  p.kv_mrs.clear();
+  p.meta_mr = {};
+  owner_->metrics_.KeysRevoked();
+  PD_LOG_WARN(
+      "decode messenger: revoked prefill instance {}'s keys ({}): none of its late writes "
+      "can land",
+      p.config.name, why.ToString());
+  if (Status s = RegisterPeerRegions(peer); !s.ok()) {
+    PD_LOG_ERROR("decode messenger: prefill instance {} refused: {}", p.config.name, s.ToString());
+    p.state = PeerStatus::State::kRefused;
+    p.reason = "prefill instance " + p.config.name +
+               ": registering the KV regions anew failed: " + s.ToString();
+    PublishPeer(peer);
+  }
 }
 
 void DecodeMessenger::Impl::Loop() {
@@ -153,15 +185,24 @@ void DecodeMessenger::Impl::OnSendDone(transfer::TransferId id, const Status& st
   if (!status.ok() && send.generation == peers_[send.peer].generation) MarkDown(send.peer, status);
 }
 
-// The peer cannot be reached: fail its transfers now (they retry elsewhere) and greet it again
-// with back-off.
+// The peer cannot be reached, or did not confirm the end of a transfer in time: revoke its keys
+// if it may still be writing, fail its transfers now (they retry elsewhere), lift its fences and
+// greet it again with back-off.
 void DecodeMessenger::Impl::MarkDown(int peer, const Status& why) {
   Peer& p = peers_[peer];
   if (p.state == PeerStatus::State::kRefused) return;
   if (p.state != PeerStatus::State::kDown) {
-    PD_LOG_WARN("decode messenger: prefill instance {} is unreachable: {}", p.config.name,
+    PD_LOG_WARN("decode messenger: prefill instance {} marked down: {}", p.config.name,
                 why.ToString());
   }
+  // Whatever it still has queued must not land in pages we are about to reuse: a peer found
+  // unreachable may only be stalled (SIGSTOP, a partition) and resume later.
+  const bool writing = std::any_of(fences_.begin(), fences_.end(),
+                                   [&](const auto& f) { return f.second.peer == peer; }) ||
+                       std::any_of(reqs_.begin(), reqs_.end(), [&](const auto& r) {
+                         return r.second->in_flight && r.second->peer == peer;
+                       });
+  if (writing) RevokeKeys(peer, why);  // may refuse it for good
   if (p.state == PeerStatus::State::kAccepted || p.state == PeerStatus::State::kDown) {
     p.state = PeerStatus::State::kDown;
   }
@@ -175,12 +216,12 @@ void DecodeMessenger::Impl::MarkDown(int peer, const Status& why) {
     FailAttempt(r, Unavailable("prefill instance " + p.config.name + " is unreachable (" +
                                why.message() + ")"));
   }
-  // An unreachable instance cannot write any more (its connection is gone).
+  // Its keys are revoked (above): none of its writes can land any more.
   std::vector<uint64_t> released;
   for (const auto& [wire, f] : fences_) {
     if (f.peer == peer) released.push_back(wire);
   }
-  for (uint64_t wire : released) ReleaseFence(wire, "the instance became unreachable");
+  for (uint64_t wire : released) ReleaseFence(wire, "the instance's keys were revoked");
 }
 
 void DecodeMessenger::Impl::OnFrame(Frame frame) {

@@ -17,10 +17,16 @@
 // fresh wire id make late writes and messages of the first attempt uncountable), else it ends with
 // kError and a message that says what happened. Aborts cancel the transfer. The messenger holds a
 // page reference of its own for every attempt: an attempt that ends before its writes landed
-// leaves that reference and its metadata slot in a fence until the prefill instance confirms it
-// stopped writing (PrefillDone), is unreachable, or fence_grace_s past the attempt's deadline, so
-// a late write never lands in pages or a slot another request uses. One-token prompts need no
-// transfer and run as plain requests.
+// leaves that reference and its metadata slot in a fence (quarantine) until the prefill instance
+// confirms it stopped writing (PrefillDone, sent only once every write it posted came back) or
+// its keys are revoked, so a late write never lands in pages or a slot another request uses.
+// Each prefill instance writes through regions registered for it alone; revoking its keys
+// deregisters them and registers them anew (the next PrefillRequest carries the new keys), after
+// which the provider rejects whatever that instance still has queued. Keys are revoked when the
+// instance is marked down (a send failed or was not delivered in time) while it may still write,
+// and when a fence outlives the attempt's deadline by fence_grace_s: a live instance that never
+// confirms is marked down rather than trusted, so no page goes back on a timer alone. One-token
+// prompts need no transfer and run as plain requests.
 //
 // Thread safety: every public method may be called from any thread. One messenger thread owns
 // requests and peers; the domain worker and the engine thread post tasks to it.
@@ -72,9 +78,10 @@ struct DecodeMessengerOptions {
   // none free fails ResourceExhausted. Give at least the engine's max_pending_requests.
   int max_transfers = 1024;
   // An attempt that ended early (failed, cancelled, aborted) keeps its pages and metadata slot out
-  // of use until its prefill instance answers PrefillDone (sent once all its writes completed) or
-  // is unreachable, at most this long past the attempt's deadline: a late write can never land in
-  // pages another request already uses.
+  // of use until its prefill instance answers PrefillDone (sent once all its writes came back) or
+  // its keys are revoked. If no PrefillDone came this long past the attempt's deadline, the
+  // instance is marked down and its keys revoked (its other attempts retry elsewhere), then the
+  // pages are freed: a late write can never land in pages another request already uses.
   double fence_grace_s = 5.0;
   // The largest control message received; a prompt's ids are split into PromptChunks that fit
   // both this and what each prefill instance announced in the handshake. At least

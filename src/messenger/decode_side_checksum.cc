@@ -9,8 +9,9 @@ Status DecodeMessenger::Impl::CheckKvChecksums(const Req& r) const {
   ASSIGN_OR_RETURN(ShardPlan plan,
                    PlanTransfer(peers_[r.peer].scheme, scheme_, format_, r.wire_id));
   std::vector<RankKv> ranks;
-  for (size_t k = 0; k < kv_mrs_.size(); ++k) {
-    ranks.push_back({reinterpret_cast<const uint8_t*>(kv_mrs_[k].data),
+  const std::vector<transfer::MemoryRegion>& kv_mrs = peers_[r.peer].kv_mrs;
+  for (size_t k = 0; k < kv_mrs.size(); ++k) {
+    ranks.push_back({reinterpret_cast<const uint8_t*>(kv_mrs[k].data),
                      static_cast<uint64_t>(runner_.rank_region(static_cast<int>(k)).num_pages())});
   }
   const uint32_t num_pages =

@@ -19,6 +19,7 @@
 #include "messenger/decode_side.h"
 #include "messenger/handshake.h"
 #include "messenger/kv_checksum.h"
+#include "transfer/host_buffer.h"
 
 namespace pd::messenger {
 namespace decode_internal {
@@ -64,6 +65,10 @@ struct Peer {
   uint64_t session = 0;  // its process's, from its HelloReply; 0: not known yet
   uint32_t max_message_bytes = kMinMessageBytes;  // the largest control message it receives
   uint32_t generation = 0;  // bumped when its address changes (a restart): older sends don't count
+  // Our regions as this peer may write them: registered for it alone, so its keys can be revoked
+  // (RevokeKeys) without touching any other peer's.
+  std::vector<transfer::MemoryRegion> kv_mrs;  // per rank
+  transfer::MemoryRegion meta_mr;
 };
 
 struct PendingSend {
@@ -182,6 +187,13 @@ class DecodeMessenger::Impl {
   void ResolveLoop() EXCLUDES(resolve_mu_);
   void StopResolver() EXCLUDES(resolve_mu_);
   void Readdress(int peer, const std::string& fabric_address);
+  // Registers our KV regions and metadata buffer for peers_[peer] (fresh keys).
+  Status RegisterPeerRegions(int peer);
+  // Deregisters peers_[peer]'s regions and registers them anew: once this returns, no write of
+  // that peer with the keys it was given can land (the provider rejects the old keys), whatever
+  // it still has queued. A peer whose regions cannot be registered again is refused.
+  void RevokeKeys(int peer, const Status& why);
+  void PublishFences();
 
   DecodeMessenger* const owner_;
   const DecodeMessengerOptions options_;
@@ -194,10 +206,9 @@ class DecodeMessenger::Impl {
   const uint64_t slot_bytes_;
   std::shared_ptr<FrameCodec> codec_;  // shared with the fabric worker's inbox
   std::shared_ptr<TaskQueue> queue_;
+  // Declared before the domain so it is freed after it: peers may write here until it closes.
+  transfer::HostBuffer meta_buffer_;  // (max_transfers, slot_bytes): where prefill writes metadata
   std::unique_ptr<transfer::Domain> domain_;
-  std::vector<transfer::MemoryRegion> kv_mrs_;  // per rank, all in the one domain
-  transfer::MemoryRegion meta_mr_;
-  std::vector<uint8_t> meta_buffer_;  // (max_transfers, slot_bytes): where prefill writes metadata
   std::thread thread_;
   std::atomic<bool> stopped_{false};
   std::thread resolver_;

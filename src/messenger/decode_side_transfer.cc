@@ -179,9 +179,9 @@ Status DecodeMessenger::Impl::SendPrefillRequest(Req* r, uint32_t num_pages, uin
   m.num_tokens = num_tokens;
   m.num_pages = num_pages;
   m.decode_scheme = scheme_;
-  for (const transfer::MemoryRegion& mr : kv_mrs_)
+  for (const transfer::MemoryRegion& mr : peers_[peer].kv_mrs)
     m.rank_regions.push_back(mr.descriptor.ToBytes());
-  m.metadata_region = meta_mr_.descriptor.ToBytes();
+  m.metadata_region = peers_[peer].meta_mr.descriptor.ToBytes();
   m.metadata_offset = slot_bytes_ * r->meta_slot;
   m.metadata_bytes = meta_bytes_;
   m.deadline_ms = options_.transfer_timeout_ms;
@@ -367,7 +367,7 @@ void DecodeMessenger::Impl::EndAttempt(Req* r, bool fence) {
     f.meta_landed = r->meta_landed;
     f.request_id = r->id;
     f.deadline = r->deadline + options_.fence_grace_s;
-    owner_->metrics_.SetFenced(static_cast<int64_t>(fences_.size()));
+    PublishFences();
   } else {
     if (!fence && !r->meta_landed) MetadataNeverLanded(r->id, r->peer, "it stopped writing");
     FreeMetaSlot(r->meta_slot, r->meta_imm);
@@ -447,7 +447,14 @@ void DecodeMessenger::Impl::ReleaseFence(uint64_t wire_id, const char* why) {
   if (f.kv_landed && !f.meta_landed) MetadataNeverLanded(f.request_id, f.peer, why);
   FreeMetaSlot(f.meta_slot, f.meta_imm);
   fences_.erase(it);
+  PublishFences();
+}
+
+void DecodeMessenger::Impl::PublishFences() {
+  int64_t pages = 0;
+  for (const auto& [wire, f] : fences_) pages += static_cast<int64_t>(f.pages.size());
   owner_->metrics_.SetFenced(static_cast<int64_t>(fences_.size()));
+  owner_->metrics_.SetQuarantinedPages(pages);
 }
 
 void DecodeMessenger::Impl::MetadataNeverLanded(int64_t id, int peer, const char* why) {
@@ -484,18 +491,20 @@ void DecodeMessenger::Impl::CheckDeadlines() {
       }
     }
   }
-  std::vector<uint64_t> expired;
+  // A fence past its deadline and fence_grace_s: its prefill instance is alive (an unreachable one
+  // was marked down, which lifted it) but never confirmed it stopped writing. Its pages are not
+  // handed back on a timer: the instance is marked down, which revokes its keys first.
+  std::vector<int> unconfirmed;
   for (const auto& [wire, f] : fences_) {
-    if (now > f.deadline) expired.push_back(wire);
-  }
-  for (uint64_t wire : expired) {
-    if (!fences_[wire].kv_landed) {
-      PD_LOG_WARN(
-          "decode messenger: prefill instance {} never confirmed the end of transfer {}; its "
-          "pages are reused after {} s",
-          peers_[fences_[wire].peer].config.name, wire, options_.fence_grace_s);
+    if (now > f.deadline &&
+        std::find(unconfirmed.begin(), unconfirmed.end(), f.peer) == unconfirmed.end()) {
+      unconfirmed.push_back(f.peer);
     }
-    ReleaseFence(wire, "the transfer deadline and fence_grace_s passed");
+  }
+  for (int peer : unconfirmed) {
+    MarkDown(peer, DeadlineExceeded("it did not confirm the end of a transfer within " +
+                                    std::to_string(options_.fence_grace_s) +
+                                    " s past the transfer's deadline"));
   }
   std::vector<Req*> late;
   for (auto& [id, r] : reqs_) {

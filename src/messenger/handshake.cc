@@ -140,14 +140,16 @@ Result<uint64_t> ExpectedWrites(const ShardScheme& prefill, const ShardScheme& d
 }
 
 Result<std::vector<transfer::MemoryRegion>> RegisterRankRegions(transfer::Domain& domain,
-                                                                engine::ModelRunner& runner) {
+                                                                engine::ModelRunner& runner,
+                                                                transfer::RegionAccess access) {
   std::vector<transfer::MemoryRegion> mrs;
   const int num_layers = runner.config().num_layers;
   for (int r = 0; r < runner.num_ranks(); ++r) {
     engine::KvRegion& region = runner.rank_region(r);
     const uint64_t kv_bytes =
         uint64_t{region.spec().page_bytes()} * num_layers * region.num_pages();
-    ASSIGN_OR_RETURN(transfer::MemoryRegion mr, domain.RegisterMemory(region.base(), kv_bytes));
+    ASSIGN_OR_RETURN(transfer::MemoryRegion mr,
+                     domain.RegisterMemory(region.base(), kv_bytes, access));
     mrs.push_back(std::move(mr));
   }
   return mrs;

@@ -78,8 +78,11 @@ Result<std::unique_ptr<transfer::Domain>> OpenMessengerDomain(transfer::DomainOp
 
 // Registers every rank's KV region with `domain`, each exactly its pages (KvRegion rounds up; the
 // prefill side reads a decode rank's page count from the registered length). Index = rank.
+// `access`: kRemoteWrite on the decode side (peers write into it), kLocalSource on the prefill
+// side (the source of our writes).
 Result<std::vector<transfer::MemoryRegion>> RegisterRankRegions(transfer::Domain& domain,
-                                                                engine::ModelRunner& runner);
+                                                                engine::ModelRunner& runner,
+                                                                transfer::RegionAccess access);
 
 // The shard plan of one transfer between the two schemes on the agreed format, with `seed` (the
 // wire request id) choosing source replicas. FailedPrecondition saying why when the schemes cannot

@@ -173,11 +173,12 @@ TEST(MessengerPromptAssemblyTest, ChunksAssembleInAnyOrderAndPartialsAreFreed) {
   po.prompt_timeout_s = 0.5;
   auto prefill = testing::LaunchPrefill(testing::MakeEngine({}), po);
   if (prefill == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
+  // The fake's registered memory, declared before it: freed after its domain closes.
+  const auto spec = testing::MakeEngine({})->runner().region().spec();
+  std::vector<uint8_t> kv(spec.page_bytes() * spec.num_layers * 10), meta(4096);
   auto fake = FakePeer::Create([](FakePeer& self, const Frame& f) { self.Record(f); });
   ASSERT_NE(fake, nullptr);
   const std::string to = prefill->messenger->fabric_address();
-  const auto spec = testing::MakeEngine({})->runner().region().spec();
-  std::vector<uint8_t> kv(spec.page_bytes() * spec.num_layers * 10), meta(4096);
   auto kv_mr = fake->domain().RegisterMemory(kv.data(), kv.size());
   auto meta_mr = fake->domain().RegisterMemory(meta.data(), meta.size());
   ASSERT_TRUE(kv_mr.ok() && meta_mr.ok());

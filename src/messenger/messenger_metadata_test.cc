@@ -146,6 +146,7 @@ PrefillRequest NextRequest(FakePeer& fake) {
 TEST(MessengerMetadataApartTest, ARequestDecodesToItsEndBeforeItsMetadataLands) {
   Shape s;
   Delivered delivered;
+  MetaSource src{Hidden(0.5f), std::nullopt};  // registered by the fake: outlives it
   Harness st = Start(s, &delivered);
   if (st.fake == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
   int64_t id = -1;
@@ -159,7 +160,6 @@ TEST(MessengerMetadataApartTest, ARequestDecodesToItsEndBeforeItsMetadataLands) 
   EXPECT_EQ(st.decode->metrics().fenced(), 1);
   // The metadata lands after the request's end: delivered, and the slot is free.
   PrefillRequest req = NextRequest(*st.fake);
-  MetaSource src{Hidden(0.5f), std::nullopt};
   PostMetadata(*st.fake, req, src);
   EXPECT_TRUE(WaitUntil([&] { return delivered.size() == 1; }));
   EXPECT_TRUE(WaitUntil([&] { return st.decode->metrics().fenced() == 0; }));
@@ -189,12 +189,13 @@ TEST(MessengerMetadataApartTest, AMetadataPostedBeforeTheKvIsDeliveredAndFreesIt
 TEST(MessengerMetadataApartTest, ACanaryMetadataAfterReadyIsCountedAndFailsNothing) {
   Shape s;
   Delivered delivered;
+  // "Lands" but leaves the canary: written elsewhere. Registered by the fake: outlives it.
+  MetaSource src{Canary(), std::nullopt};
   Harness st = Start(s, &delivered);
   if (st.fake == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
   Outcome got = Generate(*st.decode, PromptOf(9, 3), 4);
   EXPECT_EQ(got.finish, engine::FinishReason::kLength) << got.error.ToString();
   PrefillRequest req = NextRequest(*st.fake);
-  MetaSource src{Canary(), std::nullopt};  // "lands" but leaves the canary: written elsewhere
   PostMetadata(*st.fake, req, src);
   EXPECT_TRUE(WaitUntil([&] { return st.decode->metrics().metadata_bad() == 1; }));
   EXPECT_TRUE(WaitUntil([&] { return st.decode->metrics().fenced() == 0; }));

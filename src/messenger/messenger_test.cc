@@ -251,15 +251,16 @@ TEST(MessengerFailureTest, BadPrefillRequestsAreRefusedFieldByField) {
   Shape s;
   auto prefill = StartPrefill(s);
   if (prefill == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
-  auto fake = FakePeer::Create([](FakePeer& self, const Frame& f) { self.Record(f); });
-  // Its own region, to name in requests.
+  // Its own region, to name in requests, and a metadata buffer: declared before the fake so
+  // they are freed after its domain closes.
   std::vector<uint8_t> region(4096 * 3 * 64, 0);  // not a whole number of pages? see below
+  std::vector<uint8_t> meta(4096, 0);
+  auto fake = FakePeer::Create([](FakePeer& self, const Frame& f) { self.Record(f); });
   auto spec = MakeEngine(s)->runner().region().spec();
   const uint64_t layer_bytes = spec.page_bytes() * spec.num_layers;
   region.assign(layer_bytes * 10, 0);
   auto mr = fake->domain().RegisterMemory(region.data(), region.size());
   ASSERT_TRUE(mr.ok());
-  std::vector<uint8_t> meta(4096, 0);
   auto meta_mr = fake->domain().RegisterMemory(meta.data(), meta.size());
   ASSERT_TRUE(meta_mr.ok());
 

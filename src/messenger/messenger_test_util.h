@@ -86,12 +86,16 @@ inline std::unique_ptr<engine::AsyncEngine> Async(std::unique_ptr<engine::Engine
   return std::move(a).value();
 }
 
+// Torn down as a server must: the messenger stops (its domain closes), the engine stops, then
+// the messenger goes before the engine that owns the KV region it had registered.
 struct PrefillInstance {
   std::unique_ptr<PrefillMessenger> messenger;
   std::unique_ptr<engine::AsyncEngine> engine;
   ~PrefillInstance() {
     if (messenger) messenger->Stop();
     if (engine) engine->Shutdown();
+    messenger.reset();
+    engine.reset();
   }
 };
 

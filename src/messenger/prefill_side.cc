@@ -31,11 +31,15 @@ Status PrefillMessenger::Impl::Init() {
   inbox.max_queued = options_.max_queued_messages;
   ASSIGN_OR_RETURN(domain_,
                    OpenMessengerDomain(options_.domain, options_.max_message_bytes, inbox));
-  ASSIGN_OR_RETURN(kv_mrs_, RegisterRankRegions(*domain_, runner_));
+  address_ = domain_->info().address;
+  ASSIGN_OR_RETURN(kv_mrs_,
+                   RegisterRankRegions(*domain_, runner_, transfer::RegionAccess::kLocalSource));
   PD_LOG_INFO("prefill messenger: {} rank KV region(s) registered (tp_size {}, {} KV heads)",
               kv_mrs_.size(), scheme_.tp_size, scheme_.num_kv_heads);
-  meta_staging_.assign(static_cast<size_t>(options_.max_transfers) * meta_bytes_, 0);
-  ASSIGN_OR_RETURN(meta_mr_, domain_->RegisterMemory(meta_staging_.data(), meta_staging_.size()));
+  ASSIGN_OR_RETURN(meta_staging_, transfer::HostBuffer::Allocate(
+                                      static_cast<size_t>(options_.max_transfers) * meta_bytes_));
+  ASSIGN_OR_RETURN(meta_mr_, domain_->RegisterMemory(meta_staging_.data(), meta_staging_.size(),
+                                                     transfer::RegionAccess::kLocalSource));
   for (int i = options_.max_transfers - 1; i >= 0; --i) free_meta_slots_.push_back(i);
   if (options_.kv_checksum) RETURN_IF_ERROR(InitChecksums());
   return OkStatus();
@@ -89,10 +93,14 @@ void PrefillMessenger::Impl::Stop() {
   queue_->Wake();
   if (thread_.joinable()) thread_.join();
   queue_->Stop();
+  // Closing the domain ends every write still posted (nothing of ours can land any more) before
+  // the source pages go back to the engine, and before the runner's KV regions and our buffers
+  // can be freed by whoever owns them.
+  domain_.reset();
   partials_.clear();
   partial_bytes_ = 0;
+  set_aside_.clear();  // their writes went with the domain
   for (auto& [id, t] : transfers_) {
-    for (transfer::TransferId x : t->inflight) domain_->Cancel(x);
     if (!t->kept_pages.empty()) engine_->ReleasePages(t->kept_pages);
     if (!t->engine_done && engine_ != nullptr) engine_->Abort(t->engine_id);
   }
@@ -390,9 +398,8 @@ Result<std::unique_ptr<PrefillMessenger>> PrefillMessenger::Create(
     const PrefillMessengerOptions& options, engine::ModelRunner& runner) {
   if (options.max_transfers < 1) return InvalidArgument("max_transfers must be >= 1");
   if (options.max_queued_messages < 1) return InvalidArgument("max_queued_messages must be >= 1");
-  std::unique_ptr<PrefillMessenger> m(
-      new PrefillMessenger(
-          MakeKvFormat(options.model_hash, runner.region().spec(), options.kv_checksum)));
+  std::unique_ptr<PrefillMessenger> m(new PrefillMessenger(
+      MakeKvFormat(options.model_hash, runner.region().spec(), options.kv_checksum)));
   m->impl_ = std::make_unique<Impl>(m.get(), options, runner);
   RETURN_IF_ERROR(m->impl_->Init());
   return m;

@@ -14,8 +14,10 @@
 // decodes as soon as the last layer's page writes (posted at that layer's progress bump, while
 // the step still runs its last MLP) have landed. When every write has
 // completed the source pages go back to the engine and PrefillDone goes to the decode side; a
-// failure, a Cancel or the request's deadline stops the writes, frees the pages and reports
-// PrefillDone with the error.
+// failure, a Cancel or the request's deadline stops the writes and, once every write already
+// posted has come back from the fabric (completed, failed or flushed: Domain reports a cancelled
+// transfer no sooner), frees the pages and reports PrefillDone with the error. PrefillDone thus
+// always means that no write of that transfer can land any more.
 //
 //   auto engine = Engine::Create(weights, options);
 //   auto messenger = PrefillMessenger::Create(opts, engine->runner());
@@ -69,6 +71,14 @@ struct PrefillMessengerOptions {
   // --kv-checksum (kv_checksum.h): send a CRC32C per layer of the KV written. Decode instances must
   // say the same in their Hello, else the handshake is refused.
   bool kv_checksum = false;
+  // A failed transfer waits for every write it posted to come back before it frees its pages
+  // and answers PrefillDone. Writes a stalled decode instance holds (SIGSTOP, a partition) may
+  // not come back for long: after this many seconds the transfer is set aside, its pages and
+  // slot freed (what the fabric may still send from them lands only in pages its decode
+  // instance keeps quarantined) and it stops counting as active, but its PrefillDone still waits
+  // for the last write to come back: it is sent then, or never (the decode instance revokes this
+  // instance's keys instead). Counted in kv_transfers_set_aside_total.
+  double drain_timeout_s = 2.0;
   // Borrowed, outlives the messenger; null: no trace. Events: "post writes" per request and
   // layer, "write layer" (post -> completion), "post metadata", "transfer", "transfer failed".
   Tracer* tracer = nullptr;
@@ -88,7 +98,9 @@ class PrefillMessenger {
   engine::StepObserver step_observer();
   // Starts the messenger thread; `engine` must outlive Stop().
   void Start(engine::AsyncEngine* engine);
-  // Fails every transfer (Cancelled), gives their pages back and joins the thread. Idempotent.
+  // Joins the thread, closes the fabric domain (no write of ours can land afterwards), then gives
+  // every transfer's pages back and aborts its engine request. Idempotent. Once it returned the
+  // runner's KV regions may be freed before the messenger is destroyed.
   void Stop();
 
   const std::string& fabric_address() const;

@@ -8,8 +8,10 @@ namespace pd::messenger {
 
 Status PrefillMessenger::Impl::InitChecksums() {
   const uint64_t record = ChecksumBytes(static_cast<uint32_t>(num_layers_));
-  crc_staging_.assign(static_cast<size_t>(options_.max_transfers) * record, 0);
-  ASSIGN_OR_RETURN(crc_mr_, domain_->RegisterMemory(crc_staging_.data(), crc_staging_.size()));
+  ASSIGN_OR_RETURN(crc_staging_, transfer::HostBuffer::Allocate(
+                                     static_cast<size_t>(options_.max_transfers) * record));
+  ASSIGN_OR_RETURN(crc_mr_, domain_->RegisterMemory(crc_staging_.data(), crc_staging_.size(),
+                                                    transfer::RegionAccess::kLocalSource));
   for (int r = 0; r < runner_.num_ranks(); ++r) {
     src_kv_.push_back({reinterpret_cast<const uint8_t*>(kv_mrs_[static_cast<size_t>(r)].data),
                        static_cast<uint64_t>(runner_.rank_region(r).num_pages())});

@@ -20,6 +20,7 @@
 #include "messenger/kv_checksum.h"
 #include "messenger/prefill_side.h"
 #include "messenger/shard_writes.h"
+#include "transfer/host_buffer.h"
 
 namespace pd::messenger {
 namespace prefill_internal {
@@ -66,6 +67,16 @@ struct Transfer {
   Status error;
   std::vector<uint32_t> layer_crcs;  // --kv-checksum: each layer's CRC over the pages posted so far
   bool checksums_posted = false;
+  double failed_at = 0.0;  // NowSeconds() when `error` was set
+};
+
+// A failed transfer set aside (SetAside) with writes still held by the fabric: its PrefillDone
+// goes out once they have all come back.
+struct SetAsideTransfer {
+  transfer::PeerAddr peer;
+  int outstanding = 0;
+  uint32_t num_writes = 0;
+  Status error;
 };
 
 // A decode instance that passed the handshake.
@@ -101,6 +112,7 @@ struct PartialPrompt {
 using prefill_internal::DecodePeer;
 using prefill_internal::LayerWork;
 using prefill_internal::PartialPrompt;
+using prefill_internal::SetAsideTransfer;
 using prefill_internal::Transfer;
 
 class PrefillMessenger::Impl {
@@ -120,7 +132,7 @@ class PrefillMessenger::Impl {
   void Start(engine::AsyncEngine* engine);
   void Stop();
   engine::StepObserver Observer();
-  const std::string& address() const { return domain_->info().address; }
+  const std::string& address() const { return address_; }
 
  private:
   void Loop();
@@ -163,6 +175,9 @@ class PrefillMessenger::Impl {
   void Track(Transfer* t, Result<transfer::TransferId> id, uint64_t bytes, uint32_t writes);
   void Fail(Transfer* t, const Status& status);
   void TryFinish(Transfer* t);
+  // Frees a failed transfer's pages and slot although some of its writes are still out
+  // (drain_timeout_s); its PrefillDone waits in set_aside_ for them.
+  void SetAside(Transfer* t);
   void CheckDeadlines();
   void Heard(const std::string& fabric_address);
   bool Silent(const Transfer& t, double now) const;
@@ -182,13 +197,16 @@ class PrefillMessenger::Impl {
   std::shared_ptr<TaskQueue> queue_;   // shared with callbacks that may outlive us
   // --kv-checksum: (max_transfers, ChecksumBytes(num_layers)) checksum write sources, by meta
   // slot. Declared before domain_ so that it outlives the domain (and any write from it).
-  std::vector<uint8_t> crc_staging_;
+  transfer::HostBuffer crc_staging_;
+  // Registered memory is declared before the domain so it is freed after it (Stop closes the
+  // domain first anyway); the KV regions belong to the runner, which outlives Stop.
+  transfer::HostBuffer meta_staging_;  // (max_transfers, meta_bytes): metadata write sources
   std::unique_ptr<transfer::Domain> domain_;
+  std::string address_;                         // the domain's, kept once it is closed
   std::vector<transfer::MemoryRegion> kv_mrs_;  // per rank, all in the one domain
   transfer::MemoryRegion meta_mr_;
-  std::vector<uint8_t> meta_staging_;  // (max_transfers, meta_bytes): metadata write sources
-  transfer::MemoryRegion crc_mr_;      // crc_staging_'s registration
-  std::vector<RankKv> src_kv_;         // per rank, for the checksums
+  transfer::MemoryRegion crc_mr_;  // crc_staging_'s registration
+  std::vector<RankKv> src_kv_;     // per rank, for the checksums
   engine::AsyncEngine* engine_ = nullptr;
   std::thread thread_;
   std::atomic<bool> stop_{false};
@@ -205,6 +223,7 @@ class PrefillMessenger::Impl {
   RateLimitedLog warnings_{10.0};
   std::unordered_map<std::string, double> last_heard_;  // NowSeconds(), by address
   std::unordered_map<uint64_t, std::unique_ptr<Transfer>> transfers_;
+  std::unordered_map<uint64_t, SetAsideTransfer> set_aside_;  // by request id
   std::unordered_map<int64_t, uint64_t> by_engine_id_;
   std::vector<int> free_meta_slots_;
   std::vector<LayerWork> work_;

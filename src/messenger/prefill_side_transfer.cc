@@ -50,7 +50,7 @@ void PrefillMessenger::Impl::OnEngineDone(const engine::RequestOutput& out) {
   if (it == by_engine_id_.end()) return;
   Transfer* t = Find(it->second);
   by_engine_id_.erase(it);
-  if (t == nullptr) {  // cannot happen: transfers wait for their engine request
+  if (t == nullptr) {  // set aside before its engine request ended
     if (out.prefill_result) engine_->ReleasePages(out.prefill_result->page_table);
     return;
   }
@@ -212,7 +212,14 @@ void PrefillMessenger::Impl::OnWriteDone(uint64_t request_id, transfer::Transfer
                                {"ok", int64_t{status.ok() ? 1 : 0}}});
   }
   Transfer* t = Find(request_id);
-  if (t == nullptr) return;
+  if (t == nullptr) {
+    auto aside = set_aside_.find(request_id);
+    if (aside == set_aside_.end() || --aside->second.outstanding > 0) return;
+    // Its last write came back: nothing of it can land any more.
+    SendDone(aside->second.peer, request_id, aside->second.error, aside->second.num_writes);
+    set_aside_.erase(aside);
+    return;
+  }
   t->outstanding--;
   t->inflight.erase(id);
   if (!status.ok() && t->error.ok()) Fail(t, status.WithContext("KV write"));
@@ -224,6 +231,7 @@ void PrefillMessenger::Impl::OnWriteDone(uint64_t request_id, transfer::Transfer
 void PrefillMessenger::Impl::Fail(Transfer* t, const Status& status) {
   if (!t->error.ok()) return;
   t->error = status;
+  t->failed_at = NowSeconds();
   if (options_.tracer != nullptr) {
     options_.tracer->Instant(
         "transfer failed", "kv",
@@ -259,8 +267,31 @@ void PrefillMessenger::Impl::TryFinish(Transfer* t) {
   owner_->metrics_.SetActive(static_cast<int64_t>(transfers_.size()));
 }
 
+void PrefillMessenger::Impl::SetAside(Transfer* t) {
+  owner_->metrics_.SetAside();
+  PD_LOG_WARN(
+      "prefill messenger: request {} failed ({}) but {} of its writes have not come back after "
+      "{} s (its decode instance stalled?): its pages are freed, its PrefillDone waits for them",
+      t->request_id, t->error.ToString(), t->outstanding, options_.drain_timeout_s);
+  set_aside_[t->request_id] = {t->peer, t->outstanding, t->num_writes, t->error};
+  if (!t->kept_pages.empty()) engine_->ReleasePages(std::move(t->kept_pages));
+  free_meta_slots_.push_back(t->meta_slot);
+  owner_->metrics_.Failed();
+  // An engine request not ended yet (Fail aborted it) keeps its by_engine_id_ entry: its final
+  // output finds no transfer and frees what it kept.
+  transfers_.erase(t->request_id);  // t is gone
+  owner_->metrics_.SetActive(static_cast<int64_t>(transfers_.size()));
+}
+
 void PrefillMessenger::Impl::CheckDeadlines() {
   const double now = NowSeconds();
+  std::vector<Transfer*> stuck;
+  for (auto& [id, t] : transfers_) {
+    if (!t->error.ok() && t->outstanding > 0 && now - t->failed_at > options_.drain_timeout_s) {
+      stuck.push_back(t.get());
+    }
+  }
+  for (Transfer* t : stuck) SetAside(t);
   std::vector<Transfer*> late;
   for (auto& [id, t] : transfers_) {
     if (t->error.ok() && now > t->deadline) late.push_back(t.get());

@@ -31,12 +31,12 @@ TEST_P(ShardWritesTest, PlanIssuedAsPagedWritesLandsExactly) {
   const PageFormat f{40, 3, c.layout, 2};
   Result<ShardPlan> plan = ComputeShardPlan(c.prefill, c.decode, f, 11);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  PD_CREATE_DOMAIN_OR_SKIP(a, LoopbackOptions());
-  PD_CREATE_DOMAIN_OR_SKIP(b, LoopbackOptions());
-
   const uint64_t src_rank_bytes = plan->src_page_bytes * kLayers * kSrcPages;
   const uint64_t dst_rank_bytes = plan->dst_page_bytes * kLayers * kDstPages;
+  // Before the domains, so they close before this memory is unmapped.
   Mapping src(src_rank_bytes * c.prefill.tp_size), dst(dst_rank_bytes * c.decode.tp_size);
+  PD_CREATE_DOMAIN_OR_SKIP(a, LoopbackOptions());
+  PD_CREATE_DOMAIN_OR_SKIP(b, LoopbackOptions());
   dst.Fill('\x5a');
   for (int s = 0; s < c.prefill.tp_size; ++s) {
     engine::KvCacheSpec spec = testing::RankSpec(c.prefill, s, f, kLayers);

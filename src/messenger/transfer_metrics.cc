@@ -55,6 +55,17 @@ std::string TransferMetrics::PrometheusText(const std::string& role) const {
       "# TYPE pdserve:kv_transfer_fenced_slots gauge\npdserve:kv_transfer_fenced_slots" +
       l + " " + std::to_string(fenced()) + "\n";
   out +=
+      "# HELP pdserve:kv_transfer_quarantined_pages KV pages of ended transfers held until no "
+      "late write can land.\n"
+      "# TYPE pdserve:kv_transfer_quarantined_pages gauge\npdserve:kv_transfer_quarantined_pages" +
+      l + " " + std::to_string(quarantined_pages()) + "\n";
+  counter("kv_transfers_set_aside_total",
+          "Failed transfers whose pages were freed while the fabric still held their writes.",
+          set_aside());
+  counter("kv_transfer_keys_revoked_total",
+          "Times a prefill instance's remote keys were revoked (unreachable or unconfirmed).",
+          keys_revoked());
+  out +=
       "# HELP pdserve:kv_transfers_active KV transfers in flight.\n"
       "# TYPE pdserve:kv_transfers_active gauge\npdserve:kv_transfers_active" +
       l + " " + std::to_string(active()) + "\n";

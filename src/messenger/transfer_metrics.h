@@ -29,6 +29,8 @@ class TransferMetrics {
   void QueueFull() { queue_full_.fetch_add(1, std::memory_order_relaxed); }
   // A transfer dropped because its decode peer fell silent (prefill side).
   void DroppedSilentPeer() { dropped_silent_.fetch_add(1, std::memory_order_relaxed); }
+  // A failed transfer set aside while the fabric still held some of its writes (prefill side).
+  void SetAside() { set_aside_.fetch_add(1, std::memory_order_relaxed); }
   void SetActive(int64_t n) { active_.store(n, std::memory_order_relaxed); }
   // Decode side: a request whose KV had landed (so it decodes) but whose metadata write never
   // landed before its slot was released (PrefillDone, peer lost or deadline + grace), or landed
@@ -39,6 +41,12 @@ class TransferMetrics {
   void ChecksumMismatch() { checksum_mismatch_.fetch_add(1, std::memory_order_relaxed); }
   // Decode side: metadata slots (and pages) held out of use until a late write can no longer land.
   void SetFenced(int64_t n) { fenced_.store(n, std::memory_order_relaxed); }
+  // Decode side: pages of ended attempts quarantined until their prefill instance confirmed it
+  // stopped writing (PrefillDone), or its keys were revoked (unreachable, or no confirmation
+  // within fence_grace_s past the attempt's deadline).
+  void SetQuarantinedPages(int64_t n) { quarantined_pages_.store(n, std::memory_order_relaxed); }
+  // Decode side: times a prefill instance's keys were revoked (its regions registered anew).
+  void KeysRevoked() { keys_revoked_.fetch_add(1, std::memory_order_relaxed); }
 
   uint64_t started() const { return started_.load(); }
   uint64_t succeeded() const { return succeeded_.load(); }
@@ -48,22 +56,27 @@ class TransferMetrics {
   uint64_t replayed() const { return replayed_.load(); }
   uint64_t queue_full() const { return queue_full_.load(); }
   uint64_t dropped_silent() const { return dropped_silent_.load(); }
+  uint64_t set_aside() const { return set_aside_.load(); }
   uint64_t bytes() const { return bytes_.load(); }
   int64_t active() const { return active_.load(); }
   uint64_t metadata_missing() const { return metadata_missing_.load(); }
   uint64_t metadata_bad() const { return metadata_bad_.load(); }
   uint64_t checksum_mismatch() const { return checksum_mismatch_.load(); }
   int64_t fenced() const { return fenced_.load(); }
+  int64_t quarantined_pages() const { return quarantined_pages_.load(); }
+  uint64_t keys_revoked() const { return keys_revoked_.load(); }
 
   // Prometheus text with metric names "pdserve:kv_transfer_*" and label role="<role>".
   std::string PrometheusText(const std::string& role) const;
 
  private:
   std::atomic<uint64_t> started_{0}, succeeded_{0}, failed_{0}, retried_{0}, rejected_{0};
-  std::atomic<uint64_t> dropped_silent_{0}, replayed_{0}, queue_full_{0};
+  std::atomic<uint64_t> dropped_silent_{0}, replayed_{0}, queue_full_{0}, set_aside_{0};
   std::atomic<uint64_t> metadata_missing_{0}, metadata_bad_{0};
   std::atomic<uint64_t> checksum_mismatch_{0};
   std::atomic<int64_t> fenced_{0};
+  std::atomic<int64_t> quarantined_pages_{0};
+  std::atomic<uint64_t> keys_revoked_{0};
   std::atomic<uint64_t> bytes_{0}, writes_{0};
   std::atomic<int64_t> active_{0};
   std::array<std::atomic<uint64_t>, kBuckets.size() + 1> bucket_counts_{};  // last: +Inf

@@ -69,8 +69,9 @@ Result<std::unique_ptr<Domain>> Domain::Create(const DomainOptions& options) {
 
 Domain::~Domain() = default;
 
-Result<MemoryRegion> Domain::RegisterMemory(void* data, uint64_t size) {
-  return worker_->Call<Result<MemoryRegion>>([&] { return worker_->DoRegister(data, size); });
+Result<MemoryRegion> Domain::RegisterMemory(void* data, uint64_t size, RegionAccess access) {
+  return worker_->Call<Result<MemoryRegion>>(
+      [&] { return worker_->DoRegister(data, size, access); });
 }
 
 Status Domain::Deregister(const MemoryRegion& region) {
@@ -151,5 +152,6 @@ void Domain::Cancel(TransferId id) {
 }
 
 size_t Domain::num_pending() const { return worker_->num_pending(); }
+size_t Domain::num_inflight_ops() const { return worker_->num_inflight_ops(); }
 
 }  // namespace pd::transfer

@@ -7,8 +7,27 @@
 // then retry". A transfer that makes no progress (no operation posted or completed) for
 // `op_timeout_s` fails with DeadlineExceeded, so a dead or silent peer never hangs a caller; a
 // completion error fails it with a Status naming the libfabric call and the provider's error text.
-// Once a transfer has failed or been cancelled its outstanding operations are abandoned: their
-// completions are swallowed, and the source region cannot be deregistered until they come back.
+// A transfer that fails or is cancelled posts nothing more, but its Completion runs only once
+// every operation it posted has come back from the provider (completed, failed, or flushed by
+// fi_cancel where the provider supports cancelling it) or the endpoint was closed: until then a
+// write may still land, so its caller must not reuse or announce the memory it targets. An
+// operation held by a stalled peer therefore holds its transfer's completion until the peer
+// moves, dies (its connection breaks) or the domain closes. Neither closing our endpoint nor
+// removing the peer from the address vector (whose effect on operations in progress libfabric
+// leaves undefined) recalls bytes a kernel or NIC already sent: only the target can refuse late
+// writes for sure, by closing the region's registration (the decode messenger revokes keys).
+//
+// Ordering (checked at Create, see GetInfoWith in domain_worker.cc): every write is posted
+// with FI_DELIVERY_COMPLETE, so its completion means the data is placed in the target's memory;
+// the protocol never relies on write-after-write (FI_ORDER_WAW), send-after-write (FI_ORDER_SAW)
+// or completion order: the target counts immediates, and "done" messages are sent only after
+// the writes they announce completed. Control messages ask for send-after-send (FI_ORDER_SAS).
+// A provider that cannot grant these is refused with an error naming what is missing.
+//
+// Regions are registered with the least access their use needs (RegionAccess): targets accept
+// remote writes only, sources allow local writes only; no region accepts remote reads. Where the
+// provider lets the application choose keys (no FI_MR_PROV_KEY) they are random 64-bit values
+// from getrandom, so a key cannot be guessed from another.
 //
 // The domain honours what the provider asks for: mr_mode bits (FI_MR_LOCAL descriptors,
 // FI_MR_VIRT_ADDR vs offset addressing, FI_MR_PROV_KEY keys, FI_MR_ENDPOINT binding), mode bits
@@ -18,7 +37,9 @@
 //
 // Thread safety: all public methods are thread-safe. Completions, message handlers and imm
 // callbacks run on the worker thread and must not block or call blocking Domain methods
-// (RegisterMemory, Deregister, AddRemote, AddPeer); Submit*/Cancel are fine.
+// (RegisterMemory, Deregister, AddRemote, AddPeer); Submit*/Cancel are fine. Completions of the
+// transfers still open when the domain is destroyed run on the destroying thread, once the
+// endpoint is closed.
 #pragma once
 
 #include <rdma/fabric.h>
@@ -84,6 +105,13 @@ struct DomainInfo {
   std::string address;  // our endpoint name (fi_getname bytes), what peers insert in their AV
 };
 
+// How a registered region is used, which sets its access flags.
+enum class RegionAccess {
+  kRemoteWrite,      // peers write into it (KV cache, metadata slots): FI_REMOTE_WRITE only
+  kLocalSource,      // the source of our own writes: FI_WRITE only
+  kSourceAndTarget,  // both (tests, benches): FI_WRITE | FI_REMOTE_WRITE
+};
+
 // A registered local region. A plain handle: the domain owns the fid_mr and closes it on
 // Deregister or when the domain closes.
 struct MemoryRegion {
@@ -141,6 +169,11 @@ Status ValidatePagedWrite(const PagedWriteRequest& request, uint64_t max_msg_siz
 
 class DomainWorker;
 
+// Regions whose memory was found freed or unmapped when their domain closed, in this process: a
+// teardown that freed registered memory while the fabric could still write into it. Checked
+// with mincore (unmapped mappings) and, under AddressSanitizer, the heap's poisoning.
+uint64_t NumRegionsFreedWhileRegistered();
+
 class Domain {
  public:
   static Result<std::unique_ptr<Domain>> Create(const DomainOptions& options);
@@ -151,9 +184,12 @@ class Domain {
   const DomainInfo& info() const { return info_; }
   ImmCounterTable& imm_counters() { return *imm_counters_; }
 
-  // Registers [data, data + size) for local use and remote writes.
-  Result<MemoryRegion> RegisterMemory(void* data, uint64_t size);
-  // FailedPrecondition while operations (also abandoned ones) still use the region.
+  // Registers [data, data + size) for `access`. The memory must stay allocated until the region
+  // is deregistered or the domain is destroyed (checked at close: see
+  // NumRegionsFreedWhileRegistered).
+  Result<MemoryRegion> RegisterMemory(void* data, uint64_t size,
+                                      RegionAccess access = RegionAccess::kSourceAndTarget);
+  // FailedPrecondition while operations (also those of failed transfers) still use the region.
   Status Deregister(const MemoryRegion& region);
 
   // Validates a peer's descriptor and inserts its address (cached per address).
@@ -166,11 +202,14 @@ class Domain {
   Result<TransferId> SubmitPagedWrite(PagedWriteRequest request, Completion done);
   Result<TransferId> SubmitSend(const PeerAddr& peer, std::string message, Completion done);
   // Fails the transfer with Cancelled if it has not completed yet: pages not yet posted are never
-  // posted. Unknown or finished ids are ignored.
+  // posted, and its Completion runs once the operations already posted have come back (see the
+  // header comment). Unknown or finished ids are ignored.
   void Cancel(TransferId id);
 
   // Number of transfers submitted and not yet completed.
   size_t num_pending() const;
+  // Operations posted to the provider and not yet come back (also those of failed transfers).
+  size_t num_inflight_ops() const;
 
  private:
   Domain() = default;

@@ -52,6 +52,7 @@ class DomainFairnessTest : public ::testing::Test {
   uint32_t num_send_buffers_ = 0;
   std::atomic<int> received_{0};
   std::vector<std::unique_ptr<Done>> dones_;
+  testing::Mappings mem_;  // before the domains: freed after them
   std::unique_ptr<Domain> a_, b_;
   PeerAddr silent_peer_, live_peer_;
 };
@@ -68,7 +69,8 @@ TEST_F(DomainFairnessTest, ASilentPeerDoesNotHoldUpSendsAndWritesToOthers) {
     ASSERT_TRUE(id.ok());
     stuck_ids.push_back(*id);
   }
-  Mapping src(1 << 16), dst(1 << 16);
+  Mapping& src = mem_.New(1 << 16);
+  Mapping& dst = mem_.New(1 << 16);
   src.FillRandom(3);
   dst.Fill(0);
   auto src_mr = a_->RegisterMemory(src.data(), src.size());

@@ -40,8 +40,9 @@ ssize_t DomainWorker::PostWriteFaulted(Transfer* t, const WriteOp& op) {
     case FaultKind::kDuplicate: {
       ssize_t rc = IssueWrite(t, op);
       if (rc != 0) return rc;
-      // The copy belongs to no transfer: its completion is swallowed like an abandoned one's.
-      OpContext* copy = NewContext(OpContext::Kind::kWrite, nullptr);
+      // The copy is one more operation of the transfer (not one more of its writes): the
+      // transfer is reported only once the copy, too, came back.
+      OpContext* copy = NewContext(OpContext::Kind::kWrite, t);
       copy->region_id = t->write.src.id;
       copy->dest = op.addr;
       if (WriteMsg(copy, op) != 0) {
@@ -50,6 +51,9 @@ ssize_t DomainWorker::PostWriteFaulted(Transfer* t, const WriteOp& op) {
       }
       ++regions_.at(copy->region_id).users;
       inflight_.insert(copy);
+      num_inflight_ops_.fetch_add(1, std::memory_order_acq_rel);
+      ++live_inflight_;
+      ++t->inflight;
       return 0;
     }
     case FaultKind::kCorrupt:
@@ -94,6 +98,7 @@ void DomainWorker::HoldWrite(Transfer* t, const WriteOp& op, const FaultRule& ru
   ++regions_.at(ctx->region_id).users;
   t->last_progress = Now();
   inflight_.insert(ctx);
+  num_inflight_ops_.fetch_add(1, std::memory_order_acq_rel);
   ++live_inflight_;
   ++t->inflight;
   ++t->next;
@@ -134,10 +139,8 @@ void DomainWorker::ReleaseHeld(bool next_write, bool next_imm) {
   writes.swap(held_writes_);
   for (HeldWrite& h : writes) {
     OpContext* ctx = h.ctx;
-    if (ctx->transfer == nullptr) {  // its transfer failed or was cancelled: never posted
-      inflight_.erase(ctx);
-      --regions_.at(ctx->region_id).users;
-      FreeContext(ctx);
+    if (ctx->transfer->finishing) {  // its transfer failed or was cancelled: never posted
+      OnOpDone(ctx, Cancelled("a write held by fault injection; its transfer ended"));
       continue;
     }
     if (!(now >= h.release_at || (h.until_next && next_write))) {

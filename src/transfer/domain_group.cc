@@ -18,10 +18,10 @@ Result<std::unique_ptr<DomainGroup>> DomainGroup::Create(const DomainGroupOption
   return g;
 }
 
-Result<GroupRegion> DomainGroup::RegisterMemory(void* data, uint64_t size) {
+Result<GroupRegion> DomainGroup::RegisterMemory(void* data, uint64_t size, RegionAccess access) {
   GroupRegion g;
   for (auto& d : domains_) {
-    auto r = d->RegisterMemory(data, size);
+    auto r = d->RegisterMemory(data, size, access);
     if (!r.ok()) {
       for (size_t i = 0; i < g.regions.size(); ++i)
         domains_[i]->Deregister(g.regions[i]).IgnoreError();

@@ -46,7 +46,8 @@ class DomainGroup {
   Domain& domain(size_t i) { return *domains_[i]; }
   ImmCounterTable& imm_counters() { return *imm_; }
 
-  Result<GroupRegion> RegisterMemory(void* data, uint64_t size);
+  Result<GroupRegion> RegisterMemory(void* data, uint64_t size,
+                                     RegionAccess access = RegionAccess::kSourceAndTarget);
   Status Deregister(const GroupRegion& region);
   Result<GroupRemote> AddRemote(const GroupDescriptor& descriptor);
 

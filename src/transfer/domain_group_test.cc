@@ -23,12 +23,14 @@ class DomainGroupTest : public ::testing::TestWithParam<SpreadPolicy> {
     ASSERT_TRUE(b.ok());
     b_ = std::move(b).value();
   }
+  testing::Mappings mem_;  // before the domains: freed after them
   std::unique_ptr<DomainGroup> a_, b_;
 };
 
 TEST_P(DomainGroupTest, SpreadsPagesOverDomainsAndCountsThemTogether) {
   constexpr uint64_t kPage = 8192;
-  Mapping src(64 * kPage), dst(64 * kPage);
+  Mapping& src = mem_.New(64 * kPage);
+  Mapping& dst = mem_.New(64 * kPage);
   src.FillRandom(9);
   dst.Fill('\x01');
   auto src_r = a_->RegisterMemory(src.data(), src.size());

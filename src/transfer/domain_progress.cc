@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <algorithm>
 
+#include "common/check.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/thread_util.h"
@@ -46,10 +47,8 @@ void DomainWorker::Run() {
     idle = 0;
     Block(transfers_.empty() && !HoldsFaults() ? 200 : 10);  // short naps while deadlines run
   }
-  // Shutting down: every transfer still known fails, so no caller waits forever.
-  std::vector<Transfer*> open;
-  for (auto& [id, t] : transfers_) open.push_back(t.get());
-  for (Transfer* t : open) Finish(t, Cancelled("fabric domain closed"));
+  // Transfers still open are reported once the endpoint is closed (~DomainWorker): until then
+  // their operations could still be written.
 }
 
 void DomainWorker::RunCommands() {
@@ -150,6 +149,11 @@ ssize_t DomainWorker::PostWrite(Transfer* t) {
                                  " was deregistered before the write was posted"));
     return 0;
   }
+  if ((region->second.access & FI_WRITE) == 0) {
+    Finish(t, FailedPrecondition("source region " + std::to_string(r.src.id) +
+                                 " was registered as a remote-write target only"));
+    return 0;
+  }
   const size_t k = t->next;
   WriteOp op;
   op.iov = {region->second.data + r.src_offset + uint64_t{r.src_pages[k]} * r.src_stride,
@@ -177,6 +181,7 @@ ssize_t DomainWorker::IssueWrite(Transfer* t, const WriteOp& op, OpContext** pos
   ++regions_.at(ctx->region_id).users;
   t->last_progress = Now();
   inflight_.insert(ctx);
+  num_inflight_ops_.fetch_add(1, std::memory_order_acq_rel);
   ++live_inflight_;
   ++t->inflight;
   ++t->next;
@@ -225,6 +230,7 @@ ssize_t DomainWorker::PostSend(Transfer* t) {
   ctx->dest = t->peer.fi_addr;
   t->last_progress = Now();
   inflight_.insert(ctx);
+  num_inflight_ops_.fetch_add(1, std::memory_order_acq_rel);
   ++live_inflight_;
   ++t->inflight;
   ++t->next;
@@ -298,6 +304,7 @@ void DomainWorker::HandleCqError() {
 void DomainWorker::OnOpDone(OpContext* ctx, const Status& status) {
   if (faults_ != nullptr) DoneFaultScratch(ctx);
   inflight_.erase(ctx);
+  num_inflight_ops_.fetch_sub(1, std::memory_order_acq_rel);
   if (ctx->kind == OpContext::Kind::kWrite) {
     auto region = regions_.find(ctx->region_id);
     if (region != regions_.end()) --region->second.users;
@@ -311,10 +318,14 @@ void DomainWorker::OnOpDone(OpContext* ctx, const Status& status) {
   last_completion_ = Now();
   dest_completion_[ctx->dest] = last_completion_;
   FreeContext(ctx);
-  if (t == nullptr) return;  // abandoned: its transfer already failed or was cancelled
+  PD_CHECK(t != nullptr) << "an operation came back without its transfer";
   t->last_progress = last_completion_;
-  --live_inflight_;
   --t->inflight;
+  if (t->finishing) {  // failed or cancelled: report once the last operation is back
+    if (t->inflight == 0) Report(t, t->failure);
+    return;
+  }
+  --live_inflight_;
   if (!status.ok()) {
     Finish(t, status);
   } else if (t->next == t->total && t->inflight == 0) {
@@ -322,15 +333,30 @@ void DomainWorker::OnOpDone(OpContext* ctx, const Status& status) {
   }
 }
 
+// A failed or cancelled transfer with operations in flight posts nothing more and asks the
+// provider to cancel them (fi_cancel: honoured by providers that can still withdraw a posted
+// operation, a no-op elsewhere); it is reported when the last one comes back, completed, failed
+// or flushed, never while one could still be written.
 void DomainWorker::Finish(Transfer* t, const Status& status) {
-  if (t->inflight > 0) {
-    for (OpContext* ctx : inflight_) {
-      if (ctx->transfer != t) continue;
-      ctx->transfer = nullptr;  // libfabric still owns it; its completion will be swallowed
-      --live_inflight_;
+  if (t->finishing) return;
+  t->next = t->total;
+  if (t->inflight == 0) {
+    Report(t, status);
+    return;
+  }
+  t->finishing = true;
+  t->failure = status.ok() ? Internal("transfer finished with operations in flight") : status;
+  live_inflight_ -= t->inflight;
+  for (OpContext* ctx : inflight_) {
+    if (ctx->transfer != t) continue;
+    ssize_t rc = fi_cancel(&ep_->fid, &ctx->fi_ctx);
+    if (rc != 0 && rc != -FI_ENOENT && rc != -FI_ENOSYS && rc != -FI_EOPNOTSUPP) {
+      PD_LOG_DEBUG("{}", FabricError("fi_cancel", rc).ToString());
     }
   }
-  t->next = t->total;
+}
+
+void DomainWorker::Report(Transfer* t, const Status& status) {
   auto owned = std::move(transfers_.at(t->id));
   transfers_.erase(t->id);
   num_pending_.fetch_sub(1, std::memory_order_acq_rel);
@@ -348,6 +374,16 @@ void DomainWorker::CheckDeadlines() {
   next_deadline_check_ = now + kDeadlineScanS;
   std::vector<TransferId> overdue;
   for (auto& [id, t] : transfers_) {
+    if (t->finishing) {  // its status is decided; only its operations are still out
+      if (!t->warned_stuck && now - t->last_progress > options_.op_timeout_s) {
+        t->warned_stuck = true;
+        PD_LOG_WARN(
+            "transfer {} ended ({}) but {} of its operations are still held by the provider "
+            "after {} s (stalled peer?); it is reported once they come back or the domain closes",
+            id, t->failure.ToString(), t->inflight, options_.op_timeout_s);
+      }
+      continue;
+    }
     const bool started = t->next > 0;
     double since = t->last_progress;
     if (!started) {

@@ -26,6 +26,7 @@ class DomainPairTest : public ::testing::Test {
     ASSERT_TRUE(b.ok()) << b.status().ToString();
     b_ = std::move(b).value();
   }
+  testing::Mappings mem_;  // before the domains: freed after them
   std::unique_ptr<Domain> a_, b_;
 };
 
@@ -37,7 +38,8 @@ TEST_F(DomainPairTest, ReportsProviderAttributes) {
 }
 
 TEST_F(DomainPairTest, WriteWithImmLandsExactlyAndCounterFires) {
-  Mapping src(1 << 16), dst(1 << 16);
+  Mapping& src = mem_.New(1 << 16);
+  Mapping& dst = mem_.New(1 << 16);
   src.FillRandom(1);
   dst.Fill('\x5a');
   auto src_mr = a_->RegisterMemory(src.data(), src.size());
@@ -100,7 +102,8 @@ TEST_F(DomainPairTest, PagedWriteMovesHeadShardSlicesExactly) {
   for (const Case& c : {Case{2, 0}, Case{4, 2 * kHeadBytes}}) {
     SCOPED_TRACE(c.dst_heads);
     const uint64_t dst_page = c.dst_heads * kHeadBytes;
-    Mapping src(kNumSrcPages * kSrcPage), dst(kNumDstPages * dst_page + 64);
+    Mapping& src = mem_.New(kNumSrcPages * kSrcPage);
+    Mapping& dst = mem_.New(kNumDstPages * dst_page + 64);
     src.FillRandom(7);
     dst.Fill('\x33');
     auto src_mr = a_->RegisterMemory(src.data(), src.size());
@@ -140,7 +143,8 @@ TEST_F(DomainPairTest, PagedWriteMovesHeadShardSlicesExactly) {
 }
 
 TEST_F(DomainPairTest, ManyWritesCountOncePerImmAcrossInterleavedTransfers) {
-  Mapping src(1 << 20), dst(1 << 20);
+  Mapping& src = mem_.New(1 << 20);
+  Mapping& dst = mem_.New(1 << 20);
   src.FillRandom(3);
   auto src_mr = a_->RegisterMemory(src.data(), src.size());
   auto dst_mr = b_->RegisterMemory(dst.data(), dst.size());
@@ -238,7 +242,8 @@ TEST_F(DomainPairTest, OversizedOrEmptyControlMessageIsRejected) {
 }
 
 TEST_F(DomainPairTest, BadDescriptorsAndRangesAreRejectedBeforePosting) {
-  Mapping src(8192), dst(8192);
+  Mapping& src = mem_.New(8192);
+  Mapping& dst = mem_.New(8192);
   dst.Fill('\x11');
   auto src_mr = a_->RegisterMemory(src.data(), src.size());
   auto dst_mr = b_->RegisterMemory(dst.data(), dst.size());
@@ -298,7 +303,8 @@ TEST_F(DomainPairTest, BadDescriptorsAndRangesAreRejectedBeforePosting) {
 }
 
 TEST_F(DomainPairTest, WrongKeyFailsTheWriteWithTheProviderError) {
-  Mapping src(4096), dst(4096);
+  Mapping& src = mem_.New(4096);
+  Mapping& dst = mem_.New(4096);
   dst.Fill('\x22');
   auto src_mr = a_->RegisterMemory(src.data(), src.size());
   auto dst_mr = b_->RegisterMemory(dst.data(), dst.size());
@@ -316,7 +322,8 @@ TEST_F(DomainPairTest, WrongKeyFailsTheWriteWithTheProviderError) {
 }
 
 TEST_F(DomainPairTest, WritesToADeregisteredRegionFail) {
-  Mapping src(4096), dst(4096);
+  Mapping& src = mem_.New(4096);
+  Mapping& dst = mem_.New(4096);
   dst.Fill('\x44');
   auto src_mr = a_->RegisterMemory(src.data(), src.size());
   auto dst_mr = b_->RegisterMemory(dst.data(), dst.size());
@@ -343,7 +350,7 @@ TEST_F(DomainPairTest, WritesToADeregisteredRegionFail) {
 
 TEST_F(DomainPairTest, CancelFailsAStalledTransferAtOnce) {
   SilentPeer silent;
-  Mapping src(1 << 20);
+  Mapping& src = mem_.New(1 << 20);
   auto src_mr = a_->RegisterMemory(src.data(), src.size());
   ASSERT_TRUE(src_mr.ok());
   auto remote = a_->AddRemote(silent.Descriptor(a_->info().address.size()));
@@ -364,9 +371,10 @@ TEST_F(DomainPairTest, CancelFailsAStalledTransferAtOnce) {
 TEST(DomainDeadlineTest, SilentPeerFailsPendingWritesWithinTheDeadline) {
   DomainOptions o = LoopbackOptions();
   o.op_timeout_s = 0.3;
+  testing::Mappings mem_;
   PD_CREATE_DOMAIN_OR_SKIP(a, o);
   SilentPeer silent;
-  Mapping src(1 << 20);
+  Mapping& src = mem_.New(1 << 20);
   auto src_mr = a->RegisterMemory(src.data(), src.size());
   ASSERT_TRUE(src_mr.ok());
   auto remote = a->AddRemote(silent.Descriptor(a->info().address.size()));
@@ -392,6 +400,7 @@ TEST(DomainMrModeTest, VirtualAndOffsetAddressingBothLandExactly) {
     const char* node;
   };
   int ran = 0;
+  testing::Mappings mem_;
   for (const Case& c : {Case{"shm", ""}, Case{"tcp;ofi_rxm", "127.0.0.1"}}) {
     SCOPED_TRACE(c.provider);
     DomainOptions o = LoopbackOptions();
@@ -405,7 +414,8 @@ TEST(DomainMrModeTest, VirtualAndOffsetAddressingBothLandExactly) {
     auto b = Domain::Create(o);
     ASSERT_TRUE(b.ok()) << b.status().ToString();
     ++ran;
-    Mapping src(3 * 4096), dst(3 * 4096);
+    Mapping& src = mem_.New(3 * 4096);
+    Mapping& dst = mem_.New(3 * 4096);
     src.FillRandom(11);
     dst.Fill('\x77');
     auto src_mr = (*a)->RegisterMemory(src.data(), src.size());

@@ -6,21 +6,56 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/random.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cstring>
 
 #include "common/log.h"
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PD_HAS_ASAN 1
+#endif
+#endif
+#if !defined(PD_HAS_ASAN) && defined(__SANITIZE_ADDRESS__)
+#define PD_HAS_ASAN 1
+#endif
+#ifndef PD_HAS_ASAN
+#define PD_HAS_ASAN 0
+#endif
+#if PD_HAS_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace pd::transfer {
 namespace {
 
-constexpr uint64_t kRegionAccess =
-    FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
+uint64_t AccessFlags(RegionAccess access) {
+  switch (access) {
+    case RegionAccess::kRemoteWrite:
+      return FI_REMOTE_WRITE;
+    case RegionAccess::kLocalSource:
+      return FI_WRITE;
+    case RegionAccess::kSourceAndTarget:
+      return FI_WRITE | FI_REMOTE_WRITE;
+  }
+  return 0;
+}
+
+std::atomic<uint64_t> g_regions_freed_while_registered{0};
 
 char* Dup(const std::string& s) { return s.empty() ? nullptr : strdup(s.c_str()); }
 
-Result<FiInfoPtr> GetInfo(const DomainOptions& options) {
+// What the protocol needs of the provider (see domain.h, "Ordering"): send-after-send for
+// control messages and, with delivery_complete, writes whose completion means placement at the
+// target. Write-after-write, send-after-write and completion order are not needed.
+constexpr uint64_t kMsgOrder = FI_ORDER_SAS;
+
+Result<FiInfoPtr> GetInfoWith(const DomainOptions& options, uint64_t mr_mode) {
   FiInfoPtr hints(fi_allocinfo());
   if (!hints) return ResourceExhausted("fi_allocinfo failed");
   hints->caps = FI_MSG | FI_RMA | FI_WRITE | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
@@ -28,22 +63,56 @@ Result<FiInfoPtr> GetInfo(const DomainOptions& options) {
   // receive is understood.
   hints->mode = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
   hints->ep_attr->type = FI_EP_RDM;
-  hints->domain_attr->mr_mode = static_cast<int>(options.offered_mr_mode);
+  hints->domain_attr->mr_mode = static_cast<int>(mr_mode);
   hints->domain_attr->threading = FI_THREAD_DOMAIN;  // only the worker touches the domain
+  hints->tx_attr->msg_order = kMsgOrder;
+  hints->rx_attr->msg_order = kMsgOrder;
+  hints->tx_attr->comp_order = FI_ORDER_NONE;
+  if (options.delivery_complete) hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
   hints->fabric_attr->prov_name = Dup(options.provider);
   hints->domain_attr->name = Dup(options.domain_name);
   fi_info* info = nullptr;
   const char* node = options.node.empty() ? nullptr : options.node.c_str();
   int rc = fi_getinfo(FI_VERSION(1, 17), node, nullptr, node ? FI_SOURCE : 0, hints.get(), &info);
   if (rc != 0) {
-    Status s = FabricError("fi_getinfo(provider '" + options.provider + "', domain '" +
-                               options.domain_name + "', node '" + options.node + "')",
-                           rc)
-                   .WithContext("no matching fabric interface");
+    Status s =
+        FabricError("fi_getinfo(provider '" + options.provider + "', domain '" +
+                        options.domain_name + "', node '" + options.node + "')",
+                    rc)
+            .WithContext(
+                "no matching fabric interface (the transfer engine needs an FI_EP_RDM "
+                "endpoint with RMA writes, send-after-send ordering (FI_ORDER_SAS)" +
+                std::string(options.delivery_complete ? " and FI_DELIVERY_COMPLETE" : "") + ")");
     // FI_ENODATA: no such provider here, or none that offers what we asked for.
     return rc == -FI_ENODATA ? NotFound(s.message()) : s;
   }
   return FiInfoPtr(info);
+}
+
+// Prefers keys we choose (random, see RegisterRaw): FI_MR_PROV_KEY is offered only to providers
+// that cannot work without it.
+Result<FiInfoPtr> GetInfo(const DomainOptions& options) {
+  const uint64_t offered = options.offered_mr_mode;
+  if (offered & FI_MR_PROV_KEY) {
+    auto own_keys = GetInfoWith(options, offered & ~uint64_t{FI_MR_PROV_KEY});
+    if (own_keys.ok()) return own_keys;
+  }
+  return GetInfoWith(options, offered);
+}
+
+// Refuses a provider that granted less than we asked for (some ignore hints they cannot meet).
+Status CheckGranted(const fi_info& info) {
+  const std::string prov = info.fabric_attr->prov_name ? info.fabric_attr->prov_name : "?";
+  if ((info.tx_attr->msg_order & kMsgOrder) != kMsgOrder ||
+      (info.rx_attr->msg_order & kMsgOrder) != kMsgOrder) {
+    return FailedPrecondition("provider " + prov +
+                              " does not order sends after sends (FI_ORDER_SAS), which the "
+                              "control messages need");
+  }
+  if ((info.caps & (FI_RMA | FI_REMOTE_WRITE)) != (FI_RMA | FI_REMOTE_WRITE)) {
+    return FailedPrecondition("provider " + prov + " offers no remote writes (FI_RMA)");
+  }
+  return OkStatus();
 }
 
 // What the provider granted (`info`), as DomainInfo's fields (all but the address).
@@ -81,6 +150,7 @@ Result<std::unique_ptr<DomainWorker>> DomainWorker::Open(const DomainOptions& op
 Status DomainWorker::OpenFabric(DomainInfo* out) {
   ASSIGN_OR_RETURN(fi_, GetInfo(options_));
   fi_info* info = fi_.get();
+  RETURN_IF_ERROR(CheckGranted(*info));
   fid_fabric* fabric = nullptr;
   int rc = fi_fabric(info->fabric_attr, &fabric, nullptr);
   if (rc != 0) return FabricError("fi_fabric", rc);
@@ -140,10 +210,21 @@ Status DomainWorker::OpenFabric(DomainInfo* out) {
   return OkStatus();
 }
 
+// With FI_MR_PROV_KEY the provider picks the key; otherwise it is a random 64-bit value, drawn
+// again should the provider refuse it (taken already).
 Result<FidPtr<fid_mr>> DomainWorker::RegisterRaw(void* data, uint64_t size, uint64_t access) {
-  uint64_t requested_key = (mr_mode_ & FI_MR_PROV_KEY) ? 0 : next_key_++;
   fid_mr* mr = nullptr;
-  int rc = fi_mr_reg(domain_.get(), data, size, access, 0, requested_key, 0, &mr, nullptr);
+  int rc = 0;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    uint64_t requested_key = 0;
+    if ((mr_mode_ & FI_MR_PROV_KEY) == 0 &&
+        getrandom(&requested_key, sizeof(requested_key), 0) != sizeof(requested_key)) {
+      return Internal(std::string("getrandom (memory registration key): ") + strerror(errno));
+    }
+    rc = fi_mr_reg(domain_.get(), data, size, access, 0, requested_key, 0, &mr, nullptr);
+    if (rc != -FI_ENOKEY && rc != -FI_EKEYREJECTED) break;
+    if (mr_mode_ & FI_MR_PROV_KEY) break;
+  }
   if (rc != 0) return FabricError("fi_mr_reg(" + std::to_string(size) + " bytes)", rc);
   FidPtr<fid_mr> owned(mr);
   if (mr_mode_ & FI_MR_ENDPOINT) {
@@ -183,9 +264,10 @@ Status DomainWorker::PostRecv(uint32_t index) {
   }
 }
 
-Result<MemoryRegion> DomainWorker::DoRegister(void* data, uint64_t size) {
+Result<MemoryRegion> DomainWorker::DoRegister(void* data, uint64_t size, RegionAccess access) {
   if (data == nullptr || size == 0) return InvalidArgument("RegisterMemory: empty region");
-  ASSIGN_OR_RETURN(FidPtr<fid_mr> mr, RegisterRaw(data, size, kRegionAccess));
+  const uint64_t flags = AccessFlags(access);
+  ASSIGN_OR_RETURN(FidPtr<fid_mr> mr, RegisterRaw(data, size, flags));
   MemoryRegion region;
   region.id = next_region_id_++;
   region.data = static_cast<char*>(data);
@@ -200,6 +282,7 @@ Result<MemoryRegion> DomainWorker::DoRegister(void* data, uint64_t size) {
   state.mr = std::move(mr);
   state.data = region.data;
   state.size = size;
+  state.access = flags;
   regions_.emplace(region.id, std::move(state));
   return region;
 }
@@ -250,11 +333,12 @@ DomainWorker::~DomainWorker() {
     Post([] {});
     thread_.join();
   }
-  // Close order: endpoint first (no more traffic), its CQ, then memory, AV, domain, fabric.
-  ep_.reset();
-  for (OpContext* ctx : inflight_) delete ctx;  // abandoned operations die with the endpoint
+  CloseEndpointAndFailOpen();
+  for (OpContext* ctx : inflight_) delete ctx;  // flushed with the endpoint
   inflight_.clear();
+  // Close order: endpoint (above), its CQ, then memory, AV, domain, fabric.
   cq_.reset();
+  CheckRegionsStillAllocated();
   fault_scratch_.clear();
   regions_.clear();
   recv_mr_.reset();
@@ -264,5 +348,36 @@ DomainWorker::~DomainWorker() {
   fabric_.reset();
   if (wake_fd_ >= 0) close(wake_fd_);
 }
+
+void DomainWorker::CloseEndpointAndFailOpen() {
+  ep_.reset();  // no operation of ours can be written or completed any more
+  std::vector<Transfer*> open;
+  for (auto& [id, t] : transfers_) open.push_back(t.get());
+  for (Transfer* t : open) {
+    Report(t, t->finishing ? t->failure : Cancelled("fabric domain closed"));
+  }
+}
+
+void DomainWorker::CheckRegionsStillAllocated() {
+  const long page = sysconf(_SC_PAGESIZE);
+  for (const auto& [id, r] : regions_) {
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(r.data) & ~uintptr_t(page - 1);
+    const uintptr_t end = reinterpret_cast<uintptr_t>(r.data) + r.size;
+    std::vector<unsigned char> resident((end - begin + page - 1) / page);
+    bool freed = mincore(reinterpret_cast<void*>(begin), end - begin, resident.data()) != 0 &&
+                 errno == ENOMEM;  // part of it is no longer mapped
+#if PD_HAS_ASAN
+    freed = freed || __asan_region_is_poisoned(r.data, r.size) != nullptr;
+#endif
+    if (!freed) continue;
+    g_regions_freed_while_registered.fetch_add(1);
+    PD_LOG_ERROR(
+        "fabric domain closing: registered region {} ({} bytes at {}) was freed while still "
+        "registered; free registered memory only after its domain is closed",
+        id, r.size, static_cast<const void*>(r.data));
+  }
+}
+
+uint64_t NumRegionsFreedWhileRegistered() { return g_regions_freed_while_registered.load(); }
 
 }  // namespace pd::transfer

@@ -40,6 +40,11 @@ struct Transfer {
   size_t inflight = 0;       // posted, not completed
   double last_progress = 0;  // submit, or the last post or completion of one of its operations
   bool refused = false;      // a post was refused (-FI_EAGAIN, or its destination's send cap)
+  // Failed or cancelled with operations still in flight: nothing more is posted, and `done` runs
+  // with `failure` once the last of them has come back.
+  bool finishing = false;
+  bool warned_stuck = false;  // logged once that its operations are slow to come back
+  Status failure;
   Completion done;
   // Fault injection only: the operation index whose fault was decided, and the decision (kept
   // while a refused post is retried).
@@ -55,7 +60,7 @@ struct OpContext {
   enum class Kind { kWrite, kSend, kRecv };
   fi_context2 fi_ctx;
   Kind kind = Kind::kWrite;
-  Transfer* transfer = nullptr;     // null once abandoned
+  Transfer* transfer = nullptr;     // the transfer it belongs to
   uint64_t region_id = 0;           // source region of a write
   uint32_t buffer = 0;              // send or receive buffer index
   fi_addr_t dest = FI_ADDR_UNSPEC;  // where a write or send goes
@@ -66,7 +71,8 @@ struct RegionState {
   void* desc = nullptr;  // fi_mr_desc, passed with local buffers (FI_MR_LOCAL)
   char* data = nullptr;
   uint64_t size = 0;
-  uint64_t users = 0;  // operations in flight (also abandoned ones) using it
+  uint64_t access = 0;  // fi_mr_reg access flags
+  uint64_t users = 0;   // operations in flight using it
 };
 
 class DomainWorker {
@@ -86,9 +92,10 @@ class DomainWorker {
   }
   size_t num_pending() const { return num_pending_.load(std::memory_order_acquire); }
   void AddPending() { num_pending_.fetch_add(1, std::memory_order_acq_rel); }
+  size_t num_inflight_ops() const { return num_inflight_ops_.load(std::memory_order_acquire); }
 
   // Worker thread only.
-  Result<MemoryRegion> DoRegister(void* data, uint64_t size);
+  Result<MemoryRegion> DoRegister(void* data, uint64_t size, RegionAccess access);
   Status DoDeregister(uint64_t id);
   Result<fi_addr_t> DoInsertAddress(const std::string& fabric_addr);
   void DoSubmit(std::unique_ptr<Transfer> transfer);
@@ -100,6 +107,11 @@ class DomainWorker {
   Status OpenFabric(DomainInfo* info);
   Status OpenBuffers();
   Result<FidPtr<fid_mr>> RegisterRaw(void* data, uint64_t size, uint64_t access);
+  // Closes the endpoint (nothing of ours can be written any more), then reports every transfer
+  // still open as Cancelled. Destructor only, after the worker thread stopped.
+  void CloseEndpointAndFailOpen();
+  // Counts (and logs) registered regions whose memory is already freed or unmapped.
+  void CheckRegionsStillAllocated();
   Status PostRecv(uint32_t index);
 
   void Run() EXCLUDES(mu_);
@@ -127,7 +139,10 @@ class DomainWorker {
   void HandleCompletion(const fi_cq_data_entry& entry);
   void HandleCqError();
   void OnOpDone(OpContext* ctx, const Status& status);
+  // Ends `t` with `status`: at once when nothing of it is in flight, else once its in-flight
+  // operations have come back (it is then `finishing`).
   void Finish(Transfer* t, const Status& status);
+  void Report(Transfer* t, const Status& status);
   void CheckDeadlines();
   void Block(int timeout_ms);
   int naps_since_activity_ = 0;  // worker thread; Block's naps when the CQ has no wait object
@@ -169,7 +184,6 @@ class DomainWorker {
 
   std::unordered_map<uint64_t, RegionState> regions_;
   uint64_t next_region_id_ = 1;
-  uint64_t next_key_ = 1;
   std::unordered_map<std::string, fi_addr_t> addresses_;
 
   FidPtr<fid_mr> recv_mr_, send_mr_;
@@ -181,7 +195,9 @@ class DomainWorker {
   std::deque<TransferId> pending_;  // transfers with operations left to post
   std::unordered_set<OpContext*> inflight_;
   std::vector<std::unique_ptr<OpContext>> free_ctx_;
-  size_t live_inflight_ = 0;  // inflight operations whose transfer is still alive
+  // In-flight operations counted against max_inflight: those of finishing transfers are not, so a
+  // stalled peer holding them does not stall the writes to everyone else.
+  size_t live_inflight_ = 0;
   double next_deadline_check_ = 0;
   double last_completion_ = 0;  // any write or send of this domain completed
   // Per destination: the last completion of a write or send to it, and the send buffers its
@@ -214,6 +230,7 @@ class DomainWorker {
   std::vector<std::function<void()>> commands_ GUARDED_BY(mu_);
   bool stop_ GUARDED_BY(mu_) = false;
   std::atomic<size_t> num_pending_{0};
+  std::atomic<size_t> num_inflight_ops_{0};
   std::thread thread_;
 };
 

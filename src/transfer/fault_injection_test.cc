@@ -154,8 +154,9 @@ class FaultedWriteTest : public ::testing::Test {
 
   std::shared_ptr<FaultInjector> a_faults_ = std::make_shared<FaultInjector>();
   std::shared_ptr<FaultInjector> b_faults_ = std::make_shared<FaultInjector>();
-  std::unique_ptr<Domain> a_, b_;
+  // Registered memory before the domains, so it is freed after they close.
   Mapping src_{kPages * kPageBytes}, dst_{kPages * kPageBytes};
+  std::unique_ptr<Domain> a_, b_;
   std::vector<char> original_;
   MemoryRegion src_mr_;
   RemoteRegion remote_;

@@ -10,9 +10,12 @@
 
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "common/mutex.h"
 #include "transfer/domain.h"
@@ -73,6 +76,32 @@ class Mapping {
  private:
   char* data_ = nullptr;
   size_t size_ = 0;
+};
+
+// Polls `pred` (state another thread updates) until it holds or `timeout_s` passed.
+template <typename Pred>
+bool WaitFor(Pred pred, double timeout_s) {
+  const auto end =
+      std::chrono::steady_clock::now() + std::chrono::ceil<std::chrono::steady_clock::duration>(
+                                             std::chrono::duration<double>(timeout_s));
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+// Test memory that outlives the domains registering it: declare it before them (members and
+// locals are destroyed in reverse order), so no region is freed while a domain has it registered.
+class Mappings {
+ public:
+  Mapping& New(size_t size) {
+    all_.push_back(std::make_unique<Mapping>(size));
+    return *all_.back();
+  }
+
+ private:
+  std::vector<std::unique_ptr<Mapping>> all_;
 };
 
 // Collects one completion; Wait blocks (with a generous deadline so a bug fails instead of

@@ -72,6 +72,7 @@ class TwoProcessTest : public ::testing::TestWithParam<Network> {
   }
 
   std::unique_ptr<testing::NetnsPair> netns_;  // outlives the domain and the peer below
+  testing::Mappings mem_;                      // before the domain: freed after it
   std::unique_ptr<Domain> domain_;
   std::unique_ptr<PeerProcess> peer_;
   RemoteRegion remote_;
@@ -83,7 +84,7 @@ TEST_P(TwoProcessTest, PagedWritesOfRandomDataLandBitExactWithStridedSlices) {
   constexpr uint64_t kHeadBytes = 16 * 64 * 2;
   constexpr uint64_t kSrcPage = 8 * kHeadBytes;
   constexpr uint64_t kDstStride = 3 * kHeadBytes + 512;
-  Mapping src(64 * kSrcPage);
+  Mapping& src = mem_.New(64 * kSrcPage);
   src.FillRandom(42);
   auto mr = domain_->RegisterMemory(src.data(), src.size());
   ASSERT_TRUE(mr.ok());
@@ -154,10 +155,17 @@ TEST_P(TwoProcessTest, ControlMessagesRoundTrip) {
   d->reset();
 }
 
-TEST_P(TwoProcessTest, CancellingAStalledTransferGivesCancelled) {
-  Mapping src(8 << 20);
-  auto mr = domain_->RegisterMemory(src.data(), src.size());
+// A cancelled transfer whose writes the provider still holds (its peer is stopped, so nothing is
+// acknowledged) is reported only once they came back: until then a write could still land.
+TEST_P(TwoProcessTest, ACancelledTransferIsReportedOnlyOnceItsWritesCameBack) {
+  Mapping& src = mem_.New(8 << 20);
+  auto mr = domain_->RegisterMemory(src.data(), src.size(), RegionAccess::kLocalSource);
   ASSERT_TRUE(mr.ok());
+  // A first write sets the connection up, so the writes below are posted, not refused.
+  Done warm;
+  ASSERT_TRUE(domain_->SubmitWrite({*mr, 0, 4096, remote_, 0, std::nullopt}, warm.Callback()).ok());
+  auto ws = warm.Wait();
+  ASSERT_TRUE(ws && ws->ok()) << (ws ? ws->ToString() : "no completion");
   peer_->Stop();  // the peer cannot acknowledge anything now
   PagedWriteRequest r;
   r.src = *mr;
@@ -168,15 +176,44 @@ TEST_P(TwoProcessTest, CancellingAStalledTransferGivesCancelled) {
   Done done;
   auto id = domain_->SubmitPagedWrite(r, done.Callback());
   ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(testing::WaitFor([&] { return domain_->num_inflight_ops() > 0; }, 30.0));
   domain_->Cancel(*id);
+  // Past op_timeout_s (2 s) too: a deadline does not end the wait for posted writes either.
+  EXPECT_FALSE(done.Wait(3.0).has_value()) << "reported while the provider held its writes";
+  EXPECT_GT(domain_->num_inflight_ops(), 0u);
+  EXPECT_EQ(domain_->Deregister(*mr).code(), StatusCode::kFailedPrecondition);
+  peer_->Continue();
   auto s = done.Wait();
-  ASSERT_TRUE(s.has_value()) << "cancel did not complete the transfer";
+  ASSERT_TRUE(s.has_value()) << "the transfer was never reported";
+  EXPECT_EQ(s->code(), StatusCode::kCancelled) << s->ToString();
+  EXPECT_EQ(done.calls(), 1);
+  EXPECT_EQ(domain_->num_inflight_ops(), 0u);
+  EXPECT_EQ(domain_->num_pending(), 0u);
+  EXPECT_TRUE(domain_->Deregister(*mr).ok());
+}
+
+// Closing the domain flushes what a stopped peer holds: the transfer is reported then.
+TEST_P(TwoProcessTest, ClosingTheDomainReportsATransferItsStoppedPeerHolds) {
+  Mapping& src = mem_.New(8 << 20);
+  auto mr = domain_->RegisterMemory(src.data(), src.size(), RegionAccess::kLocalSource);
+  ASSERT_TRUE(mr.ok());
+  Done warm;
+  ASSERT_TRUE(domain_->SubmitWrite({*mr, 0, 4096, remote_, 0, std::nullopt}, warm.Callback()).ok());
+  auto ws = warm.Wait();
+  ASSERT_TRUE(ws && ws->ok());
+  peer_->Stop();
+  Done done;
+  ASSERT_TRUE(domain_->SubmitWrite({*mr, 0, 8 << 20, remote_, 0, 1u}, done.Callback()).ok());
+  ASSERT_TRUE(testing::WaitFor([&] { return domain_->num_inflight_ops() > 0; }, 30.0));
+  domain_.reset();
+  auto s = done.Wait(0.0);
+  ASSERT_TRUE(s.has_value()) << "closing the domain did not report the transfer";
   EXPECT_EQ(s->code(), StatusCode::kCancelled) << s->ToString();
   peer_->Continue();
 }
 
 TEST_P(TwoProcessTest, KilledPeerFailsPendingWritesWithinTheDeadline) {
-  Mapping src(8 << 20);
+  Mapping& src = mem_.New(8 << 20);
   auto mr = domain_->RegisterMemory(src.data(), src.size());
   ASSERT_TRUE(mr.ok());
   // A first write proves the connection works, so the failure below is the peer's death.
