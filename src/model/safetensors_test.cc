@@ -234,8 +234,9 @@ TEST_F(BadSafetensorsTest, SizeMismatchWithShape) {
                         "[3, 5] needs 30"));
 }
 
-// Found by fuzz/safetensors_fuzz (fuzz/corpus/safetensors/regress_negative_dimension): with a zero
-// in the shape the element count stays 0, and a dimension above INT64_MAX became a negative one.
+// Caught by fuzz/safetensors_fuzz's dimension check
+// (corpus/safetensors/regress_negative_dimension): with a zero in the shape the element count stays
+// 0, and a dimension above INT64_MAX became a negative one.
 TEST_F(BadSafetensorsTest, DimensionAboveInt64Max) {
   WriteRawSafetensors(
       Path(),
