@@ -34,7 +34,7 @@ for name in "${targets[@]}"; do
   status=0
   # The outer timeout is a backstop for a fuzzer that does not stop by itself.
   timeout $((seconds + 120)) "$binary" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-    -print_final_stats=1 -artifact_prefix="$artifacts/" "${dict[@]}" \
+    -use_value_profile=1 -print_final_stats=1 -artifact_prefix="$artifacts/" "${dict[@]}" \
     "$work" "$fuzz_dir/corpus/$name" >"$log" 2>&1 || status=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   last=$(grep -E '^#[0-9]+' "$log" | tail -1 || true)
