@@ -9,6 +9,7 @@
 #include <string>
 
 #include "apps/command.h"
+#include "apps/http_limit_flags.h"
 #include "server/router.h"
 
 namespace pd::apps {
@@ -18,7 +19,7 @@ struct RouterFlags {
   std::string decode;
   std::string host = "127.0.0.1";
   int port = 8000;
-  int http_threads = server::RouterHttpLimits().num_threads;
+  server::HttpLimits http = server::RouterHttpLimits();
   int max_open_streams = server::RouterOptions().max_open_streams;
 };
 
@@ -31,7 +32,7 @@ int RunRouter(const RouterFlags& f) {
   server::RouterOptions o;
   o.host = f.host;
   o.port = f.port;
-  o.http.num_threads = f.http_threads;
+  o.http = f.http;
   o.max_open_streams = f.max_open_streams;
   std::stringstream urls(f.decode);
   std::string url;
@@ -64,10 +65,7 @@ PD_REGISTER_COMMAND(router, "OpenAI API in front of decode instances", [](CLI::A
       ->required();
   app->add_option("--host", f->host, "address to listen on")->capture_default_str();
   app->add_option("--port", f->port, "port (0: any)")->capture_default_str();
-  app->add_option("--http-threads", f->http_threads,
-                  "HTTP threads (they only read requests: one event-loop thread relays every "
-                  "stream)")
-      ->capture_default_str();
+  AddHttpLimitFlags(app, &f->http);
   app->add_option("--max-open-streams", f->max_open_streams,
                   "relayed requests (streamed or not) open at once; beyond it 429")
       ->check(CLI::PositiveNumber)

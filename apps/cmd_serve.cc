@@ -12,6 +12,7 @@
 #include <string>
 
 #include "apps/command.h"
+#include "apps/http_limit_flags.h"
 #include "apps/idle_poll_flag.h"
 #include "apps/matmul_flag.h"
 #include "apps/serve_roles.h"  // --role prefill|decode (messenger, H9)
@@ -27,6 +28,15 @@
 
 namespace pd::apps {
 namespace {
+
+// 16 HTTP threads (they read requests; one event-loop thread writes every answer) and a long
+// queue of connections waiting for one.
+server::HttpLimits ServeHttpLimits() {
+  server::HttpLimits l;
+  l.num_threads = 16;
+  l.max_queued_connections = 4096;
+  return l;
+}
 
 struct ServeFlags {
   std::string model;
@@ -46,9 +56,9 @@ struct ServeFlags {
   int tensor_parallel_size = 1;
   std::string api_key;
   int max_pending_requests = 256;
-  int http_threads = 16;  // they read requests; one event-loop thread writes every answer
-  int max_queued_connections = 4096;
-  size_t max_body_bytes = 4u << 20;
+  int max_inflight_requests = 0;
+  // Every HTTP server of the process (the OpenAI front, a prefill role's bootstrap server).
+  server::HttpLimits http = ServeHttpLimits();
   RoleFlags roles;                            // disaggregation roles (apps/serve_roles.h)
   int64_t idle_poll_us = kDefaultIdlePollUs;  // only with dedicated --compute-cpus
 };
@@ -124,9 +134,8 @@ server::ServerOptions MakeServerOptions(const ServeFlags& f, int max_model_len) 
   so.model_path = f.model;
   so.api_key = f.api_key;
   so.max_model_len = max_model_len;
-  so.http.num_threads = f.http_threads;
-  so.http.max_queued_connections = f.max_queued_connections;
-  so.http.max_body_bytes = f.max_body_bytes;
+  so.max_inflight_requests = f.max_inflight_requests;
+  so.http = f.http;
   return so;
 }
 
@@ -148,6 +157,8 @@ int RunServe(const ServeFlags& f) {
 
   auto layout = engine::ParseKvLayout(f.kv_layout);
   if (!layout.ok()) return Fail("--kv-layout: " + layout.status().message());
+  // Before the model loads: a refused role (no cluster secret, ...) says so at once.
+  if (Status s = ValidateRoleFlags(f.roles); !s.ok()) return Fail(s.message());
   auto tokenizer = model::Tokenizer::Load(f.model);
   if (!tokenizer.ok()) return Fail(tokenizer.status().ToString());
   auto weights = model::LoadModelWeights(f.model);
@@ -186,9 +197,9 @@ int RunServe(const ServeFlags& f) {
         "--compute-cpus and --io-cpus without a CPU in common)");
   }
   ao.warm_period_s = f.roles.kv_wait_warm_ms / 1000.0;
-  if (Status s = ValidateRoleFlags(f.roles); !s.ok()) return Fail(s.message());
   if (f.roles.role == "prefill") {
-    const int rc = RunPrefillRole(roles, *weights, std::move(eng).value(), ao, f.host, f.port);
+    const int rc =
+        RunPrefillRole(roles, *weights, std::move(eng).value(), ao, f.host, f.port, f.http);
     return FinishTrace(roles.tracer, roles.trace_file, rc);
   }
   auto async = CreateRoleEngine(roles, *weights, std::move(eng).value(), ao);
@@ -255,16 +266,12 @@ PD_REGISTER_COMMAND(serve, "Serve a model with the OpenAI-compatible HTTP API", 
   app->add_option("--max-pending-requests", f->max_pending_requests,
                   "queued + running requests; beyond it requests get 429")
       ->capture_default_str();
-  app->add_option("--http-threads", f->http_threads,
-                  "HTTP threads: they read, check and tokenise requests (one event-loop thread "
-                  "writes every answer, streamed or not)")
-      ->check(CLI::PositiveNumber)
+  app->add_option("--max-inflight-requests", f->max_inflight_requests,
+                  "generation requests in flight on the HTTP front; beyond it 503 (0: limited by "
+                  "--max-pending-requests only)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app->add_option("--max-queued-connections", f->max_queued_connections,
-                  "connections waiting for an HTTP thread; beyond it they get 503")
-      ->capture_default_str();
-  app->add_option("--max-body-bytes", f->max_body_bytes, "largest request body")
-      ->capture_default_str();
+  AddHttpLimitFlags(app, &f->http);
   app->add_option("--idle-poll-us", f->idle_poll_us,
                   "when the engine loop runs out of work it polls this long for more before it "
                   "sleeps (a sleeping loop whose core has gone idle takes 70-120 us to wake on a "

@@ -1,5 +1,6 @@
 // The prefill and decode roles of `pdserve serve` (see serve_roles.h). No subcommand is
 // registered here: cmd_serve.cc calls these hooks.
+#include <arpa/inet.h>
 #include <httplib.h>
 #include <signal.h>
 
@@ -24,13 +25,22 @@ void AddRoleFlags(CLI::App* app, RoleFlags* f) {
   app->add_option("--prefill-peers", f->prefill_peers,
                   "decode role: prefill instances' base URLs, comma-separated");
   app->add_option("--cluster-secret-file", f->cluster_secret_file,
-                  "file whose contents authenticate control messages between instances");
+                  "file whose contents authenticate control messages between instances (required "
+                  "by --role prefill|decode; `pdserve up` makes one per deployment)");
+  app->add_flag("--insecure-no-secret", f->insecure_no_secret,
+                "run --role prefill|decode without a cluster secret: anyone who reaches the "
+                "fabric endpoint can then send control messages, so only allowed with the "
+                "endpoint on loopback");
   app->add_option("--fabric-provider", f->fabric_provider, "libfabric provider")
       ->capture_default_str();
   app->add_option("--fabric-node", f->fabric_node, "address the fabric endpoint binds")
       ->capture_default_str();
   app->add_option("--kv-transfer-timeout-ms", f->kv_transfer_timeout_ms,
                   "deadline of one KV transfer attempt")
+      ->capture_default_str();
+  app->add_option("--control-message-bytes", f->control_message_bytes,
+                  "largest control message this instance receives (announced in the handshake; "
+                  "a prompt's ids travel in as many messages as they need); at least 4096")
       ->capture_default_str();
   app->add_option("--peer-wait-s", f->peer_wait_s,
                   "decode role: how long to wait for prefill instances at start")
@@ -67,8 +77,43 @@ Status ValidateRoleFlags(const RoleFlags& f) {
     return InvalidArgument("--kv-transfer-timeout-ms must be positive");
   }
   if (!(f.peer_silence_s >= 0)) return InvalidArgument("--peer-silence-s must be >= 0");
+  if (f.control_message_bytes < messenger::kMinMessageBytes) {
+    return InvalidArgument("--control-message-bytes must be at least " +
+                           std::to_string(messenger::kMinMessageBytes) + ", got " +
+                           std::to_string(f.control_message_bytes));
+  }
   if (!(f.kv_wait_warm_ms >= 0)) return InvalidArgument("--kv-wait-warm-ms must be >= 0");
+  if (f.role == "colocated") return OkStatus();
+  if (!f.cluster_secret_file.empty() && f.insecure_no_secret) {
+    return InvalidArgument("give either --cluster-secret-file or --insecure-no-secret, not both");
+  }
+  if (f.cluster_secret_file.empty() && !f.insecure_no_secret) {
+    return InvalidArgument(
+        "--role " + f.role +
+        " needs --cluster-secret-file FILE (the same secret on every instance; `pdserve up` makes "
+        "one per deployment): without it anyone who reaches the fabric endpoint can send "
+        "control messages. For a test on one host, --insecure-no-secret runs without one while "
+        "the fabric endpoint is on loopback");
+  }
+  if (f.insecure_no_secret && !FabricIsLoopbackOnly(f.fabric_provider, f.fabric_node)) {
+    return InvalidArgument(
+        "--insecure-no-secret is only allowed with the fabric endpoint on loopback, but "
+        "--fabric-node '" +
+        f.fabric_node + "' (provider " + f.fabric_provider +
+        ") is reachable from other hosts: give --cluster-secret-file FILE, or --fabric-node "
+        "127.0.0.1");
+  }
   return OkStatus();
+}
+
+bool FabricIsLoopbackOnly(const std::string& provider, const std::string& node) {
+  if (provider == "shm") return true;
+  if (node == "localhost") return true;
+  in_addr v4{};
+  if (inet_pton(AF_INET, node.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, node.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
+  return false;  // empty (every interface), a name, or an interface
 }
 
 std::string HexEncode(const std::string& bytes) {
@@ -101,8 +146,10 @@ Result<std::string> HexDecode(const std::string& hex) {
 namespace {
 
 Result<std::string> ReadSecret(const RoleFlags& f) {
-  if (f.cluster_secret_file.empty()) {
-    PD_LOG_WARN("no --cluster-secret-file: control messages are checked for integrity only");
+  if (f.cluster_secret_file.empty()) {  // ValidateRoleFlags allowed it: loopback only
+    PD_LOG_WARN(
+        "--insecure-no-secret: control messages are checked for integrity only (the fabric "
+        "endpoint is on loopback)");
     return std::string();
   }
   auto text = ReadFileToString(f.cluster_secret_file);
@@ -149,7 +196,7 @@ sigset_t StopSignals() {
 
 int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
                    std::unique_ptr<engine::Engine> eng, const engine::AsyncEngineOptions& ao,
-                   const std::string& host, int port) {
+                   const std::string& host, int port, const server::HttpLimits& limits) {
   auto fail = [](const Status& s) {
     std::fprintf(stderr, "serve: %s\n", s.ToString().c_str());
     return 1;
@@ -162,6 +209,10 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
   mo.model_hash = messenger::ModelFingerprint(weights);
   mo.domain = DomainFor(flags);
   mo.max_transfers = ao.max_pending_requests;
+  mo.max_message_bytes = flags.control_message_bytes;
+  // A decode instance's deadline is capped at this: never below what it asks for.
+  mo.max_deadline_ms =
+      std::max(mo.max_deadline_ms, static_cast<uint32_t>(flags.kv_transfer_timeout_ms));
   mo.peer_silence_s = flags.peer_silence_s;
   mo.tracer = flags.tracer;
   engine::DisaggHooks* hooks = eng->disagg_hooks();
@@ -173,7 +224,7 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
   if (!async.ok()) return fail(async.status());
   (*messenger)->Start(async->get());
 
-  httplib::Server http;
+  server::LimitedHttpServer http(limits);
   const messenger::KvFormat fmt = (*messenger)->format();
   nlohmann::json info = {
       {"role", "prefill"},
@@ -190,8 +241,9 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
   });
   engine::AsyncEngine* a = async->get();
   messenger::PrefillMessenger* m = messenger->get();
-  http.Get("/metrics", [a, m](const httplib::Request&, httplib::Response& res) {
-    res.set_content(EngineMetrics(a->stats(), "prefill") + m->metrics().PrometheusText("prefill"),
+  http.Get("/metrics", [a, m, &http](const httplib::Request&, httplib::Response& res) {
+    res.set_content(EngineMetrics(a->stats(), "prefill") + m->metrics().PrometheusText("prefill") +
+                        http.RefusedMetricsText(),
                     "text/plain; version=0.0.4");
   });
   int bound = port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, port) ? port : -1);
@@ -255,8 +307,15 @@ Result<std::unique_ptr<engine::AsyncEngine>> CreateRoleEngine(
   mo.model_hash = messenger::ModelFingerprint(weights);
   mo.domain = DomainFor(flags);
   mo.transfer_timeout_ms = static_cast<uint32_t>(flags.kv_transfer_timeout_ms);
+  mo.max_message_bytes = flags.control_message_bytes;
   mo.max_transfers = std::max(mo.max_transfers, ao.max_pending_requests);  // one per request
   mo.tracer = flags.tracer;
+  // A prefill instance that restarts (under `up`'s supervision) has a new fabric endpoint at the
+  // same URL: one look at its /pd/info per round.
+  mo.resolve_address = [](const messenger::PrefillPeer& p) -> Result<std::string> {
+    ASSIGN_OR_RETURN(messenger::PrefillPeer now, FetchPeer(p.name, 0.0));
+    return now.fabric_address;
+  };
   std::stringstream urls(flags.prefill_peers);
   std::string url;
   while (std::getline(urls, url, ',')) {

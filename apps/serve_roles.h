@@ -3,7 +3,10 @@
 //                                       address, for decode instances to bootstrap from)
 //   --role decode --prefill-peers URLs  decode instance: the OpenAI API, requests through the
 //                                       decode messenger
-//   --cluster-secret-file FILE          HMAC key of every control message (same on every instance)
+//   --cluster-secret-file FILE          HMAC key of every control message (same on every instance);
+//                                       required by the prefill and decode roles, unless
+//   --insecure-no-secret                runs them without one, only with the fabric endpoint on
+//                                       loopback (--fabric-node 127.x.x.x or ::1, or shm)
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -16,6 +19,7 @@
 #include "engine/async_engine.h"
 #include "engine/engine.h"
 #include "model/weights.h"
+#include "server/http_transport.h"
 
 namespace pd::apps {
 
@@ -23,9 +27,11 @@ struct RoleFlags {
   std::string role = "colocated";  // colocated | prefill | decode
   std::string prefill_peers;       // decode: comma-separated base URLs of prefill instances
   std::string cluster_secret_file;
+  bool insecure_no_secret = false;  // no secret: only on loopback
   std::string fabric_provider = "tcp;ofi_rxm";
   std::string fabric_node = "127.0.0.1";  // local address the fabric endpoint binds
   int kv_transfer_timeout_ms = 30000;
+  uint32_t control_message_bytes = 256u << 10;  // largest control message received
   double peer_wait_s = 60.0;     // decode: how long to wait for prefill instances at start
   double peer_silence_s = 2.0;   // prefill: drop transfers of a decode peer silent this long
   double kv_wait_warm_ms = 2.0;  // decode: cache-warming period while waiting for KV; 0: off
@@ -35,13 +41,19 @@ struct RoleFlags {
 };
 
 void AddRoleFlags(CLI::App* app, RoleFlags* flags);
+// Also the secret rule: a prefill or decode role needs --cluster-secret-file, or
+// --insecure-no-secret with the fabric endpoint on loopback; each refusal names the flag and why.
 Status ValidateRoleFlags(const RoleFlags& flags);
+// Whether a fabric endpoint bound to `node` with `provider` is reachable from this host only:
+// shm, or a loopback address (127.0.0.0/8, ::1, localhost). An empty node binds every interface.
+bool FabricIsLoopbackOnly(const std::string& provider, const std::string& node);
 
 // Runs a prefill instance until SIGINT/SIGTERM (which the caller has blocked); returns the exit
 // code.
+// Its bootstrap HTTP server has the same limits as every other (`http`).
 int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
                    std::unique_ptr<engine::Engine> engine, const engine::AsyncEngineOptions& ao,
-                   const std::string& host, int port);
+                   const std::string& host, int port, const server::HttpLimits& http);
 
 // The engine the OpenAI server runs on: a plain AsyncEngine (colocated) or a DecodeMessenger
 // that has completed its handshake with the prefill instances (decode).

@@ -484,8 +484,11 @@ class PrefillWireTest : public ::testing::Test {
     return std::vector<int32_t>(p.begin(), p.end());
   }
   // A request the prefill must refuse with PrefillDone(error) and no write.
-  void ExpectRefused(const messenger::PrefillRequest& r, StatusCode code, const std::string& what) {
+  // (Its totals are what it carries: the test edits the ids.)
+  void ExpectRefused(messenger::PrefillRequest r, StatusCode code, const std::string& what) {
     SCOPED_TRACE(what);
+    r.num_tokens = static_cast<uint32_t>(r.token_ids.size());
+    r.num_pages = static_cast<uint32_t>(r.dst_pages.size());
     ASSERT_TRUE(client_->SendFrame(r));
     auto done = client_->WaitDone(r.request_id, 30s);
     ASSERT_TRUE(done.has_value()) << prefill_.output();
@@ -548,12 +551,13 @@ TEST_F(PrefillWireTest, MalformedTruncatedAndUnauthenticatedMessagesAreRefusedAn
   };
   const std::string good = client_->Encode(base(20));
   messenger::FrameCodec wrong("not-the-secret"), none("");
-  drop(wrong.Encode(base(21)));  // wrong HMAC key
-  drop(none.Encode(base(22)));   // no secret
+  drop(wrong.Encode(base(21), 0));  // wrong HMAC key
+  drop(none.Encode(base(22), 0));   // no secret
   std::string flipped = client_->Encode(base(23));
   flipped[flipped.size() - 1] ^= 1;  // MAC altered
   drop(flipped);
-  for (size_t keep : {size_t{1}, size_t{4}, size_t{19}, size_t{20}, size_t{21}, good.size() / 2,
+  const size_t header = messenger::kFrameHeaderBytes;
+  for (size_t keep : {size_t{1}, size_t{4}, header - 1, header, header + 1, good.size() / 2,
                       good.size() - 33, good.size() - 32, good.size() - 1}) {
     drop(good.substr(0, keep));  // truncated
   }
@@ -568,7 +572,7 @@ TEST_F(PrefillWireTest, MalformedTruncatedAndUnauthenticatedMessagesAreRefusedAn
   drop(Resign(f, kSecret));
   for (uint32_t len : {0u, 1u, 0xffffffffu, static_cast<uint32_t>(good.size())}) {
     f = client_->Encode(base(27));
-    Put<uint32_t>(f, 16, len);  // body_len
+    Put<uint32_t>(f, messenger::kBodyLenOffset, len);  // body_len
     drop(Resign(f, kSecret));
   }
   f = client_->Encode(base(28));
@@ -614,6 +618,60 @@ TEST_F(PrefillWireTest, MalformedTruncatedAndUnauthenticatedMessagesAreRefusedAn
                          client_->meta().begin()));
   EXPECT_EQ(prefill_.Stop(SIGTERM, 30s), 0);
   if (HasFailure()) ADD_FAILURE() << prefill_.output();
+}
+
+// The fabric address a prefill instance publishes on /pd/info.
+std::string FabricAddress(int port) {
+  httplib::Client c(kHost, port);
+  auto info = c.Get("/pd/info");
+  if (!info || info->status != 200) return "";
+  return HexDecode(json::parse(info->body).at("fabric_address"));
+}
+
+// A PrefillRequest captured on its way to one prefill instance and sent to another with the same
+// cluster secret is refused and counted there, as is one meant for an earlier run of an instance
+// that restarted; the client's requests to each instance still go through.
+TEST_F(PrefillWireTest, RequestsReplayedToAnotherInstanceOrSessionAreRefusedAndCounted) {
+  const std::string kReplayed = "pdserve:kv_control_messages_replayed_total";
+  const std::string a = FabricAddress(port_ + 1);
+  ASSERT_FALSE(a.empty());
+  Process b;
+  auto start_b = [&] {
+    ASSERT_TRUE(StartAndWaitFor(b,
+                                ServeArgs(port_ + 2, {"--role", "prefill", "--cluster-secret-file",
+                                                      SecretFile("s_wire", kSecret)}),
+                                "prefill instance on", 120s));
+    std::string why;
+    ASSERT_TRUE(client_->SwitchTo(FabricAddress(port_ + 2), &why)) << why;
+    ASSERT_TRUE(client_->Handshake()) << b.output();
+  };
+  start_b();
+  // Captured on its way to A (authentic: same secret, our session, a request A would serve).
+  std::string why;
+  ASSERT_TRUE(client_->SwitchTo(a, &why)) << why;
+  const messenger::PrefillRequest to_a = client_->Request(900, 9000, Tokens());
+  const std::string captured = client_->Encode(to_a);
+  ASSERT_TRUE(client_->SwitchTo(FabricAddress(port_ + 2), &why)) << why;
+  EXPECT_EQ(Metric(port_ + 2, kReplayed), 0);
+  ASSERT_TRUE(client_->SendRaw(captured));
+  EXPECT_TRUE(WaitFor([&] { return Metric(port_ + 2, kReplayed) == 1; }, 30s));
+  // B serves its own requests, and wrote nothing for the replayed one.
+  ServeOne(901, 9010);
+  EXPECT_EQ(client_->imm_counters().unclaimed(9000), 0u);
+  EXPECT_EQ(client_->imm_counters().unclaimed(to_a.metadata_imm), 0u);
+
+  // A request to B's run, replayed to its next run (a new process: a new session).
+  const std::string to_old_b = client_->Encode(client_->Request(902, 9020, Tokens()));
+  EXPECT_EQ(b.Stop(SIGTERM, 30s), 0);
+  start_b();
+  ASSERT_TRUE(client_->SendRaw(to_old_b));
+  EXPECT_TRUE(WaitFor([&] { return Metric(port_ + 2, kReplayed) == 1; }, 30s));
+  ServeOne(903, 9030);
+  EXPECT_EQ(client_->imm_counters().unclaimed(9020), 0u);
+  EXPECT_TRUE(PagesFree(port_ + 2));
+  EXPECT_EQ(b.Stop(SIGTERM, 30s), 0);
+  EXPECT_EQ(prefill_.Stop(SIGTERM, 30s), 0);
+  if (HasFailure()) ADD_FAILURE() << b.output();
 }
 
 }  // namespace

@@ -125,26 +125,48 @@ INSTANTIATE_TEST_SUITE_P(Shapes, DisaggGoldenTest,
                                   (i.param.provider == "shm" ? "_shm" : "");
                          });
 
+// A prompt whose ids need several control messages gives the colocated greedy tokens, across
+// processes: the prefill instance receives messages of 4 KiB at most (the default is 256 KiB) and
+// says so in the handshake, so the decode instance (default limit) must cut the prompt to fit.
+TEST(DisaggLongPromptTest, APromptOfManyControlMessagesGivesTheColocatedTokens) {
+  const int port = PickPort();
+  constexpr int kLen = 2500, kMaxModelLen = 3072;  // 2499 ids and 157 page ids: 3 messages
+  Process colocated;
+  ASSERT_TRUE(StartAndWaitFor(colocated,
+                              testing::ServeArgv(kBinary, ModelDir(), port + 9, kMaxModelLen, {}),
+                              "on http://", 120s));
+  const std::string secret = SecretFile("secret_long", "long-secret");
+  std::vector<std::string> role = {
+      "--role", "prefill", "--cluster-secret-file", secret, "--control-message-bytes", "4096"};
+  Process prefill;
+  ASSERT_TRUE(StartAndWaitFor(prefill,
+                              testing::ServeArgv(kBinary, ModelDir(), port + 1, kMaxModelLen, role),
+                              "prefill instance on", 120s));
+  role = {"--role", "decode",          "--cluster-secret-file",
+          secret,   "--prefill-peers", "http://127.0.0.1:" + std::to_string(port + 1)};
+  Process decode;
+  ASSERT_TRUE(StartAndWaitFor(decode,
+                              testing::ServeArgv(kBinary, ModelDir(), port + 2, kMaxModelLen, role),
+                              "on http://", 120s));
+  const auto prompt = PromptOf(kLen, 3);
+  auto [ws, want] = Complete(port + 9, prompt, 6);
+  auto [gs, got] = Complete(port + 2, prompt, 6);
+  ASSERT_EQ(ws, 200) << want.dump();
+  ASSERT_EQ(gs, 200) << got.dump() << decode.output();
+  EXPECT_EQ(got["choices"][0]["text"], want["choices"][0]["text"]);
+  EXPECT_EQ(got["usage"], want["usage"]);
+  EXPECT_EQ(Metric(port + 1, "pdserve:kv_transfers_total", "role=\"prefill\""), 1);
+  EXPECT_TRUE(PagesFree(port + 2));
+  EXPECT_TRUE(PagesFree(port + 1));
+  EXPECT_EQ(decode.Stop(SIGTERM, 30s), 0);
+  EXPECT_EQ(prefill.Stop(SIGTERM, 30s), 0);
+  EXPECT_EQ(colocated.Stop(SIGTERM, 30s), 0);
+}
+
 // The pid on one of up's "NAME on URL (pid N)" lines; -1 if none.
 pid_t PidOnLine(const std::string& line) {
   const size_t at = line.find("(pid ");
   return at == std::string::npos ? -1 : std::atoi(line.c_str() + at + 5);
-}
-
-TEST(DisaggUpTest, StopsEveryInstanceWhenOneDies) {
-  const int port = PickPort();
-  Process up;
-  ASSERT_TRUE(up.Start({kBinary, "up", "--model", ModelDir(), "--port", std::to_string(port),
-                        "--threads", "1", "--max-model-len", "256"}));
-  std::string line = up.WaitForLine("prefill 0 on", 180s);
-  ASSERT_FALSE(line.empty()) << up.output();
-  ASSERT_FALSE(up.WaitForLine("router (OpenAI API) on", 60s).empty()) << up.output();
-  const pid_t prefill = PidOnLine(line);
-  ASSERT_GT(prefill, 0);
-  kill(prefill, SIGKILL);
-  EXPECT_EQ(up.Wait(60s), 1);
-  EXPECT_THAT(up.output(), HasSubstr("prefill 0 (pid " + std::to_string(prefill) +
-                                     ") was killed by signal 9: stopping every instance"));
 }
 
 // Each thread of a process: its name and its Cpus_allowed_list, from /proc.
@@ -309,6 +331,36 @@ TEST(DisaggHandshakeTest, AWrongClusterSecretIsRefused) {
   EXPECT_THAT(decode.output(), HasSubstr("cluster secret"));
   EXPECT_EQ(prefill.Stop(SIGTERM, 30s), 0);
   EXPECT_THAT(prefill.output(), HasSubstr("frame authentication failed"));
+}
+
+// serve --role refuses to start without a cluster secret, naming the flag; --insecure-no-secret
+// runs without one only while the fabric endpoint is on loopback.
+TEST(DisaggHandshakeTest, ARoleWithoutASecretIsRefusedUnlessInsecureOnLoopback) {
+  const int port = PickPort();
+  for (const char* role : {"prefill", "decode"}) {
+    SCOPED_TRACE(role);
+    std::vector<std::string> flags = {"--role", role};
+    if (std::string(role) == "decode") {
+      flags.insert(flags.end(), {"--prefill-peers", "http://127.0.0.1:1"});
+    }
+    Process p;
+    ASSERT_TRUE(p.Start(ServeArgs(port + 1, flags)));
+    EXPECT_EQ(p.Wait(120s), 1);
+    EXPECT_THAT(p.output(), HasSubstr("needs --cluster-secret-file"));
+    EXPECT_THAT(p.output(), HasSubstr("--insecure-no-secret"));
+    flags.insert(flags.end(), {"--insecure-no-secret", "--fabric-node", "0.0.0.0"});
+    Process open;
+    ASSERT_TRUE(open.Start(ServeArgs(port + 1, flags)));
+    EXPECT_EQ(open.Wait(120s), 1);
+    EXPECT_THAT(open.output(), HasSubstr("only allowed with the fabric endpoint on loopback"));
+  }
+  Process loopback;
+  ASSERT_TRUE(StartAndWaitFor(loopback,
+                              ServeArgs(port + 1, {"--role", "prefill", "--insecure-no-secret",
+                                                   "--fabric-node", "127.0.0.1"}),
+                              "prefill instance on", 120s));
+  EXPECT_EQ(loopback.Stop(SIGTERM, 30s), 0);
+  EXPECT_THAT(loopback.output(), HasSubstr("checked for integrity only"));
 }
 
 // ------------------------------------------------------------------ faults

@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "tests/disagg_process.h"
+#include "tests/two_hosts.h"
 
 namespace pd {
 namespace {
@@ -31,6 +32,7 @@ using testing::CompleteAt;
 using testing::MetricSum;
 using testing::Process;
 using testing::StartAndWaitFor;
+using testing::TwoHosts;
 using testing::WaitFor;
 using namespace std::chrono_literals;
 
@@ -43,91 +45,6 @@ std::string TempPath(const std::string& name) {
 // Removes the model and secret files when the binary ends.
 [[maybe_unused]] const auto* const kTempCleanup =
     ::testing::AddGlobalTestEnvironment(new testing::TempPathCleanup("pdserve_netns_"));
-
-std::string IpBinary() {
-  for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
-    if (access(p, X_OK) == 0) return p;
-  }
-  return "";
-}
-
-// Two namespaces ("prefill host" and "decode host") joined by a veth pair, deleted on
-// destruction (whatever was created of them).
-class TwoHosts {
- public:
-  static std::unique_ptr<TwoHosts> Create(std::string* why_not) {
-    if (geteuid() != 0) {
-      *why_not = "needs root to create network namespaces and a veth pair";
-      return nullptr;
-    }
-    const std::string ip = IpBinary();
-    if (ip.empty()) {
-      *why_not = "needs `ip` (iproute2), which is not installed";
-      return nullptr;
-    }
-    std::unique_ptr<TwoHosts> h(new TwoHosts());
-    h->ip_ = ip;
-    const std::string id = std::to_string(getpid() % 100000);
-    h->a_ = "pdfA" + id;
-    h->b_ = "pdfB" + id;
-    const std::string subnet = "10.232." + std::to_string(getpid() % 250) + ".";
-    h->addr_a_ = subnet + "1";
-    h->addr_b_ = subnet + "2";
-    const std::string va = "pdfa" + id, vb = "pdfb" + id;
-    const std::string cmds[] = {
-        "netns add " + h->a_,
-        "netns add " + h->b_,
-        "link add " + va + " netns " + h->a_ + " type veth peer name " + vb + " netns " + h->b_,
-        "-n " + h->a_ + " addr add " + h->addr_a_ + "/24 dev " + va,
-        "-n " + h->b_ + " addr add " + h->addr_b_ + "/24 dev " + vb,
-        "-n " + h->a_ + " link set " + va + " up",
-        "-n " + h->b_ + " link set " + vb + " up",
-        "-n " + h->a_ + " link set lo up",
-        "-n " + h->b_ + " link set lo up",
-    };
-    for (const std::string& cmd : cmds) {
-      if (std::system((ip + " " + cmd + " >/dev/null 2>&1").c_str()) != 0) {
-        *why_not = "cannot set up network namespaces (`ip " + cmd + "` failed)";
-        return nullptr;  // ~TwoHosts deletes what was created
-      }
-    }
-    return h;
-  }
-  ~TwoHosts() {
-    for (const std::string& ns : {a_, b_}) {
-      if (!ns.empty()) (void)std::system((ip_ + " netns del " + ns + " >/dev/null 2>&1").c_str());
-    }
-  }
-
-  // argv that runs `args` inside the prefill (A) or decode (B) namespace.
-  std::vector<std::string> InA(const std::vector<std::string>& args) const { return In(a_, args); }
-  std::vector<std::string> InB(const std::vector<std::string>& args) const { return In(b_, args); }
-  const std::string& addr_a() const { return addr_a_; }
-  const std::string& addr_b() const { return addr_b_; }
-
-  // Runs fn on a thread that has entered namespace B (the decode host); false if setns failed.
-  bool RunInB(const std::function<void()>& fn) const {
-    bool ok = false;
-    std::thread t([&] {
-      int fd = open(("/var/run/netns/" + b_).c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) return;
-      ok = setns(fd, CLONE_NEWNET) == 0;
-      close(fd);
-      if (ok) fn();
-    });
-    t.join();
-    return ok;
-  }
-
- private:
-  TwoHosts() = default;
-  std::vector<std::string> In(const std::string& ns, const std::vector<std::string>& args) const {
-    std::vector<std::string> a = {ip_, "netns", "exec", ns};
-    a.insert(a.end(), args.begin(), args.end());
-    return a;
-  }
-  std::string ip_, a_, b_, addr_a_, addr_b_;
-};
 
 const std::string& ModelDir() {
   static const std::string dir = testing::MakeModel(kBinary, "tiny", 11, TempPath("model"));

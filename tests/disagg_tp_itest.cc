@@ -174,9 +174,9 @@ INSTANTIATE_TEST_SUITE_P(Pairings, DisaggTpTest,
 // plan was wired in), and a TP the model cannot be split by is still refused with the numbers.
 TEST(DisaggTpServeTest, ATpTheModelCannotSplitIsRefusedAtStart) {
   Process p;
-  ASSERT_TRUE(
-      p.Start({kBinary, "serve", "--model", ModelDir(), "--port", std::to_string(PickPort()),
-               "--role", "prefill", "--tensor-parallel-size", "3", "--threads", "1"}));
+  ASSERT_TRUE(p.Start({kBinary, "serve", "--model", ModelDir(), "--port",
+                       std::to_string(PickPort()), "--role", "prefill", "--insecure-no-secret",
+                       "--tensor-parallel-size", "3", "--threads", "1"}));
   EXPECT_NE(p.Wait(120s), 0);
   EXPECT_THAT(p.output(), HasSubstr("tensor_parallel_size 3"));
   EXPECT_THAT(p.output(), ::testing::Not(HasSubstr("not yet supported")));

@@ -7,6 +7,9 @@
 //   ASSERT_TRUE(c->Handshake());                  // learns the prefill's KV format
 //   PrefillRequest r = c->Request(1, imm, tokens);  // writes go into c's own regions
 //   c->SendFrame(r);  auto done = c->WaitDone(1, 10s);
+//
+// Frames name the client's session (one per WireClient) and the current prefill instance's,
+// learned from its HelloReply; SwitchTo talks to another instance (Handshake with it first).
 #pragma once
 
 #include <chrono>
@@ -14,6 +17,7 @@
 #include <cstring>
 #include <deque>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -49,13 +53,22 @@ class WireClient {
       return nullptr;
     }
     c->domain_ = std::move(*d);
-    auto peer = c->domain_->AddPeer(prefill_address);
+    if (!c->SwitchTo(prefill_address, why)) return nullptr;
+    return c;
+  }
+  // From now on frames go to the prefill instance at `prefill_address` (its session as learned
+  // from its last HelloReply, if any).
+  bool SwitchTo(const std::string& prefill_address, std::string* why) {
+    auto peer = domain_->AddPeer(prefill_address);
     if (!peer.ok()) {
       *why = peer.status().ToString();
-      return nullptr;
+      return false;
     }
-    c->peer_ = *peer;
-    return c;
+    peer_ = *peer;
+    peer_address_ = prefill_address;
+    std::lock_guard<std::mutex> lock(mu_);
+    peer_session_ = sessions_[prefill_address];
+    return true;
   }
   ~WireClient() { domain_.reset(); }
 
@@ -68,7 +81,12 @@ class WireClient {
     if (!id.ok()) return false;
     return f.wait_for(std::chrono::seconds(10)) == std::future_status::ready && f.get().ok();
   }
-  std::string Encode(const messenger::Message& m) { return codec_.Encode(m); }
+  // A frame to the current instance (a Hello names it as its recipient).
+  std::string Encode(messenger::Message m) {
+    if (auto* hello = std::get_if<messenger::Hello>(&m)) hello->recipient_address = peer_address_;
+    std::lock_guard<std::mutex> lock(mu_);
+    return codec_.Encode(m, std::holds_alternative<messenger::Hello>(m) ? 0 : peer_session_);
+  }
   bool SendFrame(const messenger::Message& m) { return SendRaw(Encode(m)); }
 
   // Hello with a wrong model hash (must be refused with the reason), then with the format the
@@ -118,6 +136,8 @@ class WireClient {
     const uint32_t pages =
         messenger::PagesForTokens(static_cast<uint32_t>(tokens.size()), format_.page_size);
     for (uint32_t p = 0; p < pages; ++p) r.dst_pages.push_back(static_cast<int32_t>(p));
+    r.num_tokens = static_cast<uint32_t>(tokens.size());
+    r.num_pages = pages;
     r.token_ids = std::move(tokens);
     r.metadata_region = meta_mr_.descriptor.ToBytes();
     r.metadata_offset = 0;
@@ -204,7 +224,11 @@ class WireClient {
         std::string bytes = std::move(inbox_.front());
         inbox_.pop_front();
         auto frame = codec_.Decode(bytes);
-        if (!frame.ok()) continue;
+        if (!frame.ok() || !codec_.CheckRecipient(*frame).ok()) continue;
+        if (auto* reply = std::get_if<messenger::HelloReply>(&frame->message)) {
+          sessions_[reply->fabric_address] = frame->sender_session;
+          if (reply->fabric_address == peer_address_) peer_session_ = frame->sender_session;
+        }
         if (auto* t = std::get_if<T>(&frame->message)) return *t;
       }
       if (cv_.wait_until(lock, end) == std::cv_status::timeout && inbox_.empty()) {
@@ -218,6 +242,7 @@ class WireClient {
   const uint32_t meta_bytes_;
   std::unique_ptr<transfer::Domain> domain_;
   transfer::PeerAddr peer_;
+  std::string peer_address_;
   messenger::KvFormat format_;
   messenger::ShardScheme scheme_;
   engine::KvCacheSpec spec_;
@@ -226,7 +251,9 @@ class WireClient {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::string> inbox_;  // GUARDED_BY(mu_)
+  std::deque<std::string> inbox_;             // GUARDED_BY(mu_)
+  uint64_t peer_session_ = 0;                 // GUARDED_BY(mu_)
+  std::map<std::string, uint64_t> sessions_;  // by fabric address, GUARDED_BY(mu_)
 };
 
 }  // namespace pd::testing

@@ -168,7 +168,11 @@ int PidfdOpen(pid_t pid) {
 }  // namespace
 
 std::string ExitStatus::ToString() const {
-  if (signal != 0) return "was killed by signal " + std::to_string(signal);
+  if (signal != 0) {
+    const char* name = ::sigabbrev_np(signal);  // "KILL"
+    return "was killed by signal " + std::to_string(signal) +
+           (name != nullptr ? std::string(" (SIG") + name + ")" : std::string());
+  }
   return "exited with status " + std::to_string(code);
 }
 

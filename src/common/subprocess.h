@@ -43,7 +43,7 @@ struct ExitStatus {
   int code = 0;    // when signal == 0
   int signal = 0;  // the terminating signal, or 0
   bool ok() const { return signal == 0 && code == 0; }
-  std::string ToString() const;  // "exited with status 3" | "was killed by signal 9"
+  std::string ToString() const;  // "exited with status 3" | "was killed by signal 9 (SIGKILL)"
   bool operator==(const ExitStatus&) const = default;
 };
 

@@ -68,7 +68,7 @@ TEST(SubprocessTest, WaitTimesOutThenASignalEndsTheChild) {
   Result<ExitStatus> s = p.Wait(seconds(30));
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   EXPECT_EQ(s->signal, SIGTERM);
-  EXPECT_EQ(s->ToString(), "was killed by signal 15");
+  EXPECT_EQ(s->ToString(), "was killed by signal 15 (SIGTERM)");
 }
 
 TEST(SubprocessTest, KillAndTerminate) {

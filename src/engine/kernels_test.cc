@@ -56,6 +56,19 @@ class IsaTest : public ::testing::TestWithParam<IsaLevel> {
   const IsaKernels* isa_ = nullptr;
 };
 
+// The kernels only AVX-512 has (IsaKernels::matmul_panel, attention_rows); scalar and AVX2 keep
+// row-major weights and attend per item, so have none of them to test. Skipped only where the CPU
+// lacks AVX-512.
+class Avx512OnlyTest : public IsaTest {
+ protected:
+  void SetUp() override {
+    IsaTest::SetUp();
+    if (IsSkipped()) return;
+    ASSERT_NE(isa_->matmul_panel, nullptr) << isa_->name << " lost its panel kernel";
+    ASSERT_NE(isa_->attention_rows, nullptr) << isa_->name << " lost attention_rows";
+  }
+};
+
 TEST_P(IsaTest, MatmulMatchesReferenceOnOddShapes) {
   for (bool bf16 : {false, true})
     for (int64_t m : {1, 2, 3, 4, 5, 13})
@@ -160,8 +173,7 @@ struct PanelWeights {
   }
 };
 
-TEST_P(IsaTest, PanelMatmulMatchesReferenceOnOddShapes) {
-  if (isa_->matmul_panel == nullptr) GTEST_SKIP() << isa_->name << " has no panel kernel";
+TEST_P(Avx512OnlyTest, PanelMatmulMatchesReferenceOnOddShapes) {
   ThreadPool pool(2);
   for (bool bf16 : {false, true})
     for (int64_t m : {1, 2, 3, 4, 5, 13, 15, 30, 70})
@@ -185,8 +197,7 @@ TEST_P(IsaTest, PanelMatmulMatchesReferenceOnOddShapes) {
         }
 }
 
-TEST_P(IsaTest, PanelMatmulRowsDoNotDependOnTheirCompany) {
-  if (isa_->matmul_panel == nullptr) GTEST_SKIP() << isa_->name << " has no panel kernel";
+TEST_P(Avx512OnlyTest, PanelMatmulRowsDoNotDependOnTheirCompany) {
   ThreadPool pool(1);
   PanelWeights pw({77}, 600, true, 3, pool);
   const int64_t n = 77, k = 600;
@@ -211,8 +222,7 @@ TEST_P(IsaTest, PanelMatmulRowsDoNotDependOnTheirCompany) {
 // groups (the last with an odd group) and a slice not starting at group 0: every row equals that
 // row computed alone (streamed, bit for bit) and the reference (within rounding); columns outside
 // the slice are untouched.
-TEST_P(IsaTest, PanelMatmulBlockedOverManyRunsEqualsStreamedRows) {
-  if (isa_->matmul_panel == nullptr) GTEST_SKIP() << isa_->name << " has no panel kernel";
+TEST_P(Avx512OnlyTest, PanelMatmulBlockedOverManyRunsEqualsStreamedRows) {
   ThreadPool pool(2);
   const int64_t n = 32 * 19 + 5, n_begin = 64;
   for (bool bf16 : {true, false})
@@ -239,8 +249,7 @@ TEST_P(IsaTest, PanelMatmulBlockedOverManyRunsEqualsStreamedRows) {
     }
 }
 
-TEST_P(IsaTest, PanelMatmulSliceWritesOnlyItsColumns) {
-  if (isa_->matmul_panel == nullptr) GTEST_SKIP() << isa_->name << " has no panel kernel";
+TEST_P(Avx512OnlyTest, PanelMatmulSliceWritesOnlyItsColumns) {
   ThreadPool pool(1);
   PanelWeights pw({100}, 24, true, 5, pool);
   for (int64_t m : {2, 9}) {
@@ -259,8 +268,7 @@ TEST_P(IsaTest, PanelMatmulSliceWritesOnlyItsColumns) {
   }
 }
 
-TEST_P(IsaTest, ParallelPanelMatmulMatchesReference) {
-  if (isa_->matmul_panel == nullptr) GTEST_SKIP() << isa_->name << " has no panel kernel";
+TEST_P(Avx512OnlyTest, ParallelPanelMatmulMatchesReference) {
   ThreadPool pool(3);
   PanelWeights pw({101, 40}, 64, false, 8, pool);
   std::vector<float> x = Random(13 * 64, 9);
@@ -273,8 +281,7 @@ TEST_P(IsaTest, ParallelPanelMatmulMatchesReference) {
 // Decode batches (up to 64 rows) deal chunks of groups to whichever thread asks (fixed sizes up
 // to 4 rows, shrinking guided chunks above): every column is still written, once, with the bits
 // of a single-threaded call.
-TEST_P(IsaTest, ParallelPanelMatmulDealtInChunksEqualsOneThread) {
-  if (isa_->matmul_panel == nullptr) GTEST_SKIP() << isa_->name << " has no panel kernel";
+TEST_P(Avx512OnlyTest, ParallelPanelMatmulDealtInChunksEqualsOneThread) {
   ThreadPool pool2(2), pool3(3);
   const int64_t n = 32 * 41 + 7, k = 96;  // 42 groups: several chunks at every batch size
   PanelWeights pw({n}, k, true, 21, pool2);
@@ -300,7 +307,7 @@ class Bf16DotTest : public IsaTest {
   void SetUp() override {
     IsaTest::SetUp();
     if (IsSkipped()) return;
-    if (isa_->matmul_panel_bf16_dot == nullptr) GTEST_SKIP() << isa_->name << " has no bf16 dot";
+    ASSERT_NE(isa_->matmul_panel_bf16_dot, nullptr) << isa_->name << " lost its bf16 dot kernel";
     if (!DetectCpuFeatures().avx512_bf16) GTEST_SKIP() << "this CPU lacks AVX512_BF16";
   }
   // ref::MatmulBf16Dot over pw's stacked parts into out (ldo), columns [n_begin, n).
@@ -475,8 +482,7 @@ TEST_P(IsaTest, ParallelAttentionMatchesReference) {
 
 // attention_rows over splits of a 37-token chunk at positions 30..66 (crossing two block ends)
 // into runs of 1 to kAttnRows tokens gives each token attention_item's exact bits.
-TEST_P(IsaTest, AttentionRowsEqualPerTokenItemsBitForBit) {
-  if (isa_->attention_rows == nullptr) GTEST_SKIP() << isa_->name << " has no attention_rows";
+TEST_P(Avx512OnlyTest, AttentionRowsEqualPerTokenItemsBitForBit) {
   for (bool hnd : {true, false})
     for (bool bf16 : {false, true})
       for (int head_dim : {40, 64, 10, 128, 136})
@@ -524,6 +530,9 @@ TEST_P(IsaTest, ParallelAttentionRowsEqualItemsForAnyThreadCount) {
 
 INSTANTIATE_TEST_SUITE_P(All, IsaTest,
                          ::testing::Values(IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvx512),
+                         [](const auto& info) { return std::string(IsaLevelName(info.param)); });
+
+INSTANTIATE_TEST_SUITE_P(Avx512, Avx512OnlyTest, ::testing::Values(IsaLevel::kAvx512),
                          [](const auto& info) { return std::string(IsaLevelName(info.param)); });
 
 INSTANTIATE_TEST_SUITE_P(Avx512, Bf16DotTest, ::testing::Values(IsaLevel::kAvx512),

@@ -21,12 +21,40 @@ TEST(ReplayGuardTest, RefusesARepeatedOrAncientSequenceNumberPerSender) {
 
 TEST(FrameCodecTest, SequenceNumbersIncreaseAndTheSecretIsChecked) {
   FrameCodec a("s1"), b("s1"), c("s2");
-  auto f1 = b.Decode(a.Encode(Cancel{1}));
-  auto f2 = b.Decode(a.Encode(Cancel{2}));
+  auto f1 = b.Decode(a.Encode(Cancel{1}, b.session()));
+  auto f2 = b.Decode(a.Encode(Cancel{2}, b.session()));
   ASSERT_TRUE(f1.ok() && f2.ok());
   EXPECT_LT(f1->sender_seq, f2->sender_seq);
-  EXPECT_FALSE(c.Decode(a.Encode(Cancel{3})).ok());
+  EXPECT_EQ(f1->sender_session, a.session());
+  EXPECT_EQ(f1->recipient_session, b.session());
+  EXPECT_TRUE(b.CheckRecipient(*f1).ok());
+  EXPECT_FALSE(c.Decode(a.Encode(Cancel{3}, c.session())).ok());
   EXPECT_FALSE(b.Decode("short").ok());
+}
+
+// Each process draws its own session; a frame is accepted only by the session it names (a Hello,
+// sent before the recipient's session is known, by any).
+TEST(FrameCodecTest, AFrameIsAcceptedOnlyByTheSessionItNames) {
+  FrameCodec sender("s"), a("s"), b("s"), a_restarted("s");
+  EXPECT_NE(a.session(), b.session());
+  EXPECT_NE(a.session(), a_restarted.session());
+  EXPECT_NE(a.session(), 0u);
+  auto to_a = a.Decode(sender.Encode(Cancel{1}, a.session()));
+  ASSERT_TRUE(to_a.ok());
+  EXPECT_TRUE(a.CheckRecipient(*to_a).ok());
+  for (const FrameCodec* other : {&b, &a_restarted}) {
+    auto f = other->Decode(sender.Encode(Cancel{1}, a.session()));
+    ASSERT_TRUE(f.ok());  // the same secret: authentic, but not for it
+    Status s = other->CheckRecipient(*f);
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(s.message().find("not ours"), std::string::npos) << s.message();
+  }
+  auto hello = b.Decode(sender.Encode(Hello{}, 0));
+  ASSERT_TRUE(hello.ok());
+  EXPECT_TRUE(b.CheckRecipient(*hello).ok());
+  auto no_session = b.Decode(sender.Encode(Cancel{1}, 0));  // only a Hello may name none
+  ASSERT_TRUE(no_session.ok());
+  EXPECT_FALSE(b.CheckRecipient(*no_session).ok());
 }
 
 TEST(TaskQueueTest, RunsPostedTasksInOrderAndStops) {

@@ -15,8 +15,15 @@
 namespace pd::messenger {
 
 Status DecodeMessenger::Impl::Init() {
-  ASSIGN_OR_RETURN(domain_, OpenMessengerDomain(options_.domain, queue_,
-                                                [this](const std::string& m) { OnMessage(m); }));
+  ControlInbox inbox;
+  inbox.codec = codec_;
+  inbox.queue = queue_;
+  inbox.on_frame = [this](Frame f) { OnFrame(std::move(f)); };
+  inbox.metrics = &owner_->metrics_;
+  inbox.side = "decode messenger";
+  inbox.max_queued = options_.max_queued_messages;
+  ASSIGN_OR_RETURN(domain_,
+                   OpenMessengerDomain(options_.domain, options_.max_message_bytes, inbox));
   ASSIGN_OR_RETURN(kv_mrs_, RegisterRankRegions(*domain_, runner_));
   PD_LOG_INFO("decode messenger: {} rank KV region(s) registered (tp_size {}, {} KV heads)",
               kv_mrs_.size(), scheme_.tp_size, scheme_.num_kv_heads);
@@ -24,6 +31,7 @@ Status DecodeMessenger::Impl::Init() {
   ASSIGN_OR_RETURN(meta_mr_, domain_->RegisterMemory(meta_buffer_.data(), meta_buffer_.size()));
   for (int i = std::max(1, options_.max_transfers) - 1; i >= 0; --i) free_meta_slots_.push_back(i);
   thread_ = std::thread([this] { Loop(); });
+  if (options_.resolve_address) resolver_ = std::thread([this] { ResolveLoop(); });
   return OkStatus();
 }
 
@@ -40,13 +48,16 @@ void DecodeMessenger::Impl::Loop() {
 
 void DecodeMessenger::Impl::Stop() {
   if (stopped_.exchange(true)) return;
+  StopResolver();  // before the queue it posts to
   queue_->Stop();
   if (thread_.joinable()) thread_.join();
   for (auto& [id, r] : reqs_) {
     if (!r->in_flight) continue;
     domain_->imm_counters().Remove(r->imm);
     if (peers_[r->peer].state == PeerStatus::State::kAccepted) {
-      (void)domain_->SubmitSend(peers_[r->peer].addr, codec_.Encode(Cancel{r->wire_id}), nullptr);
+      (void)domain_->SubmitSend(peers_[r->peer].addr,
+                                codec_->Encode(Cancel{r->wire_id}, peers_[r->peer].session),
+                                nullptr);
     }
   }
   for (auto& [id, r] : reqs_) ReleaseHold(r.get());
@@ -79,7 +90,10 @@ void DecodeMessenger::Impl::Greet() {
       p.addr = *addr;
       p.have_addr = true;
     }
-    Send(static_cast<int>(i), MakeHello());
+    if (Status s = Send(static_cast<int>(i), MakeHello(static_cast<int>(i))); !s.ok()) {
+      PD_LOG_WARN("decode messenger: cannot greet prefill instance {}: {}", p.config.name,
+                  s.ToString());
+    }
   }
 }
 
@@ -97,42 +111,46 @@ void DecodeMessenger::Impl::Heartbeat() {
       continue;
     }
     p.last_heartbeat = now;
-    Send(static_cast<int>(i), MakeHello());
+    (void)Send(static_cast<int>(i), MakeHello(static_cast<int>(i)));  // a local error: next time
   }
 }
 
-Hello DecodeMessenger::Impl::MakeHello() const {
+Hello DecodeMessenger::Impl::MakeHello(int peer) const {
   Hello hello;
   hello.instance_name = options_.instance_name;
   hello.format = format_;
   hello.scheme = scheme_;
   hello.fabric_address = address();
+  hello.recipient_address = peers_[peer].config.fabric_address;
+  hello.max_message_bytes = options_.max_message_bytes;
   return hello;
 }
 
-void DecodeMessenger::Impl::Send(int peer, const Message& m) {
+Status DecodeMessenger::Impl::Send(int peer, const Message& m) {
+  if (options_.send_fault) RETURN_IF_ERROR(options_.send_fault(m));
+  // A Hello names no session: the peer's may have changed (a restart) since we last heard it.
+  const uint64_t to = std::holds_alternative<Hello>(m) ? 0 : peers_[peer].session;
   std::weak_ptr<TaskQueue> weak = queue_;
   auto slot = std::make_shared<transfer::TransferId>(0);
-  auto id =
-      domain_->SubmitSend(peers_[peer].addr, codec_.Encode(m), [this, weak, slot](const Status& s) {
-        if (auto q = weak.lock()) {
-          q->Post([this, slot, s] { OnSendDone(*slot, s); });
-        }
-      });
-  if (!id.ok()) {
-    MarkDown(peer, id.status());
-    return;
-  }
+  auto id = domain_->SubmitSend(peers_[peer].addr, codec_->Encode(m, to),
+                                [this, weak, slot](const Status& s) {
+                                  if (auto q = weak.lock()) {
+                                    q->Post([this, slot, s] { OnSendDone(*slot, s); });
+                                  }
+                                });
+  if (!id.ok()) return id.status().WithContext("sending to " + peers_[peer].config.name);
   *slot = *id;
-  sends_[*id] = {peer, NowSeconds() + options_.send_timeout_s};
+  sends_[*id] = {peer, NowSeconds() + options_.send_timeout_s, peers_[peer].generation};
+  return OkStatus();
 }
 
 void DecodeMessenger::Impl::OnSendDone(transfer::TransferId id, const Status& status) {
   auto it = sends_.find(id);
   if (it == sends_.end()) return;  // timed out and handled already
-  const int peer = it->second.peer;
+  const PendingSend send = it->second;
   sends_.erase(it);
-  if (!status.ok()) MarkDown(peer, status);
+  // A send to the address a restarted peer had says nothing about the new one.
+  if (!status.ok() && send.generation == peers_[send.peer].generation) MarkDown(send.peer, status);
 }
 
 // The peer cannot be reached: fail its transfers now (they retry elsewhere) and greet it again
@@ -165,30 +183,54 @@ void DecodeMessenger::Impl::MarkDown(int peer, const Status& why) {
   for (uint64_t wire : released) ReleaseFence(wire, "the instance became unreachable");
 }
 
-void DecodeMessenger::Impl::OnMessage(const std::string& bytes) {
-  auto frame = codec_.Decode(bytes);
-  if (!frame.ok()) {
-    PD_LOG_WARN("decode messenger: dropped a control message: {}", frame.status().ToString());
-    return;
-  }
-  if (auto* reply = std::get_if<HelloReply>(&frame->message)) {
-    OnHelloReply(*reply, frame->sender_seq);
-  } else if (auto* done = std::get_if<PrefillDone>(&frame->message)) {
-    OnPrefillDone(*done, frame->sender_seq);
+void DecodeMessenger::Impl::OnFrame(Frame frame) {
+  if (auto* reply = std::get_if<HelloReply>(&frame.message)) {
+    OnHelloReply(*reply, frame);
+  } else if (auto* done = std::get_if<PrefillDone>(&frame.message)) {
+    OnPrefillDone(*done, frame);
   } else {
-    PD_LOG_WARN("decode messenger: unexpected message type {}", frame->message.index() + 1);
+    owner_->metrics_.Rejected();
+    PD_LOG_WARN_LIMITED(warnings_, "type", "decode messenger: unexpected message type {}",
+                        frame.message.index() + 1);
   }
 }
 
-void DecodeMessenger::Impl::OnHelloReply(const HelloReply& reply, uint64_t seq) {
+bool DecodeMessenger::Impl::FromPeer(int peer, const Frame& frame) {
+  Status s =
+      frame.sender_session == peers_[peer].session
+          ? replay_.Check(std::to_string(frame.sender_session), frame.sender_seq)
+          : FailedPrecondition("a frame from session " + std::to_string(frame.sender_session) +
+                               " of " + peers_[peer].config.name + ", whose session is " +
+                               std::to_string(peers_[peer].session) + " (replayed?)");
+  if (s.ok()) return true;
+  owner_->metrics_.Replayed();
+  PD_LOG_WARN_LIMITED(warnings_, "replay", "decode messenger: dropped a control message: {}",
+                      s.ToString());
+  return false;
+}
+
+void DecodeMessenger::Impl::OnHelloReply(const HelloReply& reply, const Frame& frame) {
   auto it = std::find_if(peers_.begin(), peers_.end(), [&](const Peer& p) {
     return p.config.fabric_address == reply.fabric_address;
   });
   if (it == peers_.end()) {
+    owner_->metrics_.Rejected();
     PD_LOG_WARN("decode messenger: HelloReply from unknown instance '{}'", reply.instance_name);
     return;
   }
-  if (Status s = replay_.Check(reply.fabric_address, seq); !s.ok()) return;
+  const int peer = static_cast<int>(it - peers_.begin());
+  if (Status s = hello_replay_.Check(reply.fabric_address, frame.sender_seq); !s.ok()) {
+    owner_->metrics_.Replayed();
+    return;
+  }
+  if (it->session != frame.sender_session) {
+    if (it->session != 0) {  // it restarted: nothing of its previous run can write any more
+      MarkDown(peer, Unavailable("it restarted (a new session)"));
+      replay_.Forget(std::to_string(it->session));
+    }
+    it->session = frame.sender_session;
+  }
+  it->max_message_bytes = reply.max_message_bytes;
   std::string reason;
   if (!reply.accepted) {
     reason = "prefill instance " + it->config.name + " refused the handshake: " + reply.reason;
@@ -204,7 +246,7 @@ void DecodeMessenger::Impl::OnHelloReply(const HelloReply& reply, uint64_t seq) 
   it->hello_interval = 0.0;
   it->reason = reason;
   it->scheme = reply.scheme;
-  PublishPeer(static_cast<int>(it - peers_.begin()));
+  PublishPeer(peer);
   if (reason.empty()) {
     PD_LOG_INFO("decode messenger: prefill instance {} ('{}') accepted us", it->config.name,
                 reply.instance_name);

@@ -72,6 +72,15 @@ struct DecodeMessengerOptions {
   // is unreachable, at most this long past the attempt's deadline: a late write can never land in
   // pages another request already uses.
   double fence_grace_s = 5.0;
+  // The largest control message received; a prompt's ids are split into PromptChunks that fit
+  // both this and what each prefill instance announced in the handshake. At least
+  // kMinMessageBytes.
+  uint32_t max_message_bytes = kDefaultMessageBytes;
+  // Control messages waiting for the messenger thread; beyond, dropped and counted.
+  size_t max_queued_messages = 1024;
+  // Tests only: consulted before each control message goes to the fabric; an error is treated as
+  // that send's local failure (as an encoding or a size error would be). Messenger thread.
+  std::function<Status(const Message&)> send_fault;
   // Borrowed, outlives the messenger; null: no trace. Events: "prefill request sent",
   // "kv transfer" (sent -> KV counter fired), "kv ready", "metadata landed", "attempt failed",
   // "transfer failed".
@@ -83,6 +92,13 @@ struct DecodeMessengerOptions {
   // landed while the canary is still there is not delivered but counted (metadata_bad) and
   // logged; one that never lands is counted (metadata_missing). Neither fails the request.
   std::function<void(int64_t request_id, const std::vector<float>& last_hidden)> on_metadata;
+  // Looks up a peer's current fabric address (e.g. GET its bootstrap URL's /pd/info); may block.
+  // Set: a thread of the messenger's own asks it for every peer not refused, every
+  // resolve_interval_s; a peer whose address changed (a prefill instance restarted) has its
+  // attempts in flight failed over as for a dead peer and is greeted at the new address at once.
+  // Empty: a peer's address never changes.
+  std::function<Result<std::string>(const PrefillPeer& peer)> resolve_address;
+  double resolve_interval_s = 1.0;
 };
 
 struct PeerStatus {

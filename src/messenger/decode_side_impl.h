@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/mutex.h"
+#include "common/rate_limited_log.h"
 #include "messenger/channel.h"
 #include "messenger/decode_side.h"
 #include "messenger/handshake.h"
@@ -59,11 +60,15 @@ struct Peer {
   double last_hello = -1e9;
   double hello_interval = 0.0;  // grows while the peer is down
   double last_heartbeat = -1e9;
+  uint64_t session = 0;  // its process's, from its HelloReply; 0: not known yet
+  uint32_t max_message_bytes = kMinMessageBytes;  // the largest control message it receives
+  uint32_t generation = 0;  // bumped when its address changes (a restart): older sends don't count
 };
 
 struct PendingSend {
   int peer = -1;
   double deadline = 0.0;
+  uint32_t generation = 0;  // the peer's when sent
 };
 
 // An attempt that ended while its prefill instance may still write: its pages (a reference of
@@ -100,7 +105,7 @@ class DecodeMessenger::Impl {
         meta_bytes_(static_cast<uint32_t>(runner.config().hidden_size) * 4),
         format_(MakeKvFormat(options.model_hash, spec_)),
         scheme_(MakeShardScheme(runner.config(), runner.num_ranks())),
-        codec_(options.cluster_secret),
+        codec_(std::make_shared<FrameCodec>(options.cluster_secret)),
         queue_(std::make_shared<TaskQueue>()) {
     std::random_device rd;
     wire_prefix_ = (static_cast<uint64_t>(rd()) << 32);
@@ -125,14 +130,19 @@ class DecodeMessenger::Impl {
   void Loop();
   void Greet();
   void Heartbeat();
-  Hello MakeHello() const;
-  void OnMessage(const std::string& bytes);
-  void OnHelloReply(const HelloReply& reply, uint64_t seq);
-  void OnPrefillDone(const PrefillDone& done, uint64_t seq);
+  Hello MakeHello(int peer) const;
+  void OnFrame(Frame frame);
+  void OnHelloReply(const HelloReply& reply, const Frame& frame);
+  void OnPrefillDone(const PrefillDone& done, const Frame& frame);
+  // False (and counted) unless `frame` comes from peers_[peer]'s current session and is new.
+  bool FromPeer(int peer, const Frame& frame);
   void OnReserved(int64_t id, std::vector<int32_t> pages, std::shared_ptr<RequestInfo> info);
   void StartAttempt(Req* r, const Status& last_error);
   Status ExpectWrites(Req* r, uint64_t expected);
-  void SendPrefillRequest(Req* r, uint32_t num_pages, uint64_t expected);
+  // The attempt's PrefillRequest and as many PromptChunks as its ids need. A local failure
+  // (encoding, size, the domain refusing it) is returned: it fails the attempt, not the peer;
+  // `sent_any` says whether the PrefillRequest itself had left.
+  Status SendPrefillRequest(Req* r, uint32_t num_pages, uint64_t expected, bool* sent_any);
   void OnKvArrived(int64_t id, uint32_t imm);
   // The metadata write of attempt `wire_id` landed: check the canary, hand it to on_metadata and
   // lift the slot's fence if the KV had landed already.
@@ -157,11 +167,17 @@ class DecodeMessenger::Impl {
   void PublishPeer(int peer) EXCLUDES(peers_mu_);
   Req* Find(int64_t id);
   void UpdateActive();
-  // Sends a control message to peers_[peer]; `on_fail` (messenger thread) runs if it fails or
-  // misses send_timeout_s, after which the peer is marked down.
-  void Send(int peer, const Message& m);
+  // Sends a control message to peers_[peer]. An error returned is local (the message never left:
+  // too large, refused by the domain) and says nothing about the peer; a send that fails on its
+  // way or misses send_timeout_s marks the peer down.
+  Status Send(int peer, const Message& m);
   void OnSendDone(transfer::TransferId id, const Status& status);
   void MarkDown(int peer, const Status& why);
+  // The resolver thread (options_.resolve_address): every resolve_interval_s until Stop, each
+  // peer's address; a changed one goes to Readdress on the messenger thread.
+  void ResolveLoop() EXCLUDES(resolve_mu_);
+  void StopResolver() EXCLUDES(resolve_mu_);
+  void Readdress(int peer, const std::string& fabric_address);
 
   DecodeMessenger* const owner_;
   const DecodeMessengerOptions options_;
@@ -170,7 +186,7 @@ class DecodeMessenger::Impl {
   const uint32_t meta_bytes_;
   const KvFormat format_;
   const ShardScheme scheme_;
-  FrameCodec codec_;
+  std::shared_ptr<FrameCodec> codec_;  // shared with the fabric worker's inbox
   std::shared_ptr<TaskQueue> queue_;
   std::unique_ptr<transfer::Domain> domain_;
   std::vector<transfer::MemoryRegion> kv_mrs_;  // per rank, all in the one domain
@@ -178,6 +194,10 @@ class DecodeMessenger::Impl {
   std::vector<uint8_t> meta_buffer_;  // (max_transfers, meta_bytes): where prefill writes metadata
   std::thread thread_;
   std::atomic<bool> stopped_{false};
+  std::thread resolver_;
+  Mutex resolve_mu_;
+  CondVar resolve_cv_;
+  bool resolve_stop_ GUARDED_BY(resolve_mu_) = false;
   uint64_t wire_prefix_ = 0;
 
   // What other threads (WaitForPeers, Peers, Submit) see of peers_, one entry per peer.
@@ -187,7 +207,8 @@ class DecodeMessenger::Impl {
 
   // Messenger thread only (Stop reads them after joining that thread).
   std::vector<Peer> peers_;
-  ReplayGuard replay_;
+  ReplayGuard replay_;        // by sender session
+  ReplayGuard hello_replay_;  // HelloReplies, by sender address (seqs grow across restarts)
   std::unordered_map<int64_t, std::unique_ptr<Req>> reqs_;
   std::unordered_map<uint64_t, int64_t> by_wire_;
   std::unordered_map<transfer::TransferId, PendingSend> sends_;
@@ -195,6 +216,7 @@ class DecodeMessenger::Impl {
   std::unordered_map<uint64_t, Fence> fences_;  // by attempt wire id
   uint32_t next_imm_ = 1;
   uint32_t next_wire_ = 1;
+  RateLimitedLog warnings_{10.0};  // what a peer can provoke at will, per reason
 };
 
 }  // namespace pd::messenger

@@ -124,7 +124,15 @@ void DecodeMessenger::Impl::StartAttempt(Req* r, const Status& last_error) {
   peers_[peer].outstanding++;
   PublishPeer(peer);
   UpdateActive();
-  SendPrefillRequest(r, num_pages, *expected);
+  bool sent_any = false;
+  if (Status s = SendPrefillRequest(r, num_pages, *expected, &sent_any); !s.ok()) {
+    // Nothing is wrong with the peer: only this attempt fails (and is retried if that can help).
+    // When not even the PrefillRequest left, nothing can write for it: no fence to wait on.
+    if (!sent_any) r->done_received = true;
+    FailAttempt(
+        r, Status(s.code(), "could not send the PrefillRequest to prefill instance " +
+                                peers_[peer].config.name + " (a local error): " + s.message()));
+  }
 }
 
 // Two fresh counters for the attempt: its `expected` KV page writes (the request decodes once they
@@ -154,24 +162,70 @@ Status DecodeMessenger::Impl::ExpectWrites(Req* r, uint64_t expected) {
 }
 
 // The attempt's PrefillRequest to peers_[r->peer]: the prompt without its last token, our rank
-// regions, the first `num_pages` reserved pages, the metadata slot and the deadline.
-void DecodeMessenger::Impl::SendPrefillRequest(Req* r, uint32_t num_pages, uint64_t expected) {
+// regions, the first `num_pages` reserved pages, the metadata slot and the deadline. Ids that do
+// not fit in one control message (ours or the peer's limit, whichever is smaller) follow in
+// PromptChunks: tokens first, then pages, each message as full as it can be.
+Status DecodeMessenger::Impl::SendPrefillRequest(Req* r, uint32_t num_pages, uint64_t expected,
+                                                 bool* sent_any) {
   const int peer = r->peer;
-  const uint32_t num_tokens = static_cast<uint32_t>(r->info->prefill_tokens.size());
-  const uint32_t imm = r->imm;
+  const std::vector<int32_t>& tokens = r->info->prefill_tokens;
+  const uint32_t num_tokens = static_cast<uint32_t>(tokens.size());
   PrefillRequest m;
   m.request_id = r->wire_id;
-  m.transfer_imm = imm;
-  m.token_ids = r->info->prefill_tokens;
+  m.transfer_imm = r->imm;
+  m.num_tokens = num_tokens;
+  m.num_pages = num_pages;
   m.decode_scheme = scheme_;
   for (const transfer::MemoryRegion& mr : kv_mrs_)
     m.rank_regions.push_back(mr.descriptor.ToBytes());
-  m.dst_pages.assign(r->pages.begin(), r->pages.begin() + num_pages);
   m.metadata_region = meta_mr_.descriptor.ToBytes();
   m.metadata_offset = uint64_t{meta_bytes_} * r->meta_slot;
   m.metadata_bytes = meta_bytes_;
   m.deadline_ms = options_.transfer_timeout_ms;
   m.metadata_imm = r->meta_imm;
+  if (num_tokens > kMaxPromptTokens || num_pages > kMaxPages) {
+    return InvalidArgument("a prompt of " + std::to_string(num_tokens) + " tokens (" +
+                           std::to_string(num_pages) + " pages) exceeds the wire limits of " +
+                           std::to_string(kMaxPromptTokens) + " tokens and " +
+                           std::to_string(kMaxPages) + " pages");
+  }
+  const size_t limit = std::min(options_.max_message_bytes, peers_[peer].max_message_bytes);
+  // Room for ids once the fixed fields are in: what an id-less frame of each kind takes.
+  const size_t request_base = EncodeFrame({0, 0, 0, m}, "").size();
+  const size_t chunk_base = EncodeFrame({0, 0, 0, PromptChunk{}}, "").size();
+  if (request_base + sizeof(int32_t) > limit) {
+    return InvalidArgument("a PrefillRequest takes " + std::to_string(request_base) +
+                           " bytes without its ids; control messages are limited to " +
+                           std::to_string(limit));
+  }
+  // The ids as one sequence: tokens [0, num_tokens), then pages [num_tokens, +num_pages).
+  const uint64_t total = uint64_t{num_tokens} + num_pages;
+  auto take = [&](uint64_t from, uint64_t count, std::vector<int32_t>* t, std::vector<int32_t>* p) {
+    const uint64_t end = from + count;
+    if (from < num_tokens)
+      t->assign(tokens.begin() + from, tokens.begin() + std::min<uint64_t>(end, num_tokens));
+    if (end > num_tokens) {
+      const uint64_t p0 = std::max<uint64_t>(from, num_tokens) - num_tokens;
+      p->assign(r->pages.begin() + p0, r->pages.begin() + (end - num_tokens));
+    }
+  };
+  uint64_t sent = std::min<uint64_t>(total, (limit - request_base) / sizeof(int32_t));
+  take(0, sent, &m.token_ids, &m.dst_pages);
+  int messages = 1;
+  RETURN_IF_ERROR(Send(peer, m));
+  *sent_any = true;  // from now on a failure leaves a partial prompt there, which Cancel drops
+  const uint64_t per_chunk = (limit - chunk_base) / sizeof(int32_t);
+  while (sent < total) {
+    PromptChunk c;
+    c.request_id = r->wire_id;
+    const uint64_t n = std::min(per_chunk, total - sent);
+    c.token_offset = static_cast<uint32_t>(std::min<uint64_t>(sent, num_tokens));
+    c.page_offset = static_cast<uint32_t>(std::max<uint64_t>(sent, num_tokens) - num_tokens);
+    take(sent, n, &c.token_ids, &c.dst_pages);
+    RETURN_IF_ERROR(Send(peer, c));
+    sent += n;
+    ++messages;
+  }
   if (options_.tracer != nullptr) {
     r->attempt_ns = Tracer::NowNs();
     options_.tracer->Instant("prefill request sent", "kv",
@@ -180,9 +234,10 @@ void DecodeMessenger::Impl::SendPrefillRequest(Req* r, uint32_t num_pages, uint6
                               {"peer", peers_[peer].config.name},
                               {"attempt", int64_t{r->attempts}},
                               {"tokens", int64_t{num_tokens}},
+                              {"messages", int64_t{messages}},
                               {"expected_writes", static_cast<int64_t>(expected)}});
   }
-  Send(peer, m);  // a failure marks the peer down, which fails this attempt
+  return OkStatus();
 }
 
 // Every KV write of the attempt has landed: the request decodes now. Its metadata (not needed to
@@ -252,11 +307,9 @@ void DecodeMessenger::Impl::DeliverMetadata(int64_t id, int peer, int meta_slot)
   if (options_.on_metadata) options_.on_metadata(id, hidden);
 }
 
-void DecodeMessenger::Impl::OnPrefillDone(const PrefillDone& done, uint64_t seq) {
+void DecodeMessenger::Impl::OnPrefillDone(const PrefillDone& done, const Frame& frame) {
   if (auto f = fences_.find(done.request_id); f != fences_.end()) {
-    if (Status s = replay_.Check(peers_[f->second.peer].config.fabric_address, seq); !s.ok()) {
-      return;
-    }
+    if (!FromPeer(f->second.peer, frame)) return;
     ReleaseFence(done.request_id, "PrefillDone came first");  // it has stopped writing for it
     return;
   }
@@ -264,7 +317,7 @@ void DecodeMessenger::Impl::OnPrefillDone(const PrefillDone& done, uint64_t seq)
   if (it == by_wire_.end()) return;
   Req* r = Find(it->second);
   if (r == nullptr || !r->in_flight) return;
-  if (Status s = replay_.Check(peers_[r->peer].config.fabric_address, seq); !s.ok()) return;
+  if (!FromPeer(r->peer, frame)) return;
   if (done.status_code == 0) {  // the imm counter says when the writes have landed
     r->done_received = true;
     return;
@@ -328,7 +381,9 @@ void DecodeMessenger::Impl::FailAttempt(Req* r, const Status& status) {
   } else {
     Fail(r, status);
   }
-  if (peers_[old_peer].state == PeerStatus::State::kAccepted) Send(old_peer, Cancel{wire_id});
+  if (peers_[old_peer].state == PeerStatus::State::kAccepted) {
+    (void)Send(old_peer, Cancel{wire_id});  // a local error: the fence's rules still apply
+  }
 }
 
 void DecodeMessenger::Impl::Fail(Req* r, const Status& status) {
@@ -352,7 +407,9 @@ void DecodeMessenger::Impl::OnEnded(int64_t id) {
   Req* r = Find(id);
   if (r == nullptr) return;
   if (r->in_flight) {
-    if (peers_[r->peer].state == PeerStatus::State::kAccepted) Send(r->peer, Cancel{r->wire_id});
+    if (peers_[r->peer].state == PeerStatus::State::kAccepted) {
+      (void)Send(r->peer, Cancel{r->wire_id});  // a local error: the fence's rules still apply
+    }
     EndAttempt(r, /*fence=*/true);
   }
   ReleaseHold(r);
@@ -400,12 +457,14 @@ void DecodeMessenger::Impl::CheckDeadlines() {
                                    [](const auto& a, const auto& b) { return a.first < b.first; });
     if (now > oldest->second.deadline) {
       const transfer::TransferId id = oldest->first;
-      const int peer = oldest->second.peer;
+      const PendingSend stuck = oldest->second;
       sends_.erase(oldest);
       for (auto& [other, send] : sends_) send.deadline = now + options_.send_timeout_s;
       domain_->Cancel(id);  // unblocks the queue behind it
-      MarkDown(peer, DeadlineExceeded("a control message was not delivered within " +
-                                      std::to_string(options_.send_timeout_s) + " s"));
+      if (stuck.generation == peers_[stuck.peer].generation) {
+        MarkDown(stuck.peer, DeadlineExceeded("a control message was not delivered within " +
+                                              std::to_string(options_.send_timeout_s) + " s"));
+      }
     }
   }
   std::vector<uint64_t> expired;

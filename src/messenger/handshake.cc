@@ -3,8 +3,12 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
+
+#include "common/log.h"
+#include "common/rate_limited_log.h"
 
 namespace pd::messenger {
 
@@ -143,15 +147,61 @@ Result<std::vector<transfer::MemoryRegion>> RegisterRankRegions(transfer::Domain
   return mrs;
 }
 
-Result<std::unique_ptr<transfer::Domain>> OpenMessengerDomain(
-    transfer::DomainOptions options, std::weak_ptr<TaskQueue> queue,
-    std::function<void(const std::string&)> on_message) {
-  auto handler =
-      std::make_shared<const std::function<void(const std::string&)>>(std::move(on_message));
-  options.on_message = [queue = std::move(queue), handler](std::string_view m) {
-    if (auto q = queue.lock()) q->Post([handler, bytes = std::string(m)] { (*handler)(bytes); });
-  };
-  options.message_bytes = std::max<uint32_t>(options.message_bytes, 256u << 10);
+namespace {
+
+// The state the fabric worker's message handler shares with the tasks it posts.
+struct InboxState {
+  ControlInbox inbox;
+  std::atomic<size_t> queued{0};
+  RateLimitedLog warnings{10.0};  // per reason
+
+  void Warn(const std::string& key, const std::string& what) {
+    PD_LOG_WARN_LIMITED(warnings, key, "{}: dropped a control message: {}", inbox.side, what);
+  }
+
+  // On the fabric worker: nothing reaches the messenger's queue unauthenticated.
+  void OnBytes(std::string_view bytes, const std::shared_ptr<InboxState>& self) {
+    auto frame = inbox.codec->Decode(bytes);
+    if (!frame.ok()) {
+      if (inbox.metrics != nullptr) inbox.metrics->Rejected();
+      Warn(std::string(StatusCodeName(frame.status().code())), frame.status().ToString());
+      return;
+    }
+    if (Status s = inbox.codec->CheckRecipient(*frame); !s.ok()) {
+      if (inbox.metrics != nullptr) inbox.metrics->Replayed();
+      Warn("recipient", s.ToString());
+      return;
+    }
+    auto q = inbox.queue.lock();
+    if (q == nullptr) return;
+    if (queued.fetch_add(1) >= inbox.max_queued) {
+      queued.fetch_sub(1);
+      if (inbox.metrics != nullptr) inbox.metrics->QueueFull();
+      Warn("queue", std::to_string(inbox.max_queued) + " messages already wait for the " +
+                        inbox.side + " thread");
+      return;
+    }
+    q->Post([self, f = std::move(frame).value()]() mutable {
+      self->queued.fetch_sub(1);
+      self->inbox.on_frame(std::move(f));
+    });
+  }
+};
+
+}  // namespace
+
+Result<std::unique_ptr<transfer::Domain>> OpenMessengerDomain(transfer::DomainOptions options,
+                                                              uint32_t max_message_bytes,
+                                                              ControlInbox inbox) {
+  if (max_message_bytes < kMinMessageBytes) {
+    return InvalidArgument("control messages of " + std::to_string(max_message_bytes) +
+                           " bytes at most: below the minimum of " +
+                           std::to_string(kMinMessageBytes));
+  }
+  auto state = std::make_shared<InboxState>();
+  state->inbox = std::move(inbox);
+  options.on_message = [state](std::string_view m) { state->OnBytes(m, state); };
+  options.message_bytes = max_message_bytes;
   return transfer::Domain::Create(options);
 }
 

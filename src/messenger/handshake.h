@@ -16,6 +16,7 @@
 #include "engine/model_runner.h"
 #include "messenger/channel.h"
 #include "messenger/shard_plan.h"
+#include "messenger/transfer_metrics.h"
 #include "messenger/wire.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -52,11 +53,26 @@ Result<uint64_t> ExpectedWrites(const ShardScheme& prefill, const ShardScheme& d
 // the MLA-like fully replicated cache.
 ShardScheme MakeShardScheme(const model::ModelConfig& config, int tp_size);
 
-// Opens a messenger's fabric domain: each control message is posted, as bytes, to `queue` (while
-// it lives) and handed to `on_message` on the queue's thread; messages of 256 KiB at least.
-Result<std::unique_ptr<transfer::Domain>> OpenMessengerDomain(
-    transfer::DomainOptions options, std::weak_ptr<TaskQueue> queue,
-    std::function<void(const std::string&)> on_message);
+// Where a messenger's control messages go. On the fabric worker each is decoded (header, limits,
+// MAC, body) and checked to be meant for our session; one that fails is dropped, counted in
+// `metrics` (rejected; replayed too when meant for another session) and logged at most every
+// 10 s per reason. Those that pass are posted to `queue` (while it lives) and handed to
+// `on_frame` on the queue's thread; beyond `max_queued` waiting there, further ones are dropped
+// and counted (queue_full) with a rate-limited warning.
+struct ControlInbox {
+  std::shared_ptr<const FrameCodec> codec;
+  std::weak_ptr<TaskQueue> queue;
+  std::function<void(Frame)> on_frame;
+  TransferMetrics* metrics = nullptr;  // borrowed, outlives the domain
+  std::string side;                    // "prefill messenger", for the log
+  size_t max_queued = 1024;
+};
+
+// Opens a messenger's fabric domain that receives control messages of up to `max_message_bytes`
+// (at least kMinMessageBytes) into `inbox`.
+Result<std::unique_ptr<transfer::Domain>> OpenMessengerDomain(transfer::DomainOptions options,
+                                                              uint32_t max_message_bytes,
+                                                              ControlInbox inbox);
 
 // Registers every rank's KV region with `domain`, each exactly its pages (KvRegion rounds up; the
 // prefill side reads a decode rank's page count from the registered length). Index = rank.

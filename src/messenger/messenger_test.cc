@@ -264,7 +264,7 @@ TEST(MessengerFailureTest, BadPrefillRequestsAreRefusedFieldByField) {
   ASSERT_TRUE(meta_mr.ok());
 
   // Before the handshake a request is dropped; after it, refused with a reason.
-  Hello hello{"fake-decode", prefill->messenger->format(), {1, 2}, fake->address()};
+  Hello hello{"fake-decode", prefill->messenger->format(), {1, 2}, fake->address(), ""};
   fake->Send(prefill->messenger->fabric_address(), hello);
   auto reply = fake->Next();
   ASSERT_TRUE(reply.has_value());
@@ -321,6 +321,8 @@ TEST(MessengerFailureTest, BadPrefillRequestsAreRefusedFieldByField) {
     SCOPED_TRACE(c.text);
     PrefillRequest r = good();
     c.edit(r);
+    r.num_tokens = static_cast<uint32_t>(r.token_ids.size());
+    r.num_pages = static_cast<uint32_t>(r.dst_pages.size());
     fake->Send(prefill->messenger->fabric_address(), r);
     auto f = fake->Next();
     ASSERT_TRUE(f.has_value());
@@ -330,7 +332,10 @@ TEST(MessengerFailureTest, BadPrefillRequestsAreRefusedFieldByField) {
     EXPECT_THAT(done.message, HasSubstr(c.text));
   }
   // The well-formed request goes through: its writes land in the fake's region, then Done OK.
-  fake->Send(prefill->messenger->fabric_address(), good());
+  PrefillRequest whole = good();
+  whole.num_tokens = 9;
+  whole.num_pages = 3;
+  fake->Send(prefill->messenger->fabric_address(), whole);
   auto f = fake->Next();
   ASSERT_TRUE(f.has_value());
   const auto& done = std::get<PrefillDone>(f->message);

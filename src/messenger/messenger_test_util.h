@@ -10,6 +10,7 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -94,14 +95,20 @@ struct PrefillInstance {
   }
 };
 
-// A started prefill instance ("prefill"), or null when the fabric provider is unavailable.
+// A started prefill instance ("prefill"), or null when the fabric provider is absent (any other
+// Create error also adds a test failure).
 // `tracer` (may be null) traces both its engine and its messenger.
 // A prefill messenger over `e`, observing its steps, started on its async engine (null when
 // the fabric is unavailable).
 inline std::unique_ptr<PrefillInstance> LaunchPrefill(std::unique_ptr<engine::Engine> e,
                                                       const PrefillMessengerOptions& o) {
   auto m = PrefillMessenger::Create(o, e->runner());
-  if (!m.ok()) return nullptr;
+  if (!m.ok()) {  // null only where the provider is absent (the caller skips): else a failure
+    if (!transfer::testing::ProviderAbsent(m.status())) {
+      ADD_FAILURE() << "PrefillMessenger::Create: " << m.status().ToString();
+    }
+    return nullptr;
+  }
   PD_CHECK(e->disagg_hooks() != nullptr);
   e->disagg_hooks()->SetStepObserver((*m)->step_observer());
   auto p = std::make_unique<PrefillInstance>();
@@ -254,7 +261,8 @@ inline bool AllPagesFree(const engine::AsyncEngine& e, double timeout_s = kDeadl
 }
 
 // A bare domain speaking the wire protocol, scripted by the test. Its own thread handles what
-// arrives (domain callbacks must not block).
+// arrives (domain callbacks must not block). It learns each peer's session from its Hello or
+// HelloReply and addresses its frames to it; a Hello it sends names its recipient.
 class FakePeer {
  public:
   using Handler = std::function<void(FakePeer&, const Frame&)>;
@@ -267,11 +275,18 @@ class FakePeer {
     o.on_message = [raw](std::string_view m) {
       raw->queue_.Post([raw, bytes = std::string(m)] {
         auto f = raw->codec_.Decode(bytes);
-        if (f.ok()) raw->handler_(*raw, *f);
+        if (!f.ok() || !raw->codec_.CheckRecipient(*f).ok()) return;
+        raw->Learn(*f);
+        raw->handler_(*raw, *f);
       });
     };
     auto d = transfer::Domain::Create(o);
-    if (!d.ok()) return nullptr;
+    if (!d.ok()) {  // null only where the provider is absent (the caller skips): else a failure
+      if (!transfer::testing::ProviderAbsent(d.status())) {
+        ADD_FAILURE() << "FakePeer: Domain::Create: " << d.status().ToString();
+      }
+      return nullptr;
+    }
     p->domain_ = std::move(d).value();
     p->thread_ = std::thread([raw] {
       while (raw->queue_.RunFor(std::chrono::milliseconds(20))) {
@@ -284,10 +299,16 @@ class FakePeer {
     thread_.join();
   }
   const std::string& address() const { return domain_->info().address; }
-  void Send(const std::string& to, const Message& m) {
+  void Send(const std::string& to, Message m) {
     auto peer = domain_->AddPeer(to);
     ASSERT_TRUE(peer.ok());
-    ASSERT_TRUE(domain_->SubmitSend(*peer, codec_.Encode(m), nullptr).ok());
+    if (auto* hello = std::get_if<Hello>(&m)) hello->recipient_address = to;
+    ASSERT_TRUE(domain_->SubmitSend(*peer, codec_.Encode(m, SessionOf(to)), nullptr).ok());
+  }
+  uint64_t SessionOf(const std::string& address) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    auto it = sessions_.find(address);
+    return it == sessions_.end() ? 0 : it->second;
   }
   transfer::Domain& domain() { return *domain_; }
   void Record(const Frame& f) EXCLUDES(mu_) {
@@ -310,6 +331,14 @@ class FakePeer {
   int num_requests = 0;  // PrefillRequests seen (handler thread)
 
  private:
+  void Learn(const Frame& f) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    if (auto* hello = std::get_if<Hello>(&f.message))
+      sessions_[hello->fabric_address] = f.sender_session;
+    if (auto* reply = std::get_if<HelloReply>(&f.message)) {
+      sessions_[reply->fabric_address] = f.sender_session;
+    }
+  }
   FakePeer() : codec_(kSecret) {}
   FrameCodec codec_;
   TaskQueue queue_;
@@ -319,6 +348,7 @@ class FakePeer {
   Mutex mu_;
   CondVar cv_;
   std::deque<Frame> received_ GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> sessions_ GUARDED_BY(mu_);  // by fabric address
 };
 
 }  // namespace pd::messenger::testing

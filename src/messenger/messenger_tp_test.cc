@@ -299,6 +299,8 @@ TEST(MessengerTpHandshakeTest, ARequestWithRankRegionsOfDifferentSizesIsRefused)
   req.request_id = 77;
   req.transfer_imm = 5;
   req.token_ids = PromptOf(5, 3);
+  req.num_tokens = 5;
+  req.num_pages = 2;
   req.decode_scheme = {2, 2, false};
   req.rank_regions = {with_addr(ma->descriptor), with_addr(mb->descriptor)};
   req.dst_pages = {0, 1};

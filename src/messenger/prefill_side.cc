@@ -22,8 +22,15 @@ constexpr int kDeadlineScanMs = 20;  // the longest the loop sleeps without a ta
 }  // namespace
 
 Status PrefillMessenger::Impl::Init() {
-  ASSIGN_OR_RETURN(domain_, OpenMessengerDomain(options_.domain, queue_,
-                                                [this](const std::string& m) { OnMessage(m); }));
+  ControlInbox inbox;
+  inbox.codec = codec_;
+  inbox.queue = queue_;
+  inbox.on_frame = [this](Frame f) { OnFrame(std::move(f)); };
+  inbox.metrics = &owner_->metrics_;
+  inbox.side = "prefill messenger";
+  inbox.max_queued = options_.max_queued_messages;
+  ASSIGN_OR_RETURN(domain_,
+                   OpenMessengerDomain(options_.domain, options_.max_message_bytes, inbox));
   ASSIGN_OR_RETURN(kv_mrs_, RegisterRankRegions(*domain_, runner_));
   PD_LOG_INFO("prefill messenger: {} rank KV region(s) registered (tp_size {}, {} KV heads)",
               kv_mrs_.size(), scheme_.tp_size, scheme_.num_kv_heads);
@@ -61,6 +68,7 @@ void PrefillMessenger::Impl::Loop() {
     if (!queue_->RunFor(std::chrono::milliseconds(0))) break;
     PostReady(v);
     CheckDeadlines();
+    CheckPartials(NowSeconds());
     uint64_t next = 0;
     for (const LayerWork& w : work_) {
       uint64_t target = w.runner_step * num_layers_ + w.next_layer + 1;
@@ -80,6 +88,8 @@ void PrefillMessenger::Impl::Stop() {
   queue_->Wake();
   if (thread_.joinable()) thread_.join();
   queue_->Stop();
+  partials_.clear();
+  partial_bytes_ = 0;
   for (auto& [id, t] : transfers_) {
     for (transfer::TransferId x : t->inflight) domain_->Cancel(x);
     if (!t->kept_pages.empty()) engine_->ReleasePages(t->kept_pages);
@@ -91,38 +101,47 @@ void PrefillMessenger::Impl::Stop() {
 
 // ------------------------------------------------------------------ control messages
 
-void PrefillMessenger::Impl::OnMessage(const std::string& bytes) {
-  auto frame = codec_.Decode(bytes);
-  if (!frame.ok()) {
-    PD_LOG_WARN("prefill messenger: dropped a control message: {}", frame.status().ToString());
-    owner_->metrics_.Rejected();
-    return;
-  }
-  if (auto* hello = std::get_if<Hello>(&frame->message)) {
-    OnHello(*hello, frame->sender_seq);
-  } else if (auto* request = std::get_if<PrefillRequest>(&frame->message)) {
-    OnPrefillRequest(*request, frame->sender_seq);
-  } else if (auto* cancel = std::get_if<Cancel>(&frame->message)) {
-    OnCancel(*cancel, frame->sender_seq);
+void PrefillMessenger::Impl::OnFrame(Frame frame) {
+  if (auto* hello = std::get_if<Hello>(&frame.message)) {
+    OnHello(*hello, frame);
+  } else if (auto* request = std::get_if<PrefillRequest>(&frame.message)) {
+    OnPrefillRequest(std::move(*request), frame);
+  } else if (auto* chunk = std::get_if<PromptChunk>(&frame.message)) {
+    OnPromptChunk(std::move(*chunk), frame);
+  } else if (auto* cancel = std::get_if<Cancel>(&frame.message)) {
+    OnCancel(*cancel, frame);
   } else {
-    PD_LOG_WARN("prefill messenger: unexpected message type {}", frame->message.index() + 1);
+    Warn("type", "unexpected message type " + std::to_string(frame.message.index() + 1));
     owner_->metrics_.Rejected();
   }
 }
 
-void PrefillMessenger::Impl::OnHello(const Hello& hello, uint64_t seq) {
-  if (Status s = replay_.Check(hello.fabric_address, seq); !s.ok()) {
-    PD_LOG_WARN("prefill messenger: Hello from '{}': {}", hello.instance_name, s.ToString());
-    owner_->metrics_.Rejected();
+void PrefillMessenger::Impl::Warn(const std::string& key, const std::string& what) {
+  PD_LOG_WARN_LIMITED(warnings_, key, "prefill messenger: {}", what);
+}
+
+void PrefillMessenger::Impl::OnHello(const Hello& hello, const Frame& frame) {
+  if (hello.recipient_address != address()) {
+    Warn("replay", "Hello from '" + hello.instance_name +
+                       "' is meant for another instance (replayed?): dropped");
+    owner_->metrics_.Replayed();
+    return;
+  }
+  if (Status s = hello_replay_.Check(hello.fabric_address, frame.sender_seq); !s.ok()) {
+    Warn("replay", "Hello from '" + hello.instance_name + "': " + s.ToString());
+    owner_->metrics_.Replayed();
     return;
   }
   // A known peer's Hello is a heartbeat: its address is in the AV already.
   auto known = peers_.find(hello.fabric_address);
+  if (known != peers_.end() && known->second.session != frame.sender_session) {
+    PeerRestarted(hello.fabric_address, known->second.session);
+    known = peers_.end();  // PeerRestarted forgot it
+  }
   Result<transfer::PeerAddr> peer =
-      known != peers_.end() ? known->second : domain_->AddPeer(hello.fabric_address);
+      known != peers_.end() ? known->second.addr : domain_->AddPeer(hello.fabric_address);
   if (!peer.ok()) {
-    PD_LOG_WARN("prefill messenger: Hello from '{}': {}", hello.instance_name,
-                peer.status().ToString());
+    Warn("hello", "Hello from '" + hello.instance_name + "': " + peer.status().ToString());
     owner_->metrics_.Rejected();
     return;
   }
@@ -135,9 +154,11 @@ void PrefillMessenger::Impl::OnHello(const Hello& hello, uint64_t seq) {
   reply.format = owner_->format_;
   reply.scheme = scheme_;
   reply.fabric_address = address();
+  reply.max_message_bytes = options_.max_message_bytes;
   if (ok.ok()) {
     Heard(hello.fabric_address);
-    if (peers_.emplace(hello.fabric_address, *peer).second) {  // else a heartbeat
+    if (peers_.emplace(hello.fabric_address, DecodePeer{*peer, frame.sender_session}).second) {
+      by_session_[frame.sender_session] = hello.fabric_address;
       owner_->num_peers_.fetch_add(1);
       PD_LOG_INFO("prefill messenger: accepted decode instance '{}'", hello.instance_name);
     }
@@ -145,50 +166,88 @@ void PrefillMessenger::Impl::OnHello(const Hello& hello, uint64_t seq) {
     PD_LOG_WARN("prefill messenger: refused decode instance '{}': {}", hello.instance_name,
                 ok.message());
   }
-  (void)domain_->SubmitSend(*peer, codec_.Encode(reply), nullptr);
+  (void)domain_->SubmitSend(*peer, codec_->Encode(reply, frame.sender_session), nullptr);
+}
+
+void PrefillMessenger::Impl::PeerRestarted(const std::string& address, uint64_t old_session) {
+  PD_LOG_WARN(
+      "prefill messenger: the decode instance at this address came back with a new session: "
+      "dropping what its previous run had here");
+  // Forgotten first: nothing below answers the previous run (its frames would be refused).
+  peers_.erase(address);
+  owner_->num_peers_.fetch_sub(1);
+  by_session_.erase(old_session);
+  replay_.Forget(std::to_string(old_session));
+  if (retired_sessions_.size() >= kMaxRetiredSessions) retired_sessions_.clear();
+  retired_sessions_.insert(old_session);
+  const Status gone = Unavailable("the decode instance restarted (new session)");
+  std::vector<Transfer*> stale;
+  for (auto& [id, t] : transfers_) {
+    if (t->peer.fabric_addr == address && t->error.ok()) stale.push_back(t.get());
+  }
+  for (Transfer* t : stale) Fail(t, gone);
+  std::vector<uint64_t> partial;
+  for (const auto& [id, p] : partials_) {
+    if (p.peer_address == address) partial.push_back(id);
+  }
+  for (uint64_t id : partial) DropPartial(id, OkStatus());
+}
+
+const std::string* PrefillMessenger::Impl::Sender(const Frame& frame, const char* what,
+                                                  uint64_t request_id) {
+  auto it = by_session_.find(frame.sender_session);
+  if (it == by_session_.end()) {
+    const bool stale = retired_sessions_.count(frame.sender_session) != 0;
+    Warn(stale ? "replay" : "unknown",
+         std::string(what) + " " + std::to_string(request_id) +
+             (stale ? " from a previous session of its decode instance (replayed?): dropped"
+                    : " from a peer without a handshake: dropped"));
+    if (stale) {
+      owner_->metrics_.Replayed();
+    } else {
+      owner_->metrics_.Rejected();
+    }
+    return nullptr;
+  }
+  if (Status s = replay_.Check(std::to_string(frame.sender_session), frame.sender_seq); !s.ok()) {
+    Warn("replay", std::string(what) + " " + std::to_string(request_id) + ": " + s.ToString());
+    owner_->metrics_.Replayed();
+    return nullptr;
+  }
+  Heard(it->second);
+  return &it->second;
 }
 
 void PrefillMessenger::Impl::SendDone(const transfer::PeerAddr& peer, uint64_t request_id,
                                       const Status& status, uint32_t num_writes) {
+  auto it = peers_.find(peer.fabric_addr);
+  if (it == peers_.end()) return;  // restarted or never accepted: nobody to tell
   PrefillDone done;
   done.request_id = request_id;
   done.status_code = static_cast<uint16_t>(status.code());
   done.message = status.message().substr(0, kMaxStringBytes);
   done.num_writes = num_writes;
-  (void)domain_->SubmitSend(peer, codec_.Encode(done), nullptr);
+  (void)domain_->SubmitSend(peer, codec_->Encode(done, it->second.session), nullptr);
 }
 
-void PrefillMessenger::Impl::OnPrefillRequest(const PrefillRequest& request, uint64_t seq) {
-  // The sender is the owner of the regions it asks us to write: it must be a peer we accepted.
+void PrefillMessenger::Impl::Begin(const PrefillRequest& request, const std::string& peer_address) {
+  const DecodePeer& peer = peers_.at(peer_address);
+  // The sender owns the regions it asks us to write.
   auto region = request.rank_regions.empty()
                     ? Result<transfer::MemoryDescriptor>(InvalidArgument("no rank region"))
                     : transfer::MemoryDescriptor::FromBytes(request.rank_regions[0]);
-  if (!region.ok()) {
-    PD_LOG_WARN("prefill messenger: PrefillRequest {}: {}", request.request_id,
-                region.status().ToString());
-    owner_->metrics_.Rejected();
-    return;
+  Status owner = region.ok() ? OkStatus() : region.status();
+  if (owner.ok() && region->fabric_addr != peer_address) {
+    owner = InvalidArgument("request " + std::to_string(request.request_id) +
+                            " names regions of another instance than its sender");
   }
-  auto peer = peers_.find(region->fabric_addr);
-  if (peer == peers_.end()) {
-    PD_LOG_WARN("prefill messenger: PrefillRequest {} from a peer without a handshake: dropped",
-                request.request_id);
-    owner_->metrics_.Rejected();
-    return;
-  }
-  if (Status s = replay_.Check(region->fabric_addr, seq); !s.ok()) {
-    PD_LOG_WARN("prefill messenger: PrefillRequest {}: {}", request.request_id, s.ToString());
-    owner_->metrics_.Rejected();
-    return;
-  }
-  Heard(region->fabric_addr);
   auto t = std::make_unique<Transfer>();
   t->request_id = request.request_id;
-  t->peer = peer->second;
-  if (Status s = Admit(request, t.get()); !s.ok()) {
+  t->peer = peer.addr;
+  if (Status s = owner.ok() ? Admit(request, t.get()) : owner; !s.ok()) {
     PD_LOG_WARN("prefill messenger: refused PrefillRequest {}: {}", request.request_id,
                 s.ToString());
-    SendDone(peer->second, request.request_id, s, 0);
+    SendDone(peer.addr, request.request_id, s, 0);
     return;
   }
   std::weak_ptr<TaskQueue> weak = queue_;
@@ -198,7 +257,7 @@ void PrefillMessenger::Impl::OnPrefillRequest(const PrefillRequest& request, uin
         if (auto q = weak.lock()) q->Post([this, out] { OnEngineDone(out); });
       });
   if (!id.ok()) {
-    SendDone(peer->second, request.request_id, id.status(), 0);
+    SendDone(peer.addr, request.request_id, id.status(), 0);
     return;
   }
   t->engine_id = *id;
@@ -301,17 +360,19 @@ Status PrefillMessenger::Impl::Admit(const PrefillRequest& r, Transfer* t) {
   return OkStatus();
 }
 
-void PrefillMessenger::Impl::OnCancel(const Cancel& cancel, uint64_t seq) {
-  Transfer* t = Find(cancel.request_id);
-  if (t == nullptr) return;  // finished already
-  if (Status s = replay_.Check(t->peer.fabric_addr, seq); !s.ok()) {
-    PD_LOG_WARN("prefill messenger: Cancel {}: {}", cancel.request_id, s.ToString());
-    owner_->metrics_.Rejected();
+void PrefillMessenger::Impl::OnCancel(const Cancel& cancel, const Frame& frame) {
+  const std::string* sender = Sender(frame, "Cancel", cancel.request_id);
+  if (sender == nullptr) return;
+  const Status cancelled = Cancelled("request " + std::to_string(cancel.request_id) +
+                                     " cancelled by the decode instance");
+  if (auto p = partials_.find(cancel.request_id);
+      p != partials_.end() && p->second.peer_address == *sender) {
+    DropPartial(cancel.request_id, cancelled);
     return;
   }
-  Heard(t->peer.fabric_addr);
-  Fail(t, Cancelled("request " + std::to_string(cancel.request_id) +
-                    " cancelled by the decode instance"));
+  Transfer* t = Find(cancel.request_id);
+  if (t == nullptr || t->peer.fabric_addr != *sender) return;  // finished already
+  Fail(t, cancelled);
 }
 
 // ------------------------------------------------------------------ public
@@ -323,6 +384,7 @@ PrefillMessenger::~PrefillMessenger() { Stop(); }
 Result<std::unique_ptr<PrefillMessenger>> PrefillMessenger::Create(
     const PrefillMessengerOptions& options, engine::ModelRunner& runner) {
   if (options.max_transfers < 1) return InvalidArgument("max_transfers must be >= 1");
+  if (options.max_queued_messages < 1) return InvalidArgument("max_queued_messages must be >= 1");
   std::unique_ptr<PrefillMessenger> m(
       new PrefillMessenger(MakeKvFormat(options.model_hash, runner.region().spec())));
   m->impl_ = std::make_unique<Impl>(m.get(), options, runner);

@@ -56,6 +56,16 @@ struct PrefillMessengerOptions {
   // DecodeMessengerOptions::heartbeat_s (0.25 s) while they have attempts in flight, so the default
   // is 8 heartbeats. 0: off (only the request's deadline applies).
   double peer_silence_s = 2.0;
+  // The largest control message received (announced in the handshake: decode instances split a
+  // prompt's ids to fit); at least kMinMessageBytes.
+  uint32_t max_message_bytes = kDefaultMessageBytes;
+  // Prompts whose ids are still arriving (PromptChunks): at most this many bytes of ids held at
+  // once (beyond: PrefillDone ResourceExhausted), each prompt complete within prompt_timeout_s of
+  // its first message (else dropped, PrefillDone DeadlineExceeded).
+  uint64_t max_partial_prompt_bytes = 64u << 20;
+  double prompt_timeout_s = 10.0;
+  // Control messages waiting for the messenger thread; beyond, dropped and counted.
+  size_t max_queued_messages = 1024;
   // Borrowed, outlives the messenger; null: no trace. Events: "post writes" per request and
   // layer, "write layer" (post -> completion), "post metadata", "transfer", "transfer failed".
   Tracer* tracer = nullptr;

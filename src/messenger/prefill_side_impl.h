@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -13,6 +14,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/rate_limited_log.h"
 #include "messenger/channel.h"
 #include "messenger/handshake.h"
 #include "messenger/prefill_side.h"
@@ -63,9 +65,39 @@ struct Transfer {
   Status error;
 };
 
+// A decode instance that passed the handshake.
+struct DecodePeer {
+  transfer::PeerAddr addr;
+  uint64_t session = 0;  // its process's; frames from any other are refused
+};
+
+// Ranges [begin, end) of ids received so far; refuses one that overlaps another.
+class RangeSet {
+ public:
+  bool Insert(uint32_t begin, uint32_t end);
+  uint64_t covered() const { return covered_; }
+
+ private:
+  std::map<uint32_t, uint32_t> ranges_;  // begin -> end
+  uint64_t covered_ = 0;
+};
+
+// A PrefillRequest whose ids are still arriving in PromptChunks (either may come first).
+struct PartialPrompt {
+  std::string peer_address;  // its sender
+  bool have_header = false;
+  PrefillRequest request;          // token_ids / dst_pages sized to the totals once known
+  std::vector<PromptChunk> early;  // chunks that came before the PrefillRequest
+  RangeSet tokens, pages;          // what has landed in request.token_ids / dst_pages
+  uint64_t bytes = 0;              // counted in Impl::partial_bytes_
+  double deadline = 0.0;           // the whole prompt must have arrived by then
+};
+
 }  // namespace prefill_internal
 
+using prefill_internal::DecodePeer;
 using prefill_internal::LayerWork;
+using prefill_internal::PartialPrompt;
 using prefill_internal::Transfer;
 
 class PrefillMessenger::Impl {
@@ -78,7 +110,7 @@ class PrefillMessenger::Impl {
         scheme_(MakeShardScheme(runner.config(), runner.num_ranks())),
         num_layers_(spec_.num_layers),
         meta_bytes_(static_cast<uint32_t>(runner.config().hidden_size) * 4),
-        codec_(options.cluster_secret),
+        codec_(std::make_shared<FrameCodec>(options.cluster_secret)),
         queue_(std::make_shared<TaskQueue>()) {}
 
   Status Init();
@@ -89,13 +121,30 @@ class PrefillMessenger::Impl {
 
  private:
   void Loop();
-  void OnMessage(const std::string& bytes);
-  void OnHello(const Hello& hello, uint64_t seq);
-  void OnPrefillRequest(const PrefillRequest& request, uint64_t seq);
+  void OnFrame(Frame frame);
+  void OnHello(const Hello& hello, const Frame& frame);
+  // A decode peer that came back with a new session (it restarted): what it had here is dropped.
+  void PeerRestarted(const std::string& address, uint64_t old_session);
+  // The accepted peer a frame comes from (by its session), or null after counting the refusal.
+  const std::string* Sender(const Frame& frame, const char* what, uint64_t request_id);
+  void OnPrefillRequest(PrefillRequest request, const Frame& frame);
+  void OnPromptChunk(PromptChunk chunk, const Frame& frame);
+  // Puts `chunk` into `p`: InvalidArgument naming what was wrong when it does not fit the
+  // request's totals or overlaps ids already received.
+  Status AddChunk(PartialPrompt* p, PromptChunk chunk);
+  // Admits p's request once every id and page arrived.
+  void MaybeBegin(uint64_t request_id);
+  // Drops a partial prompt; `why` (not OK) goes to its sender as PrefillDone when it is known.
+  void DropPartial(uint64_t request_id, const Status& why);
+  void CheckPartials(double now);
+  // A rate-limited warning (at most one per key every 10 s): what a peer can provoke at will.
+  void Warn(const std::string& key, const std::string& what);
+  // Admits a whole request from `peer_address` and submits it to the engine.
+  void Begin(const PrefillRequest& request, const std::string& peer_address);
   Status Admit(const PrefillRequest& request, Transfer* t);
   Status ParseRankRegions(const PrefillRequest& r, uint64_t layer_bytes,
                           std::vector<transfer::MemoryDescriptor>* out);
-  void OnCancel(const Cancel& cancel, uint64_t seq);
+  void OnCancel(const Cancel& cancel, const Frame& frame);
   void OnStep(const engine::StepInfo& info);
   void OnEngineDone(const engine::RequestOutput& out);
   void OnWriteDone(uint64_t request_id, transfer::TransferId id, const Status& status);
@@ -122,8 +171,8 @@ class PrefillMessenger::Impl {
   const ShardScheme scheme_;
   const int num_layers_;
   const uint32_t meta_bytes_;
-  FrameCodec codec_;
-  std::shared_ptr<TaskQueue> queue_;  // shared with callbacks that may outlive us
+  std::shared_ptr<FrameCodec> codec_;  // shared with the fabric worker's inbox
+  std::shared_ptr<TaskQueue> queue_;   // shared with callbacks that may outlive us
   std::unique_ptr<transfer::Domain> domain_;
   std::vector<transfer::MemoryRegion> kv_mrs_;  // per rank, all in the one domain
   transfer::MemoryRegion meta_mr_;
@@ -133,9 +182,16 @@ class PrefillMessenger::Impl {
   std::atomic<bool> stop_{false};
 
   // Messenger thread only.
-  ReplayGuard replay_;
-  std::unordered_map<std::string, transfer::PeerAddr> peers_;  // accepted, by fabric address
-  std::unordered_map<std::string, double> last_heard_;         // NowSeconds(), by address
+  ReplayGuard replay_;        // by sender session
+  ReplayGuard hello_replay_;  // Hellos, by sender address (their seqs grow across restarts)
+  std::unordered_map<std::string, DecodePeer> peers_;     // accepted, by fabric address
+  std::unordered_map<uint64_t, std::string> by_session_;  // accepted peers' sessions
+  std::unordered_set<uint64_t> retired_sessions_;         // of peers that restarted
+  std::unordered_map<uint64_t, PartialPrompt> partials_;  // by request id
+  uint64_t partial_bytes_ = 0;
+  static constexpr size_t kMaxRetiredSessions = 1024;
+  RateLimitedLog warnings_{10.0};
+  std::unordered_map<std::string, double> last_heard_;  // NowSeconds(), by address
   std::unordered_map<uint64_t, std::unique_ptr<Transfer>> transfers_;
   std::unordered_map<int64_t, uint64_t> by_engine_id_;
   std::vector<int> free_meta_slots_;

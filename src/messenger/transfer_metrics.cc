@@ -30,6 +30,13 @@ std::string TransferMetrics::PrometheusText(const std::string& role) const {
   counter("kv_control_messages_rejected_total",
           "Control messages dropped: malformed, unauthenticated, replayed or from an unknown peer.",
           rejected());
+  counter("kv_control_messages_replayed_total",
+          "Control messages refused as replays: meant for another instance or session, from a "
+          "stale session, or a sequence number seen already (also in the rejected total).",
+          replayed());
+  counter("kv_control_messages_queue_full_total",
+          "Control messages dropped because too many already waited for the messenger thread.",
+          queue_full());
   counter("kv_transfers_dropped_silent_peer_total",
           "KV transfers dropped (pages freed) because their decode peer sent nothing for "
           "peer_silence_s.",

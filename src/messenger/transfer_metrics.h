@@ -19,6 +19,14 @@ class TransferMetrics {
   void Retried() { retried_.fetch_add(1, std::memory_order_relaxed); }
   // A control message refused before it could act: bad frame, MAC, replay or unknown sender.
   void Rejected() { rejected_.fetch_add(1, std::memory_order_relaxed); }
+  // A control message refused as a replay: meant for another instance or an earlier session, a
+  // stale session of its sender, or a sequence number seen already. Counted in rejected too.
+  void Replayed() {
+    Rejected();
+    replayed_.fetch_add(1, std::memory_order_relaxed);
+  }
+  // A control message dropped because too many already waited for the messenger's thread.
+  void QueueFull() { queue_full_.fetch_add(1, std::memory_order_relaxed); }
   // A transfer dropped because its decode peer fell silent (prefill side).
   void DroppedSilentPeer() { dropped_silent_.fetch_add(1, std::memory_order_relaxed); }
   void SetActive(int64_t n) { active_.store(n, std::memory_order_relaxed); }
@@ -35,6 +43,8 @@ class TransferMetrics {
   uint64_t failed() const { return failed_.load(); }
   uint64_t retried() const { return retried_.load(); }
   uint64_t rejected() const { return rejected_.load(); }
+  uint64_t replayed() const { return replayed_.load(); }
+  uint64_t queue_full() const { return queue_full_.load(); }
   uint64_t dropped_silent() const { return dropped_silent_.load(); }
   uint64_t bytes() const { return bytes_.load(); }
   int64_t active() const { return active_.load(); }
@@ -47,7 +57,7 @@ class TransferMetrics {
 
  private:
   std::atomic<uint64_t> started_{0}, succeeded_{0}, failed_{0}, retried_{0}, rejected_{0};
-  std::atomic<uint64_t> dropped_silent_{0};
+  std::atomic<uint64_t> dropped_silent_{0}, replayed_{0}, queue_full_{0};
   std::atomic<uint64_t> metadata_missing_{0}, metadata_bad_{0};
   std::atomic<int64_t> fenced_{0};
   std::atomic<uint64_t> bytes_{0}, writes_{0};

@@ -59,6 +59,8 @@ struct BodyEncoder {
     PutFormat(w, m.format);
     PutScheme(w, m.scheme);
     w.PutBytes(m.fabric_address);
+    w.PutBytes(m.recipient_address);
+    w.Put(m.max_message_bytes);
   }
   void operator()(const HelloReply& m) {
     w.Put<uint8_t>(m.accepted ? 1 : 0);
@@ -67,10 +69,13 @@ struct BodyEncoder {
     PutFormat(w, m.format);
     PutScheme(w, m.scheme);
     w.PutBytes(m.fabric_address);
+    w.Put(m.max_message_bytes);
   }
   void operator()(const PrefillRequest& m) {
     w.Put(m.request_id);
     w.Put(m.transfer_imm);
+    w.Put(m.num_tokens);
+    w.Put(m.num_pages);
     w.PutArray(m.token_ids);
     PutScheme(w, m.decode_scheme);
     w.Put<uint32_t>(static_cast<uint32_t>(m.rank_regions.size()));
@@ -89,7 +94,30 @@ struct BodyEncoder {
     w.Put(m.num_writes);
   }
   void operator()(const Cancel& m) { w.Put(m.request_id); }
+  void operator()(const PromptChunk& m) {
+    w.Put(m.request_id);
+    w.Put(m.token_offset);
+    w.PutArray(m.token_ids);
+    w.Put(m.page_offset);
+    w.PutArray(m.dst_pages);
+  }
 };
+
+Status GetMessageBytes(ByteReader& r, uint32_t* out) {
+  RETURN_IF_ERROR(r.Get("max_message_bytes", out));
+  if (*out < kMinMessageBytes) {
+    return InvalidArgument("max_message_bytes " + std::to_string(*out) + " is below " +
+                           std::to_string(kMinMessageBytes));
+  }
+  return OkStatus();
+}
+
+Status CheckPages(const std::vector<int32_t>& pages) {
+  for (int32_t page : pages)
+    if (page < 0)
+      return InvalidArgument("dst_pages has a negative page id " + std::to_string(page));
+  return OkStatus();
+}
 
 Result<Message> DecodeHello(ByteReader& r) {
   Hello m;
@@ -97,6 +125,8 @@ Result<Message> DecodeHello(ByteReader& r) {
   RETURN_IF_ERROR(GetFormat(r, &m.format));
   RETURN_IF_ERROR(GetScheme(r, "scheme", &m.scheme));
   RETURN_IF_ERROR(r.GetBytes("fabric_address", kMaxStringBytes, &m.fabric_address));
+  RETURN_IF_ERROR(r.GetBytes("recipient_address", kMaxStringBytes, &m.recipient_address));
+  RETURN_IF_ERROR(GetMessageBytes(r, &m.max_message_bytes));
   return Message(std::move(m));
 }
 
@@ -110,6 +140,7 @@ Result<Message> DecodeHelloReply(ByteReader& r) {
   RETURN_IF_ERROR(GetFormat(r, &m.format));
   RETURN_IF_ERROR(GetScheme(r, "scheme", &m.scheme));
   RETURN_IF_ERROR(r.GetBytes("fabric_address", kMaxStringBytes, &m.fabric_address));
+  RETURN_IF_ERROR(GetMessageBytes(r, &m.max_message_bytes));
   return Message(std::move(m));
 }
 
@@ -117,7 +148,14 @@ Result<Message> DecodePrefillRequest(ByteReader& r) {
   PrefillRequest m;
   RETURN_IF_ERROR(r.Get("request_id", &m.request_id));
   RETURN_IF_ERROR(r.Get("transfer_imm", &m.transfer_imm));
-  RETURN_IF_ERROR(r.GetArray("token_ids", kMaxPromptTokens, &m.token_ids));
+  RETURN_IF_ERROR(r.Get("num_tokens", &m.num_tokens));
+  RETURN_IF_ERROR(r.Get("num_pages", &m.num_pages));
+  if (m.num_tokens > kMaxPromptTokens || m.num_pages > kMaxPages) {
+    return InvalidArgument("num_tokens " + std::to_string(m.num_tokens) + " / num_pages " +
+                           std::to_string(m.num_pages) + " above the limits of " +
+                           std::to_string(kMaxPromptTokens) + " / " + std::to_string(kMaxPages));
+  }
+  RETURN_IF_ERROR(r.GetArray("token_ids", m.num_tokens, &m.token_ids));
   RETURN_IF_ERROR(GetScheme(r, "decode_scheme", &m.decode_scheme));
   uint32_t num_regions = 0;
   RETURN_IF_ERROR(r.Get("rank_regions", &num_regions));
@@ -128,10 +166,8 @@ Result<Message> DecodePrefillRequest(ByteReader& r) {
   m.rank_regions.resize(num_regions);
   for (auto& region : m.rank_regions)
     RETURN_IF_ERROR(r.GetBytes("rank_regions[]", kMaxStringBytes, &region));
-  RETURN_IF_ERROR(r.GetArray("dst_pages", kMaxPages, &m.dst_pages));
-  for (int32_t page : m.dst_pages)
-    if (page < 0)
-      return InvalidArgument("dst_pages has a negative page id " + std::to_string(page));
+  RETURN_IF_ERROR(r.GetArray("dst_pages", m.num_pages, &m.dst_pages));
+  RETURN_IF_ERROR(CheckPages(m.dst_pages));
   RETURN_IF_ERROR(r.GetBytes("metadata_region", kMaxStringBytes, &m.metadata_region));
   RETURN_IF_ERROR(r.Get("metadata_offset", &m.metadata_offset));
   RETURN_IF_ERROR(r.Get("metadata_bytes", &m.metadata_bytes));
@@ -151,6 +187,23 @@ Result<Message> DecodePrefillDone(ByteReader& r) {
   return Message(std::move(m));
 }
 
+Result<Message> DecodePromptChunk(ByteReader& r) {
+  PromptChunk m;
+  RETURN_IF_ERROR(r.Get("request_id", &m.request_id));
+  RETURN_IF_ERROR(r.Get("token_offset", &m.token_offset));
+  RETURN_IF_ERROR(r.GetArray("token_ids", kMaxPromptTokens, &m.token_ids));
+  RETURN_IF_ERROR(r.Get("page_offset", &m.page_offset));
+  RETURN_IF_ERROR(r.GetArray("dst_pages", kMaxPages, &m.dst_pages));
+  RETURN_IF_ERROR(CheckPages(m.dst_pages));
+  if (uint64_t{m.token_offset} + m.token_ids.size() > kMaxPromptTokens ||
+      uint64_t{m.page_offset} + m.dst_pages.size() > kMaxPages) {
+    return InvalidArgument("prompt chunk beyond the limits (token_offset " +
+                           std::to_string(m.token_offset) + ", page_offset " +
+                           std::to_string(m.page_offset) + ")");
+  }
+  return Message(std::move(m));
+}
+
 Result<Message> DecodeBody(MessageType type, ByteReader& r) {
   switch (type) {
     case MessageType::kHello:
@@ -166,6 +219,8 @@ Result<Message> DecodeBody(MessageType type, ByteReader& r) {
       RETURN_IF_ERROR(r.Get("request_id", &m.request_id));
       return Message(m);
     }
+    case MessageType::kPromptChunk:
+      return DecodePromptChunk(r);
   }
   return InvalidArgument("unknown message type " + std::to_string(static_cast<int>(type)));
 }
@@ -190,6 +245,8 @@ std::vector<uint8_t> EncodeFrame(const Frame& frame, const std::string& secret) 
   w.Put(kWireMagic);
   w.Put(kWireVersion);
   w.Put<uint16_t>(static_cast<uint16_t>(frame.message.index() + 1));
+  w.Put(frame.sender_session);
+  w.Put(frame.recipient_session);
   w.Put(frame.sender_seq);
   w.Put<uint32_t>(static_cast<uint32_t>(body.bytes().size()));
   auto& out = w.bytes();
@@ -209,6 +266,8 @@ Result<Frame> DecodeFrame(const uint8_t* data, size_t size, const std::string& s
   RETURN_IF_ERROR(header.Get("magic", &magic));
   RETURN_IF_ERROR(header.Get("version", &version));
   RETURN_IF_ERROR(header.Get("type", &type));
+  RETURN_IF_ERROR(header.Get("sender_session", &frame.sender_session));
+  RETURN_IF_ERROR(header.Get("recipient_session", &frame.recipient_session));
   RETURN_IF_ERROR(header.Get("sender_seq", &frame.sender_seq));
   RETURN_IF_ERROR(header.Get("body_len", &body_len));
   if (magic != kWireMagic) return InvalidArgument("bad frame magic (not a pdserve peer?)");

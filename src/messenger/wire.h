@@ -2,10 +2,15 @@
 // instances, carried as fabric control messages (two-sided sends).
 //
 // Frame (little-endian):
-//   magic u32 'PDKV' | version u16 | type u16 | sender_seq u64 | body_len u32 | body | hmac[32]
+//   magic u32 'PDKV' | version u16 | type u16 | sender_session u64 | recipient_session u64 |
+//   sender_seq u64 | body_len u32 | body | hmac[32]
 // The HMAC-SHA256 (key: the cluster secret) covers everything before it. Receivers check magic,
 // version, length limits and the MAC before decoding the body, and every body field is
-// bounds-checked (ByteReader). sender_seq increases per sender so a replayed frame is refused.
+// bounds-checked (ByteReader). Each process draws a random session id at start: every frame
+// names its sender's session and its recipient's (learned in the handshake; a Hello, sent before
+// that, names 0 and carries the recipient's fabric address in its body), so a frame captured on
+// its way to one instance is refused by another and by a restarted one. sender_seq increases per
+// sender (from the wall clock, so across restarts too) and a replayed frame is refused.
 #pragma once
 
 #include <array>
@@ -21,9 +26,17 @@ namespace pd::messenger {
 inline constexpr uint32_t kWireMagic = 0x564b4450;  // "PDKV"
 // Version 2: ShardScheme carries the replicated flag (tensor-parallel transfers).
 // Version 3: PrefillRequest carries metadata_imm (the metadata write is counted on its own).
-inline constexpr uint16_t kWireVersion = 3;
+// Version 4: sessions in the header; Hello names its recipient and both handshake messages the
+// largest control message their sender receives; a prompt travels as a PrefillRequest and as many
+// PromptChunks as its ids need.
+inline constexpr uint16_t kWireVersion = 4;
 inline constexpr size_t kMacBytes = 32;
-inline constexpr size_t kFrameHeaderBytes = 4 + 2 + 2 + 8 + 4;
+inline constexpr size_t kFrameHeaderBytes = 4 + 2 + 2 + 8 + 8 + 8 + 4;
+inline constexpr size_t kBodyLenOffset = kFrameHeaderBytes - 4;
+// The smallest control message an instance may announce it receives: a PrefillRequest without
+// ids (a few descriptors of at most kMaxStringBytes) must fit, with room for some ids.
+inline constexpr uint32_t kMinMessageBytes = 4096;
+inline constexpr uint32_t kDefaultMessageBytes = 256u << 10;
 inline constexpr size_t kMaxBodyBytes = 8u << 20;
 inline constexpr size_t kMaxPromptTokens = 1u << 20;
 inline constexpr size_t kMaxPages = 1u << 20;
@@ -36,6 +49,7 @@ enum class MessageType : uint16_t {
   kPrefillRequest = 3,
   kPrefillDone = 4,
   kCancel = 5,
+  kPromptChunk = 6,
 };
 
 // How an instance shards its KV cache (docs/architecture.md, "Sharded KV transfers").
@@ -61,7 +75,9 @@ struct Hello {
   std::string instance_name;
   KvFormat format;
   ShardScheme scheme;
-  std::string fabric_address;  // the sender's endpoint name, for fi_av_insert
+  std::string fabric_address;     // the sender's endpoint name, for fi_av_insert
+  std::string recipient_address;  // the endpoint name the sender meant it for
+  uint32_t max_message_bytes = kDefaultMessageBytes;  // the largest control message it receives
 };
 
 struct HelloReply {
@@ -71,15 +87,21 @@ struct HelloReply {
   KvFormat format;
   ShardScheme scheme;
   std::string fabric_address;
+  uint32_t max_message_bytes = kDefaultMessageBytes;  // the largest control message it receives
 };
 
+// A prompt's ids and pages travel as one PrefillRequest and, when they do not fit in one control
+// message, PromptChunks naming the same request_id; the PrefillRequest says how many there are in
+// all. The prefill side admits the request once every id and page has arrived, in any order.
 struct PrefillRequest {
   uint64_t request_id = 0;
   uint32_t transfer_imm = 0;       // immediate data every KV page write of this transfer carries
-  std::vector<int32_t> token_ids;  // the prompt without its last token
+  uint32_t num_tokens = 0;         // the prompt without its last token, in all
+  uint32_t num_pages = 0;          // decode pages in all, one per page_size tokens
+  std::vector<int32_t> token_ids;  // the first ids (every one when they fit)
   ShardScheme decode_scheme;
   std::vector<std::string> rank_regions;  // per decode rank: serialized memory descriptor
-  std::vector<int32_t> dst_pages;         // decode page ids, one per page_size tokens
+  std::vector<int32_t> dst_pages;         // the first decode page ids
   std::string metadata_region;            // serialized descriptor of the metadata buffer
   uint64_t metadata_offset = 0;
   uint32_t metadata_bytes = 0;
@@ -100,12 +122,27 @@ struct Cancel {
   uint64_t request_id = 0;
 };
 
-using Message = std::variant<Hello, HelloReply, PrefillRequest, PrefillDone, Cancel>;
+// More of a PrefillRequest's ids and pages: token_ids go at token_offset, dst_pages at
+// page_offset (either may be empty).
+struct PromptChunk {
+  uint64_t request_id = 0;
+  uint32_t token_offset = 0;
+  std::vector<int32_t> token_ids;
+  uint32_t page_offset = 0;
+  std::vector<int32_t> dst_pages;
+};
+
+using Message = std::variant<Hello, HelloReply, PrefillRequest, PrefillDone, Cancel, PromptChunk>;
 
 struct Frame {
+  uint64_t sender_session = 0;
+  uint64_t recipient_session = 0;  // 0: not known yet (a Hello)
   uint64_t sender_seq = 0;
   Message message;
 };
+
+// Bytes a frame takes around its body's variable arrays: header, MAC and fixed fields.
+inline constexpr size_t kFrameOverheadBytes = kFrameHeaderBytes + kMacBytes;
 
 // Encodes a message into a frame authenticated with `secret` (may be empty: integrity only).
 std::vector<uint8_t> EncodeFrame(const Frame& frame, const std::string& secret);

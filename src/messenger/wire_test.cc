@@ -15,6 +15,8 @@ PrefillRequest SampleRequest() {
   PrefillRequest m;
   m.request_id = 42;
   m.transfer_imm = 0xabcd;
+  m.num_tokens = 6;
+  m.num_pages = 3;
   m.token_ids = {1, 2, 3, 500};
   m.decode_scheme = {2, 8};
   m.rank_regions = {"region-rank-0", "region-rank-1"};
@@ -28,33 +30,66 @@ PrefillRequest SampleRequest() {
 }
 
 TEST(WireTest, RoundTripsEveryMessage) {
-  Hello hello{"prefill-0", {0x1234, 28, 128, 16, 1, 0}, {4, 8}, "fi-addr"};
-  HelloReply reply{false, "page size differs", "decode-1", {1, 2, 3, 4, 0, 1}, {1, 1}, "x"};
+  Hello hello{"prefill-0", {0x1234, 28, 128, 16, 1, 0}, {4, 8}, "fi-addr", "to-addr", 8192};
+  HelloReply reply{false, "page size differs", "decode-1", {1, 2, 3, 4, 0, 1}, {1, 1}, "x", 5000};
   PrefillDone done{42, static_cast<uint16_t>(StatusCode::kUnavailable), "peer gone", 17};
-  std::vector<Message> messages = {hello, reply, SampleRequest(), done, Cancel{99}};
+  PromptChunk chunk{42, 4, {6, 7}, 1, {5, 6}};
+  std::vector<Message> messages = {hello, reply, SampleRequest(), done, Cancel{99}, chunk};
   uint64_t seq = 1;
   for (const auto& message : messages) {
-    auto bytes = EncodeFrame({seq, message}, kSecret);
+    auto bytes = EncodeFrame({7, 9, seq, message}, kSecret);
     auto decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
     ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
     EXPECT_EQ(decoded->sender_seq, seq);
+    EXPECT_EQ(decoded->sender_session, 7u);
+    EXPECT_EQ(decoded->recipient_session, 9u);
     EXPECT_EQ(decoded->message.index(), message.index());
     // Re-encoding the decoded message gives the same bytes: every field survived.
     EXPECT_EQ(EncodeFrame(*decoded, kSecret), bytes);
     ++seq;
   }
-  auto bytes = EncodeFrame({1, SampleRequest()}, kSecret);
+  auto bytes = EncodeFrame({7, 9, 1, SampleRequest()}, kSecret);
   auto decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
   const auto& req = std::get<PrefillRequest>(decoded->message);
   EXPECT_EQ(req.token_ids, (std::vector<int32_t>{1, 2, 3, 500}));
   EXPECT_EQ(req.rank_regions[1], "region-rank-1");
   EXPECT_EQ(req.metadata_offset, 4096u);
   EXPECT_EQ(req.metadata_imm, 0xabceu);
+  EXPECT_EQ(req.num_tokens, 6u);
+  EXPECT_EQ(req.num_pages, 3u);
+}
+
+// The totals bound the first ids; a chunk's offsets stay within the wire limits; the handshake
+// announces at least kMinMessageBytes.
+TEST(WireTest, PromptTotalsAndChunkOffsetsAreBounded) {
+  auto refused = [](const Message& m, const std::string& what) {
+    auto bytes = EncodeFrame({7, 9, 1, m}, kSecret);
+    auto decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
+    ASSERT_FALSE(decoded.ok()) << what;
+    EXPECT_NE(decoded.status().message().find(what), std::string::npos)
+        << decoded.status().ToString();
+  };
+  PrefillRequest r = SampleRequest();
+  r.num_tokens = 3;  // fewer than the 4 ids it carries
+  refused(r, "token_ids");
+  r = SampleRequest();
+  r.num_pages = 2;
+  refused(r, "dst_pages");
+  r = SampleRequest();
+  r.num_tokens = kMaxPromptTokens + 1;
+  refused(r, "above the limits");
+  refused(PromptChunk{1, static_cast<uint32_t>(kMaxPromptTokens), {1}, 0, {}}, "beyond the limits");
+  refused(PromptChunk{1, 0, {}, static_cast<uint32_t>(kMaxPages), {1}}, "beyond the limits");
+  refused(PromptChunk{1, 0, {}, 0, {-1}}, "negative page");
+  Hello small{"p", {}, {1, 1}, "a", "b", kMinMessageBytes - 1};
+  refused(small, "max_message_bytes");
+  // A prompt of the longest contexts models accept fits the wire limits.
+  EXPECT_GE(kMaxPromptTokens, 131072u * 4);
 }
 
 TEST(WireTest, TheReplicatedFlagRoundTripsAndOnlyZeroOrOneIsAccepted) {
-  Hello hello{"p", {1, 2, 3, 4, 0, 0}, {4, 1, true}, "a"};
-  auto bytes = EncodeFrame({1, hello}, kSecret);
+  Hello hello{"p", {1, 2, 3, 4, 0, 0}, {4, 1, true}, "a", "b"};
+  auto bytes = EncodeFrame({7, 9, 1, hello}, kSecret);
   auto decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
   ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
   EXPECT_EQ(std::get<Hello>(decoded->message).scheme, (ShardScheme{4, 1, true}));
@@ -73,14 +108,14 @@ TEST(WireTest, TheReplicatedFlagRoundTripsAndOnlyZeroOrOneIsAccepted) {
 }
 
 TEST(WireTest, WrongSecretIsRefused) {
-  auto bytes = EncodeFrame({1, Cancel{1}}, kSecret);
+  auto bytes = EncodeFrame({7, 9, 1, Cancel{1}}, kSecret);
   auto decoded = DecodeFrame(bytes.data(), bytes.size(), "other-secret");
   ASSERT_FALSE(decoded.ok());
   EXPECT_NE(decoded.status().message().find("authentication failed"), std::string::npos);
 }
 
 TEST(WireTest, EveryTruncationIsAnErrorNotACrash) {
-  auto bytes = EncodeFrame({1, SampleRequest()}, kSecret);
+  auto bytes = EncodeFrame({7, 9, 1, SampleRequest()}, kSecret);
   for (size_t len = 0; len < bytes.size(); ++len) {
     auto decoded = DecodeFrame(bytes.data(), len, kSecret);
     EXPECT_FALSE(decoded.ok()) << "length " << len;
@@ -88,7 +123,7 @@ TEST(WireTest, EveryTruncationIsAnErrorNotACrash) {
 }
 
 TEST(WireTest, BitFlipsAreCaughtByTheMac) {
-  auto bytes = EncodeFrame({1, SampleRequest()}, kSecret);
+  auto bytes = EncodeFrame({7, 9, 1, SampleRequest()}, kSecret);
   for (size_t i = 0; i < bytes.size(); ++i) {
     auto copy = bytes;
     copy[i] ^= 0x10;
@@ -100,20 +135,20 @@ TEST(WireTest, BitFlipsAreCaughtByTheMac) {
 TEST(WireTest, MalformedBodiesWithValidMacAreRejected) {
   PrefillRequest bad_regions = SampleRequest();
   bad_regions.rank_regions.push_back("extra");
-  auto bytes = EncodeFrame({1, bad_regions}, kSecret);
+  auto bytes = EncodeFrame({7, 9, 1, bad_regions}, kSecret);
   auto decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
   ASSERT_FALSE(decoded.ok());
   EXPECT_NE(decoded.status().message().find("rank_regions"), std::string::npos);
 
   PrefillRequest negative_page = SampleRequest();
   negative_page.dst_pages[1] = -4;
-  bytes = EncodeFrame({1, negative_page}, kSecret);
+  bytes = EncodeFrame({7, 9, 1, negative_page}, kSecret);
   decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
   ASSERT_FALSE(decoded.ok());
   EXPECT_NE(decoded.status().message().find("negative page"), std::string::npos);
 
-  Hello zero_tp{"p", {}, {0, 8}, ""};
-  bytes = EncodeFrame({1, zero_tp}, kSecret);
+  Hello zero_tp{"p", {}, {0, 8}, "", ""};
+  bytes = EncodeFrame({7, 9, 1, zero_tp}, kSecret);
   EXPECT_FALSE(DecodeFrame(bytes.data(), bytes.size(), kSecret).ok());
 }
 
@@ -143,7 +178,7 @@ TEST(WireTest, RandomGarbageNeverDecodes) {
 }
 
 TEST(WireTest, VersionMismatchIsNamed) {
-  auto bytes = EncodeFrame({1, Cancel{1}}, kSecret);
+  auto bytes = EncodeFrame({7, 9, 1, Cancel{1}}, kSecret);
   bytes[4] = 9;  // version low byte
   auto decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
   ASSERT_FALSE(decoded.ok());

@@ -105,7 +105,7 @@ void ClientStream::Flush() {
   }
   if (pending_bytes() >= kHighWater) was_high_ = true;
   if (ending_ && pending_bytes() == 0) return Close(true);
-  const uint32_t in = reading_ ? uint32_t{EPOLLIN} : 0u;
+  const uint32_t in = reading_ ? uint32_t{EPOLLIN} : uint32_t{EPOLLRDHUP};
   loop_.Modify(token_, pending_bytes() > 0 ? in | EPOLLOUT : in);
   if (was_high_ && pending_bytes() < kLowWater) {
     was_high_ = false;
@@ -123,12 +123,14 @@ void ClientStream::OnEvents(uint32_t events) {
     const ssize_t n = ::recv(fd_, scratch, options_.on_reusable ? 1 : sizeof(scratch), flags);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
       return Close(false);
-    if (n > 0 && options_.on_reusable) {  // a close shows as a failed write from now on
+    if (n > 0 && options_.on_reusable) {
+      // The client's next request stays unread for the server; its close still shows (a FIN
+      // after those bytes), so a client that leaves while its answer is computed is noticed.
       reading_ = false;
-      loop_.Modify(token_, pending_bytes() > 0 ? uint32_t{EPOLLOUT} : 0u);
+      loop_.Modify(token_, pending_bytes() > 0 ? uint32_t{EPOLLRDHUP | EPOLLOUT} : EPOLLRDHUP);
     }
   }
-  if (events & (EPOLLERR | EPOLLHUP)) return Close(false);
+  if (events & (EPOLLERR | EPOLLHUP | EPOLLRDHUP)) return Close(false);
   if (events & EPOLLOUT) Flush();
 }
 

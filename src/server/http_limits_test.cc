@@ -157,6 +157,45 @@ TEST_F(LimitsTest, OneHugeHeaderIs431) {
   EXPECT_TRUE(Healthy());
 }
 
+// A body trickled a byte at a time, each byte well within the per-read timeout, is cut off at the
+// whole-request deadline with 408, and the connection is closed.
+TEST_F(LimitsTest, TrickledBodyIs408AtTheRequestDeadline) {
+  ServerOptions so;
+  so.http.read_timeout_ms = 20000;
+  so.http.request_timeout_ms = 500;
+  Start({}, so);
+  RawConnection c(port());
+  ASSERT_TRUE(
+      c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+             "application/json\r\nContent-Length: 1000\r\n\r\n{"));
+  const auto give_up = std::chrono::steady_clock::now() + 10s;
+  while (!c.Readable(50) && std::chrono::steady_clock::now() < give_up) c.Send(" ");
+  std::string resp = c.ReadUntil("}}", 5s);
+  EXPECT_THAT(resp, StartsWith("HTTP/1.1 408"));
+  EXPECT_THAT(resp, HasSubstr("request not received in time"));
+  EXPECT_THAT(resp, HasSubstr("500 ms for the whole request"));
+  EXPECT_THAT(resp, HasSubstr("Connection: close"));
+  httplib::Client client("127.0.0.1", port());
+  auto metrics = client.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(testing::MetricValue(metrics->body, "pdserve:http_refused_total{reason=\"timeout\"}"),
+            1);
+  EXPECT_TRUE(Healthy());
+}
+
+// A request line that never ends is answered 408 once the head's deadline passes.
+TEST_F(LimitsTest, UnfinishedRequestLineIs408) {
+  ServerOptions so;
+  so.http.read_timeout_ms = 300;
+  Start({}, so);
+  RawConnection c(port());
+  ASSERT_TRUE(c.Send("POST /v1/compl"));
+  std::string resp = c.ReadUntil("}}", 10s);
+  EXPECT_THAT(resp, StartsWith("HTTP/1.1 408"));
+  EXPECT_THAT(resp, HasSubstr("request not received in time"));
+  EXPECT_TRUE(Healthy());
+}
+
 TEST_F(LimitsTest, EngineFullIs429WithRetryAfterAndAdmittedRequestsComplete) {
   FakeEngineOptions eo;
   eo.max_pending = 2;

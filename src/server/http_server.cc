@@ -5,7 +5,9 @@
 #include <ctime>
 
 #include "common/log.h"
+#include "common/rate_limited_log.h"
 #include "common/thread_util.h"
+#include "server/auth.h"
 #include "server/generation.h"
 #include "server/openai_response.h"
 
@@ -15,18 +17,6 @@ using json = nlohmann::json;
 
 namespace {
 
-// Holds one slot of the server-side in-flight cap for as long as it lives.
-class InflightSlot {
- public:
-  explicit InflightSlot(std::atomic<int>* counter) : counter_(counter) { counter_->fetch_add(1); }
-  ~InflightSlot() { counter_->fetch_sub(1); }
-  InflightSlot(const InflightSlot&) = delete;
-  InflightSlot& operator=(const InflightSlot&) = delete;
-
- private:
-  std::atomic<int>* counter_;
-};
-
 int64_t UnixSeconds() { return static_cast<int64_t>(std::time(nullptr)); }
 
 }  // namespace
@@ -35,7 +25,7 @@ int64_t UnixSeconds() { return static_cast<int64_t>(std::time(nullptr)); }
 struct StreamState {
   std::unique_ptr<Generation> generation;
   std::unique_ptr<ResponseBuilder> builder;
-  std::unique_ptr<InflightSlot> slot;
+  std::unique_ptr<InflightCap::Slot> slot;
   bool stream = false;
   bool role_sent = false;
   bool include_usage = false;
@@ -57,6 +47,7 @@ OpenAiServer::OpenAiServer(const ServerOptions& options, engine::AsyncEngine* en
       tokenizer_(tokenizer),
       metrics_(options.served_model_name),
       http_(options.http),
+      inflight_(options.max_inflight_requests),
       start_time_(UnixSeconds()) {
   limits_.served_model_name = options.served_model_name;
   limits_.max_model_len = options.max_model_len;
@@ -133,6 +124,10 @@ void OpenAiServer::SendError(httplib::Response& res, int http_status,
   res.status = http_status;
   if (http_status == 429 || http_status == 503)
     res.set_header("Retry-After", std::to_string(options_.http.retry_after_s));
+  if (http_status == 401 || http_status == 429 || http_status == 503) {  // refusals, not mistakes
+    PD_LOG_WARN_EVERY_N_SEC(10.0, std::to_string(http_status), "http: answered {}: {}", http_status,
+                            message);
+  }
   res.set_content(ErrorBody(http_status, message), "application/json");
 }
 
@@ -142,7 +137,7 @@ void OpenAiServer::SendStatus(httplib::Response& res, const Status& status) cons
 
 bool OpenAiServer::Authorized(const httplib::Request& req, httplib::Response& res) const {
   if (options_.api_key.empty()) return true;
-  if (req.get_header_value("Authorization") == "Bearer " + options_.api_key) return true;
+  if (BearerMatches(req.get_header_value("Authorization"), options_.api_key)) return true;
   SendError(res, 401,
             req.has_header("Authorization") ? "invalid API key"
                                             : "missing 'Authorization: Bearer <api key>' header");
@@ -155,7 +150,7 @@ void OpenAiServer::RegisterRoutes() {
     res.status = 200;
   });
   http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    std::string text = metrics_.registry.Render();
+    std::string text = metrics_.registry.Render() + http_.RefusedMetricsText();
     if (options_.extra_metrics) text += options_.extra_metrics();
     res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
   });
@@ -248,14 +243,14 @@ std::shared_ptr<StreamState> OpenAiServer::StartGeneration(ApiKind kind,
   if (Status st = FinalizeGenerateRequest(*ids, limits_, &request); !st.ok())
     return SendStatus(res, st), nullptr;
   if (stopping_) return SendError(res, 503, "server is shutting down"), nullptr;
-  if (options_.max_inflight_requests > 0 && inflight_.load() >= options_.max_inflight_requests) {
+  auto state = std::make_shared<StreamState>();
+  state->slot = inflight_.TryAcquireSlot();  // checked and taken at once
+  if (state->slot == nullptr) {
     SendError(res, 503,
               "server overloaded: " + std::to_string(options_.max_inflight_requests) +
-                  " requests in flight; retry later");
+                  " requests in flight (--max-inflight-requests); retry later");
     return nullptr;
   }
-  auto state = std::make_shared<StreamState>();
-  state->slot = std::make_unique<InflightSlot>(&inflight_);
   auto started =
       Generation::Start(*engine_, *tokenizer_, metrics_, std::move(ids).value(), request);
   if (!started.ok()) {

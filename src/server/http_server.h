@@ -25,6 +25,7 @@
 #include "server/client_stream.h"
 #include "server/event_loop.h"
 #include "server/http_transport.h"
+#include "server/inflight_cap.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
 
@@ -101,7 +102,7 @@ class OpenAiServer {
   uint64_t next_answer_id_ = 0;                                    // stream loop only
   int port_ = 0;
   std::atomic<bool> stopping_{false};
-  std::atomic<int> inflight_{0};
+  InflightCap inflight_;
   std::atomic<uint64_t> next_id_{0};
   const int64_t start_time_;
 };

@@ -16,6 +16,7 @@
 
 #include "common/log.h"
 #include "common/mutex.h"
+#include "common/rate_limited_log.h"
 #include "common/thread_util.h"
 #include "server/idle_connections.h"
 #include "server/openai_protocol.h"
@@ -68,7 +69,10 @@ class BudgetedSocketStream final : public httplib::Stream {
     phase_ = LimitHit::kHeaders;
     hit_ = LimitHit::kNone;
     remaining_ = limits_.max_header_bytes;
-    head_deadline_ = SteadyClock::now() + std::chrono::milliseconds(limits_.read_timeout_ms);
+    const auto now = SteadyClock::now();
+    head_deadline_ = now + std::chrono::milliseconds(limits_.read_timeout_ms);
+    request_deadline_ = now + std::chrono::milliseconds(limits_.request_timeout_ms);
+    wrote_ = false;
   }
   void HeadersDone() {
     phase_ = LimitHit::kBody;
@@ -76,6 +80,7 @@ class BudgetedSocketStream final : public httplib::Stream {
     remaining_ = limits_.max_body_bytes + limits_.max_body_bytes / 8 + 4096;
   }
   LimitHit hit() const { return hit_; }
+  bool wrote() const { return wrote_; }
   bool must_close() const { return must_close_; }
   void set_must_close() { must_close_ = true; }
   bool HasBuffered() const { return buf_off_ < buf_len_; }
@@ -108,7 +113,11 @@ class BudgetedSocketStream final : public httplib::Stream {
     }
     size = std::min(size, remaining_);
     if (!HasBuffered()) {
-      if (!PollFor(fd_, POLLIN, ReadTimeoutMs())) return -1;
+      if (!PollFor(fd_, POLLIN, ReadTimeoutMs())) {  // a read timeout or a deadline
+        hit_ = LimitHit::kDeadline;
+        must_close_ = true;
+        return -1;
+      }
       ssize_t n;
       do {
         n = ::recv(fd_, buf_, sizeof(buf_), 0);
@@ -131,6 +140,7 @@ class BudgetedSocketStream final : public httplib::Stream {
     do {
       n = ::send(fd_, ptr, size, MSG_NOSIGNAL);
     } while (n < 0 && errno == EINTR);
+    if (n > 0) wrote_ = true;
     return n;
   }
 
@@ -149,11 +159,12 @@ class BudgetedSocketStream final : public httplib::Stream {
   socket_t socket() const override { return fd_; }
 
  private:
-  // The request head must arrive within read_timeout_ms in total (no slow-header trickle).
+  // The request head must arrive within read_timeout_ms in total (no slow-header trickle), the
+  // whole request within request_timeout_ms (no slow-body trickle).
   int64_t ReadTimeoutMs() const {
-    if (phase_ == LimitHit::kHeaders)
-      return std::min<int64_t>(limits_.read_timeout_ms, MillisUntil(head_deadline_));
-    return limits_.read_timeout_ms;
+    int64_t ms = std::min<int64_t>(limits_.read_timeout_ms, MillisUntil(request_deadline_));
+    if (phase_ == LimitHit::kHeaders) ms = std::min<int64_t>(ms, MillisUntil(head_deadline_));
+    return ms;
   }
 
   const int fd_;
@@ -162,7 +173,9 @@ class BudgetedSocketStream final : public httplib::Stream {
   LimitHit hit_ = LimitHit::kNone;
   size_t remaining_ = 0;
   SteadyClock::time_point head_deadline_;
+  SteadyClock::time_point request_deadline_;
   bool must_close_ = false;
+  bool wrote_ = false;
   LimitedHttpServer::Taker take_;
   char buf_[4096];
   size_t buf_off_ = 0;
@@ -247,7 +260,25 @@ class BoundedThreadPool final : public httplib::TaskQueue {
 
 namespace {
 
+int LimitStatus(LimitHit hit) {
+  switch (hit) {
+    case LimitHit::kHeaders:
+      return 431;
+    case LimitHit::kBody:
+      return 413;
+    case LimitHit::kDeadline:
+      return 408;
+    case LimitHit::kNone:
+      break;
+  }
+  return 0;
+}
+
 std::string LimitMessage(LimitHit hit, const HttpLimits& limits) {
+  if (hit == LimitHit::kDeadline)
+    return "request not received in time (limits: " + std::to_string(limits.read_timeout_ms) +
+           " ms for its head and for each read, " + std::to_string(limits.request_timeout_ms) +
+           " ms for the whole request)";
   if (hit == LimitHit::kHeaders)
     return "request headers exceed the limit of " + std::to_string(limits.max_header_bytes) +
            " bytes";
@@ -287,7 +318,7 @@ std::string ErrorMessage(const httplib::Request& req, const HttpLimits& limits,
   const LimitHit hit = stream != nullptr ? stream->hit() : LimitHit::kNone;
   std::string message;
   if (hit != LimitHit::kNone) {
-    res->status = hit == LimitHit::kHeaders ? 431 : 413;
+    res->status = LimitStatus(hit);
     message = LimitMessage(hit, limits);
     res->set_header("Connection", "close");
   } else if (res->status == 413) {
@@ -324,7 +355,7 @@ LimitedHttpServer::LimitedHttpServer(const HttpLimits& limits) : limits_(limits)
     return pool;
   };
   // Without the idle loop (it could not start), threads wait on idle connections themselves.
-  auto idle = IdleConnections::Create(limits_.keep_alive_timeout_ms,
+  auto idle = IdleConnections::Create(limits_.keep_alive_timeout_ms, limits_.max_idle_connections,
                                       [this](int fd, int left) { Resume(fd, left); });
   if (idle.ok()) idle_ = std::move(idle).value();
   // Runs after the headers are read and before the body is.
@@ -335,6 +366,7 @@ LimitedHttpServer::LimitedHttpServer(const HttpLimits& limits) : limits_(limits)
     const int status = CheckHeaders(req, limits_, &message);
     if (status == 0) return httplib::Server::HandlerResponse::Unhandled;
     if (stream != nullptr) stream->set_must_close();  // the body stays unread
+    CountLimitHit(status == 431 ? LimitHit::kHeaders : LimitHit::kBody, req.remote_addr, message);
     res.status = status;
     res.set_header("Connection", "close");
     res.set_content(ErrorBody(status, message), "application/json");
@@ -377,7 +409,7 @@ void LimitedHttpServer::ResumeConnection(int fd, int requests_left) {
   if (requests_left <= 0) {
     ::close(fd);
   } else if (idle_ != nullptr) {
-    idle_->Park(fd, requests_left);
+    Park(fd, requests_left, /*fresh=*/false);
   } else {
     Resume(fd, requests_left);
   }
@@ -389,7 +421,7 @@ void LimitedHttpServer::Resume(int fd, int requests_left) {
     ::close(fd);
     return;
   }
-  pool_->enqueue([this, fd, requests_left] { ServeConnection(fd, requests_left); });
+  pool_->enqueue([this, fd, requests_left] { ServeConnection(fd, requests_left, false); });
 }
 
 bool LimitedHttpServer::DetachCurrentConnection(Taker take) {
@@ -416,23 +448,68 @@ bool LimitedHttpServer::WaitForRequest(BudgetedSocketStream& stream) {
 
 void LimitedHttpServer::RejectOverloaded(socket_t sock) {
   rejected_.fetch_add(1);
-  const std::string body = ErrorBody(503, "server overloaded: too many connections; retry later");
-  const std::string response =
-      "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-      "Retry-After: " +
-      std::to_string(limits_.retry_after_s) +
-      "\r\nConnection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  PD_LOG_WARN_EVERY_N_SEC(10.0, "overloaded",
+                          "http: turned a connection away: {} connections wait for {} threads",
+                          limits_.max_queued_connections, limits_.num_threads);
   // The response fits in the socket buffer of a new connection; never block the accept loop.
+  WriteErrorAndClose(sock, 503, "server overloaded: too many connections; retry later");
+}
+
+void LimitedHttpServer::WriteErrorAndClose(int sock, int status, const std::string& message) {
+  const std::string body = ErrorBody(status, message);
+  std::string response = "HTTP/1.1 " + std::to_string(status) +
+                         (status == 503 ? " Service Unavailable" : " Request Timeout") +
+                         "\r\nContent-Type: application/json\r\n";
+  if (status == 503) response += "Retry-After: " + std::to_string(limits_.retry_after_s) + "\r\n";
+  response +=
+      "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   (void)::send(sock, response.data(), response.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   ::shutdown(sock, SHUT_WR);
   ::close(sock);
 }
 
-bool LimitedHttpServer::process_and_close_socket(socket_t sock) {
-  return ServeConnection(sock, std::max(1, limits_.keep_alive_max_requests));
+void LimitedHttpServer::CountLimitHit(LimitHit hit, const std::string& client,
+                                      const std::string& message) {
+  hits_[static_cast<int>(hit)].fetch_add(1);
+  PD_LOG_WARN_EVERY_N_SEC(10.0, client, "http: request from {} refused with {}: {}", client,
+                          LimitStatus(hit), message);
 }
 
-bool LimitedHttpServer::ServeConnection(int sock, int requests_left) {
+std::string LimitedHttpServer::RefusedMetricsText() const {
+  std::string text =
+      "# HELP pdserve:http_refused_total Requests and connections refused by an HTTP limit.\n"
+      "# TYPE pdserve:http_refused_total counter\n";
+  auto line = [&](const char* reason, int64_t value) {
+    text += std::string("pdserve:http_refused_total{reason=\"") + reason + "\"} " +
+            std::to_string(value) + "\n";
+  };
+  line("headers", num_limit_hits(LimitHit::kHeaders));
+  line("body", num_limit_hits(LimitHit::kBody));
+  line("timeout", num_limit_hits(LimitHit::kDeadline));
+  line("connections", rejected_.load());
+  text += "# TYPE pdserve:http_idle_connections gauge\npdserve:http_idle_connections " +
+          std::to_string(num_parked_connections()) + "\n";
+  return text;
+}
+
+bool LimitedHttpServer::process_and_close_socket(socket_t sock) {
+  return ServeConnection(sock, std::max(1, limits_.keep_alive_max_requests), /*fresh=*/true);
+}
+
+void LimitedHttpServer::Park(int fd, int requests_left, bool fresh) {
+  if (idle_->Park(fd, requests_left)) return;
+  rejected_.fetch_add(1);
+  PD_LOG_WARN_EVERY_N_SEC(10.0, "idle",
+                          "http: {} connections wait idle already (limit): closed one",
+                          limits_.max_idle_connections);
+  if (fresh) {
+    WriteErrorAndClose(fd, 503, "server overloaded: too many idle connections; retry later");
+  } else {
+    ::close(fd);
+  }
+}
+
+bool LimitedHttpServer::ServeConnection(int sock, int requests_left, bool fresh) {
   if (tl_reject) {
     RejectOverloaded(sock);
     return false;
@@ -444,7 +521,7 @@ bool LimitedHttpServer::ServeConnection(int sock, int requests_left) {
     if (idle_ != nullptr && !stream.HasBuffered() && !PollFor(sock, POLLIN, 0)) {
       // Nothing to read yet: the idle loop waits for the next request, not this thread.
       tl_stream = nullptr;
-      idle_->Park(sock, left);
+      Park(sock, left, fresh && left == requests_left);
       return ret;
     }
     if (!WaitForRequest(stream)) break;
@@ -459,9 +536,20 @@ bool LimitedHttpServer::ServeConnection(int sock, int requests_left) {
       stream.TakeTaker()(sock, reusable ? left - 1 : 0);
       return ret;
     }
+    if (stream.hit() != LimitHit::kNone) {
+      std::string ip;
+      int port = 0;
+      stream.get_remote_ip_and_port(ip, port);
+      CountLimitHit(stream.hit(), ip, LimitMessage(stream.hit(), limits_));
+    }
     if (!ret || connection_closed || stream.must_close()) break;
   }
   tl_stream = nullptr;
+  if (stream.hit() == LimitHit::kDeadline && !stream.wrote()) {
+    // The request line itself did not arrive in time: the library closes without an answer.
+    WriteErrorAndClose(sock, 408, LimitMessage(LimitHit::kDeadline, limits_));
+    return ret;
+  }
   if (stream.must_close()) {
     // Lingering close: stop writing, then drain briefly so the client reads our error response
     // instead of a reset caused by the body it is still sending.

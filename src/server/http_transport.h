@@ -9,12 +9,17 @@
 //    length-less bodies are cut off at the budget -> 413) and the connection is closed;
 //  - at most max_header_count headers (431);
 //  - read / write timeouts per socket operation, a keep-alive timeout and request count;
+//  - a total deadline per request: its head within read_timeout_ms, and the whole request (head
+//    and body) within request_timeout_ms of its first byte, else 408 and the connection closed
+//    (a client trickling a byte every few seconds holds a thread no longer than that);
 //  - a fixed pool of num_threads HTTP threads and at most max_queued_connections accepted
 //    connections waiting for one; beyond that a connection is answered 503 + Retry-After at once;
 //  - a connection with nothing to read (a new one whose request has not come yet, or a kept-alive
 //    one between requests) holds no thread: it waits on one event-loop thread
 //    (server/idle_connections.h) until it turns readable, and is closed after
-//    keep_alive_timeout_ms;
+//    keep_alive_timeout_ms; at most max_idle_connections wait so (a new one beyond it is answered
+//    503, a kept-alive one closed), so the connections the server holds are bounded by
+//    num_threads + max_queued_connections + max_idle_connections;
 //  - a handler may take the connection over (DetachCurrentConnection) and answer it elsewhere.
 // Error responses of these limits use OpenAI's error shape.
 //
@@ -38,17 +43,20 @@ struct HttpLimits {
   size_t max_body_bytes = 4u << 20;     // decoded request body
   size_t max_header_bytes = 16u << 10;  // request line + all header lines
   int max_header_count = 100;
-  int read_timeout_ms = 30000;       // per read of a request
+  int read_timeout_ms = 30000;       // per read of a request, and for its whole head
+  int request_timeout_ms = 60000;    // the whole request, head and body; beyond it 408
   int write_timeout_ms = 30000;      // per write of a response
   int keep_alive_timeout_ms = 5000;  // idle time between requests on one connection
   int keep_alive_max_requests = 100;
   int num_threads = 64;              // HTTP threads (each reads one request at a time)
   int max_queued_connections = 256;  // accepted, waiting for a thread
+  int max_idle_connections = 4096;   // open without a request in progress; beyond it 503/closed
   int retry_after_s = 1;             // Retry-After on 429/503
 };
 
-// Which limit a connection ran into.
-enum class LimitHit { kNone, kHeaders, kBody };
+// Which limit a connection ran into (kDeadline: request_timeout_ms, or read_timeout_ms for the
+// head).
+enum class LimitHit { kNone, kHeaders, kBody, kDeadline };
 
 class LimitedHttpServer : public httplib::Server {
  public:
@@ -57,6 +65,11 @@ class LimitedHttpServer : public httplib::Server {
 
   const HttpLimits& limits() const { return limits_; }
   int64_t num_rejected_connections() const { return rejected_.load(); }
+  // Requests refused for `hit` so far (kDeadline: answered 408).
+  int64_t num_limit_hits(LimitHit hit) const { return hits_[static_cast<int>(hit)].load(); }
+  // Prometheus text: pdserve:http_refused_total{reason="headers|body|timeout|connections"} and
+  // the gauge pdserve:http_idle_connections.
+  std::string RefusedMetricsText() const;
   // HTTP threads serving a connection now, and connections waiting idle on the idle loop.
   int num_busy_threads() EXCLUDES(pool_mu_);
   int num_parked_connections() const;
@@ -81,14 +94,23 @@ class LimitedHttpServer : public httplib::Server {
  private:
   bool process_and_close_socket(socket_t sock) override;
   // Serves up to `requests_left` requests on `sock`, then closes it (or parks or detaches it).
-  bool ServeConnection(int sock, int requests_left);
+  // `fresh`: accepted just now (no request served on it yet).
+  bool ServeConnection(int sock, int requests_left, bool fresh);
+  // Hands `fd` to the idle loop; beyond max_idle_connections it is refused (503 when fresh) and
+  // closed.
+  void Park(int fd, int requests_left, bool fresh);
   // From the idle loop: `fd` has its next request (or closed); back to the pool.
   void Resume(int fd, int requests_left) EXCLUDES(pool_mu_);
   void RejectOverloaded(socket_t sock);
+  // Writes a small error response without blocking and closes `sock` (408, 503).
+  void WriteErrorAndClose(int sock, int status, const std::string& message);
+  // Counts and logs (rate-limited, per client address) a request that ran into a limit.
+  void CountLimitHit(LimitHit hit, const std::string& client, const std::string& message);
   bool WaitForRequest(class BudgetedSocketStream& stream);
 
   const HttpLimits limits_;
   std::atomic<int64_t> rejected_{0};
+  std::atomic<int64_t> hits_[4] = {};  // by LimitHit
   Mutex pool_mu_;
   CondVar pool_cv_;                                               // pool_ set
   class BoundedThreadPool* pool_ GUARDED_BY(pool_mu_) = nullptr;  // set while listening

@@ -105,5 +105,35 @@ TEST(HttpTransportTest, AConnectionIdlePastTheKeepAliveTimeoutIsClosed) {
   EXPECT_TRUE(WaitFor([&] { return s.http().num_parked_connections() == 0; }, 5s));
 }
 
+// Idle connections are bounded: past max_idle_connections a new connection with nothing sent yet
+// is answered 503 and closed, and one that is not idle (it sent its request) is served.
+TEST(HttpTransportTest, IdleConnectionsBeyondTheLimitAreRefused) {
+  HttpLimits l;
+  l.num_threads = 2;
+  l.max_idle_connections = 3;
+  l.keep_alive_timeout_ms = 60000;
+  Served s(l);
+  std::vector<std::unique_ptr<RawConnection>> idle;
+  for (int i = 0; i < 3; ++i) {  // they send nothing
+    idle.push_back(std::make_unique<RawConnection>(s.port()));
+    ASSERT_TRUE(WaitFor([&] { return s.http().num_parked_connections() == i + 1; }, 5s));
+  }
+  RawConnection refused(s.port());
+  std::string resp = refused.ReadUntil("}}", 5s);
+  EXPECT_THAT(resp, StartsWith("HTTP/1.1 503"));
+  EXPECT_THAT(resp, HasSubstr("too many idle connections"));
+  EXPECT_EQ(s.http().num_parked_connections(), 3);
+  EXPECT_EQ(s.http().num_rejected_connections(), 1);
+  EXPECT_THAT(s.http().RefusedMetricsText(),
+              HasSubstr("pdserve:http_refused_total{reason=\"connections\"} 1"));
+  // A parked one that asks is served, and leaves room for another.
+  ASSERT_TRUE(idle[0]->Send("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  EXPECT_THAT(idle[0]->ReadUntil("OK", 5s), StartsWith("HTTP/1.1 200"));
+  ASSERT_TRUE(WaitFor([&] { return s.http().num_parked_connections() == 2; }, 5s));
+  RawConnection later(s.port());
+  EXPECT_TRUE(WaitFor([&] { return s.http().num_parked_connections() == 3; }, 5s));
+  EXPECT_FALSE(later.Readable(50));
+}
+
 }  // namespace
 }  // namespace pd::server

@@ -9,12 +9,15 @@
 
 namespace pd::server {
 
-IdleConnections::IdleConnections(int idle_timeout_ms, Resume resume)
-    : idle_timeout_(std::max(1, idle_timeout_ms)), resume_(std::move(resume)) {}
+IdleConnections::IdleConnections(int idle_timeout_ms, int max_parked, Resume resume)
+    : idle_timeout_(std::max(1, idle_timeout_ms)),
+      max_parked_(max_parked),
+      resume_(std::move(resume)) {}
 
 Result<std::unique_ptr<IdleConnections>> IdleConnections::Create(int idle_timeout_ms,
-                                                                 Resume resume) {
-  std::unique_ptr<IdleConnections> idle(new IdleConnections(idle_timeout_ms, std::move(resume)));
+                                                                 int max_parked, Resume resume) {
+  std::unique_ptr<IdleConnections> idle(
+      new IdleConnections(idle_timeout_ms, max_parked, std::move(resume)));
   EventLoopOptions lo;
   lo.thread_name = "pd-http-idle";
   lo.tick_ms = std::clamp(idle_timeout_ms / 4, 10, 250);
@@ -25,12 +28,15 @@ Result<std::unique_ptr<IdleConnections>> IdleConnections::Create(int idle_timeou
 
 IdleConnections::~IdleConnections() { Stop(); }
 
-void IdleConnections::Park(int fd, int requests_left) {
+bool IdleConnections::Park(int fd, int requests_left) {
   if (loop_ == nullptr) {  // stopped
     ::close(fd);
-    return;
+    return true;
   }
-  num_parked_.fetch_add(1);
+  int parked = num_parked_.load();
+  do {  // checked and counted at once: concurrent callers cannot all pass the same check
+    if (max_parked_ > 0 && parked >= max_parked_) return false;
+  } while (!num_parked_.compare_exchange_weak(parked, parked + 1));
   loop_->Post([this, fd, requests_left] {
     Parked p;
     p.requests_left = requests_left;
@@ -42,6 +48,7 @@ void IdleConnections::Park(int fd, int requests_left) {
     }
     parked_[fd] = p;
   });
+  return true;
 }
 
 void IdleConnections::Wake(int fd) {

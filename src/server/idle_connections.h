@@ -22,11 +22,14 @@ class IdleConnections {
   // Takes over `fd` again; `requests_left` is what Park was given.
   using Resume = std::function<void(int fd, int requests_left)>;
 
-  static Result<std::unique_ptr<IdleConnections>> Create(int idle_timeout_ms, Resume resume);
+  // At most `max_parked` connections wait at once (<= 0: no limit).
+  static Result<std::unique_ptr<IdleConnections>> Create(int idle_timeout_ms, int max_parked,
+                                                         Resume resume);
   ~IdleConnections();  // Stop()
 
-  // Owns `fd` until it is resumed or closed.
-  void Park(int fd, int requests_left);
+  // Owns `fd` until it is resumed or closed; false (the caller keeps `fd`) when max_parked
+  // connections wait already.
+  [[nodiscard]] bool Park(int fd, int requests_left);
   // Closes every parked connection and ends the loop thread. Idempotent.
   void Stop();
   int num_parked() const { return num_parked_.load(); }
@@ -37,11 +40,12 @@ class IdleConnections {
     int requests_left = 0;
     std::chrono::steady_clock::time_point deadline;
   };
-  IdleConnections(int idle_timeout_ms, Resume resume);
+  IdleConnections(int idle_timeout_ms, int max_parked, Resume resume);
   void Wake(int fd);
   void CloseExpired();
 
   const std::chrono::milliseconds idle_timeout_;
+  const int max_parked_;
   const Resume resume_;
   std::unique_ptr<EventLoop> loop_;
   std::atomic<int> num_parked_{0};

@@ -200,8 +200,12 @@ Status ParseStop(const json& doc, const ProtocolLimits& limits, std::vector<std:
   return OkStatus();
 }
 
-// Values we do not support: n and best_of other than 1, penalties other than 0.
+// Values we do not support: n and best_of other than 1, penalties other than 0, a non-empty
+// logit_bias (each would otherwise be ignored silently).
 Status CheckUnsupported(const json& doc) {
+  auto bias = doc.find("logit_bias");
+  if (bias != doc.end() && !bias->is_null() && !(bias->is_object() && bias->empty()))
+    return InvalidArgument("'logit_bias' is not supported (only an empty object or null)");
   std::optional<int64_t> n, best_of;
   RETURN_IF_ERROR(GetInt(doc, "n", &n));
   if (n && *n != 1)
@@ -269,6 +273,10 @@ Status ParseCommon(const json& doc, const ProtocolLimits& limits, GenerateReques
   auto stop_ids = doc.find("stop_token_ids");
   if (stop_ids != doc.end() && !stop_ids->is_null()) {
     if (!stop_ids->is_array()) return WrongType("stop_token_ids", "a list of token ids", *stop_ids);
+    if (stop_ids->size() > static_cast<size_t>(limits.max_stop_token_ids))
+      return InvalidArgument("'stop_token_ids' has " + std::to_string(stop_ids->size()) +
+                             " ids; at most " + std::to_string(limits.max_stop_token_ids) +
+                             " are allowed");
     RETURN_IF_ERROR(
         ParseTokenIds(*stop_ids, "stop_token_ids", limits, &req->sampling.stop_token_ids));
   }

@@ -27,6 +27,7 @@ struct ProtocolLimits {
   int max_logprobs = 20;  // largest top-N accepted
   int max_stop_strings = 16;
   size_t max_stop_string_bytes = 256;
+  int max_stop_token_ids = 64;  // the engine checks each one after every sampled token
 };
 
 // A completion or chat request after JSON validation, before tokenisation.

@@ -161,6 +161,36 @@ TEST(OpenAiProtocolTest, OutOfRangeValues) {
               "'stream_options' can only be set when 'stream' is true");
 }
 
+std::string IdList(int n) {
+  std::string ids;
+  for (int i = 0; i < n; ++i) ids += (i ? "," : "") + std::to_string(i % 100);
+  return "[" + ids + "]";
+}
+
+TEST(OpenAiProtocolTest, ListsHaveCountLimitsNamingFieldAndLimit) {
+  const ProtocolLimits limits = Limits();
+  auto at_limit =
+      Completion(R"({"prompt":"x","stop_token_ids":)" + IdList(limits.max_stop_token_ids) + "}");
+  ASSERT_TRUE(at_limit.ok()) << at_limit.status().ToString();
+  EXPECT_EQ(at_limit->sampling.stop_token_ids.size(),
+            static_cast<size_t>(limits.max_stop_token_ids));
+  ExpectError(Completion(R"({"prompt":"x","stop_token_ids":)" + IdList(100000) + "}"),
+              StatusCode::kInvalidArgument, "'stop_token_ids' has 100000 ids; at most 64");
+  std::string stops = "[";
+  for (int i = 0; i < 17; ++i)
+    stops += std::string(i ? "," : "") + "\"s" + std::to_string(i) + "\"";
+  ExpectError(Completion(R"({"prompt":"x","stop":)" + stops + "]}"), StatusCode::kInvalidArgument,
+              "'stop' has 17 strings; at most 16");
+  ExpectError(Completion(R"({"prompt":"x","stop":")" + std::string(300, 'a') + "\"}"),
+              StatusCode::kInvalidArgument, "at most 256 bytes");
+  ExpectError(Completion(R"({"prompt":"x","n":1000000})"), StatusCode::kInvalidArgument,
+              "only n = 1");
+  ExpectError(Completion(R"({"prompt":"x","logit_bias":{"5":100}})"), StatusCode::kInvalidArgument,
+              "'logit_bias' is not supported");
+  auto empty_bias = Completion(R"({"prompt":"x","logit_bias":{}})");
+  EXPECT_TRUE(empty_bias.ok()) << empty_bias.status().ToString();
+}
+
 TEST(OpenAiProtocolTest, ChatMessages) {
   auto r = Chat(R"({"messages":[{"role":"system","content":"be brief"},
     {"role":"user","content":[{"type":"text","text":"hel"},{"type":"text","text":"lo"}]}],

@@ -1,8 +1,10 @@
 #include "server/router.h"
 
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "common/rate_limited_log.h"
 #include "common/thread_util.h"
 #include "server/openai_protocol.h"
 
@@ -20,6 +22,7 @@ std::string ForwardedHeaders(const httplib::Request& req) {
 
 void SendError(httplib::Response& res, int status, const std::string& message) {
   res.status = status;
+  PD_LOG_WARN_EVERY_N_SEC(10.0, std::to_string(status), "router: answered {}: {}", status, message);
   res.set_content(ErrorBody(status, message), "application/json");
 }
 
@@ -55,6 +58,8 @@ Result<std::unique_ptr<Router>> Router::Create(const RouterOptions& options) {
   ro.give_back = [raw = r.get()](int fd, int requests_left) {
     raw->http_.ResumeConnection(fd, requests_left);
   };
+  ro.reroute = [raw = r.get()](UpstreamTarget* refused) { return raw->PickAvailable(refused); };
+  ro.max_reroutes = static_cast<int>(options.backends.size()) - 1;
   ASSIGN_OR_RETURN(r->relay_, UpstreamRelay::Create(ro));
   r->RegisterRoutes();
   return r;
@@ -89,12 +94,15 @@ void Router::RegisterRoutes() {
         std::to_string(relay_->unforwarded()) +
         "\n# TYPE pdserve:router_rejected_total counter\npdserve:router_rejected_total " +
         std::to_string(rejected_.load()) +
+        "\n# TYPE pdserve:router_clients_gone_total counter\npdserve:router_clients_gone_total " +
+        std::to_string(relay_->clients_gone()) +
         "\n# TYPE pdserve:router_open_streams gauge\npdserve:router_open_streams " +
         std::to_string(open_.load()) + "\n# TYPE pdserve:router_outstanding gauge\n";
     for (const auto& b : backends_) {
       out += "pdserve:router_outstanding{backend=\"" + b->url + "\"} " +
              std::to_string(b->outstanding.load()) + "\n";
     }
+    out += http_.RefusedMetricsText();
     res.set_content(out, "text/plain; version=0.0.4");
   });
 }
@@ -130,17 +138,32 @@ std::vector<int> Router::outstanding() const {
   return out;
 }
 
-int Router::Pick() {
+UpstreamTarget* Router::PickAvailable(const UpstreamTarget* besides) {
+  const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  const int64_t kRefusedNs = 1'000'000'000;
   const size_t n = backends_.size();
   const size_t start = round_robin_.fetch_add(1) % n;  // ties go round
-  int best = static_cast<int>(start);
-  for (size_t k = 1; k < n; ++k) {
-    size_t i = (start + k) % n;
-    if (backends_[i]->outstanding.load() < backends_[best]->outstanding.load()) {
-      best = static_cast<int>(i);
-    }
+  UpstreamTarget* best = nullptr;
+  for (size_t k = 0; k < n; ++k) {
+    UpstreamTarget* b = backends_[(start + k) % n].get();
+    const int64_t refused = b->refused_at_ns.load();
+    if (b == besides || (refused >= 0 && now - refused < kRefusedNs)) continue;
+    if (best == nullptr || b->outstanding.load() < best->outstanding.load()) best = b;
   }
   return best;
+}
+
+int Router::Pick() {
+  UpstreamTarget* best = PickAvailable();
+  if (best == nullptr) {  // every one refused lately: the least loaded anyway
+    const size_t n = backends_.size();
+    best = backends_[round_robin_.fetch_add(1) % n].get();
+    for (const auto& b : backends_)
+      if (b->outstanding.load() < best->outstanding.load()) best = b.get();
+  }
+  for (size_t i = 0; i < backends_.size(); ++i)
+    if (backends_[i].get() == best) return static_cast<int>(i);
+  return 0;
 }
 
 void Router::Forward(const httplib::Request& req, httplib::Response& res) {

@@ -67,9 +67,14 @@ class Router {
   // Relayed requests open now, and those turned away by max_open_streams so far.
   int open_streams() const { return open_.load(); }
   uint64_t rejected() const { return rejected_.load(); }
+  // Clients that went away before their answer was complete (their upstream request aborted).
+  uint64_t clients_gone() const { return relay_->clients_gone(); }
 
  private:
   explicit Router(const RouterOptions& options);
+  // The backend with the fewest requests in flight among those that did not refuse a connection
+  // within the last second (ties go round); null when every one did.
+  UpstreamTarget* PickAvailable(const UpstreamTarget* besides = nullptr);
   int Pick();
   void Forward(const httplib::Request& req, httplib::Response& res);
   void RegisterRoutes();

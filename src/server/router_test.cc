@@ -203,6 +203,36 @@ TEST(RouterTest, ABackendThatIsDownGets502) {
   EXPECT_EQ(router->outstanding(), std::vector<int>{0});
 }
 
+// A decode instance that is down (dead or restarting under `pdserve up`): requests sent its way
+// are rerouted to the live one, and new ones pass it over; none gets a 502.
+TEST(RouterTest, RequestsRefusedByADownBackendGoToAnotherOne) {
+  int port = 0;
+  {  // a port nothing listens on: bound, then closed
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+      port = ntohs(a.sin_port);
+    ::close(fd);
+  }
+  ASSERT_GT(port, 0);
+  Backend live;
+  RouterOptions o;
+  o.backends = {"http://127.0.0.1:" + std::to_string(port), live.url()};
+  auto router = StartRouter(o);
+  ASSERT_NE(router, nullptr);
+  for (int i = 0; i < 6; ++i) {
+    auto res = Post(*router, /*stream=*/i % 2 == 0);
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200) << res->body;
+  }
+  EXPECT_EQ(live.ports().size(), 6u);
+  EXPECT_EQ(router->outstanding(), (std::vector<int>{0, 0}));
+}
+
 TEST(RouterTest, AClientThatGoesAwayMidStreamClosesTheUpstream) {
   const std::string kThreeEvents = "data: x\n\n\r\n9\r\ndata: x\n\n\r\n9\r\ndata: x\n\n";
   Backend backend(100, /*endless=*/true);

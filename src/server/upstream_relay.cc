@@ -89,6 +89,7 @@ class UpstreamRelay::Exchange {
       if (!clean && !forwarded_) {
         relay_.unforwarded_.fetch_add(1);  // the request never reached the decode instance whole
       }
+      if (!clean && counted_) relay_.clients_gone_.fetch_add(1);  // before its answer ended
       if (!clean) CloseUpstream(false);  // client gone: the decode instance aborts
       Finish();
     };
@@ -130,7 +131,7 @@ class UpstreamRelay::Exchange {
           errno != EINPROGRESS) {
         const std::string why = std::string("connect: ") + std::strerror(errno);
         ::close(fd);
-        return UpstreamFailed(why);
+        return ConnectFailed(why);
       }
       connecting_ = true;
     }
@@ -149,7 +150,7 @@ class UpstreamRelay::Exchange {
       int err = 0;
       socklen_t len = sizeof(err);
       ::getsockopt(up_fd_, SOL_SOCKET, SO_ERROR, &err, &len);
-      if (err != 0) return UpstreamFailed(std::string("connect: ") + std::strerror(err));
+      if (err != 0) return ConnectFailed(std::string("connect: ") + std::strerror(err));
       connecting_ = false;
     }
     if (sent_ < wire_.size()) return SendRequest();
@@ -253,6 +254,28 @@ class UpstreamRelay::Exchange {
     relay_.loop_->Modify(up_token_, EPOLLIN);
   }
 
+  // A connection of our own (not a kept-alive one) failed before the request went out: the
+  // decode instance never saw it, so another one may take it.
+  void ConnectFailed(const std::string& why) {
+    if (reused_ || sent_ > 0) return UpstreamFailed(why);
+    target_->refused_at_ns.store(SteadyClock::now().time_since_epoch().count());
+    CloseUpstream(false);
+    if (finished_) return;
+    UpstreamTarget* next = nullptr;
+    if (relay_.options_.reroute && reroutes_ < relay_.options_.max_reroutes) {
+      next = relay_.options_.reroute(target_);
+    }
+    if (next == nullptr || next == target_) return UpstreamFailed(why);
+    ++reroutes_;
+    if (counted_) {
+      target_->outstanding.fetch_sub(1);
+      next->outstanding.fetch_add(1);
+    }
+    target_ = next;
+    wire_ = FormatRequest(request_, target_->host);
+    Connect(/*allow_idle=*/true);
+  }
+
   void UpstreamFailed(const std::string& why) {
     const bool retry = reused_ && !got_bytes_ && !retried_;
     CloseUpstream(false);
@@ -306,9 +329,10 @@ class UpstreamRelay::Exchange {
   }
 
   UpstreamRelay& relay_;
-  UpstreamTarget* const target_;
+  UpstreamTarget* target_;  // changes only when a refused connection is rerouted
   const RelayRequest request_;
-  const std::string wire_;  // the request as sent
+  std::string wire_;  // the request as sent (to target_)
+  int reroutes_ = 0;
   std::function<void()> on_done_;
   std::unique_ptr<ClientStream> client_;
   int up_fd_ = -1;

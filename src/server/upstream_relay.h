@@ -9,7 +9,9 @@
 // time as it arrives; any other answer is read whole, then written with its length. The decode
 // connection goes back to the pool before the client sees the end, so the client's next request
 // can reuse it. A client that goes away closes the decode connection (the decode instance aborts
-// the request); a decode instance that fails before answering gets the client a 502 in OpenAI's
+// the request); a decode instance that refuses the connection (dead, restarting) has the request
+// sent to another one (options.reroute); a decode instance that fails before answering gets the
+// client a 502 in OpenAI's
 // error shape, and one that dies mid-stream an SSE error event and a clean end of the stream.
 // A client that reads nothing for write_timeout_ms, or a decode instance silent for
 // upstream_timeout_ms, ends the exchange the same ways.
@@ -41,6 +43,9 @@ struct UpstreamTarget {
   sockaddr_storage addr{};
   socklen_t addr_len = 0;
   std::atomic<int> outstanding{0};  // exchanges with it in flight
+  // A fresh connection to it failed (steady clock, ns): nothing listens there (a decode instance
+  // that died or is restarting); the router sends new requests elsewhere until this + 1 s.
+  std::atomic<int64_t> refused_at_ns{-1};
 };
 
 // "http://host:port" (a trailing "/" allowed), resolved once.
@@ -63,6 +68,11 @@ struct UpstreamRelayOptions {
   // A client connection whose answer is written whole and that may carry requests_left more
   // requests goes here (the HTTP server's ResumeConnection); empty: it is closed.
   std::function<void(int fd, int requests_left)> give_back;
+  // Called (on the loop thread) when a fresh connection to `refused` fails: it never saw the
+  // request. The exchange moves to the target returned (its outstanding count with it), at most
+  // max_reroutes times; null, or empty: the client gets the 502.
+  std::function<UpstreamTarget*(UpstreamTarget* refused)> reroute;
+  int max_reroutes = 2;
 };
 
 class UpstreamRelay {
@@ -85,6 +95,9 @@ class UpstreamRelay {
   // Exchanges whose client went away before their request was written whole to a decode
   // instance: the decode instance never saw them.
   uint64_t unforwarded() const { return unforwarded_.load(); }
+  // Exchanges whose client went away before the answer was complete (streamed or not): their
+  // decode connection was closed, so the decode instance aborted the request.
+  uint64_t clients_gone() const { return clients_gone_.load(); }
 
  private:
   class Exchange;
@@ -103,6 +116,7 @@ class UpstreamRelay {
   std::atomic<uint64_t> connections_{0};
   std::atomic<uint64_t> failures_{0};
   std::atomic<uint64_t> unforwarded_{0};
+  std::atomic<uint64_t> clients_gone_{0};
   // Loop thread only.
   std::unordered_map<Exchange*, std::unique_ptr<Exchange>> exchanges_;
   std::unordered_map<UpstreamTarget*, std::vector<IdleConnection>> idle_;  // newest last

@@ -50,7 +50,10 @@ void SendAll(int fd, const std::string& s) {
 // once the same way.
 class GatedUpstream {
  public:
-  explicit GatedUpstream(bool die_on_release = false) : die_(die_on_release) {
+  // silent: a held request gets nothing at all until Release (a non-streamed answer being
+  // computed), then the SSE head, "data: 0" and the rest.
+  explicit GatedUpstream(bool die_on_release = false, bool silent = false)
+      : die_(die_on_release), silent_(silent) {
     listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -77,9 +80,11 @@ class GatedUpstream {
     int fd = -1;
     std::string in;
     bool held = false;
+    bool head_sent = false;
   };
 
   void Finish(Conn& c) {
+    if (!c.head_sent) SendAll(c.fd, kHead + Chunk("data: 0\n\n"));
     if (!die_) SendAll(c.fd, Chunk("data: 1\n\n") + "0\r\n\r\n");
     ::close(c.fd);
     c.fd = -1;
@@ -104,10 +109,10 @@ class GatedUpstream {
     const size_t cl = c.in.find("Content-Length: ");
     const size_t body = cl == std::string::npos ? 0 : std::stoul(c.in.substr(cl + 16));
     if (c.in.size() < head_end + 4 + body) return;
-    SendAll(c.fd,
-            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: "
-            "chunked\r\n\r\n" +
-                Chunk("data: 0\n\n"));
+    if (!silent_) {
+      SendAll(c.fd, kHead + Chunk("data: 0\n\n"));
+      c.head_sent = true;
+    }
     if (release_) return Finish(c);
     c.held = true;
     streaming_.fetch_add(1);
@@ -123,7 +128,7 @@ class GatedUpstream {
         if (p[i + 1].revents != 0) OnReadable(conns[i]);
       }
       for (int fd; (fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK)) >= 0;) {
-        conns.push_back({fd, "", false});
+        conns.push_back({fd, "", false, false});
       }
       for (Conn& c : conns) {
         if (release_ && c.held && c.fd >= 0) {
@@ -136,7 +141,10 @@ class GatedUpstream {
     for (Conn& c : conns) ::close(c.fd);
   }
 
+  static inline const std::string kHead =
+      "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n";
   const bool die_;
+  const bool silent_;
   int listen_fd_ = -1;
   int port_ = 0;
   std::thread thread_;
@@ -243,6 +251,46 @@ TEST(UpstreamRelayTest, AClientThatDisconnectsFreesItsUpstream) {
   EXPECT_TRUE(testing::WaitFor([&] { return upstream.peer_closed() == 1; }, kDeadline));
   EXPECT_TRUE(testing::WaitFor([&] { return router->open_streams() == 0; }, kDeadline));
   EXPECT_EQ(router->outstanding(), std::vector<int>{0});
+}
+
+const std::string kWholeRequest =
+    "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    "Content-Length: 16\r\n\r\n{\"stream\":false}";
+
+// A client waiting for a whole (non-streamed) answer that goes away before any of it came: the
+// router notices, closes the upstream connection (the decode instance aborts the request and
+// frees its pages) and counts it.
+TEST(UpstreamRelayTest, AClientThatLeavesWhileWaitingForAWholeAnswerClosesTheUpstream) {
+  GatedUpstream upstream(false, /*silent=*/true);
+  auto router = StartRouter(upstream.url());
+  ASSERT_NE(router, nullptr);
+  {
+    testing::RawConnection c(router->port());
+    ASSERT_TRUE(c.Send(kWholeRequest));
+    ASSERT_TRUE(testing::WaitFor([&] { return upstream.streaming() == 1; }, kDeadline));
+  }  // closed with nothing answered
+  EXPECT_TRUE(testing::WaitFor([&] { return upstream.peer_closed() == 1; }, kDeadline));
+  EXPECT_TRUE(testing::WaitFor([&] { return router->open_streams() == 0; }, kDeadline));
+  EXPECT_EQ(router->outstanding(), std::vector<int>{0});
+  EXPECT_EQ(router->clients_gone(), 1u);
+}
+
+// The same when the client had already sent the start of its next request on the kept-alive
+// connection: the bytes stay unread for the next exchange, yet the client's close is noticed.
+TEST(UpstreamRelayTest, AClientThatLeavesAfterSendingMoreIsStillNoticed) {
+  GatedUpstream upstream(false, /*silent=*/true);
+  auto router = StartRouter(upstream.url());
+  ASSERT_NE(router, nullptr);
+  {
+    testing::RawConnection c(router->port());
+    ASSERT_TRUE(c.Send(kWholeRequest));
+    ASSERT_TRUE(testing::WaitFor([&] { return upstream.streaming() == 1; }, kDeadline));
+    ASSERT_TRUE(c.Send("GET /health HTTP/1.1\r\n"));
+    EXPECT_FALSE(c.Readable(100));
+  }
+  EXPECT_TRUE(testing::WaitFor([&] { return upstream.peer_closed() == 1; }, kDeadline));
+  EXPECT_TRUE(testing::WaitFor([&] { return router->open_streams() == 0; }, kDeadline));
+  EXPECT_EQ(router->clients_gone(), 1u);
 }
 
 TEST(UpstreamRelayTest, AnUpstreamThatDiesMidStreamEndsTheStreamWithAnError) {

@@ -36,10 +36,12 @@ Result<FiInfoPtr> GetInfo(const DomainOptions& options) {
   const char* node = options.node.empty() ? nullptr : options.node.c_str();
   int rc = fi_getinfo(FI_VERSION(1, 17), node, nullptr, node ? FI_SOURCE : 0, hints.get(), &info);
   if (rc != 0) {
-    return FabricError("fi_getinfo(provider '" + options.provider + "', domain '" +
-                           options.domain_name + "', node '" + options.node + "')",
-                       rc)
-        .WithContext("no matching fabric interface");
+    Status s = FabricError("fi_getinfo(provider '" + options.provider + "', domain '" +
+                               options.domain_name + "', node '" + options.node + "')",
+                           rc)
+                   .WithContext("no matching fabric interface");
+    // FI_ENODATA: no such provider here, or none that offers what we asked for.
+    return rc == -FI_ENODATA ? NotFound(s.message()) : s;
   }
   return FiInfoPtr(info);
 }

@@ -6,6 +6,7 @@
 #include <random>
 #include <thread>
 
+#include "common/clock.h"
 #include "transfer/memory_descriptor.h"
 
 namespace pd::transfer {
@@ -100,6 +101,76 @@ TEST(ImmCounterTest, ConcurrentArrivalsFromSeveralWorkersCountExactly) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(fired.load(), 1);
   EXPECT_EQ((*w)->received(), 4000u);
+}
+
+TEST(ImmCounterTest, UnclaimedArrivalsExpireAfterTheTtl) {
+  SimClock clock;
+  ImmCounterTable table({.unclaimed_ttl_s = 5.0, .max_unclaimed_imms = 100, .clock = &clock});
+  for (int i = 0; i < 3; ++i) table.OnArrival(40);
+  clock.Advance(4.0);
+  table.OnArrival(41);
+  EXPECT_EQ(table.num_unclaimed_imms(), 2u);
+  clock.Advance(1.5);  // 40's first arrival is 5.5 s old, 41's 1.5 s
+  table.OnArrival(42);
+  EXPECT_EQ(table.unclaimed(40), 0u);
+  EXPECT_EQ(table.unclaimed(41), 1u);
+  EXPECT_EQ(table.expired_arrivals(), 3u);
+  // A late counter for the expired imm misses the expired writes and counts only new ones.
+  int fired = 0;
+  auto w = table.Expect(40, 2, [&] { ++fired; });
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ((*w)->received(), 0u);
+  table.OnArrival(40);
+  EXPECT_EQ(fired, 0);
+  table.OnArrival(40);
+  EXPECT_EQ(fired, 1);
+  // Expect itself expires what is too old: 41 and 42 are past the TTL here.
+  clock.Advance(10.0);
+  auto w41 = table.Expect(41, 1);
+  ASSERT_TRUE(w41.ok());
+  EXPECT_FALSE((*w41)->reached());
+  EXPECT_EQ(table.num_unclaimed_imms(), 0u);
+  EXPECT_EQ(table.expired_arrivals(), 5u);
+}
+
+TEST(ImmCounterTest, UnclaimedImmsAreCappedOldestFirst) {
+  SimClock clock;
+  ImmCounterTable table({.unclaimed_ttl_s = 1e9, .max_unclaimed_imms = 4, .clock = &clock});
+  for (uint32_t imm = 100; imm < 110; ++imm) {
+    table.OnArrival(imm);
+    table.OnArrival(imm);
+    clock.Advance(0.001);
+  }
+  EXPECT_EQ(table.num_unclaimed_imms(), 4u);
+  EXPECT_EQ(table.expired_arrivals(), 12u);
+  for (uint32_t imm = 100; imm < 106; ++imm) EXPECT_EQ(table.unclaimed(imm), 0u) << imm;
+  for (uint32_t imm = 106; imm < 110; ++imm) EXPECT_EQ(table.unclaimed(imm), 2u) << imm;
+  // A kept imm claimed by a counter leaves room: the next new imm drops nothing.
+  auto w = table.Expect(106, 2);
+  ASSERT_TRUE(w.ok());
+  EXPECT_TRUE((*w)->reached());
+  table.OnArrival(200);
+  EXPECT_EQ(table.expired_arrivals(), 12u);
+  EXPECT_EQ(table.unclaimed(107), 2u);
+  EXPECT_TRUE(table.Remove(107));
+  EXPECT_EQ(table.num_unclaimed_imms(), 3u);
+}
+
+TEST(ImmCounterTest, StaleWritesOfAnAbandonedAttemptNeverCountForLaterOnes) {
+  // The decode messenger's pattern: a counter per attempt, removed when the attempt is given up,
+  // while its writes may still land. However many attempts, the table keeps a bounded number.
+  SimClock clock;
+  ImmCounterTable table({.unclaimed_ttl_s = 30.0, .max_unclaimed_imms = 64, .clock = &clock});
+  for (uint32_t attempt = 0; attempt < 10000; ++attempt) {
+    ASSERT_TRUE(table.Expect(attempt, 8).ok());
+    table.OnArrival(attempt);
+    EXPECT_TRUE(table.Remove(attempt));
+    for (int i = 0; i < 7; ++i) table.OnArrival(attempt);  // late writes
+    clock.Advance(0.001);
+  }
+  EXPECT_LE(table.num_unclaimed_imms(), 64u);
+  EXPECT_EQ(table.num_active(), 0u);
+  EXPECT_EQ(table.expired_arrivals(), (10000u - 64u) * 7u);
 }
 
 TEST(MemoryDescriptorTest, RoundTripsAndRejectsCorruption) {

@@ -27,12 +27,28 @@ inline DomainOptions LoopbackOptions() {
   return o;
 }
 
-// Creates a domain or explains why the test cannot run here.
-#define PD_CREATE_DOMAIN_OR_SKIP(var, options)                                              \
-  auto var##_result = ::pd::transfer::Domain::Create(options);                              \
-  if (!var##_result.ok()) {                                                                 \
-    GTEST_SKIP() << "libfabric provider unavailable: " << var##_result.status().ToString(); \
-  }                                                                                         \
+// Whether `s`, a Domain::Create / DomainGroup::Create (or messenger Create) error, says the
+// provider is absent here: fi_getinfo found no matching provider (FI_ENODATA, NotFound). The only
+// reason a fabric test may skip; any other Create error is a test failure.
+inline bool ProviderAbsent(const Status& s) {
+  return s.code() == StatusCode::kNotFound && s.message().find("fi_getinfo") != std::string::npos;
+}
+
+// In a void function (a test body, SetUp): skips when `status` says the provider is absent,
+// fails (and returns) on any other error.
+#define PD_SKIP_IF_ABSENT_ELSE_FAIL(status)                                                      \
+  do {                                                                                           \
+    const ::pd::Status pd_create_status_ = (status);                                             \
+    if (::pd::transfer::testing::ProviderAbsent(pd_create_status_)) {                            \
+      GTEST_SKIP() << "libfabric provider unavailable: " << pd_create_status_.ToString();        \
+    }                                                                                            \
+    GTEST_FAIL() << "Create failed (the provider is present): " << pd_create_status_.ToString(); \
+  } while (0)
+
+// Creates a domain, or skips where the provider is absent (fails on any other error).
+#define PD_CREATE_DOMAIN_OR_SKIP(var, options)                                \
+  auto var##_result = ::pd::transfer::Domain::Create(options);                \
+  if (!var##_result.ok()) PD_SKIP_IF_ABSENT_ELSE_FAIL(var##_result.status()); \
   std::unique_ptr<::pd::transfer::Domain> var = std::move(var##_result).value()
 
 // An anonymous shared mapping (like the memfd-backed KV regions), unmapped on destruction.

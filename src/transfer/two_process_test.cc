@@ -37,7 +37,7 @@ class TwoProcessTest : public ::testing::TestWithParam<Network> {
     } else {
       d = Domain::Create(o);
     }
-    if (!d.ok()) GTEST_SKIP() << "libfabric provider unavailable: " << d.status().ToString();
+    if (!d.ok()) PD_SKIP_IF_ABSENT_ELSE_FAIL(d.status());
     domain_ = std::move(d).value();
     peer_ = PeerProcess::Spawn(env);
     ASSERT_NE(peer_, nullptr);
