@@ -28,6 +28,8 @@ PrefillRequest SampleRequest() {
   PrefillRequest m;
   m.request_id = 42;
   m.transfer_imm = 0xabcd;
+  m.num_tokens = 6;
+  m.num_pages = 4;
   m.token_ids = {1, 2, 3, 500};
   m.decode_scheme = {2, 8, false};
   m.rank_regions = {"region-rank-0", "region-rank-1"};
@@ -43,13 +45,15 @@ PrefillRequest SampleRequest() {
 std::vector<std::pair<std::string, Message>> SampleMessages() {
   const KvFormat format{0x1234, 2, 64, 16, 1, 0};
   return {
-      {"hello", Hello{"prefill-0", format, {1, 4, false}, "fi-addr"}},
-      {"hello_reply", HelloReply{true, "", "decode-0", format, {2, 4, true}, "fi-addr-2"}},
+      {"hello", Hello{"prefill-0", format, {1, 4, false}, "fi-addr", "fi-addr-2", 65536}},
+      {"hello_reply", HelloReply{true, "", "decode-0", format, {2, 4, true}, "fi-addr-2", 4096}},
       {"hello_refused", HelloReply{false, "page size differs", "decode-1", format, {1, 1}, ""}},
       {"prefill_request", SampleRequest()},
       {"prefill_request_empty", PrefillRequest{}},
       {"prefill_done", PrefillDone{42, 14, "peer gone", 17}},
       {"cancel", Cancel{99}},
+      {"prompt_chunk", PromptChunk{42, 4, {7, 8}, 3, {11}}},
+      {"prompt_chunk_pages_only", PromptChunk{42, 0, {}, 1, {5, 6}}},
   };
 }
 
@@ -63,7 +67,9 @@ pd::Status WriteWireSeeds(const fs::path& dir) {
   for (const auto& [name, message] : SampleMessages()) {
     for (uint8_t mode = 0; mode < 4; ++mode) {
       const std::string secret = (mode & 1) ? kSecret : "";
-      std::vector<uint8_t> frame = EncodeFrame({seq++, message}, secret);
+      const uint64_t recipient_session = name == "hello" ? 0 : 0x1122334455667788;
+      std::vector<uint8_t> frame =
+          EncodeFrame({0x8877665544332211, recipient_session, seq++, message}, secret);
       if (mode & 2) frame.resize(frame.size() - kMacBytes);
       frame.insert(frame.begin(), mode);
       RETURN_IF_ERROR(WriteBytes(dir / (name + "_mode" + std::to_string(mode)), frame));

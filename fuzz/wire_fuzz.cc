@@ -3,10 +3,10 @@
 // Input: one mode byte, then frame bytes.
 //   mode bit 0: the cluster secret is kSecret (set) or empty (clear).
 //   mode bit 1: sealed (set): the harness writes the body length and the current wire version
-//               into the header (the first 20 bytes; shorter input is zero-padded) and appends a
-//               valid MAC, so the fuzzed body always reaches the body decoder. Raw (clear): the
-//               bytes go to DecodeFrame as received, MAC included, exercising the header, length
-//               and MAC checks.
+//               into the header (the first kFrameHeaderBytes; shorter input is zero-padded) and
+//               appends a valid MAC, so the fuzzed body always reaches the body decoder. Raw
+//               (clear): the bytes go to DecodeFrame as received, MAC included, exercising the
+//               header, length and MAC checks.
 // Whatever DecodeFrame accepts must survive a round trip: EncodeFrame of the decoded frame is
 // accepted again and re-encodes to the same bytes.
 #include <cstdint>
@@ -36,8 +36,8 @@ std::vector<uint8_t> Seal(const uint8_t* data, size_t size, const std::string& s
   constexpr size_t kHeader = pd::messenger::kFrameHeaderBytes;
   std::vector<uint8_t> frame(data, data + size);
   if (frame.size() < kHeader) frame.resize(kHeader, 0);
-  PutLe(pd::messenger::kWireVersion, 2, frame.data() + 4);  // magic u32 | version u16
-  PutLe(frame.size() - kHeader, 4, frame.data() + 16);      // ... sender_seq u64 | body_len u32
+  PutLe(pd::messenger::kWireVersion, 2, frame.data() + 4);  // magic u32 | version u16 | ...
+  PutLe(frame.size() - kHeader, 4, frame.data() + pd::messenger::kBodyLenOffset);
   const auto mac = HmacSha256(secret, frame.data(), frame.size());
   frame.insert(frame.end(), mac.begin(), mac.end());
   return frame;
@@ -60,6 +60,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto again = DecodeFrame(encoded.data(), encoded.size(), secret);
   PD_CHECK(again.ok()) << "re-encoded frame refused: " << again.status().ToString();
   PD_CHECK(again->sender_seq == decoded->sender_seq);
+  PD_CHECK(again->sender_session == decoded->sender_session);
+  PD_CHECK(again->recipient_session == decoded->recipient_session);
   PD_CHECK(again->message.index() == decoded->message.index());
   PD_CHECK(EncodeFrame(*again, secret) == encoded) << "encoding is not stable";
   return 0;
