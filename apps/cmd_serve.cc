@@ -40,6 +40,8 @@ server::HttpLimits ServeHttpLimits() {
 
 struct ServeFlags {
   std::string model;
+  std::string chat_template;     // a Jinja file replacing the model's chat template
+  std::string reasoning_parser;  // deepseek_r1 | qwen3 | "" (none)
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string served_model_name;
@@ -159,7 +161,9 @@ int RunServe(const ServeFlags& f) {
   if (!layout.ok()) return Fail("--kv-layout: " + layout.status().message());
   // Before the model loads: a refused role (no cluster secret, ...) says so at once.
   if (Status s = ValidateRoleFlags(f.roles); !s.ok()) return Fail(s.message());
-  auto tokenizer = model::Tokenizer::Load(f.model);
+  auto reasoning_parser = server::ParseReasoningParserName(f.reasoning_parser);
+  if (!reasoning_parser.ok()) return Fail(reasoning_parser.status().message());
+  auto tokenizer = model::Tokenizer::Load(f.model, f.chat_template);
   if (!tokenizer.ok()) return Fail(tokenizer.status().ToString());
   auto weights = model::LoadModelWeights(f.model);
   if (!weights.ok()) return Fail(weights.status().ToString());
@@ -206,6 +210,7 @@ int RunServe(const ServeFlags& f) {
   if (!async.ok()) return Fail(async.status().ToString());
 
   server::ServerOptions so = MakeServerOptions(f, max_model_len);
+  so.reasoning_parser = *reasoning_parser;
   so.tracer = roles.tracer;
   if (auto* decode = dynamic_cast<messenger::DecodeMessenger*>(async->get())) {
     // The decode instance's KV transfer counters and histogram, beside the serving metrics.
@@ -238,6 +243,11 @@ PD_REGISTER_COMMAND(serve, "Serve a model with the OpenAI-compatible HTTP API", 
       ->capture_default_str();
   app->add_option("--served-model-name", f->served_model_name,
                   "model name in the API (default: --model)");
+  app->add_option("--reasoning-parser", f->reasoning_parser,
+                  "deepseek_r1 | qwen3: return a chat reply's <think> part as reasoning_content");
+  app->add_option("--chat-template", f->chat_template,
+                  "Jinja chat template file (default: the model's chat_template.jinja or "
+                  "tokenizer_config.json's chat_template)");
   app->add_option("--max-model-len", f->max_model_len,
                   "prompt + output tokens (default: the model's)");
   app->add_option("--max-num-seqs", f->max_num_seqs, "sequences running at once")

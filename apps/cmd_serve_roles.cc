@@ -17,6 +17,7 @@
 #include "messenger/decode_side.h"
 #include "messenger/handshake.h"
 #include "messenger/prefill_side.h"
+#include "transfer/fault_injection.h"
 
 namespace pd::apps {
 
@@ -54,6 +55,13 @@ void AddRoleFlags(CLI::App* app, RoleFlags* f) {
                   "weights and the arrived KV back into the caches this often (only for models "
                   "whose weights fit in 64 MiB); 0: off")
       ->capture_default_str();
+  app->add_flag("--kv-checksum", f->kv_checksum,
+                "prefill and decode roles: send (prefill) and check (decode, before the request "
+                "decodes) a CRC32C per layer of the KV each transfer moves; a mismatch fails the "
+                "attempt, which is retried on another prefill instance. Every instance of a "
+                "deployment must say the same");
+  // Tests only: faults injected into this instance's fabric domain (transfer/fault_injection.h).
+  app->add_option("--fault-inject", f->fault_inject)->group("");
   app->add_option("--trace", f->trace_file,
                   "write a Chrome trace-event JSON (chrome://tracing, Perfetto) here at shutdown");
   app->add_option("--trace-max-events", f->trace_max_events,
@@ -83,6 +91,9 @@ Status ValidateRoleFlags(const RoleFlags& f) {
                            std::to_string(f.control_message_bytes));
   }
   if (!(f.kv_wait_warm_ms >= 0)) return InvalidArgument("--kv-wait-warm-ms must be >= 0");
+  if (auto rules = transfer::ParseFaultRules(f.fault_inject); !rules.ok()) {
+    return rules.status().WithContext("--fault-inject");
+  }
   if (f.role == "colocated") return OkStatus();
   if (!f.cluster_secret_file.empty() && f.insecure_no_secret) {
     return InvalidArgument("give either --cluster-secret-file or --insecure-no-secret, not both");
@@ -168,6 +179,15 @@ transfer::DomainOptions DomainFor(const RoleFlags& f) {
   // A write or send that makes no progress this long fails (and stops blocking the queue behind
   // it): a dead peer is noticed in seconds rather than at the transfer deadline.
   d.op_timeout_s = 3.0;
+  if (!f.fault_inject.empty()) {
+    d.faults = std::make_shared<transfer::FaultInjector>();
+    const auto rules = transfer::ParseFaultRules(f.fault_inject);  // ValidateRoleFlags checked it
+    for (const transfer::FaultRule& rule : rules.value()) {
+      PD_LOG_WARN("fault injection armed on this instance's fabric domain: {}",
+                  transfer::FaultRuleToString(rule));
+      d.faults->Arm(rule);
+    }
+  }
   return d;
 }
 
@@ -214,6 +234,7 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
   mo.max_deadline_ms =
       std::max(mo.max_deadline_ms, static_cast<uint32_t>(flags.kv_transfer_timeout_ms));
   mo.peer_silence_s = flags.peer_silence_s;
+  mo.kv_checksum = flags.kv_checksum;
   mo.tracer = flags.tracer;
   engine::DisaggHooks* hooks = eng->disagg_hooks();
   if (hooks == nullptr) return fail(FailedPrecondition("the engine runs no prefill-only requests"));
@@ -307,6 +328,7 @@ Result<std::unique_ptr<engine::AsyncEngine>> CreateRoleEngine(
   mo.model_hash = messenger::ModelFingerprint(weights);
   mo.domain = DomainFor(flags);
   mo.transfer_timeout_ms = static_cast<uint32_t>(flags.kv_transfer_timeout_ms);
+  mo.kv_checksum = flags.kv_checksum;
   mo.max_message_bytes = flags.control_message_bytes;
   mo.max_transfers = std::max(mo.max_transfers, ao.max_pending_requests);  // one per request
   mo.tracer = flags.tracer;

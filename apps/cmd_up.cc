@@ -44,6 +44,10 @@ PD_REGISTER_COMMAND(
       app->add_option("--model", f->model, "model directory")->required();
       app->add_option("--served-model-name", f->served_model_name,
                       "model name in the API (default: --model)");
+      app->add_option("--reasoning-parser", f->reasoning_parser,
+                      "every instance's --reasoning-parser (see serve --help)");
+      app->add_option("--chat-template", f->chat_template,
+                      "every instance's --chat-template (see serve --help)");
       app->add_option("--prefill", f->num_prefill, "prefill instances")->capture_default_str();
       app->add_option("--decode", f->num_decode, "decode instances")->capture_default_str();
       app->add_option("--host", f->host, "address of every instance")->capture_default_str();
@@ -81,6 +85,9 @@ PD_REGISTER_COMMAND(
       app->add_option("--kv-transfer-timeout-ms", f->kv_transfer_timeout_ms,
                       "deadline of one KV transfer attempt")
           ->capture_default_str();
+      app->add_flag("--kv-checksum", f->kv_checksum,
+                    "every prefill and decode instance sends and checks a CRC32C per layer of the "
+                    "KV it moves (serve --kv-checksum)");
       app->add_option("--trace", f->trace,
                       "Chrome trace-event JSON per instance: FILE with the instance's name "
                       "inserted before the extension (t.json -> t.prefill0.json)");

@@ -35,6 +35,8 @@ struct RoleFlags {
   double peer_wait_s = 60.0;     // decode: how long to wait for prefill instances at start
   double peer_silence_s = 2.0;   // prefill: drop transfers of a decode peer silent this long
   double kv_wait_warm_ms = 2.0;  // decode: cache-warming period while waiting for KV; 0: off
+  bool kv_checksum = false;      // --kv-checksum: a CRC32C per layer of the KV, checked on decode
+  std::string fault_inject;      // hidden --fault-inject (tests): transfer::ParseFaultRules
   std::string trace_file;        // --trace: Chrome trace-event JSON written at shutdown
   int64_t trace_max_events = static_cast<int64_t>(TracerOptions{}.max_events);  // its cap
   Tracer* tracer = nullptr;  // made by RunServe from trace_file; given to the messengers

@@ -38,6 +38,11 @@ std::vector<std::string> ServeArgs(const Options& f, const std::string& secret_f
     a.insert(a.end(), {"--max-model-len", std::to_string(f.max_model_len)});
   }
   if (!f.kv_cache_bytes.empty()) a.insert(a.end(), {"--kv-cache-bytes", f.kv_cache_bytes});
+  if (!f.chat_template.empty()) a.insert(a.end(), {"--chat-template", f.chat_template});
+  if (!f.reasoning_parser.empty()) {
+    a.insert(a.end(), {"--reasoning-parser", f.reasoning_parser});
+  }
+  if (f.kv_checksum) a.push_back("--kv-checksum");
   return a;
 }
 

@@ -31,6 +31,8 @@ struct LocalDeploymentOptions {
   std::string binary = "/proc/self/exe";  // the pdserve executable the instances run
   std::string model;
   std::string served_model_name;
+  std::string chat_template;     // every instance's --chat-template ("": the model's own)
+  std::string reasoning_parser;  // every instance's --reasoning-parser ("": none)
   int num_prefill = 1;
   int num_decode = 1;
   std::string host = "127.0.0.1";
@@ -49,7 +51,8 @@ struct LocalDeploymentOptions {
   std::string kv_cache_bytes;
   std::string cluster_secret_file;  // "": a fresh random secret in a file removed at the end
   int kv_transfer_timeout_ms = 30000;
-  std::string trace;  // FILE: each instance writes FILE with its name before the extension
+  bool kv_checksum = false;  // every prefill and decode instance's --kv-checksum
+  std::string trace;         // FILE: each instance writes FILE with its name before the extension
   int64_t trace_max_events = static_cast<int64_t>(TracerOptions{}.max_events);  // per file
   bool pin_cores = false;
   bool pin_whole = false;  // every thread of instance k on CPU k

@@ -27,7 +27,7 @@ Status DecodeMessenger::Impl::Init() {
   ASSIGN_OR_RETURN(kv_mrs_, RegisterRankRegions(*domain_, runner_));
   PD_LOG_INFO("decode messenger: {} rank KV region(s) registered (tp_size {}, {} KV heads)",
               kv_mrs_.size(), scheme_.tp_size, scheme_.num_kv_heads);
-  meta_buffer_.assign(static_cast<size_t>(std::max(1, options_.max_transfers)) * meta_bytes_, 0);
+  meta_buffer_.assign(static_cast<size_t>(std::max(1, options_.max_transfers)) * slot_bytes_, 0);
   ASSIGN_OR_RETURN(meta_mr_, domain_->RegisterMemory(meta_buffer_.data(), meta_buffer_.size()));
   for (int i = std::max(1, options_.max_transfers) - 1; i >= 0; --i) free_meta_slots_.push_back(i);
   thread_ = std::thread([this] { Loop(); });

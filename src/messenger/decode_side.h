@@ -64,6 +64,10 @@ struct DecodeMessengerOptions {
   // send_timeout_s, not at the transfer deadline. 0: no heartbeats.
   double heartbeat_s = 0.25;
   int max_attempts = 2;  // the first try and one retry on another instance
+  // --kv-checksum (kv_checksum.h): check a CRC32C per layer of the KV that landed before the
+  // request is ready; a mismatch fails the attempt (counted in checksum_mismatch). Prefill
+  // instances must say the same, else the handshake is refused.
+  bool kv_checksum = false;
   // Metadata slots: transfers in flight at once (with those fenced, below); a request that finds
   // none free fails ResourceExhausted. Give at least the engine's max_pending_requests.
   int max_transfers = 1024;
@@ -82,8 +86,8 @@ struct DecodeMessengerOptions {
   // that send's local failure (as an encoding or a size error would be). Messenger thread.
   std::function<Status(const Message&)> send_fault;
   // Borrowed, outlives the messenger; null: no trace. Events: "prefill request sent",
-  // "kv transfer" (sent -> KV counter fired), "kv ready", "metadata landed", "attempt failed",
-  // "transfer failed".
+  // "kv transfer" (sent -> KV counter fired), "kv checksum" (--kv-checksum: the check), "kv ready",
+  // "metadata landed", "attempt failed", "transfer failed".
   Tracer* tracer = nullptr;
   // Called (on the messenger thread, must not block) with each successful transfer's metadata
   // when its write lands: the last prefilled position's hidden state, hidden_size floats. It may

@@ -18,6 +18,7 @@
 #include "messenger/channel.h"
 #include "messenger/decode_side.h"
 #include "messenger/handshake.h"
+#include "messenger/kv_checksum.h"
 
 namespace pd::messenger {
 namespace decode_internal {
@@ -103,8 +104,9 @@ class DecodeMessenger::Impl {
         spec_(runner.region().spec()),
         runner_(runner),
         meta_bytes_(static_cast<uint32_t>(runner.config().hidden_size) * 4),
-        format_(MakeKvFormat(options.model_hash, spec_)),
+        format_(MakeKvFormat(options.model_hash, spec_, options.kv_checksum)),
         scheme_(MakeShardScheme(runner.config(), runner.num_ranks())),
+        slot_bytes_(meta_bytes_ + (options.kv_checksum ? ChecksumBytes(format_.num_layers) : 0)),
         codec_(std::make_shared<FrameCodec>(options.cluster_secret)),
         queue_(std::make_shared<TaskQueue>()) {
     std::random_device rd;
@@ -144,6 +146,8 @@ class DecodeMessenger::Impl {
   // `sent_any` says whether the PrefillRequest itself had left.
   Status SendPrefillRequest(Req* r, uint32_t num_pages, uint64_t expected, bool* sent_any);
   void OnKvArrived(int64_t id, uint32_t imm);
+  // --kv-checksum: the landed KV of r's attempt against the checksum record the prefill wrote.
+  Status CheckKvChecksums(const Req& r) const;
   // The metadata write of attempt `wire_id` landed: check the canary, hand it to on_metadata and
   // lift the slot's fence if the KV had landed already.
   void OnMetaArrived(uint64_t wire_id, uint32_t meta_imm);
@@ -186,12 +190,14 @@ class DecodeMessenger::Impl {
   const uint32_t meta_bytes_;
   const KvFormat format_;
   const ShardScheme scheme_;
+  // One metadata slot: the metadata, then (--kv-checksum) the checksum record (kv_checksum.h).
+  const uint64_t slot_bytes_;
   std::shared_ptr<FrameCodec> codec_;  // shared with the fabric worker's inbox
   std::shared_ptr<TaskQueue> queue_;
   std::unique_ptr<transfer::Domain> domain_;
   std::vector<transfer::MemoryRegion> kv_mrs_;  // per rank, all in the one domain
   transfer::MemoryRegion meta_mr_;
-  std::vector<uint8_t> meta_buffer_;  // (max_transfers, meta_bytes): where prefill writes metadata
+  std::vector<uint8_t> meta_buffer_;  // (max_transfers, slot_bytes): where prefill writes metadata
   std::thread thread_;
   std::atomic<bool> stopped_{false};
   std::thread resolver_;

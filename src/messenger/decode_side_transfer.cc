@@ -115,7 +115,10 @@ void DecodeMessenger::Impl::StartAttempt(Req* r, const Status& last_error) {
   free_meta_slots_.pop_back();
   by_wire_[r->wire_id] = r->id;
   // The canary the prefill's metadata write must replace (every float a NaN no computation makes).
-  std::memset(meta_buffer_.data() + size_t{meta_bytes_} * r->meta_slot, 0xFF, meta_bytes_);
+  std::memset(meta_buffer_.data() + slot_bytes_ * r->meta_slot, 0xFF, meta_bytes_);
+  // --kv-checksum: no record until this attempt's lands (a zero imm matches no attempt).
+  std::memset(meta_buffer_.data() + slot_bytes_ * r->meta_slot + meta_bytes_, 0,
+              slot_bytes_ - meta_bytes_);
   r->peer = peer;
   r->in_flight = true;
   r->attempts++;
@@ -179,7 +182,7 @@ Status DecodeMessenger::Impl::SendPrefillRequest(Req* r, uint32_t num_pages, uin
   for (const transfer::MemoryRegion& mr : kv_mrs_)
     m.rank_regions.push_back(mr.descriptor.ToBytes());
   m.metadata_region = meta_mr_.descriptor.ToBytes();
-  m.metadata_offset = uint64_t{meta_bytes_} * r->meta_slot;
+  m.metadata_offset = slot_bytes_ * r->meta_slot;
   m.metadata_bytes = meta_bytes_;
   m.deadline_ms = options_.transfer_timeout_ms;
   m.metadata_imm = r->meta_imm;
@@ -246,6 +249,20 @@ Status DecodeMessenger::Impl::SendPrefillRequest(Req* r, uint32_t num_pages, uin
 void DecodeMessenger::Impl::OnKvArrived(int64_t id, uint32_t imm) {
   Req* r = Find(id);
   if (r == nullptr || !r->in_flight || r->imm != imm) return;
+  if (format_.kv_checksum) {
+    const int64_t begin_ns = options_.tracer != nullptr ? Tracer::NowNs() : 0;
+    Status s = CheckKvChecksums(*r);
+    if (options_.tracer != nullptr) {
+      options_.tracer->Complete(
+          "kv checksum", "kv", begin_ns, Tracer::NowNs(),
+          {{"request", std::to_string(r->wire_id)}, {"ok", int64_t{s.ok() ? 1 : 0}}});
+    }
+    if (!s.ok()) {
+      owner_->metrics_.ChecksumMismatch();
+      FailAttempt(r, s.WithContext("prefill instance " + peers_[r->peer].config.name));
+      return;
+    }
+  }
   const uint64_t num_pages =
       PagesForTokens(static_cast<uint32_t>(r->info->prefill_tokens.size()), spec_.page_size);
   const uint64_t bytes = num_pages * spec_.num_layers * spec_.page_bytes() + meta_bytes_;
@@ -286,7 +303,7 @@ void DecodeMessenger::Impl::OnMetaArrived(uint64_t wire_id, uint32_t meta_imm) {
 // (the write landed elsewhere): counted and logged, the request (decoding already) goes on.
 void DecodeMessenger::Impl::DeliverMetadata(int64_t id, int peer, int meta_slot) {
   std::vector<float> hidden(meta_bytes_ / sizeof(float));
-  std::memcpy(hidden.data(), meta_buffer_.data() + size_t{meta_bytes_} * meta_slot, meta_bytes_);
+  std::memcpy(hidden.data(), meta_buffer_.data() + slot_bytes_ * meta_slot, meta_bytes_);
   const auto canary = std::count_if(hidden.begin(), hidden.end(), [](float v) {
     uint32_t bits;
     std::memcpy(&bits, &v, sizeof(bits));

@@ -33,7 +33,7 @@ uint64_t ModelFingerprint(const model::ModelWeights& weights) {
   return ModelFingerprint(weights.config, weights.dtype);
 }
 
-KvFormat MakeKvFormat(uint64_t model_hash, const engine::KvCacheSpec& spec) {
+KvFormat MakeKvFormat(uint64_t model_hash, const engine::KvCacheSpec& spec, bool kv_checksum) {
   KvFormat f;
   f.model_hash = model_hash;
   f.num_layers = static_cast<uint32_t>(spec.num_layers);
@@ -41,6 +41,7 @@ KvFormat MakeKvFormat(uint64_t model_hash, const engine::KvCacheSpec& spec) {
   f.page_size = static_cast<uint32_t>(spec.page_size);
   f.layout = static_cast<uint8_t>(spec.layout);
   f.kv_dtype = static_cast<uint8_t>(spec.dtype);
+  f.kv_checksum = kv_checksum ? 1 : 0;
   return f;
 }
 
@@ -84,6 +85,10 @@ Status CheckCompatible(const KvFormat& ours, const KvFormat& theirs) {
   }
   if (ours.kv_dtype != theirs.kv_dtype) {
     DiffersNamed(&diff, "kv_dtype", DTypeName(ours.kv_dtype), DTypeName(theirs.kv_dtype));
+  }
+  if (ours.kv_checksum != theirs.kv_checksum) {
+    DiffersNamed(&diff, "kv_checksum", ours.kv_checksum ? "on" : "off",
+                 theirs.kv_checksum ? "on" : "off");
   }
   if (diff.empty()) return OkStatus();
   return FailedPrecondition("KV format mismatch: " + diff);
@@ -130,7 +135,8 @@ Result<ShardPlan> PlanTransfer(const ShardScheme& prefill, const ShardScheme& de
 Result<uint64_t> ExpectedWrites(const ShardScheme& prefill, const ShardScheme& decode,
                                 const KvFormat& format, uint32_t num_pages, uint64_t seed) {
   ASSIGN_OR_RETURN(ShardPlan plan, PlanTransfer(prefill, decode, format, seed));
-  return ExpectedWrites(plan, num_pages, format.num_layers).total_writes;
+  return ExpectedWrites(plan, num_pages, format.num_layers).total_writes +
+         (format.kv_checksum ? 1 : 0);  // the checksum record (kv_checksum.h)
 }
 
 Result<std::vector<transfer::MemoryRegion>> RegisterRankRegions(transfer::Domain& domain,

@@ -30,7 +30,9 @@ namespace pd::messenger {
 uint64_t ModelFingerprint(const model::ModelConfig& config, model::DType weights_dtype);
 uint64_t ModelFingerprint(const model::ModelWeights& weights);
 
-KvFormat MakeKvFormat(uint64_t model_hash, const engine::KvCacheSpec& spec);
+// `kv_checksum`: --kv-checksum (kv_checksum.h).
+KvFormat MakeKvFormat(uint64_t model_hash, const engine::KvCacheSpec& spec,
+                      bool kv_checksum = false);
 
 // OK when both sides can exchange KV pages; otherwise FailedPrecondition naming every field that
 // differs with both values, e.g. "page_size: ours 16, theirs 8".
@@ -86,7 +88,8 @@ Result<ShardPlan> PlanTransfer(const ShardScheme& prefill, const ShardScheme& de
                                const KvFormat& format, uint64_t seed);
 
 // KV writes the decode side counts for one transfer of `num_pages` pages between any two schemes:
-// the planner's runs, one write per (run, layer, page); the metadata write is counted apart.
+// the planner's runs, one write per (run, layer, page), plus the checksum write under
+// format.kv_checksum (kv_checksum.h); the metadata write is counted apart.
 Result<uint64_t> ExpectedWrites(const ShardScheme& prefill, const ShardScheme& decode,
                                 const KvFormat& format, uint32_t num_pages, uint64_t seed);
 

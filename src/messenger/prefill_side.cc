@@ -37,6 +37,7 @@ Status PrefillMessenger::Impl::Init() {
   meta_staging_.assign(static_cast<size_t>(options_.max_transfers) * meta_bytes_, 0);
   ASSIGN_OR_RETURN(meta_mr_, domain_->RegisterMemory(meta_staging_.data(), meta_staging_.size()));
   for (int i = options_.max_transfers - 1; i >= 0; --i) free_meta_slots_.push_back(i);
+  if (options_.kv_checksum) RETURN_IF_ERROR(InitChecksums());
   return OkStatus();
 }
 
@@ -330,6 +331,10 @@ Status PrefillMessenger::Impl::Admit(const PrefillRequest& r, Transfer* t) {
                            " (expected " + std::to_string(meta_bytes_) + ": hidden_size floats)");
   }
   RETURN_IF_ERROR(meta.CheckRange(r.metadata_offset, r.metadata_bytes));
+  if (options_.kv_checksum) {  // the checksum record follows the metadata (kv_checksum.h)
+    RETURN_IF_ERROR(meta.CheckRange(r.metadata_offset + r.metadata_bytes,
+                                    ChecksumBytes(static_cast<uint32_t>(num_layers_))));
+  }
   if (meta.fabric_addr != dst.fabric_addr) {
     return InvalidArgument(id + ": the metadata region belongs to another instance");
   }
@@ -386,7 +391,8 @@ Result<std::unique_ptr<PrefillMessenger>> PrefillMessenger::Create(
   if (options.max_transfers < 1) return InvalidArgument("max_transfers must be >= 1");
   if (options.max_queued_messages < 1) return InvalidArgument("max_queued_messages must be >= 1");
   std::unique_ptr<PrefillMessenger> m(
-      new PrefillMessenger(MakeKvFormat(options.model_hash, runner.region().spec())));
+      new PrefillMessenger(
+          MakeKvFormat(options.model_hash, runner.region().spec(), options.kv_checksum)));
   m->impl_ = std::make_unique<Impl>(m.get(), options, runner);
   RETURN_IF_ERROR(m->impl_->Init());
   return m;

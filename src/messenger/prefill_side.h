@@ -66,6 +66,9 @@ struct PrefillMessengerOptions {
   double prompt_timeout_s = 10.0;
   // Control messages waiting for the messenger thread; beyond, dropped and counted.
   size_t max_queued_messages = 1024;
+  // --kv-checksum (kv_checksum.h): send a CRC32C per layer of the KV written. Decode instances must
+  // say the same in their Hello, else the handshake is refused.
+  bool kv_checksum = false;
   // Borrowed, outlives the messenger; null: no trace. Events: "post writes" per request and
   // layer, "write layer" (post -> completion), "post metadata", "transfer", "transfer failed".
   Tracer* tracer = nullptr;

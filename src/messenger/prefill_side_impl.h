@@ -17,6 +17,7 @@
 #include "common/rate_limited_log.h"
 #include "messenger/channel.h"
 #include "messenger/handshake.h"
+#include "messenger/kv_checksum.h"
 #include "messenger/prefill_side.h"
 #include "messenger/shard_writes.h"
 
@@ -63,6 +64,8 @@ struct Transfer {
   uint32_t num_writes = 0;
   uint64_t bytes = 0;
   Status error;
+  std::vector<uint32_t> layer_crcs;  // --kv-checksum: each layer's CRC over the pages posted so far
+  bool checksums_posted = false;
 };
 
 // A decode instance that passed the handshake.
@@ -153,6 +156,10 @@ class PrefillMessenger::Impl {
   void PostReady(uint64_t progress);
   void PostLayer(Transfer* t, const LayerWork& w, int layer);
   void MaybePostMetadata(Transfer* t);
+  // --kv-checksum (prefill_side_checksum.cc).
+  Status InitChecksums();
+  void ChecksumLayer(Transfer* t, const LayerWork& w, int layer);
+  void PostChecksums(Transfer* t);
   void Track(Transfer* t, Result<transfer::TransferId> id, uint64_t bytes, uint32_t writes);
   void Fail(Transfer* t, const Status& status);
   void TryFinish(Transfer* t);
@@ -173,10 +180,15 @@ class PrefillMessenger::Impl {
   const uint32_t meta_bytes_;
   std::shared_ptr<FrameCodec> codec_;  // shared with the fabric worker's inbox
   std::shared_ptr<TaskQueue> queue_;   // shared with callbacks that may outlive us
+  // --kv-checksum: (max_transfers, ChecksumBytes(num_layers)) checksum write sources, by meta
+  // slot. Declared before domain_ so that it outlives the domain (and any write from it).
+  std::vector<uint8_t> crc_staging_;
   std::unique_ptr<transfer::Domain> domain_;
   std::vector<transfer::MemoryRegion> kv_mrs_;  // per rank, all in the one domain
   transfer::MemoryRegion meta_mr_;
   std::vector<uint8_t> meta_staging_;  // (max_transfers, meta_bytes): metadata write sources
+  transfer::MemoryRegion crc_mr_;      // crc_staging_'s registration
+  std::vector<RankKv> src_kv_;         // per rank, for the checksums
   engine::AsyncEngine* engine_ = nullptr;
   std::thread thread_;
   std::atomic<bool> stop_{false};

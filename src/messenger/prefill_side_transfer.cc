@@ -83,6 +83,7 @@ void PrefillMessenger::Impl::PostReady(uint64_t progress) {
     }
     if (w.next_layer == num_layers_ && w.is_last && t->error.ok()) {
       t->kv_posted = true;
+      if (options_.kv_checksum) PostChecksums(t);
       MaybePostMetadata(t);
     }
   }
@@ -146,6 +147,7 @@ void PrefillMessenger::Impl::PostLayer(Transfer* t, const LayerWork& w, int laye
       if (!t->error.ok()) return;
     }
   }
+  if (options_.kv_checksum) ChecksumLayer(t, w, layer);  // while the writes fly
   if (options_.tracer != nullptr) {
     TracePosted(last, t->request_id, layer, begin_ns,
                 {{"request", std::to_string(t->request_id)},

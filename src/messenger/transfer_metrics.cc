@@ -46,6 +46,9 @@ std::string TransferMetrics::PrometheusText(const std::string& role) const {
           metadata_missing());
   counter("kv_transfer_metadata_bad_total",
           "Metadata writes that landed with the slot still holding its canary.", metadata_bad());
+  counter("kv_transfer_checksum_mismatch_total",
+          "Transfer attempts whose KV landed but failed its per-layer CRC32C (--kv-checksum).",
+          checksum_mismatch());
   out +=
       "# HELP pdserve:kv_transfer_fenced_slots Metadata slots held until late writes cannot "
       "land.\n"

@@ -35,6 +35,8 @@ class TransferMetrics {
   // still holding the canary (written elsewhere). Neither fails the request.
   void MetadataMissing() { metadata_missing_.fetch_add(1, std::memory_order_relaxed); }
   void MetadataBad() { metadata_bad_.fetch_add(1, std::memory_order_relaxed); }
+  // Decode side (--kv-checksum): an attempt whose KV landed but did not match its checksums.
+  void ChecksumMismatch() { checksum_mismatch_.fetch_add(1, std::memory_order_relaxed); }
   // Decode side: metadata slots (and pages) held out of use until a late write can no longer land.
   void SetFenced(int64_t n) { fenced_.store(n, std::memory_order_relaxed); }
 
@@ -50,6 +52,7 @@ class TransferMetrics {
   int64_t active() const { return active_.load(); }
   uint64_t metadata_missing() const { return metadata_missing_.load(); }
   uint64_t metadata_bad() const { return metadata_bad_.load(); }
+  uint64_t checksum_mismatch() const { return checksum_mismatch_.load(); }
   int64_t fenced() const { return fenced_.load(); }
 
   // Prometheus text with metric names "pdserve:kv_transfer_*" and label role="<role>".
@@ -59,6 +62,7 @@ class TransferMetrics {
   std::atomic<uint64_t> started_{0}, succeeded_{0}, failed_{0}, retried_{0}, rejected_{0};
   std::atomic<uint64_t> dropped_silent_{0}, replayed_{0}, queue_full_{0};
   std::atomic<uint64_t> metadata_missing_{0}, metadata_bad_{0};
+  std::atomic<uint64_t> checksum_mismatch_{0};
   std::atomic<int64_t> fenced_{0};
   std::atomic<uint64_t> bytes_{0}, writes_{0};
   std::atomic<int64_t> active_{0};

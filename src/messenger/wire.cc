@@ -15,6 +15,7 @@ void PutFormat(ByteWriter& w, const KvFormat& f) {
   w.Put(f.page_size);
   w.Put(f.layout);
   w.Put(f.kv_dtype);
+  w.Put(f.kv_checksum);
 }
 
 Status GetFormat(ByteReader& r, KvFormat* f) {
@@ -24,6 +25,11 @@ Status GetFormat(ByteReader& r, KvFormat* f) {
   RETURN_IF_ERROR(r.Get("format.page_size", &f->page_size));
   RETURN_IF_ERROR(r.Get("format.layout", &f->layout));
   RETURN_IF_ERROR(r.Get("format.kv_dtype", &f->kv_dtype));
+  RETURN_IF_ERROR(r.Get("format.kv_checksum", &f->kv_checksum));
+  if (f->kv_checksum > 1) {
+    return InvalidArgument("format.kv_checksum " + std::to_string(f->kv_checksum) +
+                           " is not 0 or 1");
+  }
   if (f->layout > 1)
     return InvalidArgument("format.layout " + std::to_string(f->layout) + " unknown");
   if (f->kv_dtype > 1)

@@ -29,7 +29,8 @@ inline constexpr uint32_t kWireMagic = 0x564b4450;  // "PDKV"
 // Version 4: sessions in the header; Hello names its recipient and both handshake messages the
 // largest control message their sender receives; a prompt travels as a PrefillRequest and as many
 // PromptChunks as its ids need.
-inline constexpr uint16_t kWireVersion = 4;
+// Version 5: KvFormat carries kv_checksum (--kv-checksum, kv_checksum.h).
+inline constexpr uint16_t kWireVersion = 5;
 inline constexpr size_t kMacBytes = 32;
 inline constexpr size_t kFrameHeaderBytes = 4 + 2 + 2 + 8 + 8 + 8 + 4;
 inline constexpr size_t kBodyLenOffset = kFrameHeaderBytes - 4;
@@ -68,6 +69,9 @@ struct KvFormat {
   uint32_t page_size = 0;
   uint8_t layout = 0;    // engine::KvLayout
   uint8_t kv_dtype = 0;  // engine::KvDType
+  // --kv-checksum (kv_checksum.h): 1 when a CRC32C per layer travels with the KV. Both sides must
+  // say the same, so a mixed deployment is refused at the handshake rather than half-checked.
+  uint8_t kv_checksum = 0;
   bool operator==(const KvFormat&) const = default;
 };
 

@@ -24,6 +24,13 @@ using internal::ByteToUnicode;
 // At most this many merges, so even a 152k-id tokenizer is written and loaded quickly.
 constexpr int kMaxLearnedMerges = 4000;
 
+// The chat templates HF checkpoints of the two families ship, as in their tokenizer_config.json.
+const char kChatMLJinjaTemplate[] =
+    R"({% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %})";
+
+const char kLlama3JinjaTemplate[] =
+    R"({% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %})";
+
 struct ArchTokens {
   std::vector<std::string> specials;  // occupy ids vocab_size - specials.size() .. vocab_size - 1
   std::string bos;
@@ -31,6 +38,7 @@ struct ArchTokens {
   std::string_view split_pattern;
   std::string_view chat_template;
   bool ignore_merges = false;
+  bool add_bos = false;  // raw prompts get bos (Llama 3's post-processor adds it)
 };
 
 ArchTokens TokensFor(Arch arch) {
@@ -41,14 +49,15 @@ ArchTokens TokensFor(Arch arch) {
     t.bos = "<|begin_of_text|>";
     t.eos = "<|eot_id|>";
     t.split_pattern = internal::kLlama3SplitPattern;
-    t.chat_template = internal::kLlama3JinjaTemplate;
+    t.chat_template = kLlama3JinjaTemplate;
     t.ignore_merges = true;
+    t.add_bos = true;
   } else {
     t.specials = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
     t.bos = "<|endoftext|>";
     t.eos = "<|im_end|>";
     t.split_pattern = internal::kQwen2SplitPattern;
-    t.chat_template = internal::kChatMLJinjaTemplate;
+    t.chat_template = kChatMLJinjaTemplate;
   }
   return t;
 }
@@ -138,7 +147,7 @@ std::string TokenizerJson(const ArchTokens& arch, const Vocab& vocab, int vocab_
 
 std::string TokenizerConfigJson(const ArchTokens& arch) {
   nlohmann::ordered_json config;
-  config["add_bos_token"] = false;
+  config["add_bos_token"] = arch.add_bos;
   config["add_eos_token"] = false;
   config["bos_token"] = arch.bos;
   config["eos_token"] = arch.eos;

@@ -88,36 +88,28 @@ std::optional<int32_t> BpeTokenizer::TokenToId(std::string_view token) const {
   return it->second;
 }
 
-Result<std::string> BpeTokenizer::ApplyChatTemplate(std::span<const ChatMessage> messages,
-                                                    bool add_generation_prompt) const {
-  switch (data_->chat_template) {
-    case ChatTemplateKind::kChatML:
-      return RenderChatML(messages, add_generation_prompt);
-    case ChatTemplateKind::kLlama3:
-      return RenderLlama3(messages, add_generation_prompt,
-                          data_->bos_token.empty() ? "<|begin_of_text|>" : data_->bos_token);
-    case ChatTemplateKind::kNone:
-      break;
+Result<std::string> BpeTokenizer::ApplyChatTemplate(const ChatInput& input) const {
+  if (data_->chat_template == nullptr) {
+    return FailedPrecondition(
+        "this model has no chat template (neither tokenizer_config.json's chat_template nor "
+        "chat_template.jinja; give one with --chat-template FILE); send a raw prompt to "
+        "/v1/completions instead");
   }
-  return FailedPrecondition(
-      "this model has no supported chat template (tokenizer_config.json's chat_template must be "
-      "ChatML (<|im_start|>) or Llama-3's (<|start_header_id|>)); send a raw prompt instead");
+  return data_->chat_template->Render(input);
 }
 
 namespace {
 
 using nlohmann::json;
 
-// bos_token / eos_token: a string, {"content": string, ...} or null.
-Result<std::optional<std::string>> SpecialTokenField(const json& root, const char* key,
-                                                     const std::string& source) {
-  const auto it = root.find(key);
-  if (it == root.end() || it->is_null()) return std::optional<std::string>();
-  if (it->is_string()) return std::optional<std::string>(it->get<std::string>());
-  if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
-    return std::optional<std::string>((*it)["content"].get<std::string>());
+// A special token field: a string, {"content": string, ...} or null.
+Result<std::optional<std::string>> SpecialTokenText(const json& v, const std::string& where) {
+  if (v.is_null()) return std::optional<std::string>();
+  if (v.is_string()) return std::optional<std::string>(v.get<std::string>());
+  if (v.is_object() && v.contains("content") && v["content"].is_string()) {
+    return std::optional<std::string>(v["content"].get<std::string>());
   }
-  return InvalidArgument(source + ": " + key + " must be a string or {\"content\": string}");
+  return InvalidArgument(where + " must be a string or {\"content\": string}");
 }
 
 // chat_template: a string, or a list of {"name", "template"} (the "default" one is used).
@@ -138,24 +130,49 @@ std::string ChatTemplateText(const json& root) {
   return first;
 }
 
-Status ParseConfigRoot(const json& root, const std::string& source, TokenizerData* data) {
-  if (!root.is_object()) return InvalidArgument(source + ": top level is not a JSON object");
-  for (const char* key : {"bos_token", "eos_token"}) {
-    ASSIGN_OR_RETURN(std::optional<std::string> token, SpecialTokenField(root, key, source));
+// The special tokens HF's special_tokens_map gives a chat template, in its order.
+Status ParseSpecialTokens(const json& root, const std::string& source, TokenizerData* data) {
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                          "cls_token", "mask_token"}) {
+    const auto it = root.find(key);
+    if (it == root.end()) continue;
+    ASSIGN_OR_RETURN(std::optional<std::string> token, SpecialTokenText(*it, source + ": " + key));
     if (!token.has_value()) continue;
-    const auto it = data->string_to_id.find(*token);
-    if (it == data->string_to_id.end()) {
+    data->special_tokens[key] = *token;
+    if (std::string_view(key) != "bos_token" && std::string_view(key) != "eos_token") continue;
+    const auto id = data->string_to_id.find(*token);
+    if (id == data->string_to_id.end()) {
       return InvalidArgument(source + ": " + key + " '" + *token +
                              "' is not a token of tokenizer.json");
     }
-    if (std::string_view(key) == "bos_token") {
-      data->bos_id = it->second;
-      data->bos_token = *token;
-    } else {
-      data->eos_id = it->second;
-    }
+    (std::string_view(key) == "bos_token" ? data->bos_id : data->eos_id) = id->second;
   }
-  data->chat_template = DetectChatTemplate(ChatTemplateText(root));
+  const auto extra = root.find("additional_special_tokens");
+  if (extra != root.end() && extra->is_array()) {
+    nlohmann::ordered_json list = nlohmann::ordered_json::array();
+    for (size_t i = 0; i < extra->size(); ++i) {
+      ASSIGN_OR_RETURN(std::optional<std::string> token,
+                       SpecialTokenText((*extra)[i], source + ": additional_special_tokens[" +
+                                                         std::to_string(i) + "]"));
+      if (token.has_value()) list.push_back(*token);
+    }
+    data->special_tokens["additional_special_tokens"] = std::move(list);
+  }
+  return OkStatus();
+}
+
+Status ParseConfigRoot(const json& root, const std::string& source, TokenizerData* data) {
+  if (!root.is_object()) return InvalidArgument(source + ": top level is not a JSON object");
+  RETURN_IF_ERROR(ParseSpecialTokens(root, source, data));
+  const auto add_bos = root.find("add_bos_token");
+  if (add_bos != root.end() && add_bos->is_boolean()) {
+    data->add_bos_token = add_bos->get<bool>();
+  } else if (data->special_tokens.contains("bos_token")) {
+    data->add_bos_token =
+        data->post_processor_prefix == data->special_tokens["bos_token"].get<std::string>();
+  }
+  data->config_chat_template = ChatTemplateText(root);
+  data->config_source = source;
   return OkStatus();
 }
 
@@ -179,7 +196,31 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(const std::string& tokeni
   return std::unique_ptr<Tokenizer>(new internal::BpeTokenizer(std::move(data)));
 }
 
-Result<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& model_dir) {
+namespace {
+
+// The chat template, first found: the explicit file, DIR/chat_template.jinja, the config's.
+Status LoadChatTemplate(const std::string& model_dir, const std::string& chat_template_file,
+                        internal::TokenizerData* data) {
+  std::string path = chat_template_file;
+  std::error_code ec;
+  if (path.empty() && std::filesystem::exists(model_dir + "/chat_template.jinja", ec)) {
+    path = model_dir + "/chat_template.jinja";
+  }
+  std::string text = data->config_chat_template;
+  std::string origin = data->config_source;
+  if (!path.empty()) {
+    ASSIGN_OR_RETURN(text, ReadFileToString(path));
+    origin = path;
+  }
+  if (text.empty()) return OkStatus();
+  ASSIGN_OR_RETURN(data->chat_template, ChatTemplate::Create(text, data->special_tokens, origin));
+  return OkStatus();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& model_dir,
+                                                   const std::string& chat_template_file) {
   const std::string json_path = model_dir + "/tokenizer.json";
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(json_path));
   auto data = std::make_unique<internal::TokenizerData>();
@@ -190,6 +231,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& model_dir)
     ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(config_path));
     RETURN_IF_ERROR(internal::ParseTokenizerConfig(config_text, config_path, data.get()));
   }
+  RETURN_IF_ERROR(LoadChatTemplate(model_dir, chat_template_file, data.get()));
   return std::unique_ptr<Tokenizer>(new internal::BpeTokenizer(std::move(data)));
 }
 

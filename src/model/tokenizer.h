@@ -13,21 +13,19 @@
 #include <vector>
 
 #include "common/status.h"
+#include "model/chat_template.h"
 #include "model/config.h"
 
 namespace pd::model {
 
-struct ChatMessage {
-  std::string role;  // "system" | "user" | "assistant" | ...
-  std::string content;
-};
-
-enum class ChatTemplateKind { kNone, kChatML, kLlama3 };
-
 class Tokenizer {
  public:
-  // Reads DIR/tokenizer.json and, if present, DIR/tokenizer_config.json (chat template, bos/eos).
-  static Result<std::unique_ptr<Tokenizer>> Load(const std::string& model_dir);
+  // Reads DIR/tokenizer.json and, if present, DIR/tokenizer_config.json (special tokens, chat
+  // template). The chat template is, first found: `chat_template_file` (when not empty),
+  // DIR/chat_template.jinja, tokenizer_config.json's chat_template (a string, or HF's list of
+  // {name, template} whose "default" entry is used). It parses here: a malformed one fails Load.
+  static Result<std::unique_ptr<Tokenizer>> Load(const std::string& model_dir,
+                                                 const std::string& chat_template_file = "");
   // Parses tokenizer.json text; `source` names it in errors.
   static Result<std::unique_ptr<Tokenizer>> FromJson(const std::string& tokenizer_json,
                                                      const std::string& source);
@@ -50,16 +48,20 @@ class Tokenizer {
   virtual std::optional<int32_t> bos_token_id() const = 0;
   virtual std::optional<int32_t> eos_token_id() const = 0;
 
-  virtual ChatTemplateKind chat_template() const = 0;
-  // Renders messages with the model's template (ChatML or Llama-3), adding the assistant header
-  // when add_generation_prompt. FailedPrecondition when the model has no supported template.
-  virtual Result<std::string> ApplyChatTemplate(std::span<const ChatMessage> messages,
-                                                bool add_generation_prompt) const = 0;
+  // Whether a raw prompt gets bos prepended, as HF's tokenizer does (tokenizer_config.json's
+  // add_bos_token, or a post-processor that starts with bos, as Llama 3's).
+  virtual bool adds_bos_token() const = 0;
+  // The checkpoint's chat template; nullptr when it has none.
+  virtual const ChatTemplate* chat_template() const = 0;
+  // Renders a chat with the checkpoint's template. FailedPrecondition when there is none;
+  // InvalidArgument when the template raises or fails.
+  virtual Result<std::string> ApplyChatTemplate(const ChatInput& input) const = 0;
 };
 
 // Writes a working byte-level BPE tokenizer.json and tokenizer_config.json with exactly
 // `vocab_size` ids (bytes, learned merges, then the arch's special tokens at the top), the
 // chat template of the arch (ChatML for qwen2/qwen3, Llama-3's for llama), in HF's format.
+// Llama's adds bos to raw prompts (add_bos_token), Qwen's does not.
 Status WriteSyntheticTokenizer(const std::string& model_dir, Arch arch, int vocab_size);
 
 }  // namespace pd::model

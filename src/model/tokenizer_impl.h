@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,15 +27,23 @@ struct TokenizerData {
   PreTokenizer pre_tokenizer;
   AddedTokenMatcher added;
 
-  ChatTemplateKind chat_template = ChatTemplateKind::kNone;
   std::optional<int32_t> bos_id;
   std::optional<int32_t> eos_id;
-  std::string bos_token;  // as configured, used by Llama-3's template
+  bool add_bos_token = false;  // tokenizer_config.json's add_bos_token / the post-processor
+  // The special token tokenizer.json's TemplateProcessing post-processor puts before a single
+  // sequence ("<|begin_of_text|>" for Llama 3), "" if none.
+  std::string post_processor_prefix;
+  // The template variables tokenizer_config.json defines: bos_token, eos_token, ...,
+  // additional_special_tokens.
+  nlohmann::ordered_json special_tokens = nlohmann::ordered_json::object();
+  std::string config_chat_template;  // tokenizer_config.json's chat_template, "" if none
+  std::string config_source;         // where it came from, for errors
+  std::unique_ptr<ChatTemplate> chat_template;
 };
 
 // Parses tokenizer.json into `data` (everything but the tokenizer_config.json fields).
 Status ParseTokenizerJson(const std::string& text, const std::string& source, TokenizerData* data);
-// Applies tokenizer_config.json: bos_token, eos_token, chat_template.
+// Applies tokenizer_config.json: special tokens, add_bos_token, the chat template's text.
 Status ParseTokenizerConfig(const std::string& text, const std::string& source,
                             TokenizerData* data);
 
@@ -52,9 +61,9 @@ class BpeTokenizer final : public Tokenizer {
   bool IsSpecial(int32_t id) const override;
   std::optional<int32_t> bos_token_id() const override { return data_->bos_id; }
   std::optional<int32_t> eos_token_id() const override { return data_->eos_id; }
-  ChatTemplateKind chat_template() const override { return data_->chat_template; }
-  Result<std::string> ApplyChatTemplate(std::span<const ChatMessage> messages,
-                                        bool add_generation_prompt) const override;
+  bool adds_bos_token() const override { return data_->add_bos_token; }
+  const ChatTemplate* chat_template() const override { return data_->chat_template.get(); }
+  Result<std::string> ApplyChatTemplate(const ChatInput& input) const override;
 
  private:
   bool Present(int32_t id) const;
@@ -62,15 +71,5 @@ class BpeTokenizer final : public Tokenizer {
 
   std::unique_ptr<TokenizerData> data_;
 };
-
-// Chat templates (chat_template.cc).
-// The Jinja templates HF models ship for the two supported families, as written in
-// tokenizer_config.json.
-extern const char kChatMLJinjaTemplate[];
-extern const char kLlama3JinjaTemplate[];
-ChatTemplateKind DetectChatTemplate(std::string_view jinja_template);
-std::string RenderChatML(std::span<const ChatMessage> messages, bool add_generation_prompt);
-std::string RenderLlama3(std::span<const ChatMessage> messages, bool add_generation_prompt,
-                         std::string_view bos_token);
 
 }  // namespace pd::model::internal

@@ -221,6 +221,27 @@ Status CheckNormalizer(const json& node, const std::string& where) {
                          " is not supported (null or NFC only)");
 }
 
+// The special token a TemplateProcessing post-processor (possibly inside a Sequence) puts first.
+std::string PostProcessorPrefix(const json& node) {
+  if (!node.is_object()) return "";
+  const std::string type = node.value("type", std::string());
+  if (type == "Sequence" && node.contains("processors") && node["processors"].is_array()) {
+    for (const json& inner : node["processors"]) {
+      std::string prefix = PostProcessorPrefix(inner);
+      if (!prefix.empty()) return prefix;
+    }
+    return "";
+  }
+  if (type != "TemplateProcessing" || !node.contains("single") || !node["single"].is_array() ||
+      node["single"].empty()) {
+    return "";
+  }
+  const json& first = node["single"][0];
+  if (!first.is_object() || !first.contains("SpecialToken")) return "";
+  const json& special = first["SpecialToken"];
+  return special.is_object() ? special.value("id", std::string()) : "";
+}
+
 Status ParseRoot(const json& root, const std::string& source, TokenizerData* data) {
   if (!root.is_object()) return InvalidArgument(source + ": top level is not a JSON object");
   RETURN_IF_ERROR(ParseModel(root, source, data));
@@ -233,6 +254,9 @@ Status ParseRoot(const json& root, const std::string& source, TokenizerData* dat
       root.contains("pre_tokenizer") ? root["pre_tokenizer"] : null_node, source);
   if (!pre.ok()) return pre.status();
   data->pre_tokenizer = std::move(pre).value();
+  if (root.contains("post_processor")) {
+    data->post_processor_prefix = PostProcessorPrefix(root["post_processor"]);
+  }
   return OkStatus();
 }
 

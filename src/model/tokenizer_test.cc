@@ -44,7 +44,7 @@ TEST(Tokenizer, EncodesByMergeRank) {
   EXPECT_EQ(tok->TokenBytes(262).value(), " wor");
   EXPECT_EQ(tok->TokenToId("Ġwor"), 262);
   EXPECT_EQ(tok->TokenToId("nope"), std::nullopt);
-  EXPECT_EQ(tok->chat_template(), ChatTemplateKind::kNone);
+  EXPECT_EQ(tok->chat_template(), nullptr);
   EXPECT_EQ(tok->bos_token_id(), std::nullopt);
 }
 
@@ -243,8 +243,9 @@ TEST(Tokenizer, LoadsConfigAndChatTemplate) {
   // No tokenizer_config.json: no bos/eos, no template.
   auto bare = Tokenizer::Load(dir.path());
   ASSERT_TRUE(bare.ok()) << bare.status().ToString();
-  EXPECT_EQ((*bare)->chat_template(), ChatTemplateKind::kNone);
-  auto refused = (*bare)->ApplyChatTemplate(std::vector<ChatMessage>{{"user", "hi"}}, true);
+  EXPECT_EQ((*bare)->chat_template(), nullptr);
+  const std::vector<ChatMessage> hi = {{"user", "hi"}};
+  auto refused = (*bare)->ApplyChatTemplate(ChatInput::FromMessages(hi, true));
   EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.status().message().find("chat template"), std::string::npos);
 
@@ -256,7 +257,8 @@ TEST(Tokenizer, LoadsConfigAndChatTemplate) {
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
   EXPECT_EQ((*tok)->bos_token_id(), 265);
   EXPECT_EQ((*tok)->eos_token_id(), 264);
-  EXPECT_EQ((*tok)->chat_template(), ChatTemplateKind::kChatML);
+  ASSERT_NE((*tok)->chat_template(), nullptr);
+  EXPECT_EQ((*tok)->ApplyChatTemplate(ChatInput::FromMessages(hi, true)).value(), "<|im_start|>");
 }
 
 TEST(Tokenizer, LoadMissingDirectoryIsNotFound) {

@@ -189,10 +189,7 @@ std::vector<int32_t> OpenAiServer::EncodePrompt(const std::string& text,
   // (its config names a bos_token_id, but its tokenizer never inserts it).
   std::vector<int32_t> ids;
   auto bos = tokenizer_->bos_token_id();
-  if (add_special_tokens && bos &&
-      tokenizer_->chat_template() == model::ChatTemplateKind::kLlama3) {
-    ids.push_back(*bos);
-  }
+  if (add_special_tokens && bos && tokenizer_->adds_bos_token()) ids.push_back(*bos);
   std::vector<int32_t> body = tokenizer_->Encode(text);
   if (!ids.empty() && !body.empty() && body.front() == ids.front())
     ids.clear();  // BOS written in the text
@@ -202,7 +199,8 @@ std::vector<int32_t> OpenAiServer::EncodePrompt(const std::string& text,
 
 Result<std::vector<int32_t>> OpenAiServer::Tokenize(const GenerateRequest& request) const {
   if (request.kind == ApiKind::kChat) {
-    auto text = tokenizer_->ApplyChatTemplate(request.messages, request.add_generation_prompt);
+    // The template writes the special tokens it wants (bos included): none are added here.
+    auto text = tokenizer_->ApplyChatTemplate(request.chat);
     if (!text.ok())
       return InvalidArgument("cannot apply the chat template: " + text.status().message());
     return tokenizer_->Encode(*text);
@@ -275,6 +273,7 @@ std::shared_ptr<StreamState> OpenAiServer::StartGeneration(ApiKind kind,
   format.num_logprobs = request.num_logprobs;
   format.return_tokens_as_token_ids = request.return_tokens_as_token_ids;
   format.include_usage = request.include_usage;
+  format.reasoning_parser = options_.reasoning_parser;
   state->generation = std::move(started).value();
   state->builder = std::make_unique<ResponseBuilder>(format, *tokenizer_);
   state->stream = request.stream;
@@ -387,7 +386,7 @@ void OpenAiServer::HandleTokenize(const httplib::Request& req, httplib::Response
   if (parsed->prompt) {
     ids = EncodePrompt(*parsed->prompt, parsed->add_special_tokens);
   } else {
-    auto text = tokenizer_->ApplyChatTemplate(parsed->messages, parsed->add_generation_prompt);
+    auto text = tokenizer_->ApplyChatTemplate(parsed->chat);
     if (!text.ok())
       return SendError(res, 400, "cannot apply the chat template: " + text.status().message());
     ids = tokenizer_->Encode(*text);

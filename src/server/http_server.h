@@ -28,6 +28,7 @@
 #include "server/inflight_cap.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
+#include "server/reasoning_parser.h"
 
 namespace pd::server {
 
@@ -40,6 +41,7 @@ struct ServerOptions {
   int max_model_len = 4096;
   int max_inflight_requests = 0;  // generation requests in flight; 0: limited by the engine only
   int max_logprobs = 20;
+  ReasoningParser reasoning_parser = ReasoningParser::kNone;  // chat replies' reasoning_content
   HttpLimits http;
   // Appended to /metrics (Prometheus text), e.g. a decode instance's KV transfer metrics.
   std::function<std::string()> extra_metrics;

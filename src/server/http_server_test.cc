@@ -285,6 +285,26 @@ TEST_F(ServerTest, BadInputGetsOpenAiErrors) {
   EXPECT_EQ(client_->Get("/health")->status, 200);
 }
 
+TEST_F(ServerTest, TokenizeRendersWhatChatPrefills) {
+  Start({}, ServerOptions());
+  // /tokenize renders what a chat request prefills: tools and chat_template_kwargs included.
+  const std::string chat =
+      R"("messages":[{"role":"user","content":"a"}],"tools":[{"type":"function",)"
+      R"("function":{"name":"f"}}],"chat_template_kwargs":{"enable_thinking":false})";
+  json t = PostJson("/tokenize", "{" + chat + "}");
+  EXPECT_EQ(t["count"], tokenizer_
+                            .Encode(R"(<tools>[{"type": "function", "function": {"name": "f"}}])"
+                                    "</tools><|im_start|>user\na<|im_end|>\n<|im_start|>"
+                                    "assistant\n<think></think>")
+                            .size());
+  json chat_reply = PostJson("/v1/chat/completions", "{" + chat + R"(,"max_tokens":2})");
+  EXPECT_EQ(chat_reply["usage"]["prompt_tokens"], t["count"]);
+  ExpectError("/v1/chat/completions", R"({"messages":[{"role":"developer","content":"x"}]})", 400,
+              "raise_exception: no developer role");
+  ExpectError("/tokenize", R"({"messages":[{"role":"developer","content":"x"}]})", 400,
+              "raise_exception: no developer role");
+}
+
 TEST_F(ServerTest, ModelsTokenizeDetokenizeMetrics) {
   ServerOptions so;
   so.model_path = "/models/tiny";

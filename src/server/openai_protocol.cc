@@ -2,6 +2,8 @@
 
 #include <limits>
 
+#include "server/chat_request.h"
+
 namespace pd::server {
 
 using json = nlohmann::json;
@@ -125,52 +127,6 @@ Status ParsePrompt(const json& doc, const ProtocolLimits& limits, GenerateReques
   }
   if (req->prompt_text && req->prompt_text->empty())
     return InvalidArgument("'prompt' must not be empty");
-  return OkStatus();
-}
-
-Result<std::string> MessageContent(const json& content, size_t index) {
-  std::string field = "messages[" + std::to_string(index) + "].content";
-  if (content.is_null()) return std::string();
-  if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) return WrongType(field, "a string or a list of text parts", content);
-  std::string text;
-  for (size_t j = 0; j < content.size(); ++j) {
-    const json& part = content[j];
-    std::string pf = field + "[" + std::to_string(j) + "]";
-    if (!part.is_object()) return WrongType(pf, "an object", part);
-    std::string type;
-    RETURN_IF_ERROR(GetString(part, "type", &type));
-    if (type != "text")
-      return InvalidArgument("'" + pf + ".type' = \"" + type +
-                             "\" is not supported (only \"text\")");
-    auto t = part.find("text");
-    if (t == part.end() || !t->is_string())
-      return InvalidArgument("'" + pf + ".text' must be a string");
-    text += t->get<std::string>();
-  }
-  return text;
-}
-
-Status ParseMessages(const json& doc, std::vector<model::ChatMessage>* messages) {
-  auto it = doc.find("messages");
-  if (it == doc.end() || it->is_null()) return InvalidArgument("'messages' is required");
-  if (!it->is_array()) return WrongType("messages", "a list of messages", *it);
-  if (it->empty()) return InvalidArgument("'messages' must not be empty");
-  for (size_t i = 0; i < it->size(); ++i) {
-    const json& m = (*it)[i];
-    std::string field = "messages[" + std::to_string(i) + "]";
-    if (!m.is_object()) return WrongType(field, "an object", m);
-    auto role = m.find("role");
-    if (role == m.end() || !role->is_string())
-      return InvalidArgument("'" + field + ".role' must be a string");
-    std::string r = role->get<std::string>();
-    if (r != "system" && r != "user" && r != "assistant" && r != "developer" && r != "tool")
-      return InvalidArgument("'" + field + ".role' = \"" + r + "\" is not a known role");
-    auto content = m.find("content");
-    if (content == m.end()) return InvalidArgument("'" + field + ".content' is required");
-    ASSIGN_OR_RETURN(std::string text, MessageContent(*content, i));
-    messages->push_back({r, std::move(text)});
-  }
   return OkStatus();
 }
 
@@ -312,9 +268,6 @@ Status ParseLogprobs(const json& doc, const ProtocolLimits& limits, GenerateRequ
 }
 
 Status ParseUnsupportedChat(const json& doc) {
-  auto tools = doc.find("tools");
-  if (tools != doc.end() && !tools->is_null() && !(tools->is_array() && tools->empty()))
-    return InvalidArgument("'tools' is not supported");
   auto rf = doc.find("response_format");
   if (rf != doc.end() && rf->is_object()) {
     std::string type;
@@ -343,8 +296,7 @@ Result<GenerateRequest> ParseGenerateRequest(ApiKind kind, std::string_view body
     if (!suffix.empty()) return InvalidArgument("'suffix' is not supported");
     RETURN_IF_ERROR(ParsePrompt(doc, limits, &req));
   } else {
-    RETURN_IF_ERROR(ParseMessages(doc, &req.messages));
-    RETURN_IF_ERROR(GetBool(doc, "add_generation_prompt", &req.add_generation_prompt));
+    ASSIGN_OR_RETURN(req.chat, ParseChatInput(body));
     RETURN_IF_ERROR(ParseUnsupportedChat(doc));
   }
   RETURN_IF_ERROR(ParseCommon(doc, limits, &req));
@@ -390,7 +342,6 @@ Result<TokenizeRequest> ParseTokenizeRequest(std::string_view body, const Protoc
   RETURN_IF_ERROR(CheckModel(doc, limits, &model));
   TokenizeRequest req;
   RETURN_IF_ERROR(GetBool(doc, "add_special_tokens", &req.add_special_tokens));
-  RETURN_IF_ERROR(GetBool(doc, "add_generation_prompt", &req.add_generation_prompt));
   bool has_prompt = doc.contains("prompt") && !doc["prompt"].is_null();
   bool has_messages = doc.contains("messages") && !doc["messages"].is_null();
   if (has_prompt == has_messages)
@@ -400,7 +351,7 @@ Result<TokenizeRequest> ParseTokenizeRequest(std::string_view body, const Protoc
     RETURN_IF_ERROR(GetString(doc, "prompt", &prompt));
     req.prompt = std::move(prompt);
   } else {
-    RETURN_IF_ERROR(ParseMessages(doc, &req.messages));
+    ASSIGN_OR_RETURN(req.chat, ParseChatInput(body));
   }
   return req;
 }

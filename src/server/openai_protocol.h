@@ -33,11 +33,10 @@ struct ProtocolLimits {
 // A completion or chat request after JSON validation, before tokenisation.
 struct GenerateRequest {
   ApiKind kind = ApiKind::kCompletion;
-  std::string model;                         // as sent (may be empty)
-  std::optional<std::string> prompt_text;    // completions: the prompt as text ...
-  std::vector<int32_t> prompt_ids;           // ... or as token ids
-  std::vector<model::ChatMessage> messages;  // chat
-  bool add_generation_prompt = true;         // chat
+  std::string model;                       // as sent (may be empty)
+  std::optional<std::string> prompt_text;  // completions: the prompt as text ...
+  std::vector<int32_t> prompt_ids;         // ... or as token ids
+  model::ChatInput chat;                   // chat: messages, tools, template kwargs
   std::optional<int> max_tokens;    // absent: 16 (completions) / the rest of the context (chat)
   engine::SamplingParams sampling;  // everything except max_tokens and logprobs
   int num_logprobs = -1;            // -1: none; 0: the chosen token's; N: top N too
@@ -58,12 +57,11 @@ Result<GenerateRequest> ParseGenerateRequest(ApiKind kind, std::string_view body
 Status FinalizeGenerateRequest(const std::vector<int32_t>& prompt_ids, const ProtocolLimits& limits,
                                GenerateRequest* request);
 
-// POST /tokenize: {"prompt": "..."} or {"messages": [...]}, optional "add_special_tokens"
-// and "add_generation_prompt".
+// POST /tokenize: {"prompt": "..."} or {"messages": [...]} with the chat fields of a chat
+// request (tools, add_generation_prompt, chat_template_kwargs), optional "add_special_tokens".
 struct TokenizeRequest {
   std::optional<std::string> prompt;
-  std::vector<model::ChatMessage> messages;
-  bool add_generation_prompt = true;
+  model::ChatInput chat;  // without a prompt
   bool add_special_tokens = true;
 };
 Result<TokenizeRequest> ParseTokenizeRequest(std::string_view body, const ProtocolLimits& limits);

@@ -139,7 +139,7 @@ TEST(OpenAiProtocolTest, UnsupportedValues) {
   ExpectError(Completion(R"({"prompt":"x","presence_penalty":0.5})"), StatusCode::kInvalidArgument,
               "'presence_penalty'");
   ExpectError(Chat(R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})"),
-              StatusCode::kInvalidArgument, "'tools'");
+              StatusCode::kInvalidArgument, "'tools[0].function' must be an object");
   auto n1 = Completion(R"({"prompt":"x","n":1,"best_of":1,"echo":false})");
   EXPECT_TRUE(n1.ok()) << n1.status().ToString();
 }
@@ -196,8 +196,8 @@ TEST(OpenAiProtocolTest, ChatMessages) {
     {"role":"user","content":[{"type":"text","text":"hel"},{"type":"text","text":"lo"}]}],
     "logprobs":true,"top_logprobs":2,"max_completion_tokens":4})");
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  ASSERT_EQ(r->messages.size(), 2u);
-  EXPECT_EQ(r->messages[1].content, "hello");
+  ASSERT_EQ(r->chat.messages.size(), 2u);
+  EXPECT_EQ(r->chat.messages[1]["content"], "hello");
   EXPECT_EQ(r->num_logprobs, 2);
   EXPECT_EQ(*r->max_tokens, 4);
   ExpectError(Chat(R"({"messages":[]})"), StatusCode::kInvalidArgument,
@@ -215,6 +215,43 @@ TEST(OpenAiProtocolTest, ChatMessages) {
               StatusCode::kInvalidArgument, "is not supported");
   ExpectError(Chat(R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})"),
               StatusCode::kInvalidArgument, "requires 'logprobs'");
+}
+
+TEST(OpenAiProtocolTest, ChatToolsAndTemplateKwargs) {
+  auto r = Chat(R"({"messages":[{"role":"user","content":"w?"},
+    {"role":"assistant","tool_calls":[{"id":"c1","type":"function",
+      "function":{"name":"get","arguments":"{\"city\": \"Paris\"}"}}]},
+    {"role":"tool","tool_call_id":"c1","content":"sunny"}],
+    "tools":[{"type":"function","function":{"name":"get","parameters":{"type":"object",
+      "properties":{"z":{},"a":{}}}}}],
+    "tool_choice":"auto","add_generation_prompt":false,
+    "chat_template_kwargs":{"enable_thinking":false}})");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->chat.messages[1]["content"].is_null());  // absent content of a tool-call turn
+  EXPECT_EQ(r->chat.messages[2]["tool_call_id"], "c1");
+  EXPECT_FALSE(r->chat.add_generation_prompt);
+  EXPECT_EQ(r->chat.template_kwargs["enable_thinking"], false);
+  // The client's key order is kept for the template's tojson.
+  EXPECT_EQ(r->chat.tools[0]["function"]["parameters"]["properties"].dump(), R"({"z":{},"a":{}})");
+
+  const std::string user = R"("messages":[{"role":"user","content":"x"}])";
+  ExpectError(Chat("{" + user + R"(,"tools":{}})"), StatusCode::kInvalidArgument,
+              "'tools' must be a list of tools, got object");
+  ExpectError(Chat("{" + user + R"(,"tools":[{"type":"retrieval"}]})"),
+              StatusCode::kInvalidArgument, "'tools[0].type' must be \"function\"");
+  ExpectError(Chat("{" + user + R"(,"tools":[{"type":"function","function":{"name":""}}]})"),
+              StatusCode::kInvalidArgument, "'tools[0].function.name' must be a non-empty string");
+  ExpectError(
+      Chat("{" + user + R"(,"tools":[{"type":"function","function":{"name":"f","parameters":1}}]})"),
+      StatusCode::kInvalidArgument, "'tools[0].function.parameters' must be a JSON Schema object");
+  ExpectError(Chat("{" + user + R"(,"tool_choice":"required"})"), StatusCode::kInvalidArgument,
+              "'tool_choice' = \"required\" is not supported");
+  ExpectError(Chat("{" + user + R"(,"tool_choice":"sometimes"})"), StatusCode::kInvalidArgument,
+              "is not one of");
+  ExpectError(Chat("{" + user + R"(,"chat_template_kwargs":[1]})"), StatusCode::kInvalidArgument,
+              "'chat_template_kwargs' must be an object, got array");
+  ExpectError(Chat(R"({"messages":[{"role":"assistant","tool_calls":[{"function":{}}]}]})"),
+              StatusCode::kInvalidArgument, "'messages[0].tool_calls[0]' must be");
 }
 
 TEST(OpenAiProtocolTest, FinalizeChecksContextAndVocabulary) {

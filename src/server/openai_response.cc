@@ -23,7 +23,10 @@ json UsageJson(int prompt_tokens, int completion_tokens) {
 }
 
 ResponseBuilder::ResponseBuilder(ResponseFormat format, const model::Tokenizer& tokenizer)
-    : format_(std::move(format)), tokenizer_(tokenizer) {}
+    : format_(std::move(format)),
+      tokenizer_(tokenizer),
+      splitter_(format_.kind == ApiKind::kChat ? format_.reasoning_parser
+                                               : ReasoningParser::kNone) {}
 
 json ResponseBuilder::Base(const char* object) const {
   return {{"id", format_.id},
@@ -92,7 +95,16 @@ std::string ResponseBuilder::Chunk(const TextDelta& delta) {
   json choice;
   if (format_.kind == ApiKind::kChat) {
     json d = json::object();
-    if (!delta.text.empty() || !delta.finished) d["content"] = delta.text;
+    ReasoningSplitter::Split split = splitter_.Feed(delta.text);
+    if (delta.finished) {
+      ReasoningSplitter::Split rest = splitter_.Finish();
+      split.reasoning += rest.reasoning;
+      split.content += rest.content;
+    }
+    if (!split.reasoning.empty()) d["reasoning_content"] = split.reasoning;
+    if (!split.content.empty() || (split.reasoning.empty() && !delta.finished)) {
+      d["content"] = split.content;
+    }
     choice = {{"index", 0}, {"delta", d}, {"logprobs", Logprobs(delta)}, {"finish_reason", finish}};
   } else {
     choice = {{"index", 0},
@@ -144,8 +156,19 @@ std::string ResponseBuilder::Final(int prompt_tokens, int completion_tokens) con
   json response;
   if (format_.kind == ApiKind::kChat) {
     response = Base("chat.completion");
+    json message = {{"role", "assistant"}, {"content", text_}};
+    if (format_.reasoning_parser != ReasoningParser::kNone) {
+      ReasoningSplitter splitter(format_.reasoning_parser);
+      ReasoningSplitter::Split split = splitter.Feed(text_);
+      ReasoningSplitter::Split rest = splitter.Finish();
+      split.reasoning += rest.reasoning;
+      split.content += rest.content;
+      message["content"] = split.content.empty() ? json(nullptr) : json(split.content);
+      message["reasoning_content"] =
+          split.reasoning.empty() ? json(nullptr) : json(split.reasoning);
+    }
     choice = {{"index", 0},
-              {"message", {{"role", "assistant"}, {"content", text_}}},
+              {"message", message},
               {"logprobs", logprobs},
               {"finish_reason", finish_reason_},
               {"stop_reason", stop_reason_}};

@@ -7,6 +7,7 @@
 
 #include "model/tokenizer.h"
 #include "server/openai_protocol.h"
+#include "server/reasoning_parser.h"
 #include "server/text_stream.h"
 
 namespace pd::server {
@@ -19,6 +20,8 @@ struct ResponseFormat {
   int num_logprobs = -1;  // -1: no logprobs
   bool return_tokens_as_token_ids = false;
   bool include_usage = false;
+  // Chat: the <think> part of the reply goes to reasoning_content (--reasoning-parser).
+  ReasoningParser reasoning_parser = ReasoningParser::kNone;
 };
 
 nlohmann::json UsageJson(int prompt_tokens, int completion_tokens);
@@ -45,9 +48,10 @@ class ResponseBuilder {
 
   const ResponseFormat format_;
   const model::Tokenizer& tokenizer_;
-  size_t text_offset_ = 0;   // completions logprobs: text_offset of the next token
-  std::string text_;         // accumulated (non-streaming)
-  nlohmann::json logprobs_;  // accumulated (non-streaming)
+  ReasoningSplitter splitter_;  // streaming chat: reasoning vs content so far
+  size_t text_offset_ = 0;      // completions logprobs: text_offset of the next token
+  std::string text_;            // accumulated (non-streaming)
+  nlohmann::json logprobs_;     // accumulated (non-streaming)
   std::string finish_reason_;
   nlohmann::json stop_reason_;
 };

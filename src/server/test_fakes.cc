@@ -54,12 +54,23 @@ std::optional<int32_t> FakeTokenizer::TokenToId(std::string_view token) const {
   return std::nullopt;
 }
 
-Result<std::string> FakeTokenizer::ApplyChatTemplate(std::span<const model::ChatMessage> messages,
-                                                     bool add_generation_prompt) const {
-  std::string out;
-  for (const auto& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-  if (add_generation_prompt) out += "<|im_start|>assistant\n";
-  return out;
+const model::ChatTemplate* FakeTokenizer::chat_template() const {
+  static const model::ChatTemplate* const kChatML =
+      model::ChatTemplate::Create(
+          "{% if messages[0].role == 'developer' %}{{ raise_exception('no developer role') }}"
+          "{% endif %}{% if tools %}<tools>{{ tools | tojson }}</tools>{% endif %}"
+          "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + "
+          "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+          "{{ '<|im_start|>assistant\\n' }}{% endif %}"
+          "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}",
+          {}, "FakeTokenizer")
+          .value()
+          .release();
+  return kChatML;
+}
+
+Result<std::string> FakeTokenizer::ApplyChatTemplate(const model::ChatInput& input) const {
+  return chat_template()->Render(input);
 }
 
 FakeAsyncEngine::FakeAsyncEngine(FakeEngineOptions options) : options_(std::move(options)) {

@@ -28,11 +28,11 @@ class FakeTokenizer final : public model::Tokenizer {
   bool IsSpecial(int32_t id) const override { return id >= 256; }
   std::optional<int32_t> bos_token_id() const override { return std::nullopt; }
   std::optional<int32_t> eos_token_id() const override { return kEos; }
-  model::ChatTemplateKind chat_template() const override {
-    return model::ChatTemplateKind::kChatML;
-  }
-  Result<std::string> ApplyChatTemplate(std::span<const model::ChatMessage> messages,
-                                        bool add_generation_prompt) const override;
+  bool adds_bos_token() const override { return false; }
+  // ChatML, rendered by the template engine as a checkpoint's template is; it also writes the
+  // tools, honours enable_thinking = false and raises on a first "developer" message.
+  const model::ChatTemplate* chat_template() const override;
+  Result<std::string> ApplyChatTemplate(const model::ChatInput& input) const override;
 };
 
 struct FakeEngineOptions {

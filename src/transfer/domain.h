@@ -37,6 +37,8 @@
 
 namespace pd::transfer {
 
+class FaultInjector;  // fault_injection.h
+
 using TransferId = uint64_t;
 // Runs on the worker thread once per transfer.
 using Completion = std::function<void(const Status&)>;
@@ -63,6 +65,9 @@ struct DomainOptions {
   // Shared by the domains of a group so writes spread over NICs count together; null: own table.
   std::shared_ptr<ImmCounterTable> imm_counters;
   MessageHandler on_message;
+  // Tests only (fault_injection.h): drops, duplicates, corrupts, delays or reorders chosen writes
+  // and immediates. Null (the default): no faults, at the cost of a pointer check.
+  std::shared_ptr<FaultInjector> faults;
 };
 
 // What the provider answered, after fi_getinfo.

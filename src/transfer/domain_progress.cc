@@ -44,7 +44,7 @@ void DomainWorker::Run() {
     }
     if (++idle < kSpinPolls) continue;
     idle = 0;
-    Block(transfers_.empty() ? 200 : 10);  // short naps while deadlines run
+    Block(transfers_.empty() && !HoldsFaults() ? 200 : 10);  // short naps while deadlines run
   }
   // Shutting down: every transfer still known fails, so no caller waits forever.
   std::vector<Transfer*> open;
@@ -110,6 +110,7 @@ void DomainWorker::DoCancel(TransferId id) {
 void DomainWorker::PostPending() {
   std::vector<fi_addr_t> blocked;  // destinations refused in this pass
   bool no_send_buffers = false;
+  if (faults_ != nullptr) ReleaseHeld(false, false);
   auto it = pending_.begin();
   while (it != pending_.end() && live_inflight_ < options_.max_inflight) {
     auto found = transfers_.find(*it);
@@ -150,37 +151,51 @@ ssize_t DomainWorker::PostWrite(Transfer* t) {
     return 0;
   }
   const size_t k = t->next;
-  iovec iov{region->second.data + r.src_offset + uint64_t{r.src_pages[k]} * r.src_stride,
+  WriteOp op;
+  op.iov = {region->second.data + r.src_offset + uint64_t{r.src_pages[k]} * r.src_stride,
             r.bytes_per_page};
-  void* desc = region->second.desc;
-  fi_rma_iov rma{r.dst.descriptor.addr + r.dst_offset + uint64_t{r.dst_pages[k]} * r.dst_stride,
-                 r.bytes_per_page, r.dst.descriptor.rkey};
+  op.desc = region->second.desc;
+  op.rma = {r.dst.descriptor.addr + r.dst_offset + uint64_t{r.dst_pages[k]} * r.dst_stride,
+            r.bytes_per_page, r.dst.descriptor.rkey};
+  op.addr = r.dst.fi_addr;
+  op.data = r.imm.value_or(0);
+  op.flags = FI_COMPLETION | (r.imm ? FI_REMOTE_CQ_DATA : 0) |
+             (options_.delivery_complete ? FI_DELIVERY_COMPLETE : 0);
+  if (faults_ != nullptr) return PostWriteFaulted(t, op);  // tests only (fault_injection.h)
+  return IssueWrite(t, op);
+}
+
+ssize_t DomainWorker::IssueWrite(Transfer* t, const WriteOp& op, OpContext** posted) {
   OpContext* ctx = NewContext(OpContext::Kind::kWrite, t);
-  ctx->region_id = r.src.id;
-  ctx->dest = r.dst.fi_addr;
-  fi_msg_rma msg{};
-  msg.msg_iov = &iov;
-  msg.desc = &desc;
-  msg.iov_count = 1;
-  msg.addr = r.dst.fi_addr;
-  msg.rma_iov = &rma;
-  msg.rma_iov_count = 1;
-  msg.context = &ctx->fi_ctx;
-  msg.data = r.imm.value_or(0);
-  uint64_t flags = FI_COMPLETION | (r.imm ? FI_REMOTE_CQ_DATA : 0) |
-                   (options_.delivery_complete ? FI_DELIVERY_COMPLETE : 0);
-  ssize_t rc = fi_writemsg(ep_.get(), &msg, flags);
+  ctx->region_id = t->write.src.id;
+  ctx->dest = op.addr;
+  ssize_t rc = WriteMsg(ctx, op);
   if (rc != 0) {
     FreeContext(ctx);
     return rc;
   }
-  ++region->second.users;
+  ++regions_.at(ctx->region_id).users;
   t->last_progress = Now();
   inflight_.insert(ctx);
   ++live_inflight_;
   ++t->inflight;
   ++t->next;
+  if (posted != nullptr) *posted = ctx;
   return 0;
+}
+
+ssize_t DomainWorker::WriteMsg(OpContext* ctx, const WriteOp& op) {
+  void* desc = op.desc;
+  fi_msg_rma msg{};
+  msg.msg_iov = &op.iov;
+  msg.desc = &desc;
+  msg.iov_count = 1;
+  msg.addr = op.addr;
+  msg.rma_iov = &op.rma;
+  msg.rma_iov_count = 1;
+  msg.context = &ctx->fi_ctx;
+  msg.data = op.data;
+  return fi_writemsg(ep_.get(), &msg, op.flags);
 }
 
 ssize_t DomainWorker::PostSend(Transfer* t) {
@@ -236,7 +251,11 @@ void DomainWorker::HandleCompletion(const fi_cq_data_entry& e) {
   if (e.flags & FI_REMOTE_CQ_DATA) {
     // A write carrying an immediate landed. With FI_RX_CQ_DATA it consumed a posted receive (the
     // event's context); without it the context is none of ours and must not be read.
-    imm_->OnArrival(static_cast<uint32_t>(e.data));
+    if (faults_ != nullptr) {
+      OnImmediateFaulted(static_cast<uint32_t>(e.data));  // tests only (fault_injection.h)
+    } else {
+      imm_->OnArrival(static_cast<uint32_t>(e.data));
+    }
     if (rx_cq_data_ && ctx != nullptr && ctx->kind == OpContext::Kind::kRecv) {
       Status s = PostRecv(ctx->buffer);
       if (!s.ok()) PD_LOG_ERROR("reposting receive: {}", s.ToString());
@@ -277,6 +296,7 @@ void DomainWorker::HandleCqError() {
 }
 
 void DomainWorker::OnOpDone(OpContext* ctx, const Status& status) {
+  if (faults_ != nullptr) DoneFaultScratch(ctx);
   inflight_.erase(ctx);
   if (ctx->kind == OpContext::Kind::kWrite) {
     auto region = regions_.find(ctx->region_id);

@@ -255,6 +255,7 @@ DomainWorker::~DomainWorker() {
   for (OpContext* ctx : inflight_) delete ctx;  // abandoned operations die with the endpoint
   inflight_.clear();
   cq_.reset();
+  fault_scratch_.clear();
   regions_.clear();
   recv_mr_.reset();
   send_mr_.reset();

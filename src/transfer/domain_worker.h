@@ -7,12 +7,15 @@
 
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
+#include <rdma/fi_rma.h>
 
 #include <atomic>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -21,6 +24,7 @@
 #include "common/mutex.h"
 #include "transfer/domain.h"
 #include "transfer/fabric_util.h"
+#include "transfer/fault_injection.h"
 
 namespace pd::transfer {
 
@@ -37,6 +41,10 @@ struct Transfer {
   double last_progress = 0;  // submit, or the last post or completion of one of its operations
   bool refused = false;      // a post was refused (-FI_EAGAIN, or its destination's send cap)
   Completion done;
+  // Fault injection only: the operation index whose fault was decided, and the decision (kept
+  // while a refused post is retried).
+  size_t fault_op = SIZE_MAX;
+  std::optional<FaultRule> fault;
 
   fi_addr_t dest() const { return kind == Kind::kWrite ? write.dst.fi_addr : peer.fi_addr; }
 };
@@ -87,7 +95,8 @@ class DomainWorker {
   void DoCancel(TransferId id);
 
  private:
-  explicit DomainWorker(const DomainOptions& options) : options_(options) {}
+  explicit DomainWorker(const DomainOptions& options)
+      : options_(options), faults_(options.faults) {}
   Status OpenFabric(DomainInfo* info);
   Status OpenBuffers();
   Result<FidPtr<fid_mr>> RegisterRaw(void* data, uint64_t size, uint64_t access);
@@ -100,6 +109,19 @@ class DomainWorker {
   // buffers) or another -errno.
   ssize_t PostNext(Transfer* t);
   ssize_t PostWrite(Transfer* t);
+  // One write operation as fi_writemsg takes it.
+  struct WriteOp {
+    iovec iov{};
+    void* desc = nullptr;
+    fi_rma_iov rma{};
+    fi_addr_t addr = FI_ADDR_UNSPEC;
+    uint64_t data = 0;
+    uint64_t flags = 0;
+  };
+  // Posts `op` as t's next operation (the context out in *posted). 0, or the fi_writemsg error
+  // with nothing changed.
+  ssize_t IssueWrite(Transfer* t, const WriteOp& op, OpContext** posted = nullptr);
+  ssize_t WriteMsg(OpContext* ctx, const WriteOp& op);
   ssize_t PostSend(Transfer* t);
   int PollCq();
   void HandleCompletion(const fi_cq_data_entry& entry);
@@ -111,6 +133,19 @@ class DomainWorker {
   int naps_since_activity_ = 0;  // worker thread; Block's naps when the CQ has no wait object
   OpContext* NewContext(OpContext::Kind kind, Transfer* t);
   void FreeContext(OpContext* ctx);
+
+  // Fault injection (domain_faults.cc); every call is behind `faults_ != nullptr`.
+  ssize_t PostWriteFaulted(Transfer* t, const WriteOp& op);
+  ssize_t PostCorruptCopy(Transfer* t, const WriteOp& op);
+  void HoldWrite(Transfer* t, const WriteOp& op, const FaultRule& rule);
+  void OnImmediateFaulted(uint32_t value);
+  // Posts held writes and delivers held immediates that are due (`next_write` / `next_imm`: one
+  // was just posted / counted, which releases the reordered ones).
+  void ReleaseHeld(bool next_write, bool next_imm);
+  bool HoldsFaults() const {
+    return faults_ != nullptr && (!held_writes_.empty() || !held_imms_.empty());
+  }
+  void DoneFaultScratch(OpContext* ctx) { fault_scratch_.erase(ctx); }
 
   DomainOptions options_;
   std::shared_ptr<ImmCounterTable> imm_;
@@ -153,6 +188,27 @@ class DomainWorker {
   // sends hold (at most half of them, so a dead peer cannot take every buffer).
   std::unordered_map<fi_addr_t, double> dest_completion_;
   std::unordered_map<fi_addr_t, uint32_t> dest_sends_;
+
+  // Fault injection state (worker thread).
+  std::shared_ptr<FaultInjector> faults_;  // options_.faults
+  struct HeldWrite {
+    OpContext* ctx;  // counted in flight for its transfer; null transfer: dropped on release
+    WriteOp op;
+    double release_at;
+    bool until_next;  // reorder: released by the next write posted
+  };
+  struct HeldImm {
+    uint32_t value;
+    double release_at;
+    bool until_next;  // reorder: released by the next immediate counted
+  };
+  struct FaultScratch {  // a corrupted copy of a write's source bytes, registered for it
+    std::vector<char> bytes;
+    FidPtr<fid_mr> mr;
+  };
+  std::vector<HeldWrite> held_writes_;
+  std::vector<HeldImm> held_imms_;
+  std::unordered_map<OpContext*, std::unique_ptr<FaultScratch>> fault_scratch_;
 
   Mutex mu_;
   std::vector<std::function<void()>> commands_ GUARDED_BY(mu_);
