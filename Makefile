@@ -1,9 +1,9 @@
-# pdserve: make demo | make test | make build | make asan | make tsan | make bench-disagg | make bench-engine
+# pdserve: make demo | make test | make build | make asan | make tsan | make fuzz | make bench-disagg | make bench-engine
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 DEMO_MODEL ?= models/demo-llama
 
-.PHONY: deps configure build test demo asan tsan bench-disagg bench-engine format clean
+.PHONY: deps configure build test demo asan tsan fuzz bench-disagg bench-engine format clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -31,6 +31,19 @@ asan tsan: deps
 	cd build-$@ && TSAN_OPTIONS="suppressions=$(CURDIR)/scripts/tsan.supp" \
 	  ctest -L '$(SAN_LABELS)' --output-on-failure -j $(JOBS) --timeout 900
 
+# The parsers under libFuzzer (fuzz/README.md): a clang build of its own (build-fuzz/, PD_FUZZ=ON,
+# AddressSanitizer + UndefinedBehaviorSanitizer) regenerates the generated seeds in fuzz/corpus/,
+# then runs each target for FUZZ_SECONDS (one at a time, one process each) and reports its
+# executions and coverage. FUZZ_TARGETS picks some: make fuzz FUZZ_TARGETS=wire FUZZ_SECONDS=60.
+FUZZ_SECONDS ?= 600
+FUZZ_TARGETS ?= wire openai_request model_config safetensors tokenizer
+fuzz: deps
+	@test -f build-fuzz/build.ninja || cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DPD_FUZZ=ON
+	cmake --build build-fuzz -j $(JOBS) --target fuzz_seed_corpus $(addsuffix _fuzz,$(FUZZ_TARGETS))
+	build-fuzz/fuzz/fuzz_seed_corpus fuzz/corpus
+	fuzz/run.sh build-fuzz $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
 # The demo: builds pdserve alone, generates once offline with the shipped model (models/demo-llama,
 # a small Llama trained on Debian's fortune cookies by tools/train_demo_model.py), then runs the
 # same chat-like `pdserve bench` workload on `pdserve up` (1 prefill + 1 decode instance, each
@@ -55,4 +68,4 @@ format:
 	clang-format -i $$(git ls-files '*.h' '*.cc')
 
 clean:
-	rm -rf $(BUILD_DIR) build-asan build-tsan
+	rm -rf $(BUILD_DIR) build-asan build-tsan build-fuzz

@@ -60,7 +60,8 @@ class ByteReader {
     if (count > max_count) return TooLong(field, count, max_count);
     if (remaining() < size_t{count} * sizeof(T)) return Truncated(field, size_t{count} * sizeof(T));
     out->resize(count);
-    std::memcpy(out->data(), data_ + pos_, size_t{count} * sizeof(T));
+    // An empty vector's data() may be null, and memcpy from or to null is undefined even for 0.
+    if (count != 0) std::memcpy(out->data(), data_ + pos_, size_t{count} * sizeof(T));
     pos_ += size_t{count} * sizeof(T);
     return OkStatus();
   }

@@ -4,6 +4,8 @@
 
 #include <random>
 
+#include "messenger/byte_io.h"
+
 namespace pd::messenger {
 namespace {
 
@@ -148,6 +150,22 @@ TEST(WireTest, MalformedBodiesWithValidMacAreRejected) {
   Hello zero_tp{"p", {}, {0, 8}, "", ""};
   bytes = EncodeFrame({7, 9, 1, zero_tp}, kSecret);
   EXPECT_FALSE(DecodeFrame(bytes.data(), bytes.size(), kSecret).ok());
+}
+
+// UBSan under fuzz/wire_fuzz (corpus/wire/regress_empty_array): a zero-length array was copied
+// with memcpy into an empty vector's data(), which may be null.
+TEST(WireTest, EmptyArraysDecode) {
+  ByteWriter writer;
+  writer.PutArray(std::vector<int32_t>{});
+  writer.Put<uint8_t>(7);
+  ByteReader reader(writer.bytes().data(), writer.bytes().size());
+  std::vector<int32_t> ids = {1, 2};
+  ASSERT_TRUE(reader.GetArray("ids", 8, &ids).ok());
+  EXPECT_TRUE(ids.empty());
+  uint8_t tail = 0;
+  ASSERT_TRUE(reader.Get("tail", &tail).ok());
+  EXPECT_EQ(tail, 7);
+  EXPECT_TRUE(reader.ExpectEnd("test").ok());
 }
 
 TEST(WireTest, RandomGarbageNeverDecodes) {

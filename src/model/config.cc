@@ -19,12 +19,7 @@ class FieldReader {
 
   Status Int(const char* key, int* out) const {
     if (!Has(key)) return OkStatus();
-    const Json& v = root_[key];
-    if (!v.is_number_integer()) return Bad(key, "an integer", v);
-    int64_t x = v.get<int64_t>();
-    if (x < INT32_MIN || x > INT32_MAX) return Bad(key, "an integer that fits in 32 bits", v);
-    *out = static_cast<int>(x);
-    return OkStatus();
+    return IntValue(key, root_[key], out);
   }
 
   Status Double(const char* key, double* out) const {
@@ -58,13 +53,24 @@ class FieldReader {
     if (v.is_array()) {
       if (v.empty() || !v[0].is_number_integer())
         return Bad(key, "an integer or a list of them", v);
-      *out = v[0].get<int>();
-      return OkStatus();
+      return IntValue(key, v[0], out);
     }
     return Int(key, out);
   }
 
  private:
+  // An unsigned JSON integer above INT64_MAX must not wrap to a negative int64 (-1 would read
+  // as "absent" for a token id), so the range is checked on the stored kind.
+  Status IntValue(const char* key, const Json& v, int* out) const {
+    if (!v.is_number_integer()) return Bad(key, "an integer", v);
+    const bool fits = v.is_number_unsigned()
+                          ? v.get<uint64_t>() <= INT32_MAX
+                          : v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX;
+    if (!fits) return Bad(key, "an integer that fits in 32 bits", v);
+    *out = static_cast<int>(v.get<int64_t>());
+    return OkStatus();
+  }
+
   Status Bad(const char* key, const char* expected, const Json& v) const {
     return InvalidArgument(source_ + ": " + key + " must be " + expected + ", found " + v.dump());
   }
@@ -141,6 +147,12 @@ Status Validate(const ModelConfig& c, const std::string& source) {
     return InvalidArgument(source + ": num_key_value_heads (" + std::to_string(c.num_kv_heads) +
                            ") must divide num_attention_heads (" + std::to_string(c.num_heads) +
                            ")");
+  }
+  // q_size() and kv_size() are ints: their products must not overflow.
+  if (int64_t{c.num_heads} * c.head_dim > INT32_MAX) {
+    return InvalidArgument(source + ": num_attention_heads (" + std::to_string(c.num_heads) +
+                           ") x head_dim (" + std::to_string(c.head_dim) +
+                           ") does not fit in 32 bits");
   }
   if (c.head_dim % 2 != 0) {
     return InvalidArgument(source + ": head_dim (" + std::to_string(c.head_dim) +

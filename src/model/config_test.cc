@@ -192,6 +192,34 @@ TEST(ConfigTest, ErrorWrongTypes) {
   EXPECT_THAT(ErrorOf(j), HasSubstr("fits in 32 bits"));
 }
 
+// Integers config.json gives that used to be misread: a value above INT64_MAX wrapped to -1
+// ("absent" for a token id), a list's first id was truncated to 32 bits, and num_attention_heads x
+// head_dim overflowed q_size() (UBSan under fuzz/model_config_fuzz; the input is
+// fuzz/corpus/model_config/regress_q_size_overflow.json).
+TEST(ConfigTest, ErrorIntegersOutOfRange) {
+  Json j = Base("llama");
+  j["bos_token_id"] = Json(uint64_t{18446744073709551615u});
+  EXPECT_EQ(ErrorOf(j),
+            "m/config.json: bos_token_id must be an integer that fits in 32 bits, found "
+            "18446744073709551615");
+  j = Base("llama");
+  j["eos_token_id"] = Json::array({4294967300ll, 2});
+  EXPECT_EQ(ErrorOf(j),
+            "m/config.json: eos_token_id must be an integer that fits in 32 bits, found "
+            "4294967300");
+  j = Base("qwen3");
+  j["num_attention_heads"] = 65536;
+  j["num_key_value_heads"] = 1;
+  j["head_dim"] = 65536;
+  EXPECT_EQ(ErrorOf(j),
+            "m/config.json: num_attention_heads (65536) x head_dim (65536) does not fit in 32 "
+            "bits");
+  j["head_dim"] = 32768;  // 2^31: one past INT32_MAX
+  EXPECT_THAT(ErrorOf(j), HasSubstr("does not fit in 32 bits"));
+  j["head_dim"] = 16384;
+  EXPECT_EQ(ErrorOf(j), "");
+}
+
 TEST(ConfigTest, ErrorHeadDimUnderivable) {
   Json j = Base("llama");
   j["num_attention_heads"] = 6;

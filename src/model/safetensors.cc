@@ -48,6 +48,12 @@ Status ParseEntry(const std::string& path, const std::string& name, const Json& 
   __int128 numel = 1;
   for (const Json& d : v["shape"]) {
     if (!d.is_number_unsigned()) return DataLoss(where + ": bad shape " + v["shape"].dump());
+    // A zero elsewhere in the shape keeps numel small, so check each dimension on its own: one
+    // above INT64_MAX would become a negative int64 in the view.
+    if (d.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+      return DataLoss(where + ": dimension " + d.dump() + " of shape " + v["shape"].dump() +
+                      " is impossibly large");
+    }
     out->shape.push_back(d.get<int64_t>());
     numel *= d.get<uint64_t>();
     if (numel > (static_cast<__int128>(1) << 60)) {

@@ -234,6 +234,23 @@ TEST_F(BadSafetensorsTest, SizeMismatchWithShape) {
                         "[3, 5] needs 30"));
 }
 
+// Caught by fuzz/safetensors_fuzz's dimension check
+// (corpus/safetensors/regress_negative_dimension): with a zero in the shape the element count stays
+// 0, and a dimension above INT64_MAX became a negative one.
+TEST_F(BadSafetensorsTest, DimensionAboveInt64Max) {
+  WriteRawSafetensors(
+      Path(),
+      R"({"w": {"dtype": "F32", "shape": [0, 18446744073709551615], "data_offsets": [0, 0]}})", "");
+  EXPECT_THAT(OpenError(), HasSubstr("tensor w: dimension 18446744073709551615 of shape "
+                                     "[0,18446744073709551615] is impossibly large"));
+  WriteRawSafetensors(
+      Path(),
+      R"({"w": {"dtype": "F32", "shape": [0, 9223372036854775807], "data_offsets": [0, 0]}})", "");
+  auto file = SafetensorsFile::Open(Path());
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_EQ((*file)->tensors().at("w").shape, (std::vector<int64_t>{0, INT64_MAX}));
+}
+
 TEST_F(BadSafetensorsTest, UnsupportedDTypeI32) {
   WriteRawSafetensors(Path(), R"({"ids": {"dtype": "I32", "shape": [2], "data_offsets": [0, 8]}})",
                       std::string(8, '\0'));
