@@ -140,7 +140,8 @@ TEST_P(DisaggTpTest, UpGivesTheColocatedTp1GreedyTokens) {
                                      " rank KV region(s) registered (tp_size " +
                                      std::to_string(s.prefill_tp) + ", 2 KV heads)"));
   EXPECT_THAT(up.output(), HasSubstr("decode messenger: " + std::to_string(s.decode_tp) +
-                                     " rank KV region(s) registered (tp_size " +
+                                     " rank KV region(s) registered for each of 1 prefill "
+                                     "peer(s) (tp_size " +
                                      std::to_string(s.decode_tp) + ", 2 KV heads)"));
 
   int transfers = 0;
