@@ -75,6 +75,7 @@ void DecodeMessenger::Impl::Loop() {
     Greet();
     Heartbeat();
     CheckDeadlines();
+    owner_->metrics_.SetUnclaimedExpired(domain_->imm_counters().expired_arrivals());
   } while (queue_->RunFor(std::chrono::milliseconds(20)));
 }
 

@@ -65,6 +65,10 @@ std::string TransferMetrics::PrometheusText(const std::string& role) const {
   counter("kv_transfer_keys_revoked_total",
           "Times a prefill instance's remote keys were revoked (unreachable or unconfirmed).",
           keys_revoked());
+  counter("kv_unclaimed_writes_expired_total",
+          "Writes whose immediate no transfer expected (late writes of abandoned attempts), "
+          "dropped after a TTL or beyond the table's bound.",
+          unclaimed_expired());
   out +=
       "# HELP pdserve:kv_transfers_active KV transfers in flight.\n"
       "# TYPE pdserve:kv_transfers_active gauge\npdserve:kv_transfers_active" +

@@ -47,6 +47,9 @@ class TransferMetrics {
   void SetQuarantinedPages(int64_t n) { quarantined_pages_.store(n, std::memory_order_relaxed); }
   // Decode side: times a prefill instance's keys were revoked (its regions registered anew).
   void KeysRevoked() { keys_revoked_.fetch_add(1, std::memory_order_relaxed); }
+  // The domain's count of writes whose immediate nobody claimed in time (ImmCounterTable's
+  // expired_arrivals: late writes of abandoned attempts), copied by the messenger thread.
+  void SetUnclaimedExpired(uint64_t n) { unclaimed_expired_.store(n, std::memory_order_relaxed); }
 
   uint64_t started() const { return started_.load(); }
   uint64_t succeeded() const { return succeeded_.load(); }
@@ -65,6 +68,7 @@ class TransferMetrics {
   int64_t fenced() const { return fenced_.load(); }
   int64_t quarantined_pages() const { return quarantined_pages_.load(); }
   uint64_t keys_revoked() const { return keys_revoked_.load(); }
+  uint64_t unclaimed_expired() const { return unclaimed_expired_.load(); }
 
   // Prometheus text with metric names "pdserve:kv_transfer_*" and label role="<role>".
   std::string PrometheusText(const std::string& role) const;
@@ -77,6 +81,7 @@ class TransferMetrics {
   std::atomic<int64_t> fenced_{0};
   std::atomic<int64_t> quarantined_pages_{0};
   std::atomic<uint64_t> keys_revoked_{0};
+  std::atomic<uint64_t> unclaimed_expired_{0};
   std::atomic<uint64_t> bytes_{0}, writes_{0};
   std::atomic<int64_t> active_{0};
   std::array<std::atomic<uint64_t>, kBuckets.size() + 1> bucket_counts_{};  // last: +Inf
