@@ -333,6 +333,9 @@ DomainWorker::~DomainWorker() {
     Post([] {});
     thread_.join();
   }
+  // Commands posted after the worker's last pass (a submission racing the stop) still run, so a
+  // submitted transfer is reported (below) rather than leaked with its callback never called.
+  RunCommands();
   CloseEndpointAndFailOpen();
   for (OpContext* ctx : inflight_) delete ctx;  // flushed with the endpoint
   inflight_.clear();
