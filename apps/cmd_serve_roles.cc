@@ -270,6 +270,12 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
   int bound = port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, port) ? port : -1);
   if (bound < 0) return fail(Unavailable("cannot listen on " + host + ":" + std::to_string(port)));
   std::thread listener([&] { http.listen_after_bind(); });
+  // Until the server runs, http.stop() is a no-op and the listener would never return: a stop
+  // signal right after the line below must find it running.
+  if (!http.WaitListening(std::chrono::seconds(10))) {
+    listener.detach();  // the process exits next; stop() cannot reach a server not running
+    return fail(Internal("the prefill instance's HTTP threads did not start"));
+  }
   std::printf("pdserve: prefill instance on http://%s:%d (fabric %s)\n", host.c_str(), bound,
               flags.fabric_provider.c_str());
   std::fflush(stdout);
