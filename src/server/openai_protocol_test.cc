@@ -241,9 +241,10 @@ TEST(OpenAiProtocolTest, ChatToolsAndTemplateKwargs) {
               StatusCode::kInvalidArgument, "'tools[0].type' must be \"function\"");
   ExpectError(Chat("{" + user + R"(,"tools":[{"type":"function","function":{"name":""}}]})"),
               StatusCode::kInvalidArgument, "'tools[0].function.name' must be a non-empty string");
-  ExpectError(
-      Chat("{" + user + R"(,"tools":[{"type":"function","function":{"name":"f","parameters":1}}]})"),
-      StatusCode::kInvalidArgument, "'tools[0].function.parameters' must be a JSON Schema object");
+  ExpectError(Chat("{" + user +
+                   R"(,"tools":[{"type":"function","function":{"name":"f","parameters":1}}]})"),
+              StatusCode::kInvalidArgument,
+              "'tools[0].function.parameters' must be a JSON Schema object");
   ExpectError(Chat("{" + user + R"(,"tool_choice":"required"})"), StatusCode::kInvalidArgument,
               "'tool_choice' = \"required\" is not supported");
   ExpectError(Chat("{" + user + R"(,"tool_choice":"sometimes"})"), StatusCode::kInvalidArgument,
