@@ -23,10 +23,8 @@ namespace {
 using testing::AllPagesFree;
 using testing::Async;
 using testing::Generate;
-using testing::Hash;
 using ::testing::HasSubstr;
 using testing::kDeadlineS;
-using testing::kSecret;
 using testing::LaunchPrefill;
 using testing::MakeEngine;
 using testing::Outcome;
@@ -104,14 +102,9 @@ struct Split {
       clean = Prefill(checksum, nullptr);
       peers.push_back({"clean", clean->messenger->fabric_address()});
     }
-    DecodeMessengerOptions o;
-    o.cluster_secret = kSecret;
-    o.model_hash = Hash();
-    o.domain = transfer::testing::LoopbackOptions();
+    DecodeMessengerOptions o = testing::BaseDecodeOptions(peers);
     o.domain.faults = decode_faults;
-    o.peers = peers;
     o.transfer_timeout_ms = kTimeoutMs;
-    o.hello_retry_s = 0.05;
     o.fence_grace_s = 1.0;
     o.kv_checksum = checksum;
     auto e = MakeEngine(kShape);
@@ -130,10 +123,7 @@ struct Split {
 
   static std::unique_ptr<PrefillInstance> Prefill(bool checksum,
                                                   std::shared_ptr<FaultInjector> faults) {
-    PrefillMessengerOptions o;
-    o.cluster_secret = kSecret;
-    o.model_hash = Hash();
-    o.domain = transfer::testing::LoopbackOptions();
+    PrefillMessengerOptions o = testing::BasePrefillOptions();
     o.domain.faults = std::move(faults);
     o.kv_checksum = checksum;
     return LaunchPrefill(MakeEngine(kShape), o);
@@ -278,19 +268,12 @@ TEST(MessengerChecksumTest, CleanTransfersPassOverShapes) {
                          Shape{engine::KvLayout::kHND, 1, 3}}) {
     SCOPED_TRACE(std::string(engine::KvLayoutName(s.layout)) + " page " +
                  std::to_string(s.page_size));
-    PrefillMessengerOptions po;
-    po.cluster_secret = kSecret;
-    po.model_hash = Hash();
-    po.domain = transfer::testing::LoopbackOptions();
+    PrefillMessengerOptions po = testing::BasePrefillOptions();
     po.kv_checksum = true;
     auto prefill = LaunchPrefill(MakeEngine(s), po);
     if (prefill == nullptr) GTEST_SKIP() << "libfabric unavailable";
-    DecodeMessengerOptions o;
-    o.cluster_secret = kSecret;
-    o.model_hash = Hash();
-    o.domain = transfer::testing::LoopbackOptions();
-    o.peers = {{"p0", prefill->messenger->fabric_address()}};
-    o.hello_retry_s = 0.05;
+    DecodeMessengerOptions o =
+        testing::BaseDecodeOptions({{"p0", prefill->messenger->fabric_address()}});
     o.kv_checksum = true;
     auto e = MakeEngine(s);
     engine::ModelRunner& runner = e->runner();
@@ -311,19 +294,12 @@ TEST(MessengerChecksumTest, CleanTransfersPassOverShapes) {
 }
 
 TEST(MessengerChecksumTest, BothSidesMustAgree) {
-  PrefillMessengerOptions po;
-  po.cluster_secret = kSecret;
-  po.model_hash = Hash();
-  po.domain = transfer::testing::LoopbackOptions();
+  PrefillMessengerOptions po = testing::BasePrefillOptions();
   po.kv_checksum = false;
   auto prefill = LaunchPrefill(MakeEngine(kShape), po);
   if (prefill == nullptr) GTEST_SKIP() << "libfabric unavailable";
-  DecodeMessengerOptions o;
-  o.cluster_secret = kSecret;
-  o.model_hash = Hash();
-  o.domain = transfer::testing::LoopbackOptions();
-  o.peers = {{"p0", prefill->messenger->fabric_address()}};
-  o.hello_retry_s = 0.05;
+  DecodeMessengerOptions o =
+      testing::BaseDecodeOptions({{"p0", prefill->messenger->fabric_address()}});
   o.kv_checksum = true;
   auto e = MakeEngine(kShape);
   engine::ModelRunner& runner = e->runner();

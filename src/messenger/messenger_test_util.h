@@ -122,13 +122,32 @@ inline std::unique_ptr<PrefillInstance> LaunchPrefill(std::unique_ptr<engine::En
   return p;
 }
 
-inline std::unique_ptr<PrefillInstance> StartPrefill(const Shape& s, std::string secret = kSecret,
-                                                     Tracer* tracer = nullptr) {
+// The options every test's prefill messenger starts from: the test secret, the tiny model's
+// fingerprint, a loopback domain.
+inline PrefillMessengerOptions BasePrefillOptions(std::string secret = kSecret) {
   PrefillMessengerOptions o;
   o.instance_name = "prefill";
   o.cluster_secret = std::move(secret);
   o.model_hash = Hash();
   o.domain = transfer::testing::LoopbackOptions();
+  return o;
+}
+
+// The same for a decode messenger greeting `peers` (quickly re-greeted while they do not answer).
+inline DecodeMessengerOptions BaseDecodeOptions(std::vector<PrefillPeer> peers,
+                                                std::string secret = kSecret) {
+  DecodeMessengerOptions o;
+  o.cluster_secret = std::move(secret);
+  o.model_hash = Hash();
+  o.domain = transfer::testing::LoopbackOptions();
+  o.peers = std::move(peers);
+  o.hello_retry_s = 0.05;
+  return o;
+}
+
+inline std::unique_ptr<PrefillInstance> StartPrefill(const Shape& s, std::string secret = kSecret,
+                                                     Tracer* tracer = nullptr) {
+  PrefillMessengerOptions o = BasePrefillOptions(std::move(secret));
   o.tracer = tracer;
   return LaunchPrefill(MakeEngine(s, tracer), o);
 }
@@ -141,13 +160,8 @@ inline std::unique_ptr<DecodeMessenger> StartDecode(
     Tracer* tracer = nullptr, double fence_grace_s = 5.0) {
   auto e = MakeEngine(s);
   engine::ModelRunner& runner = e->runner();
-  DecodeMessengerOptions o;
-  o.cluster_secret = std::move(secret);
-  o.model_hash = Hash();
-  o.domain = transfer::testing::LoopbackOptions();
-  o.peers = std::move(peers);
+  DecodeMessengerOptions o = BaseDecodeOptions(std::move(peers), std::move(secret));
   o.transfer_timeout_ms = timeout_ms;
-  o.hello_retry_s = 0.05;
   o.on_metadata = std::move(on_metadata);
   o.tracer = tracer;
   o.fence_grace_s = fence_grace_s;
