@@ -91,10 +91,11 @@ void KillAndExpectRecovery(UpDeployment& d, Load& load, const std::string& name)
       std::chrono::duration<double>(rejoined - healthy).count(), ok, failed);
 }
 
-TEST(UpSuperviseTest, TwoByTwoSurvivesKillOfEachInstanceUnderLoad) {
-  UpDeployment d(kBinary, kModel, 2, 2);
+// Under `clients` clients of steady load, kills every instance of `d` in turn and expects each
+// back; then every request had an answer, every page is free and `up` stops cleanly.
+void KillEachInstanceUnderLoad(UpDeployment& d, int clients) {
   ASSERT_TRUE(d.started());
-  Load load(d.router_port(), 4);
+  Load load(d.router_port(), clients);
   ASSERT_TRUE(load.SucceedsAfter(Clock::now(), 30s));
   for (const std::string& name : d.names()) {
     ASSERT_NO_FATAL_FAILURE(KillAndExpectRecovery(d, load, name));
@@ -103,22 +104,18 @@ TEST(UpSuperviseTest, TwoByTwoSurvivesKillOfEachInstanceUnderLoad) {
   ExpectEveryRequestAnswered(load.outcomes());
   d.ExpectPagesFree();
   EXPECT_EQ(d.up().Stop(SIGTERM, 30s), 0);
+}
+
+TEST(UpSuperviseTest, TwoByTwoSurvivesKillOfEachInstanceUnderLoad) {
+  UpDeployment d(kBinary, kModel, 2, 2);
+  KillEachInstanceUnderLoad(d, 4);
   EXPECT_THAT(d.up().output(), HasSubstr("pdserve up: stopped"));
   if (HasFailure()) ADD_FAILURE() << d.up().output();
 }
 
 TEST(UpSuperviseTest, OneByOneFailsCleanlyWhileAnInstanceIsDownAndServesOnceBack) {
   UpDeployment d(kBinary, kModel, 1, 1);
-  ASSERT_TRUE(d.started());
-  Load load(d.router_port(), 2);
-  ASSERT_TRUE(load.SucceedsAfter(Clock::now(), 30s));
-  for (const std::string& name : d.names()) {
-    ASSERT_NO_FATAL_FAILURE(KillAndExpectRecovery(d, load, name));
-  }
-  load.Stop();
-  ExpectEveryRequestAnswered(load.outcomes());
-  d.ExpectPagesFree();
-  EXPECT_EQ(d.up().Stop(SIGTERM, 30s), 0);
+  KillEachInstanceUnderLoad(d, 2);
   if (HasFailure()) ADD_FAILURE() << d.up().output();
 }
 
