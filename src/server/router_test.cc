@@ -176,19 +176,23 @@ TEST(RouterTest, NoIdleConnectionsKeptWhenThePoolIsEmptySized) {
   EXPECT_EQ(router->upstream_connections(), 2u);
 }
 
-TEST(RouterTest, ABackendThatIsDownGets502) {
+// A loopback port nothing listens on (bound, then closed); 0 when none could be had.
+int ClosedPort() {
   int port = 0;
-  {  // a port nothing listens on: bound, then closed
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-      port = ntohs(a.sin_port);
-    ::close(fd);
-  }
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+TEST(RouterTest, ABackendThatIsDownGets502) {
+  const int port = ClosedPort();
   ASSERT_GT(port, 0);
   RouterOptions o;
   o.backends = {"http://127.0.0.1:" + std::to_string(port)};
@@ -206,18 +210,7 @@ TEST(RouterTest, ABackendThatIsDownGets502) {
 // A decode instance that is down (dead or restarting under `pdserve up`): requests sent its way
 // are rerouted to the live one, and new ones pass it over; none gets a 502.
 TEST(RouterTest, RequestsRefusedByADownBackendGoToAnotherOne) {
-  int port = 0;
-  {  // a port nothing listens on: bound, then closed
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-      port = ntohs(a.sin_port);
-    ::close(fd);
-  }
+  const int port = ClosedPort();
   ASSERT_GT(port, 0);
   Backend live;
   RouterOptions o;
