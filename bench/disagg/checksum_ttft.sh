@@ -44,47 +44,18 @@ done
 [ -n "$OUT" ] || OUT=$(mktemp -d /tmp/pdserve-checksum.XXXXXX)
 mkdir -p "$OUT"
 
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  PIDS=()
-}
-trap cleanup EXIT
-trap 'cleanup; exit 130' INT TERM
-
-# A base port P with P..P+3 free (the router, the prefill and the decode instance).
-free_ports() {
-  "$PY" - <<'PYEOF'
-import random, socket
-for _ in range(200):
-    p = random.randint(20000, 32000)
-    socks = []
-    try:
-        for q in range(p, p + 4):
-            s = socket.socket(); s.bind(("127.0.0.1", q)); socks.append(s)
-        print(p); break
-    except OSError:
-        pass
-    finally:
-        for s in socks: s.close()
-PYEOF
-}
+source "$(dirname "$0")/lib.sh"
 
 # start NAME UP_FLAGS...: `pdserve up` in the background; sets URL once its router answers.
 start() {
-  local name=$1 port log i
+  local name=$1 port log
   shift
   port=$(free_ports)
   log=$OUT/up.$name.log
   "$PDSERVE" --log-level warn up --model "$MODEL" --prefill 1 --decode 1 --port "$port" \
     --threads 1 "$@" > "$log" 2>&1 &
   PIDS+=($!)
-  for i in $(seq 1 3000); do
-    grep -q "router (OpenAI API) on" "$log" 2>/dev/null && break
-    kill -0 "${PIDS[-1]}" 2>/dev/null || { cat "$log" >&2; exit 1; }
-    sleep 0.1
-  done
+  wait_for "$log" "router (OpenAI API) on" $! > /dev/null || exit 1
   URL=http://127.0.0.1:$port
   PORT=$port
 }

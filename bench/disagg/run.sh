@@ -83,45 +83,7 @@ PROVIDER_FLAGS=()
 [ "$IO_CPUS" = auto ] || PROVIDER_FLAGS+=(--io-cpus "$IO_CPUS")
 [ -z "$IDLE_POLL" ] || PROVIDER_FLAGS+=(--idle-poll-us "$IDLE_POLL")
 
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  PIDS=()
-}
-trap cleanup EXIT
-trap 'cleanup; exit 130' INT TERM
-
-# A base port P with P..P+3 free (the router, the prefill and the decode instance).
-free_ports() {
-  "$PY" - <<'EOF'
-import random, socket
-for _ in range(200):
-    p = random.randint(20000, 32000)  # below the ephemeral range (32768-)
-    try:
-        socks = []
-        for q in range(p, p + 4):
-            s = socket.socket(); s.bind(("127.0.0.1", q)); socks.append(s)
-        print(p); break
-    except OSError:
-        pass
-    finally:
-        for s in socks: s.close()
-EOF
-}
-
-# wait_for LOG PATTERN PID: until LOG has a line matching PATTERN (prints it), or PID is gone.
-wait_for() {
-  local log=$1 pattern=$2 pid=$3 i
-  for i in $(seq 1 3000); do
-    if grep -q "$pattern" "$log" 2>/dev/null; then grep -m1 "$pattern" "$log"; return 0; fi
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  echo "bench/disagg: the server did not start; its log ($log):" >&2
-  cat "$log" >&2
-  return 1
-}
+source "$(dirname "$0")/lib.sh"
 
 # start_disagg: `pdserve up` with one prefill and one decode instance, each pinned to its own core.
 start_disagg() {
