@@ -5,6 +5,9 @@
 //   page)*page_bytes HND page: (num_kv_heads, 2, page_size, head_dim)     2 = K then V: a head
 //   range is contiguous NHD page: (page_size, num_kv_heads, 2, head_dim)     a head range is
 //   strided per token
+// MLA models (latent_dim > 0) keep no per-head K and V: a latent page is (page_size, latent_dim),
+// per token the normalised kv_lora_rank latent then the qk_rope_head_dim rotated rope key, the same
+// on every rank; `layout` does not apply to it (num_kv_heads is 1, head_dim is latent_dim).
 // Page ids are shared by all layers (and by all ranks of an instance): a sequence's page table
 // names one id per page_size tokens.
 #pragma once
@@ -36,9 +39,11 @@ struct KvCacheSpec {
   int page_size = 16;
   KvLayout layout = KvLayout::kHND;
   KvDType dtype = KvDType::kF32;
+  int latent_dim = 0;  // > 0: an MLA latent cache (kv_lora_rank + qk_rope_head_dim)
 
   size_t elem_bytes() const { return dtype == KvDType::kF32 ? 4 : 2; }
   size_t page_bytes() const {
+    if (latent_dim > 0) return static_cast<size_t>(page_size) * latent_dim * elem_bytes();
     return static_cast<size_t>(page_size) * num_kv_heads * 2 * head_dim * elem_bytes();
   }
   // Element offset, inside one page block, of K (kv=0) or V (kv=1) for (token, head, dim 0).

@@ -228,8 +228,20 @@ std::string_view ArchName(Arch arch) {
       return "qwen2";
     case Arch::kQwen3:
       return "qwen3";
+    case Arch::kQwen3Moe:
+      return "qwen3_moe";
+    case Arch::kDeepseekV3:
+      return "deepseek_v3";
   }
   return "?";
+}
+
+bool ModelConfig::IsMoeLayer(int layer) const {
+  if (!is_moe()) return false;
+  if (arch == Arch::kDeepseekV3) return layer >= moe.first_k_dense_replace;
+  for (int l : moe.mlp_only_layers)
+    if (l == layer) return false;
+  return moe.decoder_sparse_step > 0 && (layer + 1) % moe.decoder_sparse_step == 0;
 }
 
 Result<Arch> ParseArch(std::string_view model_type) {
@@ -258,7 +270,8 @@ Result<ModelConfig> LoadModelConfig(const std::string& model_dir) {
 
 std::string ModelConfigToJson(const ModelConfig& c) {
   static constexpr const char* kArchitectures[] = {"LlamaForCausalLM", "Qwen2ForCausalLM",
-                                                   "Qwen3ForCausalLM"};
+                                                   "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
+                                                   "DeepseekV3ForCausalLM"};
   Json j;
   j["architectures"] = {kArchitectures[static_cast<int>(c.arch)]};
   j["model_type"] = std::string(ArchName(c.arch));

@@ -1,5 +1,7 @@
-// The tensors of a Llama / Qwen2 / Qwen3 decoder, looked up by their HF names and validated against
-// the config: every tensor present, with the expected shape, and one floating dtype throughout.
+// The tensors of a Llama / Qwen2 / Qwen3 / Qwen3-MoE / DeepSeek-V3 decoder, looked up by their HF
+// names and validated against the config: every tensor present, with the expected shape, and one
+// floating dtype throughout (except deepseek_v3's e_score_correction_bias, which checkpoints keep
+// in f32 whatever the rest is).
 #pragma once
 
 #include <memory>
@@ -12,20 +14,64 @@
 
 namespace pd::model {
 
+// One SwiGLU MLP: a dense layer's mlp, a routed expert (mlp.experts.{e}.) or the shared expert
+// (mlp.shared_experts.).
+struct MlpWeights {
+  TensorView gate_proj;  // (inter, hidden)   gate_proj.weight
+  TensorView up_proj;    // (inter, hidden)   up_proj.weight
+  TensorView down_proj;  // (hidden, inter)   down_proj.weight
+};
+
+// The sparse MoE block of a layer (ModelConfig::IsMoeLayer).
+struct MoeWeights {
+  TensorView router;                        // (num_experts, hidden)  mlp.gate.weight
+  std::optional<TensorView> router_bias;    // (num_experts) mlp.gate.e_score_correction_bias:
+                                            // deepseek_v3, any float dtype
+  std::vector<MlpWeights> experts;          // num_experts, mlp.experts.{e}.
+  std::optional<MlpWeights> shared_expert;  // mlp.shared_experts.: deepseek_v3 n_shared_experts > 0
+};
+
+// Multi-head Latent Attention of a deepseek_v3 layer (self_attn.).
+struct MlaWeights {
+  // q_lora_rank > 0: q_a_proj (q_lora_rank, hidden), q_a_layernorm (q_lora_rank), q_b_proj
+  // (num_heads*qk_head_dim, q_lora_rank); else q_proj (num_heads*qk_head_dim, hidden).
+  std::optional<TensorView> q_proj, q_a_proj, q_a_norm, q_b_proj;
+  TensorView kv_a_proj;  // (kv_lora_rank + qk_rope_head_dim, hidden) kv_a_proj_with_mqa.weight
+  TensorView kv_a_norm;  // (kv_lora_rank)                            kv_a_layernorm.weight
+  TensorView kv_b_proj;  // (num_heads*(qk_nope_head_dim + v_head_dim), kv_lora_rank)
+  TensorView o_proj;     // (hidden, num_heads*v_head_dim)
+};
+
 struct LayerWeights {
   TensorView input_norm;  // (hidden)                model.layers.i.input_layernorm.weight
-  TensorView q_proj;      // (num_heads*head_dim, hidden)
-  TensorView k_proj;      // (num_kv_heads*head_dim, hidden)
-  TensorView v_proj;      // (num_kv_heads*head_dim, hidden)
+  // GQA attention (every arch but deepseek_v3): q/k/v/o below. deepseek_v3: `mla` instead, and
+  // q/k/v/o_proj are empty views.
+  TensorView q_proj;                                 // (num_heads*head_dim, hidden)
+  TensorView k_proj;                                 // (num_kv_heads*head_dim, hidden)
+  TensorView v_proj;                                 // (num_kv_heads*head_dim, hidden)
   std::optional<TensorView> q_bias, k_bias, v_bias;  // (q_size) / (kv_size): attention_bias
   std::optional<TensorView> o_bias;  // (hidden): attention_bias on llama/qwen3 (HF puts a bias
                                      // on o_proj too there; qwen2 never has one)
   std::optional<TensorView> q_norm, k_norm;  // (head_dim): qk_norm (qwen3)
   TensorView o_proj;                         // (hidden, num_heads*head_dim)
+  std::optional<MlaWeights> mla;             // deepseek_v3
   TensorView post_norm;  // (hidden)                post_attention_layernorm.weight
+  // The dense MLP (intermediate_size); empty views on a MoE layer, which has `moe` instead.
   TensorView gate_proj;  // (intermediate, hidden)
   TensorView up_proj;    // (intermediate, hidden)
   TensorView down_proj;  // (hidden, intermediate)
+  std::optional<MoeWeights> moe;
+};
+
+// A deepseek_v3 multi-token-prediction layer, model.layers.{num_hidden_layers + i}.: loaded,
+// validated and kept for speculative decoding; the forward pass does not run it.
+struct MtpWeights {
+  TensorView embed_tokens;      // (vocab, hidden)     embed_tokens.weight
+  TensorView enorm, hnorm;      // (hidden)            enorm.weight, hnorm.weight
+  TensorView eh_proj;           // (hidden, 2*hidden)  eh_proj.weight
+  LayerWeights layer;           // the decoder layer's own tensors (MLA, MoE)
+  TensorView shared_head_norm;  // (hidden)            shared_head.norm.weight
+  TensorView shared_head_head;  // (vocab, hidden)     shared_head.head.weight
 };
 
 struct ModelWeights {
@@ -33,8 +79,11 @@ struct ModelWeights {
   DType dtype = DType::kF32;  // the dtype of every tensor
   TensorView embed_tokens;    // (vocab, hidden)
   std::vector<LayerWeights> layers;
-  TensorView final_norm;                   // (hidden)                model.norm.weight
-  TensorView lm_head;                      // (vocab, hidden): embed_tokens when tie_word_embeddings
+  TensorView final_norm;  // (hidden)                model.norm.weight
+  TensorView lm_head;     // (vocab, hidden): embed_tokens when tie_word_embeddings
+  // deepseek_v3 with num_nextn_predict_layers > 0 and the layers in the checkpoint; empty when the
+  // checkpoint has none (it loads without them).
+  std::vector<MtpWeights> mtp;
   std::unique_ptr<Checkpoint> checkpoint;  // owns the mapped memory the views point into
 };
 

@@ -1,0 +1,147 @@
+// Private to src/engine: the rank runner's class (rank_runner.h creates it). Its methods live in
+// rank_runner.cc (the step, GQA attention, dense MLP) and in one file per model feature.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/trace.h"
+#include "engine/cpu_features.h"
+#include "engine/kernels.h"
+#include "engine/kernels_ref.h"
+#include "engine/layer_progress.h"
+#include "engine/model_runner.h"
+#include "engine/model_runner_weights.h"
+#include "engine/rank_runner.h"
+#include "engine/thread_pool.h"
+
+namespace pd::engine {
+
+// The fast kernels of this CPU; with bf16_dot the panel matmul is the bf16-dot one.
+inline kernels::IsaKernels FastKernels(bool bf16_dot) {
+  kernels::IsaKernels k = kernels::KernelsFor(BestIsaLevel());
+  if (bf16_dot) k.matmul_panel = k.matmul_panel_bf16_dot;
+  return k;
+}
+
+using kernels::AttnSeq;
+using kernels::WeightMatrix;
+
+// Buffers of one step, grown on demand and reused: steady-state steps allocate nothing.
+struct Scratch {
+  std::vector<float> x;                   // (T, hidden) residual stream
+  std::vector<float> h;                   // (T, hidden) normed input of a sub-layer
+  std::vector<float> qkv;                 // (T, q_size + 2*kv_size)
+  std::vector<float> attn;                // (T, q_size)
+  std::vector<float> tmp;                 // (T, hidden) sub-layer output
+  std::vector<float> gate, up;            // (T, intermediate)
+  std::vector<float> rope_cos, rope_sin;  // (T, head_dim/2)
+  std::vector<float> attn_scratch;        // per-thread attention scratch
+  std::vector<float> final_h;             // (L, hidden) last rows of seqs wanting logits
+  std::vector<float> logits;              // (L, vocab)
+  std::vector<int32_t> positions, token_seq, tokens;  // (T)
+  std::vector<int32_t> final_slot;                    // (num_seqs) row of each seq in final_h
+  std::vector<AttnSeq> seqs;
+};
+
+template <typename T>
+void Ensure(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
+class RankRunner final : public ModelRunner {
+ public:
+  RankRunner(std::unique_ptr<RunnerWeights> w, std::unique_ptr<KvRegion> region, int threads,
+             KernelKind kind, MatmulPrecision matmul, const RankContext& rank)
+      : w_(std::move(w)),
+        c_(w_->config),
+        region_(std::move(region)),
+        pool_(threads),
+        fast_(kind == KernelKind::kFast),
+        bf16_dot_(MatmulBf16DotUsed(kind, matmul)),
+        isa_(fast_ ? FastKernels(bf16_dot_) : kernels::IsaKernels{}),
+        rank_(rank) {}
+
+  Status Forward(const ForwardBatch& batch, ForwardOutput* out) override;
+  const model::ModelConfig& config() const override { return c_; }
+  KvRegion& region() override { return *region_; }
+  const LayerProgress& progress() const override { return progress_; }
+  uint64_t steps_done() const override { return steps_done_; }
+  void AppendWarmRanges(std::span<const int32_t> pages, std::vector<MemRange>* out) override;
+  void set_tracer(Tracer* tracer) { tracer_ = tracer; }
+
+ private:
+  Status Validate(const ForwardBatch& batch) const;
+  void Prepare(const ForwardBatch& batch);
+  void Layer(int l);  // AttentionBlock, then MlpBlock
+  // x += attention(input_norm(x)) of layer l: GQA (this file's Attention over K/V pages).
+  void AttentionBlock(int l);
+  void Attention(int l);
+  // x += mlp(post_attention_norm(x)) of layer l: the dense SwiGLU MLP.
+  void MlpBlock(int l);
+  void Finish(const ForwardBatch& batch, ForwardOutput* out);
+  // x (n) += tmp, or with TP the sum of every rank's tmp in rank order. `attention`: tmp is the
+  // attention output, so this layer's KV is final (on every rank) and progress_ is bumped.
+  void AddResidual(float* x, const float* tmp, int64_t n, bool attention);
+
+  // Kernel wrappers: reference kernels single-threaded, fast ones across the pool.
+  void Matmul(const float* x, int64_t ldx, const WeightMatrix& w, float* out, int64_t ldo,
+              int64_t rows);
+  void RmsNorm(const float* x, int64_t rows, int64_t dim, int64_t ldx, const float* w, float* o,
+               int64_t ldo);
+  // RMSNorm of rows on the calling thread: the ISA's row kernel, or the reference.
+  void NormRows(const float* x, int64_t rows, int64_t dim, int64_t ldx, const float* w, float eps,
+                float* o, int64_t ldo) const {
+    for (int64_t r = 0; r < rows; ++r) {
+      if (fast_) {
+        isa_.rms_norm_row(x + r * ldx, w, dim, eps, o + r * ldo);
+      } else {
+        ref::RmsNorm(x + r * ldx, 1, dim, ldx, w, eps, o + r * ldo, ldo);
+      }
+    }
+  }
+  template <typename Fn>
+  void Rows(int64_t rows, Fn&& fn);  // fn(begin, end) over row ranges
+  template <typename Fn>
+  void Elements(int64_t n, Fn&& fn);  // fn(begin, end) over [0, n), inline when n is small
+
+  std::unique_ptr<RunnerWeights> w_;
+  const model::ModelConfig& c_;
+  std::unique_ptr<KvRegion> region_;
+  ThreadPool pool_;
+  const bool fast_;
+  const bool bf16_dot_;            // matmuls over bf16 weights in bf16 (MatmulPrecision::kBf16)
+  const kernels::IsaKernels isa_;  // fast_: FastKernels(bf16_dot_); else unused
+  const RankContext rank_;
+  LayerProgress progress_;
+  uint64_t steps_done_ = 0;
+  Tracer* tracer_ = nullptr;  // null: no trace
+  Scratch s_;
+  int64_t num_tokens_ = 0;
+  int max_pos_ = 0;  // largest position in the step
+};
+
+// Element-wise work under this many floats runs on the calling thread: waking the pool costs more
+// than adding a decode step's few rows (and each wake-up is a barrier between the matmuls).
+constexpr int64_t kParallelElements = int64_t{1} << 15;
+
+template <typename Fn>
+void RankRunner::Elements(int64_t n, Fn&& fn) {
+  if (n < kParallelElements) {
+    fn(int64_t{0}, n);
+  } else {
+    Rows(n, fn);
+  }
+}
+
+template <typename Fn>
+void RankRunner::Rows(int64_t rows, Fn&& fn) {
+  if (fast_) {
+    pool_.ParallelFor(rows, fn);
+  } else {
+    fn(int64_t{0}, rows);
+  }
+}
+
+}  // namespace pd::engine
