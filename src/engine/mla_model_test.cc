@@ -9,6 +9,7 @@
 #include <map>
 #include <string>
 
+#include "engine/disagg_models.h"
 #include "engine/engine.h"
 #include "engine/kernels_ref.h"
 #include "engine/mla_kernels_ref.h"
@@ -49,8 +50,8 @@ struct Case {
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
-  return "q" + std::to_string(c.q_lora_rank) + "_kv" + std::string(KvDTypeName(c.kv_dtype)) +
-         "_p" + std::to_string(c.page_size) + (c.interleave ? "_inter" : "_half") +
+  return "q" + std::to_string(c.q_lora_rank) + "_kv" + std::string(KvDTypeName(c.kv_dtype)) + "_p" +
+         std::to_string(c.page_size) + (c.interleave ? "_inter" : "_half") +
          (c.yarn ? "_yarn" : "") + "_" + std::string(model::DTypeName(c.dtype));
 }
 
@@ -222,13 +223,13 @@ TEST(MlaCacheTest, HoldsLatentDimValuesPerTokenPerLayer) {
     EXPECT_EQ(values, static_cast<size_t>(o.kv_lora_rank + o.rope));
     EXPECT_EQ(region.spec().latent_dim, o.kv_lora_rank + o.rope);
     const size_t mla_bytes = region.size_bytes() / 256 / 16;
-    const size_t qwen_bytes =
-        (*r_qwen)->region().size_bytes() / 256 / 16;
+    const size_t qwen_bytes = (*r_qwen)->region().size_bytes() / 256 / 16;
     EXPECT_EQ(qwen_bytes, static_cast<size_t>(2 * o.heads * q.head_dim) * elem * o.layers);
-    std::printf("KV bytes per token (%s, %d layers, hidden %d, %d heads): deepseek_v3 MLA %zu, "
-                "qwen3 MHA %zu (%.1fx)\n",
-                std::string(KvDTypeName(dtype)).c_str(), o.layers, o.hidden, o.heads, mla_bytes,
-                qwen_bytes, static_cast<double>(qwen_bytes) / mla_bytes);
+    std::printf(
+        "KV bytes per token (%s, %d layers, hidden %d, %d heads): deepseek_v3 MLA %zu, "
+        "qwen3 MHA %zu (%.1fx)\n",
+        std::string(KvDTypeName(dtype)).c_str(), o.layers, o.hidden, o.heads, mla_bytes, qwen_bytes,
+        static_cast<double>(qwen_bytes) / mla_bytes);
     EXPECT_LT(mla_bytes * 4, qwen_bytes);
   }
 }
@@ -299,6 +300,14 @@ TEST(MlaTpTest, HeadsNotDividedByTpAreRefused) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("num_attention_heads 6"), std::string::npos)
       << r.status().ToString();
+}
+
+TEST(MlaDisaggTest, OnlyNonMlaModelsAreDisaggregated) {
+  EXPECT_TRUE(CheckDisaggregatedModel(testing::MakeTinyModel({})->weights.config).ok());
+  const Status s = CheckDisaggregatedModel(MakeTinyMlaModel({})->weights.config);
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(s.message().find("deepseek_v3"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("46-value latent row"), std::string::npos) << s.ToString();
 }
 
 }  // namespace
