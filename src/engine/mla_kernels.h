@@ -59,11 +59,11 @@ inline size_t MlaPartialFloats(int num_heads, int kv_lora_rank) {
 // Positions a chunk kernel converts at once (bf16 rows to f32), shared by all heads.
 constexpr int kMlaBlock = 32;
 
-// Scratch floats one chunk-kernel call needs: a block of rows as f32 (padded to whole vectors)
-// and a block of scores per head.
+// Scratch floats one chunk-kernel call needs: a block of rows as f32 (padded to whole vectors),
+// a block of scores per head, the token's queries padded, and a correction per head.
 inline size_t MlaChunkScratchFloats(int num_heads, int latent_dim) {
-  return static_cast<size_t>(kMlaBlock) * (latent_dim + 16) +
-         static_cast<size_t>(num_heads) * kMlaBlock + 64;
+  const size_t h = static_cast<size_t>(num_heads), padded = static_cast<size_t>(latent_dim) + 16;
+  return kMlaBlock * padded + h * kMlaBlock + h * padded + h + 64;
 }
 
 // The MLA kernels of one instruction set.

@@ -36,20 +36,83 @@ inline void LoadRow(const PagedLatent& kv, const uint8_t* row, int L, int Lp, fl
   }
 }
 
+// scores[hb][jb] = scale * q[hb] . rows[jb] for a tile of HB heads x JB rows: HB*JB independent
+// FMA chains over the padded length Lp (q and rows zero past L), each row and q vector loaded once
+// per tile.
+template <int HB, int JB>
+void ScoreTile(const float* q, const float* rows, int Lp, float scale, float* s) {
+  __m512 acc[HB][JB];
+  for (int hb = 0; hb < HB; ++hb)
+    for (int jb = 0; jb < JB; ++jb) acc[hb][jb] = _mm512_setzero_ps();
+  for (int i = 0; i < Lp; i += 16) {
+    __m512 r[JB];
+    for (int jb = 0; jb < JB; ++jb) r[jb] = _mm512_loadu_ps(rows + jb * Lp + i);
+    for (int hb = 0; hb < HB; ++hb) {
+      const __m512 qv = _mm512_loadu_ps(q + hb * Lp + i);
+      for (int jb = 0; jb < JB; ++jb) acc[hb][jb] = _mm512_fmadd_ps(qv, r[jb], acc[hb][jb]);
+    }
+  }
+  for (int hb = 0; hb < HB; ++hb)
+    for (int jb = 0; jb < JB; ++jb)
+      s[hb * kMlaBlock + jb] = _mm512_reduce_add_ps(acc[hb][jb]) * scale;
+}
+
+// acc[hb][i0 + c*16 ..] = acc * corr[hb] + sum_j p[hb][j] * rows[j][i0 + c*16 ..] for HB heads and
+// CB 16-wide chunks of R (the last one masked to R): HB*CB independent chains over the block.
+template <int HB, int CB>
+void PvTile(const float* p, int nb, const float* rows, int Lp, const float* corr, int R, int i0,
+            float* acc) {
+  __m512 a[HB][CB];
+  __mmask16 mask[CB];
+  for (int c = 0; c < CB; ++c) mask[c] = TailMask(R - i0 - 16 * c);
+  for (int hb = 0; hb < HB; ++hb)
+    for (int c = 0; c < CB; ++c)
+      a[hb][c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[c], acc + hb * R + i0 + 16 * c),
+                               _mm512_set1_ps(corr[hb]));
+  for (int j = 0; j < nb; ++j) {
+    __m512 r[CB];
+    for (int c = 0; c < CB; ++c) r[c] = _mm512_loadu_ps(rows + j * Lp + i0 + 16 * c);
+    for (int hb = 0; hb < HB; ++hb) {
+      const __m512 pv = _mm512_set1_ps(p[hb * kMlaBlock + j]);
+      for (int c = 0; c < CB; ++c) a[hb][c] = _mm512_fmadd_ps(pv, r[c], a[hb][c]);
+    }
+  }
+  for (int hb = 0; hb < HB; ++hb)
+    for (int c = 0; c < CB; ++c)
+      _mm512_mask_storeu_ps(acc + hb * R + i0 + 16 * c, mask[c], a[hb][c]);
+}
+
+constexpr int kTile = 4;  // heads (and rows, and 16-wide chunks) per register tile
+using ScoreFn = void (*)(const float*, const float*, int, float, float*);
+using PvFn = void (*)(const float*, int, const float*, int, const float*, int, int, float*);
+template <int HB>
+constexpr ScoreFn kScoreRow[kTile] = {&ScoreTile<HB, 1>, &ScoreTile<HB, 2>, &ScoreTile<HB, 3>,
+                                      &ScoreTile<HB, 4>};
+constexpr const ScoreFn* kScore[kTile] = {kScoreRow<1>, kScoreRow<2>, kScoreRow<3>, kScoreRow<4>};
+template <int HB>
+constexpr PvFn kPvRow[kTile] = {&PvTile<HB, 1>, &PvTile<HB, 2>, &PvTile<HB, 3>, &PvTile<HB, 4>};
+constexpr const PvFn* kPv[kTile] = {kPvRow<1>, kPvRow<2>, kPvRow<3>, kPvRow<4>};
+
+// Scratch: rows (kMlaBlock, Lp), then scores (H, kMlaBlock), then q padded (H, Lp) and the
+// per-head corrections (H) (MlaChunkScratchFloats counts them).
 void Avx512Chunk(const MlaAttentionArgs& a, int token, int p_begin, int p_end,
                  const MlaPartial& out, float* scratch) {
   const PagedLatent& kv = a.kv;
   const int L = kv.latent_dim, R = kv.kv_lora_rank, H = a.num_heads;
   const int Lp = (L + 15) / 16 * 16;
   const AttnSeq& seq = a.seqs[a.token_seq[token]];
-  float* rows = scratch;                        // (kMlaBlock, Lp)
-  float* scores = rows + kMlaBlock * (L + 16);  // (H, kMlaBlock)
+  float* rows = scratch;                                       // (kMlaBlock, Lp)
+  float* scores = rows + kMlaBlock * (L + 16);                 // (H, kMlaBlock)
+  float* qp = scores + H * kMlaBlock;                          // (H, Lp)
+  float* corr = qp + static_cast<int64_t>(H) * Lp;             // (H)
+  const float* q = a.q + static_cast<int64_t>(token) * a.ldq;  // (H, L)
   for (int h = 0; h < H; ++h) {
     out.m[h] = -INFINITY;
     out.l[h] = 0.0f;
+    for (int i = 0; i < Lp; i += 16)
+      _mm512_storeu_ps(qp + h * Lp + i, _mm512_maskz_loadu_ps(TailMask(L - i), q + h * L + i));
   }
   for (int64_t i = 0; i < static_cast<int64_t>(H) * R; ++i) out.acc[i] = 0.0f;
-  const float* q = a.q + static_cast<int64_t>(token) * a.ldq;  // (H, L)
   const size_t elem = kv.bf16 ? 2 : 4;
   for (int b0 = p_begin; b0 < p_end; b0 += kMlaBlock) {
     const int nb = p_end - b0 < kMlaBlock ? p_end - b0 : kMlaBlock;
@@ -60,40 +123,33 @@ void Avx512Chunk(const MlaAttentionArgs& a, int token, int p_begin, int p_end,
                            static_cast<size_t>(p % kv.page_size) * L * elem;
       LoadRow(kv, row, L, Lp, rows + j * Lp);
     }
+    for (int h0 = 0; h0 < H; h0 += kTile) {
+      const int hb = H - h0 < kTile ? H - h0 : kTile;
+      for (int j0 = 0; j0 < nb; j0 += kTile) {
+        const int jb = nb - j0 < kTile ? nb - j0 : kTile;
+        kScore[hb - 1][jb - 1](qp + h0 * Lp, rows + j0 * Lp, Lp, a.scale,
+                               scores + h0 * kMlaBlock + j0);
+      }
+    }
     for (int h = 0; h < H; ++h) {
       float* s = scores + h * kMlaBlock;
-      const float* qh = q + static_cast<int64_t>(h) * L;
       float block_max = out.m[h];
-      for (int j = 0; j < nb; ++j) {
-        __m512 d0 = _mm512_setzero_ps(), d1 = _mm512_setzero_ps();
-        const float* r = rows + j * Lp;
-        int i = 0;
-        for (; i + 32 <= L; i += 32) {
-          d0 = _mm512_fmadd_ps(_mm512_loadu_ps(qh + i), _mm512_loadu_ps(r + i), d0);
-          d1 = _mm512_fmadd_ps(_mm512_loadu_ps(qh + i + 16), _mm512_loadu_ps(r + i + 16), d1);
-        }
-        for (; i < L; i += 16)
-          d0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(TailMask(L - i), qh + i),
-                               _mm512_loadu_ps(r + i), d0);
-        s[j] = _mm512_reduce_add_ps(_mm512_add_ps(d0, d1)) * a.scale;
-        block_max = s[j] > block_max ? s[j] : block_max;
-      }
-      const float correction = std::exp(out.m[h] - block_max);
+      for (int j = 0; j < nb; ++j) block_max = s[j] > block_max ? s[j] : block_max;
+      corr[h] = std::exp(out.m[h] - block_max);
       out.m[h] = block_max;
-      float sum = out.l[h] * correction;
+      float sum = out.l[h] * corr[h];
       for (int j = 0; j < nb; ++j) {
         s[j] = std::exp(s[j] - block_max);
         sum += s[j];
       }
       out.l[h] = sum;
-      float* acc = out.acc + static_cast<int64_t>(h) * R;
-      const __m512 corr = _mm512_set1_ps(correction);
-      for (int i = 0; i < R; i += 16) {
-        const __mmask16 m = TailMask(R - i);
-        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, acc + i), corr);
-        for (int j = 0; j < nb; ++j)
-          v = _mm512_fmadd_ps(_mm512_set1_ps(s[j]), _mm512_loadu_ps(rows + j * Lp + i), v);
-        _mm512_mask_storeu_ps(acc + i, m, v);
+    }
+    for (int h0 = 0; h0 < H; h0 += kTile) {
+      const int hb = H - h0 < kTile ? H - h0 : kTile;
+      for (int i0 = 0; i0 < R; i0 += 16 * kTile) {
+        const int cb = (R - i0 + 15) / 16 < kTile ? (R - i0 + 15) / 16 : kTile;
+        kPv[hb - 1][cb - 1](scores + h0 * kMlaBlock, nb, rows, Lp, corr + h0, R, i0,
+                            out.acc + static_cast<int64_t>(h0) * R);
       }
     }
   }
