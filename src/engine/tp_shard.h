@@ -7,6 +7,9 @@
 //                   t <= H: [r*H/t, (r+1)*H/t); t > H: head r/(t/H), t/H replicas each
 //   MLP columns     [r*I/t, (r+1)*I/t) of gate/up rows and down columns (I % t == 0)
 //   lm_head rows    [r*V/t, (r+1)*V/t) (any V): every rank computes its slice of the logits
+// MLA (deepseek_v3): query heads split as above (q or q_b rows, W_UK^T/W_UV per head, o_proj
+// columns); q_a, kv_a and the norms whole on every rank, which computes the latent itself and
+// writes its own identical copy into its own region.
 // q/k/v/gate/up are row-split (their rows are views into the checkpoint); o_proj and down_proj are
 // column-split (copied at load), so each rank's o/down output is a partial sum over its heads /
 // columns, added over ranks by TpAllReduce (tp_all_reduce.h). Embedding and norms are computed by
