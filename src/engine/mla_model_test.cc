@@ -235,10 +235,12 @@ TEST(MlaCacheTest, HoldsLatentDimValuesPerTokenPerLayer) {
 }
 
 // Greedy tokens of three batched requests through the engine at TP `tp`.
-std::map<int64_t, std::vector<int32_t>> Generate(const model::ModelWeights& w, int tp, int budget) {
+std::map<int64_t, std::vector<int32_t>> Generate(const model::ModelWeights& w, int tp, int budget,
+                                                 int num_pages = 64,
+                                                 int64_t* num_preemptions = nullptr) {
   EngineOptions o;
   o.runner.kv.page_size = 4;
-  o.runner.num_pages = 64;
+  o.runner.num_pages = num_pages;
   o.runner.num_threads = 1;
   o.runner.tensor_parallel_size = tp;
   o.scheduler.max_num_batched_tokens = budget;
@@ -268,6 +270,7 @@ std::map<int64_t, std::vector<int32_t>> Generate(const model::ModelWeights& w, i
     }
   }
   EXPECT_EQ((*engine)->stats().num_free_pages, (*engine)->stats().num_total_pages);
+  if (num_preemptions != nullptr) *num_preemptions = (*engine)->stats().num_preemptions;
   return tokens;
 }
 
@@ -287,6 +290,18 @@ TEST(MlaTpTest, GreedyTokensEqualTp1) {
         EXPECT_EQ(Generate(m->weights, tp, budget), want)
             << "q_lora " << q_lora << " tp " << tp << " budget " << budget;
   }
+}
+
+// Too few pages for the three requests at once: sequences are preempted and recomputed over the
+// latent cache, and the tokens stay those of a roomy run.
+TEST(MlaEngineTest, PreemptionKeepsTheGreedyTokens) {
+  TinyMlaOptions o;
+  o.dtype = model::DType::kBF16;
+  auto m = MakeTinyMlaModel(o);
+  const auto want = Generate(m->weights, 1, 512);
+  int64_t preemptions = 0;  // 7 pages of 4 tokens: just the longest request's 27 tokens
+  EXPECT_EQ(Generate(m->weights, 1, 512, /*num_pages=*/7, &preemptions), want);
+  EXPECT_GT(preemptions, 0) << "the small pool should have forced a preemption";
 }
 
 TEST(MlaTpTest, HeadsNotDividedByTpAreRefused) {
