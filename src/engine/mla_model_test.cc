@@ -196,6 +196,40 @@ TEST(MlaCacheTest, HoldsTheNormalisedLatentThenTheRotatedRopeKey) {
   }
 }
 
+// The ranges a decode step over pages {1, 3} reads: the packed weights, and those pages' latent
+// blocks (page_size * latent_dim elements) in every layer.
+TEST(MlaCacheTest, WarmRangesCoverTheLatentPagesOfEveryLayer) {
+  TinyMlaOptions o;
+  auto m = MakeTinyMlaModel(o);
+  ModelRunnerOptions opt;
+  opt.kv.page_size = 3;
+  opt.kv.dtype = KvDType::kBF16;
+  opt.num_pages = 8;
+  auto r = ModelRunner::Create(m->weights, opt);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  KvRegion& region = (*r)->region();
+  std::vector<MemRange> ranges;
+  const std::vector<int32_t> pages = {1, 3};
+  (*r)->AppendWarmRanges(pages, &ranges);
+  const size_t page_bytes = 3 * (o.kv_lora_rank + o.rope) * 2;
+  ASSERT_EQ(region.spec().page_bytes(), page_bytes);
+  std::vector<const uint8_t*> kv;
+  size_t weight_bytes = 0;
+  for (const MemRange& m : ranges) {
+    if (m.data >= region.base() && m.data < region.base() + region.size_bytes()) {
+      EXPECT_EQ(m.bytes, page_bytes);
+      kv.push_back(m.data);
+    } else {
+      weight_bytes += m.bytes;
+    }
+  }
+  std::vector<const uint8_t*> want;
+  for (int l = 0; l < o.layers; ++l)
+    for (int32_t p : pages) want.push_back(region.Block(l, p));
+  EXPECT_EQ(kv, want);
+  EXPECT_GT(weight_bytes, 0u);
+}
+
 // KV bytes per token: region / pages / layers / page_size / elem is kv_lora_rank + rope values,
 // beside qwen3 with the same hidden size and heads (K and V of every KV head).
 TEST(MlaCacheTest, HoldsLatentDimValuesPerTokenPerLayer) {
