@@ -31,9 +31,6 @@ struct TinyModelOptions {
   int kv_heads = 2;
   int head_dim = 10;
   bool tie = false;
-  // experts > 0: MoE layers (arch qwen3_moe or deepseek_v3), every layer but those in
-  // moe.mlp_only_layers; the rest of `moe` as given.
-  model::MoeConfig moe;
 };
 
 inline model::TensorView MakeTensor(TinyModel& m, std::mt19937_64& rng, std::vector<int64_t> shape,
@@ -77,7 +74,6 @@ inline std::unique_ptr<TinyModel> MakeTinyModel(const TinyModelOptions& o) {
   c.tie_word_embeddings = o.tie;
   c.attention_bias = o.arch == model::Arch::kQwen2;
   c.qk_norm = o.arch == model::Arch::kQwen3;
-  c.moe = o.moe;
   m->weights.dtype = o.dtype;
   std::mt19937_64 rng(o.seed);
   const model::DType dt = o.dtype;
@@ -104,21 +100,6 @@ inline std::unique_ptr<TinyModel> MakeTinyModel(const TinyModelOptions& o) {
     }
     lw.o_proj = lin(h, q);
     lw.post_norm = norm(h);
-    if (c.IsMoeLayer(l)) {
-      model::MoeWeights moe;
-      const int64_t mi = c.moe.moe_intermediate_size, ne = c.moe.num_experts;
-      auto expert = [&](int64_t width) {
-        return model::MlpWeights{lin(width, h), lin(width, h), lin(h, width)};
-      };
-      moe.router = lin(ne, h);
-      if (c.moe.scoring == model::MoeConfig::Scoring::kSigmoid)
-        moe.router_bias = MakeTensor(*m, rng, {ne}, dt, 0.1f, 0.0f);
-      for (int64_t e = 0; e < ne; ++e) moe.experts.push_back(expert(mi));
-      if (c.moe.n_shared_experts > 0) moe.shared_expert = expert(c.moe.n_shared_experts * mi);
-      lw.moe = std::move(moe);
-      m->weights.layers.push_back(std::move(lw));
-      continue;
-    }
     lw.gate_proj = lin(in, h);
     lw.up_proj = lin(in, h);
     lw.down_proj = lin(h, in);

@@ -13,7 +13,7 @@
 #include "engine/kernels.h"
 #include "engine/kernels_ref.h"
 #include "engine/matmul_precision.h"
-#include "engine/model_runner_test_util.h"
+#include "engine/moe_test_util.h"
 #include "engine/thread_pool.h"
 
 namespace pd::engine {
@@ -37,19 +37,21 @@ Layer MakeLayer(model::DType dtype, bool sigmoid, bool pack) {
   o.dtype = dtype;
   o.hidden = kHidden;
   o.layers = 1;
-  o.moe.num_experts = kExperts;
-  o.moe.num_experts_per_tok = kTopK;
-  o.moe.moe_intermediate_size = kInter;
+  model::MoeConfig moe;
+  moe.num_experts = kExperts;
+  moe.num_experts_per_tok = kTopK;
+  moe.moe_intermediate_size = kInter;
   if (sigmoid) {
-    o.moe.scoring = model::MoeConfig::Scoring::kSigmoid;
-    o.moe.n_group = 7;
-    o.moe.topk_group = 4;
-    o.moe.norm_topk_prob = true;
-    o.moe.routed_scaling_factor = 1.5;
-    o.moe.n_shared_experts = 2;
+    moe.scoring = model::MoeConfig::Scoring::kSigmoid;
+    moe.n_group = 7;
+    moe.topk_group = 4;
+    moe.norm_topk_prob = true;
+    moe.routed_scaling_factor = 1.5;
+    moe.n_shared_experts = 2;
   }
   Layer l;
   l.model = testing::MakeTinyModel(o);
+  testing::AddMoeLayers(l.model.get(), moe, 13);
   model::MoeWeights& mw = *l.model->weights.layers[0].moe;
   // Expert kUnused: a router row far below the others, weights all NaN.
   const size_t esize = model::DTypeSize(dtype);

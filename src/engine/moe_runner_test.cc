@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "engine/model_runner.h"
-#include "engine/model_runner_test_util.h"
+#include "engine/moe_test_util.h"
 
 namespace pd::engine {
 namespace {
@@ -18,13 +18,16 @@ std::unique_ptr<testing::TinyModel> Model(model::DType dtype) {
   o.seed = 5;
   o.hidden = 40;
   o.layers = 3;
-  o.moe.num_experts = 7;
-  o.moe.num_experts_per_tok = 3;
-  o.moe.moe_intermediate_size = 24;
-  o.moe.norm_topk_prob = true;
-  o.moe.decoder_sparse_step = 1;
-  o.moe.mlp_only_layers = {1};
-  return testing::MakeTinyModel(o);
+  model::MoeConfig moe;
+  moe.num_experts = 7;
+  moe.num_experts_per_tok = 3;
+  moe.moe_intermediate_size = 24;
+  moe.norm_topk_prob = true;
+  moe.decoder_sparse_step = 1;
+  moe.mlp_only_layers = {1};
+  auto m = testing::MakeTinyModel(o);
+  testing::AddMoeLayers(m.get(), moe, 17);
+  return m;
 }
 
 std::vector<int32_t> Tokens(int n, int salt, int vocab) {

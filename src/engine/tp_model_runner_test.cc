@@ -17,6 +17,7 @@
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "engine/model_runner_test_util.h"
+#include "engine/moe_test_util.h"
 #include "engine/tp_all_reduce.h"
 #include "engine/tp_shard.h"
 
@@ -446,19 +447,22 @@ const TinyModel& MoeModel(bool sigmoid) {
   o.heads = 8;
   o.kv_heads = 2;
   o.head_dim = 8;
-  o.moe.num_experts = 6;
-  o.moe.num_experts_per_tok = 2;
-  o.moe.moe_intermediate_size = 16;
-  o.moe.mlp_only_layers = {1};
+  model::MoeConfig moe;
+  moe.num_experts = 6;
+  moe.num_experts_per_tok = 2;
+  moe.moe_intermediate_size = 16;
+  moe.mlp_only_layers = {1};
   if (sigmoid) {
-    o.moe.scoring = model::MoeConfig::Scoring::kSigmoid;
-    o.moe.n_group = 3;
-    o.moe.topk_group = 2;
-    o.moe.norm_topk_prob = true;
-    o.moe.routed_scaling_factor = 2.0;
-    o.moe.n_shared_experts = 1;
+    moe.scoring = model::MoeConfig::Scoring::kSigmoid;
+    moe.n_group = 3;
+    moe.topk_group = 2;
+    moe.norm_topk_prob = true;
+    moe.routed_scaling_factor = 2.0;
+    moe.n_shared_experts = 1;
   }
-  return *models->emplace(sigmoid, MakeTinyModel(o)).first->second;
+  auto m = MakeTinyModel(o);
+  testing::AddMoeLayers(m.get(), moe, 31);
+  return *models->emplace(sigmoid, std::move(m)).first->second;
 }
 
 class TpMoeGreedyTest : public ::testing::TestWithParam<std::tuple<bool, int, int>> {};
