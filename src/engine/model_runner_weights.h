@@ -40,6 +40,24 @@ struct RunnerMlaWeights {
   kernels::WeightMatrix a;
 };
 
+// One SwiGLU expert of a MoE layer: a routed expert or the shared expert, its width `inter`
+// (moe_intermediate_size; n_shared_experts times that for the shared one; a TP rank's slice).
+struct RunnerExpert {
+  LinearWeight gate, up;  // (inter, hidden)
+  LinearWeight down;      // (hidden, inter); kPanel32 after PackRunnerWeights
+  // After PackRunnerWeights: gate|up stacked (2*inter, hidden), kPanel32; data == nullptr before.
+  kernels::WeightMatrix gate_up;
+  int64_t inter() const { return gate.w.n; }
+};
+
+// The sparse MoE block of a layer (ModelConfig::IsMoeLayer); experts empty on a dense layer.
+struct RunnerMoeWeights {
+  LinearWeight router;                // (num_experts, hidden) mlp.gate; kPanel32 after packing
+  std::vector<float> router_bias;     // (num_experts) e_score_correction_bias, or empty
+  std::vector<RunnerExpert> experts;  // (num_experts)
+  std::vector<RunnerExpert> shared;   // deepseek_v3 with n_shared_experts > 0: one, else none
+};
+
 struct RunnerLayerWeights {
   std::vector<float> input_norm, post_norm;   // (hidden)
   std::vector<float> q_norm, k_norm;          // (head_dim) when qk_norm, else empty
@@ -50,6 +68,7 @@ struct RunnerLayerWeights {
   // (2*intermediate, hidden), kPanel32; data == nullptr before.
   kernels::WeightMatrix qkv, gate_up;
   std::unique_ptr<RunnerMlaWeights> mla;  // deepseek_v3: MLA instead of q/k/v/o
+  RunnerMoeWeights moe;  // MoE layers: the router and experts; gate/up/down then empty
 };
 
 // Anonymous memory on 2 MiB boundaries advised MADV_HUGEPAGE: weights streamed every decode step

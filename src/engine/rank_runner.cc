@@ -133,6 +133,7 @@ void RankRunner::AppendWarmRanges(std::span<const int32_t> pages, std::vector<Me
         for (const LinearWeight* m : {&M.q, &M.q_a, &M.q_b, &M.kv_a, &M.kv_b, &M.uk_t_all, &M.o})
           add_matrix(m->w);
       }
+      AppendMoeWarmRanges(L.moe, out);
     }
     add_matrix(w_->lm_head.w);
   }
@@ -224,6 +225,7 @@ void RankRunner::AttentionBlock(int l) {
 }
 
 void RankRunner::MlpBlock(int l) {
+  if (c_.IsMoeLayer(l)) return MoeMlpBlock(l);
   const RunnerLayerWeights& L = w_->layers[l];
   const int64_t t = num_tokens_, hd = c_.hidden_size, inter = c_.intermediate_size;
   float* x = s_.x.data();

@@ -16,6 +16,7 @@
 #include "engine/mla_rope.h"
 #include "engine/model_runner.h"
 #include "engine/model_runner_weights.h"
+#include "engine/moe_block.h"
 #include "engine/rank_runner.h"
 #include "engine/thread_pool.h"
 
@@ -52,6 +53,7 @@ struct Scratch {
   std::vector<float> mla_qabs;  // (T, H, L) absorbed queries
   std::vector<float> mla_olat;  // (T, H, R) attention output in the latent space
   std::vector<float> mla_out;   // (T, H, dv) per-head outputs
+  MoeScratch moe;               // the MoE block's buffers (moe_block.h)
 };
 
 template <typename T>
@@ -94,8 +96,10 @@ class RankRunner final : public ModelRunner {
   void MlaAttention(int l);
   // Per-head products of a.w over the pool in one dispatch (or the reference kernels).
   void HeadMatmul(const kernels::HeadMatmulArgs& a);
-  // x += mlp(post_attention_norm(x)) of layer l: the dense SwiGLU MLP.
+  // x += mlp(post_attention_norm(x)) of layer l: the dense SwiGLU MLP, or MoeMlpBlock.
   void MlpBlock(int l);
+  // The sparse MoE MLP of a MoE layer (rank_runner_moe.cc, moe_block.h).
+  void MoeMlpBlock(int l);
   void Finish(const ForwardBatch& batch, ForwardOutput* out);
   // x (n) += tmp, or with TP the sum of every rank's tmp in rank order. `attention`: tmp is the
   // attention output, so this layer's KV is final (on every rank) and progress_ is bumped.

@@ -7,6 +7,15 @@
 //                   t <= H: [r*H/t, (r+1)*H/t); t > H: head r/(t/H), t/H replicas each
 //   MLP columns     [r*I/t, (r+1)*I/t) of gate/up rows and down columns (I % t == 0)
 //   lm_head rows    [r*V/t, (r+1)*V/t) (any V): every rank computes its slice of the logits
+//   MoE experts     every routed and shared expert column-split like the dense MLP: columns
+//                   [r*I/t, (r+1)*I/t) of its width I (moe_intermediate_size % t == 0); the
+//                   router replicated, so every rank routes every token alike. Column split, not
+//                   expert-parallel: a decode step reads top_k experts, and with experts dealt
+//                   to ranks the slowest rank holds max over ranks of its chosen experts — for
+//                   top-8 of many experts over 2 / 4 ranks about 1.3x / 1.7x the even share
+//                   (multinomial expectation) — while the column split gives every rank exactly
+//                   1/t of each chosen expert's bytes. The cost: narrower matmuls per expert
+//                   (I/t columns, padded to whole 32-row panels).  See MoE notes in engine.md.
 // MLA (deepseek_v3): query heads split as above (q or q_b rows, W_UK^T/W_UV per head, o_proj
 // columns); q_a, kv_a and the norms whole on every rank, which computes the latent itself and
 // writes its own identical copy into its own region.
