@@ -15,6 +15,7 @@
 #include "engine/mla_kernels_ref.h"
 #include "engine/mla_test_util.h"
 #include "engine/model_runner.h"
+#include "engine/moe_test_util.h"
 
 namespace pd::engine {
 namespace {
@@ -309,21 +310,30 @@ std::map<int64_t, std::vector<int32_t>> Generate(const model::ModelWeights& w, i
 }
 
 TEST(MlaTpTest, GreedyTokensEqualTp1) {
-  for (int q_lora : {0, 16}) {
-    TinyMlaOptions o;
-    o.heads = 8;
-    o.q_lora_rank = q_lora;
-    o.dtype = model::DType::kBF16;
-    o.yarn = true;
-    auto m = MakeTinyMlaModel(o);
-    const auto want = Generate(m->weights, 1, 512);
-    ASSERT_EQ(want.size(), 3u);
-    EXPECT_NE(want.at(0), want.at(1)) << "tokens should depend on the prompt";
-    for (int tp : {2, 4})
-      for (int budget : {6, 512})
-        EXPECT_EQ(Generate(m->weights, tp, budget), want)
-            << "q_lora " << q_lora << " tp " << tp << " budget " << budget;
-  }
+  for (int q_lora : {0, 16})
+    for (bool moe : {false, true}) {
+      TinyMlaOptions o;
+      o.heads = 8;
+      o.q_lora_rank = q_lora;
+      o.dtype = model::DType::kBF16;
+      o.yarn = true;
+      auto m = MakeTinyMlaModel(o);
+      if (moe) {  // deepseek_v3's MoE after the first layer (moe_test_util.h)
+        model::MoeConfig c;
+        c.scoring = model::MoeConfig::Scoring::kSigmoid;
+        c.num_experts = 8, c.num_experts_per_tok = 2, c.moe_intermediate_size = 12;
+        c.n_group = 4, c.topk_group = 2, c.n_shared_experts = 1, c.first_k_dense_replace = 1;
+        c.norm_topk_prob = true, c.routed_scaling_factor = 2.5;
+        testing::AddMoeLayers(m.get(), c, 5);
+      }
+      const auto want = Generate(m->weights, 1, 512);
+      ASSERT_EQ(want.size(), 3u);
+      EXPECT_NE(want.at(0), want.at(1)) << "tokens should depend on the prompt";
+      for (int tp : {2, 4})
+        for (int budget : {6, 512})
+          EXPECT_EQ(Generate(m->weights, tp, budget), want)
+              << "q_lora " << q_lora << " moe " << moe << " tp " << tp << " budget " << budget;
+    }
 }
 
 // Too few pages for the three requests at once: sequences are preempted and recomputed over the
