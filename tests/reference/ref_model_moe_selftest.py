@@ -87,8 +87,8 @@ def make_weights(cfg, seed, mtp=False):
         t[p + "up_proj.weight"] = r(width, hid)
         t[p + "down_proj.weight"] = r(hid, width)
 
-    t = {"model.embed_tokens.weight": r(V, hid, scale=1.0), "model.norm.weight": 1 + r(hid, scale=0.1),
-         "lm_head.weight": r(V, hid)}
+    t = {"model.embed_tokens.weight": r(V, hid, scale=1.0),
+         "model.norm.weight": 1 + r(hid, scale=0.1), "lm_head.weight": r(V, hid)}
     sparse = expected_moe_layers(cfg)
     E = cfg.get("num_experts") or cfg.get("n_routed_experts")
     for i in range(cfg["num_hidden_layers"]):
@@ -517,7 +517,8 @@ class YarnTest(unittest.TestCase):
         self.assertEqual(att, 1.0)  # mscale == mscale_all_dim
         m = 0.1 * math.log(40.0) + 1.0
         cfg.qk_head_dim = 192
-        self.assertAlmostEqual(ref_model.mla_softmax_scale(cfg), m * m / math.sqrt(192), delta=1e-15)
+        self.assertAlmostEqual(ref_model.mla_softmax_scale(cfg), m * m / math.sqrt(192),
+                               delta=1e-15)
         cfg.yarn = None
         self.assertAlmostEqual(ref_model.mla_softmax_scale(cfg), 1 / math.sqrt(192), delta=1e-15)
 
