@@ -42,10 +42,13 @@ multi-token-prediction layers of deepseek_v3 (model.layers.{num_hidden_layers}.*
 CLI:
   ref_model.py --model DIR --requests REQ.json --out OUT.bin
 
-REQ.json:  {"requests": [{"tokens": [int, ...], "positions": [int, ...]}, ...]}
+REQ.json:  {"requests": [{"tokens": [int, ...], "positions": [int, ...], "greedy": N}, ...]}
   Each request is one sequence starting at position 0; `positions` lists the positions whose
   next-token logits to output (0 <= p < len(tokens)). Attention is causal, so the logits at
   position p depend only on tokens[0..p]: one request covers a prompt and its decode steps.
+  "greedy" (optional, default 0): first extend tokens N times by the argmax of the last
+  position's logits (lowest id on a tie); positions then index the extended sequence, so
+  positions len(tokens)-1 .. len(tokens)+N-2 give the rows the greedy tokens were taken from.
 
 OUT.bin (little-endian):
   bytes 0..7    magic b"PDREFLG1"
@@ -510,7 +513,11 @@ def main(argv):
             requests = json.load(f)["requests"]
         rows = []
         for req in requests:
-            rows.extend(forward(cfg, tensors, req["tokens"], req["positions"]))
+            tokens = list(req["tokens"])
+            for _ in range(int(req.get("greedy", 0))):
+                last = forward(cfg, tensors, tokens, [len(tokens) - 1])[0]
+                tokens.append(int(np.argmax(last)))
+            rows.extend(forward(cfg, tensors, tokens, req["positions"]))
         write_logits(args.out, rows, cfg.vocab)
     except (RefError, OSError, KeyError, ValueError) as e:
         print("ref_model.py: error: %s: %s" % (type(e).__name__, e), file=sys.stderr)

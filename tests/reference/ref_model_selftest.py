@@ -324,6 +324,16 @@ class RefModelTest(unittest.TestCase):
         self.assertLess(rel_err(rows[0], want[3]), 1e-12)
         self.assertLess(rel_err(rows[1], want[1]), 1e-12)
         self.assertLess(rel_err(rows[2], naive_logits(cfg_json, tensors, [5])[0]), 1e-12)
+        # greedy: the rows at positions 1..3 of [7, 8] + 3 greedy tokens are the ones the tokens
+        # were taken from
+        with open(req, "w") as f:
+            json.dump({"requests": [{"tokens": [7, 8], "positions": [1, 2, 3], "greedy": 3}]}, f)
+        subprocess.run(cmd, check=True)
+        rows = ref_model.read_logits(out)
+        seq = [7, 8] + [int(np.argmax(r)) for r in rows]
+        want = naive_logits(cfg_json, tensors, seq)
+        self.assertLess(rel_err(rows, want[1:4]), 1e-12)
+        self.assertGreater(len(set(seq)), 2)
         # an out-of-vocab token, then a truncated file: exit 1 with a message, no traceback
         with open(req, "w") as f:
             json.dump({"requests": [{"tokens": [99], "positions": [0]}]}, f)
