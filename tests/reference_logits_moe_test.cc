@@ -1,20 +1,22 @@
 // qwen3_moe and deepseek_v3 against the independent float64 NumPy reference
 // (tests/reference/ref_model.py) reading the very same safetensors.
 //
-// Per model (arch x checkpoint dtype, and for deepseek_v3 q_lora_rank set or null x yarn on or
-// off), a "tiny" synthetic checkpoint is written once and ref_model.py runs once on it: the
-// logits of every position of three sequences (prompts of 1, 7 and 20 tokens, each followed by
-// 4 fixed decode tokens), and eight greedy continuations of 6 tokens. The engine then runs the
-// three sequences together for page sizes {1, 16} x prefill {whole prompt, 5-token chunks} and
-// every logits row (each chunk's last token, each decode step) must be within 1e-3 of the
-// reference row (metric in reference_logits_util.h); and greedy decoding of the eight prompts,
-// batched together and then two of them alone, must give the reference's tokens.
+// Per model (arch x checkpoint dtype; qwen3_moe as the preset and with decoder_sparse_step 2;
+// deepseek_v3 with q_lora_rank set or null x yarn on or off), a "tiny" synthetic checkpoint is
+// written once and ref_model.py runs once on it: the logits of every position of three
+// sequences (prompts of 1, 7 and 20 tokens, each followed by 4 fixed decode tokens), and eight
+// greedy continuations of 6 tokens. The engine then runs the three sequences together, with
+// pages of 1 and of 16 tokens, each with the whole prompt at once and in 5-token chunks: every
+// logits row (each chunk's last token, each decode step) must be within 1e-3 of the reference
+// row (metric in reference_logits_util.h). Greedy decoding of the eight prompts, batched
+// together and then two of them alone, must give the reference's tokens.
 //
 // The deepseek_v3 variants are made by rewriting the written checkpoint: q_lora_rank null
 // replaces q_a_proj/q_a_layernorm/q_b_proj with a q_proj (and the reverse when the preset has a
 // plain q_proj), and yarn sets rope_scaling as DeepSeek-V3's config does (with
 // max_position_embeddings = factor * original_max_position_embeddings, and mscale_all_dim !=
-// mscale so that yarn's attention factor is not 1).
+// mscale so that yarn's attention factor is not 1). The qwen3_moe variant makes some layers
+// dense (decoder_sparse_step 2, mlp_only_layers [1]) with a dense MLP in place of their experts.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,6 +25,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -59,8 +62,9 @@ constexpr int kQLoraRank = 24;  // when the variant adds q_a_proj/q_b_proj
 struct MoeKey {
   Arch arch = Arch::kQwen3Moe;
   DType dtype = DType::kF32;
-  bool q_lora = true;  // deepseek_v3 only
-  bool yarn = true;    // deepseek_v3 only
+  bool q_lora = true;        // deepseek_v3 only
+  bool yarn = true;          // deepseek_v3 only
+  bool sparse_step = false;  // qwen3_moe: decoder_sparse_step 2 (and mlp_only_layers [1])
   auto operator<=>(const MoeKey&) const = default;
 
   std::string Name() const {
@@ -68,6 +72,7 @@ struct MoeKey {
                        (dtype == DType::kF32    ? "f32"
                         : dtype == DType::kBF16 ? "bf16"
                                                 : "f16");
+    if (sparse_step) name += "_step2";
     if (arch == Arch::kDeepseekV3) {
       name += std::string(q_lora ? "_qlora" : "_qproj") + (yarn ? "_yarn" : "_noyarn");
     }
@@ -136,6 +141,37 @@ Result<nlohmann::json> ReadJson(const std::string& path) {
   return j;
 }
 
+// Rewrites DIR's checkpoint as one model.safetensors: the tensors keep(name) accepts, then those
+// add(checkpoint, name, view, &out) appends while every name is visited.
+using AddFn = std::function<Status(model::Checkpoint&, const std::string&, const model::TensorView&,
+                                   std::vector<model::NamedTensor>*)>;
+Status RewriteCheckpoint(const std::string& dir,
+                         const std::function<bool(const std::string&)>& keep, const AddFn& add) {
+  std::vector<model::NamedTensor> tensors;
+  {
+    ASSIGN_OR_RETURN(auto checkpoint, model::Checkpoint::Open(dir));
+    for (const std::string& name : checkpoint->Names()) {
+      ASSIGN_OR_RETURN(model::TensorView v, checkpoint->Get(name));
+      if (keep(name)) {
+        const auto* p = static_cast<const uint8_t*>(v.data);
+        tensors.push_back({name, v.dtype, v.shape, std::vector<uint8_t>(p, p + v.size_bytes())});
+      }
+      RETURN_IF_ERROR(add(*checkpoint, name, v, &tensors));
+    }
+  }  // unmapped before the files are rewritten
+  std::error_code ec;
+  std::filesystem::remove(dir + "/model.safetensors.index.json", ec);
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() == ".safetensors") std::filesystem::remove(entry.path(), ec);
+  }
+  return model::WriteSafetensors(dir + "/model.safetensors", tensors);
+}
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 // Swaps the query projection of every MLA layer (the MTP layer's too) between q_proj and
 // q_a_proj/q_a_layernorm/q_b_proj; random weights scaled like the layer's kv projections.
 Status SwapQueryProjection(const std::string& dir, const nlohmann::json& cfg, bool to_lora,
@@ -145,44 +181,33 @@ Status SwapQueryProjection(const std::string& dir, const nlohmann::json& cfg, bo
       cfg["num_attention_heads"].get<int64_t>() *
       (cfg["qk_nope_head_dim"].get<int64_t>() + cfg["qk_rope_head_dim"].get<int64_t>());
   const std::string kKvA = "kv_a_proj_with_mqa.weight";
-  std::vector<model::NamedTensor> tensors;
   std::mt19937 rng(11);
-  {
-    ASSIGN_OR_RETURN(auto checkpoint, model::Checkpoint::Open(dir));
-    for (const std::string& name : checkpoint->Names()) {
-      const bool q = name.find("self_attn.q_proj.") != std::string::npos ||
-                     name.find("self_attn.q_a_") != std::string::npos ||
-                     name.find("self_attn.q_b_proj.") != std::string::npos;
-      ASSIGN_OR_RETURN(model::TensorView v, checkpoint->Get(name));
-      if (!q) {
-        const auto* p = static_cast<const uint8_t*>(v.data);
-        tensors.push_back({name, v.dtype, v.shape, std::vector<uint8_t>(p, p + v.size_bytes())});
-      }
-      if (name.size() < kKvA.size() || name.compare(name.size() - kKvA.size(), kKvA.size(), kKvA))
-        continue;
-      const std::string attn = name.substr(0, name.size() - kKvA.size());
-      ASSIGN_OR_RETURN(std::vector<float> kv_a, ToFloats(v));
-      ASSIGN_OR_RETURN(model::TensorView kv_b_view, checkpoint->Get(attn + "kv_b_proj.weight"));
-      ASSIGN_OR_RETURN(std::vector<float> kv_b, ToFloats(kv_b_view));
-      if (to_lora) {
-        tensors.push_back(RandomTensor(attn + "q_a_proj.weight", dtype, {kQLoraRank, hidden},
-                                       Stddev(kv_a), 0, rng));
-        tensors.push_back(
-            RandomTensor(attn + "q_a_layernorm.weight", dtype, {kQLoraRank}, 0.1, 1.0, rng));
-        tensors.push_back(RandomTensor(attn + "q_b_proj.weight", dtype, {q_out, kQLoraRank},
-                                       Stddev(kv_b), 0, rng));
-      } else {
-        tensors.push_back(
-            RandomTensor(attn + "q_proj.weight", dtype, {q_out, hidden}, Stddev(kv_a), 0, rng));
-      }
+  auto keep = [](const std::string& name) {
+    return name.find("self_attn.q_proj.") == std::string::npos &&
+           name.find("self_attn.q_a_") == std::string::npos &&
+           name.find("self_attn.q_b_proj.") == std::string::npos;
+  };
+  auto add = [&](model::Checkpoint& checkpoint, const std::string& name, const model::TensorView& v,
+                 std::vector<model::NamedTensor>* out) -> Status {
+    if (!EndsWith(name, kKvA)) return OkStatus();
+    const std::string attn = name.substr(0, name.size() - kKvA.size());
+    ASSIGN_OR_RETURN(std::vector<float> kv_a, ToFloats(v));
+    ASSIGN_OR_RETURN(model::TensorView kv_b_view, checkpoint.Get(attn + "kv_b_proj.weight"));
+    ASSIGN_OR_RETURN(std::vector<float> kv_b, ToFloats(kv_b_view));
+    if (to_lora) {
+      out->push_back(RandomTensor(attn + "q_a_proj.weight", dtype, {kQLoraRank, hidden},
+                                  Stddev(kv_a), 0, rng));
+      out->push_back(
+          RandomTensor(attn + "q_a_layernorm.weight", dtype, {kQLoraRank}, 0.1, 1.0, rng));
+      out->push_back(
+          RandomTensor(attn + "q_b_proj.weight", dtype, {q_out, kQLoraRank}, Stddev(kv_b), 0, rng));
+    } else {
+      out->push_back(
+          RandomTensor(attn + "q_proj.weight", dtype, {q_out, hidden}, Stddev(kv_a), 0, rng));
     }
-  }  // unmapped before the file is rewritten
-  std::error_code ec;
-  std::filesystem::remove(dir + "/model.safetensors.index.json", ec);
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    if (entry.path().extension() == ".safetensors") std::filesystem::remove(entry.path(), ec);
-  }
-  return model::WriteSafetensors(dir + "/model.safetensors", tensors);
+    return OkStatus();
+  };
+  return RewriteCheckpoint(dir, keep, add);
 }
 
 Status MakeDeepseekVariant(const std::string& dir, const MoeKey& key) {
@@ -212,6 +237,59 @@ Status MakeDeepseekVariant(const std::string& dir, const MoeKey& key) {
   return OkStatus();
 }
 
+// HF's Qwen3MoeDecoderLayer rule: sparse unless in mlp_only_layers, when (i+1) % step == 0.
+bool QwenSparse(int layer, int step, const std::vector<int>& mlp_only) {
+  return std::find(mlp_only.begin(), mlp_only.end(), layer) == mlp_only.end() &&
+         (layer + 1) % step == 0;
+}
+
+// qwen3_moe with decoder_sparse_step 2 and mlp_only_layers [1] (when there are 4 layers or
+// more): the layers that become dense get a dense MLP (intermediate_size) in place of the router
+// and experts, scaled like the experts.
+Status MakeQwenSparseStepVariant(const std::string& dir, DType dtype) {
+  ASSIGN_OR_RETURN(nlohmann::json cfg, ReadJson(dir + "/config.json"));
+  const int layers = cfg["num_hidden_layers"].get<int>();
+  const int64_t hidden = cfg["hidden_size"].get<int64_t>();
+  const int64_t inter = cfg["intermediate_size"].get<int64_t>();
+  const int old_step = cfg.value("decoder_sparse_step", 1);
+  std::vector<int> old_only;
+  if (cfg.contains("mlp_only_layers") && cfg["mlp_only_layers"].is_array()) {
+    old_only = cfg["mlp_only_layers"].get<std::vector<int>>();
+  }
+  const std::vector<int> only = layers >= 4 ? std::vector<int>{1} : std::vector<int>{};
+  std::set<std::string> dense;  // "model.layers.{i}.mlp." of the layers that become dense
+  for (int i = 0; i < layers; ++i) {
+    const bool was = QwenSparse(i, old_step, old_only), now = QwenSparse(i, 2, only);
+    if (now && !was) return FailedPrecondition("preset layer " + std::to_string(i) + " is dense");
+    if (was && !now) dense.insert("model.layers." + std::to_string(i) + ".mlp.");
+  }
+  if (dense.empty()) return FailedPrecondition("no layer becomes dense");
+  auto layer_mlp = [&](const std::string& name) -> std::string {
+    for (const std::string& p : dense) {
+      if (name.compare(0, p.size(), p) == 0) return p;
+    }
+    return "";
+  };
+  std::mt19937 rng(12);
+  auto keep = [&](const std::string& name) { return layer_mlp(name).empty(); };
+  auto add = [&](model::Checkpoint&, const std::string& name, const model::TensorView& v,
+                 std::vector<model::NamedTensor>* out) -> Status {
+    const std::string p = layer_mlp(name);
+    if (p.empty() || name != p + "experts.0.gate_proj.weight") return OkStatus();
+    ASSIGN_OR_RETURN(std::vector<float> expert, ToFloats(v));
+    const double sd = Stddev(expert);
+    out->push_back(RandomTensor(p + "gate_proj.weight", dtype, {inter, hidden}, sd, 0, rng));
+    out->push_back(RandomTensor(p + "up_proj.weight", dtype, {inter, hidden}, sd, 0, rng));
+    out->push_back(RandomTensor(p + "down_proj.weight", dtype, {hidden, inter}, sd, 0, rng));
+    return OkStatus();
+  };
+  RETURN_IF_ERROR(RewriteCheckpoint(dir, keep, add));
+  cfg["decoder_sparse_step"] = 2;
+  cfg["mlp_only_layers"] = only;
+  std::ofstream(dir + "/config.json") << cfg.dump(2);
+  return OkStatus();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Fixtures, built once per process.
 
@@ -237,6 +315,7 @@ Result<std::shared_ptr<MoeFixture>> BuildFixture(const MoeKey& key) {
   opts.out_dir = fx->dir.path();
   RETURN_IF_ERROR(model::WriteSyntheticModel(opts));
   if (key.arch == Arch::kDeepseekV3) RETURN_IF_ERROR(MakeDeepseekVariant(fx->dir.path(), key));
+  if (key.sparse_step) RETURN_IF_ERROR(MakeQwenSparseStepVariant(fx->dir.path(), key.dtype));
   ASSIGN_OR_RETURN(fx->weights, model::LoadModelWeights(fx->dir.path()));
   const int vocab = fx->weights.config.vocab_size;
   fx->workload = MakeMoeWorkload(vocab, 4321 + static_cast<uint32_t>(key.arch));
@@ -330,6 +409,7 @@ std::vector<MoeKey> AllKeys() {
   std::vector<MoeKey> keys;
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     keys.push_back({Arch::kQwen3Moe, dtype, false, false});
+    keys.push_back({Arch::kQwen3Moe, dtype, false, false, /*sparse_step=*/true});
     for (bool q_lora : {true, false}) {
       for (bool yarn : {true, false}) keys.push_back({Arch::kDeepseekV3, dtype, q_lora, yarn});
     }
@@ -342,8 +422,9 @@ INSTANTIATE_TEST_SUITE_P(MoeArchs, MoeReferenceLogitsTest, ::testing::ValuesIn(A
                            return info.param.Name();
                          });
 
-// The variants must reach the reference: yarn and the query projection change its logits.
-TEST(MoeReferenceVariantsTest, YarnAndQueryProjectionChangeTheReference) {
+// The variants must reach the loaded config, and yarn and the query projection change the
+// reference's logits.
+TEST(MoeReferenceVariantsTest, VariantsReachTheConfigAndChangeTheReference) {
   if (!PythonSkipReason().empty()) GTEST_SKIP() << PythonSkipReason();
   auto base = GetFixture({Arch::kDeepseekV3, DType::kF32, true, true});
   auto no_yarn = GetFixture({Arch::kDeepseekV3, DType::kF32, true, false});
@@ -355,6 +436,11 @@ TEST(MoeReferenceVariantsTest, YarnAndQueryProjectionChangeTheReference) {
   EXPECT_FALSE((*no_yarn)->weights.config.yarn);
   EXPECT_GT((*base)->weights.config.mla.q_lora_rank, 0);
   EXPECT_EQ((*q_proj)->weights.config.mla.q_lora_rank, 0);
+  auto step2 = GetFixture({Arch::kQwen3Moe, DType::kF32, false, false, true});
+  ASSERT_TRUE(step2.ok()) << step2.status().ToString();
+  const model::ModelConfig& qc = (*step2)->weights.config;
+  EXPECT_FALSE(qc.IsMoeLayer(0));
+  EXPECT_TRUE(qc.IsMoeLayer(qc.num_layers >= 4 ? 3 : 1));
   auto differs = [](const RefRows& a, const RefRows& b) {
     std::vector<float> row(a[2].back().begin(), a[2].back().end());
     return RowError(row, b[2].back());
