@@ -162,7 +162,7 @@ class Config:
         self.eps = float(cfg.get("rms_norm_eps", 1e-6))
         self.max_pos = int(cfg.get("max_position_embeddings", 4096 if self.is_mla else 32768))
         self.tie = bool(cfg.get("tie_word_embeddings", False))
-        if self.num_heads % self.num_kv_heads:
+        if self.num_heads % self.num_kv_heads and not self.is_mla:  # MLA does not read it
             raise RefError("num_attention_heads not a multiple of num_key_value_heads")
         if self.is_mla:
             self._parse_mla(cfg)

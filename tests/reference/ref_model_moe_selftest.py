@@ -46,9 +46,9 @@ def make_qwen3_moe_config(norm_topk_prob=True, decoder_sparse_step=1, mlp_only_l
 def make_deepseek_config(q_lora_rank=12, rope_interleave=True, yarn=True, norm_topk_prob=True,
                          n_shared_experts=1):
     # rms_norm_eps 1e-5 differs from the 1e-6 of q_a_layernorm / kv_a_layernorm, so mixing the
-    # two up shows.
+    # two up shows. num_key_value_heads is not read by MLA (here not even a divisor of the heads).
     cfg = {"model_type": "deepseek_v3", "hidden_size": 16, "intermediate_size": 24,
-           "num_hidden_layers": 3, "num_attention_heads": 3, "num_key_value_heads": 3,
+           "num_hidden_layers": 3, "num_attention_heads": 3, "num_key_value_heads": 2,
            "vocab_size": 37, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
            "max_position_embeddings": 64, "tie_word_embeddings": False,
            "q_lora_rank": q_lora_rank, "kv_lora_rank": 10, "qk_nope_head_dim": 6,
