@@ -1,22 +1,23 @@
 // qwen3_moe and deepseek_v3 against the independent float64 NumPy reference
 // (tests/reference/ref_model.py) reading the very same safetensors.
 //
-// Per model (arch x checkpoint dtype; qwen3_moe as the preset and with decoder_sparse_step 2;
-// deepseek_v3 with q_lora_rank set or null x yarn on or off), a "tiny" synthetic checkpoint is
-// written once and ref_model.py runs once on it: the logits of every position of three
-// sequences (prompts of 1, 7 and 20 tokens, each followed by 4 fixed decode tokens), and eight
-// greedy continuations of 6 tokens. The engine then runs the three sequences together, with
-// pages of 1 and of 16 tokens, each with the whole prompt at once and in 5-token chunks: every
-// logits row (each chunk's last token, each decode step) must be within 1e-3 of the reference
-// row (metric in reference_logits_util.h). Greedy decoding of the eight prompts, batched
+// Per model (arch x checkpoint dtype; qwen3_moe as the preset, which has mlp_only_layers, and
+// with decoder_sparse_step > 1; deepseek_v3 with q_lora_rank set or null x yarn on or off), a
+// "tiny" synthetic checkpoint is written once and ref_model.py runs once on it: the logits of every
+// position of three sequences (prompts of 1, 7 and 20 tokens, each followed by 4 fixed decode
+// tokens), and eight greedy continuations of 6 tokens. The engine then runs the three sequences
+// together, with pages of 1 and of 16 tokens, each with the whole prompt at once and in 5-token
+// chunks: every logits row (each chunk's last token, each decode step) must be within 1e-3 of the
+// reference row (metric in reference_logits_util.h). Greedy decoding of the eight prompts, batched
 // together and then two of them alone, must give the reference's tokens.
 //
 // The deepseek_v3 variants are made by rewriting the written checkpoint: q_lora_rank null
 // replaces q_a_proj/q_a_layernorm/q_b_proj with a q_proj (and the reverse when the preset has a
 // plain q_proj), and yarn sets rope_scaling as DeepSeek-V3's config does (with
 // max_position_embeddings = factor * original_max_position_embeddings, and mscale_all_dim !=
-// mscale so that yarn's attention factor is not 1). The qwen3_moe variant makes some layers
-// dense (decoder_sparse_step 2, mlp_only_layers [1]) with a dense MLP in place of their experts.
+// mscale so that yarn's attention factor is not 1). The qwen3_moe variant makes all layers
+// but the last dense (decoder_sparse_step = num_hidden_layers, mlp_only_layers []) with a dense
+// MLP in place of their experts.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -64,7 +65,7 @@ struct MoeKey {
   DType dtype = DType::kF32;
   bool q_lora = true;        // deepseek_v3 only
   bool yarn = true;          // deepseek_v3 only
-  bool sparse_step = false;  // qwen3_moe: decoder_sparse_step 2 (and mlp_only_layers [1])
+  bool sparse_step = false;  // qwen3_moe: decoder_sparse_step num_layers, mlp_only_layers []
   auto operator<=>(const MoeKey&) const = default;
 
   std::string Name() const {
@@ -72,7 +73,7 @@ struct MoeKey {
                        (dtype == DType::kF32    ? "f32"
                         : dtype == DType::kBF16 ? "bf16"
                                                 : "f16");
-    if (sparse_step) name += "_step2";
+    if (sparse_step) name += "_sparse_step";
     if (arch == Arch::kDeepseekV3) {
       name += std::string(q_lora ? "_qlora" : "_qproj") + (yarn ? "_yarn" : "_noyarn");
     }
@@ -243,9 +244,10 @@ bool QwenSparse(int layer, int step, const std::vector<int>& mlp_only) {
          (layer + 1) % step == 0;
 }
 
-// qwen3_moe with decoder_sparse_step 2 and mlp_only_layers [1] (when there are 4 layers or
-// more): the layers that become dense get a dense MLP (intermediate_size) in place of the router
-// and experts, scaled like the experts.
+// qwen3_moe with decoder_sparse_step = num_hidden_layers and mlp_only_layers [] (only the last
+// layer sparse; the tiny preset has step 1 and mlp_only_layers [1]): the layers that become
+// dense get a dense MLP (intermediate_size) in place of the router and experts, scaled like the
+// experts.
 Status MakeQwenSparseStepVariant(const std::string& dir, DType dtype) {
   ASSIGN_OR_RETURN(nlohmann::json cfg, ReadJson(dir + "/config.json"));
   const int layers = cfg["num_hidden_layers"].get<int>();
@@ -256,10 +258,11 @@ Status MakeQwenSparseStepVariant(const std::string& dir, DType dtype) {
   if (cfg.contains("mlp_only_layers") && cfg["mlp_only_layers"].is_array()) {
     old_only = cfg["mlp_only_layers"].get<std::vector<int>>();
   }
-  const std::vector<int> only = layers >= 4 ? std::vector<int>{1} : std::vector<int>{};
+  const int step = layers;
+  const std::vector<int> only;
   std::set<std::string> dense;  // "model.layers.{i}.mlp." of the layers that become dense
   for (int i = 0; i < layers; ++i) {
-    const bool was = QwenSparse(i, old_step, old_only), now = QwenSparse(i, 2, only);
+    const bool was = QwenSparse(i, old_step, old_only), now = QwenSparse(i, step, only);
     if (now && !was) return FailedPrecondition("preset layer " + std::to_string(i) + " is dense");
     if (was && !now) dense.insert("model.layers." + std::to_string(i) + ".mlp.");
   }
@@ -284,7 +287,7 @@ Status MakeQwenSparseStepVariant(const std::string& dir, DType dtype) {
     return OkStatus();
   };
   RETURN_IF_ERROR(RewriteCheckpoint(dir, keep, add));
-  cfg["decoder_sparse_step"] = 2;
+  cfg["decoder_sparse_step"] = step;
   cfg["mlp_only_layers"] = only;
   std::ofstream(dir + "/config.json") << cfg.dump(2);
   return OkStatus();
@@ -436,11 +439,12 @@ TEST(MoeReferenceVariantsTest, VariantsReachTheConfigAndChangeTheReference) {
   EXPECT_FALSE((*no_yarn)->weights.config.yarn);
   EXPECT_GT((*base)->weights.config.mla.q_lora_rank, 0);
   EXPECT_EQ((*q_proj)->weights.config.mla.q_lora_rank, 0);
-  auto step2 = GetFixture({Arch::kQwen3Moe, DType::kF32, false, false, true});
-  ASSERT_TRUE(step2.ok()) << step2.status().ToString();
-  const model::ModelConfig& qc = (*step2)->weights.config;
+  auto sparse_step = GetFixture({Arch::kQwen3Moe, DType::kF32, false, false, true});
+  ASSERT_TRUE(sparse_step.ok()) << sparse_step.status().ToString();
+  const model::ModelConfig& qc = (*sparse_step)->weights.config;
   EXPECT_FALSE(qc.IsMoeLayer(0));
-  EXPECT_TRUE(qc.IsMoeLayer(qc.num_layers >= 4 ? 3 : 1));
+  EXPECT_TRUE(qc.IsMoeLayer(qc.num_layers - 1));
+  EXPECT_EQ(qc.moe.decoder_sparse_step, qc.num_layers);
   auto differs = [](const RefRows& a, const RefRows& b) {
     std::vector<float> row(a[2].back().begin(), a[2].back().end());
     return RowError(row, b[2].back());
