@@ -22,24 +22,6 @@ struct LinearWeight {
   std::vector<uint16_t> owned_bf16;  // (n, k) bf16 copy (a TP rank's column slice)
 };
 
-// Multi-head Latent Attention of a deepseek_v3 layer (mla_weights.cc). Per rank: H query heads,
-// R = kv_lora_rank, dn/dr/dv = qk_nope/qk_rope/v head dims, L = R + dr.
-struct RunnerMlaWeights {
-  LinearWeight q;                // (H*(dn+dr), hidden) when q_lora_rank == 0
-  LinearWeight q_a;              // (q_lora_rank, hidden) when q_lora_rank > 0
-  std::vector<float> q_a_norm;   // (q_lora_rank) when q_lora_rank > 0
-  LinearWeight q_b;              // (H*(dn+dr), q_lora_rank) when q_lora_rank > 0
-  LinearWeight kv_a;             // (L, hidden) kv_a_proj_with_mqa
-  std::vector<float> kv_a_norm;  // (R)
-  LinearWeight kv_b;      // (H*(dn+dv), R), the rows of head h at h*(dn+dv): W_UK[h], W_UV[h]
-  LinearWeight uk_t_all;  // (num_heads*R, dn): W_UK[h]^T of every head, owned (transposed)
-  std::vector<kernels::WeightMatrix> uk_t;  // (H) per head (R, dn): q_lat = W_UK[h]^T q_nope
-  std::vector<kernels::WeightMatrix> uv;    // (H) per head (dv, R) views of kv_b: out = W_UV o_lat
-  LinearWeight o;                           // (hidden, H*dv)
-  // After PackRunnerWeights: q|kv_a (or q_a|kv_a) stacked, kPanel32; data == nullptr before.
-  kernels::WeightMatrix a;
-};
-
 // One SwiGLU expert of a MoE layer: a routed expert or the shared expert, its width `inter`
 // (moe_intermediate_size; n_shared_experts times that for the shared one; a TP rank's slice).
 struct RunnerExpert {
@@ -58,6 +40,24 @@ struct RunnerMoeWeights {
   std::vector<RunnerExpert> shared;   // deepseek_v3 with n_shared_experts > 0: one, else none
 };
 
+// Multi-head Latent Attention of a deepseek_v3 layer (mla_weights.cc). Per rank: H query heads,
+// R = kv_lora_rank, dn/dr/dv = qk_nope/qk_rope/v head dims, L = R + dr.
+struct RunnerMlaWeights {
+  LinearWeight q;                // (H*(dn+dr), hidden) when q_lora_rank == 0
+  LinearWeight q_a;              // (q_lora_rank, hidden) when q_lora_rank > 0
+  std::vector<float> q_a_norm;   // (q_lora_rank) when q_lora_rank > 0
+  LinearWeight q_b;              // (H*(dn+dr), q_lora_rank) when q_lora_rank > 0
+  LinearWeight kv_a;             // (L, hidden) kv_a_proj_with_mqa
+  std::vector<float> kv_a_norm;  // (R)
+  LinearWeight kv_b;      // (H*(dn+dv), R), the rows of head h at h*(dn+dv): W_UK[h], W_UV[h]
+  LinearWeight uk_t_all;  // (num_heads*R, dn): W_UK[h]^T of every head, owned (transposed)
+  std::vector<kernels::WeightMatrix> uk_t;  // (H) per head (R, dn): q_lat = W_UK[h]^T q_nope
+  std::vector<kernels::WeightMatrix> uv;    // (H) per head (dv, R) views of kv_b: out = W_UV o_lat
+  LinearWeight o;                           // (hidden, H*dv)
+  // After PackRunnerWeights: q|kv_a (or q_a|kv_a) stacked, kPanel32; data == nullptr before.
+  kernels::WeightMatrix a;
+};
+
 struct RunnerLayerWeights {
   std::vector<float> input_norm, post_norm;   // (hidden)
   std::vector<float> q_norm, k_norm;          // (head_dim) when qk_norm, else empty
@@ -67,8 +67,8 @@ struct RunnerLayerWeights {
   // After PackRunnerWeights: q|k|v stacked (q_size + 2*kv_size, hidden) and gate|up stacked
   // (2*intermediate, hidden), kPanel32; data == nullptr before.
   kernels::WeightMatrix qkv, gate_up;
-  std::unique_ptr<RunnerMlaWeights> mla;  // deepseek_v3: MLA instead of q/k/v/o
   RunnerMoeWeights moe;  // MoE layers: the router and experts; gate/up/down then empty
+  std::unique_ptr<RunnerMlaWeights> mla;  // deepseek_v3: MLA instead of q/k/v/o
 };
 
 // Anonymous memory on 2 MiB boundaries advised MADV_HUGEPAGE: weights streamed every decode step

@@ -128,12 +128,12 @@ void RankRunner::AppendWarmRanges(std::span<const int32_t> pages, std::vector<Me
       for (const LinearWeight* m : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
         add_matrix(m->w);
       }
+      AppendMoeWarmRanges(L.moe, out);
       if (L.mla != nullptr) {
         const RunnerMlaWeights& M = *L.mla;
         for (const LinearWeight* m : {&M.q, &M.q_a, &M.q_b, &M.kv_a, &M.kv_b, &M.uk_t_all, &M.o})
           add_matrix(m->w);
       }
-      AppendMoeWarmRanges(L.moe, out);
     }
     add_matrix(w_->lm_head.w);
   }

@@ -47,13 +47,13 @@ struct Scratch {
   std::vector<int32_t> positions, token_seq, tokens;  // (T)
   std::vector<int32_t> final_slot;                    // (num_seqs) row of each seq in final_h
   std::vector<AttnSeq> seqs;
+  MoeScratch moe;  // the MoE block's buffers (moe_block.h)
   // MLA (rank_runner_mla.cc): H heads, R = kv_lora_rank, L = latent_dim, dv = v_head_dim
   std::vector<float> mla_a;     // (T, q part + L): q (or q_a) then the latent of each token
   std::vector<float> mla_q;     // (T, H, qk_head_dim) when q_lora_rank > 0
   std::vector<float> mla_qabs;  // (T, H, L) absorbed queries
   std::vector<float> mla_olat;  // (T, H, R) attention output in the latent space
   std::vector<float> mla_out;   // (T, H, dv) per-head outputs
-  MoeScratch moe;               // the MoE block's buffers (moe_block.h)
 };
 
 template <typename T>
