@@ -605,7 +605,9 @@ int RunBenchEngine(const BenchEngineFlags& f) {
 CommandRunner SetUpCommand(CLI::App* app) {
   auto f = std::make_shared<BenchEngineFlags>();
   auto* model = app->add_option("--model", f->model_dir, "model directory");
-  app->add_option("--preset", f->preset, "llama-1b or qwen3-0.6b (written into models/ if missing)")
+  app->add_option("--preset", f->preset,
+                  "llama-1b, qwen3-0.6b, qwen3-moe-1g or deepseek-v3-1g (written into models/ if "
+                  "missing; a MoE preset's rows are followed by its dense twin's)")
       ->excludes(model);
   app->add_flag("--json", f->json, "print JSON");
   app->add_option("--threads", f->threads, "threads")
