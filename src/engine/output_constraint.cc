@@ -234,6 +234,42 @@ bool JsonObjectScanner::Push(unsigned char c) {
   return false;
 }
 
+size_t JsonObjectScanner::MinCompletionBytes() const {
+  const size_t closers = stack_.size();
+  const size_t after_key = string_is_key_ ? 2 : 0;  // ":0"
+  switch (mode_) {
+    case Mode::kStart:
+      return 2;  // "{}"
+    case Mode::kValue:
+      return 1 + closers;
+    case Mode::kKeyOrEnd:
+    case Mode::kObjectNext:
+    case Mode::kArrayValueOrEnd:
+    case Mode::kArrayNext:
+      return closers;
+    case Mode::kKey:
+      return 4 + closers;  // "\"\":0"
+    case Mode::kColon:
+      return 2 + closers;
+    case Mode::kString:
+      return utf8_left_ + 1 + after_key + closers;
+    case Mode::kEscape:
+      return 2 + after_key + closers;
+    case Mode::kUnicode:
+      return hex_left_ + 1 + after_key + closers;
+    case Mode::kNumber: {
+      const bool needs_digit =
+          num_ == Num::kMinus || num_ == Num::kDot || num_ == Num::kExp || num_ == Num::kExpSign;
+      return (needs_digit ? 1 : 0) + closers;
+    }
+    case Mode::kLiteral:
+      return std::string_view(literal_).size() + closers;
+    case Mode::kDone:
+      return 0;
+  }
+  return 0;
+}
+
 namespace {
 
 // Prefix (one of several), JSON object, suffix: a byte at a time.
@@ -250,6 +286,10 @@ class JsonCallState final : public ConstraintState {
     JsonCallState copy = *this;
     return copy.Push(bytes);
   }
+  size_t CompletionBytesAfter(std::string_view bytes) const override {
+    JsonCallState copy = *this;
+    return copy.Push(bytes) ? copy.MinCompletionBytes() : kNever;
+  }
   void Advance(std::string_view bytes) override { Push(bytes); }
   bool complete() const override {
     return phase_ == Phase::kSuffix && suffix_pos_ == suffix_->size();
@@ -257,6 +297,23 @@ class JsonCallState final : public ConstraintState {
 
  private:
   enum class Phase { kPrefix, kJson, kSuffix };
+
+  size_t MinCompletionBytes() const {
+    switch (phase_) {
+      case Phase::kPrefix: {
+        size_t best = kNever;
+        for (const std::string& p : *prefixes_) {
+          if (p.starts_with(matched_)) best = std::min(best, p.size() - matched_.size());
+        }
+        return best == kNever ? kNever : best + 2 + suffix_->size();
+      }
+      case Phase::kJson:
+        return json_.MinCompletionBytes() + suffix_->size();
+      case Phase::kSuffix:
+        return suffix_->size() - suffix_pos_;
+    }
+    return kNever;
+  }
 
   bool Push(std::string_view bytes) {
     for (char ch : bytes) {

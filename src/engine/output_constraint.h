@@ -31,6 +31,11 @@ class ConstraintState {
   // Whether the text so far followed by `bytes` is still a prefix of some sentence of the language.
   // Empty bytes: true.
   virtual bool Allows(std::string_view bytes) const = 0;
+  // The length of the shortest text that would complete the sentence after `bytes` is appended;
+  // kNever when `bytes` cannot follow. A sampler that knows how many tokens are left keeps this
+  // within reach, so that the output completes before max_tokens.
+  static constexpr size_t kNever = static_cast<size_t>(-1);
+  virtual size_t CompletionBytesAfter(std::string_view bytes) const = 0;
   // Appends bytes that Allows accepted.
   virtual void Advance(std::string_view bytes) = 0;
   // The text so far is a whole sentence: only an end-of-sequence token may follow.
@@ -74,6 +79,9 @@ class JsonObjectScanner {
  public:
   bool Push(unsigned char c);
   bool done() const { return mode_ == Mode::kDone; }
+  // The length of the shortest text that closes the object from here ("0" for a value, a closing
+  // quote, then one bracket per open container).
+  size_t MinCompletionBytes() const;
 
  private:
   enum class Mode : uint8_t {

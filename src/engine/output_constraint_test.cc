@@ -137,6 +137,7 @@ TEST(ConstrainedSamplerTest, GreedyMatchesFullMaskOnRandomLogits) {
   for (int trial = 0; trial < 50; ++trial) {
     SamplingParams p;
     p.temperature = 0.0f;
+    p.max_tokens = 1000;  // never binding here
     p.constraint = constraint;
     RequestSampler sampler(p, 1, /*eos_token_id=*/0);
     auto reference = constraint->Start();
@@ -187,6 +188,48 @@ TEST(ConstrainedSamplerTest, SamplingFollowsTheMaskedDistribution) {
     }
     EXPECT_NEAR(static_cast<double>(brace) / n, p_brace, 0.03) << "top_k " << top_k;
   }
+}
+
+// A model that would write a string forever: the call still closes by max_tokens, the last token
+// being EOS; with max_tokens below the shortest call, the text is a cut-short prefix instead.
+TEST(ConstrainedSamplerTest, ClosesTheCallWithinMaxTokens) {
+  auto texts = Texts(kVocab);
+  auto constraint = std::make_shared<JsonCallConstraint>(texts, std::vector<std::string>{"<t>"},
+                                                         std::string("</t>"));
+  std::vector<float> logits(kVocab.size(), 0.0f);
+  logits[12] = 9.0f;  // "x": only ever allowed inside a string
+  logits[14] = 8.0f;  // "{""
+  logits[4] = 1.0f;   // """
+  for (int max_tokens : {12, 13, 20, 40}) {
+    SamplingParams p;
+    p.temperature = 0.0f;
+    p.max_tokens = max_tokens;
+    p.constraint = constraint;
+    RequestSampler sampler(p, 1, 0);
+    auto check = constraint->Start();
+    std::string text;
+    int32_t id = -1;
+    for (int i = 0; i < max_tokens && id != 0; ++i) {
+      id = sampler.Sample(logits).token_id;
+      if (id != 0) {
+        ASSERT_TRUE(check->Allows(kVocab[id])) << text << " + " << kVocab[id];
+        check->Advance(kVocab[id]);
+        text += kVocab[id];
+      }
+    }
+    EXPECT_EQ(id, 0) << "max_tokens " << max_tokens << ": " << text;
+    EXPECT_TRUE(check->complete()) << text;
+    EXPECT_TRUE(text.starts_with("<t>{\"x")) << text;
+  }
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.max_tokens = 5;  // "<t>{}</t>" and EOS need more (counted a byte a token)
+  p.constraint = constraint;
+  RequestSampler sampler(p, 1, 0);
+  std::string text;
+  for (int i = 0; i < 5; ++i) text += kVocab[sampler.Sample(logits).token_id];
+  EXPECT_EQ(text, "<t>{\"xxx");
+  EXPECT_FALSE(sampler.constraint_released());
 }
 
 TEST(ConstrainedSamplerTest, NothingFitsReleasesTheConstraint) {

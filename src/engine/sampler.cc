@@ -94,6 +94,9 @@ RequestSampler::RequestSampler(const SamplingParams& params, uint64_t default_se
   constraint_ = params_.constraint->Start();
   end_ids_ = params_.stop_token_ids;
   if (!params_.ignore_eos && eos_token_id >= 0) end_ids_.push_back(eos_token_id);
+  const size_t need = constraint_->CompletionBytesAfter("");
+  close_in_time_ = need != ConstraintState::kNever &&
+                   need + (end_ids_.empty() ? 0 : 1) <= static_cast<size_t>(params_.max_tokens);
 }
 
 double RequestSampler::NextUniform() {
@@ -107,6 +110,7 @@ SampleResult RequestSampler::Sample(std::span<const float> logits) {
   } else {
     r.token_id = params_.temperature == 0.0f ? ArgMax(logits) : SampleFrom(logits, {});
   }
+  ++num_sampled_;
   r.logprob = LogSoftmaxAt(logits, r.token_id);
   if (params_.logprobs > 0) r.top = TopLogprobs(logits, params_.logprobs);
   return r;
@@ -118,7 +122,12 @@ bool RequestSampler::Allowed(int32_t id) const {
   if (ends) return false;
   const TokenTexts& texts = params_.constraint->texts();
   if (id < 0 || id >= texts.size() || !texts.writes[id] || texts.bytes[id].empty()) return false;
-  return constraint_->Allows(texts.bytes[id]);
+  const size_t need = constraint_->CompletionBytesAfter(texts.bytes[id]);
+  if (need == ConstraintState::kNever) return false;
+  if (!close_in_time_) return true;
+  // Tokens left after this one: enough for the shortest completion (a byte each) and the end.
+  const int64_t left = int64_t{params_.max_tokens} - num_sampled_ - 1;
+  return int64_t(need) + (end_ids_.empty() ? 0 : 1) <= left;
 }
 
 // Greedy: the first allowed token in descending-logit order (lower id first on ties) is the argmax

@@ -60,6 +60,11 @@ class RequestSampler {
   std::unique_ptr<ConstraintState> constraint_;     // null: unconstrained
   std::vector<int32_t> end_ids_;                    // what may follow a complete constrained text
   bool released_ = false;
+  int num_sampled_ = 0;
+  // Whether the constrained text can complete within max_tokens at all (counted as one byte per
+  // token, a lower bound on what byte-level vocabularies allow); then the sampler keeps it within
+  // reach (see Allowed).
+  bool close_in_time_ = false;
 };
 
 // Index of the largest logit; the lowest id wins ties.
@@ -80,7 +85,8 @@ struct StopContext {
 };
 
 // Decides whether the request ends after generating `token` as its num_generated-th token, the
-// sequence now being context_len tokens long. Stop ids and EOS (unless ignore_eos) win over length.
+// sequence now being context_len tokens long. Stop ids and EOS (unless ignore_eos) win over
+// length.
 StopCheck CheckStop(const SamplingParams& params, const StopContext& ctx, int32_t token,
                     int num_generated, int context_len);
 
