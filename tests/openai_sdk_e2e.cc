@@ -57,7 +57,7 @@ class OpenAiSdkTest : public ::testing::Test {
 
 TEST_F(OpenAiSdkTest, ServeGivesToolCallsAndReasoning) {
   testing::Process serve;
-  std::vector<std::string> argv = testing::ServeArgv(kBinary, dir_, 0, 256, ParserArgs());
+  std::vector<std::string> argv = testing::ServeArgv(kBinary, dir_, 0, 1024, ParserArgs());
   ASSERT_TRUE(serve.Start(argv));
   const std::string line = serve.WaitForLine("on http://127.0.0.1:", std::chrono::seconds(60));
   ASSERT_FALSE(line.empty()) << serve.output();
@@ -70,7 +70,7 @@ TEST_F(OpenAiSdkTest, UpGivesToolCallsAndReasoning) {
   std::mt19937 rng(static_cast<unsigned>(::getpid()) * 2654435761u);
   const int port = testing::PickPortBlock(rng, 27000);
   std::vector<std::string> extra = {"--threads",       "1",  "--served-model-name", "m",
-                                    "--max-model-len", "256"};
+                                    "--max-model-len", "1024"};
   for (const std::string& a : ParserArgs()) extra.push_back(a);
   testing::Process up;
   ASSERT_TRUE(testing::StartAndWaitFor(up, testing::UpArgv(kBinary, dir_, 1, 1, port, extra),

@@ -20,7 +20,7 @@ const tools = [
 ];
 const messages = [{ role: 'user', content: 'What is the weather in Paris?' }];
 const named = { type: 'function', function: { name: 'get_weather' } };
-const base = { model, messages, tools, temperature: 0, max_tokens: 160 };
+const base = { model, messages, tools, temperature: 0, max_tokens: 96 };
 
 function checkCall(choice, name) {
   assert.equal(choice.finish_reason, 'tool_calls', JSON.stringify(choice));
