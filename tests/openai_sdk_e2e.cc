@@ -69,7 +69,7 @@ TEST_F(OpenAiSdkTest, ServeGivesToolCallsAndReasoning) {
 TEST_F(OpenAiSdkTest, UpGivesToolCallsAndReasoning) {
   std::mt19937 rng(static_cast<unsigned>(::getpid()) * 2654435761u);
   const int port = testing::PickPortBlock(rng, 27000);
-  std::vector<std::string> extra = {"--threads",       "1",  "--served-model-name", "m",
+  std::vector<std::string> extra = {"--threads",       "1",   "--served-model-name", "m",
                                     "--max-model-len", "1024"};
   for (const std::string& a : ParserArgs()) extra.push_back(a);
   testing::Process up;
@@ -77,6 +77,38 @@ TEST_F(OpenAiSdkTest, UpGivesToolCallsAndReasoning) {
                                        "router (OpenAI API) on", std::chrono::seconds(120)));
   RunScript("http://127.0.0.1:" + std::to_string(port) + "/v1");
   EXPECT_EQ(up.Stop(SIGINT, std::chrono::seconds(60)), 0) << up.output();
+}
+
+// Bad templates and parser names stop `serve` at load with the reason, never a crash.
+TEST(ServeLoadErrors, BadTemplatesAndParserNamesAreClearErrors) {
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("pdserve_bad_template_" + std::to_string(::getpid())))
+                              .string();
+  testing::MakeModel(kBinary, "tiny", 3, dir);
+  struct Case {
+    std::string template_text;  // "": no --chat-template
+    std::vector<std::string> flags;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"{{ messages | nofilter }}", {}, "unknown filter 'nofilter'"},
+      {"{% for m in messages %}{{ m.content }}", {}, "1:"},
+      {"{{ messages[0].content ", {}, "bad.jinja"},
+      {"", {"--tool-call-parser", "mistral"}, "'mistral' is not one of hermes"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> extra = c.flags;
+    if (!c.template_text.empty()) {
+      extra.push_back("--chat-template");
+      extra.push_back(testing::WriteTempFile(dir + "/bad.jinja", c.template_text));
+    }
+    testing::Process serve;
+    ASSERT_TRUE(serve.Start(testing::ServeArgv(kBinary, dir, 0, 256, extra)));
+    EXPECT_EQ(serve.Wait(std::chrono::seconds(60)), 1) << serve.output();
+    EXPECT_NE(serve.output().find(c.expected), std::string::npos) << serve.output();
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
 }
 
 }  // namespace
