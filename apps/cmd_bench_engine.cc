@@ -10,13 +10,17 @@
 // tokens/s of one 512-token prompt. Beside them: the memory read bandwidth (a STREAM-like read of a
 // buffer far larger than the last-level cache, same thread count) and the peak FMA rate, and the
 // fraction of each that a row reaches. Decode: (weight bytes + KV bytes read per step) x steps/s /
-// read bandwidth. The host's bandwidth is shared and drifts, so a decode row is measured as
-// --pairs alternating (read probe, decode) pairs, side by side, and reports the pair with the
-// median ratio (its tokens/s, GB/s and probe); the header gives the run's best probe. Prefill:
-// flops/s / peak, where the host's FMA rate also drifts (phases at half the rate), so a prefill
-// row is --pairs alternating (FMA probe, prefill) pairs after a warm-up and reports the pair with
-// the median prefill/probe ratio, its fraction against that pair's probe; decode rows' flops
-// fraction is against the run's peak (the better of an FMA measurement before and after the rows).
+// read bandwidth, where a MoE model's weight bytes are those a step actually reads: attention,
+// router, the routed experts the step's tokens chose (top_k per MoE layer at batch 1; above, the
+// expected distinct count under uniform routing), shared experts and lm_head; prefill and decode
+// flops count top_k experts per token. The host's bandwidth is shared and drifts, so a decode row
+// is measured as --pairs alternating (read probe, decode) pairs, side by side, and reports the pair
+// with the median ratio (its tokens/s, GB/s and probe); the header gives the run's best probe.
+// Prefill: flops/s / peak, where the host's FMA rate also drifts (phases at half the rate), so a
+// prefill row is --pairs alternating (FMA probe, prefill) pairs after a warm-up and reports the
+// pair with the median prefill/probe ratio, its fraction against that pair's probe; decode rows'
+// flops fraction is against the run's peak (the better of an FMA measurement before and after the
+// rows).
 // The header also gives the AVX-512 BF16 dot-product (vdpbf16ps) peak where the CPU has it ("n/a"
 // otherwise; JSON "peak_bf16dot_gflops", absent then): depending on the CPU it runs at anywhere
 // from half to twice the FMA rate, which decides which matmul precision is the faster.
@@ -35,6 +39,7 @@
 // run, rows alternating TP 1 / TP 2 so drift hits both.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -105,17 +110,54 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Bytes every decode step reads whatever the batch: the layer matrices and lm_head, at the
-// checkpoint's element size.
-double WeightBytes(const model::ModelConfig& c, double elem) {
-  const double h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), inter = c.intermediate_size;
-  const double layer = h * (q + 2 * kv) + q * h + 3 * h * inter;
-  return (layer * c.num_layers + static_cast<double>(c.vocab_size) * h) * elem;
+// Matrix parameters of one layer's attention: q/k/v/o, or MLA's projections (kv_b counted once:
+// the absorbed decode reads W_UK and W_UV, which are its rows).
+double AttentionParams(const model::ModelConfig& c) {
+  const double h = c.hidden_size;
+  if (!c.is_mla()) return h * (c.q_size() + 2 * c.kv_size()) + c.q_size() * h;
+  const model::MlaConfig& m = c.mla;
+  const double nh = c.num_heads, qk = m.qk_head_dim();
+  const double q = m.q_lora_rank > 0 ? m.q_lora_rank * (h + nh * qk) : nh * qk * h;
+  return q + h * m.latent_dim() + m.kv_lora_rank * nh * (m.qk_nope_head_dim + m.v_head_dim) +
+         nh * m.v_head_dim * h;
 }
 
-double LayerMatrixParams(const model::ModelConfig& c) {
-  const double h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), inter = c.intermediate_size;
-  return (h * (q + 2 * kv) + q * h + 3 * h * inter) * c.num_layers;
+// Matrix parameters of the layers a step multiplies by: attention, and the dense MLP or the MoE
+// router, `experts` routed experts per MoE layer and the shared expert.
+double LayerMatrixParams(const model::ModelConfig& c, double experts) {
+  const double h = c.hidden_size;
+  const model::MoeConfig& m = c.moe;
+  double params = 0;
+  for (int l = 0; l < c.num_layers; ++l) {
+    params += AttentionParams(c);
+    if (c.IsMoeLayer(l)) {
+      params +=
+          h * m.num_experts + 3 * h * m.moe_intermediate_size * (experts + m.n_shared_experts);
+    } else {
+      params += 3 * h * c.intermediate_size;
+    }
+  }
+  return params;
+}
+
+// Routed experts a token multiplies by in each MoE layer (0 for a dense model).
+double ExpertsPerToken(const model::ModelConfig& c) { return c.moe.num_experts_per_tok; }
+
+// Distinct routed experts a decode step of `batch` tokens reads per MoE layer: top_k at batch 1;
+// above, the expectation under uniform routing, E (1 - (1 - k/E)^batch) — an estimate, the
+// synthetic router's choices are close to uniform.
+double ExpertsRead(const model::ModelConfig& c, int batch) {
+  if (!c.is_moe()) return 0;
+  const double e = c.moe.num_experts, k = c.moe.num_experts_per_tok;
+  return batch == 1 ? k : e * (1 - std::pow(1 - k / e, batch));
+}
+
+// Weight bytes a decode step of `batch` tokens reads: the layer matrices (MoE layers: only the
+// experts chosen) and lm_head, at the checkpoint's element size.
+double WeightBytes(const model::ModelConfig& c, double elem, int batch) {
+  return (LayerMatrixParams(c, ExpertsRead(c, batch)) +
+          static_cast<double>(c.vocab_size) * c.hidden_size) *
+         elem;
 }
 
 // K and V bytes of one cached token over all layers.
@@ -125,8 +167,11 @@ double KvBytesPerToken(const ModelRunner& r) {
          mr.region().spec().page_size;
 }
 
-// Attention flops of one query at `pos` (QK^T and PV over pos+1 keys, every layer).
+// Attention flops of one query at `pos` (QK^T and PV over pos+1 keys, every layer); for
+// MLA (absorbed): scores over the latent and rope key, output over the latent, per head.
 double AttnFlops(const model::ModelConfig& c, int pos) {
+  if (c.is_mla())
+    return 2.0 * (pos + 1) * c.num_heads * (c.mla.latent_dim() + c.mla.kv_lora_rank) * c.num_layers;
   return 4.0 * (pos + 1) * c.q_size() * c.num_layers;
 }
 
@@ -190,11 +235,12 @@ Result<Row> BenchDecode(ModelRunner& runner, const std::string& name, int batch,
   const double steps_per_s = steps / elapsed;
   r.tokens_per_s = batch * steps_per_s;
   const double kv_bytes = batch * static_cast<double>(context) * KvBytesPerToken(runner);
-  r.bytes_per_s = (WeightBytes(c, 2) + kv_bytes) * steps_per_s;
-  r.flops_per_s = batch *
-                  (2 * (LayerMatrixParams(c) + double(c.vocab_size) * c.hidden_size) +
-                   AttnFlops(c, context - 1)) *
-                  steps_per_s;
+  r.bytes_per_s = (WeightBytes(c, 2, batch) + kv_bytes) * steps_per_s;
+  r.flops_per_s =
+      batch *
+      (2 * (LayerMatrixParams(c, ExpertsPerToken(c)) + double(c.vocab_size) * c.hidden_size) +
+       AttnFlops(c, context - 1)) *
+      steps_per_s;
   return r;
 }
 
@@ -231,10 +277,11 @@ Result<Row> BenchPrefill(ModelRunner& runner, const std::string& name, int token
   const double best = Now() - t0;
   Row r{name, "prefill", 1, tokens};
   r.tokens_per_s = tokens / best;
-  double flops = 2 * LayerMatrixParams(c) * tokens + 2.0 * c.vocab_size * c.hidden_size;
+  double flops =
+      2 * LayerMatrixParams(c, ExpertsPerToken(c)) * tokens + 2.0 * c.vocab_size * c.hidden_size;
   for (int p = 0; p < tokens; ++p) flops += AttnFlops(c, p);
   r.flops_per_s = flops / best;
-  r.bytes_per_s = (WeightBytes(c, 2) + tokens * KvBytesPerToken(runner)) / best;
+  r.bytes_per_s = (WeightBytes(c, 2, tokens) + tokens * KvBytesPerToken(runner)) / best;
   return r;
 }
 

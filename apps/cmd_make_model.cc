@@ -4,7 +4,9 @@
 //
 // Presets: tiny and small (test models, for every arch), qwen3-0.6b (Qwen3-0.6B's shapes, meant
 // for --arch qwen3) and llama-1b (TinyLlama-1.1B's shapes, meant for --arch llama); a named
-// preset used with another arch keeps its shapes and takes that arch's conventions.
+// preset used with another dense arch keeps its shapes and takes that arch's conventions.
+// qwen3_moe and deepseek_v3 take tiny and small; --q-lora-rank, --no-yarn and --mtp-layers
+// override deepseek_v3's MLA query form, yarn rope_scaling and MTP layer count.
 #include <charconv>
 #include <chrono>
 #include <cstdio>
@@ -30,6 +32,9 @@ struct MakeModelFlags {
   std::string num_kv_heads;  // numbers are parsed here so that bad values exit 2 with our message
   std::string num_layers;
   std::string shard_mb;
+  std::string q_lora_rank;
+  std::string mtp_layers;
+  bool no_yarn = false;
 };
 
 constexpr int kUsageError = 2;
@@ -44,6 +49,36 @@ std::optional<uint64_t> ParseCount(const char* flag, const std::string& text, bo
     return std::nullopt;
   }
   return value;
+}
+
+// The deepseek_v3 overrides; false (after printing why) on a bad value.
+bool MoeOptions(const MakeModelFlags& f, model::SyntheticModelOptions* o) {
+  const bool deepseek = o->arch == model::Arch::kDeepseekV3;
+  if ((!f.q_lora_rank.empty() || !f.mtp_layers.empty() || f.no_yarn) && !deepseek) {
+    std::fprintf(stderr,
+                 "make-model: --q-lora-rank, --mtp-layers and --no-yarn apply to "
+                 "--arch deepseek_v3 only\n");
+    return false;
+  }
+  if (!f.q_lora_rank.empty()) {
+    auto r = ParseCount("--q-lora-rank", f.q_lora_rank, /*allow_zero=*/true);
+    if (!r || *r > 65536) {
+      if (r)
+        std::fprintf(stderr, "make-model: --q-lora-rank %s is over 65536\n", f.q_lora_rank.c_str());
+      return false;
+    }
+    o->q_lora_rank = static_cast<int>(*r);
+  }
+  if (!f.mtp_layers.empty()) {
+    auto n = ParseCount("--mtp-layers", f.mtp_layers, /*allow_zero=*/true);
+    if (!n || *n > 16) {
+      if (n) std::fprintf(stderr, "make-model: --mtp-layers %s is over 16\n", f.mtp_layers.c_str());
+      return false;
+    }
+    o->num_nextn_predict_layers = static_cast<int>(*n);
+  }
+  if (f.no_yarn) o->yarn = false;
+  return true;
 }
 
 // Fills options from flags; false (after printing the error) on a bad flag.
@@ -102,28 +137,40 @@ bool ToOptions(const MakeModelFlags& f, model::SyntheticModelOptions* o) {
     }
     o->max_shard_bytes = static_cast<size_t>(*mb) << 20;
   }
-  return true;
+  return MoeOptions(f, o);
 }
 
 void PrintSummary(const model::SyntheticModelOptions& o, double seconds) {
   auto config = model::LoadModelConfig(o.out_dir);
   if (!config.ok()) return;
   const model::ModelConfig& c = *config;
-  int64_t params = 0;
-  for (const auto& spec : model::RequiredTensors(c)) {
-    int64_t n = 1;
-    for (int64_t d : spec.shape) n *= d;
-    params += n;
-  }
+  const model::ParameterCounts params = model::CountParameters(c);
   std::printf("wrote %s (preset %s, %s, seed %llu) to %s in %.1f s\n",
               std::string(model::ArchName(c.arch)).c_str(), o.preset.c_str(),
               std::string(model::DTypeName(o.dtype)).c_str(),
               static_cast<unsigned long long>(o.seed), o.out_dir.c_str(), seconds);
-  std::printf(
-      "  %d layers, hidden %d, %d heads (%d KV) x head_dim %d, intermediate %d, vocab %d, "
-      "%s embeddings: %.1fM parameters\n",
-      c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
-      c.vocab_size, c.tie_word_embeddings ? "tied" : "untied", static_cast<double>(params) / 1e6);
+  if (c.is_mla()) {
+    std::printf(
+        "  %d layers, hidden %d, %d heads, MLA q_lora_rank %d kv_lora_rank %d "
+        "qk_nope %d qk_rope %d v %d%s, intermediate %d, vocab %d\n",
+        c.num_layers, c.hidden_size, c.num_heads, c.mla.q_lora_rank, c.mla.kv_lora_rank,
+        c.mla.qk_nope_head_dim, c.mla.qk_rope_head_dim, c.mla.v_head_dim, c.yarn ? ", yarn" : "",
+        c.intermediate_size, c.vocab_size);
+  } else {
+    std::printf(
+        "  %d layers, hidden %d, %d heads (%d KV) x head_dim %d, intermediate %d, vocab %d, "
+        "%s embeddings\n",
+        c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+        c.vocab_size, c.tie_word_embeddings ? "tied" : "untied");
+  }
+  if (c.is_moe()) {
+    std::printf("  MoE: %d experts (top %d) of width %d, %d shared\n", c.moe.num_experts,
+                c.moe.num_experts_per_tok, c.moe.moe_intermediate_size, c.moe.n_shared_experts);
+  }
+  std::printf("  %.1fM parameters, %.1fM active per token", static_cast<double>(params.total) / 1e6,
+              static_cast<double>(params.active) / 1e6);
+  if (params.mtp > 0) std::printf(", %.1fM in MTP layers", static_cast<double>(params.mtp) / 1e6);
+  std::printf("\n");
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(o.out_dir, ec)) {
     if (!entry.is_regular_file()) continue;
@@ -152,8 +199,10 @@ PD_REGISTER_COMMAND(
     make_model, "Write a random-weight checkpoint in the Hugging Face layout", [](CLI::App* app) {
       auto f = std::make_shared<MakeModelFlags>();
       app->name("make-model");
-      app->add_option("--arch", f->arch, "qwen3 | qwen2 | llama")->capture_default_str();
-      app->add_option("--preset", f->preset, "tiny | small | qwen3-0.6b | llama-1b")
+      app->add_option("--arch", f->arch, "qwen3 | qwen2 | llama | qwen3_moe | deepseek_v3")
+          ->capture_default_str();
+      app->add_option("--preset", f->preset,
+                      "tiny | small (every arch); qwen3-0.6b | llama-1b (dense archs)")
           ->capture_default_str();
       app->add_option("--dtype", f->dtype, "bf16 | f32 | f16")->capture_default_str();
       app->add_option("--seed", f->seed, "weights are a function of the seed")
@@ -163,6 +212,11 @@ PD_REGISTER_COMMAND(
       app->add_option("--num-layers", f->num_layers, "override the preset's layer count");
       app->add_option("--shard-mb", f->shard_mb,
                       "write shards of at most this many MiB, with an index");
+      app->add_option("--q-lora-rank", f->q_lora_rank,
+                      "deepseek_v3: override q_lora_rank (0: a plain q_proj)");
+      app->add_option("--mtp-layers", f->mtp_layers,
+                      "deepseek_v3: override num_nextn_predict_layers (MTP layers written)");
+      app->add_flag("--no-yarn", f->no_yarn, "deepseek_v3: rope_scaling null instead of yarn");
       return [f] { return RunMakeModel(*f); };
     });
 

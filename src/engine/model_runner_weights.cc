@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "engine/moe_routing.h"
 #include "engine/thread_pool.h"
 
 namespace pd::engine {
@@ -74,6 +75,51 @@ Status CheckConfig(const model::ModelConfig& c, size_t num_layer_weights) {
   return OkStatus();
 }
 
+Status PrepareExpert(const model::MlpWeights& m, int64_t hidden, int64_t inter, DType dtype,
+                     const std::string& p, RunnerExpert* out) {
+  RETURN_IF_ERROR(
+      MakeLinear(m.gate_proj, inter, hidden, dtype, p + "gate_proj.weight", &out->gate));
+  RETURN_IF_ERROR(MakeLinear(m.up_proj, inter, hidden, dtype, p + "up_proj.weight", &out->up));
+  return MakeLinear(m.down_proj, hidden, inter, dtype, p + "down_proj.weight", &out->down);
+}
+
+// The router and experts of MoE layer `p` (prefix "model.layers.{i}.").
+Status PrepareMoe(const model::LayerWeights& lw, const model::ModelConfig& c, DType dtype,
+                  const std::string& p, RunnerMoeWeights* out) {
+  const model::MoeConfig& m = c.moe;
+  const int64_t h = c.hidden_size, e = m.num_experts, inter = m.moe_intermediate_size;
+  if (m.num_experts_per_tok < 1 || m.num_experts_per_tok > m.num_experts || inter <= 0 ||
+      m.n_group < 1 || m.n_group > kMaxGroups || m.num_experts % m.n_group != 0 ||
+      m.topk_group < 1 || m.topk_group > m.n_group)
+    return InvalidArgument("model config: MoE sizes: num_experts " + std::to_string(e) +
+                           ", num_experts_per_tok " + std::to_string(m.num_experts_per_tok) +
+                           ", moe_intermediate_size " + std::to_string(inter) + ", n_group " +
+                           std::to_string(m.n_group) + ", topk_group " +
+                           std::to_string(m.topk_group) + " do not make a router");
+  if (!lw.moe.has_value()) return InvalidArgument("weights: " + p + "mlp.gate.weight is missing");
+  const model::MoeWeights& mw = *lw.moe;
+  RETURN_IF_ERROR(MakeLinear(mw.router, e, h, dtype, p + "mlp.gate.weight", &out->router));
+  const bool biased = m.scoring == model::MoeConfig::Scoring::kSigmoid;
+  ASSIGN_OR_RETURN(out->router_bias, OptionalVector(mw.router_bias, biased, e,
+                                                    p + "mlp.gate.e_score_correction_bias"));
+  if (static_cast<int64_t>(mw.experts.size()) != e)
+    return InvalidArgument("weights: " + p + "mlp.experts: " + std::to_string(mw.experts.size()) +
+                           " experts given, config has " + std::to_string(e));
+  out->experts.resize(e);
+  for (int64_t i = 0; i < e; ++i)
+    RETURN_IF_ERROR(PrepareExpert(mw.experts[i], h, inter, dtype,
+                                  p + "mlp.experts." + std::to_string(i) + ".", &out->experts[i]));
+  out->shared.clear();
+  if (m.n_shared_experts > 0) {
+    if (!mw.shared_expert.has_value())
+      return InvalidArgument("weights: " + p + "mlp.shared_experts.gate_proj.weight is missing");
+    out->shared.resize(1);
+    RETURN_IF_ERROR(PrepareExpert(*mw.shared_expert, h, m.n_shared_experts * inter, dtype,
+                                  p + "mlp.shared_experts.", &out->shared[0]));
+  }
+  return OkStatus();
+}
+
 Status PrepareLayer(const model::LayerWeights& lw, const model::ModelConfig& c, DType dtype,
                     int index, RunnerLayerWeights* out) {
   const std::string p = "model.layers." + std::to_string(index) + ".";
@@ -97,6 +143,7 @@ Status PrepareLayer(const model::LayerWeights& lw, const model::ModelConfig& c, 
   RETURN_IF_ERROR(MakeLinear(lw.k_proj, kv, h, dtype, p + "self_attn.k_proj.weight", &out->k));
   RETURN_IF_ERROR(MakeLinear(lw.v_proj, kv, h, dtype, p + "self_attn.v_proj.weight", &out->v));
   RETURN_IF_ERROR(MakeLinear(lw.o_proj, h, q, dtype, p + "self_attn.o_proj.weight", &out->o));
+  if (c.IsMoeLayer(index)) return PrepareMoe(lw, c, dtype, p, &out->moe);
   RETURN_IF_ERROR(
       MakeLinear(lw.gate_proj, inter, h, dtype, p + "mlp.gate_proj.weight", &out->gate));
   RETURN_IF_ERROR(MakeLinear(lw.up_proj, inter, h, dtype, p + "mlp.up_proj.weight", &out->up));
@@ -155,8 +202,16 @@ Status PackRunnerWeights(ThreadPool& pool, RunnerWeights* w) {
   for (RunnerLayerWeights& l : w->layers) {
     jobs.push_back({{l.q.w, l.k.w, l.v.w}, &l.qkv});
     jobs.push_back({{l.o.w}, &l.o.w});
-    jobs.push_back({{l.gate.w, l.up.w}, &l.gate_up});
-    jobs.push_back({{l.down.w}, &l.down.w});
+    if (l.gate.w.data != nullptr) {  // a dense MLP
+      jobs.push_back({{l.gate.w, l.up.w}, &l.gate_up});
+      jobs.push_back({{l.down.w}, &l.down.w});
+    }
+    if (!l.moe.experts.empty()) jobs.push_back({{l.moe.router.w}, &l.moe.router.w});
+    for (std::vector<RunnerExpert>* v : {&l.moe.experts, &l.moe.shared})
+      for (RunnerExpert& x : *v) {  // each expert one contiguous gate|up, then down
+        jobs.push_back({{x.gate.w, x.up.w}, &x.gate_up});
+        jobs.push_back({{x.down.w}, &x.down.w});
+      }
   }
   jobs.push_back({{w->lm_head.w}, &w->lm_head.w});
   size_t total = 0;

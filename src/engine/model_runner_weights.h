@@ -21,6 +21,24 @@ struct LinearWeight {
   std::vector<uint16_t> owned_bf16;  // (n, k) bf16 copy (a TP rank's column slice)
 };
 
+// One SwiGLU expert of a MoE layer: a routed expert or the shared expert, its width `inter`
+// (moe_intermediate_size; n_shared_experts times that for the shared one; a TP rank's slice).
+struct RunnerExpert {
+  LinearWeight gate, up;  // (inter, hidden)
+  LinearWeight down;      // (hidden, inter); kPanel32 after PackRunnerWeights
+  // After PackRunnerWeights: gate|up stacked (2*inter, hidden), kPanel32; data == nullptr before.
+  kernels::WeightMatrix gate_up;
+  int64_t inter() const { return gate.w.n; }
+};
+
+// The sparse MoE block of a layer (ModelConfig::IsMoeLayer); experts empty on a dense layer.
+struct RunnerMoeWeights {
+  LinearWeight router;                // (num_experts, hidden) mlp.gate; kPanel32 after packing
+  std::vector<float> router_bias;     // (num_experts) e_score_correction_bias, or empty
+  std::vector<RunnerExpert> experts;  // (num_experts)
+  std::vector<RunnerExpert> shared;   // deepseek_v3 with n_shared_experts > 0: one, else none
+};
+
 struct RunnerLayerWeights {
   std::vector<float> input_norm, post_norm;   // (hidden)
   std::vector<float> q_norm, k_norm;          // (head_dim) when qk_norm, else empty
@@ -30,6 +48,7 @@ struct RunnerLayerWeights {
   // After PackRunnerWeights: q|k|v stacked (q_size + 2*kv_size, hidden) and gate|up stacked
   // (2*intermediate, hidden), kPanel32; data == nullptr before.
   kernels::WeightMatrix qkv, gate_up;
+  RunnerMoeWeights moe;  // MoE layers: the router and experts; gate/up/down then empty
 };
 
 // Anonymous memory on 2 MiB boundaries advised MADV_HUGEPAGE: weights streamed every decode step

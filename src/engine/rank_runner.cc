@@ -122,6 +122,7 @@ void RankRunner::AppendWarmRanges(std::span<const int32_t> pages, std::vector<Me
       for (const LinearWeight* m : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
         add_matrix(m->w);
       }
+      AppendMoeWarmRanges(L.moe, out);
     }
     add_matrix(w_->lm_head.w);
   }
@@ -209,6 +210,7 @@ void RankRunner::AttentionBlock(int l) {
 }
 
 void RankRunner::MlpBlock(int l) {
+  if (c_.IsMoeLayer(l)) return MoeMlpBlock(l);
   const RunnerLayerWeights& L = w_->layers[l];
   const int64_t t = num_tokens_, hd = c_.hidden_size, inter = c_.intermediate_size;
   float* x = s_.x.data();

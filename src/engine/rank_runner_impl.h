@@ -13,6 +13,7 @@
 #include "engine/layer_progress.h"
 #include "engine/model_runner.h"
 #include "engine/model_runner_weights.h"
+#include "engine/moe_block.h"
 #include "engine/rank_runner.h"
 #include "engine/thread_pool.h"
 
@@ -43,6 +44,7 @@ struct Scratch {
   std::vector<int32_t> positions, token_seq, tokens;  // (T)
   std::vector<int32_t> final_slot;                    // (num_seqs) row of each seq in final_h
   std::vector<AttnSeq> seqs;
+  MoeScratch moe;  // the MoE block's buffers (moe_block.h)
 };
 
 template <typename T>
@@ -78,8 +80,10 @@ class RankRunner final : public ModelRunner {
   // x += attention(input_norm(x)) of layer l: GQA (this file's Attention over K/V pages).
   void AttentionBlock(int l);
   void Attention(int l);
-  // x += mlp(post_attention_norm(x)) of layer l: the dense SwiGLU MLP.
+  // x += mlp(post_attention_norm(x)) of layer l: the dense SwiGLU MLP, or MoeMlpBlock.
   void MlpBlock(int l);
+  // The sparse MoE MLP of a MoE layer (rank_runner_moe.cc, moe_block.h).
+  void MoeMlpBlock(int l);
   void Finish(const ForwardBatch& batch, ForwardOutput* out);
   // x (n) += tmp, or with TP the sum of every rank's tmp in rank order. `attention`: tmp is the
   // attention output, so this layer's KV is final (on every rank) and progress_ is bumped.

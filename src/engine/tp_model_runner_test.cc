@@ -17,6 +17,7 @@
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "engine/model_runner_test_util.h"
+#include "engine/moe_test_util.h"
 #include "engine/tp_all_reduce.h"
 #include "engine/tp_shard.h"
 
@@ -428,6 +429,91 @@ TEST(TpRunnerTest, ThreadsAreJoinedAtShutdown) {
     EXPECT_EQ(NumThreadsOfProcess(), before + 3 + 4);
   }
   EXPECT_EQ(NumThreadsOfProcess(), before);
+}
+
+// A qwen3_moe-shaped model: layer 0 sparse (6 experts of width 16, top 2), layer 1 dense
+// (mlp_only_layers). sigmoid: deepseek_v3's router instead (3 groups, 2 kept, norm, scaling 2)
+// with a shared expert.
+const TinyModel& MoeModel(bool sigmoid) {
+  static auto* models = new std::map<bool, std::unique_ptr<TinyModel>>();
+  auto it = models->find(sigmoid);
+  if (it != models->end()) return *it->second;
+  TinyModelOptions o;
+  o.arch = model::Arch::kQwen3Moe;
+  o.dtype = model::DType::kBF16;
+  o.seed = 29;
+  o.hidden = 32;
+  o.intermediate = 48;
+  o.heads = 8;
+  o.kv_heads = 2;
+  o.head_dim = 8;
+  model::MoeConfig moe;
+  moe.num_experts = 6;
+  moe.num_experts_per_tok = 2;
+  moe.moe_intermediate_size = 16;
+  moe.mlp_only_layers = {1};
+  if (sigmoid) {
+    moe.scoring = model::MoeConfig::Scoring::kSigmoid;
+    moe.n_group = 3;
+    moe.topk_group = 2;
+    moe.norm_topk_prob = true;
+    moe.routed_scaling_factor = 2.0;
+    moe.n_shared_experts = 1;
+  }
+  auto m = MakeTinyModel(o);
+  testing::AddMoeLayers(m.get(), moe, 31);
+  return *models->emplace(sigmoid, std::move(m)).first->second;
+}
+
+class TpMoeGreedyTest : public ::testing::TestWithParam<std::tuple<bool, int, int>> {};
+
+TEST_P(TpMoeGreedyTest, TokensEqualTp1) {
+  auto [sigmoid, tp, budget] = GetParam();
+  const model::ModelWeights& w = MoeModel(sigmoid).weights;
+  static auto* refs = new std::map<bool, std::map<int64_t, std::vector<int32_t>>>();
+  if (!refs->count(sigmoid)) (*refs)[sigmoid] = Generate(w, 1, KvLayout::kHND, 512);
+  const auto& want = (*refs)[sigmoid];
+  std::set<std::vector<int32_t>> distinct;
+  for (const auto& [id, t] : want) distinct.insert(t);
+  ASSERT_EQ(distinct.size(), 3u) << "tokens should depend on the prompt";
+  auto got = Generate(w, tp, KvLayout::kHND, budget);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(got[i], want.at(i)) << "request " << i;
+}
+
+std::string MoeGreedyName(const ::testing::TestParamInfo<std::tuple<bool, int, int>>& info) {
+  const bool sigmoid = std::get<0>(info.param);
+  const int tp = std::get<1>(info.param), budget = std::get<2>(info.param);
+  return std::string(sigmoid ? "sigmoid" : "softmax") + "_tp" + std::to_string(tp) +
+         (budget < 100 ? "_chunked" : "_whole");
+}
+
+INSTANTIATE_TEST_SUITE_P(RouterTpChunk, TpMoeGreedyTest,
+                         ::testing::Combine(::testing::Bool(), ::testing::Values(1, 2, 4),
+                                            ::testing::Values(6, 512)),
+                         MoeGreedyName);
+
+// The MoE runner's fast kernels (TP 1, 2) against its reference kernels (TP 1).
+TEST(TpLogitsTest, MoeFastAndShardedCloseToReference) {
+  for (bool sigmoid : {false, true}) {
+    const model::ModelWeights& w = MoeModel(sigmoid).weights;
+    const auto want = StepLogits(w, 1, KernelKind::kReference);
+    for (int tp : {1, 2}) {
+      const auto got = StepLogits(w, tp);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t s = 0; s < want.size(); ++s)
+        for (size_t i = 0; i < want[s].size(); ++i)
+          ASSERT_NEAR(got[s][i], want[s][i], 1e-4 * (1 + std::fabs(want[s][i])))
+              << "sigmoid " << sigmoid << " tp " << tp << " step " << s << " logit " << i;
+    }
+  }
+}
+
+TEST(TpRunnerTest, MoeWidthNotDividedIsRefused) {
+  model::ModelConfig c = MoeModel(false).weights.config;
+  c.num_heads = 6;
+  c.num_kv_heads = 3;
+  const Status st = ValidateTensorParallel(c, 3);
+  EXPECT_THAT(st.ToString(), HasSubstr("moe_intermediate_size 16"));
 }
 
 }  // namespace

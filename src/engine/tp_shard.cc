@@ -52,6 +52,24 @@ std::vector<float> Slice(const std::vector<float>& v, int64_t begin, int64_t n) 
   return std::vector<float>(v.begin() + begin, v.begin() + begin + n);
 }
 
+// Columns [r*I/t, (r+1)*I/t) of an expert of width I, as the dense MLP's.
+RunnerExpert ShardExpert(const RunnerExpert& f, const TpShard& s) {
+  const int64_t n = f.inter() / s.tp_size, begin = s.rank * n;
+  RunnerExpert o;
+  o.gate = RowSlice(f.gate, begin, n);
+  o.up = RowSlice(f.up, begin, n);
+  o.down = ColSlice(f.down, begin, n);
+  return o;
+}
+
+// Every expert column-split; the router replicated (every rank routes every token alike).
+void ShardMoe(const RunnerMoeWeights& f, const TpShard& s, RunnerMoeWeights* o) {
+  o->router.w = f.router.w;  // a view
+  o->router_bias = f.router_bias;
+  for (const RunnerExpert& e : f.experts) o->experts.push_back(ShardExpert(e, s));
+  for (const RunnerExpert& e : f.shared) o->shared.push_back(ShardExpert(e, s));
+}
+
 void ShardLayer(const RunnerLayerWeights& f, const TpShard& s, int64_t head_dim,
                 RunnerLayerWeights* o) {
   const int64_t q0 = s.head_begin * head_dim, nq = s.num_heads * head_dim;
@@ -68,6 +86,7 @@ void ShardLayer(const RunnerLayerWeights& f, const TpShard& s, int64_t head_dim,
   o->k = RowSlice(f.k, k0, nk);
   o->v = RowSlice(f.v, k0, nk);
   o->o = ColSlice(f.o, q0, nq);
+  if (!f.moe.experts.empty()) return ShardMoe(f.moe, s, &o->moe);
   o->gate = RowSlice(f.gate, s.inter_begin, s.inter);
   o->up = RowSlice(f.up, s.inter_begin, s.inter);
   o->down = ColSlice(f.down, s.inter_begin, s.inter);
@@ -81,7 +100,13 @@ Status ValidateTensorParallel(const model::ModelConfig& c, int tp) {
   if (tp == 1) return OkStatus();
   if (c.num_heads % tp != 0)
     return InvalidArgument(who + " does not divide num_attention_heads " + Num(c.num_heads));
-  if (c.intermediate_size % tp != 0)
+  const int64_t moe_inter = c.moe.moe_intermediate_size;
+  if (c.is_moe() && moe_inter % tp != 0)
+    return InvalidArgument(who + " does not divide the experts' width moe_intermediate_size " +
+                           Num(moe_inter));
+  bool dense_mlp = false;  // a layer with the dense MLP (every layer of a dense model)
+  for (int l = 0; l < c.num_layers; ++l) dense_mlp = dense_mlp || !c.IsMoeLayer(l);
+  if (dense_mlp && c.intermediate_size % tp != 0)
     return InvalidArgument(who + " does not divide the MLP width intermediate_size " +
                            Num(c.intermediate_size));
   RETURN_IF_ERROR(ValidateKvHeadSplit(c.num_kv_heads, tp));
@@ -115,6 +140,7 @@ Result<std::unique_ptr<RunnerWeights>> ShardRunnerWeights(const RunnerWeights& f
   out->config.num_heads = s.num_heads;
   out->config.num_kv_heads = s.num_kv_heads;
   out->config.intermediate_size = static_cast<int>(s.inter);
+  out->config.moe.moe_intermediate_size = c.moe.moe_intermediate_size / s.tp_size;
   out->final_norm = full.final_norm;
   out->embed.w = full.embed.w;  // a view: every rank looks up rows of the same table
   out->lm_head = RowSlice(full.lm_head, s.vocab_begin, s.vocab);

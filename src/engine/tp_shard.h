@@ -7,6 +7,15 @@
 //                   t <= H: [r*H/t, (r+1)*H/t); t > H: head r/(t/H), t/H replicas each
 //   MLP columns     [r*I/t, (r+1)*I/t) of gate/up rows and down columns (I % t == 0)
 //   lm_head rows    [r*V/t, (r+1)*V/t) (any V): every rank computes its slice of the logits
+//   MoE experts     every routed and shared expert column-split like the dense MLP: columns
+//                   [r*I/t, (r+1)*I/t) of its width I (moe_intermediate_size % t == 0); the
+//                   router replicated, so every rank routes every token alike. Column split, not
+//                   expert-parallel: a decode step reads top_k experts, and with experts dealt
+//                   to ranks the slowest rank holds max over ranks of its chosen experts — for
+//                   top-8 of many experts over 2 / 4 ranks about 1.3x / 1.7x the even share
+//                   (multinomial expectation) — while the column split gives every rank exactly
+//                   1/t of each chosen expert's bytes. The cost: narrower matmuls per expert
+//                   (I/t columns, padded to whole 32-row panels).  See MoE notes in engine.md.
 // q/k/v/gate/up are row-split (their rows are views into the checkpoint); o_proj and down_proj are
 // column-split (copied at load), so each rank's o/down output is a partial sum over its heads /
 // columns, added over ranks by TpAllReduce (tp_all_reduce.h). Embedding and norms are computed by

@@ -4,80 +4,14 @@
 #include <string>
 
 #include "common/file_util.h"
+#include "model/config_fields.h"
 
 namespace pd::model {
 namespace {
 
-using Json = nlohmann::json;
-
-// Reads one optional config.json field, with the error naming the file, the field and the value.
-class FieldReader {
- public:
-  FieldReader(const Json& root, const std::string& source) : root_(root), source_(source) {}
-
-  bool Has(const char* key) const { return root_.contains(key) && !root_[key].is_null(); }
-
-  Status Int(const char* key, int* out) const {
-    if (!Has(key)) return OkStatus();
-    return IntValue(key, root_[key], out);
-  }
-
-  Status Double(const char* key, double* out) const {
-    if (!Has(key)) return OkStatus();
-    const Json& v = root_[key];
-    if (!v.is_number()) return Bad(key, "a number", v);
-    *out = v.get<double>();
-    return OkStatus();
-  }
-
-  Status Bool(const char* key, bool* out) const {
-    if (!Has(key)) return OkStatus();
-    const Json& v = root_[key];
-    if (!v.is_boolean()) return Bad(key, "true or false", v);
-    *out = v.get<bool>();
-    return OkStatus();
-  }
-
-  Status String(const char* key, std::string* out) const {
-    if (!Has(key)) return OkStatus();
-    const Json& v = root_[key];
-    if (!v.is_string()) return Bad(key, "a string", v);
-    *out = v.get<std::string>();
-    return OkStatus();
-  }
-
-  // An int, or a non-empty list of ints of which the first is taken (eos_token_id).
-  Status IntOrFirstOfList(const char* key, int* out) const {
-    if (!Has(key)) return OkStatus();
-    const Json& v = root_[key];
-    if (v.is_array()) {
-      if (v.empty() || !v[0].is_number_integer())
-        return Bad(key, "an integer or a list of them", v);
-      return IntValue(key, v[0], out);
-    }
-    return Int(key, out);
-  }
-
- private:
-  // An unsigned JSON integer above INT64_MAX must not wrap to a negative int64 (-1 would read
-  // as "absent" for a token id), so the range is checked on the stored kind.
-  Status IntValue(const char* key, const Json& v, int* out) const {
-    if (!v.is_number_integer()) return Bad(key, "an integer", v);
-    const bool fits = v.is_number_unsigned()
-                          ? v.get<uint64_t>() <= INT32_MAX
-                          : v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX;
-    if (!fits) return Bad(key, "an integer that fits in 32 bits", v);
-    *out = static_cast<int>(v.get<int64_t>());
-    return OkStatus();
-  }
-
-  Status Bad(const char* key, const char* expected, const Json& v) const {
-    return InvalidArgument(source_ + ": " + key + " must be " + expected + ", found " + v.dump());
-  }
-
-  const Json& root_;
-  const std::string& source_;
-};
+using internal::FieldReader;
+using internal::Json;
+using internal::Positive;
 
 Status ReadFields(const FieldReader& r, ModelConfig* c) {
   RETURN_IF_ERROR(r.Int("vocab_size", &c->vocab_size));
@@ -101,16 +35,23 @@ Status ReadFields(const FieldReader& r, ModelConfig* c) {
   } else {
     RETURN_IF_ERROR(r.Bool("attention_bias", &c->attention_bias));
   }
-  c->qk_norm = c->arch == Arch::kQwen3;
+  c->qk_norm = c->arch == Arch::kQwen3 || c->arch == Arch::kQwen3Moe;
   return OkStatus();
 }
 
 // Features that change the computation and that pdserve does not implement are refused rather
 // than silently ignored.
-Status CheckUnsupported(const Json& root, const std::string& source) {
-  if (root.contains("rope_scaling") && !root["rope_scaling"].is_null()) {
+// deepseek_v3's yarn rope_scaling is read (and other types refused) in config_moe.cc.
+Status CheckUnsupported(Arch arch, const Json& root, const std::string& source) {
+  if (arch != Arch::kDeepseekV3 && root.contains("rope_scaling") &&
+      !root["rope_scaling"].is_null()) {
     return Unimplemented(source + ": rope_scaling " + root["rope_scaling"].dump() +
-                         " is not supported (only plain RoPE)");
+                         " is not supported for " + std::string(ArchName(arch)) +
+                         " (only plain RoPE)");
+  }
+  if (root.contains("quantization_config") && !root["quantization_config"].is_null()) {
+    return Unimplemented(source + ": quantization_config " + root["quantization_config"].dump() +
+                         " is not supported (only unquantized f32/bf16/f16 weights)");
   }
   if (root.contains("hidden_act") && root["hidden_act"] != "silu") {
     return Unimplemented(source + ": hidden_act " + root["hidden_act"].dump() +
@@ -120,16 +61,6 @@ Status CheckUnsupported(const Json& root, const std::string& source) {
     return Unimplemented(source + ": use_sliding_window true is not supported");
   }
   return OkStatus();
-}
-
-Status Positive(const std::string& source, const char* key, int value) {
-  if (value > 0) return OkStatus();
-  return InvalidArgument(source + ": " + key + " must be positive, found " + std::to_string(value));
-}
-
-Status Positive(const std::string& source, const char* key, double value) {
-  if (value > 0) return OkStatus();
-  return InvalidArgument(source + ": " + key + " must be positive, found " + Json(value).dump());
 }
 
 Status Validate(const ModelConfig& c, const std::string& source) {
@@ -178,21 +109,28 @@ ModelConfig Defaults(Arch arch) {
   c.rms_norm_eps = 1e-6;
   c.tie_word_embeddings = false;
   c.max_position_embeddings = arch == Arch::kLlama ? 2048 : 32768;
+  if (arch == Arch::kDeepseekV3) {  // DeepseekV3Config's defaults
+    c.max_position_embeddings = 4096;
+    c.bos_token_id = 0;
+    c.eos_token_id = 1;
+  }
   return c;
 }
+
+constexpr const char* kSupported = "llama, qwen2, qwen3, qwen3_moe or deepseek_v3";
 
 Result<ModelConfig> ParseJson(const Json& root, const std::string& source) {
   if (!root.is_object()) return InvalidArgument(source + ": expected a JSON object");
   if (!root.contains("model_type") || !root["model_type"].is_string()) {
-    return InvalidArgument(source + ": missing \"model_type\" (expected llama, qwen2 or qwen3)");
+    return InvalidArgument(source + ": missing \"model_type\" (expected " + kSupported + ")");
   }
   std::string model_type = root["model_type"].get<std::string>();
   Result<Arch> arch = ParseArch(model_type);
   if (!arch.ok()) {
     return InvalidArgument(source + ": unsupported model_type \"" + model_type +
-                           "\" (supported: llama, qwen2, qwen3)");
+                           "\" (supported: " + kSupported + ")");
   }
-  RETURN_IF_ERROR(CheckUnsupported(root, source));
+  RETURN_IF_ERROR(CheckUnsupported(*arch, root, source));
   ModelConfig c = Defaults(*arch);
   FieldReader reader(root, source);
   for (const char* key : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -200,9 +138,13 @@ Result<ModelConfig> ParseJson(const Json& root, const std::string& source) {
     if (!reader.Has(key)) return InvalidArgument(source + ": missing required field " + key);
   }
   RETURN_IF_ERROR(ReadFields(reader, &c));
+  if (c.arch == Arch::kQwen3Moe || c.arch == Arch::kDeepseekV3) {
+    RETURN_IF_ERROR(internal::ReadMoeFields(root, reader, &c));
+  }
   if (!reader.Has("num_key_value_heads")) c.num_kv_heads = c.num_heads;
-  if (!reader.Has("head_dim")) {
-    // Qwen3Config's default head_dim is 128; the others derive it from hidden_size.
+  if (!reader.Has("head_dim") && c.arch != Arch::kDeepseekV3) {
+    // Qwen3Config's default head_dim is 128; the others (Qwen3MoeAttention included) derive it
+    // from hidden_size.
     if (c.arch == Arch::kQwen3) {
       c.head_dim = 128;
     } else {
@@ -213,6 +155,10 @@ Result<ModelConfig> ParseJson(const Json& root, const std::string& source) {
       }
       c.head_dim = c.hidden_size / c.num_heads;
     }
+  }
+  // The MoE/MLA checks first: deepseek_v3's head_dim is qk_rope_head_dim, named there.
+  if (c.arch == Arch::kQwen3Moe || c.arch == Arch::kDeepseekV3) {
+    RETURN_IF_ERROR(internal::ValidateMoe(c, source));
   }
   RETURN_IF_ERROR(Validate(c, source));
   return c;
@@ -248,8 +194,10 @@ Result<Arch> ParseArch(std::string_view model_type) {
   if (model_type == "llama") return Arch::kLlama;
   if (model_type == "qwen2") return Arch::kQwen2;
   if (model_type == "qwen3") return Arch::kQwen3;
-  return InvalidArgument("unknown arch \"" + std::string(model_type) +
-                         "\" (expected llama, qwen2 or qwen3)");
+  if (model_type == "qwen3_moe") return Arch::kQwen3Moe;
+  if (model_type == "deepseek_v3") return Arch::kDeepseekV3;
+  return InvalidArgument("unknown arch \"" + std::string(model_type) + "\" (expected " +
+                         kSupported + ")");
 }
 
 Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source) {
@@ -281,7 +229,7 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   j["num_hidden_layers"] = c.num_layers;
   j["num_attention_heads"] = c.num_heads;
   j["num_key_value_heads"] = c.num_kv_heads;
-  j["head_dim"] = c.head_dim;
+  if (c.arch != Arch::kDeepseekV3) j["head_dim"] = c.head_dim;  // derived there
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["rope_theta"] = c.rope_theta;
   j["rope_scaling"] = nullptr;
@@ -292,14 +240,15 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   j["initializer_range"] = 0.02;
   j["use_cache"] = true;
   if (c.arch != Arch::kQwen2) j["attention_bias"] = c.attention_bias;
-  if (c.arch != Arch::kLlama) {
+  if (c.arch == Arch::kLlama) {
+    j["mlp_bias"] = false;
+    j["pretraining_tp"] = 1;
+  } else if (c.arch != Arch::kDeepseekV3) {
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
     j["max_window_layers"] = c.num_layers;
-  } else {
-    j["mlp_bias"] = false;
-    j["pretraining_tp"] = 1;
   }
+  if (c.arch == Arch::kQwen3Moe || c.arch == Arch::kDeepseekV3) internal::MoeFieldsToJson(c, &j);
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
   if (!c.torch_dtype.empty()) j["torch_dtype"] = c.torch_dtype;

@@ -138,7 +138,8 @@ TEST(ConfigTest, ErrorNotJson) {
 
 TEST(ConfigTest, ErrorUnknownModelType) {
   EXPECT_EQ(ErrorOf(Base("mistral")),
-            "m/config.json: unsupported model_type \"mistral\" (supported: llama, qwen2, qwen3)");
+            "m/config.json: unsupported model_type \"mistral\" (supported: llama, qwen2, qwen3, "
+            "qwen3_moe or deepseek_v3)");
   Json j = Base("llama");
   j.erase("model_type");
   EXPECT_THAT(ErrorOf(j), HasSubstr("m/config.json: missing \"model_type\""));

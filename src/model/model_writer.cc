@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "common/file_util.h"
+#include "model/model_writer_internal.h"
 #include "model/safetensors.h"
 #include "model/tokenizer.h"
 #include "model/weights.h"
@@ -14,23 +15,27 @@
 namespace pd::model {
 namespace {
 
-// Special tokens sit at the top of the vocabulary (shared rule with WriteSyntheticTokenizer):
-// qwen2/qwen3: <|endoftext|> V-3 (bos), <|im_start|> V-2, <|im_end|> V-1 (eos);
-// llama: <|begin_of_text|> V-5 (bos), <|end_of_text|> V-4, ..., <|eot_id|> V-1 (eos).
+// Special tokens sit at the top of the vocabulary, where WriteSyntheticTokenizer puts them:
+// qwen2/qwen3/qwen3_moe: <|endoftext|> V-3 (bos), <|im_start|> V-2, <|im_end|> V-1 (eos);
+// llama: <|begin_of_text|> V-5 (bos), <|end_of_text|> V-4, ..., <|eot_id|> V-1 (eos);
+// deepseek_v3: <｜begin▁of▁sentence｜> V-13 (bos), <｜end▁of▁sentence｜> V-12 (eos), ...
 void SetSpecialTokenIds(ModelConfig* c) {
-  c->bos_token_id = c->vocab_size - (c->arch == Arch::kLlama ? 5 : 3);
-  c->eos_token_id = c->vocab_size - 1;
+  const SpecialTokenIds ids = SyntheticSpecialTokenIds(c->arch, c->vocab_size);
+  c->bos_token_id = ids.bos;
+  c->eos_token_id = ids.eos;
 }
 
 ModelConfig Base(Arch arch) {
   ModelConfig c;
   c.arch = arch;
   c.attention_bias = arch == Arch::kQwen2;
-  c.qk_norm = arch == Arch::kQwen3;
+  c.qk_norm = arch == Arch::kQwen3 || arch == Arch::kQwen3Moe;
   c.rms_norm_eps = 1e-6;
   c.rope_theta = arch == Arch::kLlama ? 500000.0 : 1000000.0;
+  if (arch == Arch::kDeepseekV3) c.rope_theta = 10000.0;
   c.max_position_embeddings = 4096;
-  c.tie_word_embeddings = arch == Arch::kQwen3;  // qwen2/llama presets exercise a separate lm_head
+  // qwen2/llama/MoE presets exercise a separate lm_head (Qwen3-30B-A3B and DeepSeek-V3 untie).
+  c.tie_word_embeddings = arch == Arch::kQwen3;
   return c;
 }
 
@@ -94,16 +99,39 @@ Init InitFor(const ModelConfig& c, const std::string& name) {
   const float branch_total = c.tie_word_embeddings ? 2.0f : 1.0f;
   const float branch = branch_total / std::sqrt(2.0f * static_cast<float>(c.num_layers));
   if (EndsWith(name, "norm.weight")) return {1.0f, 0.1f};  // all RMSNorm weights
+  // Router biases small and positive, so the grouped top-k sees no ties and no sign flips.
+  if (EndsWith(name, "e_score_correction_bias")) return {0.1f, 0.025f};
   if (EndsWith(name, ".bias")) return {0.0f, 0.2f};
   if (name == "model.embed_tokens.weight")
     return {0.0f, c.tie_word_embeddings ? lm_head_std : 1.0f};
-  if (name == "lm_head.weight") return {0.0f, lm_head_std};
-  if (EndsWith(name, "o_proj.weight")) return {0.0f, branch / std::sqrt(float(c.q_size()))};
-  if (EndsWith(name, "down_proj.weight")) {
-    // silu(g) * u has an rms of about 0.6 when g and u are N(0, 1).
-    return {0.0f, branch / (0.6f * std::sqrt(float(c.intermediate_size)))};
+  if (name == "lm_head.weight" || EndsWith(name, "shared_head.head.weight"))
+    return {0.0f, lm_head_std};
+  // Router logits of rms ~2: the chosen experts differ from token to token, and clear margins
+  // between them keep rounding from swapping two.
+  if (EndsWith(name, "mlp.gate.weight")) return {0.0f, 2.0f / std::sqrt(hidden)};
+  if (EndsWith(name, "o_proj.weight")) {
+    const int in = c.is_mla() ? c.num_heads * c.mla.v_head_dim : c.q_size();
+    return {0.0f, branch / std::sqrt(float(in))};
   }
-  return {0.0f, 1.0f / std::sqrt(hidden)};  // q/k/v/gate/up: outputs of rms ~1
+  if (EndsWith(name, "down_proj.weight")) {
+    // silu(g) * u has an rms of about 0.6 when g and u are N(0, 1). A MoE layer sums the routed
+    // experts' outputs (weights summing to routed_scaling_factor at most) and the shared expert's.
+    float inter = float(c.intermediate_size), share = 1.0f;
+    if (name.find(".mlp.experts.") != std::string::npos) {
+      inter = float(c.moe.moe_intermediate_size);
+      share = float(0.7 / std::max(1.0, c.moe.routed_scaling_factor));
+    } else if (name.find(".mlp.shared_experts.") != std::string::npos) {
+      inter = float(c.moe.n_shared_experts) * float(c.moe.moe_intermediate_size);
+      share = 0.7f;
+    }
+    return {0.0f, share * branch / (0.6f * std::sqrt(inter))};
+  }
+  // Projections that read something other than the hidden state: outputs of rms ~1.
+  if (EndsWith(name, "q_b_proj.weight")) return {0.0f, 1.0f / std::sqrt(float(c.mla.q_lora_rank))};
+  if (EndsWith(name, "kv_b_proj.weight"))
+    return {0.0f, 1.0f / std::sqrt(float(c.mla.kv_lora_rank))};
+  if (EndsWith(name, "eh_proj.weight")) return {0.0f, 1.0f / std::sqrt(2.0f * hidden)};
+  return {0.0f, 1.0f / std::sqrt(hidden)};  // q/k/v/gate/up/q_a/kv_a: outputs of rms ~1
 }
 
 // Fills out[0, n) with values of one chunk; each chunk has its own random stream, so the result
@@ -147,7 +175,9 @@ void FillTensor(const ModelConfig& c, const std::string& name, uint64_t seed, DT
 
 Result<ModelConfig> ConfigFor(const SyntheticModelOptions& o) {
   ASSIGN_OR_RETURN(ModelConfig c, PresetConfig(o.arch, o.preset));
+  RETURN_IF_ERROR(internal::ApplyMoeOverrides(o, &c));
   if (o.num_kv_heads) {
+    if (c.is_mla()) return InvalidArgument("num_kv_heads: deepseek_v3 (MLA) has no KV heads");
     if (*o.num_kv_heads <= 0 || c.num_heads % *o.num_kv_heads != 0) {
       return InvalidArgument("num_kv_heads " + std::to_string(*o.num_kv_heads) +
                              " must be positive and divide the preset's " +
@@ -160,6 +190,7 @@ Result<ModelConfig> ConfigFor(const SyntheticModelOptions& o) {
       return InvalidArgument("num_layers must be positive, got " + std::to_string(*o.num_layers));
     }
     c.num_layers = *o.num_layers;
+    std::erase_if(c.moe.mlp_only_layers, [&](int layer) { return layer >= c.num_layers; });
   }
   c.torch_dtype = TorchDType(o.dtype);
   // What we write must be what we read back.
@@ -180,7 +211,9 @@ Status WriteGenerationConfig(const std::string& dir, const ModelConfig& c) {
 
 Result<ModelConfig> PresetConfig(Arch arch, std::string_view preset) {
   ModelConfig c = Base(arch);
-  if (preset == "tiny") {
+  if (arch == Arch::kQwen3Moe || arch == Arch::kDeepseekV3) {
+    RETURN_IF_ERROR(internal::MoePreset(preset, &c));
+  } else if (preset == "tiny") {
     c.hidden_size = 64, c.num_layers = 2, c.num_heads = 4, c.num_kv_heads = 2;
     c.intermediate_size = 160, c.vocab_size = 512;
     c.head_dim = arch == Arch::kQwen3 ? 32 : 16;  // qwen3: q_size != hidden_size
@@ -206,6 +239,27 @@ Result<ModelConfig> PresetConfig(Arch arch, std::string_view preset) {
   return c;
 }
 
+ParameterCounts CountParameters(const ModelConfig& c) {
+  auto sum = [](const std::vector<TensorSpec>& specs) {
+    int64_t n = 0;
+    for (const TensorSpec& t : specs) {
+      int64_t numel = 1;
+      for (int64_t d : t.shape) numel *= d;
+      n += numel;
+    }
+    return n;
+  };
+  ParameterCounts p;
+  p.total = sum(RequiredTensors(c));
+  p.mtp = sum(MtpTensors(c));
+  int64_t moe_layers = 0;
+  for (int i = 0; i < c.num_layers; ++i) moe_layers += c.IsMoeLayer(i) ? 1 : 0;
+  const int64_t per_expert = int64_t{3} * c.hidden_size * c.moe.moe_intermediate_size;
+  const int64_t unused = c.is_moe() ? c.moe.num_experts - c.moe.num_experts_per_tok : 0;
+  p.active = p.total - moe_layers * unused * per_expert;
+  return p;
+}
+
 Status WriteSyntheticModel(const SyntheticModelOptions& options) {
   if (options.out_dir.empty()) return InvalidArgument("no output directory given");
   ASSIGN_OR_RETURN(ModelConfig config, ConfigFor(options));
@@ -214,15 +268,20 @@ Status WriteSyntheticModel(const SyntheticModelOptions& options) {
   if (ec) return IoError(options.out_dir + ": cannot create directory: " + ec.message());
   RETURN_IF_ERROR(WriteStringToFile(options.out_dir + "/config.json", ModelConfigToJson(config)));
   RETURN_IF_ERROR(WriteGenerationConfig(options.out_dir, config));
+  std::vector<TensorSpec> specs = RequiredTensors(config);
+  for (TensorSpec& spec : MtpTensors(config)) specs.push_back(std::move(spec));
   std::vector<NamedTensor> tensors;
-  for (TensorSpec& spec : RequiredTensors(config)) {
-    tensors.push_back({std::move(spec.name), options.dtype, std::move(spec.shape), {}});
+  for (TensorSpec& spec : specs) {
+    // As DeepSeek-V3's checkpoints do, the router bias stays f32 whatever the weights' dtype.
+    const DType dtype =
+        EndsWith(spec.name, "e_score_correction_bias") ? DType::kF32 : options.dtype;
+    tensors.push_back({std::move(spec.name), dtype, std::move(spec.shape), {}});
   }
   auto fill = [&](size_t i, std::vector<uint8_t>* bytes) {
     const NamedTensor& t = tensors[i];
     size_t numel = 1;
     for (int64_t d : t.shape) numel *= static_cast<size_t>(d);
-    FillTensor(config, t.name, options.seed, options.dtype, numel, bytes);
+    FillTensor(config, t.name, options.seed, t.dtype, numel, bytes);
     return OkStatus();
   };
   RETURN_IF_ERROR(

@@ -10,6 +10,7 @@
 
 #include "common/file_util.h"
 #include "model/bpe.h"
+#include "model/synthetic_tokenizer_arch.h"
 #include "model/tokenizer.h"
 #include "model/tokenizer_byte_level.h"
 #include "model/tokenizer_corpus.h"
@@ -35,6 +36,8 @@ struct ArchTokens {
   std::vector<std::string> specials;  // occupy ids vocab_size - specials.size() .. vocab_size - 1
   std::string bos;
   std::string eos;
+  std::string pad;  // empty: the first special token
+  std::string tokenizer_class = "PreTrainedTokenizerFast";
   std::string_view split_pattern;
   std::string_view chat_template;
   bool ignore_merges = false;
@@ -52,7 +55,19 @@ ArchTokens TokensFor(Arch arch) {
     t.chat_template = kLlama3JinjaTemplate;
     t.ignore_merges = true;
     t.add_bos = true;
-  } else {
+  } else if (arch == Arch::kDeepseekV3) {
+    // DeepSeek-V3's special tokens and chat template; its tokenizer_config.json adds bos to raw
+    // prompts, and its template writes bos itself.
+    t.specials.assign(internal::kDeepseekV3SpecialTokens,
+                      internal::kDeepseekV3SpecialTokens + internal::kNumDeepseekV3SpecialTokens);
+    t.bos = t.specials[0];
+    t.eos = t.specials[1];
+    t.pad = t.eos;
+    t.split_pattern = internal::kQwen2SplitPattern;
+    t.chat_template = internal::kDeepseekV3ChatTemplate;
+    t.add_bos = true;
+    t.tokenizer_class = "LlamaTokenizerFast";
+  } else {  // qwen2, qwen3, qwen3_moe
     t.specials = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
     t.bos = "<|endoftext|>";
     t.eos = "<|im_end|>";
@@ -151,15 +166,26 @@ std::string TokenizerConfigJson(const ArchTokens& arch) {
   config["add_eos_token"] = false;
   config["bos_token"] = arch.bos;
   config["eos_token"] = arch.eos;
-  config["pad_token"] = arch.specials.front();
+  config["pad_token"] = arch.pad.empty() ? arch.specials.front() : arch.pad;
   config["chat_template"] = std::string(arch.chat_template);
   config["clean_up_tokenization_spaces"] = false;
   config["model_max_length"] = 131072;
-  config["tokenizer_class"] = "PreTrainedTokenizerFast";
+  config["tokenizer_class"] = arch.tokenizer_class;
   return config.dump(2) + "\n";
 }
 
+int IdOf(const ArchTokens& t, const std::string& token, int vocab_size) {
+  const auto it = std::find(t.specials.begin(), t.specials.end(), token);
+  return vocab_size - static_cast<int>(t.specials.size()) +
+         static_cast<int>(it - t.specials.begin());
+}
+
 }  // namespace
+
+SpecialTokenIds SyntheticSpecialTokenIds(Arch arch, int vocab_size) {
+  const ArchTokens t = TokensFor(arch);
+  return {IdOf(t, t.bos, vocab_size), IdOf(t, t.eos, vocab_size)};
+}
 
 Status WriteSyntheticTokenizer(const std::string& model_dir, Arch arch, int vocab_size) {
   const ArchTokens tokens = TokensFor(arch);

@@ -60,8 +60,15 @@ class Tokenizer {
 
 // Writes a working byte-level BPE tokenizer.json and tokenizer_config.json with exactly
 // `vocab_size` ids (bytes, learned merges, then the arch's special tokens at the top), the
-// chat template of the arch (ChatML for qwen2/qwen3, Llama-3's for llama), in HF's format.
-// Llama's adds bos to raw prompts (add_bos_token), Qwen's does not.
+// chat template of the arch (ChatML for qwen2/qwen3/qwen3_moe, Llama-3's for llama, DeepSeek-V3's
+// for deepseek_v3), in HF's format. Llama's and DeepSeek's add bos to raw prompts
+// (add_bos_token), Qwen's do not.
 Status WriteSyntheticTokenizer(const std::string& model_dir, Arch arch, int vocab_size);
+// The ids WriteSyntheticTokenizer gives the arch's bos and eos tokens (config.json's ids).
+struct SpecialTokenIds {
+  int bos = -1;
+  int eos = -1;
+};
+SpecialTokenIds SyntheticSpecialTokenIds(Arch arch, int vocab_size);
 
 }  // namespace pd::model

@@ -98,7 +98,13 @@ struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;
 };
+// Everything but the MTP layers: those are optional (see MtpTensors), and leaving them out keeps
+// the handshake fingerprint of one config the same whether or not a checkpoint carries them (the
+// forward pass, and so the KV cache, does not depend on them).
 std::vector<TensorSpec> RequiredTensors(const ModelConfig& config);
+// The tensors of the config's num_nextn_predict_layers MTP layers (deepseek_v3), in checkpoint
+// order: a checkpoint has all of them or none.
+std::vector<TensorSpec> MtpTensors(const ModelConfig& config);
 // HF's LlamaAttention and Qwen3Attention build o_proj with bias=attention_bias; Qwen2's never has
 // one.
 bool HasOutputBias(const ModelConfig& config);

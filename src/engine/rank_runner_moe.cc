@@ -1,0 +1,36 @@
+// The rank runner's sparse MoE MLP (qwen3_moe, deepseek_v3): MoeForward over the step's tokens.
+#include "engine/moe_block.h"
+#include "engine/rank_runner_impl.h"
+
+namespace pd::engine {
+
+void RankRunner::MoeMlpBlock(int l) {
+  const RunnerLayerWeights& L = w_->layers[l];
+  const int64_t t = num_tokens_, hd = c_.hidden_size;
+  float* x = s_.x.data();
+  float* h = s_.h.data();
+  RmsNorm(x, t, hd, hd, L.post_norm.data(), h, hd);
+  MoeExec exec;
+  exec.pool = &pool_;
+  exec.bf16_dot = bf16_dot_;
+  if (fast_) {
+    exec.isa = &isa_;
+    exec.router_isa = &kernels::KernelsFor(BestIsaLevel());  // f32 router logits
+  }
+  MoeForward(exec, c_.moe, L.moe, h, t, hd, s_.tmp.data(), &s_.moe);
+  AddResidual(x, s_.tmp.data(), t * hd, /*attention=*/false);
+}
+
+void AppendMoeWarmRanges(const RunnerMoeWeights& moe, std::vector<MemRange>* out) {
+  auto add = [&](const kernels::WeightMatrix& m) {
+    if (m.data == nullptr) return;
+    out->push_back(
+        {static_cast<const uint8_t*>(m.data), static_cast<size_t>(m.n * m.k) * (m.bf16 ? 2 : 4)});
+  };
+  add(moe.router.w);
+  for (const std::vector<RunnerExpert>* v : {&moe.experts, &moe.shared})
+    for (const RunnerExpert& x : *v)
+      for (const LinearWeight* m : {&x.gate, &x.up, &x.down}) add(m->w);
+}
+
+}  // namespace pd::engine
