@@ -3,6 +3,7 @@
 #include <random>
 
 #include "server/tool_call_formats.h"
+#include "server/xml_call_constraint.h"
 
 namespace pd::server {
 namespace {
@@ -255,10 +256,8 @@ Result<std::shared_ptr<const engine::OutputConstraint>> ForcedCallConstraint(
         suffix = "}";
         break;
       case ToolCallFormat::kQwen3Coder:
-        return InvalidArgument(
-            "forcing a tool call ('tool_choice' \"required\" or a named function) is not "
-            "supported with --tool-call-parser qwen3_coder (its arguments are not JSON); use "
-            "\"auto\"");
+        return std::shared_ptr<const engine::OutputConstraint>(
+            std::make_shared<XmlCallConstraint>(std::move(texts), names));
       case ToolCallFormat::kNone:
         return InvalidArgument(
             "forcing a tool call ('tool_choice' \"required\" or a named function) needs the "

@@ -77,8 +77,8 @@ class ToolCallParser {
 };
 
 // The constraint a forced call decodes under: the format's call syntax with one of `names` and
-// arguments that are one JSON object. InvalidArgument for a format whose arguments are not JSON
-// (qwen3_coder) or kNone.
+// arguments that are one JSON object (qwen3_coder: parameters in its XML syntax, which the parser
+// turns into one). InvalidArgument for kNone.
 Result<std::shared_ptr<const engine::OutputConstraint>> ForcedCallConstraint(
     ToolCallFormat format, const std::vector<std::string>& names,
     std::shared_ptr<const engine::TokenTexts> texts);

@@ -182,9 +182,26 @@ TEST(ToolCallParser, ForcedCallTextParsesAsTheCall) {
     const std::string wrong = text.substr(0, text.find("get_weather")) + "get_wx";
     EXPECT_FALSE(fresh->Allows(wrong)) << wrong;
   }
-  auto coder = ForcedCallConstraint(ToolCallFormat::kQwen3Coder, {"f"}, texts);
-  ASSERT_FALSE(coder.ok());
-  EXPECT_THAT(coder.status().message(), ::testing::HasSubstr("qwen3_coder"));
+  auto coder =
+      ForcedCallConstraint(ToolCallFormat::kQwen3Coder, {"get_time", "get_weather"}, texts);
+  ASSERT_TRUE(coder.ok());
+  const std::string xml =
+      "<tool_call>\n<function=get_weather>\n<parameter=city>\nSt. <Paris>\n</parameter>\n"
+      "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+  auto state = (*coder)->Start();
+  for (size_t n = 1; n <= xml.size(); ++n) ASSERT_TRUE(state->Allows(xml.substr(0, n))) << n;
+  EXPECT_EQ(state->CompletionBytesAfter(""), std::string("<tool_call>\n<function=get_time>\n"
+                                                         "</function>\n</tool_call>")
+                                                 .size());
+  state->Advance(xml);
+  EXPECT_TRUE(state->complete());
+  EXPECT_EQ(RunParser(ToolCallFormat::kQwen3Coder, {xml}),
+            (Parsed{"", {{"get_weather", R"({"city":"St. <Paris>","days":"3"})"}}}));
+  auto fresh = (*coder)->Start();
+  EXPECT_FALSE(fresh->Allows("<tool_call>\n<function=get_wx"));
+  EXPECT_FALSE(fresh->Allows("<tool_call>\n<function=get_time>\n<parameter=a b"));
+  EXPECT_FALSE(fresh->Allows("<tool_call>\n<function=get_time>\n<parameter=a>\nx</tool_call>"));
+  EXPECT_TRUE(fresh->Allows("<tool_call>\n<function=get_time>\n<parameter=a>\nx</tool_"));
   auto none = ForcedCallConstraint(ToolCallFormat::kNone, {"f"}, texts);
   ASSERT_FALSE(none.ok());
   EXPECT_THAT(none.status().message(), ::testing::HasSubstr("--tool-call-parser"));
