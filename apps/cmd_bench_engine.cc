@@ -315,7 +315,11 @@ Result<std::string> EnsureModel(const std::string& root, const std::string& pres
   const std::string dir = root + "/" + preset + "-bf16";
   if (std::filesystem::exists(dir + "/config.json")) return dir;
   model::SyntheticModelOptions o;
-  o.arch = preset.rfind("llama", 0) == 0 ? model::Arch::kLlama : model::Arch::kQwen3;
+  auto starts_with = [&](const char* prefix) { return preset.rfind(prefix, 0) == 0; };
+  o.arch = starts_with("llama")        ? model::Arch::kLlama
+           : starts_with("deepseek-")  ? model::Arch::kDeepseekV3
+           : starts_with("qwen3-moe-") ? model::Arch::kQwen3Moe
+                                       : model::Arch::kQwen3;
   o.preset = preset;
   o.dtype = model::DType::kBF16;
   o.seed = 1;

@@ -179,9 +179,10 @@ int RunGenerate(const GenerateFlags& flags) {
   const model::Tokenizer& tok = **tokenizer;
   if (flags.prompt) {
     request.prompt_ids = tok.Encode(*flags.prompt);
-    // Llama tokenizers start every text with BOS (their post-processor does it in HF).
+    // BOS as HF's tokenizer adds it: Llama 3's post-processor and DeepSeek-V3's add_bos_token do,
+    // Qwen's tokenizers do not (the server's EncodePrompt follows the same rule).
     auto bos = tok.bos_token_id();
-    if (weights->config.arch == model::Arch::kLlama && bos &&
+    if (tok.adds_bos_token() && bos &&
         (request.prompt_ids.empty() || request.prompt_ids.front() != *bos)) {
       request.prompt_ids.insert(request.prompt_ids.begin(), *bos);
     }

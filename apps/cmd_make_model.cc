@@ -5,7 +5,8 @@
 // Presets: tiny and small (test models, for every arch), qwen3-0.6b (Qwen3-0.6B's shapes, meant
 // for --arch qwen3) and llama-1b (TinyLlama-1.1B's shapes, meant for --arch llama); a named
 // preset used with another dense arch keeps its shapes and takes that arch's conventions.
-// qwen3_moe and deepseek_v3 take tiny and small; --q-lora-rank, --no-yarn and --mtp-layers
+// qwen3_moe and deepseek_v3 take tiny and small, and qwen3-moe-1g / deepseek-v3-1g (Qwen3-30B-A3B's
+// and DeepSeek-V3's proportions at about 1 GB of bf16); --q-lora-rank, --no-yarn and --mtp-layers
 // override deepseek_v3's MLA query form, yarn rope_scaling and MTP layer count.
 #include <charconv>
 #include <chrono>
@@ -202,7 +203,8 @@ PD_REGISTER_COMMAND(
       app->add_option("--arch", f->arch, "qwen3 | qwen2 | llama | qwen3_moe | deepseek_v3")
           ->capture_default_str();
       app->add_option("--preset", f->preset,
-                      "tiny | small (every arch); qwen3-0.6b | llama-1b (dense archs)")
+                      "tiny | small (every arch); qwen3-0.6b | llama-1b (dense archs); "
+                      "qwen3-moe-1g (qwen3_moe); deepseek-v3-1g (deepseek_v3)")
           ->capture_default_str();
       app->add_option("--dtype", f->dtype, "bf16 | f32 | f16")->capture_default_str();
       app->add_option("--seed", f->seed, "weights are a function of the seed")

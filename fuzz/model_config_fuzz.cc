@@ -1,6 +1,6 @@
 // Fuzzes Hugging Face config.json parsing (model/config.h ParseModelConfig). An accepted config
 // must have sizes the engine can use (q_size and kv_size computed without overflow, which UBSan
-// checks) and survive a round trip through ModelConfigToJson.
+// checks) and survive a round trip through ModelConfigToJson unchanged.
 #include <cstdint>
 #include <string>
 
@@ -23,5 +23,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
            again->head_dim == config->head_dim && again->eos_token_id == config->eos_token_id &&
            again->bos_token_id == config->bos_token_id)
       << "config.json round trip changed the config";
+  // Every field, the MoE / MLA / yarn ones included, survives: writing again gives the same text.
+  PD_CHECK(pd::model::ModelConfigToJson(*again) == pd::model::ModelConfigToJson(*config))
+      << "config.json round trip changed a field";
   return 0;
 }

@@ -9,15 +9,10 @@
 // with decode tokens of another), with scattered, non-contiguous page tables, and every logits row
 // it produces (each chunk's last token, each decode step) is compared with the reference row.
 //
-// Metric, per row: max_v |engine[v] - ref[v]| / max_v |ref[v]| <= tolerance (1e-3 with an f32
-// KV cache). The denominator is the row's largest logit, so a row of near-zero logits cannot
-// pass by being tiny, and one wrong vocabulary entry is enough to fail.
+// The metric and the runner driver are in reference_logits_util.h.
 #include <gtest/gtest.h>
-#include <stdlib.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -36,6 +31,7 @@
 #include "model/model_writer.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
+#include "tests/reference_logits_util.h"
 
 namespace pd {
 namespace {
@@ -46,134 +42,7 @@ using engine::KvDType;
 using engine::KvLayout;
 using model::Arch;
 using model::DType;
-
-constexpr double kTolF32Kv = 1e-3;
-// A bf16 KV cache rounds every cached K and V element to 8 significant bits (relative error up to
-// 2^-9 ~ 2e-3 each); through attention, the residual stream and several layers that compounds to
-// about 1e-2 of the largest logit, which the float64 reference does not have.
-constexpr double kTolBf16Kv = 2e-2;
-
-constexpr int kDecodeSteps = 4;
-const int kPromptLengths[] = {1, 7, 20};
-
-// ---------------------------------------------------------------------------------------------
-// Helpers: temp dir, python, reference run.
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "pd_reflogits_XXXXXX").string();
-    PD_CHECK(mkdtemp(tmpl.data()) != nullptr) << "mkdtemp " << tmpl << ": " << strerror(errno);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-std::string Quote(const std::string& s) { return "'" + s + "'"; }
-
-// Runs `cmd` with stderr folded into stdout; returns the exit status and the output.
-std::pair<int, std::string> RunCommand(const std::string& cmd) {
-  std::string output;
-  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return {-1, "popen failed: " + std::string(strerror(errno))};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) output.append(buf, n);
-  int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
-
-// Empty when PD_PYTHON can run the reference; else why not (the tests skip with it).
-const std::string& PythonSkipReason() {
-  static const std::string reason = [] {
-    if (access(PD_PYTHON_PATH, X_OK) != 0) return std::string(PD_PYTHON_PATH " not found");
-    auto [rc, out] = RunCommand(Quote(PD_PYTHON_PATH) + " -c 'import numpy'");
-    if (rc != 0) return std::string(PD_PYTHON_PATH " cannot import numpy: ") + out;
-    return std::string();
-  }();
-  return reason;
-}
-
-// Prompts and decode tokens of the sweep; ids from a fixed-seed mt19937 (portable sequence).
-struct Workload {
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<std::vector<int32_t>> decodes;  // fed one per decode step, whatever is predicted
-  std::vector<int32_t> FullSequence(size_t i) const {
-    std::vector<int32_t> s = prompts[i];
-    s.insert(s.end(), decodes[i].begin(), decodes[i].end());
-    return s;
-  }
-};
-
-Workload MakeWorkload(int vocab_size, uint32_t seed) {
-  std::mt19937 rng(seed);
-  Workload w;
-  for (int len : kPromptLengths) {
-    std::vector<int32_t> prompt(len), decode(kDecodeSteps);
-    for (auto& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab_size));
-    for (auto& t : decode) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab_size));
-    w.prompts.push_back(prompt);
-    w.decodes.push_back(decode);
-  }
-  return w;
-}
-
-// ref[seq][pos] = (vocab) float64 logits predicting the token after position pos.
-using RefRows = std::vector<std::vector<std::vector<double>>>;
-
-Result<RefRows> ReadRefLogits(const std::string& path, const Workload& w, int vocab_size) {
-  std::ifstream in(path, std::ios::binary);
-  char magic[8];
-  uint64_t dims[2];
-  if (!in.read(magic, 8) || std::memcmp(magic, "PDREFLG1", 8) != 0 ||
-      !in.read(reinterpret_cast<char*>(dims), sizeof(dims))) {
-    return DataLoss(path + ": not a PDREFLG1 logits file");
-  }
-  if (dims[0] != static_cast<uint64_t>(vocab_size)) {
-    return DataLoss(path + ": vocab " + std::to_string(dims[0]));
-  }
-  RefRows rows(w.prompts.size());
-  uint64_t read = 0;
-  for (size_t i = 0; i < w.prompts.size(); ++i) {
-    for (size_t p = 0; p < w.FullSequence(i).size(); ++p, ++read) {
-      std::vector<double> row(vocab_size);  // little-endian float64 == host order on x86-64
-      if (!in.read(reinterpret_cast<char*>(row.data()), vocab_size * sizeof(double))) {
-        return DataLoss(path + ": truncated at row " + std::to_string(read));
-      }
-      rows[i].push_back(std::move(row));
-    }
-  }
-  if (read != dims[1]) return DataLoss(path + ": row count " + std::to_string(dims[1]));
-  return rows;
-}
-
-// One ref_model.py run: every position of every full sequence.
-Result<RefRows> RunReference(const std::string& model_dir, const Workload& w, int vocab_size) {
-  nlohmann::json requests = nlohmann::json::array();
-  for (size_t i = 0; i < w.prompts.size(); ++i) {
-    std::vector<int32_t> seq = w.FullSequence(i);
-    std::vector<int> positions(seq.size());
-    for (size_t p = 0; p < seq.size(); ++p) positions[p] = static_cast<int>(p);
-    requests.push_back({{"tokens", seq}, {"positions", positions}});
-  }
-  const std::string req_path = model_dir + "/ref_requests.json";
-  const std::string out_path = model_dir + "/ref_logits.bin";
-  std::ofstream(req_path) << nlohmann::json{{"requests", requests}}.dump();
-  auto [rc, output] =
-      RunCommand(Quote(PD_PYTHON_PATH) + " " + Quote(PD_REF_MODEL_SCRIPT) + " --model " +
-                 Quote(model_dir) + " --requests " + Quote(req_path) + " --out " + Quote(out_path));
-  if (rc != 0) return Internal("ref_model.py exited " + std::to_string(rc) + ": " + output);
-  return ReadRefLogits(out_path, w, vocab_size);
-}
+using namespace reflogits;  // NOLINT(build/namespaces): the shared test helpers
 
 // ---------------------------------------------------------------------------------------------
 // One synthetic model, its weights and its reference logits, built once per process.
@@ -257,123 +126,6 @@ Result<std::shared_ptr<ModelFixture>> GetFixture(const ModelKey& key) {
   return fx;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Engine side.
-
-struct EngineCase {
-  KvLayout layout = KvLayout::kHND;
-  int page_size = 16;
-  int chunk = 0;  // prefill tokens per step; 0: the whole prompt at once
-  KernelKind kernels = KernelKind::kFast;
-  KvDType kv_dtype = KvDType::kF32;
-  double tolerance = kTolF32Kv;
-
-  std::string Name() const {
-    return std::string(engine::KvLayoutName(layout)) + " page=" + std::to_string(page_size) +
-           " chunk=" + (chunk == 0 ? std::string("whole") : std::to_string(chunk)) +
-           (kernels == KernelKind::kFast ? " fast" : " reference") +
-           " kv=" + std::string(engine::KvDTypeName(kv_dtype));
-  }
-};
-
-// max_v |a[v] - b[v]| / max_v |b[v]|.
-double RowError(const std::vector<float>& a, const std::vector<double>& b) {
-  double diff = 0, scale = 0;
-  for (size_t v = 0; v < b.size(); ++v) {
-    diff = std::max(diff, std::abs(static_cast<double>(a[v]) - b[v]));
-    scale = std::max(scale, std::abs(b[v]));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
-
-// Page tables of the sequences, drawn from a shuffled id list so that no table is contiguous
-// and tables of different sequences interleave.
-std::vector<std::vector<int32_t>> ScatteredPageTables(const Workload& w, int page_size,
-                                                      int* num_pages) {
-  std::vector<int> pages_per_seq;
-  int total = 0;
-  for (size_t i = 0; i < w.prompts.size(); ++i) {
-    int len = static_cast<int>(w.FullSequence(i).size());
-    pages_per_seq.push_back((len + page_size - 1) / page_size);
-    total += pages_per_seq.back();
-  }
-  *num_pages = total + 5;  // a few never used
-  std::vector<int32_t> ids(*num_pages);
-  for (int i = 0; i < *num_pages; ++i) ids[i] = i;
-  std::shuffle(ids.begin(), ids.end(), std::mt19937(99));
-  std::vector<std::vector<int32_t>> tables;
-  size_t next = 0;
-  for (int n : pages_per_seq) {
-    tables.emplace_back(ids.begin() + next, ids.begin() + next + n);
-    next += n;
-  }
-  return tables;
-}
-
-// Runs all sequences of the workload together, step by step, comparing every logits row.
-// Returns the largest row error seen.
-double RunAndCompare(const ModelFixture& fx, const EngineCase& ec) {
-  const Workload& w = fx.workload;
-  engine::ModelRunnerOptions opts;
-  opts.kv.page_size = ec.page_size;
-  opts.kv.layout = ec.layout;
-  opts.kv.dtype = ec.kv_dtype;
-  opts.kernels = ec.kernels;
-  opts.num_threads = 2;
-  std::vector<std::vector<int32_t>> tables = ScatteredPageTables(w, ec.page_size, &opts.num_pages);
-  auto runner_or = engine::ModelRunner::Create(fx.weights, opts);
-  EXPECT_TRUE(runner_or.ok()) << runner_or.status().ToString();
-  if (!runner_or.ok()) return INFINITY;
-  engine::ModelRunner& runner = **runner_or;
-
-  const size_t n = w.prompts.size();
-  std::vector<std::vector<int32_t>> seqs(n);
-  for (size_t i = 0; i < n; ++i) seqs[i] = w.FullSequence(i);
-  std::vector<int> pos(n, 0);
-  double worst = 0;
-  for (int step = 0;; ++step) {
-    engine::ForwardBatch batch;
-    for (size_t i = 0; i < n; ++i) {
-      const int len = static_cast<int>(seqs[i].size());
-      const int prompt_len = static_cast<int>(w.prompts[i].size());
-      if (pos[i] >= len) continue;
-      int count = 1;  // a decode step
-      if (pos[i] < prompt_len) count = ec.chunk == 0 ? prompt_len : ec.chunk;
-      count = std::min(count, std::max(1, prompt_len - pos[i]));
-      engine::SeqStep s;
-      s.seq_id = static_cast<int64_t>(i);
-      s.start_pos = pos[i];
-      s.token_ids = std::span<const int32_t>(seqs[i]).subspan(pos[i], count);
-      const size_t pages_needed = (pos[i] + count + ec.page_size - 1) / ec.page_size;
-      s.page_table = std::span<const int32_t>(tables[i]).first(pages_needed);
-      s.compute_logits = true;
-      batch.seqs.push_back(s);
-    }
-    if (batch.seqs.empty()) break;
-    engine::ForwardOutput out;
-    Status st = runner.Forward(batch, &out);
-    EXPECT_TRUE(st.ok()) << "step " << step << ": " << st.ToString();
-    EXPECT_EQ(out.logits.size(), batch.seqs.size()) << "step " << step;
-    if (!st.ok() || out.logits.size() != batch.seqs.size()) return INFINITY;
-    for (size_t b = 0; b < batch.seqs.size(); ++b) {
-      const engine::SeqStep& s = batch.seqs[b];
-      const int last = s.start_pos + static_cast<int>(s.token_ids.size()) - 1;
-      const std::vector<double>& want = fx.ref[s.seq_id][last];
-      EXPECT_EQ(out.logits[b].size(), want.size()) << "seq " << s.seq_id << " pos " << last;
-      if (out.logits[b].size() != want.size()) return INFINITY;
-      const double err = RowError(out.logits[b], want);
-      worst = std::max(worst, err);
-      EXPECT_LE(err, ec.tolerance)
-          << "seq " << s.seq_id << " (prompt length " << w.prompts[s.seq_id].size() << ") position "
-          << last
-          << (last < static_cast<int>(w.prompts[s.seq_id].size()) ? " (prefill chunk end)"
-                                                                  : " (decode step)");
-      pos[s.seq_id] = last + 1;
-    }
-  }
-  return worst;
-}
-
 // Builds (or reuses) the model, then runs every engine case against its reference.
 void SweepModel(const ModelKey& key, const std::vector<EngineCase>& cases) {
   if (!PythonSkipReason().empty()) GTEST_SKIP() << PythonSkipReason();
@@ -385,23 +137,9 @@ void SweepModel(const ModelKey& key, const std::vector<EngineCase>& cases) {
   ASSERT_GT(*hi - *lo, 1.0) << "reference logits are nearly uniform";
   for (const EngineCase& ec : cases) {
     SCOPED_TRACE(ec.Name());
-    const double worst = RunAndCompare(**fx, ec);
+    const double worst = RunAndCompare((*fx)->weights, (*fx)->workload, (*fx)->ref, ec);
     std::printf("[ max row error ] %-40s %.3g\n", ec.Name().c_str(), worst);
   }
-}
-
-std::vector<EngineCase> PageAndChunkSweep(KvLayout layout) {
-  std::vector<EngineCase> cases;
-  for (int page_size : {1, 3, 16}) {
-    for (int chunk : {0, 5}) {
-      EngineCase ec;
-      ec.layout = layout;
-      ec.page_size = page_size;
-      ec.chunk = chunk;
-      cases.push_back(ec);
-    }
-  }
-  return cases;
 }
 
 // ---------------------------------------------------------------------------------------------

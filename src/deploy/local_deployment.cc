@@ -12,6 +12,8 @@
 
 #include "common/file_util.h"
 #include "common/thread_util.h"
+#include "engine/disagg_models.h"
+#include "model/config.h"
 #include "planner/deployment.h"
 
 namespace pd::deploy {
@@ -114,6 +116,11 @@ Status Validate(const Options& f) {
     }
   }
   if (f.restart.max_failures_in_a_row < 1) return InvalidArgument("--max-restarts must be >= 1");
+  // A model whose config loads but cannot be disaggregated is refused before anything starts (one
+  // that does not load is the instances' error to report).
+  if (auto config = model::LoadModelConfig(f.model); config.ok()) {
+    RETURN_IF_ERROR(engine::CheckDisaggregatedModel(*config).WithContext(f.model));
+  }
   return OkStatus();
 }
 

@@ -1,13 +1,14 @@
 // The paged KV cache: one region per rank, pages of page_size tokens, layouts NHD and HND.
 //
 // A region holds, for every layer and every page, one contiguous block of page_bytes():
-//   region: (num_layers, num_pages, page_bytes)          offset = (layer*num_pages +
-//   page)*page_bytes HND page: (num_kv_heads, 2, page_size, head_dim)     2 = K then V: a head
-//   range is contiguous NHD page: (page_size, num_kv_heads, 2, head_dim)     a head range is
-//   strided per token
-// MLA models (latent_dim > 0) keep no per-head K and V: a latent page is (page_size, latent_dim),
-// per token the normalised kv_lora_rank latent then the qk_rope_head_dim rotated rope key, the same
-// on every rank; `layout` does not apply to it (num_kv_heads is 1, head_dim is latent_dim).
+//   region:      (num_layers, num_pages, page_bytes)  offset = (layer*num_pages + page)*page_bytes
+//   HND page:    (num_kv_heads, 2, page_size, head_dim)  2 = K then V: a head range is contiguous
+//   NHD page:    (page_size, num_kv_heads, 2, head_dim)  a head range is strided per token
+//   latent page: (page_size, latent_dim)                  MLA (latent_dim > 0), token after token
+// MLA models keep no per-head K and V: a latent row is the token's RMSNorm(c) * kv_a_layernorm
+// (kv_lora_rank values) then its rotated rope key (qk_rope_head_dim values; with rope_interleave
+// the rotated pairs (2i, 2i+1) stay in the checkpoint's order), the same on every rank. `layout`
+// does not apply to it (num_kv_heads is 1, head_dim is latent_dim).
 // Page ids are shared by all layers (and by all ranks of an instance): a sequence's page table
 // names one id per page_size tokens.
 #pragma once

@@ -6,11 +6,11 @@
 #include <cstring>
 #include <string>
 
+#include "engine/mla_weights.h"
 #include "engine/moe_routing.h"
 #include "engine/thread_pool.h"
 
 namespace pd::engine {
-namespace {
 
 using model::DType;
 using model::TensorView;
@@ -28,13 +28,6 @@ Result<std::vector<float>> ToF32Vector(const TensorView& t, int64_t n, const std
   std::vector<float> out(n);
   for (int64_t i = 0; i < n; ++i) out[i] = t.At(i);
   return out;
-}
-
-Result<std::vector<float>> OptionalVector(const std::optional<TensorView>& t, bool wanted,
-                                          int64_t n, const std::string& name) {
-  if (!wanted) return std::vector<float>();
-  if (!t.has_value()) return InvalidArgument("weights: " + name + " is missing");
-  return ToF32Vector(*t, n, name);
 }
 
 Status MakeLinear(const TensorView& t, int64_t n, int64_t k, DType dtype, const std::string& name,
@@ -56,6 +49,15 @@ Status MakeLinear(const TensorView& t, int64_t n, int64_t k, DType dtype, const 
     out->w.bf16 = t.dtype == DType::kBF16;
   }
   return OkStatus();
+}
+
+namespace {
+
+Result<std::vector<float>> OptionalVector(const std::optional<TensorView>& t, bool wanted,
+                                          int64_t n, const std::string& name) {
+  if (!wanted) return std::vector<float>();
+  if (!t.has_value()) return InvalidArgument("weights: " + name + " is missing");
+  return ToF32Vector(*t, n, name);
 }
 
 Status CheckConfig(const model::ModelConfig& c, size_t num_layer_weights) {
@@ -139,10 +141,16 @@ Status PrepareLayer(const model::LayerWeights& lw, const model::ModelConfig& c, 
                    OptionalVector(lw.v_bias, c.attention_bias, kv, p + "self_attn.v_proj.bias"));
   ASSIGN_OR_RETURN(out->o_bias, OptionalVector(lw.o_bias, model::HasOutputBias(c), h,
                                                p + "self_attn.o_proj.bias"));
-  RETURN_IF_ERROR(MakeLinear(lw.q_proj, q, h, dtype, p + "self_attn.q_proj.weight", &out->q));
-  RETURN_IF_ERROR(MakeLinear(lw.k_proj, kv, h, dtype, p + "self_attn.k_proj.weight", &out->k));
-  RETURN_IF_ERROR(MakeLinear(lw.v_proj, kv, h, dtype, p + "self_attn.v_proj.weight", &out->v));
-  RETURN_IF_ERROR(MakeLinear(lw.o_proj, h, q, dtype, p + "self_attn.o_proj.weight", &out->o));
+  if (c.is_mla()) {  // deepseek_v3: MLA instead of q/k/v/o
+    if (!lw.mla.has_value()) return InvalidArgument("weights: " + p + "self_attn: MLA missing");
+    out->mla = std::make_unique<RunnerMlaWeights>();
+    RETURN_IF_ERROR(PrepareMlaWeights(*lw.mla, c, dtype, p + "self_attn.", out->mla.get()));
+  } else {
+    RETURN_IF_ERROR(MakeLinear(lw.q_proj, q, h, dtype, p + "self_attn.q_proj.weight", &out->q));
+    RETURN_IF_ERROR(MakeLinear(lw.k_proj, kv, h, dtype, p + "self_attn.k_proj.weight", &out->k));
+    RETURN_IF_ERROR(MakeLinear(lw.v_proj, kv, h, dtype, p + "self_attn.v_proj.weight", &out->v));
+    RETURN_IF_ERROR(MakeLinear(lw.o_proj, h, q, dtype, p + "self_attn.o_proj.weight", &out->o));
+  }
   if (c.IsMoeLayer(index)) return PrepareMoe(lw, c, dtype, p, &out->moe);
   RETURN_IF_ERROR(
       MakeLinear(lw.gate_proj, inter, h, dtype, p + "mlp.gate_proj.weight", &out->gate));
@@ -193,15 +201,15 @@ Result<std::unique_ptr<HugePageBuffer>> HugePageBuffer::Create(size_t bytes) {
 HugePageBuffer::~HugePageBuffer() { munmap(map_, map_bytes_); }
 
 Status PackRunnerWeights(ThreadPool& pool, RunnerWeights* w) {
-  // Each packed matrix: row-major parts stacked into one, and where the result goes.
-  struct Job {
-    std::vector<kernels::WeightMatrix> parts;
-    kernels::WeightMatrix* dst;
-  };
+  using Job = PackJob;
   std::vector<Job> jobs;
   for (RunnerLayerWeights& l : w->layers) {
-    jobs.push_back({{l.q.w, l.k.w, l.v.w}, &l.qkv});
-    jobs.push_back({{l.o.w}, &l.o.w});
+    if (l.mla != nullptr) {
+      AppendMlaPackJobs(l.mla.get(), &jobs);
+    } else {
+      jobs.push_back({{l.q.w, l.k.w, l.v.w}, &l.qkv});
+      jobs.push_back({{l.o.w}, &l.o.w});
+    }
     if (l.gate.w.data != nullptr) {  // a dense MLP
       jobs.push_back({{l.gate.w, l.up.w}, &l.gate_up});
       jobs.push_back({{l.down.w}, &l.down.w});

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -39,6 +40,24 @@ struct RunnerMoeWeights {
   std::vector<RunnerExpert> shared;   // deepseek_v3 with n_shared_experts > 0: one, else none
 };
 
+// Multi-head Latent Attention of a deepseek_v3 layer (mla_weights.cc). Per rank: H query heads,
+// R = kv_lora_rank, dn/dr/dv = qk_nope/qk_rope/v head dims, L = R + dr.
+struct RunnerMlaWeights {
+  LinearWeight q;                // (H*(dn+dr), hidden) when q_lora_rank == 0
+  LinearWeight q_a;              // (q_lora_rank, hidden) when q_lora_rank > 0
+  std::vector<float> q_a_norm;   // (q_lora_rank) when q_lora_rank > 0
+  LinearWeight q_b;              // (H*(dn+dr), q_lora_rank) when q_lora_rank > 0
+  LinearWeight kv_a;             // (L, hidden) kv_a_proj_with_mqa
+  std::vector<float> kv_a_norm;  // (R)
+  LinearWeight kv_b;      // (H*(dn+dv), R), the rows of head h at h*(dn+dv): W_UK[h], W_UV[h]
+  LinearWeight uk_t_all;  // (num_heads*R, dn): W_UK[h]^T of every head, owned (transposed)
+  std::vector<kernels::WeightMatrix> uk_t;  // (H) per head (R, dn): q_lat = W_UK[h]^T q_nope
+  std::vector<kernels::WeightMatrix> uv;    // (H) per head (dv, R) views of kv_b: out = W_UV o_lat
+  LinearWeight o;                           // (hidden, H*dv)
+  // After PackRunnerWeights: q|kv_a (or q_a|kv_a) stacked, kPanel32; data == nullptr before.
+  kernels::WeightMatrix a;
+};
+
 struct RunnerLayerWeights {
   std::vector<float> input_norm, post_norm;   // (hidden)
   std::vector<float> q_norm, k_norm;          // (head_dim) when qk_norm, else empty
@@ -49,6 +68,7 @@ struct RunnerLayerWeights {
   // (2*intermediate, hidden), kPanel32; data == nullptr before.
   kernels::WeightMatrix qkv, gate_up;
   RunnerMoeWeights moe;  // MoE layers: the router and experts; gate/up/down then empty
+  std::unique_ptr<RunnerMlaWeights> mla;  // deepseek_v3: MLA instead of q/k/v/o
 };
 
 // Anonymous memory on 2 MiB boundaries advised MADV_HUGEPAGE: weights streamed every decode step
@@ -80,8 +100,23 @@ struct RunnerWeights {
   std::unique_ptr<HugePageBuffer> packed;  // every kPanel32 matrix, after PackRunnerWeights
 };
 
+// For the per-feature weight files (mla_weights.cc): InvalidArgument naming `name` when t is
+// missing or not of `shape`; t (n) as f32; t (n, k) of `dtype` as a LinearWeight (f16 converted).
+Status CheckShape(const model::TensorView& t, const std::vector<int64_t>& shape,
+                  const std::string& name);
+Result<std::vector<float>> ToF32Vector(const model::TensorView& t, int64_t n,
+                                       const std::string& name);
+Status MakeLinear(const model::TensorView& t, int64_t n, int64_t k, model::DType dtype,
+                  const std::string& name, LinearWeight* out);
+
 // Checks shapes and dtypes against the config and lays the weights out for the kernels.
 Result<std::unique_ptr<RunnerWeights>> PrepareRunnerWeights(const model::ModelWeights& weights);
+
+// One matrix PackRunnerWeights lays out: row-major parts stacked, and where the result goes.
+struct PackJob {
+  std::vector<kernels::WeightMatrix> parts;
+  kernels::WeightMatrix* dst;
+};
 
 // Lays every matrix the layers and lm_head multiply by out once in the kPanel32 layout, in one
 // huge-page buffer, with q/k/v and gate/up fused: sets each layer's qkv and gate_up, and replaces

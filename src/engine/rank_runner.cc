@@ -99,8 +99,14 @@ void RankRunner::Prepare(const ForwardBatch& batch) {
   const size_t attn_stride =
       fast_ ? kernels::AttentionItemScratchFloats(group, c_.head_dim) : max_pos_ + 1;
   Ensure(s_.attn_scratch, attn_stride * pool_.num_threads());
-  ref::RopeTable(s_.positions.data(), t, c_.head_dim, c_.rope_theta, s_.rope_cos.data(),
-                 s_.rope_sin.data());
+  if (c_.is_mla()) {  // the rope part only, with yarn
+    Ensure(s_.rope_cos, t * c_.mla.qk_rope_head_dim / 2);
+    Ensure(s_.rope_sin, t * c_.mla.qk_rope_head_dim / 2);
+    MlaRopeTable(mla_rope_, s_.positions.data(), t, s_.rope_cos.data(), s_.rope_sin.data());
+  } else {
+    ref::RopeTable(s_.positions.data(), t, c_.head_dim, c_.rope_theta, s_.rope_cos.data(),
+                   s_.rope_sin.data());
+  }
   Rows(t, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r)
       LoadWeightRow(w_->embed.w, s_.tokens[r], s_.x.data() + r * c_.hidden_size);
@@ -123,6 +129,11 @@ void RankRunner::AppendWarmRanges(std::span<const int32_t> pages, std::vector<Me
         add_matrix(m->w);
       }
       AppendMoeWarmRanges(L.moe, out);
+      if (L.mla != nullptr) {
+        const RunnerMlaWeights& M = *L.mla;
+        for (const LinearWeight* m : {&M.q, &M.q_a, &M.q_b, &M.kv_a, &M.kv_b, &M.uk_t_all, &M.o})
+          add_matrix(m->w);
+      }
     }
     add_matrix(w_->lm_head.w);
   }
@@ -163,6 +174,10 @@ void RankRunner::Layer(int l) {
 }
 
 void RankRunner::AttentionBlock(int l) {
+  if (c_.is_mla()) {
+    MlaAttentionBlock(l);  // rank_runner_mla.cc
+    return;
+  }
   const RunnerLayerWeights& L = w_->layers[l];
   const int64_t t = num_tokens_, hd = c_.hidden_size, q = c_.q_size(), kv = c_.kv_size();
   const int64_t ld = q + 2 * kv, half = c_.head_dim / 2;
@@ -342,6 +357,19 @@ void RankRunner::Finish(const ForwardBatch& batch, ForwardOutput* out) {
   }
 }
 
+KvCacheSpec RankKvSpec(KvCacheSpec spec, const model::ModelConfig& c, int num_kv_heads) {
+  if (c.is_mla()) {  // one latent row per token: `layout` does not apply
+    spec.latent_dim = c.mla.latent_dim();
+    spec.num_kv_heads = 1;
+    spec.head_dim = spec.latent_dim;
+    return spec;
+  }
+  spec.latent_dim = 0;
+  spec.num_kv_heads = num_kv_heads;
+  spec.head_dim = c.head_dim;
+  return spec;
+}
+
 Result<int64_t> RunnerNumPages(const ModelRunnerOptions& options, size_t page_bytes_all_ranks,
                                int num_layers) {
   if (options.kv.page_size <= 0)
@@ -363,10 +391,8 @@ Result<std::unique_ptr<ModelRunner>> CreateRankRunner(std::unique_ptr<RunnerWeig
                                                       const ModelRunnerOptions& options,
                                                       int64_t num_pages, const RankContext& ctx) {
   const model::ModelConfig& c = rw->config;
-  KvCacheSpec spec = options.kv;
+  KvCacheSpec spec = RankKvSpec(options.kv, c, c.num_kv_heads);
   spec.num_layers = c.num_layers;
-  spec.num_kv_heads = c.num_kv_heads;
-  spec.head_dim = c.head_dim;
   ASSIGN_OR_RETURN(std::unique_ptr<KvRegion> region,
                    KvRegion::Create(spec, static_cast<int>(num_pages)));
   int threads = options.num_threads;
@@ -389,9 +415,7 @@ Result<std::unique_ptr<ModelRunner>> CreateRankRunner(std::unique_ptr<RunnerWeig
 Result<std::unique_ptr<ModelRunner>> CreateSingleRankRunner(const model::ModelWeights& weights,
                                                             const ModelRunnerOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<RunnerWeights> rw, PrepareRunnerWeights(weights));
-  KvCacheSpec spec = options.kv;
-  spec.num_kv_heads = rw->config.num_kv_heads;
-  spec.head_dim = rw->config.head_dim;
+  const KvCacheSpec spec = RankKvSpec(options.kv, rw->config, rw->config.num_kv_heads);
   ASSIGN_OR_RETURN(int64_t num_pages,
                    RunnerNumPages(options, spec.page_bytes(), rw->config.num_layers));
   return CreateRankRunner(std::move(rw), options, num_pages, RankContext{});

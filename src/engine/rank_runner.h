@@ -33,6 +33,10 @@ Result<std::unique_ptr<ModelRunner>> CreateRankRunner(std::unique_ptr<RunnerWeig
 Result<std::unique_ptr<ModelRunner>> CreateSingleRankRunner(const model::ModelWeights& weights,
                                                             const ModelRunnerOptions& options);
 
+// The KV spec of a rank whose (sharded) config is c, holding num_kv_heads KV heads: an MLA model
+// keeps one latent row (latent_dim) per token instead, the same on every rank.
+KvCacheSpec RankKvSpec(KvCacheSpec spec, const model::ModelConfig& c, int num_kv_heads);
+
 // num_pages for a region spec over `num_layers`, from options (num_pages, or kv_cache_bytes over
 // the bytes one page takes on all ranks together: `page_bytes_all_ranks`).
 Result<int64_t> RunnerNumPages(const ModelRunnerOptions& options, size_t page_bytes_all_ranks,

@@ -11,6 +11,9 @@
 #include "engine/kernels.h"
 #include "engine/kernels_ref.h"
 #include "engine/layer_progress.h"
+#include "engine/mla_kernels.h"
+#include "engine/mla_parallel.h"
+#include "engine/mla_rope.h"
 #include "engine/model_runner.h"
 #include "engine/model_runner_weights.h"
 #include "engine/moe_block.h"
@@ -45,6 +48,12 @@ struct Scratch {
   std::vector<int32_t> final_slot;                    // (num_seqs) row of each seq in final_h
   std::vector<AttnSeq> seqs;
   MoeScratch moe;  // the MoE block's buffers (moe_block.h)
+  // MLA (rank_runner_mla.cc): H heads, R = kv_lora_rank, L = latent_dim, dv = v_head_dim
+  std::vector<float> mla_a;     // (T, q part + L): q (or q_a) then the latent of each token
+  std::vector<float> mla_q;     // (T, H, qk_head_dim) when q_lora_rank > 0
+  std::vector<float> mla_qabs;  // (T, H, L) absorbed queries
+  std::vector<float> mla_olat;  // (T, H, R) attention output in the latent space
+  std::vector<float> mla_out;   // (T, H, dv) per-head outputs
 };
 
 template <typename T>
@@ -63,7 +72,9 @@ class RankRunner final : public ModelRunner {
         fast_(kind == KernelKind::kFast),
         bf16_dot_(MatmulBf16DotUsed(kind, matmul)),
         isa_(fast_ ? FastKernels(bf16_dot_) : kernels::IsaKernels{}),
-        rank_(rank) {}
+        rank_(rank),
+        mla_rope_(c_.is_mla() ? ComputeMlaRope(c_) : MlaRope{}),
+        mla_isa_(fast_ ? &kernels::MlaKernelsFor(BestIsaLevel()) : nullptr) {}
 
   Status Forward(const ForwardBatch& batch, ForwardOutput* out) override;
   const model::ModelConfig& config() const override { return c_; }
@@ -80,6 +91,11 @@ class RankRunner final : public ModelRunner {
   // x += attention(input_norm(x)) of layer l: GQA (this file's Attention over K/V pages).
   void AttentionBlock(int l);
   void Attention(int l);
+  // x += MLA(input_norm(x)) of layer l in the weight-absorbed form (rank_runner_mla.cc).
+  void MlaAttentionBlock(int l);
+  void MlaAttention(int l);
+  // Per-head products of a.w over the pool in one dispatch (or the reference kernels).
+  void HeadMatmul(const kernels::HeadMatmulArgs& a);
   // x += mlp(post_attention_norm(x)) of layer l: the dense SwiGLU MLP, or MoeMlpBlock.
   void MlpBlock(int l);
   // The sparse MoE MLP of a MoE layer (rank_runner_moe.cc, moe_block.h).
@@ -124,6 +140,10 @@ class RankRunner final : public ModelRunner {
   Scratch s_;
   int64_t num_tokens_ = 0;
   int max_pos_ = 0;  // largest position in the step
+  // MLA (deepseek_v3) only
+  const MlaRope mla_rope_;
+  const kernels::MlaIsaKernels* mla_isa_;  // fast_: the CPU's MLA kernels; else null
+  kernels::MlaWorkspace mla_ws_;
 };
 
 // Element-wise work under this many floats runs on the calling thread: waking the pool costs more

@@ -131,9 +131,7 @@ Result<std::unique_ptr<ModelRunner>> CreateTpModelRunner(const model::ModelWeigh
   RETURN_IF_ERROR(ValidateTensorParallel(c, tp));
   size_t page_bytes_all = 0;
   for (int r = 0; r < tp; ++r) {
-    KvCacheSpec spec = options.kv;
-    spec.num_kv_heads = ComputeTpShard(c, tp, r).num_kv_heads;
-    spec.head_dim = c.head_dim;
+    const KvCacheSpec spec = RankKvSpec(options.kv, c, ComputeTpShard(c, tp, r).num_kv_heads);
     page_bytes_all += spec.page_bytes();
   }
   ASSIGN_OR_RETURN(int64_t num_pages, RunnerNumPages(options, page_bytes_all, c.num_layers));

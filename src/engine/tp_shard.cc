@@ -5,6 +5,7 @@
 
 #include "common/check.h"
 #include "engine/kv_heads.h"
+#include "engine/mla_weights.h"
 
 namespace pd::engine {
 namespace {
@@ -70,8 +71,9 @@ void ShardMoe(const RunnerMoeWeights& f, const TpShard& s, RunnerMoeWeights* o) 
   for (const RunnerExpert& e : f.shared) o->shared.push_back(ShardExpert(e, s));
 }
 
-void ShardLayer(const RunnerLayerWeights& f, const TpShard& s, int64_t head_dim,
+void ShardLayer(const RunnerLayerWeights& f, const TpShard& s, const model::ModelConfig& c,
                 RunnerLayerWeights* o) {
+  const int64_t head_dim = c.head_dim;
   const int64_t q0 = s.head_begin * head_dim, nq = s.num_heads * head_dim;
   const int64_t k0 = s.kv_head_begin * head_dim, nk = s.num_kv_heads * head_dim;
   o->input_norm = f.input_norm;
@@ -81,11 +83,16 @@ void ShardLayer(const RunnerLayerWeights& f, const TpShard& s, int64_t head_dim,
   o->q_bias = Slice(f.q_bias, q0, nq);
   o->k_bias = Slice(f.k_bias, k0, nk);
   o->v_bias = Slice(f.v_bias, k0, nk);
-  o->o_bias = f.o_bias;  // added once to the reduced sum, identically on every rank
-  o->q = RowSlice(f.q, q0, nq);
-  o->k = RowSlice(f.k, k0, nk);
-  o->v = RowSlice(f.v, k0, nk);
-  o->o = ColSlice(f.o, q0, nq);
+  o->o_bias = f.o_bias;    // added once to the reduced sum, identically on every rank
+  if (f.mla != nullptr) {  // MLA: heads split, the latent projections whole on every rank
+    o->mla =
+        std::make_unique<RunnerMlaWeights>(ShardMlaWeights(*f.mla, c, s.head_begin, s.num_heads));
+  } else {
+    o->q = RowSlice(f.q, q0, nq);
+    o->k = RowSlice(f.k, k0, nk);
+    o->v = RowSlice(f.v, k0, nk);
+    o->o = ColSlice(f.o, q0, nq);
+  }
   if (!f.moe.experts.empty()) return ShardMoe(f.moe, s, &o->moe);
   o->gate = RowSlice(f.gate, s.inter_begin, s.inter);
   o->up = RowSlice(f.up, s.inter_begin, s.inter);
@@ -145,8 +152,7 @@ Result<std::unique_ptr<RunnerWeights>> ShardRunnerWeights(const RunnerWeights& f
   out->embed.w = full.embed.w;  // a view: every rank looks up rows of the same table
   out->lm_head = RowSlice(full.lm_head, s.vocab_begin, s.vocab);
   out->layers.resize(full.layers.size());
-  for (size_t l = 0; l < full.layers.size(); ++l)
-    ShardLayer(full.layers[l], s, c.head_dim, &out->layers[l]);
+  for (size_t l = 0; l < full.layers.size(); ++l) ShardLayer(full.layers[l], s, c, &out->layers[l]);
   return out;
 }
 

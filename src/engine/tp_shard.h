@@ -16,6 +16,9 @@
 //                   (multinomial expectation) — while the column split gives every rank exactly
 //                   1/t of each chosen expert's bytes. The cost: narrower matmuls per expert
 //                   (I/t columns, padded to whole 32-row panels).  See MoE notes in engine.md.
+// MLA (deepseek_v3): query heads split as above (q or q_b rows, W_UK^T/W_UV per head, o_proj
+// columns); q_a, kv_a and the norms whole on every rank, which computes the latent itself and
+// writes its own identical copy into its own region.
 // q/k/v/gate/up are row-split (their rows are views into the checkpoint); o_proj and down_proj are
 // column-split (copied at load), so each rank's o/down output is a partial sum over its heads /
 // columns, added over ranks by TpAllReduce (tp_all_reduce.h). Embedding and norms are computed by

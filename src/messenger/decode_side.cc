@@ -10,6 +10,7 @@
 
 #include "common/log.h"
 #include "common/thread_util.h"
+#include "engine/disagg_models.h"
 #include "messenger/decode_side_impl.h"
 
 namespace pd::messenger {
@@ -359,6 +360,7 @@ Result<std::unique_ptr<DecodeMessenger>> DecodeMessenger::Create(
     std::unique_ptr<engine::AsyncEngine> inner) {
   if (inner == nullptr) return InvalidArgument("DecodeMessenger needs an engine");
   if (options.peers.empty()) return InvalidArgument("DecodeMessenger needs prefill peers");
+  RETURN_IF_ERROR(engine::CheckDisaggregatedModel(runner.config()));
   std::unique_ptr<DecodeMessenger> m(new DecodeMessenger());
   m->inner_ = std::move(inner);
   m->impl_ = std::make_unique<Impl>(m.get(), options, runner);

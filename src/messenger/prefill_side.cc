@@ -12,6 +12,7 @@
 
 #include "common/log.h"
 #include "common/thread_util.h"
+#include "engine/disagg_models.h"
 #include "messenger/prefill_side_impl.h"
 
 namespace pd::messenger {
@@ -398,6 +399,7 @@ Result<std::unique_ptr<PrefillMessenger>> PrefillMessenger::Create(
     const PrefillMessengerOptions& options, engine::ModelRunner& runner) {
   if (options.max_transfers < 1) return InvalidArgument("max_transfers must be >= 1");
   if (options.max_queued_messages < 1) return InvalidArgument("max_queued_messages must be >= 1");
+  RETURN_IF_ERROR(engine::CheckDisaggregatedModel(runner.config()));
   std::unique_ptr<PrefillMessenger> m(new PrefillMessenger(
       MakeKvFormat(options.model_hash, runner.region().spec(), options.kv_checksum)));
   m->impl_ = std::make_unique<Impl>(m.get(), options, runner);

@@ -43,9 +43,9 @@ Status ReadFields(const FieldReader& r, ModelConfig* c) {
 // than silently ignored.
 // deepseek_v3's yarn rope_scaling is read (and other types refused) in config_moe.cc.
 Status CheckUnsupported(Arch arch, const Json& root, const std::string& source) {
-  if (arch != Arch::kDeepseekV3 && root.contains("rope_scaling") &&
-      !root["rope_scaling"].is_null()) {
-    return Unimplemented(source + ": rope_scaling " + root["rope_scaling"].dump() +
+  const char* rope_key = internal::RopeScalingKey(root);
+  if (arch != Arch::kDeepseekV3 && rope_key != nullptr) {
+    return Unimplemented(source + ": " + rope_key + " " + root[rope_key].dump() +
                          " is not supported for " + std::string(ArchName(arch)) +
                          " (only plain RoPE)");
   }
@@ -138,6 +138,12 @@ Result<ModelConfig> ParseJson(const Json& root, const std::string& source) {
     if (!reader.Has(key)) return InvalidArgument(source + ": missing required field " + key);
   }
   RETURN_IF_ERROR(ReadFields(reader, &c));
+  // transformers v5 writes rope_theta inside rope_parameters.
+  if (!reader.Has("rope_theta") && root.contains("rope_parameters") &&
+      root["rope_parameters"].is_object()) {
+    FieldReader rope(root["rope_parameters"], source, "rope_parameters.");
+    RETURN_IF_ERROR(rope.Double("rope_theta", &c.rope_theta));
+  }
   if (c.arch == Arch::kQwen3Moe || c.arch == Arch::kDeepseekV3) {
     RETURN_IF_ERROR(internal::ReadMoeFields(root, reader, &c));
   }

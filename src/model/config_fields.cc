@@ -74,6 +74,16 @@ Status FieldReader::Bad(const char* key, const char* expected, const Json& v) co
                          v.dump());
 }
 
+const char* RopeScalingKey(const Json& root) {
+  if (root.contains("rope_scaling") && !root["rope_scaling"].is_null()) return "rope_scaling";
+  if (!root.contains("rope_parameters") || root["rope_parameters"].is_null()) return nullptr;
+  const Json& p = root["rope_parameters"];
+  if (!p.is_object()) return "rope_parameters";  // refused as malformed by the reader
+  const char* type_key = p.contains("rope_type") ? "rope_type" : "type";
+  if (!p.contains(type_key) || p[type_key] == "default") return nullptr;
+  return "rope_parameters";
+}
+
 Status Positive(const std::string& source, const std::string& key, int value) {
   if (value > 0) return OkStatus();
   return InvalidArgument(source + ": " + key + " must be positive, found " + std::to_string(value));

@@ -45,6 +45,11 @@ class FieldReader {
   std::string prefix_;
 };
 
+// The key of the config's RoPE scaling object, or nullptr when it has none: "rope_scaling" when not
+// null, else "rope_parameters" (how transformers v5 writes RoPE: rope_type, rope_theta and the
+// scaling fields in one object) unless its rope_type is "default".
+const char* RopeScalingKey(const Json& root);
+
 Status Positive(const std::string& source, const std::string& key, int value);
 Status Positive(const std::string& source, const std::string& key, double value);
 

@@ -108,32 +108,55 @@ constexpr const char* kYarnKeys[] = {"type",
                                      "attention_factor",
                                      "truncate"};
 
+// Checked where it is read, so that errors name the object it came from.
+Status ValidateYarn(const YarnScaling& s, const std::string& source, const std::string& key) {
+  auto bad = [&](const char* field, double v, const char* expected) {
+    return InvalidArgument(source + ": " + key + "." + field + " must be " + expected + ", found " +
+                           Json(v).dump());
+  };
+  if (!(s.factor >= 1.0)) return bad("factor", s.factor, "at least 1");
+  if (!(s.beta_fast > 0)) return bad("beta_fast", s.beta_fast, "positive");
+  if (!(s.beta_slow > 0)) return bad("beta_slow", s.beta_slow, "positive");
+  if (s.original_max_position_embeddings < 0) {
+    return bad("original_max_position_embeddings", s.original_max_position_embeddings, "positive");
+  }
+  if (!(s.mscale >= 0)) return bad("mscale", s.mscale, "non-negative");
+  if (!(s.mscale_all_dim >= 0)) return bad("mscale_all_dim", s.mscale_all_dim, "non-negative");
+  if (!(s.attention_factor >= 0)) return bad("attention_factor", s.attention_factor, "positive");
+  return OkStatus();
+}
+
+// rope_scaling, or transformers v5's rope_parameters (which also holds rope_theta).
 Status ReadYarn(const Json& root, const std::string& source, ModelConfig* c) {
   c->yarn = false;
-  if (!root.contains("rope_scaling") || root["rope_scaling"].is_null()) return OkStatus();
-  const Json& rs = root["rope_scaling"];
+  const char* key = RopeScalingKey(root);
+  if (key == nullptr) return OkStatus();
+  const std::string name = key;
+  const Json& rs = root[key];
   if (!rs.is_object()) {
-    return InvalidArgument(source + ": rope_scaling must be an object or null, found " + rs.dump());
+    return InvalidArgument(source + ": " + name + " must be an object or null, found " + rs.dump());
   }
-  FieldReader y(rs, source, "rope_scaling.");
+  FieldReader y(rs, source, name + ".");
   // transformers reads "rope_type", falling back to the older "type" (DeepSeek-V3's config).
   const char* type_key = y.Has("rope_type") ? "rope_type" : "type";
   std::string type;
   RETURN_IF_ERROR(y.String(type_key, &type));
-  if (type.empty()) return InvalidArgument(source + ": rope_scaling has no \"type\"");
+  if (type.empty()) return InvalidArgument(source + ": " + name + " has no \"type\"");
   if (type != "yarn") {
     return Unimplemented(source + ": " + y.Name(type_key) + " \"" + type +
                          "\" is not supported for deepseek_v3 (only \"yarn\")");
   }
-  for (const auto& [key, value] : rs.items()) {
-    if (std::find(std::begin(kYarnKeys), std::end(kYarnKeys), key) == std::end(kYarnKeys)) {
-      return Unimplemented(source + ": rope_scaling." + key + " " + value.dump() +
+  for (const auto& [k, value] : rs.items()) {
+    const bool known =
+        std::find(std::begin(kYarnKeys), std::end(kYarnKeys), k) != std::end(kYarnKeys);
+    if (!known && !(name == "rope_parameters" && k == "rope_theta")) {
+      return Unimplemented(source + ": " + name + "." + k + " " + value.dump() +
                            " is not supported (yarn reads type, factor, "
                            "original_max_position_embeddings, beta_fast, beta_slow, mscale, "
                            "mscale_all_dim, attention_factor, truncate)");
     }
   }
-  if (!y.Has("factor")) return InvalidArgument(source + ": rope_scaling.factor is missing");
+  if (!y.Has("factor")) return InvalidArgument(source + ": " + name + ".factor is missing");
   YarnScaling& s = c->yarn_scaling;
   s = YarnScaling();
   RETURN_IF_ERROR(y.Double("factor", &s.factor));
@@ -144,6 +167,7 @@ Status ReadYarn(const Json& root, const std::string& source, ModelConfig* c) {
   RETURN_IF_ERROR(y.Double("mscale_all_dim", &s.mscale_all_dim));
   RETURN_IF_ERROR(y.Double("attention_factor", &s.attention_factor));
   RETURN_IF_ERROR(y.Bool("truncate", &s.truncate));
+  RETURN_IF_ERROR(ValidateYarn(s, source, name));
   c->yarn = true;
   return OkStatus();
 }
@@ -209,23 +233,6 @@ Status ValidateMla(const ModelConfig& c, const std::string& source) {
   return OkStatus();
 }
 
-Status ValidateYarn(const YarnScaling& s, const std::string& source) {
-  auto bad = [&](const char* key, double v, const char* expected) {
-    return InvalidArgument(source + ": rope_scaling." + key + " must be " + expected + ", found " +
-                           Json(v).dump());
-  };
-  if (!(s.factor >= 1.0)) return bad("factor", s.factor, "at least 1");
-  if (!(s.beta_fast > 0)) return bad("beta_fast", s.beta_fast, "positive");
-  if (!(s.beta_slow > 0)) return bad("beta_slow", s.beta_slow, "positive");
-  if (s.original_max_position_embeddings < 0) {
-    return bad("original_max_position_embeddings", s.original_max_position_embeddings, "positive");
-  }
-  if (!(s.mscale >= 0)) return bad("mscale", s.mscale, "non-negative");
-  if (!(s.mscale_all_dim >= 0)) return bad("mscale_all_dim", s.mscale_all_dim, "non-negative");
-  if (!(s.attention_factor >= 0)) return bad("attention_factor", s.attention_factor, "positive");
-  return OkStatus();
-}
-
 }  // namespace
 
 Status ReadMoeFields(const Json& root, const FieldReader& r, ModelConfig* c) {
@@ -246,8 +253,7 @@ Status ValidateMoe(const ModelConfig& c, const std::string& source) {
                               m.num_experts));
   if (deepseek) {
     RETURN_IF_ERROR(ValidateDeepseekMoe(m, source));
-    RETURN_IF_ERROR(ValidateMla(c, source));
-    return c.yarn ? ValidateYarn(c.yarn_scaling, source) : OkStatus();
+    return ValidateMla(c, source);  // yarn is checked as it is read
   }
   RETURN_IF_ERROR(Positive(source, "decoder_sparse_step", m.decoder_sparse_step));
   for (int layer : m.mlp_only_layers) {

@@ -396,6 +396,46 @@ INSTANTIATE_TEST_SUITE_P(
       return name;
     });
 
+// transformers v5 writes RoPE as one rope_parameters object, rope_theta included.
+TEST(MoeConfigTest, RopeParametersAsTransformersV5WritesThem) {
+  Json j = DeepSeekV3Bf16();
+  Json rope = j["rope_scaling"];
+  rope.erase("type");
+  rope["rope_type"] = "yarn";
+  rope["rope_theta"] = 50000.0;
+  j.erase("rope_scaling");
+  j.erase("rope_theta");
+  j["rope_parameters"] = rope;
+  auto c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->yarn);
+  EXPECT_EQ(c->yarn_scaling.factor, 40.0);
+  EXPECT_EQ(c->yarn_scaling.original_max_position_embeddings, 4096);
+  EXPECT_EQ(c->rope_theta, 50000.0);
+  j["rope_parameters"]["factor"] = 0.5;
+  EXPECT_THAT(ErrorOf(j),
+              HasSubstr("m/config.json: rope_parameters.factor must be at least 1, found 0.5"));
+  j["rope_parameters"]["rope_type"] = "linear";
+  EXPECT_THAT(ErrorOf(j), HasSubstr("m/config.json: rope_parameters.rope_type \"linear\" is not "
+                                    "supported for deepseek_v3"));
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 20000}};
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(c->yarn);
+  EXPECT_EQ(c->rope_theta, 20000.0);
+
+  Json q = Json::parse(kQwen3_30B_A3B);
+  q.erase("rope_scaling");
+  q.erase("rope_theta");
+  q["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
+  auto qc = Parse(q);
+  ASSERT_TRUE(qc.ok()) << qc.status().ToString();
+  EXPECT_EQ(qc->rope_theta, 1e6);
+  q["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"rope_theta", 1e6}};
+  EXPECT_THAT(ErrorOf(q), HasSubstr("m/config.json: rope_parameters {"));
+  EXPECT_THAT(ErrorOf(q), HasSubstr("is not supported for qwen3_moe (only plain RoPE)"));
+}
+
 TEST(MoeConfigTest, ExpertsPerTokenFitTheEligibleGroups) {
   Json j = DeepSeekV3Bf16();
   j["topk_group"] = 1;  // 1 group of 32 experts eligible: 8 fit

@@ -252,6 +252,24 @@ TEST(ConfigTest, ErrorUnsupportedFeatures) {
   EXPECT_THAT(ErrorOf(j), HasSubstr("use_sliding_window"));
 }
 
+TEST(ConfigTest, RopeParametersOfTransformersV5) {
+  Json j = Base("llama");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+  auto c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->rope_theta, 500000.0);
+  j["rope_theta"] = 1000.0;  // the top-level field wins
+  EXPECT_EQ(Parse(j)->rope_theta, 1000.0);
+  j["rope_parameters"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"rope_theta", 500000.0}};
+  auto r = Parse(j);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented);
+  EXPECT_THAT(r.status().message(), HasSubstr("m/config.json: rope_parameters {"));
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", "big"}};
+  j.erase("rope_theta");
+  EXPECT_THAT(ErrorOf(j), HasSubstr("rope_parameters.rope_theta must be a number"));
+}
+
 TEST(ConfigTest, LoadModelConfigNamesMissingFile) {
   auto r = LoadModelConfig("/nonexistent-dir");
   ASSERT_FALSE(r.ok());

@@ -1,5 +1,7 @@
 // make-model's qwen3_moe and deepseek_v3 presets. The test presets (tiny, small) have dense and
-// MoE layers both, odd widths, and for deepseek_v3 q_lora_rank > 0, yarn and an MTP layer.
+// MoE layers both, odd widths, and for deepseek_v3 q_lora_rank > 0, yarn and an MTP layer. The
+// benchmark presets (deepseek-v3-1g, qwen3-moe-1g) keep the real models' proportions at about
+// 1 GB of bf16 weights.
 #include "model/model_writer_internal.h"
 
 namespace pd::model::internal {
@@ -54,6 +56,41 @@ void DeepseekV3Preset(bool tiny, ModelConfig* c) {
   c->num_nextn_predict_layers = 1;
 }
 
+// DeepSeek-V3's MLA widths, routing and yarn as published, scaled to ~1 GB of bf16: 8 layers
+// (1 dense) of hidden 1024, 16 heads, 64 routed experts (top 8, 8 groups, 4 eligible) of width 256
+// and one shared expert, vocab 32768, one MTP layer.
+void DeepseekV3OneGigabyte(ModelConfig* c) {
+  MoeConfig& m = c->moe;
+  MlaConfig& a = c->mla;
+  c->hidden_size = 1024, c->num_layers = 8, c->num_heads = 16;
+  c->intermediate_size = 2816, c->vocab_size = 32768, c->rms_norm_eps = 1e-6;
+  m.scoring = MoeConfig::Scoring::kSigmoid;
+  m.num_experts = 64, m.num_experts_per_tok = 8, m.moe_intermediate_size = 256;
+  m.n_group = 8, m.topk_group = 4, m.n_shared_experts = 1, m.first_k_dense_replace = 1;
+  m.norm_topk_prob = true, m.routed_scaling_factor = 2.5;
+  a.q_lora_rank = 384, a.kv_lora_rank = 512, a.qk_nope_head_dim = 128, a.qk_rope_head_dim = 64;
+  a.v_head_dim = 128;
+  c->yarn = true;
+  c->yarn_scaling = YarnScaling();
+  c->yarn_scaling.factor = 40.0, c->yarn_scaling.original_max_position_embeddings = 4096;
+  c->yarn_scaling.beta_fast = 32.0, c->yarn_scaling.beta_slow = 1.0;
+  c->yarn_scaling.mscale = 1.0, c->yarn_scaling.mscale_all_dim = 1.0;
+  c->max_position_embeddings = 163840;
+  c->num_nextn_predict_layers = 1;
+}
+
+// Qwen3-30B-A3B's proportions scaled to ~1 GB of bf16: 6 layers, all sparse, of hidden 1024,
+// 16 heads (2 KV) of head_dim 128, 64 experts (top 8) of width 384, vocab 32768.
+void Qwen3MoeOneGigabyte(ModelConfig* c) {
+  MoeConfig& m = c->moe;
+  c->hidden_size = 1024, c->num_layers = 6, c->num_heads = 16, c->num_kv_heads = 2;
+  c->head_dim = 128, c->intermediate_size = 3072, c->vocab_size = 32768;
+  c->max_position_embeddings = 40960;
+  m.scoring = MoeConfig::Scoring::kSoftmax;
+  m.num_experts = 64, m.num_experts_per_tok = 8, m.moe_intermediate_size = 384;
+  m.norm_topk_prob = true, m.decoder_sparse_step = 1, m.mlp_only_layers = {};
+}
+
 Status OnlyFor(Arch want, Arch arch, const char* option) {
   if (arch == want) return OkStatus();
   return InvalidArgument(std::string(option) + " applies to " + std::string(ArchName(want)) +
@@ -63,15 +100,29 @@ Status OnlyFor(Arch want, Arch arch, const char* option) {
 }  // namespace
 
 Status MoePreset(std::string_view preset, ModelConfig* c) {
-  const bool tiny = preset == "tiny";
-  if (!tiny && preset != "small") {
-    return InvalidArgument("unknown preset \"" + std::string(preset) + "\" for " +
-                           std::string(ArchName(c->arch)) + " (expected tiny or small)");
-  }
-  if (c->arch == Arch::kQwen3Moe) {
-    Qwen3MoePreset(tiny, c);
+  const bool deepseek = c->arch == Arch::kDeepseekV3;
+  const char* own = deepseek ? "deepseek-v3-1g" : "qwen3-moe-1g";
+  const char* other = deepseek ? "qwen3-moe-1g" : "deepseek-v3-1g";
+  if (preset == "tiny" || preset == "small") {
+    if (deepseek) {
+      DeepseekV3Preset(preset == "tiny", c);
+    } else {
+      Qwen3MoePreset(preset == "tiny", c);
+    }
+  } else if (preset == own) {
+    if (deepseek) {
+      DeepseekV3OneGigabyte(c);
+    } else {
+      Qwen3MoeOneGigabyte(c);
+    }
+  } else if (preset == other) {
+    return InvalidArgument("preset \"" + std::string(preset) + "\" is for " +
+                           (deepseek ? "qwen3_moe" : "deepseek_v3") + ", not " +
+                           std::string(ArchName(c->arch)));
   } else {
-    DeepseekV3Preset(tiny, c);
+    return InvalidArgument("unknown preset \"" + std::string(preset) + "\" for " +
+                           std::string(ArchName(c->arch)) + " (expected tiny, small or " + own +
+                           ")");
   }
   if (c->arch == Arch::kDeepseekV3) {
     c->num_kv_heads = c->num_heads;  // as DeepseekV3Config has it

@@ -233,7 +233,8 @@ Result<ModelConfig> PresetConfig(Arch arch, std::string_view preset) {
     c.max_position_embeddings = 2048;
   } else {
     return InvalidArgument("unknown preset \"" + std::string(preset) +
-                           "\" (expected tiny, small, qwen3-0.6b or llama-1b)");
+                           "\" (expected tiny, small, qwen3-0.6b or llama-1b; "
+                           "qwen3-moe-1g and deepseek-v3-1g are for qwen3_moe and deepseek_v3)");
   }
   SetSpecialTokenIds(&c);
   return c;

@@ -14,7 +14,9 @@ namespace pd::model {
 
 // Presets: "tiny", "small" (every arch), "qwen3-0.6b" (Qwen3-0.6B's shapes), "llama-1b"
 // (TinyLlama-1.1B's). For qwen3_moe and deepseek_v3, tiny and small have both dense and MoE layers;
-// deepseek_v3's have q_lora_rank > 0, yarn rope_scaling and one MTP layer.
+// deepseek_v3's have q_lora_rank > 0, yarn rope_scaling and one MTP layer. "deepseek-v3-1g"
+// (deepseek_v3) and "qwen3-moe-1g" (qwen3_moe): DeepSeek-V3's and Qwen3-30B-A3B's proportions
+// scaled to about 1 GB of bf16, for benchmarks.
 Result<ModelConfig> PresetConfig(Arch arch, std::string_view preset);
 
 struct SyntheticModelOptions {

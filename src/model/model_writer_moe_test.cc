@@ -58,6 +58,40 @@ TEST(MoePresetTest, TinyHasDenseAndMoeLayers) {
               HasSubstr("unknown preset \"qwen3-0.6b\" for deepseek_v3"));
 }
 
+TEST(MoePresetTest, OneGigabytePresetsKeepTheRealProportions) {
+  auto d = PresetConfig(Arch::kDeepseekV3, "deepseek-v3-1g");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->mla.kv_lora_rank, 512);
+  EXPECT_EQ(d->mla.qk_rope_head_dim, 64);
+  EXPECT_EQ(d->mla.qk_nope_head_dim, 128);
+  EXPECT_EQ(d->mla.v_head_dim, 128);
+  EXPECT_GT(d->mla.q_lora_rank, 0);
+  EXPECT_EQ(d->moe.num_experts_per_tok, 8);
+  EXPECT_EQ(d->moe.n_group, 8);
+  EXPECT_EQ(d->moe.topk_group, 4);
+  EXPECT_EQ(d->moe.n_shared_experts, 1);
+  EXPECT_EQ(d->moe.first_k_dense_replace, 1);
+  EXPECT_TRUE(d->yarn);
+  EXPECT_EQ(d->yarn_scaling.factor, 40.0);
+  EXPECT_EQ(d->yarn_scaling.original_max_position_embeddings, 4096);
+  EXPECT_EQ(d->max_position_embeddings, 40 * 4096);
+  auto q = PresetConfig(Arch::kQwen3Moe, "qwen3-moe-1g");
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  EXPECT_EQ(q->head_dim, 128);
+  EXPECT_EQ(q->moe.num_experts_per_tok, 8);
+  for (const ModelConfig& c : {*d, *q}) {
+    EXPECT_TRUE(ParseModelConfig(ModelConfigToJson(c), "config.json").ok());
+    const ParameterCounts p = CountParameters(c);
+    EXPECT_GT(p.total * 2, int64_t{900} << 20) << ArchName(c.arch);  // bf16 bytes, about 1 GB
+    EXPECT_LT(p.total * 2, int64_t{1200} << 20) << ArchName(c.arch);
+    EXPECT_LT(p.active * 2, p.total) << ArchName(c.arch);
+  }
+  EXPECT_THAT(PresetConfig(Arch::kQwen3Moe, "deepseek-v3-1g").status().message(),
+              HasSubstr("preset \"deepseek-v3-1g\" is for deepseek_v3, not qwen3_moe"));
+  EXPECT_THAT(PresetConfig(Arch::kQwen3, "deepseek-v3-1g").status().message(),
+              HasSubstr("unknown preset"));
+}
+
 TEST(MoeWriterTest, Overrides) {
   ScratchDir dir;
   SyntheticModelOptions o = Options(Arch::kDeepseekV3, dir.path());

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -219,6 +220,102 @@ std::vector<float> MatVec(const TensorView& w, const std::vector<float>& x,
   return out;
 }
 
+// Attention output (hidden,) at position 0, where each head returns its v: GQA reads v_proj,
+// MLA expands the normalised latent through kv_b_proj.
+std::vector<float> FirstPositionAttention(const ModelConfig& c, const LayerWeights& l,
+                                          const std::vector<float>& xn) {
+  if (l.mla) {
+    const MlaConfig& a = c.mla;
+    std::vector<float> kv_a = MatVec(l.mla->kv_a_proj, xn);  // (kv_lora + rope,)
+    kv_a.resize(a.kv_lora_rank);
+    std::vector<float> kv =
+        MatVec(l.mla->kv_b_proj, RmsNorm(kv_a, l.mla->kv_a_norm, c.rms_norm_eps));
+    std::vector<float> attn;  // (heads * v,) from kv (heads, nope + v)
+    for (int h = 0; h < c.num_heads; ++h) {
+      auto v = kv.begin() + h * (a.qk_nope_head_dim + a.v_head_dim) + a.qk_nope_head_dim;
+      attn.insert(attn.end(), v, v + a.v_head_dim);
+    }
+    return MatVec(l.mla->o_proj, attn);
+  }
+  std::vector<float> v = MatVec(l.v_proj, xn, l.v_bias);
+  std::vector<float> attn(c.q_size());  // each query head reads its KV head's v
+  int group = c.num_heads / c.num_kv_heads;
+  for (int h = 0; h < c.num_heads; ++h) {
+    for (int d = 0; d < c.head_dim; ++d) attn[h * c.head_dim + d] = v[(h / group) * c.head_dim + d];
+  }
+  return MatVec(l.o_proj, attn);
+}
+
+std::vector<float> SwiGlu(const TensorView& gate, const TensorView& up, const TensorView& down,
+                          const std::vector<float>& h) {
+  std::vector<float> g = MatVec(gate, h), u = MatVec(up, h);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  return MatVec(down, g);
+}
+
+// The experts a MoE block picks for h, with their weights, as transformers routes:
+// qwen3_moe softmax top-k; deepseek_v3 sigmoid, groups ranked by their two best biased scores,
+// top-k of the biased scores in the best topk_group groups, weights from the unbiased scores.
+std::vector<std::pair<int, double>> Route(const ModelConfig& c, const MoeWeights& m,
+                                          const std::vector<float>& h) {
+  const MoeConfig& moe = c.moe;
+  std::vector<float> logits = MatVec(m.router, h);
+  std::vector<double> score(moe.num_experts), choice(moe.num_experts);
+  if (moe.scoring == MoeConfig::Scoring::kSoftmax) {
+    double z = 0, top = *std::max_element(logits.begin(), logits.end());
+    for (float l : logits) z += std::exp(l - top);
+    for (int e = 0; e < moe.num_experts; ++e) score[e] = choice[e] = std::exp(logits[e] - top) / z;
+  } else {
+    const int per_group = moe.num_experts / moe.n_group;
+    std::vector<std::pair<double, int>> groups;
+    for (int e = 0; e < moe.num_experts; ++e) {
+      score[e] = 1.0 / (1.0 + std::exp(-double(logits[e])));
+      choice[e] = score[e] + m.router_bias->At(e);
+    }
+    for (int g = 0; g < moe.n_group; ++g) {
+      std::vector<double> s(choice.begin() + g * per_group, choice.begin() + (g + 1) * per_group);
+      std::sort(s.rbegin(), s.rend());
+      groups.push_back({s[0] + s[1], g});
+    }
+    std::sort(groups.rbegin(), groups.rend());
+    for (int i = moe.topk_group; i < moe.n_group; ++i) {
+      for (int e = 0; e < per_group; ++e) choice[groups[i].second * per_group + e] = 0.0;
+    }
+  }
+  std::vector<int> order(moe.num_experts);
+  for (int e = 0; e < moe.num_experts; ++e) order[e] = e;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return choice[a] > choice[b]; });
+  std::vector<std::pair<int, double>> picked;
+  double sum = 0;
+  for (int i = 0; i < moe.num_experts_per_tok; ++i) {
+    picked.push_back({order[i], score[order[i]]});
+    sum += score[order[i]];
+  }
+  const bool deepseek = moe.scoring == MoeConfig::Scoring::kSigmoid;
+  for (auto& [e, weight] : picked) {
+    if (moe.norm_topk_prob) weight /= sum + (deepseek ? 1e-20 : 0.0);
+    if (deepseek) weight *= moe.routed_scaling_factor;
+  }
+  return picked;
+}
+
+std::vector<float> FirstPositionMlp(const ModelConfig& c, const LayerWeights& l,
+                                    const std::vector<float>& h) {
+  if (!l.moe) return SwiGlu(l.gate_proj, l.up_proj, l.down_proj, h);
+  std::vector<float> out(c.hidden_size, 0.0f);
+  for (auto [e, weight] : Route(c, *l.moe, h)) {
+    const MlpWeights& x = l.moe->experts[e];
+    std::vector<float> y = SwiGlu(x.gate_proj, x.up_proj, x.down_proj, h);
+    for (int j = 0; j < c.hidden_size; ++j) out[j] += static_cast<float>(weight * y[j]);
+  }
+  if (l.moe->shared_expert) {
+    const MlpWeights& x = *l.moe->shared_expert;
+    std::vector<float> y = SwiGlu(x.gate_proj, x.up_proj, x.down_proj, h);
+    for (int j = 0; j < c.hidden_size; ++j) out[j] += y[j];
+  }
+  return out;
+}
+
 // Logits (vocab,) of token `token` at position 0; *final_rms gets the residual stream's rms.
 std::vector<float> FirstPositionLogits(const ModelWeights& w, int token, double* final_rms) {
   const ModelConfig& c = w.config;
@@ -226,19 +323,9 @@ std::vector<float> FirstPositionLogits(const ModelWeights& w, int token, double*
   for (int j = 0; j < c.hidden_size; ++j)
     x[j] = w.embed_tokens.At(int64_t(token) * c.hidden_size + j);
   for (const LayerWeights& l : w.layers) {
-    std::vector<float> v = MatVec(l.v_proj, RmsNorm(x, l.input_norm, c.rms_norm_eps), l.v_bias);
-    std::vector<float> attn(c.q_size());  // each query head reads its KV head's v
-    int group = c.num_heads / c.num_kv_heads;
-    for (int h = 0; h < c.num_heads; ++h) {
-      for (int d = 0; d < c.head_dim; ++d)
-        attn[h * c.head_dim + d] = v[(h / group) * c.head_dim + d];
-    }
-    std::vector<float> o = MatVec(l.o_proj, attn);
+    std::vector<float> o = FirstPositionAttention(c, l, RmsNorm(x, l.input_norm, c.rms_norm_eps));
     for (int j = 0; j < c.hidden_size; ++j) x[j] += o[j];
-    std::vector<float> h = RmsNorm(x, l.post_norm, c.rms_norm_eps);
-    std::vector<float> g = MatVec(l.gate_proj, h), u = MatVec(l.up_proj, h);
-    for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-    std::vector<float> down = MatVec(l.down_proj, g);
+    std::vector<float> down = FirstPositionMlp(c, l, RmsNorm(x, l.post_norm, c.rms_norm_eps));
     for (int j = 0; j < c.hidden_size; ++j) x[j] += down[j];
   }
   double ss = 0;
@@ -309,7 +396,8 @@ TEST_P(LogitsTest, DeepModelStaysBounded) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllArchs, LogitsTest,
-                         ::testing::Values(Arch::kLlama, Arch::kQwen2, Arch::kQwen3),
+                         ::testing::Values(Arch::kLlama, Arch::kQwen2, Arch::kQwen3,
+                                           Arch::kQwen3Moe, Arch::kDeepseekV3),
                          [](const auto& info) { return std::string(ArchName(info.param)); });
 
 }  // namespace

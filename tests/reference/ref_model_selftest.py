@@ -39,11 +39,14 @@ def encode(arr, dtype):
     raise ValueError(dtype)
 
 
-def write_safetensors(path, tensors, dtype):
+def write_safetensors(path, tensors, dtype, overrides=None):
+    """overrides: {name: dtype} for tensors stored in another dtype (deepseek_v3's F32 router
+    bias in a BF16 checkpoint)."""
     header, blobs, offset = {}, [], 0
     for name in sorted(tensors):
-        raw = encode(tensors[name], dtype)
-        header[name] = {"dtype": dtype, "shape": list(tensors[name].shape),
+        tensor_dtype = (overrides or {}).get(name, dtype)
+        raw = encode(tensors[name], tensor_dtype)
+        header[name] = {"dtype": tensor_dtype, "shape": list(tensors[name].shape),
                         "data_offsets": [offset, offset + len(raw)]}
         blobs.append(raw)
         offset += len(raw)
@@ -98,19 +101,19 @@ def make_weights(cfg, seed):
     return t
 
 
-def write_model(dirname, cfg, tensors, dtype="F32", shards=1):
+def write_model(dirname, cfg, tensors, dtype="F32", shards=1, overrides=None):
     os.makedirs(dirname, exist_ok=True)
     with open(os.path.join(dirname, "config.json"), "w") as f:
         json.dump(cfg, f)
     if shards == 1:
-        write_safetensors(os.path.join(dirname, "model.safetensors"), tensors, dtype)
+        write_safetensors(os.path.join(dirname, "model.safetensors"), tensors, dtype, overrides)
         return
     names = sorted(tensors)
     weight_map = {}
     for s in range(shards):
         fname = "model-%05d-of-%05d.safetensors" % (s + 1, shards)
         part = {n: tensors[n] for n in names[s::shards]}
-        write_safetensors(os.path.join(dirname, fname), part, dtype)
+        write_safetensors(os.path.join(dirname, fname), part, dtype, overrides)
         weight_map.update({n: fname for n in part})
     with open(os.path.join(dirname, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {}, "weight_map": weight_map}, f)
@@ -197,12 +200,27 @@ class RefModelTest(unittest.TestCase):
     def test_rope_known_values(self):
         # head_dim 4, theta 100: inv_freq = [1, 0.1]; dims (0,2) and (1,3) rotate together.
         x = np.array([[[1.0, 2.0, 3.0, 4.0]]])
-        got = ref_model.rope(x, np.array([2]), 100.0)[0, 0]
+        inv_freq = np.array([1.0, 0.1])
+        got = ref_model.rope(x, np.array([2]), inv_freq)[0, 0]
         c0, s0, c1, s1 = math.cos(2), math.sin(2), math.cos(0.2), math.sin(0.2)
         want = [1 * c0 - 3 * s0, 2 * c1 - 4 * s1, 3 * c0 + 1 * s0, 4 * c1 + 2 * s1]
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-15)
         # position 0 is the identity
-        np.testing.assert_array_equal(ref_model.rope(x, np.array([0]), 100.0), x)
+        np.testing.assert_array_equal(ref_model.rope(x, np.array([0]), inv_freq), x)
+        # rope_parameters' default inv_freq for that head: theta^(-2i/d)
+        cfg = ref_model.Config(make_config("llama", heads=1, kv_heads=1, head_dim=4))
+        cfg.theta = 100.0
+        inv, factor = ref_model.rope_parameters(cfg)
+        np.testing.assert_allclose(inv, inv_freq, rtol=1e-15)
+        self.assertEqual(factor, 1.0)
+        # interleaved: pairs (0,1) and (2,3) rotate together; the result comes de-interleaved
+        # ([x0', x2', x1', x3']), as transformers' apply_rotary_pos_emb_interleave leaves it.
+        got = ref_model.rope(x, np.array([2]), inv_freq, interleave=True)[0, 0]
+        want = [1 * c0 - 2 * s0, 3 * c1 - 4 * s1, 2 * c0 + 1 * s0, 4 * c1 + 3 * s1]
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-15)
+        # attention_factor scales cos and sin
+        np.testing.assert_allclose(ref_model.rope(x, np.array([2]), inv_freq, 1.5),
+                                   1.5 * ref_model.rope(x, np.array([2]), inv_freq), rtol=1e-15)
 
     def test_decodes_bf16_and_f16(self):
         raw = np.array([0x3F80, 0xC000, 0x3EAB], dtype="<u2").view(np.uint8)
@@ -306,6 +324,16 @@ class RefModelTest(unittest.TestCase):
         self.assertLess(rel_err(rows[0], want[3]), 1e-12)
         self.assertLess(rel_err(rows[1], want[1]), 1e-12)
         self.assertLess(rel_err(rows[2], naive_logits(cfg_json, tensors, [5])[0]), 1e-12)
+        # greedy: the rows at positions 1..3 of [7, 8] + 3 greedy tokens are the ones the tokens
+        # were taken from
+        with open(req, "w") as f:
+            json.dump({"requests": [{"tokens": [7, 8], "positions": [1, 2, 3], "greedy": 3}]}, f)
+        subprocess.run(cmd, check=True)
+        rows = ref_model.read_logits(out)
+        seq = [7, 8] + [int(np.argmax(r)) for r in rows]
+        want = naive_logits(cfg_json, tensors, seq)
+        self.assertLess(rel_err(rows, want[1:4]), 1e-12)
+        self.assertGreater(len(set(seq)), 2)
         # an out-of-vocab token, then a truncated file: exit 1 with a message, no traceback
         with open(req, "w") as f:
             json.dump({"requests": [{"tokens": [99], "positions": [0]}]}, f)

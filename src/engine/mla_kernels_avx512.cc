@@ -1,0 +1,164 @@
+// The AVX-512 MLA chunk kernel (compiled with -mavx512f/bw/vl/dq; includes only mla_kernels.h and
+// intrinsics). The same algorithm as the scalar chunk kernel in mla_kernels.cc: positions in
+// blocks of kMlaBlock rows, each row converted to f32 once for all heads.
+// GCC 12's AVX-512 intrinsics (reduce_add, cvtepu16) start from _mm512_undefined_*, which
+// -Wmaybe-uninitialized flags inside the system header (as in kernels_avx512.cc).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include <immintrin.h>
+
+#include <cmath>
+
+#include "engine/mla_kernels.h"
+
+namespace pd::engine::kernels {
+namespace {
+
+inline __mmask16 TailMask(int n) {
+  return n >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
+}
+
+// Row (L) of the latent cache as f32 into dst (Lp, zero padded past L).
+inline void LoadRow(const PagedLatent& kv, const uint8_t* row, int L, int Lp, float* dst) {
+  for (int i = 0; i < Lp; i += 16) {
+    const __mmask16 m = TailMask(L - i);
+    __m512 v;
+    if (kv.bf16) {
+      const __m256i b = _mm256_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + i);
+      v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+    } else {
+      v = _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(row) + i);
+    }
+    _mm512_storeu_ps(dst + i, v);
+  }
+}
+
+// scores[hb][jb] = scale * q[hb] . rows[jb] for a tile of HB heads x JB rows: HB*JB independent
+// FMA chains over the padded length Lp (q and rows zero past L), each row and q vector loaded once
+// per tile.
+template <int HB, int JB>
+void ScoreTile(const float* q, const float* rows, int Lp, float scale, float* s) {
+  __m512 acc[HB][JB];
+  for (int hb = 0; hb < HB; ++hb)
+    for (int jb = 0; jb < JB; ++jb) acc[hb][jb] = _mm512_setzero_ps();
+  for (int i = 0; i < Lp; i += 16) {
+    __m512 r[JB];
+    for (int jb = 0; jb < JB; ++jb) r[jb] = _mm512_loadu_ps(rows + jb * Lp + i);
+    for (int hb = 0; hb < HB; ++hb) {
+      const __m512 qv = _mm512_loadu_ps(q + hb * Lp + i);
+      for (int jb = 0; jb < JB; ++jb) acc[hb][jb] = _mm512_fmadd_ps(qv, r[jb], acc[hb][jb]);
+    }
+  }
+  for (int hb = 0; hb < HB; ++hb)
+    for (int jb = 0; jb < JB; ++jb)
+      s[hb * kMlaBlock + jb] = _mm512_reduce_add_ps(acc[hb][jb]) * scale;
+}
+
+// acc[hb][i0 + c*16 ..] = acc * corr[hb] + sum_j p[hb][j] * rows[j][i0 + c*16 ..] for HB heads and
+// CB 16-wide chunks of R (the last one masked to R): HB*CB independent chains over the block.
+template <int HB, int CB>
+void PvTile(const float* p, int nb, const float* rows, int Lp, const float* corr, int R, int i0,
+            float* acc) {
+  __m512 a[HB][CB];
+  __mmask16 mask[CB];
+  for (int c = 0; c < CB; ++c) mask[c] = TailMask(R - i0 - 16 * c);
+  for (int hb = 0; hb < HB; ++hb)
+    for (int c = 0; c < CB; ++c)
+      a[hb][c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[c], acc + hb * R + i0 + 16 * c),
+                               _mm512_set1_ps(corr[hb]));
+  for (int j = 0; j < nb; ++j) {
+    __m512 r[CB];
+    for (int c = 0; c < CB; ++c) r[c] = _mm512_loadu_ps(rows + j * Lp + i0 + 16 * c);
+    for (int hb = 0; hb < HB; ++hb) {
+      const __m512 pv = _mm512_set1_ps(p[hb * kMlaBlock + j]);
+      for (int c = 0; c < CB; ++c) a[hb][c] = _mm512_fmadd_ps(pv, r[c], a[hb][c]);
+    }
+  }
+  for (int hb = 0; hb < HB; ++hb)
+    for (int c = 0; c < CB; ++c)
+      _mm512_mask_storeu_ps(acc + hb * R + i0 + 16 * c, mask[c], a[hb][c]);
+}
+
+constexpr int kTile = 4;  // heads (and rows, and 16-wide chunks) per register tile
+using ScoreFn = void (*)(const float*, const float*, int, float, float*);
+using PvFn = void (*)(const float*, int, const float*, int, const float*, int, int, float*);
+template <int HB>
+constexpr ScoreFn kScoreRow[kTile] = {&ScoreTile<HB, 1>, &ScoreTile<HB, 2>, &ScoreTile<HB, 3>,
+                                      &ScoreTile<HB, 4>};
+constexpr const ScoreFn* kScore[kTile] = {kScoreRow<1>, kScoreRow<2>, kScoreRow<3>, kScoreRow<4>};
+template <int HB>
+constexpr PvFn kPvRow[kTile] = {&PvTile<HB, 1>, &PvTile<HB, 2>, &PvTile<HB, 3>, &PvTile<HB, 4>};
+constexpr const PvFn* kPv[kTile] = {kPvRow<1>, kPvRow<2>, kPvRow<3>, kPvRow<4>};
+
+// Scratch: rows (kMlaBlock, Lp), then scores (H, kMlaBlock), then q padded (H, Lp) and the
+// per-head corrections (H) (MlaChunkScratchFloats counts them).
+void Avx512Chunk(const MlaAttentionArgs& a, int token, int p_begin, int p_end,
+                 const MlaPartial& out, float* scratch) {
+  const PagedLatent& kv = a.kv;
+  const int L = kv.latent_dim, R = kv.kv_lora_rank, H = a.num_heads;
+  const int Lp = (L + 15) / 16 * 16;
+  const AttnSeq& seq = a.seqs[a.token_seq[token]];
+  float* rows = scratch;                                       // (kMlaBlock, Lp)
+  float* scores = rows + kMlaBlock * (L + 16);                 // (H, kMlaBlock)
+  float* qp = scores + H * kMlaBlock;                          // (H, Lp)
+  float* corr = qp + static_cast<int64_t>(H) * Lp;             // (H)
+  const float* q = a.q + static_cast<int64_t>(token) * a.ldq;  // (H, L)
+  for (int h = 0; h < H; ++h) {
+    out.m[h] = -INFINITY;
+    out.l[h] = 0.0f;
+    for (int i = 0; i < Lp; i += 16)
+      _mm512_storeu_ps(qp + h * Lp + i, _mm512_maskz_loadu_ps(TailMask(L - i), q + h * L + i));
+  }
+  for (int64_t i = 0; i < static_cast<int64_t>(H) * R; ++i) out.acc[i] = 0.0f;
+  const size_t elem = kv.bf16 ? 2 : 4;
+  for (int b0 = p_begin; b0 < p_end; b0 += kMlaBlock) {
+    const int nb = p_end - b0 < kMlaBlock ? p_end - b0 : kMlaBlock;
+    for (int j = 0; j < nb; ++j) {
+      const int p = b0 + j;
+      const uint8_t* row = kv.base +
+                           static_cast<size_t>(seq.page_table[p / kv.page_size]) * kv.page_bytes +
+                           static_cast<size_t>(p % kv.page_size) * L * elem;
+      LoadRow(kv, row, L, Lp, rows + j * Lp);
+    }
+    for (int h0 = 0; h0 < H; h0 += kTile) {
+      const int hb = H - h0 < kTile ? H - h0 : kTile;
+      for (int j0 = 0; j0 < nb; j0 += kTile) {
+        const int jb = nb - j0 < kTile ? nb - j0 : kTile;
+        kScore[hb - 1][jb - 1](qp + h0 * Lp, rows + j0 * Lp, Lp, a.scale,
+                               scores + h0 * kMlaBlock + j0);
+      }
+    }
+    for (int h = 0; h < H; ++h) {
+      float* s = scores + h * kMlaBlock;
+      float block_max = out.m[h];
+      for (int j = 0; j < nb; ++j) block_max = s[j] > block_max ? s[j] : block_max;
+      corr[h] = std::exp(out.m[h] - block_max);
+      out.m[h] = block_max;
+      float sum = out.l[h] * corr[h];
+      for (int j = 0; j < nb; ++j) {
+        s[j] = std::exp(s[j] - block_max);
+        sum += s[j];
+      }
+      out.l[h] = sum;
+    }
+    for (int h0 = 0; h0 < H; h0 += kTile) {
+      const int hb = H - h0 < kTile ? H - h0 : kTile;
+      for (int i0 = 0; i0 < R; i0 += 16 * kTile) {
+        const int cb = (R - i0 + 15) / 16 < kTile ? (R - i0 + 15) / 16 : kTile;
+        kPv[hb - 1][cb - 1](scores + h0 * kMlaBlock, nb, rows, Lp, corr + h0, R, i0,
+                            out.acc + static_cast<int64_t>(h0) * R);
+      }
+    }
+  }
+}
+
+const MlaIsaKernels kMlaAvx512 = {"avx512", &Avx512Chunk};
+
+}  // namespace
+
+const MlaIsaKernels& MlaAvx512Kernels() { return kMlaAvx512; }
+
+}  // namespace pd::engine::kernels
