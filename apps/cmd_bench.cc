@@ -64,6 +64,7 @@ struct BenchFlags {
   double precision = 0.05;
   int devices = 0;
   int warmup_requests = 2;
+  double min_duration_s = 0;
 };
 
 // What RunBench does with the flags.
@@ -136,6 +137,8 @@ Result<Plan> MakePlan(const BenchFlags& f) {
   p.rates_document = p.search || p.rates.size() > 1 || !f.slo.empty();
   p.sweep.bench = p.bench;
   p.sweep.warmup_requests = f.warmup_requests;
+  if (!(f.min_duration_s >= 0)) return InvalidArgument("--min-duration must not be negative");
+  p.sweep.min_duration_s = f.min_duration_s;
   p.sweep.attainment_target = f.attainment > 0 ? f.attainment : p.search ? 0.9 : 0;
   if (p.search) {
     if (p.rates.size() > 1)
@@ -275,6 +278,10 @@ PD_REGISTER_COMMAND(
           "goodput search: devices (cores) the deployment uses, for goodput per device");
       app->add_option("--warmup-requests", f->warmup_requests,
                       "sweep / search: requests sent before each rate, not counted")
+          ->capture_default_str();
+      app->add_option("--min-duration", f->min_duration_s,
+                      "sweep / search: seconds of arrivals per rate at least (more requests than "
+                      "--num-prompts at high rates; 0: --num-prompts)")
           ->capture_default_str();
       return [f] { return RunBench(*f); };
     });

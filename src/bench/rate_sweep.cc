@@ -26,8 +26,7 @@ constexpr const char* kPerRunFields[] = {"date",
                                          "client_cpus_at_first_token",
                                          "first_token_steady_times",
                                          "burstiness",
-                                         "max_concurrency",
-                                         "num_prompts"};
+                                         "max_concurrency"};
 constexpr size_t kErrorsKept = 5;
 
 json RateJson(double rate) { return std::isinf(rate) ? json("inf") : json(rate); }
@@ -73,8 +72,19 @@ Result<std::unique_ptr<RateRunner>> RateRunner::Create(const SweepOptions& optio
   return std::unique_ptr<RateRunner>(new RateRunner(std::move(o), std::move(prepared)));
 }
 
-RatePoint RateRunner::Run(double rate) {
-  const BenchOptions& b = options_.bench;
+Result<RatePoint> RateRunner::Run(double rate) {
+  BenchOptions b = options_.bench;
+  if (options_.min_duration_s > 0 && !std::isinf(rate) && rate > 0) {
+    const double want =
+        std::min<double>(options_.max_prompts, std::ceil(rate * options_.min_duration_s));
+    b.num_prompts = std::max(b.num_prompts, static_cast<int>(want));
+  }
+  if (static_cast<size_t>(b.num_prompts) > prepared_.requests.size()) {
+    // More requests (the same seed: the ones already sent come first again).
+    ASSIGN_OR_RETURN(prepared_, PrepareRequests(b));
+  }
+  const std::vector<GenerationRequest> requests(prepared_.requests.begin(),
+                                                prepared_.requests.begin() + b.num_prompts);
   if (options_.on_rate) options_.on_rate(rate);
   const size_t warm = std::min<size_t>(options_.warmup_requests, prepared_.requests.size());
   if (warm > 0) {
@@ -82,7 +92,7 @@ RatePoint RateRunner::Run(double rate) {
                                                 prepared_.requests.begin() + warm);
     (void)SendAtRate(b, warmup, rate);  // not counted; returns once all completed
   }
-  const SentRequests sent = SendAtRate(b, prepared_.requests, rate);  // the cool-down: all done
+  const SentRequests sent = SendAtRate(b, requests, rate);  // the cool-down: all done
   RatePoint p;
   p.rate = rate > 0 ? rate : INFINITY;
   p.attainment = ComputeAttainment(sent.results, options_.slo_ms);
@@ -120,7 +130,8 @@ RatesReport MakeRatesReport(const SweepOptions& o, const std::string& model,
   j["model_id"] = model;
   j["endpoint"] = o.bench.endpoint_path;
   j["dataset_name"] = o.bench.dataset.name;
-  j["num_prompts"] = o.bench.num_prompts;
+  j["num_prompts"] = o.bench.num_prompts;  // per rate at least; each entry has its own
+  j["min_duration_s"] = o.min_duration_s;
   j["warmup_requests"] = o.warmup_requests;
   j["burstiness"] = o.bench.burstiness;
   j["max_concurrency"] =
@@ -141,17 +152,38 @@ RatesReport MakeRatesReport(const SweepOptions& o, const std::string& model,
   return r;
 }
 
-RatesReport RunSweep(RateRunner* runner, const std::vector<double>& rates) {
+namespace {
+
+// The sampled lengths of the requests every rate sent (the same at each): a simulator's workload.
+void AddLengths(const std::vector<GenerationRequest>& requests, json* j) {
+  json prompt = json::array(), output = json::array();
+  for (const GenerationRequest& r : requests) {
+    prompt.push_back(r.prompt_len);
+    output.push_back(r.max_tokens);
+  }
+  (*j)["prompt_lens"] = std::move(prompt);
+  (*j)["output_lens"] = std::move(output);
+}
+
+}  // namespace
+
+Result<RatesReport> RunSweep(RateRunner* runner, const std::vector<double>& rates) {
   std::vector<RatePoint> points;
-  for (double rate : rates) points.push_back(runner->Run(rate));
-  return MakeRatesReport(runner->options(), runner->model(), "sweep", std::move(points));
+  for (double rate : rates) {
+    ASSIGN_OR_RETURN(RatePoint p, runner->Run(rate));
+    points.push_back(std::move(p));
+  }
+  RatesReport r = MakeRatesReport(runner->options(), runner->model(), "sweep", std::move(points));
+  AddLengths(runner->requests(), &r.json);
+  return r;
 }
 
 Result<RatesReport> RunGoodputSearch(RateRunner* runner, const GoodputSearchOptions& search,
                                      int devices) {
   std::vector<RatePoint> points;
   auto measure = [&](double rate) -> Result<double> {
-    points.push_back(runner->Run(rate));
+    ASSIGN_OR_RETURN(RatePoint p, runner->Run(rate));
+    points.push_back(std::move(p));
     return points.back().attainment.both;
   };
   ASSIGN_OR_RETURN(GoodputSearchResult g, SearchGoodput(search, measure));
@@ -169,6 +201,7 @@ Result<RatesReport> RunGoodputSearch(RateRunner* runner, const GoodputSearchOpti
   gj["devices"] = devices > 0 ? json(devices) : json(nullptr);
   gj["goodput_per_device"] = devices > 0 ? json(g.goodput / devices) : json(nullptr);
   r.json["goodput"] = gj;
+  AddLengths(runner->requests(), &r.json);
   char line[256];
   std::snprintf(line, sizeof(line), "goodput at %.0f%% attainment: %.4g req/s",
                 100 * search.attainment, g.goodput);

@@ -23,6 +23,10 @@ struct SweepOptions {
   std::map<std::string, double> slo_ms;  // ttft / tpot / e2el, milliseconds
   int warmup_requests = 2;               // per rate, sent at that rate, not counted
   double attainment_target = 0;          // > 0: each entry says whether it met the target
+  // > 0: a rate sends at least rate * min_duration_s requests (more than bench.num_prompts when
+  // needed, at most max_prompts), so that a high rate is not one short burst the server absorbs.
+  double min_duration_s = 0;
+  int max_prompts = 10000;
   // Called before each rate's warm-up: progress lines, or a test's fake server told its load.
   std::function<void(double rate)> on_rate;
 };
@@ -40,9 +44,11 @@ class RateRunner {
   // Reaches the server and builds the requests: Unavailable / InvalidArgument as PrepareRequests.
   static Result<std::unique_ptr<RateRunner>> Create(const SweepOptions& options);
   // Warm-up, then the measured requests at `rate`; returns once none is outstanding.
-  RatePoint Run(double rate);
+  // Unavailable when more requests had to be built and the server could not be reached.
+  Result<RatePoint> Run(double rate);
   const SweepOptions& options() const { return options_; }
   const std::string& model() const { return prepared_.model; }
+  const std::vector<GenerationRequest>& requests() const { return prepared_.requests; }
 
  private:
   RateRunner(SweepOptions options, PreparedRequests prepared)
@@ -58,7 +64,7 @@ struct RatesReport {
 };
 
 // Each rate in turn, in the order given.
-RatesReport RunSweep(RateRunner* runner, const std::vector<double>& rates);
+Result<RatesReport> RunSweep(RateRunner* runner, const std::vector<double>& rates);
 
 // The goodput search (SearchGoodput) with RateRunner::Run's attainment of all SLOs as the
 // measure; devices > 0 adds the goodput per device. Errors as SearchGoodput's.

@@ -15,10 +15,11 @@ namespace {
 
 // A deterministic fake OpenAI server whose latency grows with the offered load: the test tells
 // it the rate it is being driven at (SweepOptions::on_rate), and each request's first token comes
-// after TTFT(rate) = 100 ms * (rate / threshold)^8 (at most 250 ms), then max_tokens tokens 1 ms
-// apart. With a TTFT SLO of 100 ms every request meets it below `threshold` req/s and none does
-// above (sleeps are never shorter than asked, so a miss above is certain; a meet just below has a
-// margin of 16 ms at 2% under the threshold, far above this client's jitter).
+// after TTFT(rate) = 400 ms * (rate / threshold)^16 (at most 600 ms), then max_tokens tokens 5 ms
+// apart. With a TTFT SLO of 400 ms every request meets it below `threshold` req/s and none does
+// above: sleeps are never shorter than asked, so a miss above is certain; a meet 2% under the
+// threshold has a margin of 110 ms (the search's probes there keep this client's scheduling
+// jitter on a loaded machine far from deciding a probe).
 class FakeServer {
  public:
   explicit FakeServer(double threshold) : threshold_(threshold) {
@@ -32,7 +33,7 @@ class FakeServer {
       res.set_chunked_content_provider(
           "text/event-stream", [n, ttft_ms, i = 0](size_t, httplib::DataSink& sink) mutable {
             std::this_thread::sleep_for(
-                std::chrono::duration<double, std::milli>(i == 0 ? ttft_ms : 1.0));
+                std::chrono::duration<double, std::milli>(i == 0 ? ttft_ms : 5.0));
             std::string event = "data: {\"choices\":[{\"text\":\"x\"}]}\n\n";
             if (++i == n) {
               event +=
@@ -52,7 +53,7 @@ class FakeServer {
     thread_.join();
   }
   double TtftMs(double rate) const {
-    return std::isinf(rate) ? 250.0 : std::min(250.0, 100.0 * std::pow(rate / threshold_, 8));
+    return std::isinf(rate) ? 600.0 : std::min(600.0, 400.0 * std::pow(rate / threshold_, 16));
   }
   void set_rate(double rate) { rate_.store(rate); }
   int port() const { return port_; }
@@ -82,7 +83,7 @@ SweepOptions FakeOptions(FakeServer* fake) {
 TEST(RateSweepTest, GoodputSearchFindsTheFakeServersThreshold) {
   FakeServer fake(45.0);
   SweepOptions o = FakeOptions(&fake);
-  o.slo_ms = {{"ttft", 100}, {"tpot", 50}};
+  o.slo_ms = {{"ttft", 400}, {"tpot", 1000}};
   o.attainment_target = 0.9;
   auto runner = RateRunner::Create(o);
   ASSERT_TRUE(runner.ok()) << runner.status().ToString();
@@ -113,20 +114,27 @@ TEST(RateSweepTest, GoodputSearchFindsTheFakeServersThreshold) {
 }
 
 // A sweep: one entry per rate, sorted by rate (inf last) with the order they ran in, attainment
-// per SLO and of both, and the latency percentiles; a TPOT SLO under the fake's 1 ms gaps is
-// missed by every request whatever its TTFT.
+// per SLO and of both, and the latency percentiles; --min-duration's extra requests at a high rate.
+// An E2EL SLO under the fake's 3 x 5 ms token gaps is missed by every request whatever its TTFT
+// (the last token cannot be read before it is sent; TPOT has no such floor: a reader late for the
+// first token reads the rest at once).
 TEST(RateSweepTest, SweepReportsEachRateSortedWithAttainmentPerSlo) {
   FakeServer fake(45.0);
   SweepOptions o = FakeOptions(&fake);
-  o.slo_ms = {{"ttft", 100}, {"tpot", 0.5}};
+  o.slo_ms = {{"ttft", 400}, {"e2el", 10}};
+  o.min_duration_s = 0.25;  // 60 req/s sends 15 requests, the others --num-prompts' 10
   auto runner = RateRunner::Create(o);
   ASSERT_TRUE(runner.ok()) << runner.status().ToString();
-  const RatesReport r = RunSweep(runner->get(), {60, 20, INFINITY});
+  auto swept = RunSweep(runner->get(), {60, 20, INFINITY});
+  ASSERT_TRUE(swept.ok()) << swept.status().ToString();
+  const RatesReport& r = *swept;
   const nlohmann::json& j = r.json;
   EXPECT_EQ(j["schema"], "pdserve-bench-rates-v1");
   EXPECT_EQ(j["mode"], "sweep");
   EXPECT_EQ(j["model_id"], "fake");
-  EXPECT_EQ(j["slo_ms"]["ttft"], 100);
+  EXPECT_EQ(j["slo_ms"]["ttft"], 400);
+  ASSERT_EQ(j["prompt_lens"].size(), 15u);
+  EXPECT_EQ(j["output_lens"][0], 4);
   ASSERT_EQ(j["rates"].size(), 3u);
   const nlohmann::json& low = j["rates"][0];
   const nlohmann::json& high = j["rates"][1];
@@ -141,15 +149,19 @@ TEST(RateSweepTest, SweepReportsEachRateSortedWithAttainmentPerSlo) {
   EXPECT_DOUBLE_EQ(high["attainment"]["ttft"].get<double>(), 0.0);
   EXPECT_DOUBLE_EQ(inf["attainment"]["ttft"].get<double>(), 0.0);
   for (const auto& e : j["rates"]) {
-    EXPECT_DOUBLE_EQ(e["attainment"]["tpot"].get<double>(), 0.0);
+    EXPECT_DOUBLE_EQ(e["attainment"]["e2el"].get<double>(), 0.0);
+    EXPECT_TRUE(e["attainment"]["tpot"].is_null());
     EXPECT_DOUBLE_EQ(e["attainment"]["both"].get<double>(), 0.0);
-    EXPECT_EQ(e["completed"], 10);
+    EXPECT_EQ(e["completed"], e["num_prompts"]);
     for (const char* k : {"p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "p99_tpot_ms"})
       EXPECT_TRUE(e.contains(k)) << k;
     EXPECT_FALSE(e.contains("ttfts"));  // per-request arrays stay out of the rates document
   }
-  EXPECT_GE(high["p50_ttft_ms"].get<double>(), 250.0);
-  EXPECT_GE(low["p50_tpot_ms"].get<double>(), 1.0);
+  EXPECT_EQ(high["num_prompts"], 15);
+  EXPECT_EQ(low["num_prompts"], 10);
+  EXPECT_EQ(inf["num_prompts"], 10);
+  EXPECT_GE(high["p50_ttft_ms"].get<double>(), 600.0);
+  EXPECT_GE(low["p50_e2el_ms"].get<double>(), 15.0);
 }
 
 }  // namespace
