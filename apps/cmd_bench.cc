@@ -77,6 +77,13 @@ struct Plan {
   bench::GoodputSearchOptions search_options;
 };
 
+// A flag's value as the user wrote it, near enough ("1.5", not "1.500000").
+std::string Num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
+
 int Usage(const std::string& message) {
   std::fprintf(stderr, "bench: %s\n", message.c_str());
   return 2;
@@ -123,9 +130,9 @@ Result<Plan> MakePlan(const BenchFlags& f) {
   ASSIGN_OR_RETURN(p.bench, MakeOptions(f));
   ASSIGN_OR_RETURN(p.rates, bench::ParseRequestRates(f.request_rate));
   if (f.attainment >= 0 && !(f.attainment > 0 && f.attainment <= 1))
-    return InvalidArgument("--attainment must be in (0, 1], got " + std::to_string(f.attainment));
+    return InvalidArgument("--attainment must be in (0, 1], got " + Num(f.attainment));
   if (!(f.precision > 0 && f.precision < 1))
-    return InvalidArgument("--precision must be in (0, 1), got " + std::to_string(f.precision));
+    return InvalidArgument("--precision must be in (0, 1), got " + Num(f.precision));
   if (f.devices < 0) return InvalidArgument("--devices must be positive");
   if (f.warmup_requests < 0) return InvalidArgument("--warmup-requests must not be negative");
   p.search = !f.goodput_search.empty();

@@ -2,19 +2,27 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 namespace pd::bench {
 namespace {
 
+// A flag's value as the user wrote it, near enough ("1.5", not "1.500000").
+std::string Num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
+
 Status CheckOptions(const GoodputSearchOptions& o) {
   if (!(o.attainment > 0 && o.attainment <= 1))
-    return InvalidArgument("--attainment must be in (0, 1], got " + std::to_string(o.attainment));
+    return InvalidArgument("--attainment must be in (0, 1], got " + Num(o.attainment));
   if (!(o.precision > 0 && o.precision < 1))
-    return InvalidArgument("--precision must be in (0, 1), got " + std::to_string(o.precision));
+    return InvalidArgument("--precision must be in (0, 1), got " + Num(o.precision));
   if (!(o.start_rate > 0) || std::isinf(o.start_rate))
     return InvalidArgument("goodput search: the start rate must be a positive number, got " +
-                           std::to_string(o.start_rate));
+                           Num(o.start_rate));
   if (!(o.min_rate > 0 && o.min_rate <= o.start_rate && o.start_rate <= o.max_rate))
     return InvalidArgument("goodput search: needs 0 < min_rate <= start_rate <= max_rate");
   if (o.max_probes < 1) return InvalidArgument("goodput search: max_probes must be positive");
