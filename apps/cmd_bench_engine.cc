@@ -30,6 +30,10 @@
 // bf16 row's flops fraction is against the bf16-dot peak (a prefill row's: its pair's bf16-dot
 // probe). Without AVX512_BF16 the bf16 rows are left out (the engine would run f32).
 //
+// A MoE model (qwen3_moe, deepseek_v3) is followed by the same rows of its dense twin, NAME-dense
+// (engine/moe_dense_twin.h): the same attention and lm_head, and one dense MLP per layer of the
+// MoE layer's active width, so decode and prefill compare at equal active parameters.
+//
 // The runner is driven directly with synthetic page tables: the KV pages of every context are
 // filled once with bounded random values, then the same decode step (one new token per sequence at
 // position context-1, attending over `context` positions) is timed repeatedly.
@@ -53,6 +57,7 @@
 #include "apps/command.h"
 #include "engine/machine_probe.h"
 #include "engine/model_runner.h"
+#include "engine/moe_dense_twin.h"
 #include "engine/thread_pool.h"
 #include "model/model_writer.h"
 #include "model/weights.h"
@@ -374,6 +379,18 @@ Status BenchModel(const model::ModelWeights& weights, const std::string& name,
   return OkStatus();
 }
 
+// The rows of a MoE model's dense twin (moe_dense_twin.h: same attention, lm_head and active MLP
+// parameters), named NAME-dense, measured right after the MoE model's rows.
+Status BenchDenseTwin(const model::ModelWeights& moe, const std::string& name,
+                      const std::vector<engine::MatmulPrecision>& precisions,
+                      const BenchEngineFlags& f, engine::ThreadPool& probe_pool,
+                      engine::ReadBandwidthProbe& probe, std::vector<Row>* rows) {
+  ASSIGN_OR_RETURN(std::unique_ptr<engine::DenseTwin> twin, engine::MakeDenseTwin(moe));
+  for (engine::MatmulPrecision p : precisions)
+    RETURN_IF_ERROR(BenchModel(twin->weights, name + "-dense", p, f, probe_pool, probe, rows));
+  return OkStatus();
+}
+
 Result<std::unique_ptr<ModelRunner>> MakeTpRunner(const model::ModelWeights& weights, int tp) {
   engine::ModelRunnerOptions o;
   o.num_threads = 1;  // per rank: TP 1 on one core, TP 2 on two
@@ -505,12 +522,12 @@ void Print(const std::vector<Row>& rows, double bw, double peak, double bf16dot,
       "prefill rows: the median-ratio pair of %d (FMA probe, prefill) pairs; fl_frac "
       "against that pair's probe (column peak)\n",
       f.pairs);
-  std::printf("%-12s %-8s %-6s %5s %7s %10s %8s %8s %8s %8s %8s %8s\n", "model", "phase", "matmul",
+  std::printf("%-20s %-8s %-6s %5s %7s %10s %8s %8s %8s %8s %8s %8s\n", "model", "phase", "matmul",
               "batch", "context", "tokens/s", "GB/s", "read", "bw_frac", "GFLOP/s", "peak",
               "fl_frac");
   for (const Row& r : rows) {
     const double row_peak = RowPeak(r, peak, bf16dot);
-    std::printf("%-12s %-8s %-6s %5d %7d %10.1f %8.1f %8.1f %8.3f %8.1f %8.1f %8.3f\n",
+    std::printf("%-20s %-8s %-6s %5d %7d %10.1f %8.1f %8.1f %8.3f %8.1f %8.1f %8.3f\n",
                 r.model.c_str(), r.phase.c_str(), r.matmul.c_str(), r.batch, r.context,
                 r.tokens_per_s, r.bytes_per_s / 1e9, r.read_gbytes_per_s,
                 r.bytes_per_s / 1e9 / r.read_gbytes_per_s, r.flops_per_s / 1e9, row_peak,
@@ -569,6 +586,8 @@ int RunBenchEngine(const BenchEngineFlags& f) {
     Status s = weights.status();
     for (size_t i = 0; s.ok() && i < precisions.size(); ++i)
       s = BenchModel(*weights, name, precisions[i], f, pool, **probe, &rows);
+    if (s.ok() && weights->config.is_moe())
+      s = BenchDenseTwin(*weights, name, precisions, f, pool, **probe, &rows);
     if (!s.ok()) {
       std::fprintf(stderr, "bench-engine: %s: %s\n", name.c_str(), s.ToString().c_str());
       return 1;
@@ -586,7 +605,9 @@ int RunBenchEngine(const BenchEngineFlags& f) {
 CommandRunner SetUpCommand(CLI::App* app) {
   auto f = std::make_shared<BenchEngineFlags>();
   auto* model = app->add_option("--model", f->model_dir, "model directory");
-  app->add_option("--preset", f->preset, "llama-1b or qwen3-0.6b (written into models/ if missing)")
+  app->add_option("--preset", f->preset,
+                  "llama-1b, qwen3-0.6b, qwen3-moe-1g or deepseek-v3-1g (written into models/ if "
+                  "missing; a MoE preset's rows are followed by its dense twin's)")
       ->excludes(model);
   app->add_flag("--json", f->json, "print JSON");
   app->add_option("--threads", f->threads, "threads")

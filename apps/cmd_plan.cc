@@ -17,9 +17,11 @@ struct PlanOptions {
 };
 
 void AddSetupOptions(CLI::App* app, planner::SetupOptions* o) {
-  app->add_option("--model", o->model, "opt-13b | opt-66b | opt-175b | a HF model directory")
+  app->add_option("--model", o->model,
+                  "opt-13b | opt-66b | opt-175b | deepseek-r1 | qwen3-coder-480b-a35b | a HF model "
+                  "directory")
       ->capture_default_str();
-  app->add_option("--hardware", o->hardware, "a100-80gb | h100 | h200 | cpu")
+  app->add_option("--hardware", o->hardware, "a100-80gb | h100-80gb | h200-141gb | cpu")
       ->capture_default_str();
   app->add_option("--profile,--latency-model", o->profile,
                   "auto | analytical | a profile JSON (pdserve profile or DistServe's)")

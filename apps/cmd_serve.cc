@@ -43,6 +43,7 @@ struct ServeFlags {
   std::string model;
   std::string chat_template;     // a Jinja file replacing the model's chat template
   std::string reasoning_parser;  // deepseek_r1 | qwen3 | "" (none)
+  std::string tool_call_parser;  // hermes | qwen3_coder | deepseek_v3 | llama3_json | "" (none)
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string served_model_name;
@@ -167,6 +168,8 @@ int RunServe(const ServeFlags& f) {
   if (Status s = ValidateRoleFlags(f.roles); !s.ok()) return Fail(s.message());
   auto reasoning_parser = server::ParseReasoningParserName(f.reasoning_parser);
   if (!reasoning_parser.ok()) return Fail(reasoning_parser.status().message());
+  auto tool_call_format = server::ParseToolCallParserName(f.tool_call_parser);
+  if (!tool_call_format.ok()) return Fail(tool_call_format.status().message());
   auto tokenizer = model::Tokenizer::Load(f.model, f.chat_template);
   if (!tokenizer.ok()) return Fail(tokenizer.status().ToString());
   auto weights = model::LoadModelWeights(f.model);
@@ -215,6 +218,7 @@ int RunServe(const ServeFlags& f) {
 
   server::ServerOptions so = MakeServerOptions(f, max_model_len);
   so.reasoning_parser = *reasoning_parser;
+  so.tool_call_format = *tool_call_format;
   so.tracer = roles.tracer;
   if (auto* decode = dynamic_cast<messenger::DecodeMessenger*>(async->get())) {
     // The decode instance's KV transfer counters and histogram, beside the serving metrics.
@@ -249,6 +253,9 @@ PD_REGISTER_COMMAND(serve, "Serve a model with the OpenAI-compatible HTTP API", 
                   "model name in the API (default: --model)");
   app->add_option("--reasoning-parser", f->reasoning_parser,
                   "deepseek_r1 | qwen3: return a chat reply's <think> part as reasoning_content");
+  app->add_option("--tool-call-parser", f->tool_call_parser,
+                  "hermes | qwen3_coder | deepseek_v3 | llama3_json: return the tool calls of a "
+                  "chat reply as tool_calls (and force one for tool_choice required / named)");
   app->add_option("--chat-template", f->chat_template,
                   "Jinja chat template file (default: the model's chat_template.jinja or "
                   "tokenizer_config.json's chat_template)");

@@ -9,6 +9,7 @@
 #include "apps/command.h"
 #include "common/file_util.h"
 #include "planner/deployment.h"
+#include "planner/scenario.h"
 #include "planner/setup.h"
 #include "planner/trace_replay.h"
 
@@ -27,9 +28,30 @@ struct SimulateOptions {
   bool chunked = false;
   bool same_node = false;
   std::vector<double> rates = {1.0};
-  std::string trace;   // a DistServe trace name (or workloads/ file) to replay
-  std::string traces;  // "all" or a glob: every matching trace replayed, one table
+  std::string trace;     // a DistServe trace name (or workloads/ file) to replay
+  std::string traces;    // "all" or a glob: every matching trace replayed, one table
+  std::string scenario;  // "r1": the DeepSeek-R1 deployment comparison
+  planner::R1ScenarioOptions r1;
 };
+
+int RunScenario(const SimulateOptions& o) {
+  if (o.scenario != "r1") {
+    std::fprintf(stderr, "pdserve simulate: --scenario '%s': expected r1\n", o.scenario.c_str());
+    return 2;
+  }
+  auto rows = planner::RunR1Scenario(o.r1);
+  if (!rows.ok()) {
+    std::fprintf(stderr, "pdserve simulate: %s\n", rows.status().ToString().c_str());
+    return 1;
+  }
+  std::printf(
+      "%s on %s nodes (8 per node, NVLink inside, 8 x 400 Gb/s between); prompts uniform "
+      "%d..%d tokens, outputs %d..%d; Poisson arrivals over %.0f s\n",
+      o.r1.model.c_str(), o.r1.hardware.c_str(), o.r1.prompt_mean / 2, o.r1.prompt_mean * 3 / 2,
+      o.r1.output_mean / 2, o.r1.output_mean * 3 / 2, o.r1.duration_s);
+  std::fputs(planner::FormatR1Table(*rows, o.r1).c_str(), stdout);
+  return 0;
+}
 
 Result<planner::DeploymentSpec> SpecFromFlags(const SimulateOptions& o) {
   if (!o.plan.empty()) {
@@ -109,6 +131,7 @@ int ReplayMany(const SimulateOptions& o, const planner::PlannerSetup& setup) {
 }
 
 int RunSimulate(const SimulateOptions& o) {
+  if (!o.scenario.empty()) return RunScenario(o);
   auto setup = planner::BuildPlannerSetup(o.setup);
   if (!setup.ok()) {
     std::fprintf(stderr, "pdserve simulate: %s\n", setup.status().ToString().c_str());
@@ -180,6 +203,22 @@ PD_REGISTER_COMMAND(
       app->add_option("--traces", o->traces,
                       "replay every DistServe trace matching 'all' or a glob (e.g. "
                       "'distserve-c21d12-*'): one table, a row per trace");
+      app->add_option("--scenario", o->scenario,
+                      "r1: DeepSeek-R1 on 8-GPU nodes, colocated TP8 vs 1P:3D vs DP8 decode "
+                      "(docs/planner.md); takes the --scenario-* flags");
+      app->add_option("--scenario-model", o->r1.model)->capture_default_str();
+      app->add_option("--scenario-hardware", o->r1.hardware, "h100-80gb | h200-141gb")
+          ->capture_default_str();
+      app->add_option("--prompt-mean", o->r1.prompt_mean,
+                      "scenario prompts: uniform mean/2..3mean/2")
+          ->capture_default_str();
+      app->add_option("--output-mean", o->r1.output_mean,
+                      "scenario outputs: uniform mean/2..3mean/2")
+          ->capture_default_str();
+      app->add_option("--rate-per-decode-node", o->r1.rate_per_decode_node, "scenario req/s")
+          ->capture_default_str();
+      app->add_option("--duration", o->r1.duration_s, "scenario arrival span, seconds")
+          ->capture_default_str();
       return [o] { return RunSimulate(*o); };
     });
 

@@ -47,6 +47,8 @@ PD_REGISTER_COMMAND(
                       "model name in the API (default: --model)");
       app->add_option("--reasoning-parser", f->reasoning_parser,
                       "every instance's --reasoning-parser (see serve --help)");
+      app->add_option("--tool-call-parser", f->tool_call_parser,
+                      "every instance's --tool-call-parser (see serve --help)");
       app->add_option("--chat-template", f->chat_template,
                       "every instance's --chat-template (see serve --help)");
       app->add_option("--prefill", f->num_prefill, "prefill instances")->capture_default_str();

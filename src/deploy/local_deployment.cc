@@ -43,6 +43,9 @@ std::vector<std::string> ServeArgs(const Options& f, const std::string& secret_f
   if (!f.reasoning_parser.empty()) {
     a.insert(a.end(), {"--reasoning-parser", f.reasoning_parser});
   }
+  if (!f.tool_call_parser.empty()) {
+    a.insert(a.end(), {"--tool-call-parser", f.tool_call_parser});
+  }
   if (f.kv_checksum) a.push_back("--kv-checksum");
   return a;
 }

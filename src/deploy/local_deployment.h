@@ -33,6 +33,7 @@ struct LocalDeploymentOptions {
   std::string served_model_name;
   std::string chat_template;     // every instance's --chat-template ("": the model's own)
   std::string reasoning_parser;  // every instance's --reasoning-parser ("": none)
+  std::string tool_call_parser;  // every instance's --tool-call-parser ("": none)
   int num_prefill = 1;
   int num_decode = 1;
   std::string host = "127.0.0.1";

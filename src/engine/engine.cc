@@ -15,8 +15,9 @@ namespace pd::engine {
 namespace {
 
 struct RequestState {
-  RequestState(const SamplingParams& sampling, uint64_t default_seed, int num_prompt_tokens)
-      : sampler(sampling, default_seed), num_prompt_tokens(num_prompt_tokens) {}
+  RequestState(const SamplingParams& sampling, uint64_t default_seed, int32_t eos_token_id,
+               int num_prompt_tokens)
+      : sampler(sampling, default_seed, eos_token_id), num_prompt_tokens(num_prompt_tokens) {}
   RequestSampler sampler;
   int num_prompt_tokens = 0;
   bool prefill_only = false;
@@ -127,8 +128,9 @@ Status EngineImpl::Add(Request request, Kind kind) {
   if (requests_.count(request.id) != 0) {
     return AlreadyExists("request " + std::to_string(request.id) + " is already running");
   }
-  auto state = std::make_unique<RequestState>(request.sampling, seed_rng_(),
-                                              static_cast<int>(request.prompt_ids.size()));
+  auto state =
+      std::make_unique<RequestState>(request.sampling, seed_rng_(), runner_->config().eos_token_id,
+                                     static_cast<int>(request.prompt_ids.size()));
   state->prefill_only = kind == Kind::kPrefillOnly;
   std::vector<int32_t> prompt = std::move(request.prompt_ids);
   switch (kind) {

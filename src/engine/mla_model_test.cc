@@ -14,6 +14,7 @@
 #include "engine/mla_kernels_ref.h"
 #include "engine/mla_test_util.h"
 #include "engine/model_runner.h"
+#include "engine/moe_test_util.h"
 
 namespace pd::engine {
 namespace {
@@ -195,6 +196,40 @@ TEST(MlaCacheTest, HoldsTheNormalisedLatentThenTheRotatedRopeKey) {
   }
 }
 
+// The ranges a decode step over pages {1, 3} reads: the packed weights, and those pages' latent
+// blocks (page_size * latent_dim elements) in every layer.
+TEST(MlaCacheTest, WarmRangesCoverTheLatentPagesOfEveryLayer) {
+  TinyMlaOptions o;
+  auto m = MakeTinyMlaModel(o);
+  ModelRunnerOptions opt;
+  opt.kv.page_size = 3;
+  opt.kv.dtype = KvDType::kBF16;
+  opt.num_pages = 8;
+  auto r = ModelRunner::Create(m->weights, opt);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  KvRegion& region = (*r)->region();
+  std::vector<MemRange> ranges;
+  const std::vector<int32_t> pages = {1, 3};
+  (*r)->AppendWarmRanges(pages, &ranges);
+  const size_t page_bytes = 3 * (o.kv_lora_rank + o.rope) * 2;
+  ASSERT_EQ(region.spec().page_bytes(), page_bytes);
+  std::vector<const uint8_t*> kv;
+  size_t weight_bytes = 0;
+  for (const MemRange& m : ranges) {
+    if (m.data >= region.base() && m.data < region.base() + region.size_bytes()) {
+      EXPECT_EQ(m.bytes, page_bytes);
+      kv.push_back(m.data);
+    } else {
+      weight_bytes += m.bytes;
+    }
+  }
+  std::vector<const uint8_t*> want;
+  for (int l = 0; l < o.layers; ++l)
+    for (int32_t p : pages) want.push_back(region.Block(l, p));
+  EXPECT_EQ(kv, want);
+  EXPECT_GT(weight_bytes, 0u);
+}
+
 // KV bytes per token: region / pages / layers / page_size / elem is kv_lora_rank + rope values,
 // beside qwen3 with the same hidden size and heads (K and V of every KV head).
 TEST(MlaCacheTest, HoldsLatentDimValuesPerTokenPerLayer) {
@@ -234,10 +269,12 @@ TEST(MlaCacheTest, HoldsLatentDimValuesPerTokenPerLayer) {
 }
 
 // Greedy tokens of three batched requests through the engine at TP `tp`.
-std::map<int64_t, std::vector<int32_t>> Generate(const model::ModelWeights& w, int tp, int budget) {
+std::map<int64_t, std::vector<int32_t>> Generate(const model::ModelWeights& w, int tp, int budget,
+                                                 int num_pages = 64,
+                                                 int64_t* num_preemptions = nullptr) {
   EngineOptions o;
   o.runner.kv.page_size = 4;
-  o.runner.num_pages = 64;
+  o.runner.num_pages = num_pages;
   o.runner.num_threads = 1;
   o.runner.tensor_parallel_size = tp;
   o.scheduler.max_num_batched_tokens = budget;
@@ -267,25 +304,47 @@ std::map<int64_t, std::vector<int32_t>> Generate(const model::ModelWeights& w, i
     }
   }
   EXPECT_EQ((*engine)->stats().num_free_pages, (*engine)->stats().num_total_pages);
+  if (num_preemptions != nullptr) *num_preemptions = (*engine)->stats().num_preemptions;
   return tokens;
 }
 
 TEST(MlaTpTest, GreedyTokensEqualTp1) {
-  for (int q_lora : {0, 16}) {
-    TinyMlaOptions o;
-    o.heads = 8;
-    o.q_lora_rank = q_lora;
-    o.dtype = model::DType::kBF16;
-    o.yarn = true;
-    auto m = MakeTinyMlaModel(o);
-    const auto want = Generate(m->weights, 1, 512);
-    ASSERT_EQ(want.size(), 3u);
-    EXPECT_NE(want.at(0), want.at(1)) << "tokens should depend on the prompt";
-    for (int tp : {2, 4})
-      for (int budget : {6, 512})
-        EXPECT_EQ(Generate(m->weights, tp, budget), want)
-            << "q_lora " << q_lora << " tp " << tp << " budget " << budget;
-  }
+  for (int q_lora : {0, 16})
+    for (bool moe : {false, true}) {
+      TinyMlaOptions o;
+      o.heads = 8;
+      o.q_lora_rank = q_lora;
+      o.dtype = model::DType::kBF16;
+      o.yarn = true;
+      auto m = MakeTinyMlaModel(o);
+      if (moe) {  // deepseek_v3's MoE after the first layer (moe_test_util.h)
+        model::MoeConfig c;
+        c.scoring = model::MoeConfig::Scoring::kSigmoid;
+        c.num_experts = 8, c.num_experts_per_tok = 2, c.moe_intermediate_size = 12;
+        c.n_group = 4, c.topk_group = 2, c.n_shared_experts = 1, c.first_k_dense_replace = 1;
+        c.norm_topk_prob = true, c.routed_scaling_factor = 2.5;
+        testing::AddMoeLayers(m.get(), c, 5);
+      }
+      const auto want = Generate(m->weights, 1, 512);
+      ASSERT_EQ(want.size(), 3u);
+      EXPECT_NE(want.at(0), want.at(1)) << "tokens should depend on the prompt";
+      for (int tp : {2, 4})
+        for (int budget : {6, 512})
+          EXPECT_EQ(Generate(m->weights, tp, budget), want)
+              << "q_lora " << q_lora << " moe " << moe << " tp " << tp << " budget " << budget;
+    }
+}
+
+// Too few pages for the three requests at once: sequences are preempted and recomputed over the
+// latent cache, and the tokens stay those of a roomy run.
+TEST(MlaEngineTest, PreemptionKeepsTheGreedyTokens) {
+  TinyMlaOptions o;
+  o.dtype = model::DType::kBF16;
+  auto m = MakeTinyMlaModel(o);
+  const auto want = Generate(m->weights, 1, 512);
+  int64_t preemptions = 0;  // 7 pages of 4 tokens: just the longest request's 27 tokens
+  EXPECT_EQ(Generate(m->weights, 1, 512, /*num_pages=*/7, &preemptions), want);
+  EXPECT_GT(preemptions, 0) << "the small pool should have forced a preemption";
 }
 
 TEST(MlaTpTest, HeadsNotDividedByTpAreRefused) {

@@ -12,6 +12,8 @@
 
 namespace pd::engine {
 
+class OutputConstraint;
+
 struct SamplingParams {
   float temperature = 1.0f;  // 0: greedy
   float top_p = 1.0f;        // (0, 1]
@@ -21,6 +23,10 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   int logprobs = -1;  // -1: none; 0: the chosen token's; N: also the top N
+  // Null: none. Otherwise the output text must stay inside this language (output_constraint.h);
+  // once it is complete only an end-of-sequence token (EOS unless ignore_eos, stop_token_ids) may
+  // follow.
+  std::shared_ptr<const OutputConstraint> constraint;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };

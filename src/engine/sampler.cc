@@ -87,8 +87,17 @@ std::vector<std::pair<int32_t, float>> TopLogprobs(std::span<const float> logits
   return top;
 }
 
-RequestSampler::RequestSampler(const SamplingParams& params, uint64_t default_seed)
-    : params_(params), rng_(params.seed.value_or(default_seed)) {}
+RequestSampler::RequestSampler(const SamplingParams& params, uint64_t default_seed,
+                               int32_t eos_token_id)
+    : params_(params), rng_(params.seed.value_or(default_seed)) {
+  if (params_.constraint == nullptr) return;
+  constraint_ = params_.constraint->Start();
+  end_ids_ = params_.stop_token_ids;
+  if (!params_.ignore_eos && eos_token_id >= 0) end_ids_.push_back(eos_token_id);
+  const size_t need = constraint_->CompletionBytesAfter("");
+  close_in_time_ = need != ConstraintState::kNever &&
+                   need + (end_ids_.empty() ? 0 : 1) <= static_cast<size_t>(params_.max_tokens);
+}
 
 double RequestSampler::NextUniform() {
   return static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0);  // 2^-53
@@ -96,20 +105,104 @@ double RequestSampler::NextUniform() {
 
 SampleResult RequestSampler::Sample(std::span<const float> logits) {
   SampleResult r;
-  r.token_id = params_.temperature == 0.0f ? ArgMax(logits) : SampleRandom(logits);
+  if (constraint_ != nullptr && !released_) {
+    r.token_id = SampleConstrained(logits);
+  } else {
+    r.token_id = params_.temperature == 0.0f ? ArgMax(logits) : SampleFrom(logits, {});
+  }
+  ++num_sampled_;
   r.logprob = LogSoftmaxAt(logits, r.token_id);
   if (params_.logprobs > 0) r.top = TopLogprobs(logits, params_.logprobs);
   return r;
 }
 
-// Softmax over logits/temperature restricted to the top-k, then to the smallest prefix (best
-// first) whose mass reaches top_p; one uniform draw picks the token by inverse CDF.
-int32_t RequestSampler::SampleRandom(std::span<const float> logits) {
-  const int vocab = static_cast<int>(logits.size());
-  const double u = NextUniform();  // always exactly one draw per token
+bool RequestSampler::Allowed(int32_t id) const {
+  const bool ends = std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end();
+  if (constraint_->complete()) return ends || end_ids_.empty();  // nothing ends it: free again
+  if (ends) return false;
+  const TokenTexts& texts = params_.constraint->texts();
+  if (id < 0 || id >= texts.size() || !texts.writes[id] || texts.bytes[id].empty()) return false;
+  const size_t need = constraint_->CompletionBytesAfter(texts.bytes[id]);
+  if (need == ConstraintState::kNever) return false;
+  if (!close_in_time_) return true;
+  // Tokens left after this one: enough for the shortest completion (a byte each) and the end.
+  const int64_t left = int64_t{params_.max_tokens} - num_sampled_ - 1;
+  return int64_t(need) + (end_ids_.empty() ? 0 : 1) <= left;
+}
+
+// Greedy: the first allowed token in descending-logit order (lower id first on ties) is the argmax
+// of the masked logits, so trying candidates best first gives exactly what masking the whole
+// vocabulary would. The argmax is tried first (a model that follows the format rarely needs more);
+// then a heap yields the rest in order, each checked only when reached.
+int32_t RequestSampler::GreedyConstrained(std::span<const float> logits) {
+  const int32_t best = ArgMax(logits);
+  if (Allowed(best)) return best;
+  auto worse = [&](int32_t a, int32_t b) {
+    return logits[a] < logits[b] || (logits[a] == logits[b] && a > b);
+  };
+  std::vector<int32_t> heap;
+  heap.reserve(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (static_cast<int32_t>(i) != best) heap.push_back(static_cast<int32_t>(i));
+  }
+  std::make_heap(heap.begin(), heap.end(), worse);
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), worse);
+    const int32_t id = heap.back();
+    heap.pop_back();
+    if (Allowed(id)) return id;
+  }
+  return -1;
+}
+
+// Sampling means "mask, then sample": the distribution is softmax(logits / T) over the allowed
+// tokens, cut to top-k / top-p among them. Without top-k and top-p, rejection is exact and lazy: a
+// token drawn from the unmasked distribution and accepted when allowed is distributed exactly as
+// the masked one. After kMaxRejections refusals (the model puts little mass on allowed tokens),
+// and always under top-k or top-p (whose cut depends on which tokens are allowed), every token is
+// checked once and the draw is made among the allowed ones. Either way the token follows the
+// masked distribution: the fallback is a fresh draw from it, whatever the refusals were.
+int32_t RequestSampler::SampleConstrained(std::span<const float> logits) {
+  int32_t id = -1;
+  if (params_.temperature == 0.0f) {
+    id = GreedyConstrained(logits);
+  } else {
+    constexpr int kMaxRejections = 8;
+    const int vocab = static_cast<int>(logits.size());
+    if ((params_.top_k <= 0 || params_.top_k >= vocab) && params_.top_p >= 1.0f) {
+      for (int i = 0; i < kMaxRejections && id < 0; ++i) {
+        const int32_t drawn = SampleFrom(logits, {});
+        if (Allowed(drawn)) id = drawn;
+      }
+    }
+    if (id < 0) {
+      std::vector<int32_t> allowed;
+      for (int32_t t = 0; t < vocab; ++t) {
+        if (Allowed(t)) allowed.push_back(t);
+      }
+      if (!allowed.empty()) id = SampleFrom(logits, allowed);
+    }
+  }
+  if (id < 0) {  // no token of the vocabulary continues the text: let the constraint go
+    released_ = true;
+    return params_.temperature == 0.0f ? ArgMax(logits) : SampleFrom(logits, {});
+  }
+  if (!constraint_->complete()) constraint_->Advance(params_.constraint->texts().bytes[id]);
+  return id;
+}
+
+// Softmax over logits/temperature restricted to `ids` (all when empty) and to the top-k, then to
+// the smallest prefix (best first) whose mass reaches top_p; one uniform draw picks the token by
+// inverse CDF.
+int32_t RequestSampler::SampleFrom(std::span<const float> logits, std::span<const int32_t> ids) {
+  const double u = NextUniform();  // always exactly one draw per call
   const float inv_t = 1.0f / params_.temperature;
+  const int vocab = ids.empty() ? static_cast<int>(logits.size()) : static_cast<int>(ids.size());
   scratch_.resize(vocab);
-  for (int i = 0; i < vocab; ++i) scratch_[i] = {logits[i] * inv_t, i};
+  for (int i = 0; i < vocab; ++i) {
+    const int32_t id = ids.empty() ? i : ids[i];
+    scratch_[i] = {logits[id] * inv_t, id};
+  }
   auto better = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };

@@ -3,7 +3,8 @@
 //
 // Each request owns one RequestSampler and so one random generator, which draws exactly one
 // number per sampled token: with a seed, a request's tokens depend only on its own logits, never
-// on which other requests share the batch.
+// on which other requests share the batch. A constrained request (SamplingParams::constraint) may
+// draw more than one (see SampleConstrained) and is just as reproducible.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/output_constraint.h"
 #include "engine/request.h"
 
 namespace pd::engine {
@@ -34,20 +36,35 @@ Status ValidateSamplingParams(const SamplingParams& params, int vocab_size);
 class RequestSampler {
  public:
   // `default_seed` is used when params.seed is unset (the engine draws one per request).
-  RequestSampler(const SamplingParams& params, uint64_t default_seed);
+  // `eos_token_id` (-1: none) ends a constrained output, as do params.stop_token_ids.
+  RequestSampler(const SamplingParams& params, uint64_t default_seed, int32_t eos_token_id = -1);
 
-  // logits: (vocab). Draws one random number unless greedy.
+  // logits: (vocab). Draws one random number unless greedy (or constrained).
   SampleResult Sample(std::span<const float> logits);
   const SamplingParams& params() const { return params_; }
+  // A constraint none of whose tokens fitted was let go: the rest of the output is free.
+  bool constraint_released() const { return constraint_ != nullptr && released_; }
 
  private:
-  int32_t SampleRandom(std::span<const float> logits);
+  // Random choice among `ids` (empty: every token) with one uniform draw.
+  int32_t SampleFrom(std::span<const float> logits, std::span<const int32_t> ids);
+  int32_t SampleConstrained(std::span<const float> logits);
+  int32_t GreedyConstrained(std::span<const float> logits);
+  bool Allowed(int32_t id) const;
   double NextUniform();  // [0, 1), 53 bits, identical on every platform
 
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> scratch_;  // (vocab): (scaled logit, id)
   std::vector<double> probs_;                       // (kept tokens): unnormalised probabilities
+  std::unique_ptr<ConstraintState> constraint_;     // null: unconstrained
+  std::vector<int32_t> end_ids_;                    // what may follow a complete constrained text
+  bool released_ = false;
+  int num_sampled_ = 0;
+  // Whether the constrained text can complete within max_tokens at all (counted as one byte per
+  // token, a lower bound on what byte-level vocabularies allow); then the sampler keeps it within
+  // reach (see Allowed).
+  bool close_in_time_ = false;
 };
 
 // Index of the largest logit; the lowest id wins ties.
@@ -68,7 +85,8 @@ struct StopContext {
 };
 
 // Decides whether the request ends after generating `token` as its num_generated-th token, the
-// sequence now being context_len tokens long. Stop ids and EOS (unless ignore_eos) win over length.
+// sequence now being context_len tokens long. Stop ids and EOS (unless ignore_eos) win over
+// length.
 StopCheck CheckStop(const SamplingParams& params, const StopContext& ctx, int32_t token,
                     int num_generated, int context_len);
 

@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "engine/engine.h"
+#include "engine/mla_test_util.h"
 #include "engine/model_runner.h"
 #include "engine/model_runner_test_util.h"
 #include "engine/moe_test_util.h"
@@ -491,6 +492,41 @@ INSTANTIATE_TEST_SUITE_P(RouterTpChunk, TpMoeGreedyTest,
                          ::testing::Combine(::testing::Bool(), ::testing::Values(1, 2, 4),
                                             ::testing::Values(6, 512)),
                          MoeGreedyName);
+
+// deepseek_v3 whole: MLA attention (q_lora_rank set, yarn), layer 0 dense (first_k_dense_replace),
+// layers 1-2 MoE with noaux_tc routing (4 groups of 2, 2 kept, top 3) and a shared expert.
+TEST(TpMoeGreedyTest, DeepseekV3TokensEqualTp1) {
+  testing::TinyMlaOptions o;
+  o.dtype = model::DType::kBF16;
+  o.layers = 3;
+  o.heads = 4;
+  o.q_lora_rank = 24;
+  o.yarn = true;
+  auto m = testing::MakeTinyMlaModel(o);
+  model::MoeConfig moe;
+  moe.scoring = model::MoeConfig::Scoring::kSigmoid;
+  moe.num_experts = 8;
+  moe.num_experts_per_tok = 3;
+  moe.moe_intermediate_size = 12;
+  moe.n_group = 4;
+  moe.topk_group = 2;
+  moe.norm_topk_prob = true;
+  moe.routed_scaling_factor = 2.5;
+  moe.n_shared_experts = 1;
+  moe.first_k_dense_replace = 1;
+  testing::AddMoeLayers(m.get(), moe, 37);
+  ASSERT_TRUE(m->weights.config.IsMoeLayer(1) && !m->weights.config.IsMoeLayer(0));
+  const auto want = Generate(m->weights, 1, KvLayout::kHND, 512);
+  std::set<std::vector<int32_t>> distinct;
+  for (const auto& [id, t] : want) distinct.insert(t);
+  ASSERT_EQ(distinct.size(), 3u) << "tokens should depend on the prompt";
+  for (int tp : {1, 2, 4})
+    for (int budget : {6, 512}) {
+      auto got = Generate(m->weights, tp, KvLayout::kHND, budget);
+      for (int i = 0; i < 3; ++i)
+        EXPECT_EQ(got[i], want.at(i)) << "tp " << tp << " budget " << budget << " request " << i;
+    }
+}
 
 // The MoE runner's fast kernels (TP 1, 2) against its reference kernels (TP 1).
 TEST(TpLogitsTest, MoeFastAndShardedCloseToReference) {

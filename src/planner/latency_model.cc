@@ -1,5 +1,7 @@
 #include "planner/latency_model.h"
 
+#include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "common/file_util.h"
@@ -72,20 +74,28 @@ Result<json> ParseJson(const std::string& text, const std::string& source) {
 
 }  // namespace
 
+double ExpectedActivatedExperts(double tokens, int num_experts, int top_k) {
+  if (tokens <= 0 || num_experts <= 0 || top_k <= 0) return 0.0;
+  const double e = num_experts;
+  return e * (1.0 - std::pow(1.0 - std::min(1.0, top_k / e), tokens));
+}
+
 double StepCoeffs::PrefillMs(int64_t tokens, double sq) const {
   if (tokens == 0) return 0.0;
-  return prefill[0] + prefill[1] * static_cast<double>(tokens) + prefill[2] * sq;
+  return prefill[0] + prefill[1] * static_cast<double>(tokens) + prefill[2] * sq + moe.Ms(tokens);
 }
 
 double StepCoeffs::DecodeMs(int batch, int64_t context) const {
   if (batch == 0) return 0.0;
   const auto& c = batch < decode_threshold ? decode_small : decode_large;
-  return c[0] + c[1] * static_cast<double>(context) + c[2] * batch;
+  return c[0] + c[1] * static_cast<double>(context) + c[2] * batch + moe.Ms(batch);
 }
 
 double StepCoeffs::StepMs(const StepShape& shape) const {
   if (shape.prefill_tokens == 0) return DecodeMs(shape.decode_seqs, shape.decode_context);
-  double ms = PrefillMs(shape.prefill_tokens, shape.prefill_sq);
+  // One expert read serves the prompt tokens and the decoding sequences alike.
+  double ms = PrefillMs(shape.prefill_tokens, shape.prefill_sq) - moe.Ms(shape.prefill_tokens) +
+              moe.Ms(shape.prefill_tokens + shape.decode_seqs);
   if (shape.decode_seqs > 0) {
     const auto& c = shape.decode_seqs < decode_threshold ? decode_small : decode_large;
     ms += c[1] * static_cast<double>(shape.decode_context) + c[2] * shape.decode_seqs;

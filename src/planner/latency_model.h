@@ -34,6 +34,26 @@ struct StepShape {
   bool empty() const { return prefill_tokens == 0 && decode_seqs == 0; }
 };
 
+// Expected distinct experts that `tokens` tokens touch when each picks top_k of num_experts
+// uniformly at random: E·(1 − (1 − k/E)^tokens). 0 for no tokens or no experts.
+double ExpectedActivatedExperts(double tokens, int num_experts, int top_k);
+
+// An MoE model's expert weights read per step: expert_ms for every distinct expert the step's
+// tokens activate (one expert of every MoE layer, this instance's share of its bytes). The tokens
+// are token_multiplier times this instance's: data-parallel ranks that share each MoE layer.
+struct MoeStepTerm {
+  int num_experts = 0;  // 0: not an MoE model
+  int top_k = 0;
+  double expert_ms = 0.0;
+  double token_multiplier = 1.0;
+  double Ms(int64_t tokens) const {
+    return num_experts == 0 || tokens == 0
+               ? 0.0
+               : expert_ms * ExpectedActivatedExperts(token_multiplier * double(tokens),
+                                                      num_experts, top_k);
+  }
+};
+
 // The coefficient form of one instance's (TP) step times.
 inline constexpr double kDistServeOverheadMs = 2.0;
 inline constexpr double kDistServeOverheadPerTokenMs = 1e-4;
@@ -47,6 +67,7 @@ struct StepCoeffs {
   // profiles, whose step times were measured end to end.
   double overhead_ms = 0.0;
   double overhead_per_token_ms = 0.0;
+  MoeStepTerm moe;  // added to every step (profiles: none)
 
   double PrefillMs(int64_t tokens, double sq) const;
   double DecodeMs(int batch, int64_t context) const;

@@ -198,7 +198,7 @@ int64_t KvCapacity(const PlannerInputs& in, ParallelConfig par) {
     const int64_t t = in.kv_table->Lookup(in.shape.name, par.tp, par.pp);
     if (t >= 0) return t;
   }
-  return AnalyticalKvCapacityTokens(in.shape, in.hw, par.tp, par.pp, 0.95);
+  return AnalyticalKvCapacityTokens(in.shape, in.hw, par.tp, par.pp, 0.95, in.moe_dp);
 }
 
 Result<InstanceConfig> MakeInstance(const PlannerInputs& in, Role role, ParallelConfig par,

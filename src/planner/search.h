@@ -53,6 +53,9 @@ struct PlannerInputs {
   // writes it as every instance's "threads" (per rank), which `pdserve up --plan` starts each
   // rank with. 0: not written (accelerators).
   int threads_per_device = 0;
+  // Data-parallel attention ranks that share each MoE layer's experts (MoeParallelism::dp): every
+  // instance is one such rank and holds 1/moe_dp of the routed experts. 1: none.
+  int moe_dp = 1;
 };
 
 struct ParallelConfig {

@@ -23,7 +23,8 @@ Result<ModelShape> ResolveShape(const std::string& model) {
     return ShapeFromConfig(config, std::filesystem::path(model).filename().string());
   }
   return NotFound("--model '" + model +
-                  "': neither a built-in shape (opt-13b, opt-66b, opt-175b) nor a directory "
+                  "': neither a built-in shape (opt-13b, opt-66b, opt-175b, deepseek-r1, "
+                  "qwen3-coder-480b-a35b) nor a directory "
                   "with config.json");
 }
 

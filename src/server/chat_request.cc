@@ -1,5 +1,6 @@
 #include "server/chat_request.h"
 
+#include <cctype>
 #include <string>
 
 namespace pd::server {
@@ -86,33 +87,63 @@ Status ParseMessage(const ojson& m, size_t i, ojson* out) {
   return OkStatus();
 }
 
-Status ParseToolChoice(const ojson& doc) {
-  // tool_choice: "auto" and "none" leave the model free; forcing a call needs constrained
-  // decoding, which pdserve does not have yet.
+Result<ToolChoice> ParseToolChoice(const ojson& doc, const ojson& tools) {
+  ToolChoice out;
   const auto choice = doc.find("tool_choice");
-  if (choice != doc.end() && !choice->is_null()) {
-    if (!choice->is_string()) {
-      return InvalidArgument(
-          "'tool_choice' naming a function is not supported (only \"auto\" and "
-          "\"none\")");
-    }
+  if (choice == doc.end() || choice->is_null()) return out;
+  const bool has_tools = tools.is_array() && !tools.empty();
+  if (choice->is_string()) {
     const std::string c = choice->get<std::string>();
-    if (c == "required") {
-      return InvalidArgument(
-          "'tool_choice' = \"required\" is not supported (only \"auto\" and "
-          "\"none\")");
-    }
-    if (c != "auto" && c != "none") {
+    if (c == "none") {
+      out.mode = ToolChoice::Mode::kNone;
+    } else if (c == "required") {
+      out.mode = ToolChoice::Mode::kRequired;
+    } else if (c != "auto") {
       return InvalidArgument("'tool_choice' = \"" + c +
-                             "\" is not one of \"auto\", \"none\", "
-                             "\"required\"");
+                             "\" is not one of \"auto\", \"none\", \"required\" or "
+                             "{\"type\": \"function\", \"function\": {\"name\": ...}}");
     }
+    if (out.mode == ToolChoice::Mode::kRequired && !has_tools) {
+      return InvalidArgument("'tool_choice' = \"required\" needs 'tools'");
+    }
+    return out;
   }
-  return OkStatus();
+  if (!choice->is_object()) {
+    return WrongType("tool_choice", "a string or {\"type\": \"function\", ...}", *choice);
+  }
+  const auto type = choice->find("type");
+  if (type == choice->end() || *type != "function") {
+    return InvalidArgument("'tool_choice.type' must be \"function\"");
+  }
+  const auto fn = choice->find("function");
+  if (fn == choice->end() || !fn->is_object() || !fn->contains("name") ||
+      !(*fn)["name"].is_string()) {
+    return InvalidArgument("'tool_choice.function.name' must be a string");
+  }
+  out.mode = ToolChoice::Mode::kFunction;
+  out.function = (*fn)["name"].get<std::string>();
+  bool found = false;
+  for (const ojson& t : has_tools ? tools : ojson::array()) {
+    found = found || t["function"]["name"] == out.function;
+  }
+  if (!found) {
+    return InvalidArgument("'tool_choice.function.name' = \"" + out.function +
+                           "\" is not the name of one of 'tools'");
+  }
+  return out;
+}
+
+// OpenAI's rule for function names: letters, digits, '_', '-' (and '.'), 1 to 64 of them.
+bool ValidFunctionName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.')
+      return false;
+  }
+  return true;
 }
 
 Status ParseTools(const ojson& doc, model::ChatInput* input) {
-  RETURN_IF_ERROR(ParseToolChoice(doc));
   const auto tools = doc.find("tools");
   if (tools == doc.end() || tools->is_null()) return OkStatus();
   if (!tools->is_array()) return WrongType("tools", "a list of tools", *tools);
@@ -128,12 +159,26 @@ Status ParseTools(const ojson& doc, model::ChatInput* input) {
     if (fn == t.end() || !fn->is_object())
       return InvalidArgument("'" + field + ".function' must be an object");
     const auto name = fn->find("name");
-    if (name == fn->end() || !name->is_string() || name->get<std::string>().empty()) {
-      return InvalidArgument("'" + field + ".function.name' must be a non-empty string");
+    if (name == fn->end() || !name->is_string()) {
+      return InvalidArgument("'" + field + ".function.name' must be a string");
+    }
+    if (!ValidFunctionName(name->get<std::string>())) {
+      return InvalidArgument("'" + field + ".function.name' = " + name->dump() +
+                             " must be 1 to 64 letters, digits, '_', '-' or '.'");
     }
     const auto params = fn->find("parameters");
-    if (params != fn->end() && !params->is_null() && !params->is_object()) {
-      return WrongType(field + ".function.parameters", "a JSON Schema object", *params);
+    if (params != fn->end() && !params->is_null()) {
+      if (!params->is_object()) {
+        return WrongType(field + ".function.parameters", "a JSON Schema object", *params);
+      }
+      const auto ptype = params->find("type");
+      if (ptype != params->end() && *ptype != "object") {
+        return InvalidArgument("'" + field + ".function.parameters.type' must be \"object\"");
+      }
+      const auto props = params->find("properties");
+      if (props != params->end() && !props->is_object()) {
+        return WrongType(field + ".function.parameters.properties", "an object", *props);
+      }
     }
   }
   if (!tools->empty()) input->tools = *tools;
@@ -142,7 +187,7 @@ Status ParseTools(const ojson& doc, model::ChatInput* input) {
 
 }  // namespace
 
-Result<model::ChatInput> ParseChatInput(std::string_view body) {
+Result<model::ChatInput> ParseChatInput(std::string_view body, ToolChoice* tool_choice) {
   ojson doc;
   try {
     doc = ojson::parse(body);
@@ -162,6 +207,8 @@ Result<model::ChatInput> ParseChatInput(std::string_view body) {
     input.messages.push_back(std::move(m));
   }
   RETURN_IF_ERROR(ParseTools(doc, &input));
+  ASSIGN_OR_RETURN(ToolChoice choice, ParseToolChoice(doc, input.tools));
+  if (tool_choice != nullptr) *tool_choice = std::move(choice);
   const auto agp = doc.find("add_generation_prompt");
   if (agp != doc.end() && !agp->is_null()) {
     if (!agp->is_boolean()) return WrongType("add_generation_prompt", "a boolean", *agp);

@@ -53,6 +53,36 @@ OpenAiServer::OpenAiServer(const ServerOptions& options, engine::AsyncEngine* en
   limits_.max_model_len = options.max_model_len;
   limits_.vocab_size = tokenizer->vocab_size();
   limits_.max_logprobs = options.max_logprobs;
+  if (options.tool_call_format != ToolCallFormat::kNone) {
+    auto texts = std::make_shared<engine::TokenTexts>();
+    for (int32_t id = 0; id < tokenizer->vocab_size(); ++id) {
+      auto bytes = tokenizer->TokenBytes(id);
+      texts->writes.push_back(bytes.ok() && !tokenizer->IsSpecial(id));
+      texts->bytes.push_back(bytes.ok() ? std::move(bytes).value() : std::string());
+    }
+    token_texts_ = std::move(texts);
+  }
+}
+
+Status OpenAiServer::ApplyToolChoice(GenerateRequest* request, ResponseFormat* format) const {
+  if (request->kind != ApiKind::kChat || request->chat.tools.is_null() ||
+      request->tool_choice.mode == ToolChoice::Mode::kNone) {
+    return OkStatus();
+  }
+  format->tool_call_format = options_.tool_call_format;
+  format->tools = request->chat.tools;
+  if (!request->tool_choice.forces_call()) return OkStatus();
+  std::vector<std::string> names;
+  if (request->tool_choice.mode == ToolChoice::Mode::kFunction) {
+    names.push_back(request->tool_choice.function);
+  } else {
+    for (const auto& t : request->chat.tools) names.push_back(t["function"]["name"]);
+  }
+  ASSIGN_OR_RETURN(request->sampling.constraint,
+                   ForcedCallConstraint(options_.tool_call_format, names, token_texts_));
+  // The reply is the call by construction: no reasoning part to split off.
+  format->reasoning_parser = ReasoningParser::kNone;
+  return OkStatus();
 }
 
 Result<std::unique_ptr<OpenAiServer>> OpenAiServer::Create(const ServerOptions& options,
@@ -235,6 +265,9 @@ std::shared_ptr<StreamState> OpenAiServer::StartGeneration(ApiKind kind,
   auto parsed = ParseGenerateRequest(kind, req.body, limits_);
   if (!parsed.ok()) return SendStatus(res, parsed.status()), nullptr;
   GenerateRequest request = std::move(parsed).value();
+  ResponseFormat format;
+  format.reasoning_parser = options_.reasoning_parser;
+  if (Status st = ApplyToolChoice(&request, &format); !st.ok()) return SendStatus(res, st), nullptr;
   auto ids = Tokenize(request);
   if (!ids.ok()) return SendStatus(res, ids.status()), nullptr;
   TraceInstant(options_.tracer, "tokenized", "http");
@@ -261,7 +294,6 @@ std::shared_ptr<StreamState> OpenAiServer::StartGeneration(ApiKind kind,
     return nullptr;
   }
   TraceInstant(options_.tracer, "engine submitted", "http");
-  ResponseFormat format;
   format.kind = kind;
   char id[48];
   std::snprintf(id, sizeof(id), "%s-%016llx%08llx", kind == ApiKind::kChat ? "chatcmpl" : "cmpl",
@@ -273,7 +305,6 @@ std::shared_ptr<StreamState> OpenAiServer::StartGeneration(ApiKind kind,
   format.num_logprobs = request.num_logprobs;
   format.return_tokens_as_token_ids = request.return_tokens_as_token_ids;
   format.include_usage = request.include_usage;
-  format.reasoning_parser = options_.reasoning_parser;
   state->generation = std::move(started).value();
   state->builder = std::make_unique<ResponseBuilder>(format, *tokenizer_);
   state->stream = request.stream;

@@ -29,6 +29,7 @@
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
 #include "server/reasoning_parser.h"
+#include "server/tool_call_parser.h"
 
 namespace pd::server {
 
@@ -42,6 +43,9 @@ struct ServerOptions {
   int max_inflight_requests = 0;  // generation requests in flight; 0: limited by the engine only
   int max_logprobs = 20;
   ReasoningParser reasoning_parser = ReasoningParser::kNone;  // chat replies' reasoning_content
+  // Chat replies' tool_calls (--tool-call-parser); with kNone, tool_choice "required" or a named
+  // function is a 400.
+  ToolCallFormat tool_call_format = ToolCallFormat::kNone;
   HttpLimits http;
   // Appended to /metrics (Prometheus text), e.g. a decode instance's KV transfer metrics.
   std::function<std::string()> extra_metrics;
@@ -88,6 +92,9 @@ class OpenAiServer {
   void HandleDetokenize(const httplib::Request& req, httplib::Response& res);
   void HandleModels(httplib::Response& res) const;
   Result<std::vector<int32_t>> Tokenize(const struct GenerateRequest& request) const;
+  // Chat with tools: how the reply is parsed (format) and, for a forced call, the constraint the
+  // request decodes under (request->sampling.constraint).
+  Status ApplyToolChoice(GenerateRequest* request, struct ResponseFormat* format) const;
   std::vector<int32_t> EncodePrompt(const std::string& text, bool add_special_tokens) const;
   void SendError(httplib::Response& res, int http_status, const std::string& message) const;
   void SendStatus(httplib::Response& res, const Status& status) const;
@@ -96,6 +103,8 @@ class OpenAiServer {
   engine::AsyncEngine* const engine_;
   const model::Tokenizer* const tokenizer_;
   ProtocolLimits limits_;
+  // Each token's bytes, for forced tool calls; built once when a tool-call parser is set.
+  std::shared_ptr<const engine::TokenTexts> token_texts_;
   ServingMetrics metrics_;
   LimitedHttpServer http_;
   std::thread listen_thread_;

@@ -305,6 +305,45 @@ TEST_F(ServerTest, TokenizeRendersWhatChatPrefills) {
               "raise_exception: no developer role");
 }
 
+TEST_F(ServerTest, ToolChoiceForcesACallOnlyWithAParserThatCanConstrainIt) {
+  const std::string tools =
+      R"("messages":[{"role":"user","content":"a"}],"max_tokens":2,"tools":[{"type":"function",)"
+      R"("function":{"name":"f","parameters":{"type":"object"}}}])";
+  // No --tool-call-parser: a call cannot be forced; "auto" and "none" still work, unconstrained.
+  Start({}, ServerOptions());
+  ExpectError("/v1/chat/completions", "{" + tools + R"(,"tool_choice":"required"})", 400,
+              "needs the server started with --tool-call-parser");
+  PostJson("/v1/chat/completions", "{" + tools + R"(,"tool_choice":"none"})");
+  EXPECT_EQ(engine_->last_sampling().constraint, nullptr);
+  ExpectError("/v1/chat/completions",
+              "{" + tools + R"(,"tool_choice":{"type":"function","function":{"name":"g"}}})", 400,
+              "'tool_choice.function.name' = \"g\" is not the name of one of 'tools'");
+  ExpectError("/v1/chat/completions",
+              R"({"messages":[{"role":"user","content":"a"}],"tools":[{"type":"function",)"
+              R"("function":{"name":"f","parameters":[]}}]})",
+              400, "'tools[0].function.parameters' must be a JSON Schema object, got array");
+}
+
+TEST_F(ServerTest, ForcedToolCallReachesTheEngineAsAConstraint) {
+  ServerOptions so;
+  so.tool_call_format = ToolCallFormat::kHermes;
+  Start({}, so);
+  const std::string body =
+      R"({"messages":[{"role":"user","content":"a"}],"max_tokens":2,"tools":[{"type":"function",)"
+      R"("function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"f"}}})";
+  PostJson("/v1/chat/completions", body);
+  const auto constraint = engine_->last_sampling().constraint;
+  ASSERT_NE(constraint, nullptr);
+  auto state = constraint->Start();
+  EXPECT_TRUE(state->Allows("<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>"));
+  EXPECT_FALSE(state->Allows("Sure"));
+  EXPECT_EQ(constraint->texts().size(), tokenizer_.vocab_size());
+  PostJson("/v1/chat/completions",
+           R"({"messages":[{"role":"user","content":"a"}],"max_tokens":2,"tools":[)"
+           R"({"type":"function","function":{"name":"f"}}]})");
+  EXPECT_EQ(engine_->last_sampling().constraint, nullptr);  // "auto": parsed, not forced
+}
+
 TEST_F(ServerTest, ModelsTokenizeDetokenizeMetrics) {
   ServerOptions so;
   so.model_path = "/models/tiny";

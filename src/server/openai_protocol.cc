@@ -296,7 +296,7 @@ Result<GenerateRequest> ParseGenerateRequest(ApiKind kind, std::string_view body
     if (!suffix.empty()) return InvalidArgument("'suffix' is not supported");
     RETURN_IF_ERROR(ParsePrompt(doc, limits, &req));
   } else {
-    ASSIGN_OR_RETURN(req.chat, ParseChatInput(body));
+    ASSIGN_OR_RETURN(req.chat, ParseChatInput(body, &req.tool_choice));
     RETURN_IF_ERROR(ParseUnsupportedChat(doc));
   }
   RETURN_IF_ERROR(ParseCommon(doc, limits, &req));

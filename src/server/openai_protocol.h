@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "engine/request.h"
 #include "model/tokenizer.h"
+#include "server/chat_request.h"
 
 namespace pd::server {
 
@@ -37,6 +38,7 @@ struct GenerateRequest {
   std::optional<std::string> prompt_text;  // completions: the prompt as text ...
   std::vector<int32_t> prompt_ids;         // ... or as token ids
   model::ChatInput chat;                   // chat: messages, tools, template kwargs
+  ToolChoice tool_choice;                  // chat
   std::optional<int> max_tokens;    // absent: 16 (completions) / the rest of the context (chat)
   engine::SamplingParams sampling;  // everything except max_tokens and logprobs
   int num_logprobs = -1;            // -1: none; 0: the chosen token's; N: top N too

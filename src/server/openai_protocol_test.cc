@@ -240,19 +240,65 @@ TEST(OpenAiProtocolTest, ChatToolsAndTemplateKwargs) {
   ExpectError(Chat("{" + user + R"(,"tools":[{"type":"retrieval"}]})"),
               StatusCode::kInvalidArgument, "'tools[0].type' must be \"function\"");
   ExpectError(Chat("{" + user + R"(,"tools":[{"type":"function","function":{"name":""}}]})"),
-              StatusCode::kInvalidArgument, "'tools[0].function.name' must be a non-empty string");
+              StatusCode::kInvalidArgument, "'tools[0].function.name' = \"\" must be 1 to 64");
+  ExpectError(Chat("{" + user + R"(,"tools":[{"type":"function","function":{"name":"a b"}}]})"),
+              StatusCode::kInvalidArgument, "'tools[0].function.name' = \"a b\" must be");
+  ExpectError(Chat("{" + user + R"(,"tools":[{"type":"function","function":{"name":7}}]})"),
+              StatusCode::kInvalidArgument, "'tools[0].function.name' must be a string");
+  ExpectError(Chat("{" + user + R"(,"tools":[{"type":"function","function":{"name":"f",)" +
+                   R"("parameters":{"type":"array"}}}]})"),
+              StatusCode::kInvalidArgument,
+              "'tools[0].function.parameters.type' must be \"object\"");
+  ExpectError(Chat("{" + user + R"(,"tools":[{"type":"function","function":{"name":"f",)" +
+                   R"("parameters":{"properties":[]}}}]})"),
+              StatusCode::kInvalidArgument,
+              "'tools[0].function.parameters.properties' must be an object, got array");
   ExpectError(Chat("{" + user +
                    R"(,"tools":[{"type":"function","function":{"name":"f","parameters":1}}]})"),
               StatusCode::kInvalidArgument,
               "'tools[0].function.parameters' must be a JSON Schema object");
   ExpectError(Chat("{" + user + R"(,"tool_choice":"required"})"), StatusCode::kInvalidArgument,
-              "'tool_choice' = \"required\" is not supported");
+              "'tool_choice' = \"required\" needs 'tools'");
+  ExpectError(Chat("{" + user + R"(,"tool_choice":3})"), StatusCode::kInvalidArgument,
+              "'tool_choice' must be a string or");
   ExpectError(Chat("{" + user + R"(,"tool_choice":"sometimes"})"), StatusCode::kInvalidArgument,
               "is not one of");
   ExpectError(Chat("{" + user + R"(,"chat_template_kwargs":[1]})"), StatusCode::kInvalidArgument,
               "'chat_template_kwargs' must be an object, got array");
   ExpectError(Chat(R"({"messages":[{"role":"assistant","tool_calls":[{"function":{}}]}]})"),
               StatusCode::kInvalidArgument, "'messages[0].tool_calls[0]' must be");
+}
+
+TEST(OpenAiProtocolTest, ToolChoiceModes) {
+  const std::string base =
+      R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function",)"
+      R"("function":{"name":"get_weather","parameters":{"type":"object"}}}])";
+  auto parse = [&](const std::string& choice) {
+    return Chat(base + R"(,"tool_choice":)" + choice + "}");
+  };
+  auto r = Chat(base + "}");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->tool_choice.mode, ToolChoice::Mode::kAuto);
+  r = parse(R"("none")");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->tool_choice.mode, ToolChoice::Mode::kNone);
+  EXPECT_FALSE(r->chat.tools.is_null());  // still rendered into the prompt
+  r = parse(R"("required")");
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->tool_choice.forces_call());
+  r = parse(R"({"type":"function","function":{"name":"get_weather"}})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->tool_choice.mode, ToolChoice::Mode::kFunction);
+  EXPECT_EQ(r->tool_choice.function, "get_weather");
+  ExpectError(parse(R"({"type":"function","function":{"name":"get_time"}})"),
+              StatusCode::kInvalidArgument,
+              "'tool_choice.function.name' = \"get_time\" is not the name of one of 'tools'");
+  ExpectError(parse(R"({"type":"function","function":{}})"), StatusCode::kInvalidArgument,
+              "'tool_choice.function.name' must be a string");
+  ExpectError(parse(R"({"type":"tool","function":{"name":"get_weather"}})"),
+              StatusCode::kInvalidArgument, "'tool_choice.type' must be \"function\"");
+  ExpectError(parse(R"("always")"), StatusCode::kInvalidArgument,
+              "'tool_choice' = \"always\" is not one of");
 }
 
 TEST(OpenAiProtocolTest, FinalizeChecksContextAndVocabulary) {

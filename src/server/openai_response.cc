@@ -25,8 +25,53 @@ json UsageJson(int prompt_tokens, int completion_tokens) {
 ResponseBuilder::ResponseBuilder(ResponseFormat format, const model::Tokenizer& tokenizer)
     : format_(std::move(format)),
       tokenizer_(tokenizer),
-      splitter_(format_.kind == ApiKind::kChat ? format_.reasoning_parser
-                                               : ReasoningParser::kNone) {}
+      splitter_(format_.kind == ApiKind::kChat ? format_.reasoning_parser : ReasoningParser::kNone),
+      tool_parser_(
+          format_.kind == ApiKind::kChat ? format_.tool_call_format : ToolCallFormat::kNone,
+          format_.tools) {}
+
+std::string ResponseBuilder::FinishReason(const std::string& reason, int num_tool_calls) {
+  return num_tool_calls > 0 && reason == "stop" ? "tool_calls" : reason;
+}
+
+static json ToolCallDeltaJson(const ToolCallDelta& call) {
+  json tc = {{"index", call.index}};
+  if (!call.id.empty()) {
+    tc["id"] = call.id;
+    tc["type"] = "function";
+    tc["function"] = {{"name", call.name}, {"arguments", ""}};
+  } else {
+    tc["function"] = {{"arguments", call.arguments}};
+  }
+  return tc;
+}
+
+std::vector<json> ResponseBuilder::ChatDeltas(const TextDelta& delta) {
+  ReasoningSplitter::Split split = splitter_.Feed(delta.text);
+  if (delta.finished) {
+    ReasoningSplitter::Split rest = splitter_.Finish();
+    split.reasoning += rest.reasoning;
+    split.content += rest.content;
+  }
+  ToolParse parsed = tool_parser_.Feed(split.content);
+  if (delta.finished) {
+    ToolParse rest = tool_parser_.Finish();
+    parsed.content += rest.content;
+    for (ToolCallDelta& c : rest.calls) parsed.calls.push_back(std::move(c));
+  }
+  std::vector<json> out;
+  json d = json::object();
+  if (!split.reasoning.empty()) d["reasoning_content"] = split.reasoning;
+  if (!parsed.content.empty() ||
+      (split.reasoning.empty() && parsed.calls.empty() && !delta.finished)) {
+    d["content"] = parsed.content;
+  }
+  if (!d.empty() || parsed.calls.empty()) out.push_back(d);
+  for (const ToolCallDelta& c : parsed.calls) {
+    out.push_back({{"tool_calls", json::array({ToolCallDeltaJson(c)})}});
+  }
+  return out;
+}
 
 json ResponseBuilder::Base(const char* object) const {
   return {{"id", format_.id},
@@ -92,31 +137,36 @@ std::string ResponseBuilder::RoleChunk() const {
 
 std::string ResponseBuilder::Chunk(const TextDelta& delta) {
   json finish = delta.finished ? json(delta.finish_reason) : json(nullptr);
-  json choice;
-  if (format_.kind == ApiKind::kChat) {
-    json d = json::object();
-    ReasoningSplitter::Split split = splitter_.Feed(delta.text);
-    if (delta.finished) {
-      ReasoningSplitter::Split rest = splitter_.Finish();
-      split.reasoning += rest.reasoning;
-      split.content += rest.content;
-    }
-    if (!split.reasoning.empty()) d["reasoning_content"] = split.reasoning;
-    if (!split.content.empty() || (split.reasoning.empty() && !delta.finished)) {
-      d["content"] = split.content;
-    }
-    choice = {{"index", 0}, {"delta", d}, {"logprobs", Logprobs(delta)}, {"finish_reason", finish}};
-  } else {
-    choice = {{"index", 0},
-              {"text", delta.text},
-              {"logprobs", Logprobs(delta)},
-              {"finish_reason", finish}};
+  const char* object = format_.kind == ApiKind::kChat ? "chat.completion.chunk" : "text_completion";
+  if (format_.kind != ApiKind::kChat) {
+    json choice = {{"index", 0},
+                   {"text", delta.text},
+                   {"logprobs", Logprobs(delta)},
+                   {"finish_reason", finish}};
+    if (delta.finished) choice["stop_reason"] = StopReason(delta);
+    json chunk = Base(object);
+    chunk["choices"] = json::array({choice});
+    if (format_.include_usage) chunk["usage"] = nullptr;
+    return Event(chunk);
   }
-  if (delta.finished) choice["stop_reason"] = StopReason(delta);
-  json chunk = Base(format_.kind == ApiKind::kChat ? "chat.completion.chunk" : "text_completion");
-  chunk["choices"] = json::array({choice});
-  if (format_.include_usage) chunk["usage"] = nullptr;
-  return Event(chunk);
+  std::vector<json> deltas = ChatDeltas(delta);
+  if (delta.finished) {  // the calls this delta completed count too
+    finish = FinishReason(delta.finish_reason, tool_parser_.num_calls());
+  }
+  std::string events;
+  for (size_t i = 0; i < deltas.size(); ++i) {
+    const bool last = i + 1 == deltas.size();
+    json choice = {{"index", 0},
+                   {"delta", deltas[i]},
+                   {"logprobs", i == 0 ? Logprobs(delta) : json(nullptr)},
+                   {"finish_reason", last ? finish : json(nullptr)}};
+    if (last && delta.finished) choice["stop_reason"] = StopReason(delta);
+    json chunk = Base(object);
+    chunk["choices"] = json::array({choice});
+    if (format_.include_usage) chunk["usage"] = nullptr;
+    events += Event(chunk);
+  }
+  return events;
 }
 
 std::string ResponseBuilder::UsageChunk(int prompt_tokens, int completion_tokens) const {
@@ -157,20 +207,45 @@ std::string ResponseBuilder::Final(int prompt_tokens, int completion_tokens) con
   if (format_.kind == ApiKind::kChat) {
     response = Base("chat.completion");
     json message = {{"role", "assistant"}, {"content", text_}};
+    ReasoningSplitter splitter(format_.reasoning_parser);
+    ReasoningSplitter::Split split = splitter.Feed(text_);
+    ReasoningSplitter::Split rest = splitter.Finish();
+    split.reasoning += rest.reasoning;
+    split.content += rest.content;
     if (format_.reasoning_parser != ReasoningParser::kNone) {
-      ReasoningSplitter splitter(format_.reasoning_parser);
-      ReasoningSplitter::Split split = splitter.Feed(text_);
-      ReasoningSplitter::Split rest = splitter.Finish();
-      split.reasoning += rest.reasoning;
-      split.content += rest.content;
       message["content"] = split.content.empty() ? json(nullptr) : json(split.content);
       message["reasoning_content"] =
           split.reasoning.empty() ? json(nullptr) : json(split.reasoning);
     }
+    int num_calls = 0;
+    if (format_.tool_call_format != ToolCallFormat::kNone) {
+      ToolCallParser parser(format_.tool_call_format, format_.tools);
+      ToolParse parsed = parser.Feed(split.content);
+      ToolParse tail = parser.Finish();
+      parsed.content += tail.content;
+      for (ToolCallDelta& c : tail.calls) parsed.calls.push_back(std::move(c));
+      json calls = json::array();
+      for (const ToolCallDelta& c : parsed.calls) {
+        if (!c.id.empty()) {
+          calls.push_back({{"id", c.id},
+                           {"type", "function"},
+                           {"function", {{"name", c.name}, {"arguments", ""}}}});
+        } else {
+          calls.back()["function"]["arguments"] =
+              calls.back()["function"]["arguments"].get<std::string>() + c.arguments;
+        }
+      }
+      num_calls = parser.num_calls();
+      message["content"] = parsed.content.empty() && (num_calls > 0 || format_.reasoning_parser !=
+                                                                           ReasoningParser::kNone)
+                               ? json(nullptr)
+                               : json(parsed.content);
+      if (num_calls > 0) message["tool_calls"] = calls;
+    }
     choice = {{"index", 0},
               {"message", message},
               {"logprobs", logprobs},
-              {"finish_reason", finish_reason_},
+              {"finish_reason", FinishReason(finish_reason_, num_calls)},
               {"stop_reason", stop_reason_}};
   } else {
     response = Base("text_completion");

@@ -9,6 +9,7 @@
 #include "server/openai_protocol.h"
 #include "server/reasoning_parser.h"
 #include "server/text_stream.h"
+#include "server/tool_call_parser.h"
 
 namespace pd::server {
 
@@ -22,6 +23,10 @@ struct ResponseFormat {
   bool include_usage = false;
   // Chat: the <think> part of the reply goes to reasoning_content (--reasoning-parser).
   ReasoningParser reasoning_parser = ReasoningParser::kNone;
+  // Chat: the content part is parsed for tool calls in this format (--tool-call-parser; kNone
+  // when the request has no tools or tool_choice "none"), with the request's tools.
+  ToolCallFormat tool_call_format = ToolCallFormat::kNone;
+  nlohmann::ordered_json tools;
 };
 
 nlohmann::json UsageJson(int prompt_tokens, int completion_tokens);
@@ -45,10 +50,16 @@ class ResponseBuilder {
   nlohmann::json Logprobs(const TextDelta& delta);  // null when logprobs were not asked for
   nlohmann::json Base(const char* object) const;
   static nlohmann::json StopReason(const TextDelta& delta);
+  // The chat delta objects of one engine delta: reasoning and content first, then one per
+  // tool-call piece.
+  std::vector<nlohmann::json> ChatDeltas(const TextDelta& delta);
+  // "stop" becomes "tool_calls" when the reply called a tool.
+  static std::string FinishReason(const std::string& reason, int num_tool_calls);
 
   const ResponseFormat format_;
   const model::Tokenizer& tokenizer_;
   ReasoningSplitter splitter_;  // streaming chat: reasoning vs content so far
+  ToolCallParser tool_parser_;  // streaming chat: content vs tool calls so far
   size_t text_offset_ = 0;      // completions logprobs: text_offset of the next token
   std::string text_;            // accumulated (non-streaming)
   nlohmann::json logprobs_;     // accumulated (non-streaming)
