@@ -214,10 +214,12 @@ Status SwapQueryProjection(const std::string& dir, const nlohmann::json& cfg, bo
 Status MakeDeepseekVariant(const std::string& dir, const MoeKey& key) {
   ASSIGN_OR_RETURN(nlohmann::json cfg, ReadJson(dir + "/config.json"));
   if (key.yarn) {
-    // DeepSeek-V3's rope_scaling, at a small original context; max_position_embeddings ==
-    // factor * original, where transformers' older and newer readings of factor agree.
+    // DeepSeek-V3's rope_scaling, at a small original context. With q_lora_rank set,
+    // max_position_embeddings == factor * original (as real configs have it), where transformers'
+    // older and newer readings of factor agree; with the plain q_proj it is 8 * original, so the
+    // engine must take `factor` as given (transformers main), not max / original (4.4x-4.5x).
     constexpr int kOriginal = 256;
-    cfg["max_position_embeddings"] = 4 * kOriginal;
+    cfg["max_position_embeddings"] = (key.q_lora ? 4 : 8) * kOriginal;
     cfg["rope_scaling"] = {{"type", "yarn"},
                            {"factor", 4.0},
                            {"beta_fast", 32.0},

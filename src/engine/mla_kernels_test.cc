@@ -299,17 +299,18 @@ TEST(MlaRopeTest, YarnFollowsTransformers) {
   EXPECT_NEAR(rope.inv_freq[16], base(16) / 40 * ramp + base(16) * (1 - ramp), 1e-15);
   const double m = 0.1 * std::log(40.0) + 1;
   EXPECT_FLOAT_EQ(MlaSoftmaxScale(c), static_cast<float>(m * m / std::sqrt(192.0)));
-  // The scale comes from max/original (here 8), not `factor`, when original is given; without
-  // mscale the attention factor is mscale(8, 1).
+  // `factor` is taken as given (transformers main), even when max / original says otherwise
+  // (here 8): original only sets the correction range. Without mscale the attention factor is
+  // mscale(factor, 1).
   c.max_position_embeddings = 8 * 4096;
   c.yarn_scaling.mscale = 0;
   rope = ComputeMlaRope(c);
-  EXPECT_DOUBLE_EQ(rope.inv_freq[31], base(31) / 8);
-  EXPECT_DOUBLE_EQ(rope.attention_factor, 0.1 * std::log(8.0) + 1);
+  EXPECT_DOUBLE_EQ(rope.inv_freq[31], base(31) / 40);
+  EXPECT_DOUBLE_EQ(rope.attention_factor, 0.1 * std::log(40.0) + 1);
   std::vector<int32_t> pos = {3};
   std::vector<float> cs(32), sn(32);
   MlaRopeTable(rope, pos.data(), 1, cs.data(), sn.data());
-  EXPECT_FLOAT_EQ(cs[31], static_cast<float>(std::cos(3 * base(31) / 8) * rope.attention_factor));
+  EXPECT_FLOAT_EQ(cs[31], static_cast<float>(std::cos(3 * base(31) / 40) * rope.attention_factor));
   c.yarn = false;  // plain rope: theta^(-2i/d), scale qk_head_dim^-0.5
   rope = ComputeMlaRope(c);
   EXPECT_DOUBLE_EQ(rope.inv_freq[31], base(31));

@@ -27,12 +27,15 @@ MlaRope ComputeMlaRope(const model::ModelConfig& c) {
   for (int i = 0; i < half; ++i) rope.inv_freq[i] = std::pow(base, -2.0 * i / d);
   if (!c.yarn) return rope;
   const model::YarnScaling& y = c.yarn_scaling;
-  double factor = y.factor;
-  double original = c.max_position_embeddings;
-  if (y.original_max_position_embeddings > 0) {
-    original = y.original_max_position_embeddings;
-    factor = static_cast<double>(c.max_position_embeddings) / original;
-  }
+  // transformers' _compute_yarn_parameters (main): the config's factor as given (the parser
+  // requires it); original_max_position_embeddings, when given, only sets the correction range.
+  // Its 4.4x-4.5x releases replaced factor by max_position_embeddings / original whenever original
+  // was given; real DeepSeek-V3 configs have max_position_embeddings == factor * original, where
+  // both readings agree.
+  const double factor = y.factor;
+  const double original = y.original_max_position_embeddings > 0
+                              ? y.original_max_position_embeddings
+                              : c.max_position_embeddings;
   if (y.attention_factor > 0) {
     rope.attention_factor = y.attention_factor;
   } else if (y.mscale != 0 && y.mscale_all_dim != 0) {

@@ -32,7 +32,9 @@ void RankRunner::MlaAttentionBlock(int l) {
   const bool q_lora = m.q_lora_rank > 0;
   const int64_t qa = q_lora ? m.q_lora_rank : H * qh;  // the q part of `a`
   const int64_t lda = qa + L;
-  const float eps = static_cast<float>(c_.rms_norm_eps);
+  // transformers builds q_a_layernorm and kv_a_layernorm with RMSNorm's default eps, not
+  // rms_norm_eps (DeepseekV3Attention); real configs have both at 1e-6.
+  constexpr float eps = 1e-6f;
   Ensure(s_.mla_a, t * lda);
   if (q_lora) Ensure(s_.mla_q, t * H * qh);
   Ensure(s_.mla_qabs, t * H * L);

@@ -15,9 +15,8 @@ std::string_view ArchName(Arch arch);
 Result<Arch> ParseArch(std::string_view model_type);
 
 // rope_scaling {"type" (or "rope_type"): "yarn", ...} as transformers' _compute_yarn_parameters
-// reads it. When original_max_position_embeddings is given, transformers takes the scale as
-// max_position_embeddings / original_max_position_embeddings (DeepSeek-V3 configs have both equal
-// to `factor`); `factor` is what config.json says.
+// reads it: `factor` as config.json gives it; original_max_position_embeddings (when given) sets
+// the correction range (DeepSeek-V3 configs have max_position_embeddings == factor * original).
 struct YarnScaling {
   double factor = 1.0;
   int original_max_position_embeddings = 0;  // 0: absent (max_position_embeddings is used)
