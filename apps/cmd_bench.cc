@@ -4,6 +4,7 @@
 //       --num-prompts 100 --request-rate 4 --goodput ttft:500 tpot:100 --save-result
 #include <signal.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "apps/command.h"
+#include "bench/rate_sweep.h"
 #include "bench/runner.h"
 #include "common/thread_util.h"
 
@@ -55,7 +57,32 @@ struct BenchFlags {
   std::string result_dir = ".";
   std::string api_key;
   std::string cpus;  // empty: the client's threads run anywhere
+  // Rate sweeps and the goodput search (bench/rate_sweep.h).
+  std::vector<std::string> slo;             // NAME:VALUE with a unit
+  std::vector<std::string> goodput_search;  // the SLOs of the search
+  double attainment = -1;                   // < 0: not given (the search's target is 0.9)
+  double precision = 0.05;
+  int devices = 0;
+  int warmup_requests = 2;
+  double min_duration_s = 0;
 };
+
+// What RunBench does with the flags.
+struct Plan {
+  bench::BenchOptions bench;
+  std::vector<double> rates;
+  bool rates_document = false;  // a sweep or a search: the pdserve-bench-rates-v1 document
+  bench::SweepOptions sweep;
+  bool search = false;
+  bench::GoodputSearchOptions search_options;
+};
+
+// A flag's value as the user wrote it, near enough ("1.5", not "1.500000").
+std::string Num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
 
 int Usage(const std::string& message) {
   std::fprintf(stderr, "bench: %s\n", message.c_str());
@@ -78,14 +105,8 @@ Result<bench::BenchOptions> MakeOptions(const BenchFlags& f) {
   o.dataset.length_scale = f.length_scale;
   if (f.num_prompts < 1) return InvalidArgument("--num-prompts must be at least 1");
   o.num_prompts = f.num_prompts;
-  if (f.request_rate == "inf") {
-    o.request_rate = INFINITY;
-  } else {
-    char* end = nullptr;
-    o.request_rate = std::strtod(f.request_rate.c_str(), &end);
-    if (*end != '\0' || !(o.request_rate > 0))
-      return InvalidArgument("--request-rate must be a positive number or inf");
-  }
+  ASSIGN_OR_RETURN(std::vector<double> rates, bench::ParseRequestRates(f.request_rate));
+  o.request_rate = rates.front();
   if (!(f.burstiness > 0)) return InvalidArgument("--burstiness must be positive");
   o.burstiness = f.burstiness;
   o.max_concurrency = f.max_concurrency;
@@ -103,6 +124,40 @@ Result<bench::BenchOptions> MakeOptions(const BenchFlags& f) {
   return o;
 }
 
+// The sweep / search settings on top of MakeOptions'; InvalidArgument names the flag.
+Result<Plan> MakePlan(const BenchFlags& f) {
+  Plan p;
+  ASSIGN_OR_RETURN(p.bench, MakeOptions(f));
+  ASSIGN_OR_RETURN(p.rates, bench::ParseRequestRates(f.request_rate));
+  if (f.attainment >= 0 && !(f.attainment > 0 && f.attainment <= 1))
+    return InvalidArgument("--attainment must be in (0, 1], got " + Num(f.attainment));
+  if (!(f.precision > 0 && f.precision < 1))
+    return InvalidArgument("--precision must be in (0, 1), got " + Num(f.precision));
+  if (f.devices < 0) return InvalidArgument("--devices must be positive");
+  if (f.warmup_requests < 0) return InvalidArgument("--warmup-requests must not be negative");
+  p.search = !f.goodput_search.empty();
+  if (p.search && !f.slo.empty())
+    return InvalidArgument("--slo and --goodput-search both give the SLOs: give them once");
+  if (f.devices > 0 && !p.search) return InvalidArgument("--devices goes with --goodput-search");
+  ASSIGN_OR_RETURN(p.sweep.slo_ms, p.search ? bench::ParseSlo("--goodput-search", f.goodput_search)
+                                            : bench::ParseSlo("--slo", f.slo));
+  p.rates_document = p.search || p.rates.size() > 1 || !f.slo.empty();
+  p.sweep.bench = p.bench;
+  p.sweep.warmup_requests = f.warmup_requests;
+  if (!(f.min_duration_s >= 0)) return InvalidArgument("--min-duration must not be negative");
+  p.sweep.min_duration_s = f.min_duration_s;
+  p.sweep.attainment_target = f.attainment > 0 ? f.attainment : p.search ? 0.9 : 0;
+  if (p.search) {
+    if (p.rates.size() > 1)
+      return InvalidArgument("--request-rate: --goodput-search takes one rate (where it starts)");
+    p.search_options.attainment = p.sweep.attainment_target;
+    p.search_options.precision = f.precision;
+    p.search_options.start_rate = std::isinf(p.rates.front()) ? 1.0 : p.rates.front();
+    p.search_options.max_rate = std::max(1e4, p.search_options.start_rate);
+  }
+  return p;
+}
+
 // --save-result / --result-filename: the summary's JSON into --result-dir; 1 when it cannot be
 // written.
 int SaveResult(const BenchFlags& f, const nlohmann::json& json) {
@@ -111,7 +166,9 @@ int SaveResult(const BenchFlags& f, const nlohmann::json& json) {
     std::string model = json.value("model_id", "model");
     for (char& c : model)
       if (c == '/') c = '-';
-    name = "pdserve-" + f.request_rate + "qps-" + model + "-" + json.value("date", "now") + ".json";
+    const std::string what =
+        json.contains("schema") ? json.value("mode", "rates") : f.request_rate + "qps";
+    name = "pdserve-" + what + "-" + model + "-" + json.value("date", "now") + ".json";
   }
   const std::string path =
       f.result_dir.empty() || name.front() == '/' ? name : f.result_dir + "/" + name;
@@ -125,13 +182,34 @@ int SaveResult(const BenchFlags& f, const nlohmann::json& json) {
   return 0;
 }
 
+// A sweep over the rates, or the goodput search: the table, and the rates document saved.
+int RunRates(const BenchFlags& f, Plan& plan) {
+  plan.sweep.on_rate = [](double rate) { std::fprintf(stderr, "bench: rate %g req/s\n", rate); };
+  auto runner = bench::RateRunner::Create(plan.sweep);
+  if (!runner.ok()) {
+    std::fprintf(stderr, "bench: %s\n", runner.status().ToString().c_str());
+    return runner.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  Result<bench::RatesReport> report =
+      plan.search ? bench::RunGoodputSearch(runner->get(), plan.search_options, f.devices)
+                  : bench::RunSweep(runner->get(), plan.rates);
+  if (!report.ok()) {
+    std::fprintf(stderr, "bench: %s\n", report.status().ToString().c_str());
+    return 1;
+  }
+  std::fputs(report->text.c_str(), stdout);
+  if (f.save_result || !f.result_filename.empty()) return SaveResult(f, report->json);
+  return 0;
+}
+
 int RunBench(const BenchFlags& f) {
   // A server that sheds load closes connections we may still be writing to: that is a failed
   // request, not a reason to die.
   ::signal(SIGPIPE, SIG_IGN);
-  auto o = MakeOptions(f);
-  if (!o.ok()) return Usage(o.status().message());
-  auto summary = bench::RunBenchmark(*o);
+  auto plan = MakePlan(f);
+  if (!plan.ok()) return Usage(plan.status().message());
+  if (plan->rates_document) return RunRates(f, *plan);
+  auto summary = bench::RunBenchmark(plan->bench);
   if (!summary.ok()) {
     std::fprintf(stderr, "bench: %s\n", summary.status().ToString().c_str());
     return 1;
@@ -162,7 +240,8 @@ PD_REGISTER_COMMAND(
           ->capture_default_str();
       app->add_option("--num-prompts", f->num_prompts, "requests to send")->capture_default_str();
       app->add_option("--request-rate", f->request_rate,
-                      "requests per second, or inf (all at once)")
+                      "requests per second, or inf (all at once); a list (1,2,4,inf) sweeps the "
+                      "rates in turn; with --goodput-search, the rate it starts from (default 1)")
           ->capture_default_str();
       app->add_option("--burstiness", f->burstiness, "gamma shape of arrivals (1: Poisson)")
           ->capture_default_str();
@@ -186,6 +265,31 @@ PD_REGISTER_COMMAND(
       app->add_option("--cpus", f->cpus,
                       "CPUs the client's request threads run on, e.g. 0 or 2-3 (default: any); "
                       "keeps the client off the cores the servers compute on");
+      app->add_option("--slo", f->slo,
+                      "SLOs with units for the per-rate attainment, e.g. ttft:500ms tpot:100ms "
+                      "(ttft | tpot | e2el; ms | s); writes the rates document")
+          ->expected(1, 3);
+      app->add_option("--goodput-search", f->goodput_search,
+                      "find the highest rate whose attainment of these SLOs reaches "
+                      "--attainment, e.g. ttft:500ms tpot:100ms: doubling or halving from the "
+                      "start rate to a bracket, then bisection to --precision")
+          ->expected(1, 3);
+      app->add_option("--attainment", f->attainment,
+                      "attainment target in (0, 1] (default 0.9 for --goodput-search)");
+      app->add_option("--precision", f->precision,
+                      "goodput search: stop when the bracket is narrower than this share of its "
+                      "low end")
+          ->capture_default_str();
+      app->add_option(
+          "--devices", f->devices,
+          "goodput search: devices (cores) the deployment uses, for goodput per device");
+      app->add_option("--warmup-requests", f->warmup_requests,
+                      "sweep / search: requests sent before each rate, not counted")
+          ->capture_default_str();
+      app->add_option("--min-duration", f->min_duration_s,
+                      "sweep / search: seconds of arrivals per rate at least (more requests than "
+                      "--num-prompts at high rates; 0: --num-prompts)")
+          ->capture_default_str();
       return [f] { return RunBench(*f); };
     });
 

@@ -14,6 +14,7 @@
 #include "apps/command.h"
 #include "apps/http_limit_flags.h"
 #include "apps/idle_poll_flag.h"
+#include "apps/kv_cache_dtype_flag.h"
 #include "apps/matmul_flag.h"
 #include "apps/serve_roles.h"  // --role prefill|decode (messenger, H9)
 #include "common/log.h"
@@ -51,7 +52,8 @@ struct ServeFlags {
   int max_num_batched_tokens = 512;
   int page_size = 16;
   std::string kv_layout = "hnd";
-  std::string matmul = "f32";  // engine::MatmulPrecision
+  std::string kv_cache_dtype = "auto";  // apps/kv_cache_dtype_flag.h
+  std::string matmul = "f32";           // engine::MatmulPrecision
   size_t kv_cache_bytes = 256ull << 20;
   int threads = 0;
   std::string compute_cpus;  // empty: every thread may run on any CPU the process may
@@ -110,12 +112,13 @@ Result<std::vector<int>> ParseCpusFlag(const std::string& flag, const std::strin
 // The engine's options from the flags; without --threads, --compute-cpus's CPUs are split over
 // the ranks.
 engine::EngineOptions MakeEngineOptions(const ServeFlags& f, engine::KvLayout layout,
-                                        int max_model_len, const std::vector<int>& compute_cpus,
-                                        Tracer* tracer) {
+                                        engine::KvDType kv_dtype, int max_model_len,
+                                        const std::vector<int>& compute_cpus, Tracer* tracer) {
   engine::EngineOptions eo;
   eo.runner.tracer = tracer;
   eo.runner.kv.page_size = f.page_size;
   eo.runner.kv.layout = layout;
+  eo.runner.kv.dtype = kv_dtype;
   eo.runner.kv_cache_bytes = f.kv_cache_bytes;
   eo.runner.num_threads =
       f.threads > 0 || compute_cpus.empty()
@@ -160,6 +163,7 @@ int RunServe(const ServeFlags& f) {
 
   auto layout = engine::ParseKvLayout(f.kv_layout);
   if (!layout.ok()) return Fail("--kv-layout: " + layout.status().message());
+  const engine::KvDType kv_dtype = CheckedKvCacheDType(f.kv_cache_dtype);
   // Before the model loads: a refused role (no cluster secret, ...) says so at once.
   if (Status s = ValidateRoleFlags(f.roles); !s.ok()) return Fail(s.message());
   auto reasoning_parser = server::ParseReasoningParserName(f.reasoning_parser);
@@ -183,7 +187,7 @@ int RunServe(const ServeFlags& f) {
   auto io = ParseCpusFlag("--io-cpus", f.io_cpus);
   if (!io.ok()) return Fail(io.status().message());
   const engine::EngineOptions eo =
-      MakeEngineOptions(f, *layout, max_model_len, compute_cpus, roles.tracer);
+      MakeEngineOptions(f, *layout, kv_dtype, max_model_len, compute_cpus, roles.tracer);
   WarnIfMatmulFallsBack("serve", eo.runner.matmul);
   // --compute-cpus: the model's threads (pool workers and rank threads, started by Create, inherit
   // the main thread's affinity; the engine loop pins itself) run there; HTTP, fabric and KV
@@ -263,6 +267,7 @@ PD_REGISTER_COMMAND(serve, "Serve a model with the OpenAI-compatible HTTP API", 
       ->capture_default_str();
   app->add_option("--page-size", f->page_size, "KV page size in tokens")->capture_default_str();
   app->add_option("--kv-layout", f->kv_layout, "hnd | nhd")->capture_default_str();
+  AddKvCacheDTypeFlag(app, &f->kv_cache_dtype, kKvCacheDTypeFlagHelp);
   AddMatmulFlag(app, &f->matmul, kMatmulFlagHelp);
   app->add_option("--kv-cache-bytes", f->kv_cache_bytes, "KV cache size in bytes")
       ->capture_default_str();

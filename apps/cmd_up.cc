@@ -9,6 +9,7 @@
 
 #include "apps/command.h"
 #include "apps/idle_poll_flag.h"
+#include "apps/kv_cache_dtype_flag.h"
 #include "apps/matmul_flag.h"
 #include "deploy/local_deployment.h"
 
@@ -55,6 +56,8 @@ PD_REGISTER_COMMAND(
       app->add_option("--host", f->host, "address of every instance")->capture_default_str();
       app->add_option("--port", f->port, "router port (instances: P+1...)")->capture_default_str();
       app->add_option("--kv-layout", f->kv_layout, "hnd | nhd")->capture_default_str();
+      AddKvCacheDTypeFlag(app, &f->kv_cache_dtype,
+                          "every instance's --kv-cache-dtype (see serve --help)");
       app->add_option("--page-size", f->page_size, "KV page size in tokens")->capture_default_str();
       AddMatmulFlag(app, &f->matmul, "every instance's --matmul (see serve --help)");
       app->add_option("--threads", f->threads, "compute threads per instance")

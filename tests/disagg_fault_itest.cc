@@ -59,12 +59,19 @@ std::string TempPath(const std::string& name) {
 [[maybe_unused]] const auto* const kTempCleanup =
     ::testing::AddGlobalTestEnvironment(new testing::TempPathCleanup("pdserve_fault_"));
 
-// The `small` preset (4 layers, hidden 256): a prefill of a few hundred tokens takes long enough
-// (tens of ms per chunk on one thread) for a kill to land while transfers are in flight.
-const std::string& ModelDir() {
-  static const std::string dir = testing::MakeModel(kBinary, "small", 7, TempPath("model"));
-  return dir;
+// The `small` preset (4 layers, hidden 256, vocab 2048): a prefill of a few hundred tokens takes
+// long enough (tens of ms per chunk on one thread) for a kill to land while transfers are in
+// flight. qwen3 (per-head K/V) unless a test asks for deepseek_v3 (an MLA latent).
+const std::string& ModelDir(const std::string& arch = "qwen3") {
+  static const std::string qwen3 = testing::MakeModel(kBinary, "small", 7, TempPath("model"));
+  if (arch == "qwen3") return qwen3;
+  static const std::string mla =
+      testing::MakeModel(kBinary, "small", 7, TempPath("model_mla"), "deepseek_v3");
+  return mla;
 }
+
+// The fault tests that run for both KV cache kinds.
+class DisaggFaultArchTest : public ::testing::TestWithParam<std::string> {};
 
 int HiddenSize() {
   std::ifstream f(ModelDir() + "/config.json");
@@ -85,8 +92,9 @@ std::vector<int> PromptOf(int len, int salt) {
   return testing::PromptOf(len, salt, 1990);  // small: vocab 2048
 }
 
-std::vector<std::string> ServeArgs(int port, const std::vector<std::string>& extra) {
-  return testing::ServeArgv(kBinary, ModelDir(), port, 512, extra);
+std::vector<std::string> ServeArgs(int port, const std::vector<std::string>& extra,
+                                   const std::string& arch = "qwen3") {
+  return testing::ServeArgv(kBinary, ModelDir(arch), port, 512, extra);
 }
 
 double Metric(int port, const std::string& name, const std::string& labels = "") {
@@ -209,13 +217,15 @@ TEST(DisaggFaultTest, PrefillKilledMidTransferIsNoticedLongBeforeTheDeadline) {
   if (HasFailure()) ADD_FAILURE() << decode.output() << "\n--- prefill 1:\n" << p1.output();
 }
 
-TEST(DisaggFaultTest, LonePrefillKilledMidTransferFailsTheInFlightRequestsClearly) {
+TEST_P(DisaggFaultArchTest, LonePrefillKilledMidTransferFailsTheInFlightRequestsClearly) {
+  const std::string arch = GetParam();
   const int port = PickPort();
   const std::string secret = SecretFile("s_lone", "fault-secret");
   Process p0, decode;
-  ASSERT_TRUE(StartAndWaitFor(p0, ServeArgs(port + 1, SlowPrefill(secret, 32)),
+  ASSERT_TRUE(StartAndWaitFor(p0, ServeArgs(port + 1, SlowPrefill(secret, 32), arch),
                               "prefill instance on", 120s));
-  ASSERT_TRUE(StartAndWaitFor(decode, ServeArgs(port + 8, DecodeRole(secret, Url(port + 1), 4000)),
+  ASSERT_TRUE(StartAndWaitFor(decode,
+                              ServeArgs(port + 8, DecodeRole(secret, Url(port + 1), 4000), arch),
                               "on http://", 120s));
 
   Burst burst(port + 8, 6, 240, 4);
@@ -358,12 +368,12 @@ void AbandonedStream(int port, const std::vector<int>& prompt, int max_tokens, i
   c.send(r, res, err);
 }
 
-TEST(DisaggFaultTest, HundredStreamsAbortedAtRandomPointsLeaveNothingBehind) {
+TEST_P(DisaggFaultArchTest, HundredStreamsAbortedAtRandomPointsLeaveNothingBehind) {
   const int port = PickPort();
   Process up;
   ASSERT_TRUE(StartAndWaitFor(
       up,
-      testing::UpArgv(kBinary, ModelDir(), 1, 1, port,
+      testing::UpArgv(kBinary, ModelDir(GetParam()), 1, 1, port,
                       {"--threads", "1", "--max-model-len", "512", "--served-model-name", "m",
                        "--max-num-batched-tokens", "64"}),
       "router (OpenAI API) on", 180s));
@@ -421,6 +431,9 @@ TEST(DisaggFaultTest, HundredStreamsAbortedAtRandomPointsLeaveNothingBehind) {
   EXPECT_EQ(up.Stop(SIGTERM, 30s), 0);
   if (HasFailure()) ADD_FAILURE() << up.output();
 }
+
+INSTANTIATE_TEST_SUITE_P(KvCaches, DisaggFaultArchTest, ::testing::Values("qwen3", "deepseek_v3"),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 // ------------------------------------------------------------------ malformed control messages
 

@@ -261,9 +261,9 @@ inline int PickPortBlock(std::mt19937& rng, int base, int blocks = 3000) {
 // Writes a random qwen3 model of `preset` (e.g. "tiny", "small") with `seed` into `dir` through
 // `binary make-model` (a test failure when it fails); returns dir.
 inline std::string MakeModel(const std::string& binary, const std::string& preset, int seed,
-                             const std::string& dir) {
+                             const std::string& dir, const std::string& arch = "qwen3") {
   Process p;
-  EXPECT_TRUE(p.Start({binary, "make-model", "--arch", "qwen3", "--preset", preset, "--seed",
+  EXPECT_TRUE(p.Start({binary, "make-model", "--arch", arch, "--preset", preset, "--seed",
                        std::to_string(seed), "--out", dir}));
   EXPECT_EQ(p.Wait(std::chrono::seconds(120)), 0) << p.output();
   return dir;

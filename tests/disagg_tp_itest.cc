@@ -2,17 +2,24 @@
 // (1 prefill + 1 decode + router, each rank a thread) gives token-for-token the greedy output of a
 // TP 1 colocated instance, with the KV moved by the shard plan between the instances' rank
 // regions over libfabric (tcp;ofi_rxm on loopback). Also: the decode instance's transfers all
-// succeed and every page comes back on both sides.
+// succeed and every page comes back on both sides. For qwen3 (dense GQA), qwen3_moe (GQA, MoE)
+// and deepseek_v3 (an MLA latent every rank holds whole, sent from one random source rank per
+// destination rank), with page sizes 1, 4 and 16, chunked and whole prefill: a subset of the
+// {1,2,4} x {1,2,4} pairings per model (messenger_mla_test runs every MLA pairing in-process).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "tests/disagg_process.h"
 
@@ -32,17 +39,18 @@ std::string TempPath(const std::string& name) {
       .string();
 }
 
-// The tiny preset: 4 attention heads, 2 KV heads, 160 MLP columns (TP 1, 2 and 4 all split it).
-const std::string& ModelDir() {
-  static const std::string dir = [] {
-    std::string d = TempPath("model");
-    Process p;
-    EXPECT_TRUE(p.Start(
-        {kBinary, "make-model", "--arch", "qwen3", "--preset", "tiny", "--seed", "9", "--out", d}));
-    EXPECT_EQ(p.Wait(120s), 0) << p.output();
-    return d;
-  }();
-  return dir;
+// The tiny preset of `arch`: 4 attention heads, 3 layers, 160 MLP columns (TP 1, 2 and 4 all
+// split it); qwen3 and qwen3_moe have 2 KV heads of 32, deepseek_v3 a 36-value latent (28 + 8).
+const std::string& ModelDir(const std::string& arch = "qwen3") {
+  static std::map<std::string, std::string> dirs;
+  auto it = dirs.find(arch);
+  if (it != dirs.end()) return it->second;
+  std::string d = TempPath("model_" + arch);
+  Process p;
+  EXPECT_TRUE(p.Start(
+      {kBinary, "make-model", "--arch", arch, "--preset", "tiny", "--seed", "9", "--out", d}));
+  EXPECT_EQ(p.Wait(120s), 0) << p.output();
+  return dirs.emplace(arch, d).first->second;
 }
 
 int PickPort() {
@@ -96,7 +104,22 @@ struct TpShape {
   int prefill_tp;
   int decode_tp;
   std::string layout;
+  std::string arch = "qwen3";
+  int page_size = 4;
+  int budget = 12;  // --max-num-batched-tokens: 12 chunks the longer prompts, 64 does not
+  std::string kv_cache_dtype = "auto";
 };
+
+// What the prefill messenger logs about the cache, and the bytes of one token's KV (f32, every
+// layer, one copy): qwen3 tiny has 2 layers.
+std::string CacheWords(const std::string& arch) {
+  return arch == "deepseek_v3" ? "replicated MLA latent, latent_dim 36" : "2 KV heads";
+}
+double BytesPerToken(const TpShape& s) {
+  const double elem = s.kv_cache_dtype == "bfloat16" ? 2 : 4;
+  if (s.arch == "deepseek_v3") return 3 * 36 * elem;
+  return (s.arch == "qwen3" ? 2 : 3) * 2 * 2 * 32 * elem;
+}
 
 class DisaggTpTest : public ::testing::TestWithParam<TpShape> {};
 
@@ -104,7 +127,7 @@ TEST_P(DisaggTpTest, UpGivesTheColocatedTp1GreedyTokens) {
   const TpShape s = GetParam();
   const int port = PickPort();
   const std::vector<std::string> common = {"--model",
-                                           ModelDir(),
+                                           ModelDir(s.arch),
                                            "--threads",
                                            "1",
                                            "--max-model-len",
@@ -114,11 +137,13 @@ TEST_P(DisaggTpTest, UpGivesTheColocatedTp1GreedyTokens) {
                                            "--kv-layout",
                                            s.layout,
                                            "--page-size",
-                                           "4",
+                                           std::to_string(s.page_size),
                                            "--max-num-batched-tokens",
-                                           "12",
+                                           std::to_string(s.budget),
                                            "--max-num-seqs",
-                                           "8"};
+                                           "8",
+                                           "--kv-cache-dtype",
+                                           s.kv_cache_dtype};
   Process colocated;
   std::vector<std::string> cargs = {kBinary, "serve", "--port", std::to_string(port + 9)};
   cargs.insert(cargs.end(), common.begin(), common.end());
@@ -136,16 +161,18 @@ TEST_P(DisaggTpTest, UpGivesTheColocatedTp1GreedyTokens) {
   ASSERT_TRUE(up.Start(uargs));
   ASSERT_FALSE(up.WaitForLine("router (OpenAI API) on", 180s).empty()) << up.output();
   // Each instance registered one KV region per rank of its own TP.
-  EXPECT_THAT(up.output(), HasSubstr("prefill messenger: " + std::to_string(s.prefill_tp) +
-                                     " rank KV region(s) registered (tp_size " +
-                                     std::to_string(s.prefill_tp) + ", 2 KV heads)"));
-  EXPECT_THAT(up.output(), HasSubstr("decode messenger: " + std::to_string(s.decode_tp) +
-                                     " rank KV region(s) registered for each of 1 prefill "
-                                     "peer(s) (tp_size " +
-                                     std::to_string(s.decode_tp) + ", 2 KV heads)"));
+  EXPECT_THAT(up.output(),
+              HasSubstr("prefill messenger: " + std::to_string(s.prefill_tp) +
+                        " rank KV region(s) registered (tp_size " + std::to_string(s.prefill_tp) +
+                        ", " + CacheWords(s.arch) + ")"));
+  EXPECT_THAT(up.output(),
+              HasSubstr("decode messenger: " + std::to_string(s.decode_tp) +
+                        " rank KV region(s) registered for each of 1 prefill "
+                        "peer(s) (tp_size " +
+                        std::to_string(s.decode_tp) + ", " + CacheWords(s.arch) + ")"));
 
-  int transfers = 0;
-  for (int len : {1, 3, 5, 16, 29}) {  // up to 8 pages, prefilled in chunks of 12 tokens
+  int transfers = 0, tokens = 0;
+  for (int len : {1, 3, 5, 16, 29}) {  // up to 8 pages of 4, prefilled in chunks of 12 tokens
     SCOPED_TRACE("prompt of " + std::to_string(len) + " tokens");
     auto prompt = PromptOf(len, len);
     auto [ws, want] = Complete(port + 9, prompt, 6);
@@ -155,20 +182,58 @@ TEST_P(DisaggTpTest, UpGivesTheColocatedTp1GreedyTokens) {
     EXPECT_EQ(got["choices"][0]["text"], want["choices"][0]["text"]);
     EXPECT_EQ(got["usage"], want["usage"]);
     if (len > 1) ++transfers;
+    tokens += len - 1;  // the last prompt token is the decode instance's
   }
   EXPECT_TRUE(PagesFree(port + 2));  // the decode instance
   EXPECT_TRUE(PagesFree(port + 1));  // the prefill instance
   EXPECT_EQ(Metric(port + 1, "pdserve:kv_transfers_total{role=\"prefill\"}"), transfers);
+  // KV bytes per token: one copy, and on the wire (whole pages; an MLA latent to every decode
+  // rank), at least one copy per token and at most a page's padding more per transfer.
+  EXPECT_EQ(Metric(port + 2, "pdserve:kv_transfer_bytes_per_token{role=\"decode\"}"),
+            BytesPerToken(s));
+  const double kv_bytes = Metric(port + 1, "pdserve:kv_transfer_kv_bytes_total{role=\"prefill\"}");
+  EXPECT_EQ(Metric(port + 1, "pdserve:kv_transfer_tokens_total{role=\"prefill\"}"), tokens);
+  // A decode rank holds the whole latent (MLA) or its KV heads; TP 4 over 2 heads: 2 replicas.
+  const int copies = s.arch == "deepseek_v3" ? s.decode_tp : std::max(1, s.decode_tp / 2);
+  EXPECT_GE(kv_bytes, BytesPerToken(s) * tokens * copies);
+  EXPECT_LE(kv_bytes, BytesPerToken(s) * (tokens + transfers * (s.page_size - 1)) * copies);
+  EXPECT_EQ(Metric(port + 2, "pdserve:kv_transfer_kv_bytes_total{role=\"decode\"}"), kv_bytes);
+  std::printf(
+      "%s prefill TP %d -> decode TP %d, page %d, %s: %.0f KV bytes per token one copy, "
+      "%.1f on the wire, %.2f ms per transfer (mean)\n",
+      s.arch.c_str(), s.prefill_tp, s.decode_tp, s.page_size, s.kv_cache_dtype.c_str(),
+      BytesPerToken(s), kv_bytes / tokens,
+      1e3 * Metric(port + 2, "pdserve:kv_transfer_seconds_sum{role=\"decode\"}") / transfers);
   EXPECT_EQ(up.Stop(SIGTERM, 30s), 0) << up.output();
   EXPECT_EQ(colocated.Stop(SIGTERM, 30s), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Pairings, DisaggTpTest,
-                         ::testing::Values(TpShape{2, 1, "hnd"}, TpShape{1, 2, "nhd"},
-                                           TpShape{4, 2, "nhd"}),
+// qwen3: a subset. qwen3_moe and deepseek_v3: every prefill TP {1,2,4} x decode TP {1,2,4},
+// cycling page sizes 1 and 16, chunked (budget 12) and whole (budget 64) prefill, both layouts,
+// and bfloat16 KV on one pairing in three.
+std::vector<TpShape> Shapes() {
+  std::vector<TpShape> v = {{2, 1, "hnd"}, {1, 2, "nhd"}, {4, 2, "nhd"}};
+  for (const char* arch : {"deepseek_v3", "qwen3_moe"}) {
+    int k = 0;
+    for (int p : {1, 2, 4}) {
+      for (int d : {1, 2, 4}) {
+        v.push_back({p, d, k % 2 == 0 ? "hnd" : "nhd", arch, k % 2 == 0 ? 1 : 16,
+                     (k / 2) % 2 == 0 ? 12 : 64, k % 3 == 2 ? "bfloat16" : "auto"});
+        ++k;
+      }
+    }
+  }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Pairings, DisaggTpTest, ::testing::ValuesIn(Shapes()),
                          [](const ::testing::TestParamInfo<TpShape>& i) {
-                           return "prefill_tp" + std::to_string(i.param.prefill_tp) + "_decode_tp" +
-                                  std::to_string(i.param.decode_tp) + "_" + i.param.layout;
+                           const TpShape& s = i.param;
+                           return s.arch + "_prefill_tp" + std::to_string(s.prefill_tp) +
+                                  "_decode_tp" + std::to_string(s.decode_tp) + "_" + s.layout +
+                                  "_page" + std::to_string(s.page_size) + "_budget" +
+                                  std::to_string(s.budget) +
+                                  (s.kv_cache_dtype == "auto" ? "" : "_" + s.kv_cache_dtype);
                          });
 
 // serve --role prefill|decode accept --tensor-parallel-size (they refused it before the shard

@@ -52,6 +52,57 @@ Result<std::map<std::string, double>> ParseGoodput(const std::vector<std::string
   return out;
 }
 
+Result<std::map<std::string, double>> ParseSlo(const std::string& flag,
+                                               const std::vector<std::string>& items) {
+  std::map<std::string, double> out;
+  for (const std::string& item : items) {
+    const size_t colon = item.find(':');
+    if (colon == std::string::npos)
+      return InvalidArgument(flag + ": expected NAME:VALUE with a unit, e.g. ttft:500ms, got '" +
+                             item + "'");
+    const std::string name = item.substr(0, colon);
+    if (name != "ttft" && name != "tpot" && name != "e2el")
+      return InvalidArgument(flag + ": unknown SLO '" + name + "' (ttft | tpot | e2el)");
+    const char* value = item.c_str() + colon + 1;
+    char* end = nullptr;
+    const double v = std::strtod(value, &end);
+    if (end == value || !(v > 0) || std::isinf(v))
+      return InvalidArgument(flag + ": '" + item + "' needs a positive value with a unit (ms | s)");
+    const std::string unit = end;
+    if (unit.empty())
+      return InvalidArgument(flag + ": '" + item + "' has no unit: write e.g. " + name + ":" +
+                             std::string(value, static_cast<size_t>(end - value)) +
+                             "ms (units: ms | s)");
+    if (unit != "ms" && unit != "s")
+      return InvalidArgument(flag + ": '" + item + "': unknown unit '" + unit + "' (ms | s)");
+    if (out.count(name)) return InvalidArgument(flag + ": '" + name + "' given twice");
+    out[name] = unit == "s" ? v * 1000.0 : v;
+  }
+  return out;
+}
+
+Result<std::vector<double>> ParseRequestRates(const std::string& csv) {
+  std::vector<double> out;
+  size_t pos = 0;
+  while (pos <= csv.size()) {
+    const size_t comma = csv.find(',', pos);
+    const std::string item =
+        csv.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    double rate = INFINITY;
+    if (item != "inf") {
+      char* end = nullptr;
+      rate = std::strtod(item.c_str(), &end);
+      if (item.empty() || *end != '\0' || !(rate > 0) || std::isinf(rate))
+        return InvalidArgument("--request-rate: '" + item +
+                               "' is not a positive number of requests per second or inf");
+    }
+    out.push_back(rate);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
 Result<std::vector<std::string>> ParseMetricNames(const std::string& csv) {
   std::vector<std::string> out;
   size_t pos = 0;
@@ -265,6 +316,35 @@ void AddLatencyMetrics(const Tally& s, const std::vector<std::string>& percentil
 }
 
 }  // namespace
+
+Attainment ComputeAttainment(const std::vector<RequestResult>& results,
+                             const std::map<std::string, double>& slo_ms) {
+  Attainment a;
+  std::map<std::string, int> met;
+  int both = 0;
+  for (const RequestResult& r : results) {
+    if (!r.success) continue;
+    const double tpot = r.output_len > 1 ? (r.latency - r.ttft) / (r.output_len - 1) : 0.0;
+    bool all = true;
+    for (const auto& [name, ms] : slo_ms) {
+      const bool ok = MeetsSlo(r, tpot, {{name, ms}});
+      met[name] += ok;
+      all = all && ok;
+    }
+    both += all;
+  }
+  const double n = std::max<double>(1.0, static_cast<double>(results.size()));
+  for (const auto& [name, ms] : slo_ms) a.by_metric[name] = met[name] / n;
+  a.both = results.empty() ? 0.0 : both / n;
+  return a;
+}
+
+json AttainmentJson(const Attainment& a) {
+  json j = {{"ttft", nullptr}, {"tpot", nullptr}};
+  for (const auto& [name, v] : a.by_metric) j[name] = v;
+  j["both"] = a.both;
+  return j;
+}
 
 BenchmarkSummary Summarize(const RunInfo& info, const std::vector<RequestResult>& results,
                            const std::vector<std::string>& percentile_metrics,

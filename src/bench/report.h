@@ -41,6 +41,13 @@ double StdDev(const std::vector<double>& values);  // population, like numpy.std
 
 // "ttft:200 tpot:50 e2el:1000" -> {"ttft": 200, ...} (milliseconds).
 Result<std::map<std::string, double>> ParseGoodput(const std::vector<std::string>& items);
+// The SLOs of --slo / --goodput-search, each NAME:VALUE with a unit: "ttft:500ms tpot:0.1s" ->
+// {"ttft": 500, "tpot": 100} (milliseconds). `flag` names the flag in the errors (an unknown name,
+// a missing or unknown unit, a value that is not positive).
+Result<std::map<std::string, double>> ParseSlo(const std::string& flag,
+                                               const std::vector<std::string>& items);
+// --request-rate: "4" or "1,2,4,inf" -> rates (inf as INFINITY); each must be positive.
+Result<std::vector<double>> ParseRequestRates(const std::string& csv);
 // "ttft,tpot,itl" -> list; checks the names.
 Result<std::vector<std::string>> ParseMetricNames(const std::string& csv);
 // "50,90,99" -> list; checks 0 < p <= 100.
@@ -57,6 +64,17 @@ struct RunInfo {
   int max_concurrency = 0;  // 0: none
   double duration = 0;      // seconds
 };
+
+// The share of all requests (failed ones count as misses) that met each SLO, and all of them.
+// A request with one output token has no TPOT and meets any TPOT SLO (as vLLM counts it).
+struct Attainment {
+  std::map<std::string, double> by_metric;  // one entry per SLO given
+  double both = 0;                          // every SLO given (1 when none is)
+};
+Attainment ComputeAttainment(const std::vector<RequestResult>& results,
+                             const std::map<std::string, double>& slo_ms);
+// {"ttft": x, "tpot": y, "both": z}: the metrics without an SLO are null.
+nlohmann::json AttainmentJson(const Attainment& attainment);
 
 struct BenchmarkSummary {
   nlohmann::json json;  // vLLM's field names

@@ -74,10 +74,11 @@ Status CheckClientCpus(const std::vector<int>& cpus) {
   return OkStatus();
 }
 
-Result<BenchmarkSummary> RunBenchmark(const BenchOptions& o) {
+Result<PreparedRequests> PrepareRequests(const BenchOptions& o) {
   RETURN_IF_ERROR(CheckClientCpus(o.cpus));
   ASSIGN_OR_RETURN(ServerInfo info, GetServerInfo(o.endpoint));
-  const std::string model = o.model.empty() ? info.model_id : o.model;
+  PreparedRequests p;
+  p.model = o.model.empty() ? info.model_id : o.model;
   DatasetSpec spec = o.dataset;
   if (info.max_model_len > 0) {
     // Chat templates add a few tokens around the prompt: leave them room.
@@ -86,11 +87,17 @@ Result<BenchmarkSummary> RunBenchmark(const BenchOptions& o) {
     spec.max_prompt_len = std::min(spec.max_prompt_len, info.max_model_len - margin - 1);
   }
   ASSIGN_OR_RETURN(std::vector<LengthPair> lengths, SampleLengths(spec, o.num_prompts, o.seed));
-  std::vector<GenerationRequest> requests = BuildRequests(o, model, lengths);
-  const std::vector<double> arrivals =
-      ArrivalTimes(o.num_prompts, o.request_rate, o.burstiness, o.seed);
+  p.requests = BuildRequests(o, p.model, lengths);
+  return p;
+}
 
-  std::vector<RequestResult> results(requests.size());
+SentRequests SendAtRate(const BenchOptions& o, const std::vector<GenerationRequest>& requests,
+                        double rate) {
+  const std::vector<double> arrivals =
+      ArrivalTimes(static_cast<int>(requests.size()), rate, o.burstiness, o.seed);
+  SentRequests sent;
+  sent.results.resize(requests.size());
+  std::vector<RequestResult>& results = sent.results;
   Gate gate(o.max_concurrency);
   std::vector<std::thread> workers;
   workers.reserve(requests.size());
@@ -107,23 +114,36 @@ Result<BenchmarkSummary> RunBenchmark(const BenchOptions& o) {
       if (!o.cpus.empty()) {
         if (Status s = PinCurrentThread(o.cpus); !s.ok()) PD_LOG_WARN("bench: {}", s.ToString());
       }
-      const double sent = clock.NowSeconds();
+      const double sent_at = clock.NowSeconds();
       results[i] = SendStreaming(o.endpoint, requests[i]);
-      results[i].start_time = sent - start;
+      results[i].start_time = sent_at - start;
       gate.Leave();
     });
   }
   for (auto& w : workers) w.join();
+  sent.duration_s = clock.NowSeconds() - start;
+  return sent;
+}
+
+RunInfo MakeRunInfo(const BenchOptions& o, const std::string& model, double rate,
+                    double duration_s) {
   RunInfo run;
   run.model_id = model;
   run.endpoint = o.endpoint_path;
   run.dataset_name = o.dataset.name;
   run.num_prompts = o.num_prompts;
-  run.request_rate = o.request_rate > 0 ? o.request_rate : INFINITY;
+  run.request_rate = rate > 0 ? rate : INFINITY;
   run.burstiness = o.burstiness;
   run.max_concurrency = o.max_concurrency;
-  run.duration = clock.NowSeconds() - start;
-  return Summarize(run, results, o.percentile_metrics, o.metric_percentiles, o.goodput_ms);
+  run.duration = duration_s;
+  return run;
+}
+
+Result<BenchmarkSummary> RunBenchmark(const BenchOptions& o) {
+  ASSIGN_OR_RETURN(PreparedRequests prepared, PrepareRequests(o));
+  SentRequests sent = SendAtRate(o, prepared.requests, o.request_rate);
+  return Summarize(MakeRunInfo(o, prepared.model, o.request_rate, sent.duration_s), sent.results,
+                   o.percentile_metrics, o.metric_percentiles, o.goodput_ms);
 }
 
 }  // namespace pd::bench

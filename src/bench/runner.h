@@ -34,6 +34,30 @@ struct BenchOptions {
 // The CPUs (--cpus) checked: InvalidArgument names the first one this process may not use.
 Status CheckClientCpus(const std::vector<int>& cpus);
 
+// The requests of a run, built once from the options and the server's model and limits: a rate
+// sweep sends the same prompts at every rate.
+struct PreparedRequests {
+  std::string model;
+  std::vector<GenerationRequest> requests;
+};
+// Unavailable when the server cannot be reached; InvalidArgument for a bad dataset or CPU list.
+Result<PreparedRequests> PrepareRequests(const BenchOptions& options);
+
+// What SendAtRate measured.
+struct SentRequests {
+  std::vector<RequestResult> results;  // one per request, in order
+  double duration_s = 0;               // first send to last completion
+};
+// Sends `requests` with arrivals at `rate` (<= 0 or inf: all at once; gaps from the options'
+// burstiness and seed), at most options.max_concurrency in flight, and returns when every one
+// has completed (none is left outstanding).
+SentRequests SendAtRate(const BenchOptions& options, const std::vector<GenerationRequest>& requests,
+                        double rate);
+
+// The RunInfo of a run of options at `rate` that took duration_s.
+RunInfo MakeRunInfo(const BenchOptions& options, const std::string& model, double rate,
+                    double duration_s);
+
 // Runs the benchmark (blocking). Unavailable when the server cannot be reached at all;
 // InvalidArgument for a bad options.cpus.
 Result<BenchmarkSummary> RunBenchmark(const BenchOptions& options);

@@ -12,8 +12,6 @@
 
 #include "common/file_util.h"
 #include "common/thread_util.h"
-#include "engine/disagg_models.h"
-#include "model/config.h"
 #include "planner/deployment.h"
 
 namespace pd::deploy {
@@ -24,11 +22,12 @@ using Options = LocalDeploymentOptions;
 std::vector<std::string> ServeArgs(const Options& f, const std::string& secret_file, int port) {
   std::vector<std::string> a = {
       "pdserve", "serve", "--model", f.model, "--host", f.host, "--port", std::to_string(port),
-      "--kv-layout", f.kv_layout, "--page-size", std::to_string(f.page_size), "--threads",
-      std::to_string(f.threads), "--max-num-batched-tokens",
-      std::to_string(f.max_num_batched_tokens), "--max-num-seqs", std::to_string(f.max_num_seqs),
-      "--max-pending-requests", std::to_string(f.max_pending_requests), "--cluster-secret-file",
-      secret_file, "--fabric-provider", f.fabric_provider, "--fabric-node",
+      "--kv-layout", f.kv_layout, "--kv-cache-dtype", f.kv_cache_dtype, "--page-size",
+      std::to_string(f.page_size), "--threads", std::to_string(f.threads),
+      "--max-num-batched-tokens", std::to_string(f.max_num_batched_tokens), "--max-num-seqs",
+      std::to_string(f.max_num_seqs), "--max-pending-requests",
+      std::to_string(f.max_pending_requests), "--cluster-secret-file", secret_file,
+      "--fabric-provider", f.fabric_provider, "--fabric-node",
       // shm names each endpoint after its node: let it pick one each
       f.fabric_provider == "shm" ? "" : f.host, "--kv-transfer-timeout-ms",
       std::to_string(f.kv_transfer_timeout_ms), "--idle-poll-us", std::to_string(f.idle_poll_us),
@@ -116,11 +115,6 @@ Status Validate(const Options& f) {
     }
   }
   if (f.restart.max_failures_in_a_row < 1) return InvalidArgument("--max-restarts must be >= 1");
-  // A model whose config loads but cannot be disaggregated is refused before anything starts (one
-  // that does not load is the instances' error to report).
-  if (auto config = model::LoadModelConfig(f.model); config.ok()) {
-    RETURN_IF_ERROR(engine::CheckDisaggregatedModel(*config).WithContext(f.model));
-  }
   return OkStatus();
 }
 

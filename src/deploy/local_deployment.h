@@ -39,7 +39,8 @@ struct LocalDeploymentOptions {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string kv_layout = "hnd";
-  std::string matmul = "f32";  // every instance's --matmul
+  std::string kv_cache_dtype = "auto";  // every instance's --kv-cache-dtype
+  std::string matmul = "f32";           // every instance's --matmul
   int page_size = 16;
   int threads = 1;     // compute threads per instance
   int prefill_tp = 1;  // --tensor-parallel-size of the prefill instances

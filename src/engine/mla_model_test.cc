@@ -9,7 +9,6 @@
 #include <map>
 #include <string>
 
-#include "engine/disagg_models.h"
 #include "engine/engine.h"
 #include "engine/kernels_ref.h"
 #include "engine/mla_kernels_ref.h"
@@ -359,14 +358,6 @@ TEST(MlaTpTest, HeadsNotDividedByTpAreRefused) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("num_attention_heads 6"), std::string::npos)
       << r.status().ToString();
-}
-
-TEST(MlaDisaggTest, OnlyNonMlaModelsAreDisaggregated) {
-  EXPECT_TRUE(CheckDisaggregatedModel(testing::MakeTinyModel({})->weights.config).ok());
-  const Status s = CheckDisaggregatedModel(MakeTinyMlaModel({})->weights.config);
-  EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
-  EXPECT_NE(s.message().find("deepseek_v3"), std::string::npos) << s.ToString();
-  EXPECT_NE(s.message().find("46-value latent row"), std::string::npos) << s.ToString();
 }
 
 }  // namespace

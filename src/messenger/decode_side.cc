@@ -10,7 +10,6 @@
 
 #include "common/log.h"
 #include "common/thread_util.h"
-#include "engine/disagg_models.h"
 #include "messenger/decode_side_impl.h"
 
 namespace pd::messenger {
@@ -31,8 +30,8 @@ Status DecodeMessenger::Impl::Init() {
   for (size_t i = 0; i < peers_.size(); ++i) RETURN_IF_ERROR(RegisterPeerRegions(i));
   PD_LOG_INFO(
       "decode messenger: {} rank KV region(s) registered for each of {} prefill peer(s) "
-      "(tp_size {}, {} KV heads)",
-      runner_.num_ranks(), peers_.size(), scheme_.tp_size, scheme_.num_kv_heads);
+      "(tp_size {}, {})",
+      runner_.num_ranks(), peers_.size(), scheme_.tp_size, DescribeKvCache(format_, scheme_));
   for (int i = slots - 1; i >= 0; --i) free_meta_slots_.push_back(i);
   thread_ = std::thread([this] { Loop(); });
   if (options_.resolve_address) resolver_ = std::thread([this] { ResolveLoop(); });
@@ -360,10 +359,12 @@ Result<std::unique_ptr<DecodeMessenger>> DecodeMessenger::Create(
     std::unique_ptr<engine::AsyncEngine> inner) {
   if (inner == nullptr) return InvalidArgument("DecodeMessenger needs an engine");
   if (options.peers.empty()) return InvalidArgument("DecodeMessenger needs prefill peers");
-  RETURN_IF_ERROR(engine::CheckDisaggregatedModel(runner.config()));
   std::unique_ptr<DecodeMessenger> m(new DecodeMessenger());
   m->inner_ = std::move(inner);
   m->impl_ = std::make_unique<Impl>(m.get(), options, runner);
+  m->metrics_.SetBytesPerToken(
+      KvBytesPerToken(MakeKvFormat(options.model_hash, runner.region().spec()),
+                      MakeShardScheme(runner.config(), runner.num_ranks())));
   RETURN_IF_ERROR(m->impl_->Init());
   return m;
 }

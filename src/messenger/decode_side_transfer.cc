@@ -265,15 +265,29 @@ void DecodeMessenger::Impl::OnKvArrived(int64_t id, uint32_t imm) {
   }
   const uint64_t num_pages =
       PagesForTokens(static_cast<uint32_t>(r->info->prefill_tokens.size()), spec_.page_size);
-  const uint64_t bytes = num_pages * spec_.num_layers * spec_.page_bytes() + meta_bytes_;
-  owner_->metrics_.Succeeded(NowSeconds() - r->start, bytes, num_pages * spec_.num_layers + 1);
+  // Every destination rank's share, from the attempt's plan (an MLA latent lands whole on each).
+  uint64_t kv_bytes = num_pages * spec_.num_layers * spec_.page_bytes();
+  uint64_t kv_writes = num_pages * spec_.num_layers;
+  if (auto plan = PlanTransfer(peers_[r->peer].scheme, scheme_, format_, r->wire_id); plan.ok()) {
+    const WriteCounts c = ExpectedWrites(*plan, num_pages, spec_.num_layers);
+    kv_bytes = 0;
+    for (uint64_t b : c.bytes_per_dst_rank) kv_bytes += b;
+    kv_writes = c.total_writes;
+  }
+  const uint64_t bytes = kv_bytes + meta_bytes_;
+  const uint64_t num_tokens = r->info->prefill_tokens.size();
+  owner_->metrics_.Succeeded(NowSeconds() - r->start, bytes, kv_writes + 1);
+  owner_->metrics_.KvMoved(kv_bytes, num_tokens);
   if (options_.tracer != nullptr) {
-    options_.tracer->Complete("kv transfer", "kv", r->attempt_ns, Tracer::NowNs(),
-                              {{"request", std::to_string(r->wire_id)},
-                               {"peer", peers_[r->peer].config.name},
-                               {"attempt", int64_t{r->attempts}},
-                               {"bytes", static_cast<int64_t>(bytes)},
-                               {"metadata_landed", int64_t{r->meta_landed ? 1 : 0}}});
+    options_.tracer->Complete(
+        "kv transfer", "kv", r->attempt_ns, Tracer::NowNs(),
+        {{"request", std::to_string(r->wire_id)},
+         {"peer", peers_[r->peer].config.name},
+         {"attempt", int64_t{r->attempts}},
+         {"bytes", static_cast<int64_t>(bytes)},
+         {"tokens", static_cast<int64_t>(num_tokens)},
+         {"kv_bytes_per_token", static_cast<int64_t>(num_tokens > 0 ? kv_bytes / num_tokens : 0)},
+         {"metadata_landed", int64_t{r->meta_landed ? 1 : 0}}});
     options_.tracer->Instant("kv ready", "kv", {{"request", std::to_string(r->wire_id)}});
   }
   EndAttempt(r, /*fence=*/false);  // every KV write of this attempt has landed

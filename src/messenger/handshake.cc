@@ -42,6 +42,7 @@ KvFormat MakeKvFormat(uint64_t model_hash, const engine::KvCacheSpec& spec, bool
   f.layout = static_cast<uint8_t>(spec.layout);
   f.kv_dtype = static_cast<uint8_t>(spec.dtype);
   f.kv_checksum = kv_checksum ? 1 : 0;
+  f.latent_dim = static_cast<uint32_t>(spec.latent_dim);
   return f;
 }
 
@@ -65,6 +66,10 @@ void DiffersNamed(std::string* out, const char* field, std::string_view ours,
 std::string LayoutName(uint8_t v) {
   return std::string(engine::KvLayoutName(static_cast<engine::KvLayout>(v)));
 }
+std::string CacheKind(const KvFormat& f) {
+  return f.latent_dim > 0 ? "MLA latent (latent_dim " + std::to_string(f.latent_dim) + ")"
+                          : "per-head K/V (head_dim " + std::to_string(f.head_dim) + ")";
+}
 std::string DTypeName(uint8_t v) {
   return std::string(engine::KvDTypeName(static_cast<engine::KvDType>(v)));
 }
@@ -78,9 +83,13 @@ Status CheckCompatible(const KvFormat& ours, const KvFormat& theirs) {
            std::to_string(theirs.model_hash) + " (not the same model)";
   }
   Differs(&diff, "num_layers", ours.num_layers, theirs.num_layers);
-  Differs(&diff, "head_dim", ours.head_dim, theirs.head_dim);
+  if ((ours.latent_dim > 0) != (theirs.latent_dim > 0)) {
+    DiffersNamed(&diff, "kv_cache", CacheKind(ours), CacheKind(theirs));
+  } else {
+    Differs(&diff, ours.latent_dim > 0 ? "latent_dim" : "head_dim", ours.head_dim, theirs.head_dim);
+  }
   Differs(&diff, "page_size", ours.page_size, theirs.page_size);
-  if (ours.layout != theirs.layout) {
+  if (ours.layout != theirs.layout && ours.latent_dim == 0 && theirs.latent_dim == 0) {
     DiffersNamed(&diff, "kv_layout", LayoutName(ours.layout), LayoutName(theirs.layout));
   }
   if (ours.kv_dtype != theirs.kv_dtype) {
@@ -112,6 +121,11 @@ Result<uint64_t> ExpectedWrites(const ShardScheme& prefill, const ShardScheme& d
 ShardScheme MakeShardScheme(const model::ModelConfig& config, int tp_size) {
   ShardScheme s;
   s.tp_size = static_cast<uint16_t>(tp_size);
+  if (config.is_mla()) {  // one latent row per token, the same on every rank
+    s.num_kv_heads = 1;
+    s.replicated = true;
+    return s;
+  }
   s.num_kv_heads = static_cast<uint16_t>(config.num_kv_heads);
   return s;
 }
@@ -123,6 +137,7 @@ Result<ShardPlan> PlanTransfer(const ShardScheme& prefill, const ShardScheme& de
   f.page_size = static_cast<int>(format.page_size);
   f.layout = static_cast<engine::KvLayout>(format.layout);
   f.elem_bytes = static_cast<engine::KvDType>(format.kv_dtype) == engine::KvDType::kF32 ? 4 : 2;
+  f.latent = format.latent_dim > 0;
   auto plan = ComputeShardPlan(ToShardSpec(prefill), ToShardSpec(decode), f, seed);
   if (!plan.ok()) {
     return FailedPrecondition("cannot pair prefill tp_size " + std::to_string(prefill.tp_size) +
@@ -130,6 +145,22 @@ Result<ShardPlan> PlanTransfer(const ShardScheme& prefill, const ShardScheme& de
                               plan.status().message());
   }
   return plan;
+}
+
+std::string DescribeKvCache(const KvFormat& format, const ShardScheme& scheme) {
+  if (format.latent_dim > 0) {
+    return "replicated MLA latent, latent_dim " + std::to_string(format.latent_dim);
+  }
+  return std::to_string(scheme.num_kv_heads) + " KV heads";
+}
+
+uint64_t KvBytesPerToken(const KvFormat& format, const ShardScheme& scheme) {
+  const uint64_t elem =
+      static_cast<engine::KvDType>(format.kv_dtype) == engine::KvDType::kF32 ? 4 : 2;
+  const uint64_t row = format.latent_dim > 0
+                           ? uint64_t{format.latent_dim}
+                           : 2ull * scheme.num_kv_heads * uint64_t{format.head_dim};
+  return uint64_t{format.num_layers} * row * elem;
 }
 
 Result<uint64_t> ExpectedWrites(const ShardScheme& prefill, const ShardScheme& decode,

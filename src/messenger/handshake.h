@@ -51,8 +51,8 @@ Status CheckCompatible(const KvFormat& ours, const KvFormat& theirs);
 Result<uint64_t> ExpectedWrites(const ShardScheme& prefill, const ShardScheme& decode,
                                 uint32_t num_layers, uint32_t num_pages);
 
-// An instance's scheme: the engine's rule (replicated KV heads when tp_size > KV heads), never
-// the MLA-like fully replicated cache.
+// An instance's scheme: the engine's rule (replicated KV heads when tp_size > KV heads); an MLA
+// model's latent cache is one "head" every rank holds whole (replicated).
 ShardScheme MakeShardScheme(const model::ModelConfig& config, int tp_size);
 
 // Where a messenger's control messages go. On the fabric worker each is decoded (header, limits,
@@ -95,6 +95,13 @@ Result<ShardPlan> PlanTransfer(const ShardScheme& prefill, const ShardScheme& de
 // format.kv_checksum (kv_checksum.h); the metadata write is counted apart.
 Result<uint64_t> ExpectedWrites(const ShardScheme& prefill, const ShardScheme& decode,
                                 const KvFormat& format, uint32_t num_pages, uint64_t seed);
+
+// The bytes one token's KV takes over every layer in one whole copy: num_layers x (latent_dim, or
+// 2 x num_kv_heads x head_dim) x the KV dtype's size.
+uint64_t KvBytesPerToken(const KvFormat& format, const ShardScheme& scheme);
+
+// "2 KV heads", or "replicated MLA latent, latent_dim 36" for logs.
+std::string DescribeKvCache(const KvFormat& format, const ShardScheme& scheme);
 
 // Decode pages a prompt of `num_prefill_tokens` tokens occupies on the wire.
 inline uint32_t PagesForTokens(uint32_t num_prefill_tokens, uint32_t page_size) {

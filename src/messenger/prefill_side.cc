@@ -12,7 +12,6 @@
 
 #include "common/log.h"
 #include "common/thread_util.h"
-#include "engine/disagg_models.h"
 #include "messenger/prefill_side_impl.h"
 
 namespace pd::messenger {
@@ -35,8 +34,8 @@ Status PrefillMessenger::Impl::Init() {
   address_ = domain_->info().address;
   ASSIGN_OR_RETURN(kv_mrs_,
                    RegisterRankRegions(*domain_, runner_, transfer::RegionAccess::kLocalSource));
-  PD_LOG_INFO("prefill messenger: {} rank KV region(s) registered (tp_size {}, {} KV heads)",
-              kv_mrs_.size(), scheme_.tp_size, scheme_.num_kv_heads);
+  PD_LOG_INFO("prefill messenger: {} rank KV region(s) registered (tp_size {}, {})", kv_mrs_.size(),
+              scheme_.tp_size, DescribeKvCache(owner_->format_, scheme_));
   ASSIGN_OR_RETURN(meta_staging_, transfer::HostBuffer::Allocate(
                                       static_cast<size_t>(options_.max_transfers) * meta_bytes_));
   ASSIGN_OR_RETURN(meta_mr_, domain_->RegisterMemory(meta_staging_.data(), meta_staging_.size(),
@@ -399,10 +398,12 @@ Result<std::unique_ptr<PrefillMessenger>> PrefillMessenger::Create(
     const PrefillMessengerOptions& options, engine::ModelRunner& runner) {
   if (options.max_transfers < 1) return InvalidArgument("max_transfers must be >= 1");
   if (options.max_queued_messages < 1) return InvalidArgument("max_queued_messages must be >= 1");
-  RETURN_IF_ERROR(engine::CheckDisaggregatedModel(runner.config()));
   std::unique_ptr<PrefillMessenger> m(new PrefillMessenger(
       MakeKvFormat(options.model_hash, runner.region().spec(), options.kv_checksum)));
   m->impl_ = std::make_unique<Impl>(m.get(), options, runner);
+  m->metrics_.SetBytesPerToken(
+      KvBytesPerToken(m->format_, MakeShardScheme(runner.config(), runner.num_ranks())));
+  m->metrics_.SetNumRanks(runner.num_ranks());
   RETURN_IF_ERROR(m->impl_->Init());
   return m;
 }

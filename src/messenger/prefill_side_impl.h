@@ -64,6 +64,7 @@ struct Transfer {
   std::unordered_set<transfer::TransferId> inflight;
   uint32_t num_writes = 0;
   uint64_t bytes = 0;
+  uint64_t kv_bytes = 0;  // of `bytes`, the KV pages' (metadata and checksums excluded)
   Status error;
   std::vector<uint32_t> layer_crcs;  // --kv-checksum: each layer's CRC over the pages posted so far
   bool checksums_posted = false;

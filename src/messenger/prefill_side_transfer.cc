@@ -62,8 +62,9 @@ void PrefillMessenger::Impl::OnEngineDone(const engine::RequestOutput& out) {
     Fail(t, out.error.ok() ? Cancelled("the prefill engine aborted the request") : out.error);
     return;
   }
-  MaybePostMetadata(t);
-  TryFinish(t);
+  const uint64_t request_id = t->request_id;
+  MaybePostMetadata(t);  // a refused post fails t, which may free it
+  if (Transfer* still = Find(request_id)) TryFinish(still);
 }
 
 // ------------------------------------------------------------------ writes
@@ -145,6 +146,8 @@ void PrefillMessenger::Impl::PostLayer(Transfer* t, const LayerWork& w, int laye
       layer_writes += n;
       Track(t, last, uint64_t{n} * run.bytes, n);
       if (!t->error.ok()) return;
+      t->kv_bytes += uint64_t{n} * run.bytes;
+      owner_->metrics_.RankWrites(slice.src_rank, n);
     }
   }
   if (options_.kv_checksum) ChecksumLayer(t, w, layer);  // while the writes fly
@@ -222,7 +225,10 @@ void PrefillMessenger::Impl::OnWriteDone(uint64_t request_id, transfer::Transfer
   }
   t->outstanding--;
   t->inflight.erase(id);
-  if (!status.ok() && t->error.ok()) Fail(t, status.WithContext("KV write"));
+  if (!status.ok() && t->error.ok()) {
+    Fail(t, status.WithContext("KV write"));  // ends with TryFinish, which may free t
+    return;
+  }
   TryFinish(t);
 }
 
@@ -255,10 +261,14 @@ void PrefillMessenger::Impl::TryFinish(Transfer* t) {
          {"tokens", int64_t{t->num_tokens}},
          {"writes", int64_t{t->num_writes}},
          {"bytes", static_cast<int64_t>(t->bytes)},
+         {"kv_bytes", static_cast<int64_t>(t->kv_bytes)},
+         {"kv_bytes_per_token",
+          static_cast<int64_t>(t->num_tokens > 0 ? t->kv_bytes / t->num_tokens : 0)},
          {"status", t->error.ok() ? std::string("ok") : t->error.ToString()}});
   }
   if (t->error.ok()) {
     owner_->metrics_.Succeeded(NowSeconds() - t->start_time, t->bytes, t->num_writes);
+    owner_->metrics_.KvMoved(t->kv_bytes, static_cast<uint64_t>(t->num_tokens));
   } else {
     owner_->metrics_.Failed();
     PD_LOG_WARN("prefill messenger: request {} failed: {}", t->request_id, t->error.ToString());

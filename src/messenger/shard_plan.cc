@@ -70,6 +70,9 @@ Status ValidateFormat(const PageFormat& f) {
 // The runs moving heads [h0, h1) from a source page whose rank holds `src` to a destination page
 // whose rank holds `dst`. unit = one head's K and V of one token.
 std::vector<PageRun> MakeRuns(const PageFormat& f, HeadRange src, HeadRange dst, int h0, int h1) {
+  if (f.latent) {  // (page_size, latent_dim): the whole page
+    return {PageRun{0, 0, static_cast<uint64_t>(f.page_size) * f.head_dim * f.elem_bytes}};
+  }
   const uint64_t unit = 2ull * static_cast<uint64_t>(f.head_dim) * f.elem_bytes;
   const uint64_t n = static_cast<uint64_t>(h1 - h0);
   const uint64_t src_head = static_cast<uint64_t>(h0 - src.begin);
@@ -149,12 +152,20 @@ Result<ShardPlan> ComputeShardPlan(const ShardSpec& prefill, const ShardSpec& de
         fmt::format("shard plan: prefill has {} KV heads but decode has {} (different models?)",
                     prefill.num_kv_heads, decode.num_kv_heads));
   }
+  if (format.latent && !(prefill.replicated && decode.replicated && prefill.num_kv_heads == 1)) {
+    return InvalidArgument(fmt::format(
+        "shard plan: a latent (MLA) cache must be replicated with 1 KV head on both sides, got "
+        "prefill {} heads{}, decode {}",
+        prefill.num_kv_heads, prefill.replicated ? " replicated" : "",
+        decode.replicated ? "replicated" : "sharded"));
+  }
   ShardPlan plan;
   plan.prefill = prefill;
   plan.decode = decode;
   plan.format = format;
-  const uint64_t head_page_bytes =
-      2ull * static_cast<uint64_t>(format.head_dim) * format.elem_bytes * format.page_size;
+  const uint64_t head_page_bytes = (format.latent ? 1ull : 2ull) *
+                                   static_cast<uint64_t>(format.head_dim) * format.elem_bytes *
+                                   format.page_size;
   plan.src_page_bytes = head_page_bytes * static_cast<uint64_t>(RankHeads(prefill, 0).size());
   plan.dst_page_bytes = head_page_bytes * static_cast<uint64_t>(RankHeads(decode, 0).size());
 

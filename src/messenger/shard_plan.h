@@ -12,6 +12,11 @@
 //   NHD page (page_size, rank_heads, 2, head_dim): a head range is one run per token, merged into
 //                                                  one run when it spans the page on both sides
 //
+// A latent (MLA) cache: every rank holds the one latent "head" whole, so every rank is a replica
+// and a destination rank d is served by source rank perm[d % Ts]: each request spreads its writes
+// over min(Ts, Td) source ranks (all of them when Td >= Ts), and over many requests (seeds) each
+// source rank serves each destination rank equally often.
+//
 // Replicas: replica k of a scheme is the set of ranks that together hold every head once: the
 // k-th holder, in rank order, of each head (t > H: ranks {h*(t/H) + k}; replicated: rank k;
 // otherwise the whole instance). Each destination replica j is served by source replica
@@ -53,6 +58,10 @@ struct PageFormat {
   int page_size = 0;
   engine::KvLayout layout = engine::KvLayout::kHND;
   int elem_bytes = 0;  // 4 for f32, 2 for bf16
+  // An MLA latent cache: a page is (page_size, head_dim) with head_dim = latent_dim, no K/V pair
+  // and no layout; both schemes must be replicated with one "head", so each destination rank's
+  // page is one run written whole from one source rank.
+  bool latent = false;
 };
 
 // Checks a scheme on its own; InvalidArgument naming the field and value otherwise.

@@ -27,6 +27,26 @@ std::string TransferMetrics::PrometheusText(const std::string& role) const {
           retried());
   counter("kv_transfer_bytes_total", "Bytes of KV and metadata written.", bytes());
   counter("kv_transfer_writes_total", "One-sided writes posted.", writes_.load());
+  counter("kv_transfer_kv_bytes_total",
+          "Bytes of KV pages written by completed transfers, every destination rank's copy "
+          "(metadata excluded); divided by kv_transfer_tokens_total: bytes per token on the wire.",
+          kv_bytes());
+  counter("kv_transfer_tokens_total", "Prompt tokens whose KV completed transfers moved.",
+          tokens());
+  out +=
+      "# HELP pdserve:kv_transfer_bytes_per_token KV bytes of one token over every layer, one "
+      "whole copy (every KV head once, or one MLA latent row).\n"
+      "# TYPE pdserve:kv_transfer_bytes_per_token gauge\npdserve:kv_transfer_bytes_per_token" +
+      l + " " + std::to_string(bytes_per_token()) + "\n";
+  if (const int n = num_ranks_.load(); n > 0) {
+    out +=
+        "# HELP pdserve:kv_transfer_rank_writes_total KV page writes posted from each local "
+        "rank.\n# TYPE pdserve:kv_transfer_rank_writes_total counter\n";
+    for (int r = 0; r < n && static_cast<size_t>(r) < rank_writes_.size(); ++r) {
+      out += "pdserve:kv_transfer_rank_writes_total{role=\"" + role + "\",rank=\"" +
+             std::to_string(r) + "\"} " + std::to_string(rank_writes(r)) + "\n";
+    }
+  }
   counter("kv_control_messages_rejected_total",
           "Control messages dropped: malformed, unauthenticated, replayed or from an unknown peer.",
           rejected());

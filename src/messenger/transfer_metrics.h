@@ -50,6 +50,22 @@ class TransferMetrics {
   // The domain's count of writes whose immediate nobody claimed in time (ImmCounterTable's
   // expired_arrivals: late writes of abandoned attempts), copied by the messenger thread.
   void SetUnclaimedExpired(uint64_t n) { unclaimed_expired_.store(n, std::memory_order_relaxed); }
+  // A completed transfer's KV (metadata excluded): `kv_bytes` over every destination rank (an MLA
+  // latent is written whole to each), for `tokens` prompt tokens. kv_bytes / tokens is the bytes
+  // per token on the wire (whole pages move, so a partly filled last page counts whole).
+  void KvMoved(uint64_t kv_bytes, uint64_t tokens) {
+    kv_bytes_.fetch_add(kv_bytes, std::memory_order_relaxed);
+    tokens_.fetch_add(tokens, std::memory_order_relaxed);
+  }
+  // The bytes one token's KV takes over every layer in one whole copy (every KV head once, or one
+  // latent row): what one destination replica receives per token.
+  void SetBytesPerToken(uint64_t n) { bytes_per_token_.store(n, std::memory_order_relaxed); }
+  // Writes posted by (prefill side) local rank `rank`, for ranks below `num_ranks` (SetNumRanks).
+  void SetNumRanks(int n) { num_ranks_.store(n, std::memory_order_relaxed); }
+  void RankWrites(int rank, uint64_t writes) {
+    if (rank >= 0 && static_cast<size_t>(rank) < rank_writes_.size())
+      rank_writes_[static_cast<size_t>(rank)].fetch_add(writes, std::memory_order_relaxed);
+  }
 
   uint64_t started() const { return started_.load(); }
   uint64_t succeeded() const { return succeeded_.load(); }
@@ -69,6 +85,10 @@ class TransferMetrics {
   int64_t quarantined_pages() const { return quarantined_pages_.load(); }
   uint64_t keys_revoked() const { return keys_revoked_.load(); }
   uint64_t unclaimed_expired() const { return unclaimed_expired_.load(); }
+  uint64_t kv_bytes() const { return kv_bytes_.load(); }
+  uint64_t tokens() const { return tokens_.load(); }
+  uint64_t bytes_per_token() const { return bytes_per_token_.load(); }
+  uint64_t rank_writes(int rank) const { return rank_writes_.at(static_cast<size_t>(rank)).load(); }
 
   // Prometheus text with metric names "pdserve:kv_transfer_*" and label role="<role>".
   std::string PrometheusText(const std::string& role) const;
@@ -84,6 +104,9 @@ class TransferMetrics {
   std::atomic<uint64_t> unclaimed_expired_{0};
   std::atomic<uint64_t> bytes_{0}, writes_{0};
   std::atomic<int64_t> active_{0};
+  std::atomic<uint64_t> kv_bytes_{0}, tokens_{0}, bytes_per_token_{0};
+  std::atomic<int> num_ranks_{0};
+  std::array<std::atomic<uint64_t>, 64> rank_writes_{};                     // kMaxRanks
   std::array<std::atomic<uint64_t>, kBuckets.size() + 1> bucket_counts_{};  // last: +Inf
   std::atomic<uint64_t> sum_us_{0};
 };

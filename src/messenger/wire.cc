@@ -16,6 +16,7 @@ void PutFormat(ByteWriter& w, const KvFormat& f) {
   w.Put(f.layout);
   w.Put(f.kv_dtype);
   w.Put(f.kv_checksum);
+  w.Put(f.latent_dim);
 }
 
 Status GetFormat(ByteReader& r, KvFormat* f) {
@@ -26,9 +27,14 @@ Status GetFormat(ByteReader& r, KvFormat* f) {
   RETURN_IF_ERROR(r.Get("format.layout", &f->layout));
   RETURN_IF_ERROR(r.Get("format.kv_dtype", &f->kv_dtype));
   RETURN_IF_ERROR(r.Get("format.kv_checksum", &f->kv_checksum));
+  RETURN_IF_ERROR(r.Get("format.latent_dim", &f->latent_dim));
   if (f->kv_checksum > 1) {
     return InvalidArgument("format.kv_checksum " + std::to_string(f->kv_checksum) +
                            " is not 0 or 1");
+  }
+  if (f->latent_dim != 0 && f->latent_dim != f->head_dim) {
+    return InvalidArgument("format.latent_dim " + std::to_string(f->latent_dim) +
+                           " differs from format.head_dim " + std::to_string(f->head_dim));
   }
   if (f->layout > 1)
     return InvalidArgument("format.layout " + std::to_string(f->layout) + " unknown");

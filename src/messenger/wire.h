@@ -30,7 +30,8 @@ inline constexpr uint32_t kWireMagic = 0x564b4450;  // "PDKV"
 // largest control message their sender receives; a prompt travels as a PrefillRequest and as many
 // PromptChunks as its ids need.
 // Version 5: KvFormat carries kv_checksum (--kv-checksum, kv_checksum.h).
-inline constexpr uint16_t kWireVersion = 5;
+// Version 6: KvFormat carries latent_dim (an MLA latent cache, replicated on every rank).
+inline constexpr uint16_t kWireVersion = 6;
 inline constexpr size_t kMacBytes = 32;
 inline constexpr size_t kFrameHeaderBytes = 4 + 2 + 2 + 8 + 8 + 8 + 4;
 inline constexpr size_t kBodyLenOffset = kFrameHeaderBytes - 4;
@@ -72,6 +73,10 @@ struct KvFormat {
   // --kv-checksum (kv_checksum.h): 1 when a CRC32C per layer travels with the KV. Both sides must
   // say the same, so a mixed deployment is refused at the handshake rather than half-checked.
   uint8_t kv_checksum = 0;
+  // > 0: an MLA latent cache (engine/kv_cache.h): a page is (page_size, latent_dim), token after
+  // token, the same on every rank (the scheme says replicated); head_dim equals latent_dim and
+  // layout does not apply.
+  uint32_t latent_dim = 0;
   bool operator==(const KvFormat&) const = default;
 };
 

@@ -94,8 +94,8 @@ TEST(WireTest, TheReplicatedFlagRoundTripsAndOnlyZeroOrOneIsAccepted) {
   ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
   EXPECT_EQ(std::get<Hello>(decoded->message).scheme, (ShardScheme{4, 1, true}));
   // The flag byte follows tp_size and num_kv_heads: the body is instance_name (u32 length + 1
-  // byte), format (8 + 4 + 4 + 4 + 1 + 1 + 1), then the scheme.
-  const size_t flag = kFrameHeaderBytes + 5 + 23 + 4;
+  // byte), format (8 + 4 + 4 + 4 + 1 + 1 + 1 + 4), then the scheme.
+  const size_t flag = kFrameHeaderBytes + 5 + 27 + 4;
   ASSERT_EQ(bytes[flag], 1);
   bytes[flag] = 2;
   // Re-sign the tampered frame so the body check, not the MAC, is what refuses it.
@@ -104,6 +104,22 @@ TEST(WireTest, TheReplicatedFlagRoundTripsAndOnlyZeroOrOneIsAccepted) {
   decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
   ASSERT_FALSE(decoded.ok());
   EXPECT_NE(decoded.status().message().find("replicated flag 2"), std::string::npos)
+      << decoded.status().ToString();
+}
+
+TEST(WireTest, TheLatentDimRoundTripsAndMustEqualTheHeadDim) {
+  KvFormat f{1, 2, 36, 16, 0, 0, 0, 36};  // an MLA latent of 36 values per token
+  Hello hello{"p", f, {2, 1, true}, "a", "b"};
+  auto bytes = EncodeFrame({7, 9, 1, hello}, kSecret);
+  auto decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_EQ(std::get<Hello>(decoded->message).format, f);
+  hello.format.latent_dim = 40;
+  bytes = EncodeFrame({7, 9, 2, hello}, kSecret);
+  decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_NE(decoded.status().message().find("format.latent_dim 40 differs from format.head_dim 36"),
+            std::string::npos)
       << decoded.status().ToString();
 }
 
