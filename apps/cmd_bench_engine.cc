@@ -21,6 +21,9 @@
 // pair with the median prefill/probe ratio, its fraction against that pair's probe; decode rows'
 // flops fraction is against the run's peak (the better of an FMA measurement before and after the
 // rows).
+// The header names the host (/proc/cpuinfo's model name, the CPU vendor) and the kernels chosen
+// for it (ISA level, matmul layout, bf16 dot product, decode streaming; --decode-stream forces
+// the last); JSON "cpu_model" and "kernels".
 // The header also gives the AVX-512 BF16 dot-product (vdpbf16ps) peak where the CPU has it ("n/a"
 // otherwise; JSON "peak_bf16dot_gflops", absent then): depending on the CPU it runs at anywhere
 // from half to twice the FMA rate, which decides which matmul precision is the faster.
@@ -75,8 +78,9 @@ struct BenchEngineFlags {
   std::string preset;
   bool json = false;
   int threads = 2;
-  double seconds = 3.0;  // least time measured per decode row (all pairs together)
-  int pairs = 5;         // (read probe, decode) pairs per decode row
+  double seconds = 3.0;                // least time measured per decode row (all pairs together)
+  std::string decode_stream = "auto";  // engine::SetDecodeStream
+  int pairs = 5;                       // (read probe, decode) pairs per decode row
   int prefill_tokens = 512;
   int kv_gib = 2;  // cap on the KV region: sequences beyond it share pages (still far over the LLC)
   std::string models_root = "models";
@@ -482,8 +486,16 @@ double RowPeak(const Row& r, double run_peak, double run_bf16dot) {
 // bf16dot: the vdpbf16ps peak, 0 when the CPU has none (the JSON field is then absent).
 void Print(const std::vector<Row>& rows, double bw, double peak, double bf16dot,
            const BenchEngineFlags& f) {
+  const engine::KernelVariant kv = engine::DescribeKernels();
   if (f.json) {
-    nlohmann::json j = {{"read_gbytes_per_s", bw},
+    nlohmann::json j = {{"cpu_model", kv.cpu_model},
+                        {"kernels",
+                         {{"vendor", kv.vendor},
+                          {"isa", kv.isa},
+                          {"matmul", kv.matmul},
+                          {"bf16_dot", kv.bf16_dot},
+                          {"decode_stream", kv.decode_stream}}},
+                        {"read_gbytes_per_s", bw},
                         {"peak_gflops", peak},
                         {"decode_pairs", f.pairs},
                         {"threads", f.threads},
@@ -505,6 +517,9 @@ void Print(const std::vector<Row>& rows, double bw, double peak, double bf16dot,
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
+  std::printf("host: %s (%s)\n", kv.cpu_model.c_str(), kv.vendor.c_str());
+  std::printf("kernels: isa %s, matmul %s, bf16 dot %s, decode stream %s\n", kv.isa.c_str(),
+              kv.matmul.c_str(), kv.bf16_dot.c_str(), kv.decode_stream.c_str());
   std::printf("machine: memory read %.1f GB/s (best probe), peak FMA %.1f GFLOP/s (%d threads)\n",
               bw, peak, f.threads);
   if (bf16dot > 0)
@@ -536,6 +551,10 @@ void Print(const std::vector<Row>& rows, double bw, double peak, double bf16dot,
 }
 
 int RunBenchEngine(const BenchEngineFlags& f) {
+  if (Status s = engine::SetDecodeStream(f.decode_stream); !s.ok()) {
+    std::fprintf(stderr, "bench-engine: %s\n", s.ToString().c_str());
+    return 1;
+  }
   std::vector<std::pair<std::string, std::string>> models;  // (name, dir)
   if (!f.model_dir.empty()) {
     models.emplace_back(std::filesystem::path(f.model_dir).filename().string(), f.model_dir);
@@ -642,6 +661,12 @@ CommandRunner SetUpCommand(CLI::App* app) {
                   "engine matmul precision: f32 (x kept f32), bf16 (x rounded to bf16, vdpbf16ps) "
                   "or both, side by side")
       ->check(CLI::IsMember({"f32", "bf16", "both"}))
+      ->capture_default_str();
+  app->add_option("--decode-stream", f->decode_stream,
+                  "how the AVX-512 panel matmul streams decode batches: auto (per CPU: single on "
+                  "AMD, multi elsewhere), single (one hardware-prefetched stream per thread) or "
+                  "multi (four software-prefetched groups at a time)")
+      ->check(CLI::IsMember({"auto", "single", "multi"}))
       ->capture_default_str();
   app->add_option("--tensor-parallel-size", f->tensor_parallel_size,
                   "ranks of the measured runner (--threads each); --phase tp compares 2 with 1")

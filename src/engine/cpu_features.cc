@@ -2,6 +2,8 @@
 
 #include <cpuid.h>
 
+#include <cstring>
+#include <fstream>
 #include <string>
 
 namespace pd::engine {
@@ -18,12 +20,26 @@ bool CpuidBit(unsigned leaf, unsigned subleaf, CpuidReg reg, int bit) {
   return ((r[reg] >> bit) & 1) != 0;
 }
 
+CpuVendor DetectVendor() {
+  unsigned r[4] = {0, 0, 0, 0};
+  if (__get_cpuid(0, &r[kEax], &r[kEbx], &r[kEcx], &r[kEdx]) == 0) return CpuVendor::kOther;
+  char name[13];
+  std::memcpy(name, &r[kEbx], 4);  // the vendor string is EBX, EDX, ECX
+  std::memcpy(name + 4, &r[kEdx], 4);
+  std::memcpy(name + 8, &r[kEcx], 4);
+  name[12] = '\0';
+  if (std::strcmp(name, "GenuineIntel") == 0) return CpuVendor::kIntel;
+  if (std::strcmp(name, "AuthenticAMD") == 0) return CpuVendor::kAmd;
+  return CpuVendor::kOther;
+}
+
 }  // namespace
 
 const CpuFeatures& DetectCpuFeatures() {
   static const CpuFeatures features = [] {
     __builtin_cpu_init();
     CpuFeatures f;
+    f.vendor = DetectVendor();
     f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
              CpuidBit(1, 0, kEcx, 29);  // F16C
     f.avx512 = f.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -32,6 +48,30 @@ const CpuFeatures& DetectCpuFeatures() {
     return f;
   }();
   return features;
+}
+
+std::string_view CpuVendorName(CpuVendor vendor) {
+  switch (vendor) {
+    case CpuVendor::kIntel:
+      return "intel";
+    case CpuVendor::kAmd:
+      return "amd";
+    case CpuVendor::kOther:
+      break;
+  }
+  return "other";
+}
+
+std::string CpuModelName() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const size_t begin = line.find_first_not_of(" \t", colon + 1);
+    if (begin != std::string::npos) return line.substr(begin);
+  }
+  return "unknown";
 }
 
 std::string_view IsaLevelName(IsaLevel level) {

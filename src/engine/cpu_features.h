@@ -2,19 +2,26 @@
 // pdserve uses (the best the CPU has, or a lower one forced for tests and comparisons).
 #pragma once
 
+#include <string>
 #include <string_view>
 
 #include "common/status.h"
 
 namespace pd::engine {
 
+enum class CpuVendor { kOther, kIntel, kAmd };
+
 struct CpuFeatures {
-  bool avx2 = false;    // with fma and f16c
-  bool avx512 = false;  // f, bw, vl, dq
+  CpuVendor vendor = CpuVendor::kOther;  // CPUID leaf 0's vendor string
+  bool avx2 = false;                     // with fma and f16c
+  bool avx512 = false;                   // f, bw, vl, dq
   bool avx512_bf16 = false;
 };
 
 const CpuFeatures& DetectCpuFeatures();
+std::string_view CpuVendorName(CpuVendor vendor);  // "intel" | "amd" | "other"
+// /proc/cpuinfo's first "model name" (e.g. "AMD EPYC 9R14 96-Core Processor"), or "unknown".
+std::string CpuModelName();
 
 enum class IsaLevel { kScalar, kAvx2, kAvx512 };
 std::string_view IsaLevelName(IsaLevel level);  // "scalar" | "avx2" | "avx512"

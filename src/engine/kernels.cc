@@ -109,6 +109,29 @@ void ScalarRmsNormRow(const float* x, const float* w, int64_t dim, float eps, fl
 
 const IsaKernels& ScalarKernels() { return kScalar; }
 
+namespace {
+// -1: none forced, else the PanelStream's value.
+std::atomic<int> forced_panel_stream{-1};
+}  // namespace
+
+const char* PanelStreamName(PanelStream stream) {
+  return stream == PanelStream::kMulti ? "multi" : "single";
+}
+
+PanelStream ChosenPanelStream() {
+  const int forced = forced_panel_stream.load(std::memory_order_relaxed);
+  if (forced >= 0) return static_cast<PanelStream>(forced);
+  // Measured on AMD Zen 4 (single) and Intel Xeon (multi); other CPUs take multi, whose software
+  // prefetch does not depend on how far a hardware prefetcher follows one stream.
+  return DetectCpuFeatures().vendor == CpuVendor::kAmd ? PanelStream::kSingle : PanelStream::kMulti;
+}
+
+void ForcePanelStream(PanelStream stream) {
+  forced_panel_stream.store(static_cast<int>(stream), std::memory_order_relaxed);
+}
+
+void ClearForcedPanelStream() { forced_panel_stream.store(-1, std::memory_order_relaxed); }
+
 const IsaKernels& KernelsFor(IsaLevel level) {
   PD_CHECK(IsaSupported(level)) << "CPU lacks " << IsaLevelName(level);
   switch (level) {

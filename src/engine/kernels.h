@@ -127,9 +127,23 @@ struct IsaKernels {
 
 using MatmulFn = void (*)(const float* x, int64_t num_rows, int64_t ldx, const WeightMatrix& w,
                           int64_t n_begin, int64_t n_end, float* out, int64_t ldo);
+// How the AVX-512 panel matmul reads the weights of a decode batch (up to 4 rows); both give the
+// same bits (each output is the same chain over k), only the speed differs by CPU.
+//   kSingle: one group at a time, no software prefetch: a thread's share is one sequential read
+//            that the hardware prefetcher follows (the fastest way on AMD Zen 4).
+//   kMulti:  four groups at a time (two at 3-4 rows of dot products), each prefetched into L1
+//            ahead (the fastest way on Intel Xeon, where one plain stream reads ~0.85 of it).
+enum class PanelStream { kSingle, kMulti };
+const char* PanelStreamName(PanelStream stream);  // "single" | "multi"
+// The way for this CPU (kSingle on AMD, kMulti elsewhere), unless ForcePanelStream set one.
+PanelStream ChosenPanelStream();
+// Makes ChosenPanelStream return `stream` from now on (benchmarks comparing the two, tests): the
+// kernel tables KernelsFor returns after it read this way. ClearForcedPanelStream undoes it.
+void ForcePanelStream(PanelStream stream);
+void ClearForcedPanelStream();
 // The AVX-512 kPanel32 matmul (kernels_avx512_gemm.cc), and its bf16-dot variant (AVX512_BF16).
-MatmulFn Avx512PanelMatmul();
-MatmulFn Avx512PanelDotMatmul();
+MatmulFn Avx512PanelMatmul(PanelStream stream);
+MatmulFn Avx512PanelDotMatmul(PanelStream stream);
 
 // The reference row kernels, for tables without their own.
 void ScalarSiluMulRow(const float* gate, const float* up, int64_t dim, float* out);

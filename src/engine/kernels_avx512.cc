@@ -653,13 +653,17 @@ void RmsNormRow(const float* x, const float* w, int64_t dim, float eps, float* o
   }
 }
 
+IsaKernels Avx512Table(PanelStream stream) {
+  return {"avx512",    &Matmul,     Avx512PanelMatmul(stream), &AttentionItemAny,
+          &SiluMulRow, &RmsNormRow, &AttentionRowsAny,         Avx512PanelDotMatmul(stream)};
+}
+
 }  // namespace
 
 const IsaKernels& Avx512Kernels() {
-  static const IsaKernels kAvx512 = {
-      "avx512",    &Matmul,     Avx512PanelMatmul(), &AttentionItemAny,
-      &SiluMulRow, &RmsNormRow, &AttentionRowsAny,   Avx512PanelDotMatmul()};
-  return kAvx512;
+  static const IsaKernels kSingle = Avx512Table(PanelStream::kSingle);
+  static const IsaKernels kMulti = Avx512Table(PanelStream::kMulti);
+  return ChosenPanelStream() == PanelStream::kMulti ? kMulti : kSingle;
 }
 
 }  // namespace pd::engine::kernels

@@ -8,11 +8,12 @@
 // Every output element is a single FMA chain over k in order, whatever MR, NG or the blocking, so
 // results are bit-identical across batch sizes (a blocked pass resumes its chain from `out`).
 //
-// Decode (rows <= kStreamRows) walks each group's whole k in one pass, several groups at once,
-// x read in place, each stream prefetched near (L1) and far (L2) ahead, the next pass's first
+// Decode (rows <= kStreamRows) walks each group's whole k in one pass, x read in place, in one of
+// two ways chosen per CPU (PanelStream, kernels.h): one group per pass left to the hardware
+// prefetcher, or several groups at once, each stream prefetched ahead, the next pass's first
 // lines fetched into L2 during this one. More rows block k (kKc) and groups (kGroupsPerBlock, in
-// L2), pack each block of x rows k-major (in L1) and pass every row block over the groups. Every
-// path prefetches ahead of each weight stream.
+// L2), pack each block of x rows k-major (in L1) and pass every row block over the groups,
+// prefetching ahead of each weight stream.
 //
 // The bf16-dot variant (MatmulPanelDot, for bf16 weights with even k on CPUs with AVX512_BF16)
 // rounds x to bf16 (nearest even) and multiplies with vdpbf16ps: each step takes a pair of k,
@@ -114,10 +115,13 @@ struct MicroArgs {
   bool pf_spread = false;
 };
 
+// Software prefetch of each group's weights: none (the hardware prefetcher alone reads them), near
+// only (into L1), or near and, for streams from memory, far into L2 as well.
+enum class Pf { kNone, kNear, kNearFar };
+
 // out[0..MR) x [0..cols) (+)= x[0..MR, k0..k1) . W[groups, k0..k1)^T; starts the chains at zero
-// when k0 == 0, else from out. kPrefetch: prefetch each group's weights ahead (near into L1 and,
-// for streams from memory, far into L2); without it the hardware prefetcher alone reads them.
-template <int MR, int NG, WMode kMode, bool kPacked, bool kPrefetch = true>
+// when k0 == 0, else from out. kPf: how each group's weights are prefetched ahead.
+template <int MR, int NG, WMode kMode, bool kPacked, Pf kPf = Pf::kNearFar>
 void Micro(const MicroArgs& a) {
   __mmask16 mask[NG][2];
 #pragma GCC unroll 4
@@ -139,7 +143,8 @@ void Micro(const MicroArgs& a) {
   constexpr int64_t near_steps = kMode == WMode::kDot ? kPrefetchK / 2 : kPrefetchK;
   constexpr int64_t far_steps = kMode == WMode::kDot ? kPrefetchFarK / 2 : kPrefetchFarK;
   // Streams read from memory also prefetch far ahead into L2 (decode); converted blocks are in L2.
-  constexpr bool far = !kPacked || kMode == WMode::kBf16 || kMode == WMode::kDot;
+  constexpr bool far =
+      kPf == Pf::kNearFar && (!kPacked || kMode == WMode::kBf16 || kMode == WMode::kDot);
   const float* xk = a.x;
   const int64_t kn = (a.k1 - a.k0) / StepK(kMode);
   const int64_t x0 = a.k0 / StepK(kMode);
@@ -149,12 +154,12 @@ void Micro(const MicroArgs& a) {
 #pragma GCC unroll 4
     for (int g = 0; g < NG; ++g) {
       const uint8_t* wg = w + g * a.group_bytes;
-      if constexpr (kPrefetch) {
+      if constexpr (kPf != Pf::kNone) {
         const char* ahead = reinterpret_cast<const char*>(wg + (k + near_steps) * step);
         _mm_prefetch(ahead, _MM_HINT_T0);
         if constexpr (step == 128) _mm_prefetch(ahead + 64, _MM_HINT_T0);  // two lines per step
       }
-      if constexpr (far && kPrefetch) {
+      if constexpr (far) {
         const char* p = reinterpret_cast<const char*>(wg + (k + far_steps) * step);
         _mm_prefetch(p, _MM_HINT_T1);
         if constexpr (step == 128) _mm_prefetch(p + 64, _MM_HINT_T1);
@@ -237,36 +242,57 @@ constexpr const MicroFn* PackedTable2() {
   return kPackedMicro2<kMode, 1, 2, 3, 4, 5, 6>;
 }
 
-// Streaming (decode) kernels by rows. One group per pass and no software prefetch: a thread's
-// share of the matrix is then one sequential read, which the hardware prefetcher follows faster
-// than any number of prefetched streams (Zen 4 guest, 2 threads, 2 GiB: one plain stream 53-60
-// GB/s, 4 or 8 prefetched streams 41-53; batch-1 decode of llama-1b reads at 0.98-1.05 of the
-// read probe). f32 FMA at 3-4 rows is bound by the FMA rate instead: 3 or 2 groups per pass
-// share each broadcast of x, with software prefetching of the groups.
+// Streaming (decode) kernels by rows, per PanelStream.
+// kSingle: one group per pass and no software prefetch: a thread's share of the matrix is then
+// one sequential read, which the hardware prefetcher follows faster than any number of
+// prefetched streams on AMD Zen 4 (guest, 2 threads, 2 GiB: one plain stream 53-60 GB/s, 4 or 8
+// prefetched streams 41-53; batch-1 decode of llama-1b reads at 0.98-1.05 of the read probe).
+// kMulti: four groups per pass at 1-2 rows (two at 3-4 rows of dot products), each prefetched
+// near ahead into L1, no far prefetch: on an Intel Xeon guest with AVX512_BF16 and AMX (2
+// threads, 2 GiB, the bf16-dot pattern, bytes per CPU-second) one plain stream reads 29 GB/s,
+// four prefetched streams 35, two 34, eight 32, the read probe's best way 34.
+// In both, f32 FMA at 3-4 rows is bound by the FMA rate instead: 3 or 2 groups per pass share
+// each broadcast of x, with software prefetching of the groups.
 template <WMode kMode>
 constexpr bool kStreamShared = !IsDot(kMode);  // rows 3-4 take several groups per pass
+template <WMode kMode, PanelStream kS>
+struct StreamKernels;
 template <WMode kMode>
-constexpr MicroFn kStream[] = {
-    nullptr, Micro<1, 1, kMode, false, false>, Micro<2, 1, kMode, false, false>,
-    kStreamShared<kMode> ? Micro<3, 3, kMode, false> : Micro<3, 1, kMode, false, false>,
-    kStreamShared<kMode> ? Micro<4, 2, kMode, false> : Micro<4, 1, kMode, false, false>};
+struct StreamKernels<kMode, PanelStream::kSingle> {
+  static constexpr bool kSh = kStreamShared<kMode>;
+  static constexpr Pf kRestPf = kSh ? Pf::kNearFar : Pf::kNone;  // rows 3-4, one group
+  static constexpr MicroFn kFn[] = {
+      nullptr, Micro<1, 1, kMode, false, Pf::kNone>, Micro<2, 1, kMode, false, Pf::kNone>,
+      kSh ? Micro<3, 3, kMode, false> : Micro<3, 1, kMode, false, Pf::kNone>,
+      kSh ? Micro<4, 2, kMode, false> : Micro<4, 1, kMode, false, Pf::kNone>};
+  static constexpr int kGroups[] = {0, 1, 1, kSh ? 3 : 1, kSh ? 2 : 1};
+  static constexpr MicroFn kOne[] = {
+      nullptr, Micro<1, 1, kMode, false, Pf::kNone>, Micro<2, 1, kMode, false, Pf::kNone>,
+      Micro<3, 1, kMode, false, kRestPf>, Micro<4, 1, kMode, false, kRestPf>};
+};
 template <WMode kMode>
-constexpr int kStreamGroups[] = {0, 1, 1, kStreamShared<kMode> ? 3 : 1,
-                                 kStreamShared<kMode> ? 2 : 1};
-template <WMode kMode>
-constexpr MicroFn kStream1[] = {nullptr, Micro<1, 1, kMode, false, false>,
-                                Micro<2, 1, kMode, false, false>,
-                                Micro<3, 1, kMode, false, kStreamShared<kMode>>,
-                                Micro<4, 1, kMode, false, kStreamShared<kMode>>};
+struct StreamKernels<kMode, PanelStream::kMulti> {
+  static constexpr bool kSh = kStreamShared<kMode>;
+  static constexpr Pf kRestPf = kSh ? Pf::kNearFar : Pf::kNear;  // rows 3-4
+  static constexpr MicroFn kFn[] = {
+      nullptr, Micro<1, 4, kMode, false, Pf::kNear>, Micro<2, 4, kMode, false, Pf::kNear>,
+      kSh ? Micro<3, 3, kMode, false> : Micro<3, 2, kMode, false, Pf::kNear>,
+      kSh ? Micro<4, 2, kMode, false> : Micro<4, 2, kMode, false, Pf::kNear>};
+  static constexpr int kGroups[] = {0, 4, 4, kSh ? 3 : 2, 2};
+  static constexpr MicroFn kOne[] = {
+      nullptr, Micro<1, 1, kMode, false, Pf::kNear>, Micro<2, 1, kMode, false, Pf::kNear>,
+      Micro<3, 1, kMode, false, kRestPf>, Micro<4, 1, kMode, false, kRestPf>};
+};
 
 // kMode: kF32 (f32 panel), kBf16 or kDot (bf16 panel; kDot's x holds bf16 pairs, ldx in pairs).
-template <WMode kMode>
+template <WMode kMode, PanelStream kS>
 void Stream(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, int64_t g_begin,
             int64_t g_end, int64_t n_end, float* out, int64_t ldo) {
   constexpr bool kF32 = kMode == WMode::kF32;
   const int64_t group_bytes = w.k * kPanelRows * (kF32 ? 4 : 2);
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
-  const int ng = kStreamGroups<kMode>[rows];
+  using K = StreamKernels<kMode, kS>;
+  const int ng = K::kGroups[rows];
   for (int64_t g = g_begin; g < g_end; g += ng) {
     MicroArgs a{x,
                 ldx,
@@ -283,11 +309,11 @@ void Stream(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, in
       a.pf_stride = group_bytes;
     }
     if (g + ng <= g_end) {
-      kStream<kMode>[rows](a);
+      K::kFn[rows](a);
     } else {
       for (int64_t r = g; r < g_end;
            ++r, a.w += group_bytes, a.out += kPanelRows, a.cols -= kPanelRows)
-        kStream1<kMode>[rows](a);
+        K::kOne[rows](a);
     }
   }
 }
@@ -524,6 +550,7 @@ void Blocked(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, i
   }
 }
 
+template <PanelStream kS>
 void MatmulPanel(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, int64_t n_begin,
                  int64_t n_end, float* out, int64_t ldo) {
   if (rows <= 0 || n_begin >= n_end) return;
@@ -531,9 +558,9 @@ void MatmulPanel(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& 
   const int64_t g_end = (n_end + kPanelRows - 1) / kPanelRows;
   if (rows <= kStreamRows) {
     if (w.bf16) {
-      Stream<WMode::kBf16>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
+      Stream<WMode::kBf16, kS>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
     } else {
-      Stream<WMode::kF32>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
+      Stream<WMode::kF32, kS>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
     }
   } else if (w.bf16) {
     Blocked<WMode::kBf16>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
@@ -544,9 +571,10 @@ void MatmulPanel(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& 
 
 // x rounded to bf16 and multiplied with vdpbf16ps (bf16 weights, even k); anything else takes
 // MatmulPanel.
+template <PanelStream kS>
 void MatmulPanelDot(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w,
                     int64_t n_begin, int64_t n_end, float* out, int64_t ldo) {
-  if (!w.bf16 || w.k % 2 != 0) return MatmulPanel(x, rows, ldx, w, n_begin, n_end, out, ldo);
+  if (!w.bf16 || w.k % 2 != 0) return MatmulPanel<kS>(x, rows, ldx, w, n_begin, n_end, out, ldo);
   if (rows <= 0 || n_begin >= n_end) return;
   const int64_t g_begin = n_begin / kPanelRows;
   const int64_t g_end = (n_end + kPanelRows - 1) / kPanelRows;
@@ -555,7 +583,7 @@ void MatmulPanelDot(const float* x, int64_t rows, int64_t ldx, const WeightMatri
     float* pairs = x_scratch.Get(rows * w.k / 2);
     if (pairs == nullptr) __builtin_trap();  // out of memory
     XPairs(x, rows, ldx, w.k, pairs);
-    Stream<WMode::kDot>(pairs, rows, w.k / 2, w, g_begin, g_end, n_end, out, ldo);
+    Stream<WMode::kDot, kS>(pairs, rows, w.k / 2, w, g_begin, g_end, n_end, out, ldo);
   } else {
     Blocked<WMode::kDot>(x, rows, ldx, w, g_begin, g_end, n_end, out, ldo);
   }
@@ -563,7 +591,13 @@ void MatmulPanelDot(const float* x, int64_t rows, int64_t ldx, const WeightMatri
 
 }  // namespace
 
-MatmulFn Avx512PanelMatmul() { return &MatmulPanel; }
-MatmulFn Avx512PanelDotMatmul() { return &MatmulPanelDot; }
+MatmulFn Avx512PanelMatmul(PanelStream stream) {
+  return stream == PanelStream::kMulti ? &MatmulPanel<PanelStream::kMulti>
+                                       : &MatmulPanel<PanelStream::kSingle>;
+}
+MatmulFn Avx512PanelDotMatmul(PanelStream stream) {
+  return stream == PanelStream::kMulti ? &MatmulPanelDot<PanelStream::kMulti>
+                                       : &MatmulPanelDot<PanelStream::kSingle>;
+}
 
 }  // namespace pd::engine::kernels

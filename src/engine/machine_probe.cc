@@ -19,6 +19,7 @@
 #include <string>
 
 #include "engine/cpu_features.h"
+#include "engine/kernels.h"
 #include "engine/thread_pool.h"
 
 namespace pd::engine {
@@ -275,6 +276,34 @@ Result<double> MeasurePeakBf16DotGflops(ThreadPool& pool, long iterations,
   if (!features.avx512_bf16) return Unimplemented("this CPU has no avx512_bf16 (vdpbf16ps)");
   constexpr double kFlopsPerIteration = 24.0 * 16 * 4;  // 16 lanes x (2 products + 2 adds)
   return TimeArithmeticLoop(pool, iterations, DotBf16Avx512, kFlopsPerIteration);
+}
+
+KernelVariant DescribeKernels() {
+  const CpuFeatures& f = DetectCpuFeatures();
+  const IsaLevel level = BestIsaLevel();
+  const bool panel = kernels::KernelsFor(level).matmul_panel != nullptr;
+  KernelVariant v;
+  v.cpu_model = CpuModelName();
+  v.vendor = std::string(CpuVendorName(f.vendor));
+  v.isa = std::string(IsaLevelName(level));
+  v.matmul = panel ? "panel32" : "rowmajor";
+  v.bf16_dot = f.avx512_bf16 ? "vdpbf16ps" : "none";
+  v.decode_stream = panel ? kernels::PanelStreamName(kernels::ChosenPanelStream()) : "-";
+  return v;
+}
+
+Status SetDecodeStream(std::string_view name) {
+  if (name == "auto") {
+    kernels::ClearForcedPanelStream();
+  } else if (name == "single") {
+    kernels::ForcePanelStream(kernels::PanelStream::kSingle);
+  } else if (name == "multi") {
+    kernels::ForcePanelStream(kernels::PanelStream::kMulti);
+  } else {
+    return InvalidArgument("unknown decode stream '" + std::string(name) +
+                           "' (expected auto, single or multi)");
+  }
+  return OkStatus();
 }
 
 }  // namespace pd::engine

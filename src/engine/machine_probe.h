@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <string_view>
 
 #include "common/status.h"
 #include "engine/cpu_features.h"
@@ -65,5 +67,20 @@ Result<double> MeasurePeakBf16DotGflops(ThreadPool& pool, long iterations = 20'0
 
 // The last-level cache size in bytes from sysfs (0 when unknown).
 size_t LastLevelCacheBytes();
+
+// What this host is and which fast kernels the engine runs on it (benchmark headers, so that a
+// table from one host cannot be taken for another's).
+struct KernelVariant {
+  std::string cpu_model;      // /proc/cpuinfo "model name"
+  std::string vendor;         // "intel" | "amd" | "other"
+  std::string isa;            // the best ISA level: "avx512" | "avx2" | "scalar"
+  std::string matmul;         // the weight layout's kernel: "panel32" (AVX-512) or "rowmajor"
+  std::string bf16_dot;       // "vdpbf16ps" where the CPU has AVX512_BF16, else "none"
+  std::string decode_stream;  // panel decode streaming: "single" | "multi" | "-" (no panel)
+};
+KernelVariant DescribeKernels();
+// Forces how the panel matmul streams decode batches: "single", "multi", or "auto" (per CPU);
+// kernel tables looked up afterwards use it.
+Status SetDecodeStream(std::string_view name);
 
 }  // namespace pd::engine
