@@ -20,24 +20,10 @@ namespace pd::engine {
 namespace {
 
 using testing::MakeTinyMlaModel;
+using testing::RelError;
 using testing::TinyMlaOptions;
 using testing::TinyModel;
-
-double RelError(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double diff = 0, scale = 1e-30;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
-    scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
-  }
-  return diff / scale;
-}
-
-std::vector<int32_t> Tokens(int n, int seed, int vocab) {
-  std::vector<int32_t> t(n);
-  for (int i = 0; i < n; ++i) t[i] = (seed * 31 + i * 17 + i * i) % vocab;
-  return t;
-}
+using testing::Tokens;
 
 struct Case {
   int q_lora_rank;

@@ -2,6 +2,9 @@
 // this struct owns), for runner tests that need no checkpoint on disk.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -110,6 +113,24 @@ inline std::unique_ptr<TinyModel> MakeTinyModel(const TinyModelOptions& o) {
                            ? m->weights.embed_tokens
                            : MakeTensor(*m, rng, {c.vocab_size, h}, dt, 3.0f / std::sqrt(h), 0.0f);
   return m;
+}
+
+// max |a - b| / max |b|: the relative error of a whole logits row.
+inline double RelError(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0, scale = 1e-30;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
+  }
+  return diff / scale;
+}
+
+// n deterministic token ids below vocab, different per seed.
+inline std::vector<int32_t> Tokens(int n, int seed, int vocab) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = (seed * 31 + i * 17 + i * i) % vocab;
+  return t;
 }
 
 }  // namespace pd::engine::testing
