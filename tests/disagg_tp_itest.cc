@@ -186,6 +186,14 @@ TEST_P(DisaggTpTest, UpGivesTheColocatedTp1GreedyTokens) {
   }
   EXPECT_TRUE(PagesFree(port + 2));  // the decode instance
   EXPECT_TRUE(PagesFree(port + 1));  // the prefill instance
+  // The prefill side counts a transfer once its last write's completion comes back, which can be
+  // after the decode side has already answered: wait for the count, then compare.
+  WaitFor(
+      [&] {
+        return Metric(port + 1, "pdserve:kv_transfers_total{role=\"prefill\"}") >= transfers &&
+               Metric(port + 1, "pdserve:kv_transfer_tokens_total{role=\"prefill\"}") >= tokens;
+      },
+      20s);
   EXPECT_EQ(Metric(port + 1, "pdserve:kv_transfers_total{role=\"prefill\"}"), transfers);
   // KV bytes per token: one copy, and on the wire (whole pages; an MLA latent to every decode
   // rank), at least one copy per token and at most a page's padding more per transfer.
