@@ -329,12 +329,7 @@ Result<std::shared_ptr<MoeFixture>> BuildFixture(const MoeKey& key) {
 }
 
 Result<std::shared_ptr<MoeFixture>> GetFixture(const MoeKey& key) {
-  static std::map<MoeKey, std::shared_ptr<MoeFixture>> cache;
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  ASSIGN_OR_RETURN(auto fx, BuildFixture(key));
-  cache[key] = fx;
-  return fx;
+  return CachedFixture<MoeFixture>(key, BuildFixture);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -118,12 +118,7 @@ Result<std::shared_ptr<ModelFixture>> BuildFixture(const ModelKey& key) {
 
 // Cached: when the binary runs many instances in one process, each model is built once.
 Result<std::shared_ptr<ModelFixture>> GetFixture(const ModelKey& key) {
-  static std::map<ModelKey, std::shared_ptr<ModelFixture>> cache;
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  ASSIGN_OR_RETURN(auto fx, BuildFixture(key));
-  cache[key] = fx;
-  return fx;
+  return CachedFixture<ModelFixture>(key, BuildFixture);
 }
 
 // Builds (or reuses) the model, then runs every engine case against its reference.

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -347,6 +348,18 @@ inline double RunAndCompare(const model::ModelWeights& weights, const Workload& 
   };
   if (RunSteps(weights, run, ec, on_row).size() != w.prompts.size()) return INFINITY;
   return worst;
+}
+
+// Build(key) once per key in this process (a binary running many instances builds each model
+// and runs the reference once); errors are not cached.
+template <typename Fixture, typename Key, typename BuildFn>
+Result<std::shared_ptr<Fixture>> CachedFixture(const Key& key, BuildFn build) {
+  static std::map<Key, std::shared_ptr<Fixture>> cache;
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  ASSIGN_OR_RETURN(std::shared_ptr<Fixture> fx, build(key));
+  cache[key] = fx;
+  return fx;
 }
 
 }  // namespace pd::reflogits

@@ -12,19 +12,14 @@
 #include "engine/kernels.h"
 #include "engine/kernels_ref.h"
 #include "engine/kv_cache.h"
+#include "engine/model_runner_test_util.h"
 #include "engine/thread_pool.h"
 #include "model/dtype.h"
 
 namespace pd::engine::kernels {
 namespace {
 
-std::vector<float> Random(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using pd::engine::testing::Random;
 
 struct Weights {
   std::vector<float> f32;

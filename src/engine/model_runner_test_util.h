@@ -126,6 +126,15 @@ inline double RelError(const std::vector<float>& a, const std::vector<float>& b)
   return diff / scale;
 }
 
+// n normal(0, scale) floats, deterministic for a seed (kernel test inputs).
+inline std::vector<float> Random(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
 // n deterministic token ids below vocab, different per seed.
 inline std::vector<int32_t> Tokens(int n, int seed, int vocab) {
   std::vector<int32_t> t(n);
