@@ -52,27 +52,6 @@ bool PythonHasJsonschema() {
   return std::system(PD_PYTHON " -c 'import jsonschema' >/dev/null 2>&1") == 0;
 }
 
-// Checks each {"kind", "spec", "text"} line: "schema" validates json.loads(text) against spec,
-// "regex" fullmatches, "object" must load as a dict. Prints one line per failure.
-constexpr char kValidator[] = R"(
-import json, re, sys, jsonschema
-bad = 0
-for line in open(sys.argv[1]):
-    c = json.loads(line)
-    try:
-        if c["kind"] == "schema":
-            jsonschema.validate(json.loads(c["text"]), json.loads(c["spec"]))
-        elif c["kind"] == "regex":
-            assert re.fullmatch(c["spec"], c["text"], re.S) is not None, "no full match"
-        else:
-            assert isinstance(json.loads(c["text"]), dict), "not an object"
-    except Exception as e:
-        bad += 1
-        print("FAIL", repr(c["text"]), "against", c["spec"], ":", str(e).splitlines()[0])
-print("checked", sum(1 for _ in open(sys.argv[1])), "failed", bad)
-sys.exit(1 if bad else 0)
-)";
-
 struct Case {
   StructuredOutput::Kind kind;
   std::string spec;
@@ -174,9 +153,8 @@ TEST(StructuredEngineTest, EveryCompletionValidatesGreedyAndSampled) {
       f << nlohmann::json({{"kind", kind}, {"spec", spec}, {"text", s.text}}).dump() << "\n";
     }
   }
-  const std::string script = ::testing::TempDir() + "pd_structured_validate.py";
-  std::ofstream(script) << kValidator;
-  const std::string cmd = std::string(PD_PYTHON) + " " + script + " " + file + " 2>&1";
+  const std::string cmd =
+      std::string(PD_PYTHON) + " " + PD_STRUCTURED_VALIDATOR + " " + file + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   ASSERT_NE(pipe, nullptr);
   std::string report;
@@ -187,7 +165,6 @@ TEST(StructuredEngineTest, EveryCompletionValidatesGreedyAndSampled) {
   EXPECT_NE(report.find("checked " + std::to_string(sent.size()) + " failed 0"), std::string::npos)
       << report;
   if (std::getenv("PD_KEEP") == nullptr) std::filesystem::remove(file);
-  std::filesystem::remove(script);
 }
 
 }  // namespace
