@@ -33,7 +33,7 @@ const std::string& ModelDir() {
 
 const json kSchema = json::parse(R"({"type":"object","properties":{
     "name":{"type":"string","maxLength":10},
-    "pos":{"type":"object","properties":{"x":{"type":"integer"},"y":{"type":"number"}},
+    "pos":{"type":"object","properties":{"x":{"type":"integer","minimum":0,"maximum":640},"y":{"type":"number"}},
            "required":["x","y"]},
     "tags":{"type":"array","items":{"enum":["a","b","c"]},"maxItems":3},
     "code":{"type":"string","pattern":"^[A-Z]{2}[0-9]{2}$"}},

@@ -1,6 +1,7 @@
 #include "constrain/json_schema.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 namespace pd::constrain {
@@ -50,15 +51,78 @@ RegexNode Rep(RegexNode child, int min, int max) {
   return n;
 }
 
+// The decimal integers of [lo, hi], both written with the same number of digits.
+std::string SameLengthRange(const std::string& lo, const std::string& hi) {
+  if (lo.size() == 1) return lo == hi ? lo : "[" + lo + "-" + hi + "]";
+  const std::string lo_rest = lo.substr(1), hi_rest = hi.substr(1);
+  if (lo[0] == hi[0]) return lo.substr(0, 1) + "(" + SameLengthRange(lo_rest, hi_rest) + ")";
+  const std::string zeros(lo_rest.size(), '0'), nines(lo_rest.size(), '9');
+  std::vector<std::string> parts;
+  char first = lo[0], last = hi[0];
+  if (lo_rest != zeros) {
+    parts.push_back(lo.substr(0, 1) + "(" + SameLengthRange(lo_rest, nines) + ")");
+    ++first;
+  }
+  if (hi_rest != nines) --last;
+  if (first <= last) {
+    const std::string lead =
+        first == last ? std::string(1, first) : "[" + std::string(1, first) + "-" + last + "]";
+    parts.push_back(lead + "[0-9]{" + std::to_string(lo_rest.size()) + "}");
+  }
+  if (hi_rest != nines)
+    parts.push_back(hi.substr(0, 1) + "(" + SameLengthRange(zeros, hi_rest) + ")");
+  std::string out;
+  for (const std::string& p : parts) out += (out.empty() ? "" : "|") + p;
+  return out;
+}
+
+// The decimal integers of [lo, hi], 0 <= lo <= hi, without leading zeros.
+std::string NonNegativeRange(int64_t lo, int64_t hi) {
+  std::string out;
+  for (int64_t start = lo; start <= hi;) {
+    const std::string digits = std::to_string(start);
+    int64_t top = 9;  // the largest number with as many digits as start
+    for (size_t i = 1; i < digits.size(); ++i) top = top * 10 + 9;
+    const int64_t end = std::min(top, hi);
+    out += (out.empty() ? "(" : "|(") + SameLengthRange(digits, std::to_string(end)) + ")";
+    if (end == hi) break;
+    start = end + 1;
+  }
+  return out;
+}
+
+// The integers of [lo, hi] as a regex.
+std::string IntegerRange(int64_t lo, int64_t hi) {
+  std::string out;
+  if (lo < 0) out = "-(" + NonNegativeRange(std::max<int64_t>(1, -hi), -lo) + ")";
+  if (hi >= 0) out += (out.empty() ? "" : "|") + NonNegativeRange(std::max<int64_t>(0, lo), hi);
+  return out;
+}
+
 const std::set<std::string, std::less<>> kAnnotations = {
     "title",    "description", "default",  "examples",  "$schema", "$id",
     "$comment", "deprecated",  "readOnly", "writeOnly", "$defs",   "definitions"};
-const std::set<std::string, std::less<>> kKeywords = {
-    "type",      "properties", "required", "additionalProperties",
-    "enum",      "const",      "anyOf",    "oneOf",
-    "allOf",     "items",      "minItems", "maxItems",
-    "minLength", "maxLength",  "pattern",  "format",
-    "$ref"};
+const std::set<std::string, std::less<>> kKeywords = {"type",
+                                                      "properties",
+                                                      "required",
+                                                      "additionalProperties",
+                                                      "enum",
+                                                      "const",
+                                                      "anyOf",
+                                                      "oneOf",
+                                                      "allOf",
+                                                      "items",
+                                                      "minItems",
+                                                      "maxItems",
+                                                      "minLength",
+                                                      "maxLength",
+                                                      "pattern",
+                                                      "format",
+                                                      "$ref",
+                                                      "minimum",
+                                                      "maximum",
+                                                      "exclusiveMinimum",
+                                                      "exclusiveMaximum"};
 
 class SchemaCompiler {
  public:
@@ -179,9 +243,15 @@ class SchemaCompiler {
         ASSIGN_OR_RETURN(RegexNode n, String(schema, path));
         alts.push_back(std::move(n));
       } else if (type == "number") {
+        for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+          if (schema.contains(key))
+            return Error(
+                path, std::string("'") + key + "' is supported on integers only, not on numbers");
+        }
         alts.push_back(Frag(kNumber));
       } else if (type == "integer") {
-        alts.push_back(Frag(kInteger));
+        ASSIGN_OR_RETURN(RegexNode n, Integer(schema, path));
+        alts.push_back(std::move(n));
       } else if (type == "boolean") {
         alts.push_back(Frag("true|false"));
       } else if (type == "null") {
@@ -202,6 +272,7 @@ class SchemaCompiler {
     return v.get<int>();
   }
 
+  Result<RegexNode> Integer(const json& schema, const std::string& path);
   Result<RegexNode> Object(const json& schema, const std::string& path, int depth);
   Result<RegexNode> Array(const json& schema, const std::string& path, int depth);
   Result<RegexNode> String(const json& schema, const std::string& path);
@@ -210,6 +281,30 @@ class SchemaCompiler {
   JsonSchemaOptions options_;
   std::vector<std::string> refs_;  // the $refs being expanded, outermost first
 };
+
+// minimum / maximum (and their exclusive forms) bound the integer; without them it has at most 16
+// digits.
+Result<RegexNode> SchemaCompiler::Integer(const json& schema, const std::string& path) {
+  constexpr int64_t kLimit = 9999999999999999;  // 16 digits
+  int64_t lo = -kLimit, hi = kLimit;
+  bool bounded = false;
+  for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+    if (!schema.contains(key)) continue;
+    const json& v = schema[key];
+    if (!v.is_number() || std::fabs(v.get<double>()) > static_cast<double>(kLimit))
+      return Error(path, std::string("'") + key + "' must be a number of at most 16 digits");
+    const double x = v.get<double>();
+    const std::string_view k = key;
+    if (k == "minimum") lo = std::max(lo, static_cast<int64_t>(std::ceil(x)));
+    if (k == "exclusiveMinimum") lo = std::max(lo, static_cast<int64_t>(std::floor(x)) + 1);
+    if (k == "maximum") hi = std::min(hi, static_cast<int64_t>(std::floor(x)));
+    if (k == "exclusiveMaximum") hi = std::min(hi, static_cast<int64_t>(std::ceil(x)) - 1);
+    bounded = true;
+  }
+  if (!bounded) return Frag(kInteger);
+  if (lo > hi) return Error(path, "no integer lies between the minimum and the maximum");
+  return Frag(IntegerRange(lo, hi));
+}
 
 // Members in the schema's order, required ones always, optional ones maybe: after(i, first) is
 // the text of members i.. given whether none was written yet (then no comma leads).

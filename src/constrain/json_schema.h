@@ -7,6 +7,7 @@
 //   string: minLength, maxLength, pattern (a search, as JSON Schema defines it: unanchored ends
 //     may hold other characters; the value is written without escapes), format date, time,
 //     date-time, uuid
+//   integer: minimum, maximum, exclusiveMinimum, exclusiveMaximum (16 digits at most)
 //   enum, const, anyOf, oneOf (as anyOf), allOf of one schema, $ref to #/$defs/... or
 //     #/definitions/... without recursion
 //   annotations (title, description, default, examples, $schema, $id, $comment, ...) are ignored

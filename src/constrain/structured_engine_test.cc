@@ -69,7 +69,7 @@ const std::vector<Case>& Cases() {
       {K::kJsonSchema, R"({"type":"object","properties":{
           "tags":{"type":"array","items":{"enum":["red","green","blue"]},"minItems":1,"maxItems":4},
           "points":{"type":"array","items":{"type":"object","properties":{
-              "x":{"type":"integer"},"y":{"type":"integer"}},"required":["x","y"]},"maxItems":3}},
+              "x":{"type":"integer","minimum":-50,"maximum":50},"y":{"type":"integer"}},"required":["x","y"]},"maxItems":3}},
           "required":["tags","points"]})"},
       {K::kJsonSchema, R"({"$defs":{"id":{"type":"string","pattern":"^[A-Z]{2}-[0-9]{3}$"}},
           "type":"object","properties":{"id":{"$ref":"#/$defs/id"},

@@ -364,8 +364,9 @@ TEST_F(ServerTest, StructuredOutputsReachTheEngineAsAConstraint) {
   EXPECT_FALSE(constraint->Start()->Allows("1a"));
   PostJson("/v1/completions", R"({"prompt":"a","max_tokens":2,"response_format":{"type":"text"}})");
   EXPECT_EQ(engine_->last_sampling().constraint, nullptr);
-  ExpectError("/v1/completions", R"({"prompt":"a","guided_json":{"type":"integer","minimum":1}})",
-              400, "'guided_json': unsupported JSON schema keyword 'minimum' at #");
+  ExpectError("/v1/completions",
+              R"({"prompt":"a","guided_json":{"type":"integer","multipleOf":2}})", 400,
+              "'guided_json': unsupported JSON schema keyword 'multipleOf' at #");
   ExpectError("/v1/chat/completions",
               R"({"messages":[{"role":"user","content":"a"}],"guided_regex":"(a)\\1"})", 400,
               "'guided_regex': regex: unsupported back-reference");
