@@ -145,13 +145,20 @@ int32_t RequestSampler::GreedyConstrained(std::span<const float> logits) {
   };
   std::vector<int32_t> heap;
   if (mask_ != nullptr) {  // only the mask's tokens and the ends can be allowed
-    heap = MaskCandidates(static_cast<int>(logits.size()));
-    // Usually the best of them is allowed: one pass finds it without building the heap.
+    // Usually the best of them is allowed: one pass over the mask's bits finds it.
+    const auto vocab = static_cast<int32_t>(logits.size());
     int32_t top = -1;
-    for (int32_t id : heap) {
-      if (top < 0 || worse(top, id)) top = id;
+    for (size_t w = 0; w < mask_->bits.size(); ++w) {
+      for (uint64_t bits = mask_->bits[w]; bits != 0; bits &= bits - 1) {
+        const auto id = static_cast<int32_t>(w * 64 + std::countr_zero(bits));
+        if (id < vocab && (top < 0 || worse(top, id))) top = id;
+      }
+    }
+    for (int32_t id : end_ids_) {
+      if (id < vocab && (top < 0 || worse(top, id))) top = id;
     }
     if (top < 0 || Allowed(top)) return top;
+    heap = MaskCandidates(vocab);
   } else {
     heap.reserve(logits.size());
     for (size_t i = 0; i < logits.size(); ++i) {
