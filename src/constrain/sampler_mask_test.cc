@@ -3,6 +3,7 @@
 // the tokens that continue).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 
 #include "constrain/constrain_test_util.h"
@@ -85,6 +86,36 @@ TEST(SamplerMaskTest, SampledTextsMatchAndCloseWithinMaxTokens) {
     check->Advance(text);
     EXPECT_TRUE(check->accepting()) << text;
   }
+}
+
+// Under a mask the draw follows softmax over the allowed tokens alone: "1", "23" and "5" may start
+// the text, "x" (the most likely) and "." may not. 4000 draws; the tolerance is about 4 standard
+// errors, so a false alarm is rarer than one in 10^4 runs.
+TEST(SamplerMaskTest, SamplingFollowsTheMaskedDistribution) {
+  auto texts = testing::TextsOf(kVocab);
+  StructuredOutputCompiler compiler(texts);
+  auto constraint = compiler.Compile({StructuredOutput::Kind::kRegex, R"(1|23|5)", ""});
+  ASSERT_TRUE(constraint.ok());
+  std::vector<float> logits(kVocab.size(), -1.0f);
+  logits[1] = 0.0f;  // "1"
+  logits[2] = 1.0f;  // "23"
+  logits[6] = 2.0f;  // "5"
+  logits[5] = 5.0f;  // "x"
+  const double z = std::exp(0.0) + std::exp(1.0) + std::exp(2.0);
+  const int n = 4000;
+  std::vector<int> counts(kVocab.size(), 0);
+  for (int i = 0; i < n; ++i) {
+    engine::SamplingParams p;
+    p.temperature = 1.0f;
+    p.seed = i;
+    p.constraint = *constraint;
+    engine::RequestSampler sampler(p, 0, 0);
+    ++counts[sampler.Sample(logits).token_id];
+  }
+  EXPECT_EQ(counts[1] + counts[2] + counts[6], n);
+  EXPECT_NEAR(counts[1] / double(n), std::exp(0.0) / z, 0.03);
+  EXPECT_NEAR(counts[2] / double(n), std::exp(1.0) / z, 0.03);
+  EXPECT_NEAR(counts[6] / double(n), std::exp(2.0) / z, 0.03);
 }
 
 }  // namespace

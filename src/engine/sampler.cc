@@ -175,13 +175,6 @@ int32_t RequestSampler::GreedyConstrained(std::span<const float> logits) {
   return -1;
 }
 
-// Sampling means "mask, then sample": the distribution is softmax(logits / T) over the allowed
-// tokens, cut to top-k / top-p among them. Without top-k and top-p, rejection is exact and lazy: a
-// token drawn from the unmasked distribution and accepted when allowed is distributed exactly as
-// the masked one. After kMaxRejections refusals (the model puts little mass on allowed tokens),
-// and always under top-k or top-p (whose cut depends on which tokens are allowed), every token is
-// checked once and the draw is made among the allowed ones. Either way the token follows the
-// masked distribution: the fallback is a fresh draw from it, whatever the refusals were.
 std::vector<int32_t> RequestSampler::MaskCandidates(int vocab) const {
   std::vector<int32_t> ids;
   for (size_t w = 0; w < mask_->bits.size(); ++w) {
@@ -196,6 +189,15 @@ std::vector<int32_t> RequestSampler::MaskCandidates(int vocab) const {
   return ids;
 }
 
+// Sampling means "mask, then sample": the distribution is softmax(logits / T) over the allowed
+// tokens, cut to top-k / top-p among them. Without top-k and top-p, rejection is exact and lazy: a
+// token drawn from the unmasked distribution and accepted when allowed is distributed exactly as
+// the masked one (used without a mask only: with one, each refused draw would cost a softmax over
+// the whole vocabulary, so the draw is made among the mask's tokens at once). After kMaxRejections
+// refusals (the model puts little mass on allowed tokens), and always under top-k or top-p (whose
+// cut depends on which tokens are allowed), every token is checked once and the draw is made among
+// the allowed ones. Either way the token follows the
+// masked distribution: the fallback is a fresh draw from it, whatever the refusals were.
 int32_t RequestSampler::SampleConstrained(std::span<const float> logits) {
   // The mask of the state, when it computes one (null once complete: few tokens matter then).
   mask_ = constraint_->complete() ? nullptr : constraint_->AllowedTokens();
@@ -205,7 +207,8 @@ int32_t RequestSampler::SampleConstrained(std::span<const float> logits) {
   } else {
     constexpr int kMaxRejections = 8;
     const int vocab = static_cast<int>(logits.size());
-    if ((params_.top_k <= 0 || params_.top_k >= vocab) && params_.top_p >= 1.0f) {
+    if (mask_ == nullptr && (params_.top_k <= 0 || params_.top_k >= vocab) &&
+        params_.top_p >= 1.0f) {
       for (int i = 0; i < kMaxRejections && id < 0; ++i) {
         const int32_t drawn = SampleFrom(logits, {});
         if (Allowed(drawn)) id = drawn;
