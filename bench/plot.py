@@ -4,8 +4,9 @@ DistServe's A100 runs, and one request's timeline through the disaggregated path
 
   plot.py attainment --out PREFIX [--measured LABEL=FILE]... [--simulated LABEL=FILE]...
       FILE: a `pdserve bench --request-rate R1,R2,... --slo ...` (or --goodput-search) rates
-      document (pdserve-bench-rates-v1), or a `pdserve simulate --rate ... --json` document
-      (pdserve-simulate-v1, mode rates). One curve per FILE: measured solid, simulated dashed
+      document (pdserve-bench-rates-v1), a `pdserve simulate --rate ... --json` document
+      (pdserve-simulate-v1, mode rates), or a single-rate `pdserve bench --goodput ...` JSON (one
+      point). One curve per LABEL (its files' points together): measured solid, simulated dashed
       (a simulated curve takes the colour of the measured one with the same LABEL); the
       attainment target (default 90%) as a line and each curve's goodput marked on it.
   plot.py latency --out PREFIX LABEL=FILE...
@@ -138,8 +139,16 @@ def save(fig, out):
 
 def rate_curve(path, doc):
     """[(rate, attainment of every SLO)] of a bench rates or simulate rates document, finite
-    rates only, sorted."""
+    rates only, sorted; or the one point of a single-rate bench JSON run with --goodput."""
     schema = doc.get("schema")
+    if schema is None and "ttfts" in doc:  # single rate: its slo_attainment at its rate
+        rate, att = doc.get("request_rate"), doc.get("slo_attainment")
+        if not isinstance(rate, (int, float)):
+            raise InputError(f"{path}: field 'request_rate' is {json.dumps(rate)}, expected a "
+                             "finite rate")
+        if not isinstance(att, (int, float)):
+            raise InputError(f"{path}: field 'slo_attainment' is missing (run it with --goodput)")
+        return [(float(rate), float(att))]
     if schema not in ("pdserve-bench-rates-v1", "pdserve-simulate-v1"):
         raise InputError(f"{path}: field 'schema' is {json.dumps(schema)}, expected "
                          "pdserve-bench-rates-v1 or pdserve-simulate-v1")
@@ -184,15 +193,19 @@ def plot_attainment(args):
              [(labelled(s, "--simulated"), True) for s in args.simulated]
     if not series:
         raise InputError("attainment: give at least one --measured or --simulated LABEL=FILE")
-    loaded = []
+    loaded = {}  # (label, simulated) -> (docs, points): files with one label make one curve
     for (label, path), simulated in series:
         doc = load_json(path)
-        loaded.append((label, simulated, doc, rate_curve(path, doc)))
-    docs = [doc for _, _, doc, _ in loaded]
+        docs_points = loaded.setdefault((label, simulated), ([], []))
+        docs_points[0].append(doc)
+        docs_points[1].extend(rate_curve(path, doc))
+    docs = [d for ds, _ in loaded.values() for d in ds]
     target = next((d["attainment_target"] for d in docs if d.get("attainment_target")), 0.9)
     colors = {}
     fig, ax = pyplot().subplots(figsize=(args.width, args.height))
-    for label, simulated, doc, points in loaded:
+    for (label, simulated), (curve_docs, points) in loaded.items():
+        points = sorted(points)
+        doc = curve_docs[0] if len(curve_docs) == 1 else {}  # its own goodput, if alone
         color = colors.setdefault(label, COLORS[len(colors) % len(COLORS)])
         kind = "simulated" if simulated else "measured"
         xs, ys = [p[0] for p in points], [100 * p[1] for p in points]
@@ -200,9 +213,13 @@ def plot_attainment(args):
                 color=color, label=f"{label} ({kind})", gid=gid(kind, label))
         g = goodput_of(doc, points, target)
         if g is not None:  # on the target line
+            # A sweep whose every rate met the target says only that the goodput is at least its
+            # highest rate.
+            at_least = "≥ " if g == points[-1][0] and not isinstance(doc.get("goodput"), dict) \
+                else ""
             ax.plot([g], [100 * target], marker="*", markersize=13, color=color,
                     markeredgecolor="black", linestyle="none", gid=gid("goodput", kind, label))
-            ax.annotate(f"{g:.3g}", (g, 100 * target), textcoords="offset points",
+            ax.annotate(f"{at_least}{g:.3g}", (g, 100 * target), textcoords="offset points",
                         xytext=(4, 8 if simulated else -16), fontsize=8, color=color)
     ax.axhline(100 * target, color="gray", linewidth=1, linestyle=":",
                label=f"{100 * target:.0f}% target (★ goodput, req/s)")

@@ -101,6 +101,12 @@ def main():
                        "TPOT ≤ 20 ms", "sharegpt-like", "CPUs"])
         check(p.stdout.split() == [out + ".png", out + ".svg"], "attainment: prints its paths")
 
+    out = os.path.join(tmp, "merged")  # a sweep and a single-rate run under one label
+    p = run("attainment", "--out", out, "--log-x", "--measured", "d=" + data(measured[0]),
+            "--measured", "d=" + data("bench-disagg.json"))
+    if check(p.returncode == 0, f"merged attainment: exit {p.returncode} {p.stderr.strip()}"):
+        check_picture("merged attainment", out, 8, 5, {"curve-measured-": 1}, ["demo-llama"])
+
     out = os.path.join(tmp, "latency")
     p = run("latency", "--out", out, "--width", "9", "--height", "4",
             "disagg=" + data("bench-disagg.json"), "colocated=" + data("bench-colocated.json"))
@@ -182,6 +188,11 @@ def errors(tmp):
     del doc["ttfts"]
     with open(no_ttfts, "w") as f:
         json.dump(doc, f)
+    no_goodput = os.path.join(tmp, "no-goodput.json")
+    doc["ttfts"] = [0.1]
+    doc["slo_attainment"] = None
+    with open(no_goodput, "w") as f:
+        json.dump(doc, f)
     missing = os.path.join(tmp, "missing.json")
     cases = [
         (["attainment", "--out", out, "--measured", "a=" + missing], 1,
@@ -189,8 +200,10 @@ def errors(tmp):
         (["attainment", "--out", out, "--measured", "a=" + bad_json], 1, [bad_json, "not JSON"]),
         (["attainment", "--out", out, "--measured", "a=" + no_slo], 1,
          [no_slo, "'rates[0].attainment.both' is missing"]),
-        (["attainment", "--out", out, "--measured", "a=" + data("bench-disagg.json")], 1,
-         ["bench-disagg.json", "field 'schema'"]),
+        (["attainment", "--out", out, "--measured", "a=" + no_goodput], 1,
+         [no_goodput, "'slo_attainment' is missing (run it with --goodput)"]),
+        (["attainment", "--out", out, "--measured", "a=" + data("trace.decode0.json")], 1,
+         ["trace.decode0.json", "field 'schema'"]),
         (["attainment", "--out", out, "--simulated", "a=" + data("simulate-traces.json")], 1,
          ["simulate-traces.json", "field 'mode'"]),
         (["attainment", "--out", out], 1, ["at least one"]),
