@@ -315,10 +315,17 @@ def plot_traces(args):
         rates = [t["request_rate"] for t in ts]
         meas = [100 * t["measured"]["attainment"]["both"] for t in ts]
         sim = [100 * t["simulated"]["attainment"]["both"] for t in ts]
-        a_rate.plot(rates, meas, "-o", color=color, markersize=4, label=f"{system} measured",
-                    gid=gid("measured", system))
-        a_rate.plot(rates, sim, "--s", color=color, markersize=4, label=f"{system} simulated",
-                    gid=gid("simulated", system))
+        # Every trace a marker; the line through the mean at each rate (a system's traces may
+        # differ in length at one rate).
+        line_rates = sorted(set(rates))
+        for values, style, kind in ((meas, "-", "measured"), (sim, "--", "simulated")):
+            means = [statistics.mean(v for r, v in zip(rates, values) if r == x)
+                     for x in line_rates]
+            a_rate.plot(line_rates, means, style, color=color, label=f"{system} {kind}",
+                        gid=gid(kind, system))
+            a_rate.plot(rates, values, "o" if kind == "measured" else "s", color=color,
+                        markersize=4, fillstyle="full" if kind == "measured" else "none",
+                        gid=gid("marks", kind, system))
         a_par.plot(meas, sim, "o", color=color, label=system, gid=gid("points", system))
     a_par.plot([0, 100], [0, 100], color="gray", linewidth=1, linestyle=":",
                label="simulated = measured")
@@ -326,7 +333,8 @@ def plot_traces(args):
                    linewidth=1)
     a_rate.set_xlabel("request rate (req/s)")
     a_rate.set_ylabel("SLO attainment (%)")
-    a_rate.set_title("per system: measured (solid) and simulated (dashed)", fontsize=9)
+    a_rate.set_title("per system: measured (solid, ●) and simulated (dashed, □); line: "
+                     "mean at each rate", fontsize=9)
     a_par.set_xlabel("measured SLO attainment (%)")
     a_par.set_ylabel("simulated SLO attainment (%)")
     a_par.set_title("one point per trace", fontsize=9)

@@ -132,14 +132,14 @@ def prefill_lanes(p, wire, t0, lanes):
         for e in writes:  # layer 0 on top, the metadata below the last layer
             layer = int(arg(e, "layer") or 0)
             row = y + 0.4 - h * (layer + 0.5)
-            bars(ax, row, h * 0.8, [((e["ts"] - t0) / 1e3, max(e["dur"], 1) / 1e3)],
-                 facecolors=WRITE_COLOR)
+            bars(ax, row, h * 0.8, [((e["ts"] - t0) / 1e3, e["dur"] / 1e3)],
+                 facecolors=WRITE_COLOR, edgecolors=WRITE_COLOR, linewidth=1.5)  # short: seen
             if num_layers <= 8:
                 ax.text((e["ts"] - t0) / 1e3, row, f"L{layer} ", fontsize=6, ha="right",
                         va="center")
         for e in meta:
-            bars(ax, y - 0.4 + h / 2, h * 0.8, [((e["ts"] - t0) / 1e3, max(e["dur"], 1) / 1e3)],
-                 facecolors=META_COLOR)
+            bars(ax, y - 0.4 + h / 2, h * 0.8, [((e["ts"] - t0) / 1e3, e["dur"] / 1e3)],
+                 facecolors=META_COLOR, edgecolors=META_COLOR, linewidth=1.5)
     lanes.append((f"{p.name}\nKV writes\n(by layer)", f"{p.name}-kv-writes", draw_writes))
     return len(chunks), num_layers, chunks
 
