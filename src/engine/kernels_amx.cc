@@ -188,28 +188,53 @@ void StoreAcc(const float* acc, int64_t num_rows, int64_t cols, float* out, int6
                             _mm512_load_ps(acc + m * kAccCols + c));
 }
 
+// The panel lines of groups [g0, g1), k in [k0, k1) (one 64-byte line per group and k), to be
+// prefetched into L2 in `calls` equal parts while the block before them is multiplied.
+struct NextBlock {
+  const uint8_t* base = nullptr;
+  int64_t group_bytes = 0, g0 = 0, g1 = 0, k0 = 0, k1 = 0, calls = 1;
+  void Prefetch(int64_t call) const {
+    const int64_t nk = k1 - k0, lines = (g1 - g0) * nk;
+    for (int64_t l = lines * call / calls; l < lines * (call + 1) / calls; ++l)
+      _mm_prefetch(
+          reinterpret_cast<const char*>(base + (g0 + l / nk) * group_bytes + (k0 + l % nk) * 64),
+          _MM_HINT_T1);
+  }
+};
+
 // out[0..num_rows) x [32*g_begin, n_end) = x . W^T over groups [g_begin, g_end), with tiles.
 void AmxMatmul(const float* x, int64_t num_rows, int64_t ldx, const WeightMatrix& w,
                int64_t g_begin, int64_t g_end, int64_t n_end, float* out, int64_t ldo) {
   thread_local ThreadBuffer a_buf, b_buf, acc_buf;
-  const int64_t row_tiles = (num_rows + 15) / 16;
-  const int64_t max_steps = kKc / kTileK;
-  uint8_t* a = a_buf.Get<uint8_t>(row_tiles * max_steps * kTileBytes);
+  const int64_t row_tiles = (num_rows + 15) / 16, pairs = (row_tiles + 1) / 2;
+  const int64_t max_steps = kKc / kTileK, k_blocks = (w.k + kKc - 1) / kKc;
+  const int64_t a_block = row_tiles * max_steps * kTileBytes;  // bytes of one k block of A
+  uint8_t* a = a_buf.Get<uint8_t>(k_blocks * a_block);
   uint8_t* b = b_buf.Get<uint8_t>(kGroupBlock * max_steps * 2 * kTileBytes);
   float* acc = acc_buf.Get<float>(row_tiles * 16 * kAccCols);
   if (a == nullptr || b == nullptr || acc == nullptr) __builtin_trap();  // out of memory
-  const int64_t group_bytes = w.k * kPanelRows * 2;
-  const uint8_t* base = static_cast<const uint8_t*>(w.data);
+  for (int64_t kb = 0; kb < k_blocks; ++kb)  // x once for every group block
+    PackA(x, num_rows, ldx, row_tiles, kb * kKc, Min(w.k, (kb + 1) * kKc), a + kb * a_block);
+  NextBlock next{static_cast<const uint8_t*>(w.data), w.k * kPanelRows * 2};
   const TileScope tiles;
   for (int64_t gb = g_begin; gb < g_end; gb += kGroupBlock) {
     const int64_t ge = Min(g_end, gb + kGroupBlock);
     for (int64_t k0 = 0; k0 < w.k; k0 += kKc) {
       const int64_t k1 = Min(w.k, k0 + kKc), steps = (k1 - k0 + kTileK - 1) / kTileK;
-      PackB(base, group_bytes, gb, ge, k0, k1, b);
-      PackA(x, num_rows, ldx, row_tiles, k0, k1, a);
+      PackB(next.base, next.group_bytes, gb, ge, k0, k1, b);
+      // The next block's weights come into L2 meanwhile: the same groups' next k block, or the
+      // next run of groups' first.
+      next.g0 = k1 < w.k ? gb : ge;
+      next.g1 = k1 < w.k ? ge : Min(g_end, ge + kGroupBlock);
+      next.k0 = k1 < w.k ? k1 : 0;
+      next.k1 = k1 < w.k ? Min(w.k, k1 + kKc) : Min(w.k, kKc);
+      next.calls = pairs * (ge - gb);
+      const uint8_t* ak = a + (k0 / kKc) * a_block;
+      int64_t call = 0;
       for (int64_t t = 0; t < row_tiles; t += 2) {
-        const uint8_t* at = a + t * steps * kTileBytes;
-        for (int64_t g = gb; g < ge; ++g) {
+        const uint8_t* at = ak + t * steps * kTileBytes;
+        for (int64_t g = gb; g < ge; ++g, ++call) {
+          next.Prefetch(call);
           const uint8_t* bg = b + (g - gb) * steps * 2 * kTileBytes;
           float* c = acc + t * 16 * kAccCols + (g - gb) * kPanelRows;
           if (t + 1 < row_tiles) {
