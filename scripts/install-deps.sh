@@ -13,7 +13,9 @@ PACKAGES=(
   libssl-dev
   python3 python3-numpy
   python3-jinja2 python3-jsonschema
+  python3-matplotlib
   curl iproute2
+  prometheus
 )
 
 missing=()
