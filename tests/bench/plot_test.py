@@ -176,8 +176,9 @@ def live_simulate(pdserve, tmp):
           f"pdserve plot --help: exit {p.returncode}, the script's usage")
     p = subprocess.run([pdserve, "plot", "latency", "--out", out, "--width", "0", "a=b.json"],
                        capture_output=True, text=True, timeout=60)
+    last = p.stderr.strip().splitlines()[-1:]
     check(p.returncode == 2 and "--width" in p.stderr,
-          f"pdserve plot with a bad flag: exit {p.returncode} {p.stderr.strip().splitlines()[-1:]}")
+          f"pdserve plot with a bad flag: exit {p.returncode} {last}")
     p = subprocess.run([pdserve, "simulate", "--scenario", "r1", "--json"], capture_output=True,
                        text=True, timeout=60)
     check(p.returncode == 2 and "--json goes with" in p.stderr,
