@@ -66,14 +66,22 @@ void DistServeDecodeLoop::Wake(double now) {
   Accept(now);
 }
 
+bool DistServeDecodeLoop::Decoding() const {
+  for (const auto& slot : slots_)
+    if (!slot.empty()) return true;
+  return false;
+}
+
 void DistServeDecodeLoop::Admit(std::vector<Seq>& slot) {
   while (!swapped_.empty() || !waiting_.empty()) {
     std::deque<Seq>& from = swapped_.empty() ? waiting_ : swapped_;
     const Seq s = from.front();
-    // A waiting sequence's blocks are already counted; a swapped one's come back.
-    const int64_t extra = &from == &swapped_ ? BlocksFor(s.tokens) : 0;
+    // As DistServe's check: the sequence's blocks on top of every micro-batch's and every waiting
+    // sequence's, so a waiting sequence's own blocks count twice. Where that could never pass
+    // (nothing decoding) DistServe would stall for good; here the sequence only has to fit.
+    const int64_t own = &from == &waiting_ && !Decoding() ? 0 : BlocksFor(s.tokens);
     if (static_cast<int>(slot.size()) >= opt_.max_batch_size ||
-        BlocksHeld() + extra > total_blocks_) {
+        BlocksHeld() + own > total_blocks_) {
       break;
     }
     slot.push_back(s);
@@ -89,6 +97,14 @@ void DistServeDecodeLoop::Turn(double now) {
     slot.pop_back();
   }
   Admit(slot);
+  if (!Decoding() && std::none_of(pipeline_.begin(), pipeline_.end(),
+                                  [](const Launched& l) { return l.slot >= 0; })) {
+    // Nothing decodes and nothing waiting fits (a swapped sequence larger than the free
+    // blocks): no turn can change that. Stop; the sequences stay unfinished.
+    pipeline_.clear();
+    phase_ = Phase::kIdle;
+    return;
+  }
   if (slot.empty()) {
     pipeline_.push_back({-1, now});
     Next(Phase::kCheckFull, now + kEmptyTurnSeconds);

@@ -81,6 +81,7 @@ class DistServeDecodeLoop {
   };
   int BlocksFor(int tokens) const { return (tokens + opt_.page_size - 1) / opt_.page_size; }
   int64_t BlocksHeld() const;  // by the micro-batches and the waiting sequences
+  bool Decoding() const;       // some micro-batch holds a sequence
   void Turn(double now);
   void Admit(std::vector<Seq>& slot);
   void Collect(double now);

@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "planner/distserve_prefill.h"
 #include "planner/simulator.h"
 
 namespace pd::planner {
@@ -68,7 +69,9 @@ TEST(DistServeDecodeLoop, MigrationsStallTheLoop) {
 }
 
 // The loop accepts a hand-over only while its blocks are free: with room for one 2-block
-// sequence (page 4, 8 tokens), B waits on the prefill side until A finishes.
+// sequence (page 4, 8 tokens), B waits on the prefill side until A finishes. (DistServe's
+// admission counts a waiting sequence's blocks twice, which here could never pass; with nothing
+// decoding the loop admits a sequence that fits once.)
 TEST(DistServeDecodeLoop, WaitsForBlocksBeforeAccepting) {
   std::vector<InstanceConfig> insts = PrefillAndLoop(1);
   insts[1].policy.page_size = 4;
@@ -81,6 +84,57 @@ TEST(DistServeDecodeLoop, WaitsForBlocksBeforeAccepting) {
   EXPECT_NEAR(r->requests[0].finish_s, 0.025, 1e-9);
   EXPECT_NEAR(r->requests[1].kv_arrived_s, 0.025, 1e-9);
   EXPECT_NEAR(r->requests[1].finish_s, 0.035, 1e-9);
+}
+
+// Back-pressure. Prefill: DistServe's scheduler, room for two 5-token prompts (4 blocks of 4
+// tokens), 5 ms steps. Decode: PP 1, room for 4 blocks; a sequence joins a micro-batch only when
+// its blocks fit twice over (DistServe counts a waiting sequence's blocks again as it adds it),
+// and a hand-over is accepted only while the waiting ones hold under 5% of the blocks.
+//   0..5    prefill A and B; C (arrived at 0) has no blocks left on the prefill instance.
+//   5       A accepted (its prefill blocks freed: C prefills 5..10); A decodes 5..15.
+//   6       D arrives; B and C hold the prefill instance's blocks.
+//   15      B accepted (D prefills 15..20) but does not fit beside A; A decodes 15..25.
+//   25      A done; B decodes 25..35. 35: C accepted, 35..45. 45: D accepted, 45..55.
+TEST(DistServeDecodeLoop, PrefillKeepsKvUntilDecodeAccepts) {
+  std::vector<InstanceConfig> insts = PrefillAndLoop(1);
+  insts[0].policy.rule = BatchRule::kDistServePrefill;
+  insts[0].policy.page_size = insts[1].policy.page_size = 4;
+  insts[0].policy.kv_capacity_tokens = insts[1].policy.kv_capacity_tokens = 16;
+  const std::vector<SimRequest> reqs = {
+      {0, 0.0, 5, 3}, {1, 0.0, 5, 2}, {2, 0.0, 5, 2}, {3, 0.006, 5, 2}};
+  auto r = Simulate(insts, ClusterLinks{}, reqs, SimOptions{});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const auto& q = r->requests;
+  EXPECT_NEAR(q[0].finish_s, 0.025, 1e-9);
+  EXPECT_NEAR(q[1].kv_arrived_s, 0.015, 1e-9);
+  EXPECT_NEAR(q[1].finish_s, 0.035, 1e-9);
+  EXPECT_NEAR(q[2].first_token_s, 0.010, 1e-9);
+  EXPECT_NEAR(q[2].kv_arrived_s, 0.035, 1e-9);
+  EXPECT_NEAR(q[2].finish_s, 0.045, 1e-9);
+  EXPECT_NEAR(q[3].first_token_s, 0.020, 1e-9);
+  EXPECT_NEAR(q[3].kv_arrived_s, 0.045, 1e-9);
+  EXPECT_NEAR(q[3].finish_s, 0.055, 1e-9);
+}
+
+TEST(DistServePrefillScheduler, BatchLimits) {
+  SchedPolicy p;
+  p.rule = BatchRule::kDistServePrefill;
+  p.max_num_seqs = 2;
+  p.max_num_batched_tokens = 10;
+  DistServePrefillScheduler s(p);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(s.Add(i, 4, 0, 0.0).ok());
+  SimBatch b = s.Schedule(0.0);
+  EXPECT_EQ(b.items.size(), 2u);  // two prompts per step
+  EXPECT_TRUE(s.Schedule(0.0).empty()) << "one step in flight";
+  s.Update(b, {});
+  ASSERT_TRUE(s.Add(3, 7, 0, 0.0).ok());
+  b = s.Schedule(0.0);
+  EXPECT_EQ(b.items.size(), 1u);  // 4 + 7 tokens > 10
+  EXPECT_EQ(s.held_blocks(), 3);  // 16-token blocks, each prompt one, none released yet
+  s.ReleaseKv(0);
+  s.ReleaseKv(0);  // twice: no effect
+  EXPECT_EQ(s.held_blocks(), 2);
+  EXPECT_EQ(s.Add(4, 11, 0, 0.0).code(), StatusCode::kResourceExhausted);
 }
 
 TEST(DistServeDecodeLoop, OnlyOnDecodeInstances) {

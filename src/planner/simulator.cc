@@ -9,6 +9,7 @@
 #include <string>
 
 #include "planner/distserve_decode.h"
+#include "planner/distserve_prefill.h"
 #include "planner/vllm_scheduler.h"
 
 namespace pd::planner {
@@ -111,6 +112,11 @@ class Cluster final : public DecodeLoopHost {
   // transfer to it.
   void HandOver(double now, int inst, int64_t req);
   void OnKvArrived(double now, int inst, int64_t req);
+  // The decode side has `req`'s KV: its prefill instance may free it and admit more.
+  void ReleasePrefillKv(int64_t req) {
+    instances_[prefill_of_[req]].sched->ReleaseKv(req);
+    MarkDirty(prefill_of_[req]);
+  }
   void OnTtftDeadline(double now, int64_t req);
   // Counts a miss as soon as the request's TPOT must exceed the SLO whatever comes next: its
   // remaining tokens each need a step of at least min_step_s after `now`.
@@ -339,6 +345,7 @@ void Cluster::HandOver(double now, int inst, int64_t req) {
 
 void Cluster::OnKvArrived(double now, int inst, int64_t req) {
   result_.requests[req].kv_arrived_s = now;
+  ReleasePrefillKv(req);
   Instance& in = instances_[inst];
   --in.incoming;
   CheckTpotBound(now, req, in.min_token_step_s);
@@ -352,6 +359,7 @@ void Cluster::OnKvArrived(double now, int inst, int64_t req) {
 
 void Cluster::OnMigrated(int instance, double now, int64_t req) {
   result_.requests[req].kv_arrived_s = now;
+  ReleasePrefillKv(req);
   CheckTpotBound(now, req, instances_[instance].min_token_step_s);
 }
 
@@ -455,6 +463,7 @@ bool Cluster::OnToken(double now, Instance& inst, int64_t req) {
     if (!missed_[req]) ++meets_;
   }
   if (inst.cfg.role != Role::kPrefill) return last;
+  if (last) inst.sched->ReleaseKv(req);
   if (!last) HandOver(now, static_cast<int>(&inst - instances_.data()), req);
   return true;  // a prefill instance is done with the sequence after its first token
 }
@@ -495,6 +504,9 @@ std::string_view RoleName(Role role) {
 SchedulerFactory NativeSchedulerFactory() {
   return [](const SchedPolicy& policy, Role) -> std::unique_ptr<StepScheduler> {
     if (policy.rule == BatchRule::kVllmV0) return std::make_unique<VllmStepScheduler>(policy);
+    if (policy.rule == BatchRule::kDistServePrefill) {
+      return std::make_unique<DistServePrefillScheduler>(policy);
+    }
     return std::make_unique<NativeStepScheduler>(policy);
   };
 }

@@ -46,10 +46,15 @@ std::string Row(const TraceReplay& r) {
 }
 
 // The systems as DistServe's benchmark started them (evaluation/2-benchmark-serving): vLLM with
-// --max-num-batched-tokens 16384 --max-num-seqs 1024 and its v0 scheduler; DistServe's decoding
+// --max-num-batched-tokens 16384 --max-num-seqs 1024 and its v0 scheduler; DistServe's context
+// stage with --context-max-batch-size 128 --context-max-tokens-per-batch 8192, and its decoding
 // engine loop with --decoding-max-batch-size 1024.
 void ConfigureAsRecorded(InstanceConfig* c) {
-  if (c->role == Role::kColocated) {
+  if (c->role == Role::kPrefill) {
+    c->policy.rule = BatchRule::kDistServePrefill;
+    c->policy.max_num_seqs = 128;
+    c->policy.max_num_batched_tokens = 8192;
+  } else if (c->role == Role::kColocated) {
     c->policy.rule = BatchRule::kVllmV0;
     c->policy.max_num_batched_tokens = 16384;
     c->policy.max_num_seqs = 1024;
@@ -97,8 +102,8 @@ Result<TraceReplay> ReplayTrace(const PlannerSetup& setup, const std::string& di
   const ClusterLinks links{in.hw.intra_node_bw, in.cluster.inter_node_bw,
                            in.shape.KvBytesPerToken()};
   SimOptions sim;
-  // The vLLM runs replay vLLM's scheduler whichever scheduler the planner was given.
-  sim.make_scheduler = r.spec.disaggregated ? in.make_scheduler : NativeSchedulerFactory();
+  // The recorded systems' own schedulers, whichever scheduler the planner was given.
+  sim.make_scheduler = NativeSchedulerFactory();
   ASSIGN_OR_RETURN(const SimResult result, Simulate(insts, links, trace, sim));
   r.simulated = Summarize(result.requests, in.slo);
   r.measured = Summarize(MeasuredResults(measured), in.slo);

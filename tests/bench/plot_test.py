@@ -6,7 +6,8 @@ and the `--trace` files of one request through `up`, each cut down to a few entr
 - every picture is a PNG of the requested size in pixels (100 dpi) and an SVG of the requested
   size in points, with one SVG group per curve (ids curve-...) as many as the input has series,
   the titles naming the model, hardware, workload and SLO, and the axes their units;
-- with PDSERVE (plot_test.py [PDSERVE]): `pdserve simulate --json` as it writes now is drawn;
+- with PDSERVE (plot_test.py [PDSERVE]): `pdserve simulate --json` as it writes now is drawn,
+  and `pdserve plot` runs the script with its arguments;
 - a missing file, a file that is not JSON, a missing field and the wrong kind of document exit 1
   with a message naming the file and the field; a bad flag exits 2.
 """
@@ -164,6 +165,20 @@ def live_simulate(pdserve, tmp):
     if check(p.returncode == 0, f"attainment of live simulate JSON: exit {p.returncode} "
                                 f"{p.stderr}"):
         check_picture("live rates", out, 8, 5, {"curve-simulated-": 1}, ["opt-13b", "a100-80gb"])
+    # `pdserve plot` is the script under another name.
+    out = os.path.join(tmp, "via-pdserve")
+    p = subprocess.run([pdserve, "plot", "traces", "--out", out, traces], capture_output=True,
+                       text=True, timeout=120)
+    if check(p.returncode == 0, f"pdserve plot traces: exit {p.returncode} {p.stderr.strip()}"):
+        check_picture("pdserve plot traces", out, 11, 4.5, {"curve-measured-": 1}, ["c21d12"])
+    p = subprocess.run([pdserve, "plot", "--help"], capture_output=True, text=True, timeout=60)
+    check(p.returncode == 0 and "plot.py timeline" in p.stdout,
+          f"pdserve plot --help: exit {p.returncode}, the script's usage")
+    p = subprocess.run([pdserve, "plot", "latency", "--out", out, "--width", "0", "a=b.json"],
+                       capture_output=True, text=True, timeout=60)
+    last = p.stderr.strip().splitlines()[-1:]
+    check(p.returncode == 2 and "--width" in p.stderr,
+          f"pdserve plot with a bad flag: exit {p.returncode} {last}")
     p = subprocess.run([pdserve, "simulate", "--scenario", "r1", "--json"], capture_output=True,
                        text=True, timeout=60)
     check(p.returncode == 2 and "--json goes with" in p.stderr,
