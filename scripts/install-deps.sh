@@ -14,6 +14,7 @@ PACKAGES=(
   python3 python3-numpy
   python3-jinja2
   curl iproute2
+  etcd-server python3-yaml
 )
 
 missing=()

@@ -1,0 +1,148 @@
+#include "cluster/member_watch.h"
+
+#include <chrono>
+
+#include "common/log.h"
+#include "common/thread_util.h"
+
+namespace pd::cluster {
+
+MemberWatch::MemberWatch(const MemberWatchOptions& options)
+    : options_(options), etcd_(options.etcd) {}
+
+Result<std::unique_ptr<MemberWatch>> MemberWatch::Create(const MemberWatchOptions& options) {
+  std::unique_ptr<MemberWatch> w(new MemberWatch(options));
+  ASSIGN_OR_RETURN(int64_t revision, w->Load());
+  w->Publish();
+  w->thread_ = std::thread([raw = w.get(), revision] {
+    SetCurrentThreadName("pd-etcd-watch");
+    Status s = raw->Follow(revision + 1);
+    if (s.code() != StatusCode::kCancelled) raw->Loop();
+  });
+  return w;
+}
+
+MemberWatch::~MemberWatch() { Stop(); }
+
+void MemberWatch::Stop() {
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+    if (watch_ != nullptr) watch_->Cancel();
+  }
+  cv_.SignalAll();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::vector<Member> MemberWatch::members() const {
+  MutexLock lock(&mu_);
+  std::vector<Member> out;
+  for (const auto& [key, m] : members_) out.push_back(m);
+  return out;
+}
+
+int64_t MemberWatch::restarts() const {
+  MutexLock lock(&mu_);
+  return restarts_;
+}
+
+bool MemberWatch::Decode(const KeyValue& kv, Member* member) {
+  Result<Member> m = DecodeMember(kv.value, options_.secret);
+  if (m.ok()) {
+    refused_.erase(kv.key);
+    *member = std::move(m).value();
+    return true;
+  }
+  if (refused_.insert(kv.key).second) {
+    PD_LOG_WARN("etcd: ignoring member {}: {}", kv.key, m.status().message());
+  }
+  return false;
+}
+
+Result<int64_t> MemberWatch::Load() {
+  ASSIGN_OR_RETURN(RangeResult range, etcd_.RangePrefix(options_.prefix));
+  std::map<std::string, Member> now;
+  for (const KeyValue& kv : range.kvs) {
+    Member m;
+    if (Decode(kv, &m)) now[kv.key] = std::move(m);
+  }
+  MutexLock lock(&mu_);
+  members_ = std::move(now);
+  return range.revision;
+}
+
+void MemberWatch::Publish() {
+  if (options_.on_change) options_.on_change(members());
+}
+
+void MemberWatch::Apply(const std::vector<WatchEvent>& events) {
+  bool changed = false;
+  for (const WatchEvent& e : events) {
+    Member m;
+    const bool valid = e.type == WatchEvent::Type::kPut && Decode(e.kv, &m);
+    MutexLock lock(&mu_);
+    if (valid) {
+      members_[e.kv.key] = std::move(m);
+      changed = true;
+    } else {
+      changed |= members_.erase(e.kv.key) > 0;
+    }
+  }
+  if (changed) Publish();
+}
+
+Status MemberWatch::Follow(int64_t revision) {
+  ASSIGN_OR_RETURN(std::unique_ptr<EtcdWatch> watch, etcd_.WatchPrefix(options_.prefix, revision));
+  {
+    MutexLock lock(&mu_);
+    if (stop_) return Cancelled("stopped");
+    watch_ = watch.get();
+  }
+  Status s;
+  while (s.ok()) {
+    std::vector<WatchEvent> events;
+    s = watch->Next(1000, &events);
+    if (!events.empty()) Apply(events);
+  }
+  MutexLock lock(&mu_);
+  watch_ = nullptr;
+  return stop_ ? Cancelled("stopped") : s;
+}
+
+bool MemberWatch::Pause(double seconds) {
+  MutexLock lock(&mu_);
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                         std::chrono::duration<double>(seconds));
+  while (!stop_ && cv_.WaitUntil(&mu_, until)) {
+  }
+  return !stop_;
+}
+
+// After the first watch broke: start over (range, then watch) until Stop.
+void MemberWatch::Loop() {
+  bool logged = false;
+  while (Pause(options_.retry_s)) {
+    Result<int64_t> revision = Load();
+    if (!revision.ok()) {
+      if (!logged) {
+        PD_LOG_WARN(
+            "etcd: lost the watch on {} ({}); retrying every {} s, keeping the members "
+            "as they were",
+            options_.prefix, revision.status().ToString(), options_.retry_s);
+      }
+      logged = true;
+      continue;
+    }
+    {
+      MutexLock lock(&mu_);
+      ++restarts_;
+    }
+    if (logged) PD_LOG_INFO("etcd: watching {} again", options_.prefix);
+    logged = false;
+    Publish();
+    if (Follow(*revision + 1).code() == StatusCode::kCancelled) return;
+  }
+}
+
+}  // namespace pd::cluster
