@@ -12,7 +12,7 @@ MemberWatch::MemberWatch(const MemberWatchOptions& options)
 
 Result<std::unique_ptr<MemberWatch>> MemberWatch::Create(const MemberWatchOptions& options) {
   std::unique_ptr<MemberWatch> w(new MemberWatch(options));
-  ASSIGN_OR_RETURN(int64_t revision, w->Load());
+  ASSIGN_OR_RETURN(int64_t revision, w->Load(/*keep_missing=*/false));
   w->Publish();
   w->thread_ = std::thread([raw = w.get(), revision] {
     SetCurrentThreadName("pd-etcd-watch");
@@ -59,7 +59,7 @@ bool MemberWatch::Decode(const KeyValue& kv, Member* member) {
   return false;
 }
 
-Result<int64_t> MemberWatch::Load() {
+Result<int64_t> MemberWatch::Load(bool keep_missing) {
   ASSIGN_OR_RETURN(RangeResult range, etcd_.RangePrefix(options_.prefix));
   std::map<std::string, Member> now;
   for (const KeyValue& kv : range.kvs) {
@@ -67,8 +67,36 @@ Result<int64_t> MemberWatch::Load() {
     if (Decode(kv, &m)) now[kv.key] = std::move(m);
   }
   MutexLock lock(&mu_);
+  stale_.clear();
+  if (keep_missing) {
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(options_.rejoin_grace_s));
+    for (auto& [key, m] : members_) {
+      if (now.count(key) > 0) continue;
+      stale_[key] = until;
+      now[key] = std::move(m);
+    }
+  }
   members_ = std::move(now);
   return range.revision;
+}
+
+bool MemberWatch::DropExpired() {
+  MutexLock lock(&mu_);
+  const auto now = std::chrono::steady_clock::now();
+  bool dropped = false;
+  for (auto it = stale_.begin(); it != stale_.end();) {
+    if (it->second > now) {
+      ++it;
+      continue;
+    }
+    PD_LOG_INFO("etcd: {} did not register again after etcd came back: dropped", it->first);
+    members_.erase(it->first);
+    it = stale_.erase(it);
+    dropped = true;
+  }
+  return dropped;
 }
 
 void MemberWatch::Publish() {
@@ -81,6 +109,7 @@ void MemberWatch::Apply(const std::vector<WatchEvent>& events) {
     Member m;
     const bool valid = e.type == WatchEvent::Type::kPut && Decode(e.kv, &m);
     MutexLock lock(&mu_);
+    stale_.erase(e.kv.key);  // registered again, or gone for good
     if (valid) {
       members_[e.kv.key] = std::move(m);
       changed = true;
@@ -101,8 +130,9 @@ Status MemberWatch::Follow(int64_t revision) {
   Status s;
   while (s.ok()) {
     std::vector<WatchEvent> events;
-    s = watch->Next(1000, &events);
+    s = watch->Next(250, &events);
     if (!events.empty()) Apply(events);
+    if (DropExpired()) Publish();
   }
   MutexLock lock(&mu_);
   watch_ = nullptr;
@@ -123,7 +153,7 @@ bool MemberWatch::Pause(double seconds) {
 void MemberWatch::Loop() {
   bool logged = false;
   while (Pause(options_.retry_s)) {
-    Result<int64_t> revision = Load();
+    Result<int64_t> revision = Load(/*keep_missing=*/true);
     if (!revision.ok()) {
       if (!logged) {
         PD_LOG_WARN(

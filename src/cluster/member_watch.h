@@ -8,6 +8,7 @@
 // Thread safety: members() from any thread; on_change runs on the watch's own thread.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -28,6 +29,10 @@ struct MemberWatchOptions {
   std::string secret;  // the cluster secret the members' MACs are keyed with
   std::function<void(const std::vector<Member>& members)> on_change;
   double retry_s = 0.5;  // between attempts while etcd does not answer
+  // After etcd comes back, a member missing from the fresh read is kept this long (unless its key
+  // is deleted meanwhile): an etcd that lost its data knows nobody until each instance has put
+  // its key again, which takes each of them up to a retry interval.
+  double rejoin_grace_s = 2.0;
 };
 
 class MemberWatch {
@@ -46,8 +51,11 @@ class MemberWatch {
 
  private:
   explicit MemberWatch(const MemberWatchOptions& options);
-  // Range read: the set, and the revision to watch from.
-  Result<int64_t> Load() EXCLUDES(mu_);
+  // Range read: the set, and the revision to watch from. With `keep_missing` members not in it
+  // stay, stale, for rejoin_grace_s.
+  Result<int64_t> Load(bool keep_missing) EXCLUDES(mu_);
+  // Drops stale members whose grace has passed; true when any went.
+  bool DropExpired() EXCLUDES(mu_);
   // Watches from `revision` until the watch breaks or Stop.
   Status Follow(int64_t revision) EXCLUDES(mu_);
   void Apply(const std::vector<WatchEvent>& events) EXCLUDES(mu_);
@@ -66,6 +74,8 @@ class MemberWatch {
   bool stop_ GUARDED_BY(mu_) = false;
   EtcdWatch* watch_ GUARDED_BY(mu_) = nullptr;  // the one Follow reads, for Stop to cancel
   std::map<std::string, Member> members_ GUARDED_BY(mu_);  // by key
+  // Members kept through an etcd restart that have not registered again: when they go.
+  std::map<std::string, std::chrono::steady_clock::time_point> stale_ GUARDED_BY(mu_);
   int64_t restarts_ GUARDED_BY(mu_) = 0;
 };
 
