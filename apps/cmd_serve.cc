@@ -3,7 +3,8 @@
 //   pdserve serve --model models/qwen3-tiny --port 8000
 //
 // The engine loop runs on its own thread (AsyncEngine); HTTP threads submit to it and stream
-// its outputs. SIGINT / SIGTERM stop accepting, abort what is in flight and exit 0.
+// its outputs. SIGTERM drains (server/drain.h: new requests 503, those in flight finish within
+// --drain-timeout-s) and exits 0; SIGINT stops accepting, aborts what is in flight and exits 0.
 #include <signal.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "apps/kv_cache_dtype_flag.h"
 #include "apps/matmul_flag.h"
 #include "apps/serve_roles.h"  // --role prefill|decode (messenger, H9)
+#include "common/file_util.h"
 #include "common/log.h"
 #include "common/thread_util.h"
 #include "engine/async_engine.h"
@@ -25,8 +27,10 @@
 #include "engine/engine.h"
 #include "engine/idle_poll.h"
 #include "messenger/decode_side.h"
+#include "model/config.h"
 #include "model/tokenizer.h"
 #include "model/weights.h"
+#include "server/drain.h"
 #include "server/http_server.h"
 
 namespace pd::apps {
@@ -66,6 +70,7 @@ struct ServeFlags {
   int max_inflight_requests = 0;
   // Every HTTP server of the process (the OpenAI front, a prefill role's bootstrap server).
   server::HttpLimits http = ServeHttpLimits();
+  bool dry_run = false;                       // --dry-run: check the flags and exit
   RoleFlags roles;                            // disaggregation roles (apps/serve_roles.h)
   int64_t idle_poll_us = kDefaultIdlePollUs;  // only with dedicated --compute-cpus
 };
@@ -169,6 +174,35 @@ sigset_t BlockStopSignals() {
   return stop_signals;
 }
 
+// --dry-run: the checks that need no model loaded and no network, then exit 0, or 1 naming the
+// flag that is wrong (the role flags and parsers were checked before).
+int DryRun(const ServeFlags& f) {
+  if (Status s = CheckIdlePollUs(f.idle_poll_us); !s.ok()) return Fail(s.message());
+  for (const auto& [flag, list] :
+       {std::pair{"--compute-cpus", f.compute_cpus}, std::pair{"--io-cpus", f.io_cpus}}) {
+    if (auto cpus = ParseCpusFlag(flag, list); !cpus.ok()) return Fail(cpus.status().message());
+  }
+  auto config = model::LoadModelConfig(f.model);
+  if (!config.ok()) return Fail("--model: " + config.status().ToString());
+  if (f.max_model_len > config->max_position_embeddings) {
+    return Fail("--max-model-len " + std::to_string(f.max_model_len) + " exceeds the model's " +
+                std::to_string(config->max_position_embeddings) + " positions");
+  }
+  if (!f.chat_template.empty()) {
+    if (auto t = ReadFileToString(f.chat_template); !t.ok()) {
+      return Fail("--chat-template: " + t.status().ToString());
+    }
+  }
+  if (f.roles.role != "colocated") {
+    if (auto secret = ReadClusterSecret(f.roles); !secret.ok()) {
+      return Fail(secret.status().ToString());
+    }
+  }
+  std::printf("serve: --dry-run: the flags are valid (role %s, model %s)\n", f.roles.role.c_str(),
+              f.model.c_str());
+  return 0;
+}
+
 int RunServe(const ServeFlags& f) {
   const sigset_t stop_signals = BlockStopSignals();
 
@@ -181,6 +215,7 @@ int RunServe(const ServeFlags& f) {
   if (!reasoning_parser.ok()) return Fail(reasoning_parser.status().message());
   auto tool_call_format = server::ParseToolCallParserName(f.tool_call_parser);
   if (!tool_call_format.ok()) return Fail(tool_call_format.status().message());
+  if (f.dry_run) return DryRun(f);
   auto tokenizer = model::Tokenizer::Load(f.model, f.chat_template);
   if (!tokenizer.ok()) return Fail(tokenizer.status().ToString());
   auto weights = model::LoadModelWeights(f.model);
@@ -191,6 +226,7 @@ int RunServe(const ServeFlags& f) {
   if (!tracer.ok()) return Fail(tracer.status().ToString());
   RoleFlags roles = f.roles;
   roles.tracer = tracer->get();
+  roles.tensor_parallel_size = f.tensor_parallel_size;
 
   auto cpus = ParseCpusFlag("--compute-cpus", f.compute_cpus);
   if (!cpus.ok()) return Fail(cpus.status().message());
@@ -224,20 +260,29 @@ int RunServe(const ServeFlags& f) {
         RunPrefillRole(roles, *weights, std::move(eng).value(), ao, f.host, f.port, f.http);
     return FinishTrace(roles.tracer, roles.trace_file, rc);
   }
-  auto async = CreateRoleEngine(roles, *weights, std::move(eng).value(), ao);
-  if (!async.ok()) return Fail(async.status().ToString());
+  auto role_engine = CreateRoleEngine(roles, *weights, std::move(eng).value(), ao);
+  if (!role_engine.ok()) return Fail(role_engine.status().ToString());
+  std::unique_ptr<engine::AsyncEngine>* async = &role_engine->engine;
 
   server::ServerOptions so = MakeServerOptions(f, max_model_len);
   so.reasoning_parser = *reasoning_parser;
   so.tool_call_format = *tool_call_format;
   so.tracer = roles.tracer;
-  if (auto* decode = dynamic_cast<messenger::DecodeMessenger*>(async->get())) {
-    // The decode instance's KV transfer counters and histogram, beside the serving metrics.
-    so.extra_metrics = [decode] { return decode->metrics().PrometheusText("decode"); };
+  auto* decode = dynamic_cast<messenger::DecodeMessenger*>(async->get());
+  if (decode != nullptr) {
+    // The decode instance's KV transfer counters and histogram, and its prefill peers' states,
+    // beside the serving metrics.
+    so.extra_metrics = [decode] {
+      return decode->metrics().PrometheusText("decode") +
+             messenger::PeersPrometheusText(decode->peers());
+    };
   }
   auto server = server::OpenAiServer::Create(so, async->get(), tokenizer->get());
   if (!server.ok()) return Fail(server.status().ToString());
   if (Status s = (*server)->Start(); !s.ok()) return Fail(s.ToString());
+  auto registration = RegisterRole(roles, *weights, f.host, (*server)->port(),
+                                   decode != nullptr ? decode->fabric_address() : "");
+  if (!registration.ok()) return Fail(registration.status().WithContext("--discovery").ToString());
   std::printf("pdserve: serving %s on http://%s:%d (max_model_len %d, max_num_seqs %d)\n",
               so.served_model_name.c_str(), f.host.c_str(), (*server)->port(), max_model_len,
               f.max_num_seqs);
@@ -246,7 +291,20 @@ int RunServe(const ServeFlags& f) {
   int sig = 0;
   sigwait(&stop_signals, &sig);
   PD_LOG_INFO("serve: signal {}: shutting down", sig);
+  if (sig == SIGTERM) {
+    server::OpenAiServer* s = server->get();
+    server::DrainHooks hooks;
+    hooks.begin = [s, r = registration->get()] {
+      if (r != nullptr) r->Deregister();  // the router (--discovery) looks away first
+      s->BeginDrain();
+    };
+    hooks.in_flight = [s] { return s->inflight(); };
+    hooks.end_running = [s](const std::string& why) { s->EndRunning(why); };
+    (void)server::Drain(hooks, f.roles.drain_timeout_s, "serve");
+  }
+  if (*registration != nullptr) (*registration)->Deregister();
   (*server)->Stop();
+  role_engine->prefill_watch.reset();  // before the messenger it feeds shuts down
   (*async)->Shutdown();
   std::printf("pdserve: stopped\n");
   return FinishTrace(roles.tracer, roles.trace_file, 0);
@@ -312,6 +370,9 @@ PD_REGISTER_COMMAND(serve, "Serve a model with the OpenAI-compatible HTTP API", 
                   "else off; 0: off")
       ->capture_default_str();
   AddRoleFlags(app, &f->roles);
+  app->add_flag("--dry-run", f->dry_run,
+                "check the flags and the files they name (the model's config.json, the chat "
+                "template, the cluster secret) without loading the model, then exit");
   return [f] { return RunServe(*f); };
 });
 

@@ -5,18 +5,21 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
+#include "apps/discovery_flags.h"
 #include "apps/serve_roles.h"
 #include "common/file_util.h"
 #include "common/log.h"
 #include "messenger/decode_side.h"
 #include "messenger/handshake.h"
 #include "messenger/prefill_side.h"
+#include "server/drain.h"
 #include "transfer/fault_injection.h"
 
 namespace pd::apps {
@@ -62,6 +65,13 @@ void AddRoleFlags(CLI::App* app, RoleFlags* f) {
                 "deployment must say the same");
   // Tests only: faults injected into this instance's fabric domain (transfer/fault_injection.h).
   app->add_option("--fault-inject", f->fault_inject)->group("");
+  AddDiscoveryFlags(app, &f->discovery);
+  app->add_option("--drain-timeout-s", f->drain_timeout_s,
+                  "on SIGTERM: refuse new work (503 with Retry-After; a prefill instance refuses "
+                  "new KV transfers), let the work in flight finish for at most this long, end "
+                  "what is left with an error, exit 0 (SIGINT stops at once)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app->add_option("--trace", f->trace_file,
                   "write a Chrome trace-event JSON (chrome://tracing, Perfetto) here at shutdown");
   app->add_option("--trace-max-events", f->trace_max_events,
@@ -75,9 +85,17 @@ Status ValidateRoleFlags(const RoleFlags& f) {
   if (f.role != "colocated" && f.role != "prefill" && f.role != "decode") {
     return InvalidArgument("--role must be colocated, prefill or decode, got '" + f.role + "'");
   }
-  if (f.role == "decode" && f.prefill_peers.empty()) {
-    return InvalidArgument("--role decode needs --prefill-peers URL[,URL...]");
+  if (f.role == "decode" && f.prefill_peers.empty() && !f.discovery.enabled()) {
+    return InvalidArgument(
+        "--role decode needs --prefill-peers URL[,URL...] or --discovery etcd://HOST:PORT");
   }
+  if (f.role == "colocated" && f.discovery.enabled()) {
+    return InvalidArgument(
+        "--discovery is for --role prefill|decode (a colocated instance has "
+        "no peers; put a router in front of several with --decode)");
+  }
+  RETURN_IF_ERROR(cluster::ValidateDiscoveryFlags(f.discovery));
+  if (!(f.drain_timeout_s >= 0)) return InvalidArgument("--drain-timeout-s must be >= 0");
   if (f.role != "decode" && !f.prefill_peers.empty()) {
     return InvalidArgument("--prefill-peers is only for --role decode");
   }
@@ -154,9 +172,7 @@ Result<std::string> HexDecode(const std::string& hex) {
   return out;
 }
 
-namespace {
-
-Result<std::string> ReadSecret(const RoleFlags& f) {
+Result<std::string> ReadClusterSecret(const RoleFlags& f) {
   if (f.cluster_secret_file.empty()) {  // ValidateRoleFlags allowed it: loopback only
     PD_LOG_WARN(
         "--insecure-no-secret: control messages are checked for integrity only (the fabric "
@@ -171,6 +187,24 @@ Result<std::string> ReadSecret(const RoleFlags& f) {
     return InvalidArgument("--cluster-secret-file " + f.cluster_secret_file + " is empty");
   return s;
 }
+
+Result<std::unique_ptr<cluster::Registration>> RegisterRole(const RoleFlags& flags,
+                                                            const model::ModelWeights& weights,
+                                                            const std::string& host, int port,
+                                                            const std::string& fabric_address) {
+  if (!flags.discovery.enabled()) return std::unique_ptr<cluster::Registration>();
+  ASSIGN_OR_RETURN(std::string secret, ReadClusterSecret(flags));
+  cluster::Member m;
+  m.role = flags.role;
+  ASSIGN_OR_RETURN(m.http_url, cluster::AdvertiseUrl(flags.discovery, host, port));
+  m.fabric_address = HexEncode(fabric_address);
+  m.model_fingerprint = std::to_string(messenger::ModelFingerprint(weights));
+  m.tensor_parallel_size = flags.tensor_parallel_size;
+  if (!flags.fabric_node.empty()) m.nics.push_back(flags.fabric_node);
+  return cluster::RegisterMember(flags.discovery, std::move(m), secret);
+}
+
+namespace {
 
 transfer::DomainOptions DomainFor(const RoleFlags& f) {
   transfer::DomainOptions d;
@@ -221,7 +255,7 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
     std::fprintf(stderr, "serve: %s\n", s.ToString().c_str());
     return 1;
   };
-  auto secret = ReadSecret(flags);
+  auto secret = ReadClusterSecret(flags);
   if (!secret.ok()) return fail(secret.status());
   messenger::PrefillMessengerOptions mo;
   mo.instance_name = "prefill@" + host + ":" + std::to_string(port);
@@ -254,7 +288,12 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
       {"page_size", fmt.page_size},
       {"kv_layout", std::string(engine::KvLayoutName(static_cast<engine::KvLayout>(fmt.layout)))},
       {"num_layers", fmt.num_layers}};
-  http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+  std::atomic<bool> draining{false};
+  http.Get("/health", [&draining](const httplib::Request&, httplib::Response& res) {
+    if (draining) {
+      res.status = 503;
+      return res.set_content("draining", "text/plain");
+    }
     res.set_content("OK", "text/plain");
   });
   http.Get("/pd/info", [&](const httplib::Request&, httplib::Response& res) {
@@ -276,12 +315,30 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
     listener.detach();  // the process exits next; stop() cannot reach a server not running
     return fail(Internal("the prefill instance's HTTP threads did not start"));
   }
+  auto registration = RegisterRole(flags, weights, host, bound, m->fabric_address());
+  if (!registration.ok()) {
+    http.stop();
+    listener.join();
+    (*messenger)->Stop();
+    (*async)->Shutdown();
+    return fail(registration.status().WithContext("--discovery"));
+  }
   std::printf("pdserve: prefill instance on http://%s:%d (fabric %s)\n", host.c_str(), bound,
               flags.fabric_provider.c_str());
   std::fflush(stdout);
   sigset_t stop = StopSignals();
   int sig = 0;
   sigwait(&stop, &sig);
+  if (sig == SIGTERM) {
+    server::DrainHooks hooks;
+    hooks.begin = [&] {
+      if (*registration != nullptr) (*registration)->Deregister();  // decode instances look away
+      draining = true;
+      m->BeginDrain();
+    };
+    hooks.in_flight = [m] { return m->num_active_transfers(); };
+    (void)server::Drain(hooks, flags.drain_timeout_s, "prefill instance");  // Stop ends the rest
+  }
   http.stop();
   listener.join();
   // Teardown order: the messenger stops and closes its fabric domain, the engine stops, then the
@@ -327,11 +384,49 @@ Result<messenger::PrefillPeer> FetchPeer(const std::string& base_url, double tim
 
 }  // namespace
 
-Result<std::unique_ptr<engine::AsyncEngine>> CreateRoleEngine(
-    const RoleFlags& flags, const model::ModelWeights& weights, std::unique_ptr<engine::Engine> eng,
-    const engine::AsyncEngineOptions& ao) {
-  if (flags.role != "decode") return engine::AsyncEngine::Create(std::move(eng), ao);
-  ASSIGN_OR_RETURN(std::string secret, ReadSecret(flags));
+namespace {
+
+// --discovery: the messenger's peers come from etcd. Waits (up to peer_wait_s) for one of the
+// prefill instances registered at start to accept us; none registered yet is not an error.
+Result<std::unique_ptr<cluster::MemberWatch>> DiscoverPrefills(const RoleFlags& flags,
+                                                               const std::string& secret,
+                                                               uint64_t model_hash,
+                                                               messenger::DecodeMessenger* decode) {
+  ASSIGN_OR_RETURN(auto watch, cluster::FeedDecodeMessenger(flags.discovery, secret,
+                                                            std::to_string(model_hash), decode));
+  if (watch->members().empty()) {
+    PD_LOG_WARN(
+        "etcd: no prefill instance registered in cluster '{}' yet: requests get 503 "
+        "until one joins",
+        flags.discovery.cluster);
+    return watch;
+  }
+  const auto end = std::chrono::steady_clock::now() +
+                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                       std::chrono::duration<double>(flags.peer_wait_s));
+  auto accepted = [decode] {
+    for (const messenger::PeerStatus& p : decode->peers())
+      if (p.state == messenger::PeerStatus::State::kAccepted && !p.removed) return true;
+    return false;
+  };
+  while (!accepted() && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (!accepted()) PD_LOG_WARN("etcd: no registered prefill instance has accepted us yet");
+  return watch;
+}
+
+}  // namespace
+
+Result<RoleEngine> CreateRoleEngine(const RoleFlags& flags, const model::ModelWeights& weights,
+                                    std::unique_ptr<engine::Engine> eng,
+                                    const engine::AsyncEngineOptions& ao) {
+  RoleEngine out;
+  if (flags.role != "decode") {
+    ASSIGN_OR_RETURN(out.engine, engine::AsyncEngine::Create(std::move(eng), ao));
+    return out;
+  }
+  ASSIGN_OR_RETURN(std::string secret, ReadClusterSecret(flags));
   messenger::DecodeMessengerOptions mo;
   mo.instance_name = "decode";
   mo.cluster_secret = secret;
@@ -357,9 +452,16 @@ Result<std::unique_ptr<engine::AsyncEngine>> CreateRoleEngine(
   }
   engine::ModelRunner& runner = eng->runner();
   ASSIGN_OR_RETURN(auto inner, engine::AsyncEngine::Create(std::move(eng), ao));
+  mo.dynamic_peers = flags.discovery.enabled();
   ASSIGN_OR_RETURN(auto decode, messenger::DecodeMessenger::Create(mo, runner, std::move(inner)));
-  RETURN_IF_ERROR(decode->WaitForPeers(flags.peer_wait_s));
-  return std::unique_ptr<engine::AsyncEngine>(std::move(decode));
+  if (flags.discovery.enabled()) {
+    ASSIGN_OR_RETURN(out.prefill_watch,
+                     DiscoverPrefills(flags, secret, mo.model_hash, decode.get()));
+  } else {
+    RETURN_IF_ERROR(decode->WaitForPeers(flags.peer_wait_s));
+  }
+  out.engine = std::move(decode);
+  return out;
 }
 
 }  // namespace pd::apps

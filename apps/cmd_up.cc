@@ -141,6 +141,14 @@ PD_REGISTER_COMMAND(
                       "--on-failure restart: failures in a row of one instance before up gives up")
           ->check(CLI::PositiveNumber)
           ->capture_default_str();
+      app->add_option("--drain-timeout-s", f->drain_timeout_s,
+                      "on SIGTERM: the router refuses new requests (503 with Retry-After) and lets "
+                      "those open finish for at most this long; then every instance drains "
+                      "(serve --drain-timeout-s). SIGINT stops at once")
+          ->check(CLI::NonNegativeNumber)
+          ->capture_default_str();
+      app->add_flag("--dry-run", f->dry_run,
+                    "check the flags (and the model's config.json and --plan file) and exit");
       return [flags] { return RunUp(*flags); };
     });
 

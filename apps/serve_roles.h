@@ -3,6 +3,8 @@
 //                                       address, for decode instances to bootstrap from)
 //   --role decode --prefill-peers URLs  decode instance: the OpenAI API, requests through the
 //                                       decode messenger
+//   --discovery etcd://H:P --cluster C  register in etcd and find the prefill instances there
+//                                       (cluster/discovery.h) instead of --prefill-peers
 //   --cluster-secret-file FILE          HMAC key of every control message (same on every instance);
 //                                       required by the prefill and decode roles, unless
 //   --insecure-no-secret                runs them without one, only with the fabric endpoint on
@@ -14,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "cluster/discovery.h"
 #include "common/status.h"
 #include "common/trace.h"
 #include "engine/async_engine.h"
@@ -32,14 +35,24 @@ struct RoleFlags {
   std::string fabric_node = "127.0.0.1";  // local address the fabric endpoint binds
   int kv_transfer_timeout_ms = 30000;
   uint32_t control_message_bytes = 256u << 10;  // largest control message received
-  double peer_wait_s = 60.0;     // decode: how long to wait for prefill instances at start
-  double peer_silence_s = 2.0;   // prefill: drop transfers of a decode peer silent this long
-  double kv_wait_warm_ms = 2.0;  // decode: cache-warming period while waiting for KV; 0: off
-  bool kv_checksum = false;      // --kv-checksum: a CRC32C per layer of the KV, checked on decode
-  std::string fault_inject;      // hidden --fault-inject (tests): transfer::ParseFaultRules
-  std::string trace_file;        // --trace: Chrome trace-event JSON written at shutdown
+  double peer_wait_s = 60.0;      // decode: how long to wait for prefill instances at start
+  double peer_silence_s = 2.0;    // prefill: drop transfers of a decode peer silent this long
+  double kv_wait_warm_ms = 2.0;   // decode: cache-warming period while waiting for KV; 0: off
+  bool kv_checksum = false;       // --kv-checksum: a CRC32C per layer of the KV, checked on decode
+  std::string fault_inject;       // hidden --fault-inject (tests): transfer::ParseFaultRules
+  double drain_timeout_s = 30.0;  // SIGTERM: how long work in flight may take to finish
+  std::string trace_file;         // --trace: Chrome trace-event JSON written at shutdown
   int64_t trace_max_events = static_cast<int64_t>(TracerOptions{}.max_events);  // its cap
-  Tracer* tracer = nullptr;  // made by RunServe from trace_file; given to the messengers
+  Tracer* tracer = nullptr;           // made by RunServe from trace_file; given to the messengers
+  cluster::DiscoveryFlags discovery;  // --discovery: etcd instead of --prefill-peers
+  int tensor_parallel_size = 1;       // copied from serve's flag: registered with --discovery
+};
+
+// A role's engine and, for a decode instance with --discovery, the watch that feeds its messenger
+// the cluster's prefill instances (declared last: it stops before the engine goes).
+struct RoleEngine {
+  std::unique_ptr<engine::AsyncEngine> engine;
+  std::unique_ptr<cluster::MemberWatch> prefill_watch;
 };
 
 void AddRoleFlags(CLI::App* app, RoleFlags* flags);
@@ -50,8 +63,9 @@ Status ValidateRoleFlags(const RoleFlags& flags);
 // shm, or a loopback address (127.0.0.0/8, ::1, localhost). An empty node binds every interface.
 bool FabricIsLoopbackOnly(const std::string& provider, const std::string& node);
 
-// Runs a prefill instance until SIGINT/SIGTERM (which the caller has blocked); returns the exit
-// code.
+// Runs a prefill instance until SIGINT/SIGTERM (which the caller has blocked; SIGTERM drains
+// first: new PrefillRequests refused, transfers in flight finished within drain_timeout_s);
+// returns the exit code.
 // Its bootstrap HTTP server has the same limits as every other (`http`).
 int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
                    std::unique_ptr<engine::Engine> engine, const engine::AsyncEngineOptions& ao,
@@ -59,9 +73,18 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
 
 // The engine the OpenAI server runs on: a plain AsyncEngine (colocated) or a DecodeMessenger
 // that has completed its handshake with the prefill instances (decode).
-Result<std::unique_ptr<engine::AsyncEngine>> CreateRoleEngine(
-    const RoleFlags& flags, const model::ModelWeights& weights,
-    std::unique_ptr<engine::Engine> engine, const engine::AsyncEngineOptions& ao);
+Result<RoleEngine> CreateRoleEngine(const RoleFlags& flags, const model::ModelWeights& weights,
+                                    std::unique_ptr<engine::Engine> engine,
+                                    const engine::AsyncEngineOptions& ao);
+
+// The cluster secret (--cluster-secret-file; "" with --insecure-no-secret).
+Result<std::string> ReadClusterSecret(const RoleFlags& flags);
+// --discovery: registers this instance (`role`, its HTTP host and bound port, `fabric_address`,
+// the model's fingerprint) in etcd; null without --discovery.
+Result<std::unique_ptr<cluster::Registration>> RegisterRole(const RoleFlags& flags,
+                                                            const model::ModelWeights& weights,
+                                                            const std::string& host, int port,
+                                                            const std::string& fabric_address);
 
 std::string HexEncode(const std::string& bytes);
 Result<std::string> HexDecode(const std::string& hex);

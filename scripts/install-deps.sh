@@ -16,6 +16,7 @@ PACKAGES=(
   python3-matplotlib
   curl iproute2
   prometheus
+  etcd-server python3-yaml
 )
 
 missing=()

@@ -12,7 +12,9 @@
 
 #include "common/file_util.h"
 #include "common/thread_util.h"
+#include "model/config.h"
 #include "planner/deployment.h"
+#include "server/drain.h"
 
 namespace pd::deploy {
 namespace {
@@ -31,7 +33,7 @@ std::vector<std::string> ServeArgs(const Options& f, const std::string& secret_f
       // shm names each endpoint after its node: let it pick one each
       f.fabric_provider == "shm" ? "" : f.host, "--kv-transfer-timeout-ms",
       std::to_string(f.kv_transfer_timeout_ms), "--idle-poll-us", std::to_string(f.idle_poll_us),
-      "--matmul", f.matmul};
+      "--matmul", f.matmul, "--drain-timeout-s", std::to_string(f.drain_timeout_s)};
   if (!f.served_model_name.empty()) {
     a.insert(a.end(), {"--served-model-name", f.served_model_name});
   }
@@ -115,6 +117,7 @@ Status Validate(const Options& f) {
     }
   }
   if (f.restart.max_failures_in_a_row < 1) return InvalidArgument("--max-restarts must be >= 1");
+  if (!(f.drain_timeout_s >= 0)) return InvalidArgument("--drain-timeout-s must be >= 0");
   return OkStatus();
 }
 
@@ -156,6 +159,7 @@ class Deployment {
   Supervisor supervisor_;
   std::string secret_file_;
   bool own_secret_ = false;
+  bool drain_ = false;                    // SIGTERM: the router drains before it stops
   std::vector<std::string> trace_files_;  // per child, "" without --trace
   std::vector<std::string> decode_urls_;
   std::unique_ptr<Tracer> router_trace_;
@@ -283,8 +287,10 @@ Status Deployment::Supervise(const sigset_t& signals) {
     timespec tick{0, 100 * 1000 * 1000};
     const int sig = sigtimedwait(&signals, &info, &tick);
     if (sig == SIGINT || sig == SIGTERM) {
-      std::printf("pdserve up: SIG%s: stopping every instance\n", sigabbrev_np(sig));
+      std::printf("pdserve up: SIG%s: %s every instance\n", sigabbrev_np(sig),
+                  sig == SIGTERM ? "draining the router, then stopping" : "stopping");
       std::fflush(stdout);
+      drain_ = sig == SIGTERM;
       return OkStatus();
     }
     RETURN_IF_ERROR(supervisor_.Step());
@@ -293,6 +299,14 @@ Status Deployment::Supervise(const sigset_t& signals) {
 
 Status Deployment::Stop() {
   Status result;
+  if (router_ != nullptr && drain_) {
+    server::Router* r = router_.get();
+    server::DrainHooks hooks;
+    hooks.begin = [r] { r->BeginDrain(); };
+    hooks.in_flight = [r] { return r->open_streams(); };
+    hooks.end_running = [r](const std::string& why) { r->EndRunning(why); };
+    (void)server::Drain(hooks, f_.drain_timeout_s, "up's router");
+  }
   if (router_ != nullptr) router_->Stop();
   router_.reset();
   if (router_trace_ != nullptr) {
@@ -300,7 +314,9 @@ Status Deployment::Stop() {
     if (Status s = router_trace_->WriteToFile(path); !s.ok()) result = s.WithContext("--trace");
     router_trace_.reset();
   }
-  supervisor_.StopAll(std::chrono::seconds(10));
+  // Each instance drains what it still holds (little, once the router has drained).
+  supervisor_.StopAll(
+      std::chrono::milliseconds(10000 + static_cast<int64_t>(f_.drain_timeout_s * 1000)));
   if (own_secret_) unlink(secret_file_.c_str());
   own_secret_ = false;
   return result;
@@ -312,6 +328,14 @@ Status RunLocalDeployment(const LocalDeploymentOptions& options) {
   Options f = options;
   if (!f.plan.empty()) RETURN_IF_ERROR(ApplyPlan(&f));
   RETURN_IF_ERROR(Validate(f));
+  if (f.dry_run) {
+    if (auto config = model::LoadModelConfig(f.model); !config.ok()) {
+      return InvalidArgument("--model: " + config.status().ToString());
+    }
+    std::printf("pdserve up: --dry-run: the flags are valid (%d prefill, %d decode)\n",
+                f.num_prefill, f.num_decode);
+    return OkStatus();
+  }
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);

@@ -66,6 +66,10 @@ struct LocalDeploymentOptions {
   std::string fabric_provider = "tcp;ofi_rxm";
   double start_timeout_s = 300.0;  // how long an instance may take to start (or restart)
   std::string plan;  // a pdserve-plan-v1 file: instance counts and threads come from it
+  // SIGTERM: the router refuses new requests and lets those open finish for this long, then every
+  // instance gets SIGTERM (each drains as `serve --drain-timeout-s`, the same value).
+  double drain_timeout_s = 30.0;
+  bool dry_run = false;  // validate the options (and the plan file) and return
   OnFailure on_failure = OnFailure::kRestart;
   RestartPolicy restart;
 };

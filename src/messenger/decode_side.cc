@@ -87,7 +87,7 @@ void DecodeMessenger::Impl::Stop() {
   for (auto& [id, r] : reqs_) {
     if (!r->in_flight) continue;
     domain_->imm_counters().Remove(r->imm);
-    if (peers_[r->peer].state == PeerStatus::State::kAccepted) {
+    if (Serving(peers_[r->peer])) {
       (void)domain_->SubmitSend(peers_[r->peer].addr,
                                 codec_->Encode(Cancel{r->wire_id}, peers_[r->peer].session),
                                 nullptr);
@@ -107,8 +107,11 @@ void DecodeMessenger::Impl::Greet() {
   const double now = NowSeconds();
   for (size_t i = 0; i < peers_.size(); ++i) {
     Peer& p = peers_[i];
-    const bool down = p.state == PeerStatus::State::kDown;
-    if ((p.state != PeerStatus::State::kWaiting && !down) ||
+    // A draining peer is asked again too: its HelloReply counts only from a new session (it
+    // restarted at the same address).
+    const bool down = p.state == PeerStatus::State::kDown ||
+                      (p.state == PeerStatus::State::kDraining && p.outstanding == 0);
+    if (p.removed || (p.state != PeerStatus::State::kWaiting && !down) ||
         now - p.last_hello < std::max(options_.hello_retry_s, p.hello_interval)) {
       continue;
     }
@@ -139,8 +142,7 @@ void DecodeMessenger::Impl::Heartbeat() {
   const double now = NowSeconds();
   for (size_t i = 0; i < peers_.size(); ++i) {
     Peer& p = peers_[i];
-    if (p.state != PeerStatus::State::kAccepted || p.outstanding == 0 ||
-        now - p.last_heartbeat < options_.heartbeat_s) {
+    if (!Serving(p) || p.outstanding == 0 || now - p.last_heartbeat < options_.heartbeat_s) {
       continue;
     }
     p.last_heartbeat = now;
@@ -204,7 +206,8 @@ void DecodeMessenger::Impl::MarkDown(int peer, const Status& why) {
                          return r.second->in_flight && r.second->peer == peer;
                        });
   if (writing) RevokeKeys(peer, why);  // may refuse it for good
-  if (p.state == PeerStatus::State::kAccepted || p.state == PeerStatus::State::kDown) {
+  if (p.state == PeerStatus::State::kAccepted || p.state == PeerStatus::State::kDown ||
+      p.state == PeerStatus::State::kDraining) {
     p.state = PeerStatus::State::kDown;
   }
   p.hello_interval = std::min(30.0, std::max(2.0, 2 * p.hello_interval));
@@ -301,7 +304,7 @@ void DecodeMessenger::Impl::PublishPeer(int peer) {
   const Peer& p = peers_[peer];
   {
     MutexLock lock(&peers_mu_);
-    peer_status_[peer] = {p.config.name, p.state, p.reason, p.outstanding};
+    peer_status_[peer] = {p.config.name, p.state, p.reason, p.outstanding, p.removed};
   }
   peers_cv_.SignalAll();
 }
@@ -345,7 +348,7 @@ int DecodeMessenger::Impl::PickPeer(const Req& r) const {
   int best = -1;
   for (size_t i = 0; i < peers_.size(); ++i) {
     const Peer& p = peers_[i];
-    if (p.state != PeerStatus::State::kAccepted) continue;
+    if (p.state != PeerStatus::State::kAccepted || p.removed) continue;
     if (std::find(r.tried.begin(), r.tried.end(), static_cast<int>(i)) != r.tried.end()) continue;
     if (best < 0 || p.outstanding < peers_[best].outstanding) best = static_cast<int>(i);
   }
@@ -358,7 +361,9 @@ Result<std::unique_ptr<DecodeMessenger>> DecodeMessenger::Create(
     const DecodeMessengerOptions& options, engine::ModelRunner& runner,
     std::unique_ptr<engine::AsyncEngine> inner) {
   if (inner == nullptr) return InvalidArgument("DecodeMessenger needs an engine");
-  if (options.peers.empty()) return InvalidArgument("DecodeMessenger needs prefill peers");
+  if (options.peers.empty() && !options.dynamic_peers) {
+    return InvalidArgument("DecodeMessenger needs prefill peers");
+  }
   std::unique_ptr<DecodeMessenger> m(new DecodeMessenger());
   m->inner_ = std::move(inner);
   m->impl_ = std::make_unique<Impl>(m.get(), options, runner);
@@ -371,8 +376,21 @@ Result<std::unique_ptr<DecodeMessenger>> DecodeMessenger::Create(
 
 DecodeMessenger::~DecodeMessenger() { Shutdown(); }
 
+std::string PeersPrometheusText(const std::vector<PeerStatus>& peers) {
+  const char* kNames[] = {"waiting", "accepted", "refused", "down", "draining", "removed"};
+  int counts[6] = {0, 0, 0, 0, 0, 0};
+  for (const PeerStatus& p : peers) ++counts[p.removed ? 5 : static_cast<int>(p.state)];
+  std::string out = "# TYPE pdserve:kv_prefill_peers gauge\n";
+  for (int i = 0; i < 6; ++i) {
+    out += std::string("pdserve:kv_prefill_peers{state=\"") + kNames[i] + "\"} " +
+           std::to_string(counts[i]) + "\n";
+  }
+  return out;
+}
+
 Status DecodeMessenger::WaitForPeers(double timeout_s) { return impl_->WaitForPeers(timeout_s); }
 std::vector<PeerStatus> DecodeMessenger::peers() const { return impl_->Peers(); }
+void DecodeMessenger::SetPeers(const std::vector<PrefillPeer>& peers) { impl_->SetPeers(peers); }
 
 Result<int64_t> DecodeMessenger::Submit(std::vector<int32_t> prompt_ids,
                                         const engine::SamplingParams& sampling,

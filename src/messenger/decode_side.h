@@ -60,6 +60,8 @@ struct DecodeMessengerOptions {
   uint64_t model_hash = 0;  // ModelFingerprint(weights)
   transfer::DomainOptions domain;
   std::vector<PrefillPeer> peers;
+  // The peers change at run time (SetPeers, e.g. from etcd discovery): `peers` may be empty.
+  bool dynamic_peers = false;
   uint32_t transfer_timeout_ms = 30000;  // per attempt: request sent -> every write landed
   double hello_retry_s = 1.0;            // Hello again to peers that have not answered
   // A control message not delivered within this is cancelled and its peer marked down (a send to
@@ -115,11 +117,18 @@ struct DecodeMessengerOptions {
 struct PeerStatus {
   std::string name;
   // kDown: a send to it failed or did not complete in time (dead or unreachable); it is greeted
-  // again with back-off and used again once it answers.
-  enum class State { kWaiting, kAccepted, kRefused, kDown } state = State::kWaiting;
+  // again with back-off and used again once it answers. kDraining: it refused a request because
+  // it is shutting down; its transfers in flight go on, it gets nothing new, and it is greeted
+  // again once it restarts (a new address or session) or is found down.
+  enum class State { kWaiting, kAccepted, kRefused, kDown, kDraining } state = State::kWaiting;
   std::string reason;  // why refused
   int outstanding = 0;
+  bool removed = false;  // left out by SetPeers: nothing new is sent to it
 };
+
+// pdserve:kv_prefill_peers{state="accepted|waiting|refused|down|draining|removed"}: how many
+// prefill instances are in each state (removed ones count as removed only).
+std::string PeersPrometheusText(const std::vector<PeerStatus>& peers);
 
 class DecodeMessenger final : public engine::AsyncEngine {
  public:
@@ -135,6 +144,12 @@ class DecodeMessenger final : public engine::AsyncEngine {
   // ("wrong cluster secret?"). Peers that have not answered keep being greeted.
   Status WaitForPeers(double timeout_s);
   std::vector<PeerStatus> peers() const;
+  // Replaces the set of prefill instances (options.dynamic_peers), by name: a new name is added
+  // and greeted; a known one at a new fabric address is treated as restarted (its attempts in
+  // flight fail over, it is greeted there); one left out gets no new request while its transfers
+  // in flight go on (a dead one is noticed by its heartbeats, as today), and is used again if it
+  // comes back. Applied on the messenger thread, soon after the call.
+  void SetPeers(const std::vector<PrefillPeer>& peers);
 
   // engine::AsyncEngine
   Result<int64_t> Submit(std::vector<int32_t> prompt_ids, const engine::SamplingParams& sampling,

@@ -65,11 +65,18 @@ struct Peer {
   uint64_t session = 0;  // its process's, from its HelloReply; 0: not known yet
   uint32_t max_message_bytes = kMinMessageBytes;  // the largest control message it receives
   uint32_t generation = 0;  // bumped when its address changes (a restart): older sends don't count
+  bool removed = false;     // left out by SetPeers: not picked, not greeted
   // Our regions as this peer may write them: registered for it alone, so its keys can be revoked
   // (RevokeKeys) without touching any other peer's.
   std::vector<transfer::MemoryRegion> kv_mrs;  // per rank
   transfer::MemoryRegion meta_mr;
 };
+
+// Whether a peer may still be working for us (accepted, or draining its transfers in flight):
+// such a peer is sent heartbeats and Cancels.
+inline bool Serving(const Peer& p) {
+  return p.state == PeerStatus::State::kAccepted || p.state == PeerStatus::State::kDraining;
+}
 
 struct PendingSend {
   int peer = -1;
@@ -100,6 +107,7 @@ using decode_internal::Peer;
 using decode_internal::PendingSend;
 using decode_internal::Req;
 using decode_internal::RequestInfo;
+using decode_internal::Serving;
 
 class DecodeMessenger::Impl {
  public:
@@ -129,6 +137,7 @@ class DecodeMessenger::Impl {
   void Stop();
   Status WaitForPeers(double timeout_s) EXCLUDES(peers_mu_);
   std::vector<PeerStatus> Peers() const EXCLUDES(peers_mu_);
+  void SetPeers(std::vector<PrefillPeer> peers);  // posts to the messenger thread
   Result<int64_t> Submit(std::vector<int32_t> prompt, const engine::SamplingParams& sampling,
                          engine::OutputCallback on_output) EXCLUDES(peers_mu_);
   const std::string& address() const { return domain_->info().address; }
@@ -187,6 +196,7 @@ class DecodeMessenger::Impl {
   void ResolveLoop() EXCLUDES(resolve_mu_);
   void StopResolver() EXCLUDES(resolve_mu_);
   void Readdress(int peer, const std::string& fabric_address);
+  void ApplyPeers(const std::vector<PrefillPeer>& peers) EXCLUDES(peers_mu_);
   // Registers our KV regions and metadata buffer for peers_[peer] (fresh keys).
   Status RegisterPeerRegions(int peer);
   // Deregisters peers_[peer]'s regions and registers them anew: once this returns, no write of

@@ -2,6 +2,7 @@
 // endpoint under the same bootstrap URL. A thread of its own (lookups may block) asks
 // options.resolve_address for each peer's address; the messenger thread fails over the attempts
 // in flight on a peer whose address changed (its old process is gone) and greets the new one.
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,8 +27,8 @@ void DecodeMessenger::Impl::ResolveLoop() {
     }
     const std::vector<PeerStatus> peers = Peers();
     for (size_t i = 0; i < peers.size(); ++i) {
-      if (peers[i].state == PeerStatus::State::kRefused) continue;
-      Result<std::string> addr = options_.resolve_address(options_.peers[i]);
+      if (peers[i].state == PeerStatus::State::kRefused || peers[i].removed) continue;
+      Result<std::string> addr = options_.resolve_address(PrefillPeer{peers[i].name, ""});
       if (!addr.ok()) continue;  // down or not back yet: asked again next round
       queue_->Post([this, i, a = std::move(addr).value()] { Readdress(static_cast<int>(i), a); });
     }
@@ -61,6 +62,62 @@ void DecodeMessenger::Impl::Readdress(int peer, const std::string& fabric_addres
   p.hello_interval = 0.0;
   p.last_hello = -1e9;
   PublishPeer(peer);
+}
+
+}  // namespace pd::messenger
+
+namespace pd::messenger {
+
+void DecodeMessenger::Impl::SetPeers(std::vector<PrefillPeer> peers) {
+  queue_->Post([this, peers = std::move(peers)] { ApplyPeers(peers); });
+}
+
+void DecodeMessenger::Impl::ApplyPeers(const std::vector<PrefillPeer>& wanted) {
+  std::vector<bool> keep(peers_.size(), false);
+  for (const PrefillPeer& w : wanted) {
+    auto it = std::find_if(peers_.begin(), peers_.end(),
+                           [&](const Peer& p) { return p.config.name == w.name; });
+    if (it == peers_.end()) {  // a new member
+      PD_LOG_INFO("decode messenger: prefill instance {} joined: greeting it", w.name);
+      Peer peer;
+      peer.config = w;
+      peers_.push_back(std::move(peer));
+      keep.push_back(true);
+      {
+        MutexLock lock(&peers_mu_);
+        peer_status_.push_back({w.name, PeerStatus::State::kWaiting, "", 0, false});
+      }
+      const int added = static_cast<int>(peers_.size()) - 1;
+      if (Status s = RegisterPeerRegions(added); !s.ok()) {
+        peers_[added].state = PeerStatus::State::kRefused;
+        peers_[added].reason = "cannot register our KV regions for it: " + s.ToString();
+        PD_LOG_ERROR("decode messenger: prefill instance {}: {}", w.name, peers_[added].reason);
+        PublishPeer(added);
+      }
+      continue;
+    }
+    const int i = static_cast<int>(it - peers_.begin());
+    keep[i] = true;
+    if (it->removed) {
+      PD_LOG_INFO("decode messenger: prefill instance {} is back", w.name);
+      it->removed = false;
+      if (it->state == PeerStatus::State::kDraining) it->state = PeerStatus::State::kDown;
+      it->hello_interval = 0.0;
+      it->last_hello = -1e9;
+      PublishPeer(i);
+    }
+    if (!w.fabric_address.empty()) Readdress(i, w.fabric_address);
+  }
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    Peer& p = peers_[i];
+    if (keep[i] || p.removed) continue;
+    PD_LOG_INFO(
+        "decode messenger: prefill instance {} left the cluster: nothing new goes to it ({} "
+        "transfers in flight)",
+        p.config.name, p.outstanding);
+    p.removed = true;
+    PublishPeer(static_cast<int>(i));
+  }
 }
 
 }  // namespace pd::messenger

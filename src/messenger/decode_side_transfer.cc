@@ -30,8 +30,9 @@ Result<int64_t> DecodeMessenger::Impl::Submit(std::vector<int32_t> prompt,
   if (prompt.size() < 2) return inner.Submit(std::move(prompt), sampling, std::move(on_output));
   {
     MutexLock lock(&peers_mu_);
-    if (std::none_of(peer_status_.begin(), peer_status_.end(),
-                     [](const PeerStatus& p) { return p.state == PeerStatus::State::kAccepted; })) {
+    if (std::none_of(peer_status_.begin(), peer_status_.end(), [](const PeerStatus& p) {
+          return p.state == PeerStatus::State::kAccepted && !p.removed;
+        })) {
       return Unavailable("no prefill instance has accepted this decode instance");
     }
   }
@@ -354,6 +355,18 @@ void DecodeMessenger::Impl::OnPrefillDone(const PrefillDone& done, const Frame& 
     return;
   }
   r->done_received = true;  // an error answer: that instance has stopped writing for it
+  if (done.status_code == static_cast<uint16_t>(StatusCode::kUnavailable) &&
+      done.message == kDrainingMessage) {
+    // It refused before doing anything: send it nothing new, and the retry elsewhere is free.
+    Peer& p = peers_[r->peer];
+    if (p.state == PeerStatus::State::kAccepted) {
+      PD_LOG_INFO("decode messenger: prefill instance {} is draining: sending it nothing new",
+                  p.config.name);
+      p.state = PeerStatus::State::kDraining;
+      PublishPeer(r->peer);
+    }
+    --r->attempts;
+  }
   FailAttempt(r, Status(static_cast<StatusCode>(done.status_code),
                         "prefill instance " + peers_[r->peer].config.name + ": " + done.message));
 }
@@ -412,7 +425,7 @@ void DecodeMessenger::Impl::FailAttempt(Req* r, const Status& status) {
   } else {
     Fail(r, status);
   }
-  if (peers_[old_peer].state == PeerStatus::State::kAccepted) {
+  if (Serving(peers_[old_peer])) {
     (void)Send(old_peer, Cancel{wire_id});  // a local error: the fence's rules still apply
   }
 }
@@ -438,7 +451,7 @@ void DecodeMessenger::Impl::OnEnded(int64_t id) {
   Req* r = Find(id);
   if (r == nullptr) return;
   if (r->in_flight) {
-    if (peers_[r->peer].state == PeerStatus::State::kAccepted) {
+    if (Serving(peers_[r->peer])) {
       (void)Send(r->peer, Cancel{r->wire_id});  // a local error: the fence's rules still apply
     }
     EndAttempt(r, /*fence=*/true);

@@ -413,6 +413,7 @@ void PrefillMessenger::Start(engine::AsyncEngine* engine) { impl_->Start(engine)
 void PrefillMessenger::Stop() {
   if (impl_) impl_->Stop();
 }
+void PrefillMessenger::BeginDrain() { impl_->BeginDrain(); }
 const std::string& PrefillMessenger::fabric_address() const { return impl_->address(); }
 
 }  // namespace pd::messenger

@@ -102,6 +102,10 @@ class PrefillMessenger {
   // every transfer's pages back and aborts its engine request. Idempotent. Once it returned the
   // runner's KV regions may be freed before the messenger is destroyed.
   void Stop();
+  // Graceful drain: from now on every new PrefillRequest is answered PrefillDone(kUnavailable,
+  // kDrainingMessage) before any work, so decode instances send it elsewhere; transfers already
+  // accepted go on (num_active_transfers() says how many).
+  void BeginDrain();
 
   const std::string& fabric_address() const;
   const KvFormat& format() const { return format_; }

@@ -132,6 +132,7 @@ class PrefillMessenger::Impl {
   Status Init();
   void Start(engine::AsyncEngine* engine);
   void Stop();
+  void BeginDrain() { draining_ = true; }
   engine::StepObserver Observer();
   const std::string& address() const { return address_; }
 
@@ -211,6 +212,7 @@ class PrefillMessenger::Impl {
   engine::AsyncEngine* engine_ = nullptr;
   std::thread thread_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> draining_{false};  // new PrefillRequests are refused (kDrainingMessage)
 
   // Messenger thread only.
   ReplayGuard replay_;        // by sender session

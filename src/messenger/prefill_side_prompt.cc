@@ -40,6 +40,11 @@ void PrefillMessenger::Impl::OnPrefillRequest(PrefillRequest request, const Fram
   if (sender == nullptr) return;
   const uint64_t id = request.request_id;
   auto it = partials_.find(id);
+  if (draining_) {  // nothing done for it yet: the decode instance retries elsewhere
+    if (it != partials_.end()) DropPartial(id, OkStatus());
+    SendDone(peers_.at(*sender).addr, id, Unavailable(kDrainingMessage), 0);
+    return;
+  }
   const bool whole = request.token_ids.size() == request.num_tokens &&
                      request.dst_pages.size() == request.num_pages;
   if (it == partials_.end() && whole) {

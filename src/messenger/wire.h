@@ -120,6 +120,12 @@ struct PrefillRequest {
   uint32_t metadata_imm = 0;
 };
 
+// PrefillDone's message (with kUnavailable) when a draining prefill instance refuses a request
+// before doing any work for it: the decode instance retries elsewhere without counting an attempt
+// and sends that instance nothing new.
+inline constexpr char kDrainingMessage[] =
+    "the prefill instance is draining (shutting down); retry on another";
+
 struct PrefillDone {
   uint64_t request_id = 0;
   uint16_t status_code = 0;  // pd::StatusCode

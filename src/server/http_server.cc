@@ -9,6 +9,7 @@
 #include "common/thread_util.h"
 #include "constrain/token_texts.h"
 #include "server/auth.h"
+#include "server/drain.h"
 #include "server/generation.h"
 #include "server/openai_response.h"
 
@@ -154,6 +155,26 @@ void OpenAiServer::Stop() {
   }
 }
 
+void OpenAiServer::EndRunning(const std::string& why) {
+  answer_loop_->Post([this, why] {
+    for (auto& [id, answer] : answers_) {
+      if (answer->ended) continue;
+      answer->ended = true;
+      ClientStream& client = *answer->client;
+      if (answer->state->stream) {
+        client.WriteChunk("data: " + ErrorBody(503, why) + "\n\n");
+        client.EndChunked();
+      } else {
+        const std::string body = ErrorBody(503, why);
+        client.WriteHead(503, "Content-Type: application/json\r\nContent-Length: " +
+                                  std::to_string(body.size()) + "\r\n");
+        client.Write(body);
+        client.End();
+      }
+    }
+  });
+}
+
 void OpenAiServer::SendError(httplib::Response& res, int http_status,
                              const std::string& message) const {
   res.status = http_status;
@@ -182,6 +203,7 @@ bool OpenAiServer::Authorized(const httplib::Request& req, httplib::Response& re
 void OpenAiServer::RegisterRoutes() {
   http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (stopping_) return SendError(res, 503, "server is shutting down");
+    if (draining_) return SendError(res, 503, "server is draining (shutting down)");
     res.status = 200;
   });
   http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
@@ -261,6 +283,11 @@ std::shared_ptr<StreamState> OpenAiServer::StartGeneration(ApiKind kind,
                                                            httplib::Response& res) {
   TraceInstant(options_.tracer, "http request", "http");
   if (!Authorized(req, res)) return nullptr;
+  if (draining_) {  // not started: a router may send it to another instance
+    res.set_header(kDrainingHeader, "1");
+    SendError(res, 503, "server is draining (shutting down); retry on another instance");
+    return nullptr;
+  }
   if (req.body.size() > options_.http.max_body_bytes) {
     SendError(res, 413,
               "request body exceeds the limit of " + std::to_string(options_.http.max_body_bytes) +

@@ -72,6 +72,14 @@ class OpenAiServer {
   int port() const { return port_; }
   ServingMetrics& metrics() { return metrics_; }
 
+  // Graceful drain (server/drain.h): from BeginDrain on, new generation requests get 503 with
+  // Retry-After and kDrainingHeader, and /health 503; requests in flight go on. EndRunning ends
+  // every answer still running with a 503 error (an SSE error event and the end of the stream, or
+  // a JSON error) carrying `why`, which aborts its engine request.
+  void BeginDrain() { draining_ = true; }
+  int inflight() const { return inflight_.held(); }
+  void EndRunning(const std::string& why);
+
  private:
   OpenAiServer(const ServerOptions& options, engine::AsyncEngine* engine,
                const model::Tokenizer* tokenizer);
@@ -116,6 +124,7 @@ class OpenAiServer {
   uint64_t next_answer_id_ = 0;                                    // stream loop only
   int port_ = 0;
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> draining_{false};
   InflightCap inflight_;
   std::atomic<uint64_t> next_id_{0};
   const int64_t start_time_;

@@ -1,5 +1,6 @@
 #include "server/router.h"
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <utility>
@@ -42,12 +43,16 @@ Router::Router(const RouterOptions& options) : options_(options), http_(options.
 Router::~Router() { Stop(); }
 
 Result<std::unique_ptr<Router>> Router::Create(const RouterOptions& options) {
-  if (options.backends.empty()) return InvalidArgument("the router needs decode instances");
+  if (options.backends.empty() && !options.dynamic_backends) {
+    return InvalidArgument("the router needs decode instances");
+  }
   if (options.max_open_streams < 1) return InvalidArgument("max_open_streams must be >= 1");
   std::unique_ptr<Router> r(new Router(options));
   for (const std::string& url : options.backends) {
     ASSIGN_OR_RETURN(auto target, ResolveUpstream(url));
-    r->backends_.push_back(std::move(target));
+    MutexLock lock(&r->backends_mu_);
+    r->backends_.push_back(target.get());
+    r->targets_[url] = std::move(target);
   }
   UpstreamRelayOptions ro;
   ro.upstream_timeout_ms = options.upstream_timeout_s * 1000;
@@ -59,7 +64,7 @@ Result<std::unique_ptr<Router>> Router::Create(const RouterOptions& options) {
     raw->http_.ResumeConnection(fd, requests_left);
   };
   ro.reroute = [raw = r.get()](UpstreamTarget* refused) { return raw->PickAvailable(refused); };
-  ro.max_reroutes = static_cast<int>(options.backends.size()) - 1;
+  ro.max_reroutes = options.dynamic_backends ? 4 : static_cast<int>(options.backends.size()) - 1;
   ASSIGN_OR_RETURN(r->relay_, UpstreamRelay::Create(ro));
   r->RegisterRoutes();
   return r;
@@ -73,8 +78,9 @@ void Router::RegisterRoutes() {
   http_.Post("/v1/chat/completions", generate);
   http_.Get("/v1/models", generate);
   http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    for (const auto& b : backends_) {
-      httplib::Client c(b->url);
+    if (draining_) return SendError(res, 503, "the router is draining (shutting down)");
+    for (const std::string& url : backends()) {
+      httplib::Client c(url);
       c.set_connection_timeout(1, 0);
       auto h = c.Get("/health");
       if (h && h->status == 200) {
@@ -98,9 +104,14 @@ void Router::RegisterRoutes() {
         std::to_string(relay_->clients_gone()) +
         "\n# TYPE pdserve:router_open_streams gauge\npdserve:router_open_streams " +
         std::to_string(open_.load()) + "\n# TYPE pdserve:router_outstanding gauge\n";
-    for (const auto& b : backends_) {
-      out += "pdserve:router_outstanding{backend=\"" + b->url + "\"} " +
-             std::to_string(b->outstanding.load()) + "\n";
+    {
+      MutexLock lock(&backends_mu_);
+      for (const UpstreamTarget* b : backends_) {
+        out += "pdserve:router_outstanding{backend=\"" + b->url + "\"} " +
+               std::to_string(b->outstanding.load()) + "\n";
+      }
+      out += "# TYPE pdserve:router_backends gauge\npdserve:router_backends " +
+             std::to_string(backends_.size()) + "\n";
     }
     out += http_.RefusedMetricsText();
     res.set_content(out, "text/plain; version=0.0.4");
@@ -133,19 +144,63 @@ void Router::Stop() {
 }
 
 std::vector<int> Router::outstanding() const {
+  MutexLock lock(&backends_mu_);
   std::vector<int> out;
-  for (const auto& b : backends_) out.push_back(b->outstanding.load());
+  for (const UpstreamTarget* b : backends_) out.push_back(b->outstanding.load());
   return out;
+}
+
+std::vector<std::string> Router::backends() const {
+  MutexLock lock(&backends_mu_);
+  std::vector<std::string> out;
+  for (const UpstreamTarget* b : backends_) out.push_back(b->url);
+  return out;
+}
+
+Status Router::SetBackends(const std::vector<std::string>& urls) {
+  std::vector<std::unique_ptr<UpstreamTarget>> fresh;  // resolved outside the lock
+  std::string errors;
+  for (const std::string& url : urls) {
+    {
+      MutexLock lock(&backends_mu_);
+      if (targets_.count(url) > 0) continue;
+    }
+    auto target = ResolveUpstream(url);
+    if (!target.ok()) {
+      errors += (errors.empty() ? "" : "; ") + target.status().message();
+      continue;
+    }
+    fresh.push_back(std::move(target).value());
+  }
+  MutexLock lock(&backends_mu_);
+  for (auto& t : fresh) {
+    const std::string url = t->url;
+    targets_.emplace(url, std::move(t));
+  }
+  std::vector<UpstreamTarget*> now;
+  for (const std::string& url : urls) {
+    auto it = targets_.find(url);
+    if (it == targets_.end()) continue;
+    UpstreamTarget* t = it->second.get();
+    if (std::find(backends_.begin(), backends_.end(), t) == backends_.end()) {
+      t->refused_at_ns.store(-1);  // a member that (re)joined is used at once
+    }
+    now.push_back(t);
+  }
+  backends_ = std::move(now);
+  return errors.empty() ? OkStatus() : InvalidArgument(errors);
 }
 
 UpstreamTarget* Router::PickAvailable(const UpstreamTarget* besides) {
   const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
   const int64_t kRefusedNs = 1'000'000'000;
+  MutexLock lock(&backends_mu_);
   const size_t n = backends_.size();
+  if (n == 0) return nullptr;
   const size_t start = round_robin_.fetch_add(1) % n;  // ties go round
   UpstreamTarget* best = nullptr;
   for (size_t k = 0; k < n; ++k) {
-    UpstreamTarget* b = backends_[(start + k) % n].get();
+    UpstreamTarget* b = backends_[(start + k) % n];
     const int64_t refused = b->refused_at_ns.load();
     if (b == besides || (refused >= 0 && now - refused < kRefusedNs)) continue;
     if (best == nullptr || b->outstanding.load() < best->outstanding.load()) best = b;
@@ -153,22 +208,26 @@ UpstreamTarget* Router::PickAvailable(const UpstreamTarget* besides) {
   return best;
 }
 
-int Router::Pick() {
+UpstreamTarget* Router::Pick() {
   UpstreamTarget* best = PickAvailable();
-  if (best == nullptr) {  // every one refused lately: the least loaded anyway
-    const size_t n = backends_.size();
-    best = backends_[round_robin_.fetch_add(1) % n].get();
-    for (const auto& b : backends_)
-      if (b->outstanding.load() < best->outstanding.load()) best = b.get();
-  }
-  for (size_t i = 0; i < backends_.size(); ++i)
-    if (backends_[i].get() == best) return static_cast<int>(i);
-  return 0;
+  if (best != nullptr) return best;
+  MutexLock lock(&backends_mu_);
+  const size_t n = backends_.size();
+  if (n == 0) return nullptr;
+  best = backends_[round_robin_.fetch_add(1) % n];  // every one refused lately: the least loaded
+  for (UpstreamTarget* b : backends_)
+    if (b->outstanding.load() < best->outstanding.load()) best = b;
+  return best;
 }
 
 void Router::Forward(const httplib::Request& req, httplib::Response& res) {
   TraceInstant(options_.tracer, "router request", "http");
   requests_.fetch_add(1);
+  if (draining_) {
+    rejected_.fetch_add(1);
+    res.set_header("Retry-After", std::to_string(options_.http.retry_after_s));
+    return SendError(res, 503, "the router is draining (shutting down); retry later");
+  }
   if (open_.fetch_add(1) >= options_.max_open_streams) {
     open_.fetch_sub(1);
     rejected_.fetch_add(1);
@@ -177,7 +236,12 @@ void Router::Forward(const httplib::Request& req, httplib::Response& res) {
                      "router overloaded: " + std::to_string(options_.max_open_streams) +
                          " requests open (--max-open-streams); retry later");
   }
-  UpstreamTarget* target = backends_[Pick()].get();
+  UpstreamTarget* target = Pick();
+  if (target == nullptr) {
+    open_.fetch_sub(1);
+    res.set_header("Retry-After", std::to_string(options_.http.retry_after_s));
+    return SendError(res, 503, "no decode instance is registered yet; retry later");
+  }
   target->outstanding.fetch_add(1);
   RelayRequest up;
   up.method = req.method;

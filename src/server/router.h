@@ -10,15 +10,18 @@
 // /health answers when at least one decode instance is healthy; /metrics reports the router's own
 // counters; GET /v1/models is forwarded.
 //
-// Thread safety: Start/Stop from one thread; handlers run on the HTTP pool's threads.
+// Thread safety: Start/Stop from one thread; handlers run on the HTTP pool's threads;
+// SetBackends and the counters from any thread.
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "common/trace.h"
 #include "server/http_transport.h"
@@ -39,7 +42,10 @@ struct RouterOptions {
   std::string host = "127.0.0.1";
   int port = 8000;                    // 0: any free port
   std::vector<std::string> backends;  // decode instances' base URLs, "http://127.0.0.1:8001"
-  int upstream_timeout_s = 600;       // per read from a decode instance
+  // The backends change at run time (SetBackends, e.g. from etcd discovery); may start empty,
+  // and while there are none a request gets 503 with Retry-After.
+  bool dynamic_backends = false;
+  int upstream_timeout_s = 600;  // per read from a decode instance
   // Connections to decode instances are kept alive and reused: at most this many idle ones per
   // decode instance, each reused only within upstream_idle_s of its last answer (below the
   // decode instance's keep-alive timeout, 5 s by default, so it has not closed it meanwhile).
@@ -60,8 +66,13 @@ class Router {
   Status Start();
   void Stop();
   int port() const { return port_; }
-  // Requests in flight per backend, in options order.
-  std::vector<int> outstanding() const;
+  // Requests in flight per backend, in order (options order, or SetBackends').
+  std::vector<int> outstanding() const EXCLUDES(backends_mu_);
+  // Replaces the backends (dynamic_backends): new ones are used at once, ones left out get no
+  // new request (those in flight on them go on). InvalidArgument naming a URL that is not
+  // http://HOST:PORT or does not resolve; the others are still applied.
+  Status SetBackends(const std::vector<std::string>& urls) EXCLUDES(backends_mu_);
+  std::vector<std::string> backends() const EXCLUDES(backends_mu_);
   // Upstream connections opened so far (reusing a kept-alive one opens none).
   uint64_t upstream_connections() const { return relay_->connections_opened(); }
   // Relayed requests open now, and those turned away by max_open_streams so far.
@@ -70,17 +81,28 @@ class Router {
   // Clients that went away before their answer was complete (their upstream request aborted).
   uint64_t clients_gone() const { return relay_->clients_gone(); }
 
+  // Graceful drain (server/drain.h): from BeginDrain on, new requests get 503 with Retry-After
+  // and /health 503; relayed requests go on (open_streams() counts them). EndRunning ends every
+  // one still open with a 503 error carrying `why`.
+  void BeginDrain() { draining_ = true; }
+  void EndRunning(const std::string& why) { relay_->EndAll(why); }
+
  private:
   explicit Router(const RouterOptions& options);
   // The backend with the fewest requests in flight among those that did not refuse a connection
   // within the last second (ties go round); null when every one did.
-  UpstreamTarget* PickAvailable(const UpstreamTarget* besides = nullptr);
-  int Pick();
+  UpstreamTarget* PickAvailable(const UpstreamTarget* besides = nullptr) EXCLUDES(backends_mu_);
+  // A backend for a new request; null when there is none.
+  UpstreamTarget* Pick() EXCLUDES(backends_mu_);
   void Forward(const httplib::Request& req, httplib::Response& res);
   void RegisterRoutes();
 
   const RouterOptions options_;
-  std::vector<std::unique_ptr<UpstreamTarget>> backends_;
+  mutable Mutex backends_mu_;
+  std::vector<UpstreamTarget*> backends_ GUARDED_BY(backends_mu_);  // those in use, in order
+  // Every backend ever used, by URL, kept for the router's life: exchanges in flight and the
+  // relay's idle connections hold their pointers.
+  std::map<std::string, std::unique_ptr<UpstreamTarget>> targets_ GUARDED_BY(backends_mu_);
   std::unique_ptr<UpstreamRelay> relay_;
   LimitedHttpServer http_;
   std::thread listen_thread_;
@@ -88,6 +110,7 @@ class Router {
   std::atomic<uint64_t> requests_{0};
   std::atomic<uint64_t> rejected_{0};
   std::atomic<int> open_{0};
+  std::atomic<bool> draining_{false};
   std::atomic<uint64_t> round_robin_{0};
 };
 

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "server/client_stream.h"
+#include "server/drain.h"
 #include "server/http_response_parser.h"
 #include "server/openai_protocol.h"
 
@@ -200,6 +201,10 @@ class UpstreamRelay::Exchange {
 
   // Writes what the parser produced to the client; ends the exchange when the answer is whole.
   void Deliver(std::vector<std::string>& pieces) {
+    if (parser_.head_done() && !status_seen_ && parser_.status() == 503 &&
+        !parser_.Header(kDrainingHeader).empty()) {
+      return Reroute("it is draining (shutting down)");  // it did not start the request
+    }
     if (parser_.head_done() && !status_seen_) {
       status_seen_ = true;
       Trace("router upstream status");
@@ -258,6 +263,12 @@ class UpstreamRelay::Exchange {
   // decode instance never saw it, so another one may take it.
   void ConnectFailed(const std::string& why) {
     if (reused_ || sent_ > 0) return UpstreamFailed(why);
+    Reroute(why);
+  }
+
+  // The decode instance did not take the request (refused the connection, or is draining): new
+  // requests avoid it for a while, and this one moves to another instance if there is one.
+  void Reroute(const std::string& why) {
     target_->refused_at_ns.store(SteadyClock::now().time_since_epoch().count());
     CloseUpstream(false);
     if (finished_) return;
@@ -272,6 +283,7 @@ class UpstreamRelay::Exchange {
       next->outstanding.fetch_add(1);
     }
     target_ = next;
+    whole_.clear();
     wire_ = FormatRequest(request_, target_->host);
     Connect(/*allow_idle=*/true);
   }
@@ -285,20 +297,29 @@ class UpstreamRelay::Exchange {
       return Connect(/*allow_idle=*/false);
     }
     relay_.failures_.fetch_add(1);
+    FailClient(502, "decode instance " + target_->url + ": " + why);
+  }
+
+ public:
+  // Ends the exchange now with `status` and `message` (an SSE error event and a clean end
+  // mid-stream); the decode connection is closed, so the decode instance aborts the request.
+  void FailClient(int status, const std::string& message) {
+    if (finished_ || client_->ending()) return;
+    CloseUpstream(false);
     ReleaseCounts();
-    const std::string message = "decode instance " + target_->url + ": " + why;
     if (head_written_) {  // mid-stream: an error event, then a clean end
-      client_->WriteChunk("data: " + ErrorBody(502, message) + "\n\n");
+      client_->WriteChunk("data: " + ErrorBody(status, message) + "\n\n");
       return client_->EndChunked();
     }
-    const std::string body = ErrorBody(502, message);
+    const std::string body = ErrorBody(status, message);
     head_written_ = true;
-    client_->WriteHead(502, "Content-Type: application/json\r\nContent-Length: " +
-                                std::to_string(body.size()) + "\r\n");
+    client_->WriteHead(status, "Content-Type: application/json\r\nContent-Length: " +
+                                   std::to_string(body.size()) + "\r\n");
     client_->Write(body);
     client_->End();
   }
 
+ private:
   void CloseUpstream(bool keep) {
     if (up_fd_ < 0) return;
     relay_.loop_->Unwatch(up_token_);
@@ -378,6 +399,15 @@ void UpstreamRelay::Relay(UpstreamTarget* target, int client_fd, int requests_le
     Exchange* raw = exchange.get();
     exchanges_.emplace(raw, std::move(exchange));
     raw->Begin(client_fd, requests_left);
+  });
+}
+
+void UpstreamRelay::EndAll(const std::string& why) {
+  if (loop_ == nullptr) return;
+  loop_->Post([this, why] {
+    std::vector<Exchange*> all;
+    for (auto& [raw, e] : exchanges_) all.push_back(raw);
+    for (Exchange* e : all) e->FailClient(503, why);  // Finished() only posts
   });
 }
 

@@ -10,9 +10,10 @@
 // connection goes back to the pool before the client sees the end, so the client's next request
 // can reuse it. A client that goes away closes the decode connection (the decode instance aborts
 // the request); a decode instance that refuses the connection (dead, restarting) has the request
-// sent to another one (options.reroute); a decode instance that fails before answering gets the
-// client a 502 in OpenAI's
-// error shape, and one that dies mid-stream an SSE error event and a clean end of the stream.
+// sent to another one (options.reroute), and so does one that answers 503 with kDrainingHeader
+// (server/drain.h: it is shutting down and did not start the request); a decode instance that
+// fails before answering gets the client a 502 in OpenAI's error shape, and one that dies
+// mid-stream an SSE error event and a clean end of the stream.
 // A client that reads nothing for write_timeout_ms, or a decode instance silent for
 // upstream_timeout_ms, ends the exchange the same ways.
 //
@@ -87,6 +88,9 @@ class UpstreamRelay {
   // otherwise.
   void Relay(UpstreamTarget* target, int client_fd, int requests_left, RelayRequest request,
              std::function<void()> on_done);
+  // Ends every exchange still open with `why` (a 503 in OpenAI's error shape, or an SSE error
+  // event and a clean end mid-stream); their decode connections close.
+  void EndAll(const std::string& why);
   // Closes every exchange and idle connection and ends the loop thread. Idempotent.
   void Stop();
 
