@@ -217,8 +217,12 @@ TEST(Fp8QuantizeTest, ABf16CheckpointConvertsReloadsAndKeepsItsValues) {
   ASSERT_TRUE(src.ok() && fp8.ok()) << fp8.status().ToString();
   EXPECT_TRUE(fp8->fp8);
   EXPECT_EQ(fp8->config.torch_dtype, "bfloat16");
-  const TensorView& a = src->layers[1].moe->experts[3].gate_proj;
-  const TensorView& b = fp8->layers[1].moe->experts[3].gate_proj;
+  size_t moe_layer = 0;  // the first MoE layer (the preset has dense ones too)
+  while (moe_layer < src->layers.size() && !src->layers[moe_layer].moe) ++moe_layer;
+  ASSERT_LT(moe_layer, src->layers.size());
+  ASSERT_TRUE(fp8->layers[moe_layer].moe.has_value());
+  const TensorView& a = src->layers[moe_layer].moe->experts[3].gate_proj;
+  const TensorView& b = fp8->layers[moe_layer].moe->experts[3].gate_proj;
   ASSERT_EQ(b.dtype, DType::kF8E4M3);
   const int64_t k = a.shape[1], kb = (k + 127) / 128;
   for (int64_t i = 0; i < a.numel(); ++i) {
@@ -227,7 +231,7 @@ TEST(Fp8QuantizeTest, ABf16CheckpointConvertsReloadsAndKeepsItsValues) {
     ASSERT_LE(std::fabs(got - want), std::fabs(want) / 16 + 1e-3f) << i;
   }
   // Router and embeddings are copied as they were.
-  EXPECT_EQ(fp8->layers[1].moe->router.dtype, DType::kBF16);
+  EXPECT_EQ(fp8->layers[moe_layer].moe->router.dtype, DType::kBF16);
   EXPECT_EQ(fp8->embed_tokens.At(77), src->embed_tokens.At(77));
   // An FP8 checkpoint is not quantised again.
   ScratchDir again;
