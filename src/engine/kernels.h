@@ -177,6 +177,13 @@ void ClearForcedPanelStream();
 // The AVX-512 kPanel32 matmul (kernels_avx512_gemm.cc), and its bf16-dot variant (AVX512_BF16).
 MatmulFn Avx512PanelMatmul(PanelStream stream);
 MatmulFn Avx512PanelDotMatmul(PanelStream stream);
+// The AMX bf16 matmul (kernels_amx.cc) from kAmxMinRows rows of x: matmul_panel_bf16_dot's
+// contract except that it multiplies 16x16 tiles with TDPBF16PS, whose sums differ from the
+// vdpbf16ps chain in the last bits (within ~1e-5 of the sum's magnitude of ref::MatmulBf16Dot);
+// still independent of the rows computed with it. Fewer rows, f32 weights or odd k:
+// Avx512PanelDotMatmul(stream). Only call once DetectAmx() (cpu_features.h) says usable.
+constexpr int64_t kAmxMinRows = 16;
+MatmulFn AmxPanelDotMatmul(PanelStream stream);
 
 // The fp8 matmuls: the AVX-512 kPanel32 one (kernels_avx512_fp8.cc; the AVX-512 panel matmuls
 // hand fp8 weights to it) and the scalar ones (any layout) that tables without their own use.

@@ -15,7 +15,15 @@
 
 namespace pd::planner {
 
+// Which batch scheduler NativeSchedulerFactory builds.
+enum class BatchRule {
+  kPdserve,           // NativeStepScheduler: engine::Scheduler's policy, decodes and prompts mixed
+  kVllmV0,            // VllmStepScheduler (vllm_scheduler.h): a step is all prompts or all decodes
+  kDistServePrefill,  // DistServePrefillScheduler (distserve_prefill.h): keeps KV until taken
+};
+
 struct SchedPolicy {
+  BatchRule rule = BatchRule::kPdserve;
   int max_num_seqs = 256;             // running sequences at once
   int max_num_batched_tokens = 2048;  // token budget per step
   bool enable_chunked_prefill = false;
@@ -56,6 +64,9 @@ class StepScheduler {
   virtual int num_unfinished() const = 0;
   virtual int max_in_flight() const = 0;
   virtual int64_t num_preemptions() const = 0;
+  // The decode instance has taken sequence `id`'s KV (or the sequence ended at its first token).
+  // A prefill scheduler that keeps a prompt's KV until then (DistServe's) frees it here.
+  virtual void ReleaseKv(int64_t /*id*/) {}
 };
 
 // Same policy as engine::Scheduler (src/engine/scheduler.h): decodes oldest first, then running

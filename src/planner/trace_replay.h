@@ -1,6 +1,7 @@
 // Replays DistServe's recorded A100 runs (data/distserve/real-a100-opt13b-sharegpt: a workloads/
 // trace and the measured/ file of what the real system did with it) on the cluster simulator, with
-// the deployment read off the trace's name, and sets the two side by side.
+// the deployment read off the trace's name and the recorded systems' own schedulers (vLLM v0's;
+// DistServe's context stage and decoding loop), and sets the two side by side.
 //
 //   ASSIGN_OR_RETURN(std::vector<std::string> names, MatchTraces(dir, "vllm-*"));
 //   for (const std::string& n : names) rows.push_back(ReplayTrace(setup, dir, n).value());
