@@ -97,21 +97,22 @@ TEST_F(AmxTest, MatchesTheReferenceOnOddShapes) {
       }
 }
 
-// A row's outputs have the same bits whether it is computed among 16 rows or 300, at any place.
+// A row's outputs have the same bits whether it is computed among 16 rows or 600 (two row blocks
+// of the kernel), at any place.
 TEST_F(AmxTest, ARowsResultDoesNotDependOnItsBatch) {
   ThreadPool pool(1);
   const int64_t n = 32 * 9 + 3, k = 700;
   AmxWeights w(n, k, true, 5, pool);
   const std::vector<float> few = Random(16 * k, 6);
-  std::vector<float> many = Random(300 * k, 7);
-  for (int64_t r = 0; r < 16; ++r)  // row r of `few` is row 283 - 17r of `many`
-    std::copy(few.begin() + r * k, few.begin() + (r + 1) * k, many.begin() + (283 - 17 * r) * k);
-  std::vector<float> a(16 * n), b(300 * n);
+  std::vector<float> many = Random(600 * k, 7);
+  for (int64_t r = 0; r < 16; ++r)  // row r of `few` is row 583 - 37r of `many`
+    std::copy(few.begin() + r * k, few.begin() + (r + 1) * k, many.begin() + (583 - 37 * r) * k);
+  std::vector<float> a(16 * n), b(600 * n);
   amx_(few.data(), 16, k, w.panel, 0, n, a.data(), n);
-  amx_(many.data(), 300, k, w.panel, 0, n, b.data(), n);
+  amx_(many.data(), 600, k, w.panel, 0, n, b.data(), n);
   for (int64_t r = 0; r < 16; ++r)
     for (int64_t j = 0; j < n; ++j)
-      ASSERT_EQ(a[r * n + j], b[(283 - 17 * r) * n + j]) << "row " << r << " column " << j;
+      ASSERT_EQ(a[r * n + j], b[(583 - 37 * r) * n + j]) << "row " << r << " column " << j;
 }
 
 // Below kAmxMinRows rows, f32 weights and odd k: the AVX-512 dot kernel's bits.
