@@ -38,6 +38,13 @@
 // text table's "path" column, JSON "path"); the header says whether AMX is usable and, if not,
 // why. An amx-bf16 prefill row's flops fraction is still against the vdpbf16ps probe, so above 1.
 //
+// --dtype bf16|fp8|both (default bf16): the preset checkpoints measured (models/PRESET-DTYPE);
+// fp8 is HF's block-scaled e4m3 format (make-model --dtype fp8), whose projections and experts the
+// fp8 kernels stream at 1 byte per weight: its rows' GB/s and bw_frac count those bytes (plus the
+// block scales and the bf16 router and lm_head). both: each preset's bf16 rows then its fp8 rows,
+// in one run (column dtype; JSON "dtype"). FP8 rows have one matmul precision (the fp8 kernel keeps
+// x in f32) and no dense twin.
+//
 // A MoE model (qwen3_moe, deepseek_v3) is followed by the same rows of its dense twin, NAME-dense
 // (engine/moe_dense_twin.h): the same attention and lm_head, and one dense MLP per layer of the
 // MoE layer's active width, so decode and prefill compare at equal active parameters.
@@ -62,6 +69,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/bench_engine_counts.h"
 #include "apps/command.h"
 #include "engine/machine_probe.h"
 #include "engine/model_runner.h"
@@ -77,6 +85,7 @@ using engine::ForwardBatch;
 using engine::ForwardOutput;
 using engine::ModelRunner;
 using engine::SeqStep;
+using namespace bench_counts;  // NOLINT(build/namespaces): this command's own helpers
 
 struct BenchEngineFlags {
   std::string model_dir;
@@ -94,6 +103,7 @@ struct BenchEngineFlags {
   std::vector<int> batches = {1, 8, 32};    // decode rows measured
   std::vector<int> contexts = {128, 2048};  // decode rows measured
   std::string matmul = "both";              // f32 | bf16 | both
+  std::string dtype = "bf16";               // preset checkpoints: bf16 | fp8 | both
   std::string amx = "on";                   // on | off | both (the bf16 rows)
 };
 
@@ -122,6 +132,7 @@ struct Row {
   std::string model, phase;
   int batch = 0, context = 0;
   std::string matmul = "f32";  // the engine's matmul precision
+  std::string dtype = "bf16";  // the checkpoint's weights: bf16 or fp8
   std::string path = "f32";    // the kernel its matmuls took (engine::MatmulPathName)
   double tokens_per_s = 0, bytes_per_s = 0, flops_per_s = 0;
   double read_gbytes_per_s = 0;  // the read probe measured just before this row
@@ -132,69 +143,11 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Matrix parameters of one layer's attention: q/k/v/o, or MLA's projections (kv_b counted once:
-// the absorbed decode reads W_UK and W_UV, which are its rows).
-double AttentionParams(const model::ModelConfig& c) {
-  const double h = c.hidden_size;
-  if (!c.is_mla()) return h * (c.q_size() + 2 * c.kv_size()) + c.q_size() * h;
-  const model::MlaConfig& m = c.mla;
-  const double nh = c.num_heads, qk = m.qk_head_dim();
-  const double q = m.q_lora_rank > 0 ? m.q_lora_rank * (h + nh * qk) : nh * qk * h;
-  return q + h * m.latent_dim() + m.kv_lora_rank * nh * (m.qk_nope_head_dim + m.v_head_dim) +
-         nh * m.v_head_dim * h;
-}
-
-// Matrix parameters of the layers a step multiplies by: attention, and the dense MLP or the MoE
-// router, `experts` routed experts per MoE layer and the shared expert.
-double LayerMatrixParams(const model::ModelConfig& c, double experts) {
-  const double h = c.hidden_size;
-  const model::MoeConfig& m = c.moe;
-  double params = 0;
-  for (int l = 0; l < c.num_layers; ++l) {
-    params += AttentionParams(c);
-    if (c.IsMoeLayer(l)) {
-      params +=
-          h * m.num_experts + 3 * h * m.moe_intermediate_size * (experts + m.n_shared_experts);
-    } else {
-      params += 3 * h * c.intermediate_size;
-    }
-  }
-  return params;
-}
-
-// Routed experts a token multiplies by in each MoE layer (0 for a dense model).
-double ExpertsPerToken(const model::ModelConfig& c) { return c.moe.num_experts_per_tok; }
-
-// Distinct routed experts a decode step of `batch` tokens reads per MoE layer: top_k at batch 1;
-// above, the expectation under uniform routing, E (1 - (1 - k/E)^batch) — an estimate, the
-// synthetic router's choices are close to uniform.
-double ExpertsRead(const model::ModelConfig& c, int batch) {
-  if (!c.is_moe()) return 0;
-  const double e = c.moe.num_experts, k = c.moe.num_experts_per_tok;
-  return batch == 1 ? k : e * (1 - std::pow(1 - k / e, batch));
-}
-
-// Weight bytes a decode step of `batch` tokens reads: the layer matrices (MoE layers: only the
-// experts chosen) and lm_head, at the checkpoint's element size.
-double WeightBytes(const model::ModelConfig& c, double elem, int batch) {
-  return (LayerMatrixParams(c, ExpertsRead(c, batch)) +
-          static_cast<double>(c.vocab_size) * c.hidden_size) *
-         elem;
-}
-
 // K and V bytes of one cached token over all layers.
 double KvBytesPerToken(const ModelRunner& r) {
   engine::ModelRunner& mr = const_cast<ModelRunner&>(r);
   return static_cast<double>(mr.region().spec().page_bytes()) * mr.config().num_layers /
          mr.region().spec().page_size;
-}
-
-// Attention flops of one query at `pos` (QK^T and PV over pos+1 keys, every layer); for
-// MLA (absorbed): scores over the latent and rope key, output over the latent, per head.
-double AttnFlops(const model::ModelConfig& c, int pos) {
-  if (c.is_mla())
-    return 2.0 * (pos + 1) * c.num_heads * (c.mla.latent_dim() + c.mla.kv_lora_rank) * c.num_layers;
-  return 4.0 * (pos + 1) * c.q_size() * c.num_layers;
 }
 
 // Bounded random bf16/f32 values in every KV page, written by the pool's threads.
@@ -232,8 +185,8 @@ std::vector<std::vector<int32_t>> PageTables(int batch, int tokens, int page_siz
   return tables;
 }
 
-Result<Row> BenchDecode(ModelRunner& runner, const std::string& name, int batch, int context,
-                        double seconds) {
+Result<Row> BenchDecode(ModelRunner& runner, const std::string& name, bool fp8, int batch,
+                        int context, double seconds) {
   const model::ModelConfig& c = runner.config();
   auto tables =
       PageTables(batch, context, runner.region().spec().page_size, runner.region().num_pages());
@@ -257,7 +210,7 @@ Result<Row> BenchDecode(ModelRunner& runner, const std::string& name, int batch,
   const double steps_per_s = steps / elapsed;
   r.tokens_per_s = batch * steps_per_s;
   const double kv_bytes = batch * static_cast<double>(context) * KvBytesPerToken(runner);
-  r.bytes_per_s = (WeightBytes(c, 2, batch) + kv_bytes) * steps_per_s;
+  r.bytes_per_s = (WeightBytes(c, fp8, batch) + kv_bytes) * steps_per_s;
   r.flops_per_s =
       batch *
       (2 * (LayerMatrixParams(c, ExpertsPerToken(c)) + double(c.vocab_size) * c.hidden_size) +
@@ -269,12 +222,12 @@ Result<Row> BenchDecode(ModelRunner& runner, const std::string& name, int batch,
 // A decode row as `pairs` alternating (read probe, decode) pairs of seconds/pairs each: the pair
 // whose decode/probe ratio is the median, so drift of the host's bandwidth hits both sides alike.
 Result<Row> BenchDecodePaired(ModelRunner& runner, engine::ReadBandwidthProbe& probe,
-                              const std::string& name, int batch, int context, double seconds,
-                              int pairs) {
+                              const std::string& name, bool fp8, int batch, int context,
+                              double seconds, int pairs) {
   std::vector<Row> rows;
   for (int i = 0; i < pairs; ++i) {
     const double read = probe.Measure();
-    ASSIGN_OR_RETURN(Row r, BenchDecode(runner, name, batch, context, seconds / pairs));
+    ASSIGN_OR_RETURN(Row r, BenchDecode(runner, name, fp8, batch, context, seconds / pairs));
     r.read_gbytes_per_s = read;
     rows.push_back(r);
   }
@@ -285,7 +238,7 @@ Result<Row> BenchDecodePaired(ModelRunner& runner, engine::ReadBandwidthProbe& p
 }
 
 // One timed prefill of `tokens` tokens (the runner warmed up by the caller).
-Result<Row> BenchPrefill(ModelRunner& runner, const std::string& name, int tokens) {
+Result<Row> BenchPrefill(ModelRunner& runner, const std::string& name, bool fp8, int tokens) {
   const model::ModelConfig& c = runner.config();
   auto tables =
       PageTables(1, tokens, runner.region().spec().page_size, runner.region().num_pages());
@@ -303,7 +256,7 @@ Result<Row> BenchPrefill(ModelRunner& runner, const std::string& name, int token
       2 * LayerMatrixParams(c, ExpertsPerToken(c)) * tokens + 2.0 * c.vocab_size * c.hidden_size;
   for (int p = 0; p < tokens; ++p) flops += AttnFlops(c, p);
   r.flops_per_s = flops / best;
-  r.bytes_per_s = (WeightBytes(c, 2, tokens) + tokens * KvBytesPerToken(runner)) / best;
+  r.bytes_per_s = (WeightBytes(c, fp8, tokens) + tokens * KvBytesPerToken(runner)) / best;
   return r;
 }
 
@@ -312,8 +265,9 @@ Result<Row> BenchPrefill(ModelRunner& runner, const std::string& name, int token
 // drops hits both sides alike and the fraction of peak compares between runs.
 // bf16_dot: the probe is the bf16 dot product's peak (the runner multiplies in bf16).
 Result<Row> BenchPrefillPaired(ModelRunner& runner, engine::ThreadPool& pool,
-                               const std::string& name, int tokens, int pairs, bool bf16_dot) {
-  RETURN_IF_ERROR(BenchPrefill(runner, name, tokens));  // warm-up
+                               const std::string& name, bool fp8, int tokens, int pairs,
+                               bool bf16_dot) {
+  RETURN_IF_ERROR(BenchPrefill(runner, name, fp8, tokens));  // warm-up
   std::vector<Row> rows;
   for (int i = 0; i < pairs; ++i) {
     double peak = 0;
@@ -322,7 +276,7 @@ Result<Row> BenchPrefillPaired(ModelRunner& runner, engine::ThreadPool& pool,
     } else {
       peak = engine::MeasurePeakGflops(pool);
     }
-    ASSIGN_OR_RETURN(Row r, BenchPrefill(runner, name, tokens));
+    ASSIGN_OR_RETURN(Row r, BenchPrefill(runner, name, fp8, tokens));
     r.peak_gflops = peak;
     rows.push_back(r);
   }
@@ -332,9 +286,11 @@ Result<Row> BenchPrefillPaired(ModelRunner& runner, engine::ThreadPool& pool,
   return rows[rows.size() / 2];
 }
 
-// The model of a preset in models/, written with the synthetic writer when missing.
-Result<std::string> EnsureModel(const std::string& root, const std::string& preset) {
-  const std::string dir = root + "/" + preset + "-bf16";
+// The model of a preset in models/ (dtype bf16 or fp8), written with the synthetic writer when
+// missing.
+Result<std::string> EnsureModel(const std::string& root, const std::string& preset,
+                                const std::string& dtype) {
+  const std::string dir = root + "/" + preset + "-" + dtype;
   if (std::filesystem::exists(dir + "/config.json")) return dir;
   model::SyntheticModelOptions o;
   auto starts_with = [&](const char* prefix) { return preset.rfind(prefix, 0) == 0; };
@@ -343,7 +299,7 @@ Result<std::string> EnsureModel(const std::string& root, const std::string& pres
            : starts_with("qwen3-moe-") ? model::Arch::kQwen3Moe
                                        : model::Arch::kQwen3;
   o.preset = preset;
-  o.dtype = model::DType::kBF16;
+  o.dtype = dtype == "fp8" ? model::DType::kF8E4M3 : model::DType::kBF16;
   o.seed = 1;
   o.out_dir = dir;
   std::fprintf(stderr, "bench-engine: writing %s ...\n", dir.c_str());
@@ -356,6 +312,7 @@ Status BenchModel(const model::ModelWeights& weights, const std::string& name, c
                   engine::ReadBandwidthProbe& probe, std::vector<Row>* rows) {
   const engine::MatmulPrecision matmul = v.precision;
   const std::string precision(engine::MatmulPrecisionName(matmul));
+  const bool fp8 = weights.fp8;
   engine::SetAmxAllowed(v.amx);  // read by the runner created below
   const std::string path(
       engine::MatmulPathName(engine::ChosenMatmulPath(engine::KernelKind::kFast, matmul)));
@@ -379,10 +336,11 @@ Status BenchModel(const model::ModelWeights& weights, const std::string& name, c
       if (f.phase == "prefill") break;
       std::fprintf(stderr, "bench-engine: %s: decode batch %d context %d\n", name.c_str(), batch,
                    context);
-      ASSIGN_OR_RETURN(Row r,
-                       BenchDecodePaired(*runner, probe, name, batch, context, f.seconds, f.pairs));
+      ASSIGN_OR_RETURN(
+          Row r, BenchDecodePaired(*runner, probe, name, fp8, batch, context, f.seconds, f.pairs));
       r.matmul = precision;
-      r.path = path;
+      r.dtype = fp8 ? "fp8" : "bf16";
+      r.path = fp8 ? "fp8" : path;
       std::fprintf(stderr, "bench-engine:   %.1f tokens/s, %.1f GB/s\n", r.tokens_per_s,
                    r.bytes_per_s / 1e9);
       rows->push_back(r);
@@ -390,11 +348,12 @@ Status BenchModel(const model::ModelWeights& weights, const std::string& name, c
   if (f.phase == "decode") return OkStatus();
   std::fprintf(stderr, "bench-engine: %s: prefill %d tokens\n", name.c_str(), f.prefill_tokens);
   const double read = probe.Measure();
-  ASSIGN_OR_RETURN(Row r, BenchPrefillPaired(*runner, probe_pool, name, f.prefill_tokens, f.pairs,
-                                             matmul == engine::MatmulPrecision::kBf16));
+  ASSIGN_OR_RETURN(Row r, BenchPrefillPaired(*runner, probe_pool, name, fp8, f.prefill_tokens,
+                                             f.pairs, matmul == engine::MatmulPrecision::kBf16));
   r.read_gbytes_per_s = read;
   r.matmul = precision;
-  r.path = path;
+  r.dtype = fp8 ? "fp8" : "bf16";
+  r.path = fp8 ? "fp8" : path;
   std::fprintf(stderr, "bench-engine:   %.1f tokens/s, %.3f of the FMA probe beside it\n",
                r.tokens_per_s, r.flops_per_s / 1e9 / r.peak_gflops);
   rows->push_back(r);
@@ -431,7 +390,7 @@ Result<std::unique_ptr<ModelRunner>> MakeTpRunner(const model::ModelWeights& wei
 Result<Row> BenchDecodeCpu(ModelRunner& runner, const std::string& name, int batch, int context,
                            double seconds, double* cpu_ms_per_token) {
   const double cpu0 = CpuNow(), t0 = Now();
-  ASSIGN_OR_RETURN(Row r, BenchDecode(runner, name, batch, context, seconds));
+  ASSIGN_OR_RETURN(Row r, BenchDecode(runner, name, /*fp8=*/false, batch, context, seconds));
   const double tokens = r.tokens_per_s * (Now() - t0);  // includes the warm-up step: close enough
   *cpu_ms_per_token = (CpuNow() - cpu0) * 1e3 / tokens;
   return r;
@@ -525,6 +484,7 @@ void Print(const std::vector<Row>& rows, double bw, double peak, double bf16dot,
       j["rows"].push_back({{"model", r.model},
                            {"phase", r.phase},
                            {"matmul", r.matmul},
+                           {"dtype", r.dtype},
                            {"path", r.path},
                            {"batch", r.batch},
                            {"context", r.context},
@@ -557,14 +517,14 @@ void Print(const std::vector<Row>& rows, double bw, double peak, double bf16dot,
       "prefill rows: the median-ratio pair of %d (FMA probe, prefill) pairs; fl_frac "
       "against that pair's probe (column peak)\n",
       f.pairs);
-  std::printf("%-20s %-8s %-6s %-15s %5s %7s %10s %8s %8s %8s %8s %8s %8s\n", "model", "phase",
-              "matmul", "path", "batch", "context", "tokens/s", "GB/s", "read", "bw_frac",
+  std::printf("%-20s %-8s %-6s %-15s %-5s %5s %7s %10s %8s %8s %8s %8s %8s %8s\n", "model", "phase",
+              "matmul", "path", "dtype", "batch", "context", "tokens/s", "GB/s", "read", "bw_frac",
               "GFLOP/s", "peak", "fl_frac");
   for (const Row& r : rows) {
     const double row_peak = RowPeak(r, peak, bf16dot);
-    std::printf("%-20s %-8s %-6s %-15s %5d %7d %10.1f %8.1f %8.1f %8.3f %8.1f %8.1f %8.3f\n",
-                r.model.c_str(), r.phase.c_str(), r.matmul.c_str(), r.path.c_str(), r.batch,
-                r.context, r.tokens_per_s, r.bytes_per_s / 1e9, r.read_gbytes_per_s,
+    std::printf("%-20s %-8s %-6s %-15s %-5s %5d %7d %10.1f %8.1f %8.1f %8.3f %8.1f %8.1f %8.3f\n",
+                r.model.c_str(), r.phase.c_str(), r.matmul.c_str(), r.path.c_str(), r.dtype.c_str(),
+                r.batch, r.context, r.tokens_per_s, r.bytes_per_s / 1e9, r.read_gbytes_per_s,
                 r.bytes_per_s / 1e9 / r.read_gbytes_per_s, r.flops_per_s / 1e9, row_peak,
                 r.flops_per_s / 1e9 / row_peak);
   }
@@ -581,14 +541,17 @@ int RunBenchEngine(const BenchEngineFlags& f) {
   } else {
     std::vector<std::string> presets = {"llama-1b", "qwen3-0.6b"};
     if (!f.preset.empty()) presets = {f.preset};
-    for (const std::string& p : presets) {
-      Result<std::string> dir = EnsureModel(f.models_root, p);
-      if (!dir.ok()) {
-        std::fprintf(stderr, "bench-engine: %s\n", dir.status().ToString().c_str());
-        return 1;
+    std::vector<std::string> dtypes = {f.dtype};
+    if (f.dtype == "both") dtypes = {"bf16", "fp8"};
+    for (const std::string& p : presets)
+      for (const std::string& dtype : dtypes) {
+        Result<std::string> dir = EnsureModel(f.models_root, p, dtype);
+        if (!dir.ok()) {
+          std::fprintf(stderr, "bench-engine: %s\n", dir.status().ToString().c_str());
+          return 1;
+        }
+        models.emplace_back(p, *dir);
       }
-      models.emplace_back(p, *dir);
-    }
   }
   if (f.phase == "tp") {
     std::vector<TpRow> rows;
@@ -624,9 +587,12 @@ int RunBenchEngine(const BenchEngineFlags& f) {
   for (const auto& [name, dir] : models) {
     Result<model::ModelWeights> weights = model::LoadModelWeights(dir);
     Status s = weights.status();
-    for (size_t i = 0; s.ok() && i < variants.size(); ++i)
+    for (size_t i = 0; s.ok() && i < variants.size(); ++i) {
+      // FP8 weights take the fp8 kernel whatever the precision: one row set.
+      if (weights->fp8 && i > 0) break;
       s = BenchModel(*weights, name, variants[i], f, pool, **probe, &rows);
-    if (s.ok() && weights->config.is_moe())
+    }
+    if (s.ok() && weights->config.is_moe() && !weights->fp8)
       s = BenchDenseTwin(*weights, name, variants, f, pool, **probe, &rows);
     if (!s.ok()) {
       std::fprintf(stderr, "bench-engine: %s: %s\n", name.c_str(), s.ToString().c_str());
@@ -682,6 +648,11 @@ CommandRunner SetUpCommand(CLI::App* app) {
                   "engine matmul precision: f32 (x kept f32), bf16 (x rounded to bf16, vdpbf16ps) "
                   "or both, side by side")
       ->check(CLI::IsMember({"f32", "bf16", "both"}))
+      ->capture_default_str();
+  app->add_option("--dtype", f->dtype,
+                  "preset checkpoints measured: bf16, fp8 (HF's block-scaled e4m3: weights "
+                  "streamed as 1 byte each) or both, side by side in one run (models/PRESET-DTYPE)")
+      ->check(CLI::IsMember({"bf16", "fp8", "both"}))
       ->capture_default_str();
   app->add_option("--amx", f->amx,
                   "bf16 rows: AMX tiles for matmuls of 16+ rows (prefill) where the CPU and Linux "

@@ -206,7 +206,10 @@ PD_REGISTER_COMMAND(
                       "tiny | small (every arch); qwen3-0.6b | llama-1b (dense archs); "
                       "qwen3-moe-1g (qwen3_moe); deepseek-v3-1g (deepseek_v3)")
           ->capture_default_str();
-      app->add_option("--dtype", f->dtype, "bf16 | f32 | f16")->capture_default_str();
+      app->add_option("--dtype", f->dtype,
+                      "bf16 | f32 | f16 | fp8 (HF's FP8 format: F8_E4M3 projections with "
+                      "128x128 block scales, the rest bf16)")
+          ->capture_default_str();
       app->add_option("--seed", f->seed, "weights are a function of the seed")
           ->capture_default_str();
       app->add_option("--out", f->out, "output directory (created)");

@@ -70,9 +70,10 @@ struct MoeKey {
 
   std::string Name() const {
     std::string name = std::string(model::ArchName(arch)) + "_" +
-                       (dtype == DType::kF32    ? "f32"
-                        : dtype == DType::kBF16 ? "bf16"
-                                                : "f16");
+                       (dtype == DType::kF32      ? "f32"
+                        : dtype == DType::kBF16   ? "bf16"
+                        : dtype == DType::kF8E4M3 ? "fp8"
+                                                  : "f16");
     if (sparse_step) name += "_sparse_step";
     if (arch == Arch::kDeepseekV3) {
       name += std::string(q_lora ? "_qlora" : "_qproj") + (yarn ? "_yarn" : "_noyarn");
@@ -414,6 +415,10 @@ std::vector<MoeKey> AllKeys() {
       for (bool yarn : {true, false}) keys.push_back({Arch::kDeepseekV3, dtype, q_lora, yarn});
     }
   }
+  // FP8 checkpoints (F8_E4M3 experts and MLA projections with block scales): the reference
+  // dequantises them in float64; the tolerance is f32's.
+  keys.push_back({Arch::kQwen3Moe, DType::kF8E4M3, false, false});
+  keys.push_back({Arch::kDeepseekV3, DType::kF8E4M3, true, true});
   return keys;
 }
 

@@ -151,7 +151,10 @@ TEST_P(ReferenceLogitsTest, PrefillAndDecodeMatchReference) {
 
 std::string SweepName(const ::testing::TestParamInfo<SweepParam>& info) {
   const auto [arch, dtype, layout] = info.param;
-  std::string dt = dtype == DType::kF32 ? "f32" : dtype == DType::kBF16 ? "bf16" : "f16";
+  std::string dt = dtype == DType::kF32    ? "f32"
+                   : dtype == DType::kBF16 ? "bf16"
+                   : dtype == DType::kF16  ? "f16"
+                                           : "fp8";
   return std::string(model::ArchName(arch)) + "_" + dt + "_" +
          std::string(engine::KvLayoutName(layout));
 }
@@ -223,6 +226,27 @@ TEST(ReferenceLogitsShardedTest, ShardedCheckpointMatches) {
   ec.chunk = 5;
   SweepModel(key, {ec, PageAndChunkSweep(KvLayout::kNHD)[0]});
 }
+
+// FP8 checkpoints (make-model --dtype fp8: F8_E4M3 projections with 128x128 block scales, whose
+// tiny shapes leave every block partial): the engine's fp8 kernels against the reference's float64
+// product of the dequantised weights, within f32's tolerance; fast and reference kernels.
+class ReferenceLogitsFp8Test : public ::testing::TestWithParam<Arch> {};
+
+TEST_P(ReferenceLogitsFp8Test, Fp8CheckpointMatches) {
+  EngineCase ref_kernels;
+  ref_kernels.kernels = KernelKind::kReference;
+  ref_kernels.page_size = 3;
+  ref_kernels.chunk = 5;
+  std::vector<EngineCase> cases = PageAndChunkSweep(KvLayout::kHND);
+  cases.push_back(ref_kernels);
+  SweepModel({GetParam(), DType::kF8E4M3}, cases);
+}
+
+INSTANTIATE_TEST_SUITE_P(LlamaQwen3, ReferenceLogitsFp8Test,
+                         ::testing::Values(Arch::kLlama, Arch::kQwen3),
+                         [](const ::testing::TestParamInfo<Arch>& info) {
+                           return std::string(model::ArchName(info.param));
+                         });
 
 // llama and qwen3 with `attention_bias: true` (HF: q/k/v biases and an o_proj bias). Before the
 // loader required o_proj.bias and the runner applied it, these logits were off by ~0.3 of the

@@ -85,6 +85,7 @@ float PanelElem(const WeightMatrix& w, int64_t n, int64_t k) {
 
 void ScalarMatmulPanel(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w,
                        int64_t n_begin, int64_t n_end, float* out, int64_t ldo) {
+  if (w.fp8) return ScalarFp8Matmul(x, rows, ldx, w, n_begin, n_end, out, ldo);
   for (int64_t m = 0; m < rows; ++m)
     for (int64_t n = n_begin; n < n_end; ++n) {
       float acc = 0;
@@ -97,7 +98,54 @@ const IsaKernels kScalar = {"scalar",           &ref::MatmulSlice,
                             &ScalarMatmulPanel, &ScalarAttentionItem,
                             &ScalarSiluMulRow,  &ScalarRmsNormRow};
 
+// fp8 W[n, k]'s code and the scale of its k block b, in either layout (kernels.h).
+struct Fp8Elem {
+  const WeightMatrix& w;
+  int64_t kb = Fp8KBlocks(w.k);
+  uint8_t Code(int64_t n, int64_t k) const {
+    const uint8_t* q = static_cast<const uint8_t*>(w.data);
+    if (w.layout == WeightLayout::kRowMajor) return q[n * w.k + k];
+    return q[(n / kPanelRows * w.k + k) * kPanelRows + n % kPanelRows];
+  }
+  float Scale(int64_t n, int64_t b) const {
+    if (w.layout == WeightLayout::kRowMajor) return w.scales[(n / kFp8Block) * kb + b];
+    return w.scales[(n / kPanelRows * kb + b) * kPanelRows + n % kPanelRows];
+  }
+};
+
+void PackFp8Row(const WeightMatrix* src, int64_t row, int64_t g, int64_t r,
+                const WeightMatrix& dst) {
+  const int64_t k = dst.k, kb = Fp8KBlocks(k);
+  uint8_t* d = static_cast<uint8_t*>(const_cast<void*>(dst.data)) + g * k * kPanelRows + r;
+  float* ds = const_cast<float*>(dst.scales) + g * kb * kPanelRows + r;
+  if (src == nullptr) {
+    for (int64_t i = 0; i < k; ++i) d[i * kPanelRows] = 0;
+    for (int64_t b = 0; b < kb; ++b) ds[b * kPanelRows] = 0.0f;
+    return;
+  }
+  const Fp8Elem e{*src};
+  for (int64_t i = 0; i < k; ++i) d[i * kPanelRows] = e.Code(row, i);
+  for (int64_t b = 0; b < kb; ++b) ds[b * kPanelRows] = e.Scale(row, b);
+}
+
 }  // namespace
+
+void ScalarFp8Matmul(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w,
+                     int64_t n_begin, int64_t n_end, float* out, int64_t ldo) {
+  const Fp8Elem e{w};
+  for (int64_t m = 0; m < rows; ++m)
+    for (int64_t n = n_begin; n < n_end; ++n) {
+      float acc = 0;
+      for (int64_t b = 0; b < e.kb; ++b) {
+        float partial = 0;
+        const int64_t k1 = std::min(w.k, (b + 1) * kFp8Block);
+        for (int64_t k = b * kFp8Block; k < k1; ++k)
+          partial = std::fma(x[m * ldx + k], model::Fp8E4m3ToF32(e.Code(n, k)), partial);
+        acc = std::fma(partial, e.Scale(n, b), acc);
+      }
+      out[m * ldo + n] = acc;
+    }
+}
 
 void ScalarSiluMulRow(const float* gate, const float* up, int64_t dim, float* out) {
   ref::SiluMul(gate, dim, up, dim, 1, dim, out, dim);
@@ -149,15 +197,19 @@ WeightMatrix PackPanel32(ThreadPool& pool, const WeightMatrix* srcs, int num_src
   WeightMatrix packed;
   packed.data = dst;
   packed.bf16 = srcs[0].bf16;
+  packed.fp8 = srcs[0].fp8;
   packed.k = srcs[0].k;
   packed.layout = WeightLayout::kPanel32;
   for (int i = 0; i < num_srcs; ++i) {
-    PD_CHECK(srcs[i].k == packed.k && srcs[i].bf16 == packed.bf16 &&
+    PD_CHECK(srcs[i].k == packed.k && srcs[i].bf16 == packed.bf16 && srcs[i].fp8 == packed.fp8 &&
              srcs[i].layout == WeightLayout::kRowMajor)
         << "PackPanel32: sources must share k, dtype and the row-major layout";
     packed.n += srcs[i].n;
   }
   const int64_t k = packed.k, groups = (packed.n + kPanelRows - 1) / kPanelRows;
+  if (packed.fp8)
+    packed.scales = reinterpret_cast<const float*>(static_cast<const uint8_t*>(dst) +
+                                                   Panel32Fp8CodeBytes(packed.n, k));
   pool.ParallelFor(groups, [&](int64_t g_begin, int64_t g_end) {
     for (int64_t g = g_begin; g < g_end; ++g)
       for (int64_t r = 0; r < kPanelRows; ++r) {
@@ -170,7 +222,9 @@ WeightMatrix PackPanel32(ThreadPool& pool, const WeightMatrix* srcs, int num_src
           else
             row -= srcs[i].n;
         }
-        if (packed.bf16) {
+        if (packed.fp8) {
+          PackFp8Row(src, row, g, r, packed);
+        } else if (packed.bf16) {
           const int64_t pos = r < 16 ? 2 * r : 2 * (r - 16) + 1;
           uint16_t* d = static_cast<uint16_t*>(dst) + g * k * kPanelRows + pos;  // stride 32
           const uint16_t* s = src ? static_cast<const uint16_t*>(src->data) + row * k : nullptr;

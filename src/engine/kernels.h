@@ -19,14 +19,47 @@ namespace pd::engine::kernels {
 enum class WeightLayout { kRowMajor, kPanel32 };
 constexpr int64_t kPanelRows = 32;
 
-// A weight matrix W (n, k), f32 or bf16, laid out for the matmul kernels.
+// A weight matrix W (n, k), f32, bf16 or fp8, laid out for the matmul kernels.
 struct WeightMatrix {
   const void* data = nullptr;
   bool bf16 = false;
   int64_t n = 0;
   int64_t k = 0;
   WeightLayout layout = WeightLayout::kRowMajor;
+  // fp8: data holds e4m3fn codes (bf16 false) and W[n, k] = code * scale of its 128-wide k block:
+  //   kRowMajor: codes (n, k); scales (ceil(n/128), ceil(k/128)), one per 128x128 block, as FP8
+  //              checkpoints store `_scale_inv`.
+  //   kPanel32:  codes: groups of 32 rows, group g at byte g*k*32, inside it for each k the 32
+  //              rows' codes in order (rows past n zero); scales (groups, ceil(k/128), 32): each
+  //              row's scale per k block (so stacked matrices keep their own blocks).
+  // The kernels convert codes in registers and, per row and k block, multiply the block's partial
+  // sum by its scale and add it to the total.
+  bool fp8 = false;
+  const float* scales = nullptr;
 };
+constexpr int64_t kFp8Block = 128;  // k (and checkpoint n) per scale block
+inline int64_t Fp8KBlocks(int64_t k) { return (k + kFp8Block - 1) / kFp8Block; }
+
+// Bytes of fp8 W (n, k) in the kPanel32 layout: codes, then the scales (64-byte aligned).
+inline size_t Panel32Fp8CodeBytes(int64_t n, int64_t k) {
+  return (static_cast<size_t>((n + kPanelRows - 1) / kPanelRows) * kPanelRows * k + 63) / 64 * 64;
+}
+inline size_t Panel32Fp8Bytes(int64_t n, int64_t k) {
+  return Panel32Fp8CodeBytes(n, k) +
+         static_cast<size_t>((n + kPanelRows - 1) / kPanelRows) * Fp8KBlocks(k) * kPanelRows * 4;
+}
+// Bytes of a matrix shaped (n, like.k) of like's dtype in the kPanel32 layout.
+inline size_t Panel32BytesLike(int64_t n, const WeightMatrix& like) {
+  return like.fp8 ? Panel32Fp8Bytes(n, like.k)
+                  : ((static_cast<size_t>((n + kPanelRows - 1) / kPanelRows) * kPanelRows * like.k *
+                      (like.bf16 ? 2 : 4)));
+}
+// Bytes one row-major matrix's weights (and scales) take.
+inline size_t RowMajorBytes(const WeightMatrix& w) {
+  if (!w.fp8) return static_cast<size_t>(w.n * w.k) * (w.bf16 ? 2 : 4);
+  return static_cast<size_t>(w.n * w.k) +
+         static_cast<size_t>((w.n + kFp8Block - 1) / kFp8Block * Fp8KBlocks(w.k)) * 4;
+}
 
 // Bytes of W (n, k) in the kPanel32 layout (whole groups).
 inline size_t Panel32Bytes(int64_t n, int64_t k, bool bf16) {
@@ -154,6 +187,13 @@ MatmulFn Avx512PanelDotMatmul(PanelStream stream);
 constexpr int64_t kAmxMinRows = 16;
 MatmulFn AmxPanelDotMatmul(PanelStream stream);
 
+// The fp8 matmuls: the AVX-512 kPanel32 one (kernels_avx512_fp8.cc; the AVX-512 panel matmuls
+// hand fp8 weights to it) and the scalar ones (any layout) that tables without their own use.
+void Avx512Fp8PanelMatmul(const float* x, int64_t num_rows, int64_t ldx, const WeightMatrix& w,
+                          int64_t n_begin, int64_t n_end, float* out, int64_t ldo);
+void ScalarFp8Matmul(const float* x, int64_t num_rows, int64_t ldx, const WeightMatrix& w,
+                     int64_t n_begin, int64_t n_end, float* out, int64_t ldo);
+
 // The reference row kernels, for tables without their own.
 void ScalarSiluMulRow(const float* gate, const float* up, int64_t dim, float* out);
 void ScalarRmsNormRow(const float* x, const float* w, int64_t dim, float eps, float* out);
@@ -174,9 +214,9 @@ namespace pd::engine::kernels {
 // The table for a level (which the CPU must support).
 const IsaKernels& KernelsFor(IsaLevel level);
 
-// Packs the row-major matrices srcs (each (n_i, k), all f32 or all bf16), stacked in order as one
-// matrix (sum n_i, k), into dst (Panel32Bytes of it) in the kPanel32 layout; groups are split
-// across the pool's threads. Returns the stacked matrix's WeightMatrix over dst.
+// Packs the row-major matrices srcs (each (n_i, k), all f32, all bf16 or all fp8), stacked in
+// order as one matrix (sum n_i, k), into dst (Panel32BytesLike of it) in the kPanel32 layout;
+// groups are split across the pool's threads. Returns the stacked matrix's WeightMatrix over dst.
 WeightMatrix PackPanel32(ThreadPool& pool, const WeightMatrix* srcs, int num_srcs, void* dst);
 
 // out = x @ W^T over all of W's rows, split across the pool's threads by output columns (whole

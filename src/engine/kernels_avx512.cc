@@ -124,6 +124,7 @@ void MatmulT(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, i
 
 void Matmul(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, int64_t n_begin,
             int64_t n_end, float* out, int64_t ldo) {
+  if (w.fp8) return ScalarFp8Matmul(x, rows, ldx, w, n_begin, n_end, out, ldo);
   if (w.bf16) {
     MatmulT<true>(x, rows, ldx, w, n_begin, n_end, out, ldo);
   } else {

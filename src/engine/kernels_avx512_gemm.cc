@@ -553,6 +553,7 @@ void Blocked(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, i
 template <PanelStream kS>
 void MatmulPanel(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, int64_t n_begin,
                  int64_t n_end, float* out, int64_t ldo) {
+  if (w.fp8) return Avx512Fp8PanelMatmul(x, rows, ldx, w, n_begin, n_end, out, ldo);
   if (rows <= 0 || n_begin >= n_end) return;
   const int64_t g_begin = n_begin / kPanelRows;
   const int64_t g_end = (n_end + kPanelRows - 1) / kPanelRows;

@@ -1,5 +1,6 @@
 #include "engine/kernels_ref.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -54,8 +55,33 @@ void ApplyRope(float* x, int64_t rows, int num_heads, int head_dim, int64_t ldx,
   }
 }
 
+namespace {
+
+// fp8 W (n, k) row-major with block scales (ceil(n/128), ceil(k/128)): per output, each k block's
+// partial sum times its scale, added in block order.
+void MatmulFp8Slice(const float* x, int64_t m, int64_t ldx, const WeightMatrix& w, int64_t n_begin,
+                    int64_t n_end, float* out, int64_t ldo) {
+  const uint8_t* q = static_cast<const uint8_t*>(w.data);  // (n, k)
+  const int64_t kb = kernels::Fp8KBlocks(w.k);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t n = n_begin; n < n_end; ++n) {
+      float acc = 0;
+      for (int64_t b = 0; b < kb; ++b) {
+        float partial = 0;
+        const int64_t k1 = std::min(w.k, (b + 1) * kernels::kFp8Block);
+        for (int64_t k = b * kernels::kFp8Block; k < k1; ++k)
+          partial = std::fma(x[i * ldx + k], model::Fp8E4m3ToF32(q[n * w.k + k]), partial);
+        acc = std::fma(partial, w.scales[(n / kernels::kFp8Block) * kb + b], acc);
+      }
+      out[i * ldo + n] = acc;
+    }
+}
+
+}  // namespace
+
 void MatmulSlice(const float* x, int64_t m, int64_t ldx, const WeightMatrix& w, int64_t n_begin,
                  int64_t n_end, float* out, int64_t ldo) {
+  if (w.fp8) return MatmulFp8Slice(x, m, ldx, w, n_begin, n_end, out, ldo);
   const float* wf = static_cast<const float*>(w.data);        // (n, k) when f32
   const uint16_t* wb = static_cast<const uint16_t*>(w.data);  // (n, k) when bf16
   for (int64_t i = 0; i < m; ++i) {

@@ -23,7 +23,9 @@ void RopeTable(const int32_t* positions, int64_t rows, int head_dim, double thet
 void ApplyRope(float* x, int64_t rows, int num_heads, int head_dim, int64_t ldx,
                const float* cos_table, const float* sin_table);
 
-// x (m, k) stride ldx @ W (n, k)^T -> out (m, n) stride ldo, W in f32 or bf16.
+// x (m, k) stride ldx @ W (n, k)^T -> out (m, n) stride ldo, W row-major in f32, bf16 or fp8
+// (fp8: per output, each k block b's partial sum of x * code (one FMA chain) times scale[n/128, b],
+// added to the total with an FMA in block order).
 void Matmul(const float* x, int64_t m, int64_t ldx, const kernels::WeightMatrix& w, float* out,
             int64_t ldo);
 // The same over output columns [n_begin, n_end) only.

@@ -23,6 +23,24 @@ kernels::WeightMatrix Rows(const kernels::WeightMatrix& w, int64_t begin, int64_
   return out;
 }
 
+// An fp8 kv_b as an owned f32 matrix (code * scale, exact to f32 rounding): its per-head W_UK^T
+// and W_UV are multiplied with latent vectors, not through the panel kernels (vLLM dequantises
+// kv_b_proj for its MLA absorption too).
+void DequantiseToF32(LinearWeight* lw) {
+  kernels::WeightMatrix& w = lw->w;
+  const uint8_t* q = static_cast<const uint8_t*>(w.data);  // (n, k)
+  const int64_t kb = kernels::Fp8KBlocks(w.k);
+  lw->owned.resize(static_cast<size_t>(w.n * w.k));
+  for (int64_t r = 0; r < w.n; ++r)
+    for (int64_t i = 0; i < w.k; ++i)
+      lw->owned[r * w.k + i] = model::Fp8E4m3ToF32(q[r * w.k + i]) *
+                               w.scales[(r / kernels::kFp8Block) * kb + i / kernels::kFp8Block];
+  w.data = lw->owned.data();
+  w.fp8 = false;
+  w.bf16 = false;
+  w.scales = nullptr;
+}
+
 // uk_t_all (H*R, dn): row h*R + r, column i = kv_b[h*(dn+dv) + i, r]; and the per-head views.
 void SplitKvB(const model::MlaConfig& m, int num_heads, RunnerMlaWeights* out) {
   const int64_t R = m.kv_lora_rank, dn = m.qk_nope_head_dim, dv = m.v_head_dim;
@@ -85,6 +103,7 @@ Status PrepareMlaWeights(const model::MlaWeights& w, const model::ModelConfig& c
   ASSIGN_OR_RETURN(out->kv_a_norm, ToF32Vector(w.kv_a_norm, R, p + "kv_a_layernorm.weight"));
   RETURN_IF_ERROR(
       MakeLinear(w.kv_b_proj, H * (dn + dv), R, dtype, p + "kv_b_proj.weight", &out->kv_b));
+  if (out->kv_b.w.fp8) DequantiseToF32(&out->kv_b);
   RETURN_IF_ERROR(MakeLinear(w.o_proj, hd, H * dv, dtype, p + "o_proj.weight", &out->o));
   SplitKvB(m, static_cast<int>(H), out);
   return OkStatus();

@@ -33,12 +33,19 @@ Result<std::vector<float>> ToF32Vector(const TensorView& t, int64_t n, const std
 Status MakeLinear(const TensorView& t, int64_t n, int64_t k, DType dtype, const std::string& name,
                   LinearWeight* out) {
   RETURN_IF_ERROR(CheckShape(t, {n, k}, name));
+  out->w.n = n;
+  out->w.k = k;
+  if (t.dtype == DType::kF8E4M3) {  // the loader checked its scales (weights.h)
+    if (t.scale_inv == nullptr) return InvalidArgument("weights: " + name + ": no block scales");
+    out->w.data = t.data;
+    out->w.fp8 = true;
+    out->w.scales = t.scale_inv;
+    return OkStatus();
+  }
   if (t.dtype != dtype)
     return InvalidArgument("weights: " + name + ": expected dtype " +
                            std::string(model::DTypeName(dtype)) + ", found " +
                            std::string(model::DTypeName(t.dtype)));
-  out->w.n = n;
-  out->w.k = k;
   if (t.dtype == DType::kF16) {
     out->owned.resize(static_cast<size_t>(n) * k);
     for (int64_t i = 0; i < n * k; ++i) out->owned[i] = t.At(i);
@@ -224,16 +231,21 @@ Status PackRunnerWeights(ThreadPool& pool, RunnerWeights* w) {
   jobs.push_back({{w->lm_head.w}, &w->lm_head.w});
   size_t total = 0;
   for (const Job& j : jobs) {
+    for (const kernels::WeightMatrix& p : j.parts)
+      if (p.fp8 != j.parts[0].fp8 || p.bf16 != j.parts[0].bf16)
+        return Unimplemented(
+            "weights: matrices fused into one (q|k|v, gate|up, q_a|kv_a) must share a dtype; "
+            "this FP8 checkpoint quantises only some of them");
     int64_t n = 0;
     for (const kernels::WeightMatrix& p : j.parts) n += p.n;
-    total += kernels::Panel32Bytes(n, j.parts[0].k, j.parts[0].bf16);
+    total += kernels::Panel32BytesLike(n, j.parts[0]);
   }
   ASSIGN_OR_RETURN(w->packed, HugePageBuffer::Create(total));
   size_t offset = 0;
   for (Job& j : jobs) {
     *j.dst = kernels::PackPanel32(pool, j.parts.data(), static_cast<int>(j.parts.size()),
                                   w->packed->data() + offset);
-    offset += kernels::Panel32Bytes(j.dst->n, j.dst->k, j.dst->bf16);
+    offset += kernels::Panel32BytesLike(j.dst->n, *j.dst);
   }
   return OkStatus();
 }

@@ -1,6 +1,7 @@
 // Private to src/engine: the weights as the forward-pass kernels read them, laid out once at load.
-// F16 checkpoints are converted to F32; BF16 and F32 matrices are read in place from the mapped
-// checkpoint (which must outlive the runner); small vectors (norms, biases) become F32.
+// F16 checkpoints are converted to F32; BF16, F32 and FP8 (F8_E4M3 with block scales) matrices
+// are read in place from the mapped checkpoint (which must outlive the runner); small vectors
+// (norms, biases) become F32.
 #pragma once
 
 #include <memory>
@@ -101,7 +102,8 @@ struct RunnerWeights {
 };
 
 // For the per-feature weight files (mla_weights.cc): InvalidArgument naming `name` when t is
-// missing or not of `shape`; t (n) as f32; t (n, k) of `dtype` as a LinearWeight (f16 converted).
+// missing or not of `shape`; t (n) as f32; t (n, k) of `dtype`, or F8_E4M3 with its scales, as a
+// LinearWeight (f16 converted).
 Status CheckShape(const model::TensorView& t, const std::vector<int64_t>& shape,
                   const std::string& name);
 Result<std::vector<float>> ToF32Vector(const model::TensorView& t, int64_t n,

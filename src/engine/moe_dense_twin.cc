@@ -46,6 +46,7 @@ TensorView StackCols(DenseTwin* t, const std::vector<std::pair<const TensorView*
 Result<std::unique_ptr<DenseTwin>> MakeDenseTwin(const model::ModelWeights& moe) {
   const model::ModelConfig& c = moe.config;
   if (!c.is_moe()) return InvalidArgument("dense twin: the model has no MoE layer");
+  if (moe.fp8) return Unimplemented("dense twin: FP8 checkpoints are not supported");
   const model::MoeConfig& m = c.moe;
   const int64_t mi = m.moe_intermediate_size;
   const int64_t width = (m.num_experts_per_tok + m.n_shared_experts) * mi;

@@ -117,8 +117,8 @@ void RankRunner::AppendWarmRanges(std::span<const int32_t> pages, std::vector<Me
   auto add_matrix = [&](const WeightMatrix& m) {
     if (m.data == nullptr) return;
     const size_t bytes = m.layout == kernels::WeightLayout::kPanel32
-                             ? kernels::Panel32Bytes(m.n, m.k, m.bf16)
-                             : static_cast<size_t>(m.n * m.k) * (m.bf16 ? 2 : 4);
+                             ? kernels::Panel32BytesLike(m.n, m)
+                             : kernels::RowMajorBytes(m);
     out->push_back({static_cast<const uint8_t*>(m.data), bytes});
   };
   if (w_->packed != nullptr) {  // every matrix a decode step multiplies by, in one buffer

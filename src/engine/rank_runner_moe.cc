@@ -24,8 +24,7 @@ void RankRunner::MoeMlpBlock(int l) {
 void AppendMoeWarmRanges(const RunnerMoeWeights& moe, std::vector<MemRange>* out) {
   auto add = [&](const kernels::WeightMatrix& m) {
     if (m.data == nullptr) return;
-    out->push_back(
-        {static_cast<const uint8_t*>(m.data), static_cast<size_t>(m.n * m.k) * (m.bf16 ? 2 : 4)});
+    out->push_back({static_cast<const uint8_t*>(m.data), kernels::RowMajorBytes(m)});
   };
   add(moe.router.w);
   for (const std::vector<RunnerExpert>* v : {&moe.experts, &moe.shared})

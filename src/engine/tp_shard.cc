@@ -12,6 +12,16 @@ namespace {
 
 std::string Num(int64_t v) { return std::to_string(v); }
 
+bool AnyFp8(const RunnerWeights& w) {
+  for (const RunnerLayerWeights& l : w.layers) {
+    if (l.o.w.fp8 || l.down.w.fp8 || (l.mla != nullptr && l.mla->o.w.fp8)) return true;
+    for (const std::vector<RunnerExpert>* v : {&l.moe.experts, &l.moe.shared})
+      for (const RunnerExpert& e : *v)
+        if (e.down.w.fp8) return true;
+  }
+  return false;
+}
+
 // Rows [begin, begin+n) of a row-major W (N, k): a view, nothing copied.
 LinearWeight RowSlice(const LinearWeight& src, int64_t begin, int64_t n) {
   PD_CHECK(src.w.layout == kernels::WeightLayout::kRowMajor);
@@ -142,6 +152,9 @@ Result<std::unique_ptr<RunnerWeights>> ShardRunnerWeights(const RunnerWeights& f
   const model::ModelConfig& c = full.config;
   RETURN_IF_ERROR(ValidateTensorParallel(c, s.tp_size));
   if (full.packed != nullptr) return FailedPrecondition("ShardRunnerWeights: weights are packed");
+  if (AnyFp8(full))  // slices would have to follow the 128x128 scale blocks
+    return Unimplemented("tensor parallelism over FP8 weights is not supported (tp_size " +
+                         Num(s.tp_size) + "): run an FP8 checkpoint with tp 1");
   auto out = std::make_unique<RunnerWeights>();
   out->config = c;
   out->config.num_heads = s.num_heads;

@@ -30,7 +30,8 @@ uint64_t ModelFingerprint(const model::ModelConfig& config, model::DType weights
 }
 
 uint64_t ModelFingerprint(const model::ModelWeights& weights) {
-  return ModelFingerprint(weights.config, weights.dtype);
+  // An FP8 checkpoint and its bf16 source compute differently: they must not pair up.
+  return ModelFingerprint(weights.config, weights.fp8 ? model::DType::kF8E4M3 : weights.dtype);
 }
 
 KvFormat MakeKvFormat(uint64_t model_hash, const engine::KvCacheSpec& spec, bool kv_checksum) {

@@ -49,10 +49,6 @@ Status CheckUnsupported(Arch arch, const Json& root, const std::string& source) 
                          " is not supported for " + std::string(ArchName(arch)) +
                          " (only plain RoPE)");
   }
-  if (root.contains("quantization_config") && !root["quantization_config"].is_null()) {
-    return Unimplemented(source + ": quantization_config " + root["quantization_config"].dump() +
-                         " is not supported (only unquantized f32/bf16/f16 weights)");
-  }
   if (root.contains("hidden_act") && root["hidden_act"] != "silu") {
     return Unimplemented(source + ": hidden_act " + root["hidden_act"].dump() +
                          " is not supported (only \"silu\")");
@@ -138,6 +134,7 @@ Result<ModelConfig> ParseJson(const Json& root, const std::string& source) {
     if (!reader.Has(key)) return InvalidArgument(source + ": missing required field " + key);
   }
   RETURN_IF_ERROR(ReadFields(reader, &c));
+  RETURN_IF_ERROR(internal::ReadQuantization(root, source, &c.fp8));
   // transformers v5 writes rope_theta inside rope_parameters.
   if (!reader.Has("rope_theta") && root.contains("rope_parameters") &&
       root["rope_parameters"].is_object()) {
@@ -258,6 +255,7 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
   if (!c.torch_dtype.empty()) j["torch_dtype"] = c.torch_dtype;
+  internal::QuantizationToJson(c.fp8, &j);
   j["transformers_version"] = "4.51.0";
   return j.dump(2) + "\n";
 }

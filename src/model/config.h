@@ -68,6 +68,12 @@ struct MlaConfig {
   int latent_dim() const { return kv_lora_rank + qk_rope_head_dim; }
 };
 
+// quantization_config of an FP8 checkpoint (quant_method "fp8", fmt "e4m3", activation_scheme
+// "dynamic", weight_block_size [128, 128]): its linear weights may be F8_E4M3 with block scales.
+struct Fp8Quantization {
+  bool enabled = false;
+};
+
 struct ModelConfig {
   Arch arch = Arch::kLlama;
   int vocab_size = 0;
@@ -94,6 +100,7 @@ struct ModelConfig {
   // transformers sets them); q_size()/kv_size() do not describe MLA projections.
   MlaConfig mla;
   int num_nextn_predict_layers = 0;  // deepseek_v3 MTP layers, under model.layers.{num_layers + i}.
+  Fp8Quantization fp8;               // quantization_config, when the checkpoint is FP8
 
   int q_size() const { return num_heads * head_dim; }
   int kv_size() const { return num_kv_heads * head_dim; }

@@ -53,6 +53,10 @@ const char* RopeScalingKey(const Json& root);
 Status Positive(const std::string& source, const std::string& key, int value);
 Status Positive(const std::string& source, const std::string& key, double value);
 
+// config_quant.cc: quantization_config (FP8 block quantisation, or absent) into *out, and back.
+Status ReadQuantization(const Json& root, const std::string& source, Fp8Quantization* out);
+void QuantizationToJson(const Fp8Quantization& q, Json* j);
+
 // config_moe.cc: the qwen3_moe / deepseek_v3 fields (MoE, MLA, yarn rope_scaling). ReadMoeFields
 // runs after the common fields are read; ValidateMoe after the common checks.
 Status ReadMoeFields(const Json& root, const FieldReader& r, ModelConfig* c);

@@ -161,12 +161,18 @@ TEST(MoeConfigTest, Qwen3_30B_A3B) {
 }
 
 TEST(MoeConfigTest, DeepSeekV3) {
-  // The published config is fp8: refused, naming quantization_config.
+  // The published config is fp8 (128x128 blocks, dynamic activations): read as such; other
+  // block sizes are refused, naming quantization_config.
   auto fp8 = ParseModelConfig(kDeepSeekV3, "config.json");
-  ASSERT_FALSE(fp8.ok());
-  EXPECT_EQ(fp8.status().code(), StatusCode::kUnimplemented);
-  EXPECT_THAT(fp8.status().message(), HasSubstr("config.json: quantization_config {"));
-  EXPECT_THAT(fp8.status().message(), HasSubstr("\"quant_method\":\"fp8\""));
+  ASSERT_TRUE(fp8.ok()) << fp8.status().ToString();
+  EXPECT_TRUE(fp8->fp8.enabled);
+  nlohmann::json blocks = nlohmann::json::parse(kDeepSeekV3);
+  blocks["quantization_config"]["weight_block_size"] = {64, 64};
+  auto refused = ParseModelConfig(blocks.dump(), "config.json");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnimplemented);
+  EXPECT_THAT(refused.status().message(), HasSubstr("config.json: quantization_config {"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("weight_block_size [64,64]"));
 
   auto c = Parse(DeepSeekV3Bf16());
   ASSERT_TRUE(c.ok()) << c.status().ToString();

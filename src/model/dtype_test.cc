@@ -36,7 +36,7 @@ TEST(DTypeTest, NamesAndParsing) {
   EXPECT_EQ(DTypeName(DType::kF32), "F32");
   EXPECT_EQ(DTypeName(DType::kBF16), "BF16");
   EXPECT_EQ(DTypeName(DType::kF16), "F16");
-  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3}) {
     auto parsed = ParseSafetensorsDType(DTypeName(t));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, t);
@@ -50,9 +50,10 @@ TEST(DTypeTest, NamesAndParsing) {
   EXPECT_EQ(*ParseDTypeFlag("float32"), DType::kF32);
   EXPECT_EQ(*ParseDTypeFlag("f16"), DType::kF16);
   EXPECT_EQ(*ParseDTypeFlag("float16"), DType::kF16);
-  auto bad_flag = ParseDTypeFlag("fp8");
+  EXPECT_EQ(*ParseDTypeFlag("fp8"), DType::kF8E4M3);
+  auto bad_flag = ParseDTypeFlag("int8");
   ASSERT_FALSE(bad_flag.ok());
-  EXPECT_NE(bad_flag.status().message().find("fp8"), std::string::npos);
+  EXPECT_NE(bad_flag.status().message().find("int8"), std::string::npos);
   EXPECT_EQ(DTypeSize(DType::kF32), 4u);
   EXPECT_EQ(DTypeSize(DType::kBF16), 2u);
 }

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "common/file_util.h"
+#include "model/fp8_quant.h"
 #include "model/model_writer_internal.h"
 #include "model/safetensors.h"
 #include "model/tokenizer.h"
@@ -47,6 +49,8 @@ const char* TorchDType(DType t) {
       return "bfloat16";
     case DType::kF16:
       return "float16";
+    case DType::kF8E4M3:  // FP8 checkpoints: what is not quantised is bf16
+      return "bfloat16";
   }
   return "?";
 }
@@ -193,6 +197,7 @@ Result<ModelConfig> ConfigFor(const SyntheticModelOptions& o) {
     std::erase_if(c.moe.mlp_only_layers, [&](int layer) { return layer >= c.num_layers; });
   }
   c.torch_dtype = TorchDType(o.dtype);
+  c.fp8.enabled = o.dtype == DType::kF8E4M3;
   // What we write must be what we read back.
   ASSIGN_OR_RETURN(ModelConfig check, ParseModelConfig(ModelConfigToJson(c), "config.json"));
   (void)check;
@@ -271,17 +276,40 @@ Status WriteSyntheticModel(const SyntheticModelOptions& options) {
   RETURN_IF_ERROR(WriteGenerationConfig(options.out_dir, config));
   std::vector<TensorSpec> specs = RequiredTensors(config);
   for (TensorSpec& spec : MtpTensors(config)) specs.push_back(std::move(spec));
+  const bool fp8 = options.dtype == DType::kF8E4M3;
   std::vector<NamedTensor> tensors;
   for (TensorSpec& spec : specs) {
-    // As DeepSeek-V3's checkpoints do, the router bias stays f32 whatever the weights' dtype.
-    const DType dtype =
-        EndsWith(spec.name, "e_score_correction_bias") ? DType::kF32 : options.dtype;
+    // As DeepSeek-V3's checkpoints do, the router bias stays f32 whatever the weights' dtype; FP8
+    // checkpoints quantise the linear weights (each followed by its scales), the rest is bf16.
+    DType dtype = fp8 ? DType::kBF16 : options.dtype;
+    if (EndsWith(spec.name, "e_score_correction_bias")) dtype = DType::kF32;
+    if (fp8 && spec.fp8_quantizable) {
+      std::vector<int64_t> scale_shape = ScaleInvShape(spec.shape);
+      tensors.push_back({spec.name, DType::kF8E4M3, std::move(spec.shape), {}});
+      tensors.push_back({ScaleInvName(spec.name), DType::kF32, std::move(scale_shape), {}});
+      continue;
+    }
     tensors.push_back({std::move(spec.name), dtype, std::move(spec.shape), {}});
   }
+  std::vector<uint8_t> values;  // f32 of the weight being quantised
+  std::vector<float> scales;    // its scales, written as the tensor after it
   auto fill = [&](size_t i, std::vector<uint8_t>* bytes) {
     const NamedTensor& t = tensors[i];
     size_t numel = 1;
     for (int64_t d : t.shape) numel *= static_cast<size_t>(d);
+    if (t.dtype == DType::kF8E4M3) {
+      FillTensor(config, t.name, options.seed, DType::kF32, numel, &values);
+      bytes->resize(numel);
+      scales.resize(static_cast<size_t>(tensors[i + 1].shape[0] * tensors[i + 1].shape[1]));
+      QuantizeFp8Blocks(reinterpret_cast<const float*>(values.data()), t.shape[0], t.shape[1],
+                        bytes->data(), scales.data());
+      return OkStatus();
+    }
+    if (i > 0 && tensors[i - 1].dtype == DType::kF8E4M3) {  // the scales of tensor i - 1
+      bytes->resize(scales.size() * sizeof(float));
+      std::memcpy(bytes->data(), scales.data(), bytes->size());
+      return OkStatus();
+    }
     FillTensor(config, t.name, options.seed, t.dtype, numel, bytes);
     return OkStatus();
   };

@@ -13,6 +13,8 @@ float TensorView::At(int64_t i) const {
       return Bf16ToF32(static_cast<const uint16_t*>(data)[i]);
     case DType::kF16:
       return F16ToF32(static_cast<const uint16_t*>(data)[i]);
+    case DType::kF8E4M3:  // the code's value; the block scale is the caller's
+      return Fp8E4m3ToF32(static_cast<const uint8_t*>(data)[i]);
   }
   return 0.0f;
 }

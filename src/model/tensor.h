@@ -14,6 +14,9 @@ struct TensorView {
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
   const void* data = nullptr;
+  // F8_E4M3 matrices (n, k) only: their block scales, f32 (ceil(n/128), ceil(k/128)) row-major,
+  // from `<name>_scale_inv`; the value of element (i, j) is At(i*k + j) * scale_inv[block].
+  const float* scale_inv = nullptr;
 
   int64_t numel() const {
     int64_t n = 1;

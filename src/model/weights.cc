@@ -6,8 +6,9 @@ namespace pd::model {
 namespace {
 
 // Which dtypes a tensor may have: the model's (the first tensor's), or any float dtype
-// (deepseek_v3's e_score_correction_bias, which checkpoints keep in f32 beside bf16 weights).
-enum class DTypeRule { kModel, kAnyFloat };
+// (deepseek_v3's e_score_correction_bias, which checkpoints keep in f32 beside bf16 weights), or
+// for a linear weight the model's or (FP8 checkpoints) F8_E4M3 with block scales.
+enum class DTypeRule { kModel, kAnyFloat, kLinear };
 
 // Receives a model's tensors in checkpoint order, one Take per tensor. The same walk serves
 // RequiredTensors (a sink that collects the specs) and the loader (one that fetches each tensor
@@ -28,7 +29,8 @@ class SpecCollector : public TensorSink {
  public:
   explicit SpecCollector(std::vector<TensorSpec>* specs) : specs_(specs) {}
   using TensorSink::Take;
-  Status Take(TensorSpec spec, TensorView*, DTypeRule) override {
+  Status Take(TensorSpec spec, TensorView*, DTypeRule rule) override {
+    spec.fp8_quantizable = rule == DTypeRule::kLinear;
     specs_->push_back(std::move(spec));
     return OkStatus();
   }
@@ -40,10 +42,18 @@ class SpecCollector : public TensorSink {
 // Looks tensors up, checking shape and that all share the first one's dtype.
 class Fetcher : public TensorSink {
  public:
-  explicit Fetcher(const Checkpoint& ckpt) : ckpt_(ckpt) {}
+  Fetcher(const Checkpoint& ckpt, bool fp8_config) : ckpt_(ckpt), fp8_config_(fp8_config) {}
   using TensorSink::Take;
   Status Take(TensorSpec spec, TensorView* out, DTypeRule rule) override {
     ASSIGN_OR_RETURN(*out, ckpt_.GetWithShape(spec.name, spec.shape));
+    if (out->dtype == DType::kF8E4M3) {
+      if (rule != DTypeRule::kLinear || !fp8_config_)
+        return InvalidArgument(ckpt_.FileOf(spec.name) + ": " + spec.name + ": dtype F8_E4M3 " +
+                               (fp8_config_ ? "for a tensor FP8 checkpoints keep unquantised"
+                                            : "but config.json has no FP8 quantization_config"));
+      fp8_ = true;
+      return TakeScale(spec, out);
+    }
     if (rule == DTypeRule::kAnyFloat) return OkStatus();  // every DType is a float type
     if (first_name_.empty()) {
       first_name_ = spec.name;
@@ -56,18 +66,36 @@ class Fetcher : public TensorSink {
     return OkStatus();
   }
   DType dtype() const { return dtype_; }
+  bool fp8() const { return fp8_; }
 
  private:
+  Status TakeScale(const TensorSpec& spec, TensorView* out) {
+    const std::string name = ScaleInvName(spec.name);
+    Result<TensorView> scale = ckpt_.GetWithShape(name, ScaleInvShape(spec.shape));
+    if (!scale.ok())
+      return Status(scale.status().code(),
+                    spec.name + " is F8_E4M3: its block scales: " + scale.status().message());
+    if (scale->dtype != DType::kF32)
+      return InvalidArgument(ckpt_.FileOf(name) + ": " + name + ": expected dtype F32, found " +
+                             std::string(DTypeName(scale->dtype)));
+    out->scale_inv = static_cast<const float*>(scale->data);
+    return OkStatus();
+  }
+
   const Checkpoint& ckpt_;
+  const bool fp8_config_;
+  bool fp8_ = false;
   std::string first_name_;
   DType dtype_ = DType::kF32;
 };
 
+constexpr DTypeRule kLinear = DTypeRule::kLinear;
+
 Status WalkMlp(const std::string& p, int64_t inter, int64_t hidden, TensorSink* s, TensorView* gate,
                TensorView* up, TensorView* down) {
-  RETURN_IF_ERROR(s->Take({p + "gate_proj.weight", {inter, hidden}}, gate));
-  RETURN_IF_ERROR(s->Take({p + "up_proj.weight", {inter, hidden}}, up));
-  return s->Take({p + "down_proj.weight", {hidden, inter}}, down);
+  RETURN_IF_ERROR(s->Take({p + "gate_proj.weight", {inter, hidden}}, gate, kLinear));
+  RETURN_IF_ERROR(s->Take({p + "up_proj.weight", {inter, hidden}}, up, kLinear));
+  return s->Take({p + "down_proj.weight", {hidden, inter}}, down, kLinear);
 }
 
 Status WalkMlp(const std::string& p, int64_t inter, int64_t hidden, TensorSink* s, MlpWeights* m) {
@@ -77,9 +105,9 @@ Status WalkMlp(const std::string& p, int64_t inter, int64_t hidden, TensorSink* 
 // GQA attention (llama, qwen2, qwen3, qwen3_moe), tensors after input_layernorm.
 Status WalkGqa(const ModelConfig& c, const std::string& p, TensorSink* s, LayerWeights* l) {
   const int64_t hidden = c.hidden_size, q = c.q_size(), kv = c.kv_size();
-  RETURN_IF_ERROR(s->Take({p + "self_attn.q_proj.weight", {q, hidden}}, &l->q_proj));
-  RETURN_IF_ERROR(s->Take({p + "self_attn.k_proj.weight", {kv, hidden}}, &l->k_proj));
-  RETURN_IF_ERROR(s->Take({p + "self_attn.v_proj.weight", {kv, hidden}}, &l->v_proj));
+  RETURN_IF_ERROR(s->Take({p + "self_attn.q_proj.weight", {q, hidden}}, &l->q_proj, kLinear));
+  RETURN_IF_ERROR(s->Take({p + "self_attn.k_proj.weight", {kv, hidden}}, &l->k_proj, kLinear));
+  RETURN_IF_ERROR(s->Take({p + "self_attn.v_proj.weight", {kv, hidden}}, &l->v_proj, kLinear));
   if (c.attention_bias) {
     RETURN_IF_ERROR(s->Take({p + "self_attn.q_proj.bias", {q}}, &l->q_bias));
     RETURN_IF_ERROR(s->Take({p + "self_attn.k_proj.bias", {kv}}, &l->k_bias));
@@ -89,7 +117,7 @@ Status WalkGqa(const ModelConfig& c, const std::string& p, TensorSink* s, LayerW
     RETURN_IF_ERROR(s->Take({p + "self_attn.q_norm.weight", {c.head_dim}}, &l->q_norm));
     RETURN_IF_ERROR(s->Take({p + "self_attn.k_norm.weight", {c.head_dim}}, &l->k_norm));
   }
-  RETURN_IF_ERROR(s->Take({p + "self_attn.o_proj.weight", {hidden, q}}, &l->o_proj));
+  RETURN_IF_ERROR(s->Take({p + "self_attn.o_proj.weight", {hidden, q}}, &l->o_proj, kLinear));
   if (HasOutputBias(c))
     RETURN_IF_ERROR(s->Take({p + "self_attn.o_proj.bias", {hidden}}, &l->o_bias));
   return OkStatus();
@@ -100,21 +128,22 @@ Status WalkMla(const ModelConfig& c, const std::string& p, TensorSink* s, MlaWei
   const int64_t hidden = c.hidden_size, heads = c.num_heads;
   const std::string attn = p + "self_attn.";
   if (a.q_lora_rank > 0) {
-    RETURN_IF_ERROR(s->Take({attn + "q_a_proj.weight", {a.q_lora_rank, hidden}}, &m->q_a_proj));
+    RETURN_IF_ERROR(
+        s->Take({attn + "q_a_proj.weight", {a.q_lora_rank, hidden}}, &m->q_a_proj, kLinear));
     RETURN_IF_ERROR(s->Take({attn + "q_a_layernorm.weight", {a.q_lora_rank}}, &m->q_a_norm));
     RETURN_IF_ERROR(s->Take({attn + "q_b_proj.weight", {heads * a.qk_head_dim(), a.q_lora_rank}},
-                            &m->q_b_proj));
+                            &m->q_b_proj, kLinear));
   } else {
     RETURN_IF_ERROR(
-        s->Take({attn + "q_proj.weight", {heads * a.qk_head_dim(), hidden}}, &m->q_proj));
+        s->Take({attn + "q_proj.weight", {heads * a.qk_head_dim(), hidden}}, &m->q_proj, kLinear));
   }
-  RETURN_IF_ERROR(
-      s->Take({attn + "kv_a_proj_with_mqa.weight", {a.latent_dim(), hidden}}, &m->kv_a_proj));
+  RETURN_IF_ERROR(s->Take({attn + "kv_a_proj_with_mqa.weight", {a.latent_dim(), hidden}},
+                          &m->kv_a_proj, kLinear));
   RETURN_IF_ERROR(s->Take({attn + "kv_a_layernorm.weight", {a.kv_lora_rank}}, &m->kv_a_norm));
   RETURN_IF_ERROR(s->Take(
       {attn + "kv_b_proj.weight", {heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank}},
-      &m->kv_b_proj));
-  return s->Take({attn + "o_proj.weight", {hidden, heads * a.v_head_dim}}, &m->o_proj);
+      &m->kv_b_proj, kLinear));
+  return s->Take({attn + "o_proj.weight", {hidden, heads * a.v_head_dim}}, &m->o_proj, kLinear);
 }
 
 Status WalkMoe(const ModelConfig& c, const std::string& p, TensorSink* s, MoeWeights* m) {
@@ -161,7 +190,7 @@ Status WalkMtp(const ModelConfig& c, int i, TensorSink* s, MtpWeights* m) {
   RETURN_IF_ERROR(s->Take({p + "embed_tokens.weight", {vocab, hidden}}, &m->embed_tokens));
   RETURN_IF_ERROR(s->Take({p + "enorm.weight", {hidden}}, &m->enorm));
   RETURN_IF_ERROR(s->Take({p + "hnorm.weight", {hidden}}, &m->hnorm));
-  RETURN_IF_ERROR(s->Take({p + "eh_proj.weight", {hidden, 2 * hidden}}, &m->eh_proj));
+  RETURN_IF_ERROR(s->Take({p + "eh_proj.weight", {hidden, 2 * hidden}}, &m->eh_proj, kLinear));
   RETURN_IF_ERROR(WalkLayer(c, index, s, &m->layer));
   RETURN_IF_ERROR(s->Take({p + "shared_head.norm.weight", {hidden}}, &m->shared_head_norm));
   return s->Take({p + "shared_head.head.weight", {vocab, hidden}}, &m->shared_head_head);
@@ -205,6 +234,14 @@ Status LoadMtp(const ModelConfig& c, const Checkpoint& ckpt, Fetcher* f,
 
 }  // namespace
 
+std::string ScaleInvName(const std::string& weight_name) { return weight_name + "_scale_inv"; }
+
+std::vector<int64_t> ScaleInvShape(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> out;
+  for (int64_t d : shape) out.push_back((d + kFp8BlockSize - 1) / kFp8BlockSize);
+  return out;
+}
+
 bool HasOutputBias(const ModelConfig& c) { return c.attention_bias && c.arch != Arch::kQwen2; }
 
 std::vector<TensorSpec> RequiredTensors(const ModelConfig& c) {
@@ -229,10 +266,11 @@ Result<ModelWeights> LoadModelWeights(const std::string& model_dir) {
   ModelWeights w;
   ASSIGN_OR_RETURN(w.config, LoadModelConfig(model_dir));
   ASSIGN_OR_RETURN(w.checkpoint, Checkpoint::Open(model_dir));
-  Fetcher fetch(*w.checkpoint);
+  Fetcher fetch(*w.checkpoint, w.config.fp8.enabled);
   RETURN_IF_ERROR(WalkModel(w.config, &fetch, &w));
   RETURN_IF_ERROR(LoadMtp(w.config, *w.checkpoint, &fetch, &w.mtp));
   w.dtype = fetch.dtype();
+  w.fp8 = fetch.fp8();
   return w;
 }
 

@@ -76,7 +76,8 @@ struct MtpWeights {
 
 struct ModelWeights {
   ModelConfig config;
-  DType dtype = DType::kF32;  // the dtype of every tensor
+  DType dtype = DType::kF32;  // the dtype of every tensor (FP8: of those not quantised)
+  bool fp8 = false;           // some linear weights are F8_E4M3 (their views carry scale_inv)
   TensorView embed_tokens;    // (vocab, hidden)
   std::vector<LayerWeights> layers;
   TensorView final_norm;  // (hidden)                model.norm.weight
@@ -87,7 +88,9 @@ struct ModelWeights {
   std::unique_ptr<Checkpoint> checkpoint;  // owns the mapped memory the views point into
 };
 
-// Loads DIR/config.json and the checkpoint, and checks every tensor. Errors name the file, the
+// Loads DIR/config.json and the checkpoint, and checks every tensor. An FP8 checkpoint (config
+// quantization_config) may store each fp8_quantizable weight as F8_E4M3, whose `_scale_inv` must
+// then be present, f32 and of ScaleInvShape; errors name the weight. Errors name the file, the
 // tensor and what was expected, e.g.
 // "model.safetensors: model.layers.3.mlp.up_proj.weight: expected shape [64, 32], found [64, 31]".
 Result<ModelWeights> LoadModelWeights(const std::string& model_dir);
@@ -97,7 +100,15 @@ Result<ModelWeights> LoadModelWeights(const std::string& model_dir);
 struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;
+  // A linear layer's weight (n, k) that FP8 checkpoints store as F8_E4M3 plus `<name>_scale_inv`
+  // (attention and MLP projections, experts, eh_proj); false for what they keep in bf16
+  // (embeddings, norms, biases, the MoE router, lm_head).
+  bool fp8_quantizable = false;
 };
+// The name of a quantised weight's block scales: "<name>_scale_inv".
+std::string ScaleInvName(const std::string& weight_name);
+// The shape of W (n, k)'s block scales: (ceil(n/128), ceil(k/128)).
+std::vector<int64_t> ScaleInvShape(const std::vector<int64_t>& weight_shape);
 // Everything but the MTP layers: those are optional (see MtpTensors), and leaving them out keeps
 // the handshake fingerprint of one config the same whether or not a checkpoint carries them (the
 // forward pass, and so the KV cache, does not depend on them).

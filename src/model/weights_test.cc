@@ -249,7 +249,7 @@ TEST(BadCheckpointTest, IntegerTensor) {
                       std::string(3200, '\0'));
   EXPECT_THAT(LoadError(dir.path()),
               AllOf(HasSubstr(dir / "model.safetensors"), HasSubstr("model.embed_tokens.weight"),
-                    HasSubstr("unsupported dtype \"I32\" (supported: F32, BF16, F16)")));
+                    HasSubstr("unsupported dtype \"I32\" (supported: F32, BF16, F16, F8_E4M3)")));
 }
 
 TEST(BadCheckpointTest, TruncatedFile) {

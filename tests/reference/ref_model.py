@@ -87,12 +87,54 @@ def _decode(raw, dtype, shape):
     elif dtype == "BF16":
         # bf16 is the top half of an IEEE float32.
         arr = (raw.view("<u2").astype(np.uint32) << 16).view("<f4")
+    elif dtype == "F8_E4M3":
+        arr = _E4M3[raw]
     else:
         raise RefError("unsupported safetensors dtype %s" % dtype)
     return arr.astype(np.float64).reshape(shape)
 
 
-_DTYPE_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
+def _e4m3_table():
+    """float8_e4m3fn code -> value: 1 sign, 4 exponent bits (bias 7), 3 mantissa bits, no
+    infinities, S.1111.111 NaN."""
+    table = np.zeros(256, dtype=np.float64)
+    for code in range(256):
+        exp, mant = (code >> 3) & 0xF, code & 0x7
+        if exp == 0xF and mant == 0x7:
+            mag = np.nan
+        elif exp == 0:
+            mag = mant / 8.0 * 2.0 ** -6
+        else:
+            mag = (1.0 + mant / 8.0) * 2.0 ** (exp - 7)
+        table[code] = -mag if code & 0x80 else mag
+    return table
+
+
+_E4M3 = _e4m3_table()
+_DTYPE_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1}
+BLOCK = 128  # weight_block_size of FP8 checkpoints (quantization_config)
+
+
+def dequantise_fp8(tensors):
+    """FP8 checkpoints (DeepSeek-V3, Qwen3-FP8): each W (n, k) with `W_scale_inv` (f32,
+    (ceil(n/128), ceil(k/128))) becomes W * scale_inv of its 128x128 block, exactly in float64;
+    the scales are dropped."""
+    out = {}
+    for name, arr in tensors.items():
+        if name.endswith("_scale_inv"):
+            if name[:-len("_scale_inv")] not in tensors:
+                raise RefError("%s: no tensor %s to scale" % (name, name[:-len("_scale_inv")]))
+            continue
+        scale = tensors.get(name + "_scale_inv")
+        if scale is not None:
+            n, k = arr.shape
+            if scale.shape != ((n + BLOCK - 1) // BLOCK, (k + BLOCK - 1) // BLOCK):
+                raise RefError("%s_scale_inv: shape %s does not fit %s" % (name, scale.shape,
+                                                                          arr.shape))
+            full = np.repeat(np.repeat(scale, BLOCK, axis=0), BLOCK, axis=1)[:n, :k]
+            arr = arr * full
+        out[name] = arr
+    return out
 
 
 def read_safetensors(path):
@@ -231,7 +273,7 @@ class Config:
 def load_model(model_dir):
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = Config(json.load(f))
-    return cfg, read_checkpoint(model_dir)
+    return cfg, dequantise_fp8(read_checkpoint(model_dir))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -230,6 +230,22 @@ class RefModelTest(unittest.TestCase):
         np.testing.assert_array_equal(ref_model._decode(raw, "F16", [3]),
                                       [1.0, -2.0, 0.333251953125])
 
+    def test_decodes_fp8_and_applies_block_scales(self):
+        # e4m3fn: 1.0, -2.0, 448 (largest), 2^-9 (smallest subnormal), 0.875 * 2^-6.
+        raw = np.array([0x38, 0xC0, 0x7E, 0x01, 0x07], dtype=np.uint8)
+        np.testing.assert_array_equal(ref_model._decode(raw, "F8_E4M3", [5]),
+                                      [1.0, -2.0, 448.0, 2.0 ** -9, 0.875 * 2.0 ** -6])
+        self.assertTrue(np.isnan(ref_model._decode(np.array([0x7F], np.uint8), "F8_E4M3", [1])[0]))
+        # W (130, 3): two row blocks, the second partial; scale_inv (2, 1).
+        w = np.ones((130, 3))
+        out = ref_model.dequantise_fp8({"a.weight": w, "a.weight_scale_inv": np.array([[2.0], [3.0]]),
+                                        "b.weight": w})
+        self.assertEqual(sorted(out), ["a.weight", "b.weight"])
+        self.assertTrue((out["a.weight"][:128] == 2.0).all() and (out["a.weight"][128:] == 3.0).all())
+        self.assertTrue((out["b.weight"] == 1.0).all())
+        with self.assertRaises(ref_model.RefError):
+            ref_model.dequantise_fp8({"a.weight": w, "a.weight_scale_inv": np.ones((1, 1))})
+
     def test_matches_naive_every_arch(self):
         cases = [("llama", {}), ("llama", {"attention_bias": True}), ("qwen2", {}),
                  ("qwen3", {}), ("qwen3", {"heads": 4, "kv_heads": 1, "head_dim": 6})]
