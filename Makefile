@@ -48,7 +48,9 @@ fuzz: deps
 # a small Llama trained on Debian's fortune cookies by tools/train_demo_model.py), then runs the
 # same chat-like `pdserve bench` workload on `pdserve up` (1 prefill + 1 decode instance, each
 # pinned to its own core) and on a colocated `pdserve serve` using both cores, prints the two
-# reports side by side and ends with a chat completion generated through `up`, prefill -> decode
+# reports side by side and ends with a chat completion generated through `up`, prefill -> decode,
+# and the paths of its pictures (SLO attainment against rate for each deployment, latency CDFs,
+# one request's timeline; bench/plot.py) beside its results
 # (bench/disagg/run.sh --scenario demo; every server is stopped on exit, failure or Ctrl-C).
 demo: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target pdserve

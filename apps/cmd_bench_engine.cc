@@ -32,6 +32,11 @@
 // (MatmulPrecision: x kept f32, or rounded to bf16 and multiplied with vdpbf16ps), side by side; a
 // bf16 row's flops fraction is against the bf16-dot peak (a prefill row's: its pair's bf16-dot
 // probe). Without AVX512_BF16 the bf16 rows are left out (the engine would run f32).
+// --amx on|off|both (default on): whether the bf16 rows may use AMX tiles for matmuls of 16 rows
+// or more (engine::SetAmxAllowed), or each in turn (the bf16 rows twice, AMX off first). Each row
+// names the kernel path its matmuls took (engine::MatmulPath: f32, avx512-bf16-dot, amx-bf16; the
+// text table's "path" column, JSON "path"); the header says whether AMX is usable and, if not,
+// why. An amx-bf16 prefill row's flops fraction is still against the vdpbf16ps probe, so above 1.
 //
 // A MoE model (qwen3_moe, deepseek_v3) is followed by the same rows of its dense twin, NAME-dense
 // (engine/moe_dense_twin.h): the same attention and lm_head, and one dense MLP per layer of the
@@ -89,6 +94,13 @@ struct BenchEngineFlags {
   std::vector<int> batches = {1, 8, 32};    // decode rows measured
   std::vector<int> contexts = {128, 2048};  // decode rows measured
   std::string matmul = "both";              // f32 | bf16 | both
+  std::string amx = "on";                   // on | off | both (the bf16 rows)
+};
+
+// One set of rows of a model: the matmul precision, and for bf16 whether AMX is allowed.
+struct Variant {
+  engine::MatmulPrecision precision = engine::MatmulPrecision::kF32;
+  bool amx = true;
 };
 
 struct TpRow {
@@ -110,6 +122,7 @@ struct Row {
   std::string model, phase;
   int batch = 0, context = 0;
   std::string matmul = "f32";  // the engine's matmul precision
+  std::string path = "f32";    // the kernel its matmuls took (engine::MatmulPathName)
   double tokens_per_s = 0, bytes_per_s = 0, flops_per_s = 0;
   double read_gbytes_per_s = 0;  // the read probe measured just before this row
   double peak_gflops = 0;        // prefill: the FMA probe measured just before this row
@@ -338,11 +351,14 @@ Result<std::string> EnsureModel(const std::string& root, const std::string& pres
   return dir;
 }
 
-Status BenchModel(const model::ModelWeights& weights, const std::string& name,
-                  engine::MatmulPrecision matmul, const BenchEngineFlags& f,
-                  engine::ThreadPool& probe_pool, engine::ReadBandwidthProbe& probe,
-                  std::vector<Row>* rows) {
+Status BenchModel(const model::ModelWeights& weights, const std::string& name, const Variant& v,
+                  const BenchEngineFlags& f, engine::ThreadPool& probe_pool,
+                  engine::ReadBandwidthProbe& probe, std::vector<Row>* rows) {
+  const engine::MatmulPrecision matmul = v.precision;
   const std::string precision(engine::MatmulPrecisionName(matmul));
+  engine::SetAmxAllowed(v.amx);  // read by the runner created below
+  const std::string path(
+      engine::MatmulPathName(engine::ChosenMatmulPath(engine::KernelKind::kFast, matmul)));
   engine::ModelRunnerOptions o;
   o.matmul = matmul;
   o.num_threads = f.threads;
@@ -351,8 +367,8 @@ Status BenchModel(const model::ModelWeights& weights, const std::string& name,
   o.kv.layout = engine::KvLayout::kHND;
   o.kv.page_size = 16;
   o.kv_cache_bytes = static_cast<size_t>(f.kv_gib) << 30;
-  std::fprintf(stderr, "bench-engine: %s: laying out weights (matmul %s) ...\n", name.c_str(),
-               precision.c_str());
+  std::fprintf(stderr, "bench-engine: %s: laying out weights (matmul %s, path %s) ...\n",
+               name.c_str(), precision.c_str(), path.c_str());
   ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, ModelRunner::Create(weights, o));
   {
     engine::ThreadPool fill_pool(f.threads);
@@ -366,6 +382,7 @@ Status BenchModel(const model::ModelWeights& weights, const std::string& name,
       ASSIGN_OR_RETURN(Row r,
                        BenchDecodePaired(*runner, probe, name, batch, context, f.seconds, f.pairs));
       r.matmul = precision;
+      r.path = path;
       std::fprintf(stderr, "bench-engine:   %.1f tokens/s, %.1f GB/s\n", r.tokens_per_s,
                    r.bytes_per_s / 1e9);
       rows->push_back(r);
@@ -377,6 +394,7 @@ Status BenchModel(const model::ModelWeights& weights, const std::string& name,
                                              matmul == engine::MatmulPrecision::kBf16));
   r.read_gbytes_per_s = read;
   r.matmul = precision;
+  r.path = path;
   std::fprintf(stderr, "bench-engine:   %.1f tokens/s, %.3f of the FMA probe beside it\n",
                r.tokens_per_s, r.flops_per_s / 1e9 / r.peak_gflops);
   rows->push_back(r);
@@ -386,12 +404,12 @@ Status BenchModel(const model::ModelWeights& weights, const std::string& name,
 // The rows of a MoE model's dense twin (moe_dense_twin.h: same attention, lm_head and active MLP
 // parameters), named NAME-dense, measured right after the MoE model's rows.
 Status BenchDenseTwin(const model::ModelWeights& moe, const std::string& name,
-                      const std::vector<engine::MatmulPrecision>& precisions,
-                      const BenchEngineFlags& f, engine::ThreadPool& probe_pool,
-                      engine::ReadBandwidthProbe& probe, std::vector<Row>* rows) {
+                      const std::vector<Variant>& variants, const BenchEngineFlags& f,
+                      engine::ThreadPool& probe_pool, engine::ReadBandwidthProbe& probe,
+                      std::vector<Row>* rows) {
   ASSIGN_OR_RETURN(std::unique_ptr<engine::DenseTwin> twin, engine::MakeDenseTwin(moe));
-  for (engine::MatmulPrecision p : precisions)
-    RETURN_IF_ERROR(BenchModel(twin->weights, name + "-dense", p, f, probe_pool, probe, rows));
+  for (const Variant& v : variants)
+    RETURN_IF_ERROR(BenchModel(twin->weights, name + "-dense", v, f, probe_pool, probe, rows));
   return OkStatus();
 }
 
@@ -494,6 +512,7 @@ void Print(const std::vector<Row>& rows, double bw, double peak, double bf16dot,
                           {"isa", kv.isa},
                           {"matmul", kv.matmul},
                           {"bf16_dot", kv.bf16_dot},
+                          {"amx", kv.amx},
                           {"decode_stream", kv.decode_stream}}},
                         {"read_gbytes_per_s", bw},
                         {"peak_gflops", peak},
@@ -506,6 +525,7 @@ void Print(const std::vector<Row>& rows, double bw, double peak, double bf16dot,
       j["rows"].push_back({{"model", r.model},
                            {"phase", r.phase},
                            {"matmul", r.matmul},
+                           {"path", r.path},
                            {"batch", r.batch},
                            {"context", r.context},
                            {"tokens_per_s", r.tokens_per_s},
@@ -518,8 +538,8 @@ void Print(const std::vector<Row>& rows, double bw, double peak, double bf16dot,
     return;
   }
   std::printf("host: %s (%s)\n", kv.cpu_model.c_str(), kv.vendor.c_str());
-  std::printf("kernels: isa %s, matmul %s, bf16 dot %s, decode stream %s\n", kv.isa.c_str(),
-              kv.matmul.c_str(), kv.bf16_dot.c_str(), kv.decode_stream.c_str());
+  std::printf("kernels: isa %s, matmul %s, bf16 dot %s, amx %s, decode stream %s\n", kv.isa.c_str(),
+              kv.matmul.c_str(), kv.bf16_dot.c_str(), kv.amx.c_str(), kv.decode_stream.c_str());
   std::printf("machine: memory read %.1f GB/s (best probe), peak FMA %.1f GFLOP/s (%d threads)\n",
               bw, peak, f.threads);
   if (bf16dot > 0)
@@ -537,14 +557,14 @@ void Print(const std::vector<Row>& rows, double bw, double peak, double bf16dot,
       "prefill rows: the median-ratio pair of %d (FMA probe, prefill) pairs; fl_frac "
       "against that pair's probe (column peak)\n",
       f.pairs);
-  std::printf("%-20s %-8s %-6s %5s %7s %10s %8s %8s %8s %8s %8s %8s\n", "model", "phase", "matmul",
-              "batch", "context", "tokens/s", "GB/s", "read", "bw_frac", "GFLOP/s", "peak",
-              "fl_frac");
+  std::printf("%-20s %-8s %-6s %-15s %5s %7s %10s %8s %8s %8s %8s %8s %8s\n", "model", "phase",
+              "matmul", "path", "batch", "context", "tokens/s", "GB/s", "read", "bw_frac",
+              "GFLOP/s", "peak", "fl_frac");
   for (const Row& r : rows) {
     const double row_peak = RowPeak(r, peak, bf16dot);
-    std::printf("%-20s %-8s %-6s %5d %7d %10.1f %8.1f %8.1f %8.3f %8.1f %8.1f %8.3f\n",
-                r.model.c_str(), r.phase.c_str(), r.matmul.c_str(), r.batch, r.context,
-                r.tokens_per_s, r.bytes_per_s / 1e9, r.read_gbytes_per_s,
+    std::printf("%-20s %-8s %-6s %-15s %5d %7d %10.1f %8.1f %8.1f %8.3f %8.1f %8.1f %8.3f\n",
+                r.model.c_str(), r.phase.c_str(), r.matmul.c_str(), r.path.c_str(), r.batch,
+                r.context, r.tokens_per_s, r.bytes_per_s / 1e9, r.read_gbytes_per_s,
                 r.bytes_per_s / 1e9 / r.read_gbytes_per_s, r.flops_per_s / 1e9, row_peak,
                 r.flops_per_s / 1e9 / row_peak);
   }
@@ -588,14 +608,15 @@ int RunBenchEngine(const BenchEngineFlags& f) {
     std::fprintf(stderr, "bench-engine: %s\n", probe.status().ToString().c_str());
     return 1;
   }
-  std::vector<engine::MatmulPrecision> precisions;
-  if (f.matmul != "bf16") precisions.push_back(engine::MatmulPrecision::kF32);
+  std::vector<Variant> variants;
+  if (f.matmul != "bf16") variants.push_back({engine::MatmulPrecision::kF32, f.amx != "off"});
   if (f.matmul != "f32") {
     if (engine::MatmulBf16DotUsed(engine::KernelKind::kFast, engine::MatmulPrecision::kBf16)) {
-      precisions.push_back(engine::MatmulPrecision::kBf16);
+      if (f.amx != "on") variants.push_back({engine::MatmulPrecision::kBf16, false});
+      if (f.amx != "off") variants.push_back({engine::MatmulPrecision::kBf16, true});
     } else {
       std::fprintf(stderr, "bench-engine: no AVX512_BF16: matmul bf16 would run f32; left out\n");
-      if (precisions.empty()) return 1;
+      if (variants.empty()) return 1;
     }
   }
   double peak = engine::MeasurePeakGflops(pool);
@@ -603,10 +624,10 @@ int RunBenchEngine(const BenchEngineFlags& f) {
   for (const auto& [name, dir] : models) {
     Result<model::ModelWeights> weights = model::LoadModelWeights(dir);
     Status s = weights.status();
-    for (size_t i = 0; s.ok() && i < precisions.size(); ++i)
-      s = BenchModel(*weights, name, precisions[i], f, pool, **probe, &rows);
+    for (size_t i = 0; s.ok() && i < variants.size(); ++i)
+      s = BenchModel(*weights, name, variants[i], f, pool, **probe, &rows);
     if (s.ok() && weights->config.is_moe())
-      s = BenchDenseTwin(*weights, name, precisions, f, pool, **probe, &rows);
+      s = BenchDenseTwin(*weights, name, variants, f, pool, **probe, &rows);
     if (!s.ok()) {
       std::fprintf(stderr, "bench-engine: %s: %s\n", name.c_str(), s.ToString().c_str());
       return 1;
@@ -661,6 +682,11 @@ CommandRunner SetUpCommand(CLI::App* app) {
                   "engine matmul precision: f32 (x kept f32), bf16 (x rounded to bf16, vdpbf16ps) "
                   "or both, side by side")
       ->check(CLI::IsMember({"f32", "bf16", "both"}))
+      ->capture_default_str();
+  app->add_option("--amx", f->amx,
+                  "bf16 rows: AMX tiles for matmuls of 16+ rows (prefill) where the CPU and Linux "
+                  "allow them (on), the AVX-512 bf16 dot path only (off), or each in turn (both)")
+      ->check(CLI::IsMember({"on", "off", "both"}))
       ->capture_default_str();
   app->add_option("--decode-stream", f->decode_stream,
                   "how the AVX-512 panel matmul streams decode batches: auto (per CPU: single on "

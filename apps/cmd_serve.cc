@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "apps/command.h"
 #include "apps/http_limit_flags.h"
@@ -20,6 +21,7 @@
 #include "common/log.h"
 #include "common/thread_util.h"
 #include "engine/async_engine.h"
+#include "engine/cpu_features.h"
 #include "engine/engine.h"
 #include "engine/idle_poll.h"
 #include "messenger/decode_side.h"
@@ -76,13 +78,22 @@ int Fail(const std::string& message) {
 }
 
 // --trace: a tracer that outlives the engine, its file checked writable at start.
-Result<std::unique_ptr<Tracer>> MakeTracer(const RoleFlags& roles) {
+Result<std::unique_ptr<Tracer>> MakeTracer(const RoleFlags& roles, const ServeFlags& f) {
   if (roles.trace_file.empty()) return std::unique_ptr<Tracer>();
   TracerOptions to;
   to.process_name = "pdserve " + roles.role;
   to.max_events = static_cast<size_t>(roles.trace_max_events);
   auto tracer = std::make_unique<Tracer>(to);
   RETURN_IF_ERROR(tracer->WriteToFile(roles.trace_file).WithContext("--trace"));
+  // What ran where, for the viewer and bench/plot.py's titles: the served model's name (its
+  // last path component) and this machine's CPU.
+  std::string model = f.served_model_name.empty() ? f.model : f.served_model_name;
+  while (model.size() > 1 && model.back() == '/') model.pop_back();
+  if (model.find('/') != std::string::npos) model = model.substr(model.find_last_of('/') + 1);
+  tracer->Instant("process labels", "meta",
+                  {{"model", model},
+                   {"host", engine::CpuModelName() + " (" +
+                                std::to_string(std::thread::hardware_concurrency()) + " CPUs)"}});
   return tracer;
 }
 
@@ -179,7 +190,7 @@ int RunServe(const ServeFlags& f) {
   if (!weights.ok()) return Fail(weights.status().ToString());
   const int max_model_len =
       f.max_model_len > 0 ? f.max_model_len : weights->config.max_position_embeddings;
-  auto tracer = MakeTracer(f.roles);
+  auto tracer = MakeTracer(f.roles, f);
   if (!tracer.ok()) return Fail(tracer.status().ToString());
   RoleFlags roles = f.roles;
   roles.tracer = tracer->get();

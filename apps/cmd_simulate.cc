@@ -11,6 +11,7 @@
 #include "planner/deployment.h"
 #include "planner/scenario.h"
 #include "planner/setup.h"
+#include "planner/simulate_json.h"
 #include "planner/trace_replay.h"
 
 namespace pd::apps {
@@ -32,6 +33,7 @@ struct SimulateOptions {
   std::string traces;    // "all" or a glob: every matching trace replayed, one table
   std::string scenario;  // "r1": the DeepSeek-R1 deployment comparison
   planner::R1ScenarioOptions r1;
+  bool json = false;  // print a pdserve-simulate-v1 document instead of the tables
 };
 
 int RunScenario(const SimulateOptions& o) {
@@ -94,6 +96,10 @@ int Replay(const SimulateOptions& o, const planner::PlannerSetup& setup) {
     std::fprintf(stderr, "pdserve simulate: %s\n", r.status().ToString().c_str());
     return 1;
   }
+  if (o.json) {
+    std::fputs(planner::ReplaysToJson({*r}, setup.inputs).c_str(), stdout);
+    return 0;
+  }
   std::printf("trace %s: %zu requests, deployment %s%s\nlatency model: %s\n", r->name.c_str(),
               r->num_requests, r->spec.Describe().c_str(),
               r->assumed ? " (assumed: the file does not record it)" : "",
@@ -124,26 +130,19 @@ int ReplayMany(const SimulateOptions& o, const planner::PlannerSetup& setup) {
     }
     rows.push_back(std::move(r).value());
   }
+  if (o.json) {
+    std::fputs(planner::ReplaysToJson(rows, setup.inputs).c_str(), stdout);
+    return 0;
+  }
   std::printf("SLO TTFT %.3g s, TPOT %.3g s; attainment diff = simulated - measured, in points\n",
               setup.inputs.slo.ttft_s, setup.inputs.slo.tpot_s);
   std::fputs(planner::FormatReplayTable(rows).c_str(), stdout);
   return 0;
 }
 
-int RunSimulate(const SimulateOptions& o) {
-  if (!o.scenario.empty()) return RunScenario(o);
-  auto setup = planner::BuildPlannerSetup(o.setup);
-  if (!setup.ok()) {
-    std::fprintf(stderr, "pdserve simulate: %s\n", setup.status().ToString().c_str());
-    return 1;
-  }
-  if (!o.trace.empty() && !o.traces.empty()) {
-    std::fprintf(stderr, "pdserve simulate: --trace and --traces go alone, not together\n");
-    return 2;
-  }
-  if (!o.trace.empty()) return Replay(o, **setup);
-  if (!o.traces.empty()) return ReplayMany(o, **setup);
-  const planner::PlannerInputs& in = (*setup)->inputs;
+// The deployment of the flags at each --rate, then its goodput: a table, or JSON with --json.
+int RunRates(const SimulateOptions& o, const planner::PlannerSetup& setup) {
+  const planner::PlannerInputs& in = setup.inputs;
   auto spec = SpecFromFlags(o);
   if (!spec.ok()) {
     std::fprintf(stderr, "pdserve simulate: %s\n", spec.status().ToString().c_str());
@@ -163,22 +162,57 @@ int RunSimulate(const SimulateOptions& o) {
   g.min_duration_s = in.min_duration_s;
   const planner::ClusterLinks links{in.hw.intra_node_bw, in.cluster.inter_node_bw,
                                     in.shape.KvBytesPerToken()};
-  std::printf("%s, %s; %d requests per rate; SLO TTFT %.3g s, TPOT %.3g s\n", in.shape.name.c_str(),
-              spec->Describe().c_str(), in.arrivals.num_requests, in.slo.ttft_s, in.slo.tpot_s);
-  PrintHeader("rate (req/s)");
+  planner::SimulatedRates out;
+  out.deployment = spec->Describe();
+  out.disaggregated = spec->disaggregated;
+  out.latency_model = (spec->disaggregated ? in.model : in.colocated_model)->Describe();
   for (double rate : o.rates) {
     auto s = planner::AttainmentAt(*insts, links, unit, rate, g);
     if (!s.ok()) {
       std::fprintf(stderr, "pdserve simulate: %s\n", s.status().ToString().c_str());
       return 1;
     }
-    PrintSummaryRow(std::to_string(rate).substr(0, 8).c_str(), *s);
+    out.rates.push_back({rate, *s});
   }
-  auto goodput = planner::FindGoodput(*insts, links, unit, g);
-  if (goodput.ok()) {
-    std::printf("goodput at %.0f%% attainment: %.3f req/s\n", 100 * in.attainment, *goodput);
+  if (auto goodput = planner::FindGoodput(*insts, links, unit, g); goodput.ok()) {
+    out.goodput = *goodput;
+  }
+  if (o.json) {
+    std::fputs(planner::SimulatedRatesToJson(out, in).c_str(), stdout);
+    return 0;
+  }
+  std::printf("%s, %s; %d requests per rate; SLO TTFT %.3g s, TPOT %.3g s\n", in.shape.name.c_str(),
+              out.deployment.c_str(), in.arrivals.num_requests, in.slo.ttft_s, in.slo.tpot_s);
+  PrintHeader("rate (req/s)");
+  for (const planner::SimulatedRate& r : out.rates) {
+    PrintSummaryRow(std::to_string(r.rate).substr(0, 8).c_str(), r.summary);
+  }
+  if (out.goodput) {
+    std::printf("goodput at %.0f%% attainment: %.3f req/s\n", 100 * in.attainment, *out.goodput);
   }
   return 0;
+}
+
+int RunSimulate(const SimulateOptions& o) {
+  if (!o.scenario.empty() && o.json) {
+    std::fprintf(stderr,
+                 "pdserve simulate: --json goes with --rate, --trace or --traces, "
+                 "not --scenario\n");
+    return 2;
+  }
+  if (!o.scenario.empty()) return RunScenario(o);
+  auto setup = planner::BuildPlannerSetup(o.setup);
+  if (!setup.ok()) {
+    std::fprintf(stderr, "pdserve simulate: %s\n", setup.status().ToString().c_str());
+    return 1;
+  }
+  if (!o.trace.empty() && !o.traces.empty()) {
+    std::fprintf(stderr, "pdserve simulate: --trace and --traces go alone, not together\n");
+    return 2;
+  }
+  if (!o.trace.empty()) return Replay(o, **setup);
+  if (!o.traces.empty()) return ReplayMany(o, **setup);
+  return RunRates(o, **setup);
 }
 
 }  // namespace
@@ -206,6 +240,9 @@ PD_REGISTER_COMMAND(
       app->add_option("--scenario", o->scenario,
                       "r1: DeepSeek-R1 on 8-GPU nodes, colocated TP8 vs 1P:3D vs DP8 decode "
                       "(docs/planner.md); takes the --scenario-* flags");
+      app->add_flag("--json", o->json,
+                    "print a pdserve-simulate-v1 JSON document (the rates or the traces) "
+                    "instead of the tables");
       app->add_option("--scenario-model", o->r1.model)->capture_default_str();
       app->add_option("--scenario-hardware", o->r1.hardware, "h100-80gb | h200-141gb")
           ->capture_default_str();

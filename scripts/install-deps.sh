@@ -12,8 +12,10 @@ PACKAGES=(
   libfabric-dev libfabric-bin libhwloc-dev libopenblas-dev libpcre2-dev
   libssl-dev
   python3 python3-numpy
-  python3-jinja2
+  python3-jinja2 python3-jsonschema
+  python3-matplotlib
   curl iproute2
+  prometheus
 )
 
 missing=()

@@ -26,7 +26,9 @@ constexpr const char* kPerRunFields[] = {"date",
                                          "client_cpus_at_first_token",
                                          "first_token_steady_times",
                                          "burstiness",
-                                         "max_concurrency"};
+                                         "max_concurrency",
+                                         "host",
+                                         "slo_ms"};
 constexpr size_t kErrorsKept = 5;
 
 json RateJson(double rate) { return std::isinf(rate) ? json("inf") : json(rate); }
@@ -138,6 +140,7 @@ RatesReport MakeRatesReport(const SweepOptions& o, const std::string& model,
       o.bench.max_concurrency > 0 ? json(o.bench.max_concurrency) : json(nullptr);
   j["seed"] = o.bench.seed;
   j["slo_ms"] = o.slo_ms;
+  j["host"] = HostDescription();
   j["attainment_target"] = o.attainment_target > 0 ? json(o.attainment_target) : json(nullptr);
   j["rates"] = json::array();
   char header[256];

@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <fstream>
 #include <set>
+#include <thread>
 
 namespace pd::bench {
 
@@ -256,6 +258,8 @@ json RunJson(const RunInfo& info, size_t num_results, const Tally& s,
   j["client_run_delays_to_first_token"] = s.run_delays;
   j["client_cpus_at_first_token"] = s.cpus;
   j["first_token_steady_times"] = s.first_token_times;
+  j["host"] = HostDescription();
+  if (!goodput_ms.empty()) j["slo_ms"] = goodput_ms;  // the --goodput SLOs, milliseconds
   return j;
 }
 
@@ -356,6 +360,20 @@ BenchmarkSummary Summarize(const RunInfo& info, const std::vector<RequestResult>
   AddLatencyMetrics(tally, percentile_metrics, percentiles, &j, &t);
   t += std::string(50, '=') + "\n";
   return {j, t};
+}
+
+std::string HostDescription() {
+  std::string model = "unknown CPU";
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    const size_t begin =
+        colon == std::string::npos ? colon : line.find_first_not_of(" \t", colon + 1);
+    if (begin != std::string::npos) model = line.substr(begin);
+    break;
+  }
+  return model + " (" + std::to_string(std::thread::hardware_concurrency()) + " CPUs)";
 }
 
 }  // namespace pd::bench

@@ -77,6 +77,10 @@ Attainment ComputeAttainment(const std::vector<RequestResult>& results,
 // {"ttft": x, "tpot": y, "both": z}: the metrics without an SLO are null.
 nlohmann::json AttainmentJson(const Attainment& attainment);
 
+// The machine the client runs on, for the saved JSON's "host" (a plot's title names it): the CPU
+// model from /proc/cpuinfo and the number of CPUs, "Intel(R) Xeon(R) ... (2 CPUs)".
+std::string HostDescription();
+
 struct BenchmarkSummary {
   nlohmann::json json;  // vLLM's field names
   std::string text;     // the printed report

@@ -1,10 +1,15 @@
 #include "engine/cpu_features.h"
 
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <string>
+
+#include "common/log.h"
 
 namespace pd::engine {
 namespace {
@@ -44,10 +49,54 @@ const CpuFeatures& DetectCpuFeatures() {
              CpuidBit(1, 0, kEcx, 29);  // F16C
     f.avx512 = f.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    f.avx512_bf16 = f.avx512 && CpuidBit(7, 1, kEax, 5);  // AVX512_BF16
+    f.avx512_bf16 = f.avx512 && CpuidBit(7, 1, kEax, 5);                // AVX512_BF16
+    f.amx_bf16 = CpuidBit(7, 0, kEdx, 24) && CpuidBit(7, 0, kEdx, 22);  // AMX-TILE, AMX-BF16
     return f;
   }();
   return features;
+}
+
+namespace {
+
+// Linux's arch_prctl codes for dynamically enabled XSAVE state (asm/prctl.h) and the tile data
+// component's number (XFEATURE_XTILEDATA), spelled out for headers that predate them.
+constexpr int kArchGetXcompPerm = 0x1022;
+constexpr int kArchReqXcompPerm = 0x1023;
+constexpr int kXfeatureXtiledata = 18;
+
+AmxSupport RequestAmx() {
+  AmxSupport s;
+  const CpuFeatures& f = DetectCpuFeatures();
+  if (!f.amx_bf16) {
+    s.reason = "this CPU has no AMX-TILE/AMX-BF16";
+    return s;
+  }
+  if (!f.avx512_bf16) {  // the kernel converts x with AVX512_BF16 and falls back to its dot path
+    s.reason = "this CPU has AMX but no AVX512_BF16";
+    return s;
+  }
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) {
+    s.reason = std::string("arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA): ") + std::strerror(errno);
+  } else {
+    unsigned long long granted = 0;
+    if (syscall(SYS_arch_prctl, kArchGetXcompPerm, &granted) != 0) {
+      s.reason = std::string("arch_prctl(ARCH_GET_XCOMP_PERM): ") + std::strerror(errno);
+    } else if (((granted >> kXfeatureXtiledata) & 1) == 0) {
+      s.reason = "arch_prctl granted no tile data state";
+    } else {
+      s.usable = true;
+      return s;
+    }
+  }
+  PD_LOG_WARN("AMX not used ({}); bf16 matmuls keep AVX-512", s.reason);
+  return s;
+}
+
+}  // namespace
+
+const AmxSupport& DetectAmx() {
+  static const AmxSupport support = RequestAmx();
+  return support;
 }
 
 std::string_view CpuVendorName(CpuVendor vendor) {

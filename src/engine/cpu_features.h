@@ -16,10 +16,22 @@ struct CpuFeatures {
   bool avx2 = false;                     // with fma and f16c
   bool avx512 = false;                   // f, bw, vl, dq
   bool avx512_bf16 = false;
+  bool amx_bf16 = false;  // AMX-TILE and AMX-BF16 (CPUID); usable once DetectAmx() says so
 };
 
 const CpuFeatures& DetectCpuFeatures();
 std::string_view CpuVendorName(CpuVendor vendor);  // "intel" | "amd" | "other"
+// Whether this process may run AMX bf16 tile instructions: the CPU has AMX-TILE and AMX-BF16, and
+// Linux granted the tile data state (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)), which
+// is asked for once per process on the first call (thread-safe; the permission then holds for
+// every thread of the process). `reason` says why not when not usable; a refused request is also
+// logged once as a warning (the matmuls then keep AVX-512).
+struct AmxSupport {
+  bool usable = false;
+  std::string reason;
+};
+const AmxSupport& DetectAmx();
+
 // /proc/cpuinfo's first "model name" (e.g. "AMD EPYC 9R14 96-Core Processor"), or "unknown".
 std::string CpuModelName();
 

@@ -144,6 +144,13 @@ void ClearForcedPanelStream();
 // The AVX-512 kPanel32 matmul (kernels_avx512_gemm.cc), and its bf16-dot variant (AVX512_BF16).
 MatmulFn Avx512PanelMatmul(PanelStream stream);
 MatmulFn Avx512PanelDotMatmul(PanelStream stream);
+// The AMX bf16 matmul (kernels_amx.cc) from kAmxMinRows rows of x: matmul_panel_bf16_dot's
+// contract except that it multiplies 16x16 tiles with TDPBF16PS, whose sums differ from the
+// vdpbf16ps chain in the last bits (within ~1e-5 of the sum's magnitude of ref::MatmulBf16Dot);
+// still independent of the rows computed with it. Fewer rows, f32 weights or odd k:
+// Avx512PanelDotMatmul(stream). Only call once DetectAmx() (cpu_features.h) says usable.
+constexpr int64_t kAmxMinRows = 16;
+MatmulFn AmxPanelDotMatmul(PanelStream stream);
 
 // The reference row kernels, for tables without their own.
 void ScalarSiluMulRow(const float* gate, const float* up, int64_t dim, float* out);

@@ -288,6 +288,9 @@ KernelVariant DescribeKernels() {
   v.isa = std::string(IsaLevelName(level));
   v.matmul = panel ? "panel32" : "rowmajor";
   v.bf16_dot = f.avx512_bf16 ? "vdpbf16ps" : "none";
+  const AmxSupport& amx = DetectAmx();
+  v.amx = amx.usable ? "bf16 tiles from " + std::to_string(kernels::kAmxMinRows) + " rows"
+                     : "none (" + amx.reason + ")";
   v.decode_stream = panel ? kernels::PanelStreamName(kernels::ChosenPanelStream()) : "-";
   return v;
 }

@@ -71,11 +71,13 @@ size_t LastLevelCacheBytes();
 // What this host is and which fast kernels the engine runs on it (benchmark headers, so that a
 // table from one host cannot be taken for another's).
 struct KernelVariant {
-  std::string cpu_model;      // /proc/cpuinfo "model name"
-  std::string vendor;         // "intel" | "amd" | "other"
-  std::string isa;            // the best ISA level: "avx512" | "avx2" | "scalar"
-  std::string matmul;         // the weight layout's kernel: "panel32" (AVX-512) or "rowmajor"
-  std::string bf16_dot;       // "vdpbf16ps" where the CPU has AVX512_BF16, else "none"
+  std::string cpu_model;  // /proc/cpuinfo "model name"
+  std::string vendor;     // "intel" | "amd" | "other"
+  std::string isa;        // the best ISA level: "avx512" | "avx2" | "scalar"
+  std::string matmul;     // the weight layout's kernel: "panel32" (AVX-512) or "rowmajor"
+  std::string bf16_dot;   // "vdpbf16ps" where the CPU has AVX512_BF16, else "none"
+  // "bf16 tiles from N rows" where AMX is usable (DetectAmx), else "none (the reason)"
+  std::string amx;
   std::string decode_stream;  // panel decode streaming: "single" | "multi" | "-" (no panel)
 };
 KernelVariant DescribeKernels();

@@ -171,7 +171,9 @@ INSTANTIATE_TEST_SUITE_P(All, RunnerTest, ::testing::ValuesIn(AllCases()), CaseN
 // of pairs: the fast kernels (where the CPU has AVX512_BF16) equal the emulating reference
 // within the other kernels' rounding, differ from the f32 precision by bf16 rounding only, and
 // a sequence's logits do not depend on its batch.
+// AMX off: with it, a step's matmuls of 16 rows or more take tiles (amx_runner_test.cc).
 TEST(RunnerMatmulPrecisionTest, Bf16DotMatchesItsReferenceAndIsBatchInvariant) {
+  const testing::ScopedAmxAllowed no_amx(false);
   TinyModelOptions o;
   o.dtype = DType::kBF16;
   o.hidden = 64;

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "engine/matmul_precision.h"
 #include "model/dtype.h"
 #include "model/weights.h"
 
@@ -125,6 +126,19 @@ inline double RelError(const std::vector<float>& a, const std::vector<float>& b)
   }
   return diff / scale;
 }
+
+// SetAmxAllowed(allowed) for its lifetime (runners created meanwhile follow it), then the setting
+// it found.
+class ScopedAmxAllowed {
+ public:
+  explicit ScopedAmxAllowed(bool allowed) : before_(AmxAllowed()) { SetAmxAllowed(allowed); }
+  ~ScopedAmxAllowed() { SetAmxAllowed(before_); }
+  ScopedAmxAllowed(const ScopedAmxAllowed&) = delete;
+  ScopedAmxAllowed& operator=(const ScopedAmxAllowed&) = delete;
+
+ private:
+  const bool before_;
+};
 
 // n normal(0, scale) floats, deterministic for a seed (kernel test inputs).
 inline std::vector<float> Random(size_t n, uint64_t seed, float scale = 1.0f) {

@@ -282,6 +282,9 @@ class JsonCallState final : public ConstraintState {
     }
   }
 
+  std::unique_ptr<ConstraintState> Clone() const override {
+    return std::make_unique<JsonCallState>(*this);
+  }
   bool Allows(std::string_view bytes) const override {
     JsonCallState copy = *this;
     return copy.Push(bytes);

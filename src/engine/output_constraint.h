@@ -23,11 +23,26 @@ struct TokenTexts {
   int size() const { return static_cast<int>(bytes.size()); }
 };
 
+// The tokens a constraint state allows at once, one bit per token id: bit (id % 64) of word
+// (id / 64). Only tokens that write text are ever set; end-of-sequence tokens are the sampler's.
+struct TokenMask {
+  std::vector<uint64_t> bits;  // (ceil(vocab / 64))
+  bool Has(int32_t id) const {
+    return id >= 0 && static_cast<size_t>(id / 64) < bits.size() &&
+           ((bits[id / 64] >> (id % 64)) & 1) != 0;
+  }
+};
+
 // One request's position inside the constrained language.
+//
+// Speculative decoding checks drafted tokens position by position: Clone the state, then for each
+// draft token ask Allows / AllowedTokens and Advance the clone; the sampler's own state advances
+// only by the tokens accepted.
 // Thread safety: not thread-safe; the request's sampler owns it.
 class ConstraintState {
  public:
   virtual ~ConstraintState() = default;
+  virtual std::unique_ptr<ConstraintState> Clone() const = 0;
   // Whether the text so far followed by `bytes` is still a prefix of some sentence of the language.
   // Empty bytes: true.
   virtual bool Allows(std::string_view bytes) const = 0;
@@ -40,6 +55,12 @@ class ConstraintState {
   virtual void Advance(std::string_view bytes) = 0;
   // The text so far is a whole sentence: only an end-of-sequence token may follow.
   virtual bool complete() const = 0;
+  // The text so far is a whole sentence, which may also go on (a regex's "[0-9]+" after "12"): an
+  // end-of-sequence token may follow, and so may the tokens Allows accepts.
+  virtual bool accepting() const { return complete(); }
+  // A fast path: the tokens whose bytes Allows accepts, all at once; null when this state does not
+  // compute them (the sampler then asks Allows token by token). Valid while the constraint lives.
+  virtual const TokenMask* AllowedTokens() const { return nullptr; }
 };
 
 // Thread safety: immutable; shared by the requests that use it.

@@ -22,10 +22,12 @@
 
 namespace pd::engine {
 
-// The fast kernels of this CPU; with bf16_dot the panel matmul is the bf16-dot one.
-inline kernels::IsaKernels FastKernels(bool bf16_dot) {
+// The fast kernels of this CPU, the panel matmul the one `path` names (ChosenMatmulPath).
+inline kernels::IsaKernels FastKernels(MatmulPath path) {
   kernels::IsaKernels k = kernels::KernelsFor(BestIsaLevel());
-  if (bf16_dot) k.matmul_panel = k.matmul_panel_bf16_dot;
+  if (path == MatmulPath::kBf16Dot) k.matmul_panel = k.matmul_panel_bf16_dot;
+  if (path == MatmulPath::kAmxBf16)
+    k.matmul_panel = kernels::AmxPanelDotMatmul(kernels::ChosenPanelStream());
   return k;
 }
 
@@ -71,7 +73,7 @@ class RankRunner final : public ModelRunner {
         pool_(threads),
         fast_(kind == KernelKind::kFast),
         bf16_dot_(MatmulBf16DotUsed(kind, matmul)),
-        isa_(fast_ ? FastKernels(bf16_dot_) : kernels::IsaKernels{}),
+        isa_(fast_ ? FastKernels(ChosenMatmulPath(kind, matmul)) : kernels::IsaKernels{}),
         rank_(rank),
         mla_rope_(c_.is_mla() ? ComputeMlaRope(c_) : MlaRope{}),
         mla_isa_(fast_ ? &kernels::MlaKernelsFor(BestIsaLevel()) : nullptr) {}
@@ -132,7 +134,7 @@ class RankRunner final : public ModelRunner {
   ThreadPool pool_;
   const bool fast_;
   const bool bf16_dot_;            // matmuls over bf16 weights in bf16 (MatmulPrecision::kBf16)
-  const kernels::IsaKernels isa_;  // fast_: FastKernels(bf16_dot_); else unused
+  const kernels::IsaKernels isa_;  // fast_: FastKernels(ChosenMatmulPath(...)); else unused
   const RankContext rank_;
   LayerProgress progress_;
   uint64_t steps_done_ = 0;

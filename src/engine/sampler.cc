@@ -1,6 +1,7 @@
 #include "engine/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -119,9 +120,11 @@ SampleResult RequestSampler::Sample(std::span<const float> logits) {
 bool RequestSampler::Allowed(int32_t id) const {
   const bool ends = std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end();
   if (constraint_->complete()) return ends || end_ids_.empty();  // nothing ends it: free again
-  if (ends) return false;
+  if (ends) return constraint_->accepting();
   const TokenTexts& texts = params_.constraint->texts();
   if (id < 0 || id >= texts.size() || !texts.writes[id] || texts.bytes[id].empty()) return false;
+  if (mask_ != nullptr && !mask_->Has(id)) return false;
+  if (mask_ != nullptr && !close_in_time_) return true;
   const size_t need = constraint_->CompletionBytesAfter(texts.bytes[id]);
   if (need == ConstraintState::kNever) return false;
   if (!close_in_time_) return true;
@@ -141,9 +144,19 @@ int32_t RequestSampler::GreedyConstrained(std::span<const float> logits) {
     return logits[a] < logits[b] || (logits[a] == logits[b] && a > b);
   };
   std::vector<int32_t> heap;
-  heap.reserve(logits.size());
-  for (size_t i = 0; i < logits.size(); ++i) {
-    if (static_cast<int32_t>(i) != best) heap.push_back(static_cast<int32_t>(i));
+  if (mask_ != nullptr) {  // only the mask's tokens and the ends can be allowed
+    heap = MaskCandidates(static_cast<int>(logits.size()));
+    // Usually the best of them is allowed: one pass finds it without building the heap.
+    int32_t top = -1;
+    for (int32_t id : heap) {
+      if (top < 0 || worse(top, id)) top = id;
+    }
+    if (top < 0 || Allowed(top)) return top;
+  } else {
+    heap.reserve(logits.size());
+    for (size_t i = 0; i < logits.size(); ++i) {
+      if (static_cast<int32_t>(i) != best) heap.push_back(static_cast<int32_t>(i));
+    }
   }
   std::make_heap(heap.begin(), heap.end(), worse);
   while (!heap.empty()) {
@@ -162,7 +175,23 @@ int32_t RequestSampler::GreedyConstrained(std::span<const float> logits) {
 // and always under top-k or top-p (whose cut depends on which tokens are allowed), every token is
 // checked once and the draw is made among the allowed ones. Either way the token follows the
 // masked distribution: the fallback is a fresh draw from it, whatever the refusals were.
+std::vector<int32_t> RequestSampler::MaskCandidates(int vocab) const {
+  std::vector<int32_t> ids;
+  for (size_t w = 0; w < mask_->bits.size(); ++w) {
+    for (uint64_t bits = mask_->bits[w]; bits != 0; bits &= bits - 1) {
+      const auto id = static_cast<int32_t>(w * 64 + std::countr_zero(bits));
+      if (id < vocab) ids.push_back(id);
+    }
+  }
+  for (int32_t id : end_ids_) {
+    if (id < vocab && !mask_->Has(id)) ids.push_back(id);
+  }
+  return ids;
+}
+
 int32_t RequestSampler::SampleConstrained(std::span<const float> logits) {
+  // The mask of the state, when it computes one (null once complete: few tokens matter then).
+  mask_ = constraint_->complete() ? nullptr : constraint_->AllowedTokens();
   int32_t id = -1;
   if (params_.temperature == 0.0f) {
     id = GreedyConstrained(logits);
@@ -177,8 +206,14 @@ int32_t RequestSampler::SampleConstrained(std::span<const float> logits) {
     }
     if (id < 0) {
       std::vector<int32_t> allowed;
-      for (int32_t t = 0; t < vocab; ++t) {
-        if (Allowed(t)) allowed.push_back(t);
+      if (mask_ != nullptr) {
+        for (int32_t t : MaskCandidates(vocab)) {
+          if (Allowed(t)) allowed.push_back(t);
+        }
+      } else {
+        for (int32_t t = 0; t < vocab; ++t) {
+          if (Allowed(t)) allowed.push_back(t);
+        }
       }
       if (!allowed.empty()) id = SampleFrom(logits, allowed);
     }

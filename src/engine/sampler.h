@@ -51,6 +51,8 @@ class RequestSampler {
   int32_t SampleConstrained(std::span<const float> logits);
   int32_t GreedyConstrained(std::span<const float> logits);
   bool Allowed(int32_t id) const;
+  // The mask's tokens and the end tokens, ascending by id within each.
+  std::vector<int32_t> MaskCandidates(int vocab) const;
   double NextUniform();  // [0, 1), 53 bits, identical on every platform
 
   SamplingParams params_;
@@ -58,7 +60,8 @@ class RequestSampler {
   std::vector<std::pair<float, int32_t>> scratch_;  // (vocab): (scaled logit, id)
   std::vector<double> probs_;                       // (kept tokens): unnormalised probabilities
   std::unique_ptr<ConstraintState> constraint_;     // null: unconstrained
-  std::vector<int32_t> end_ids_;                    // what may follow a complete constrained text
+  const TokenMask* mask_ = nullptr;  // the constraint state's allowed tokens, while sampling
+  std::vector<int32_t> end_ids_;     // what may follow a complete constrained text
   bool released_ = false;
   int num_sampled_ = 0;
   // Whether the constrained text can complete within max_tokens at all (counted as one byte per

@@ -8,6 +8,9 @@
 #include <span>
 #include <string>
 
+#include "planner/distserve_decode.h"
+#include "planner/vllm_scheduler.h"
+
 namespace pd::planner {
 namespace {
 
@@ -25,7 +28,15 @@ Result<double> MinFactor(std::span<const double> factors, const char* name) {
   return least;
 }
 
-enum class EventKind { kArrival, kStageFree, kStepDone, kKvReady, kKvArrived, kTtftDeadline };
+enum class EventKind {
+  kArrival,
+  kStageFree,
+  kStepDone,
+  kKvReady,
+  kKvArrived,
+  kTtftDeadline,
+  kLoopWake,
+};
 
 struct Event {
   double time = 0.0;
@@ -46,7 +57,8 @@ struct Instance {
   int64_t steps_started = 0;
   bool dirty = false;  // may be able to start a step at the current instant
   std::deque<SimBatch> batches;
-  int load() const { return sched->num_unfinished() + incoming; }
+  std::unique_ptr<DistServeDecodeLoop> loop;  // with InstanceConfig::distserve_decode_loop
+  int load() const { return loop ? loop->load() : sched->num_unfinished() + incoming; }
   // A lower bound on the time of any step that yields a token here (0: none known).
   double min_token_step_s = 0.0;
 };
@@ -66,13 +78,27 @@ double MinDecodeStepSeconds(const InstanceConfig& c) {
   return std::max(0.0, ms) * 1e-3;
 }
 
-class Cluster {
+class Cluster final : public DecodeLoopHost {
  public:
   Cluster(const ClusterLinks& links, std::span<const SimRequest> requests, const SimOptions& opts)
       : links_(links), requests_(requests), opts_(opts) {}
 
   Status Init(std::span<const InstanceConfig> configs);
   SimResult Run();
+
+  // DecodeLoopHost
+  void WakeLoopAt(int instance, double time) override {
+    Push(time, EventKind::kLoopWake, instance, -1);
+  }
+  double MigrationSeconds(int instance, int64_t req) override {
+    return KvTransferSeconds(instances_[prefill_of_[req]].cfg, instances_[instance].cfg, links_,
+                             requests_[req].prompt_len);
+  }
+  void OnMigrated(int instance, double now, int64_t req) override;
+  bool OnLoopToken(int instance, double now, int64_t req) override {
+    return OnToken(now, instances_[instance], req);
+  }
+  LoopStep OnLaunch(int instance, double start, const StepShape& shape) override;
 
  private:
   void Push(double time, EventKind kind, int instance, int64_t request) {
@@ -90,6 +116,9 @@ class Cluster {
   // remaining tokens each need a step of at least min_step_s after `now`.
   void CheckTpotBound(double now, int64_t req, double min_step_s);
   void TryStart(double now, int inst);
+  // The times of a step of `shape` that instance i starts at `now` (co-run factor and
+  // calibration applied), recorded with SimOptions::record_steps.
+  StageTimes StartStep(double now, int i, const StepShape& shape);
   bool OtherBusyOnNode(int inst) const;  // another instance on its node is mid-step
   // A prefill instance that hands its prompts over before its step ends
   // (InstanceConfig::kv_ready_fraction).
@@ -116,6 +145,7 @@ class Cluster {
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
   int64_t next_seq_ = 0;
   std::vector<int> generated_;
+  std::vector<int> prefill_of_;  // the prefill instance that handed each request over
   std::vector<char> missed_;
   SimResult result_;
   int misses_ = 0;
@@ -149,6 +179,15 @@ Status Cluster::Init(std::span<const InstanceConfig> configs) {
     inst.min_token_step_s = MinDecodeStepSeconds(c) * min_factor;
     inst.sched = factory(c.policy, c.role);
     if (!inst.sched) return InvalidArgument("scheduler factory returned no scheduler");
+    if (c.distserve_decode_loop) {
+      if (c.role != Role::kDecode) {
+        return InvalidArgument("only a decode instance runs DistServe's decoding loop");
+      }
+      inst.loop = std::make_unique<DistServeDecodeLoop>(
+          DecodeLoopOptions{static_cast<int>(instances_.size()), c.pp, c.policy.max_num_seqs,
+                            c.policy.kv_capacity_tokens, c.policy.page_size},
+          this);
+    }
     instances_.push_back(std::move(inst));
   }
   if (colocated > 0 && (prefill > 0 || decode > 0)) {
@@ -160,6 +199,7 @@ Status Cluster::Init(std::span<const InstanceConfig> configs) {
   colocated_ = colocated > 0;
   result_.requests.resize(requests_.size());
   generated_.assign(requests_.size(), 0);
+  prefill_of_.assign(requests_.size(), -1);
   missed_.assign(requests_.size(), 0);
   for (size_t i = 0; i < requests_.size(); ++i) {
     const SimRequest& r = requests_[i];
@@ -212,6 +252,9 @@ SimResult Cluster::Run() {
         break;
       case EventKind::kTtftDeadline:
         OnTtftDeadline(now, e.request);
+        break;
+      case EventKind::kLoopWake:
+        instances_[e.instance].loop->Wake(now);
         break;
     }
     // Steps start once every event of this instant is in, so simultaneous arrivals batch.
@@ -283,6 +326,11 @@ void Cluster::CheckTpotBound(double now, int64_t req, double min_step_s) {
 
 void Cluster::HandOver(double now, int inst, int64_t req) {
   const int dest = PickLeastLoaded(Role::kDecode);
+  prefill_of_[req] = inst;
+  if (instances_[dest].loop) {  // the loop migrates the KV itself
+    instances_[dest].loop->HandOver(now, req, requests_[req].prompt_len);
+    return;
+  }
   ++instances_[dest].incoming;
   const double xfer = KvTransferSeconds(instances_[inst].cfg, instances_[dest].cfg, links_,
                                         requests_[req].prompt_len);
@@ -300,6 +348,11 @@ void Cluster::OnKvArrived(double now, int inst, int64_t req) {
     return;
   }
   MarkDirty(inst);
+}
+
+void Cluster::OnMigrated(int instance, double now, int64_t req) {
+  result_.requests[req].kv_arrived_s = now;
+  CheckTpotBound(now, req, instances_[instance].min_token_step_s);
 }
 
 StepShape Cluster::ShapeOf(const Instance& inst, const SimBatch& batch) const {
@@ -335,7 +388,25 @@ void Cluster::TryStart(double now, int i) {
   if (now < inst.stage_free_at || inst.in_flight >= max_in_flight) return;
   SimBatch batch = inst.sched->Schedule(now);
   if (batch.empty()) return;
-  const StepShape shape = ShapeOf(inst, batch);
+  const StageTimes t = StartStep(now, i, ShapeOf(inst, batch));
+  inst.stage_free_at = now + t.stage_s;
+  // Batches leave the pipeline in the order they entered it.
+  inst.last_done = std::max(now + t.step_s, inst.last_done);
+  ++inst.in_flight;
+  inst.batches.push_back(std::move(batch));
+  Push(inst.last_done, EventKind::kStepDone, i, -1);
+  if (EarlyHandOver(inst.cfg)) {
+    // The rest of the step after the last layer's KV, before the batch leaves the pipeline (with
+    // PP it may leave after the batch ahead of it, later than its own start + step).
+    const double ready = inst.last_done - (1 - inst.cfg.kv_ready_fraction) * t.step_s;
+    for (const BatchItem& item : inst.batches.back().items)
+      if (item.samples) Push(ready, EventKind::kKvReady, i, item.seq_id);
+  }
+  if (inst.cfg.pp > 1) Push(inst.stage_free_at, EventKind::kStageFree, i, -1);
+}
+
+StageTimes Cluster::StartStep(double now, int i, const StepShape& shape) {
+  Instance& inst = instances_[i];
   StageTimes t = PipelineTimes(inst.cfg.coeffs, shape, inst.cfg.pp);
   const bool corun = OtherBusyOnNode(i);
   if (inst.cfg.corun_slowdown != 1.0 && corun) {
@@ -349,25 +420,19 @@ void Cluster::TryStart(double now, int i) {
     t.step_s *= k;
   }
   ++inst.steps_started;
+  ++result_.num_steps;
   if (opts_.record_steps) {
     result_.steps.push_back({i, now, t.step_s, shape.decode_seqs, shape.decode_context,
                              shape.prefill_tokens, corun, shape.prefill_chunks});
   }
-  inst.stage_free_at = now + t.stage_s;
-  // Batches leave the pipeline in the order they entered it.
-  inst.last_done = std::max(now + t.step_s, inst.last_done);
-  ++inst.in_flight;
-  ++result_.num_steps;
-  inst.batches.push_back(std::move(batch));
-  Push(inst.last_done, EventKind::kStepDone, i, -1);
-  if (EarlyHandOver(inst.cfg)) {
-    // The rest of the step after the last layer's KV, before the batch leaves the pipeline (with
-    // PP it may leave after the batch ahead of it, later than its own start + step).
-    const double ready = inst.last_done - (1 - inst.cfg.kv_ready_fraction) * t.step_s;
-    for (const BatchItem& item : inst.batches.back().items)
-      if (item.samples) Push(ready, EventKind::kKvReady, i, item.seq_id);
-  }
-  if (inst.cfg.pp > 1) Push(inst.stage_free_at, EventKind::kStageFree, i, -1);
+  return t;
+}
+
+LoopStep Cluster::OnLaunch(int instance, double start, const StepShape& shape) {
+  const StepCoeffs& k = instances_[instance].cfg.coeffs;
+  const double launch_ms =
+      k.overhead_ms + k.overhead_per_token_ms * static_cast<double>(shape.decode_context);
+  return {StartStep(start, instance, shape), launch_ms * 1e-3};
 }
 
 bool Cluster::OnToken(double now, Instance& inst, int64_t req) {
@@ -429,6 +494,7 @@ std::string_view RoleName(Role role) {
 
 SchedulerFactory NativeSchedulerFactory() {
   return [](const SchedPolicy& policy, Role) -> std::unique_ptr<StepScheduler> {
+    if (policy.rule == BatchRule::kVllmV0) return std::make_unique<VllmStepScheduler>(policy);
     return std::make_unique<NativeStepScheduler>(policy);
   };
 }

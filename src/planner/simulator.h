@@ -55,6 +55,10 @@ struct InstanceConfig {
   // write (a traced local deployment: 0.90 of the step). 1: when the step ends (DistServe's
   // accounting). In (0, 1].
   double kv_ready_fraction = 1.0;
+  // A decode instance that runs DistServe's decoding engine loop (distserve_decode.h): fixed
+  // micro-batches launched one per turn, KV migrations awaited inside the loop. false: the
+  // scheduler's batches, started whenever the first pipeline stage is free.
+  bool distserve_decode_loop = false;
   // How this instance's steps differ from the latency model's on a real host (validate-sim
   // measures it from traces); null: every step takes the model's time.
   std::shared_ptr<const StepCalibration> calibration;

@@ -15,7 +15,14 @@
 
 namespace pd::planner {
 
+// Which batch scheduler NativeSchedulerFactory builds.
+enum class BatchRule {
+  kPdserve,  // NativeStepScheduler: engine::Scheduler's policy, decodes and prompts mixed
+  kVllmV0,   // VllmStepScheduler (vllm_scheduler.h): a step is all prompts or all decodes
+};
+
 struct SchedPolicy {
+  BatchRule rule = BatchRule::kPdserve;
   int max_num_seqs = 256;             // running sequences at once
   int max_num_batched_tokens = 2048;  // token budget per step
   bool enable_chunked_prefill = false;

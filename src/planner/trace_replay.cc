@@ -45,6 +45,20 @@ std::string Row(const TraceReplay& r) {
   return line;
 }
 
+// The systems as DistServe's benchmark started them (evaluation/2-benchmark-serving): vLLM with
+// --max-num-batched-tokens 16384 --max-num-seqs 1024 and its v0 scheduler; DistServe's decoding
+// engine loop with --decoding-max-batch-size 1024.
+void ConfigureAsRecorded(InstanceConfig* c) {
+  if (c->role == Role::kColocated) {
+    c->policy.rule = BatchRule::kVllmV0;
+    c->policy.max_num_batched_tokens = 16384;
+    c->policy.max_num_seqs = 1024;
+  } else if (c->role == Role::kDecode) {
+    c->distserve_decode_loop = true;
+    c->policy.max_num_seqs = 1024;
+  }
+}
+
 }  // namespace
 
 Result<std::vector<std::string>> MatchTraces(const std::string& distserve_dir,
@@ -78,11 +92,13 @@ Result<TraceReplay> ReplayTrace(const PlannerSetup& setup, const std::string& di
                    LoadMeasuredJson(dir + "measured/" + r.name + ".json"));
   r.num_requests = trace.size();
   const PlannerInputs& in = setup.inputs;
-  ASSIGN_OR_RETURN(const std::vector<InstanceConfig> insts, BuildInstances(in, r.spec));
+  ASSIGN_OR_RETURN(std::vector<InstanceConfig> insts, BuildInstances(in, r.spec));
+  for (InstanceConfig& c : insts) ConfigureAsRecorded(&c);
   const ClusterLinks links{in.hw.intra_node_bw, in.cluster.inter_node_bw,
                            in.shape.KvBytesPerToken()};
   SimOptions sim;
-  sim.make_scheduler = in.make_scheduler;
+  // The vLLM runs replay vLLM's scheduler whichever scheduler the planner was given.
+  sim.make_scheduler = r.spec.disaggregated ? in.make_scheduler : NativeSchedulerFactory();
   ASSIGN_OR_RETURN(const SimResult result, Simulate(insts, links, trace, sim));
   r.simulated = Summarize(result.requests, in.slo);
   r.measured = Summarize(MeasuredResults(measured), in.slo);

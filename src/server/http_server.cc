@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "common/rate_limited_log.h"
 #include "common/thread_util.h"
+#include "constrain/token_texts.h"
 #include "server/auth.h"
 #include "server/generation.h"
 #include "server/openai_response.h"
@@ -53,15 +54,19 @@ OpenAiServer::OpenAiServer(const ServerOptions& options, engine::AsyncEngine* en
   limits_.max_model_len = options.max_model_len;
   limits_.vocab_size = tokenizer->vocab_size();
   limits_.max_logprobs = options.max_logprobs;
-  if (options.tool_call_format != ToolCallFormat::kNone) {
-    auto texts = std::make_shared<engine::TokenTexts>();
-    for (int32_t id = 0; id < tokenizer->vocab_size(); ++id) {
-      auto bytes = tokenizer->TokenBytes(id);
-      texts->writes.push_back(bytes.ok() && !tokenizer->IsSpecial(id));
-      texts->bytes.push_back(bytes.ok() ? std::move(bytes).value() : std::string());
-    }
-    token_texts_ = std::move(texts);
-  }
+  token_texts_ = constrain::TokenTextsOf(*tokenizer);
+  structured_ = std::make_unique<constrain::StructuredOutputCompiler>(token_texts_);
+}
+
+Status OpenAiServer::ApplyStructuredOutput(GenerateRequest* request, ResponseFormat* format) const {
+  if (request->structured.kind == constrain::StructuredOutput::Kind::kNone) return OkStatus();
+  if (request->sampling.constraint != nullptr)
+    return InvalidArgument("'" + request->structured.field +
+                           "' cannot be combined with a forced tool call (tool_choice)");
+  ASSIGN_OR_RETURN(request->sampling.constraint, structured_->Compile(request->structured));
+  // The reply is the structured text from its first token: no reasoning part to split off.
+  format->reasoning_parser = ReasoningParser::kNone;
+  return OkStatus();
 }
 
 Status OpenAiServer::ApplyToolChoice(GenerateRequest* request, ResponseFormat* format) const {
@@ -271,6 +276,8 @@ std::shared_ptr<StreamState> OpenAiServer::StartGeneration(ApiKind kind,
   ResponseFormat format;
   format.reasoning_parser = options_.reasoning_parser;
   if (Status st = ApplyToolChoice(&request, &format); !st.ok()) return SendStatus(res, st), nullptr;
+  if (Status st = ApplyStructuredOutput(&request, &format); !st.ok())
+    return SendStatus(res, st), nullptr;
   auto ids = Tokenize(request);
   if (!ids.ok()) return SendStatus(res, ids.status()), nullptr;
   TraceInstant(options_.tracer, "tokenized", "http");

@@ -95,6 +95,8 @@ class OpenAiServer {
   // Chat with tools: how the reply is parsed (format) and, for a forced call, the constraint the
   // request decodes under (request->sampling.constraint).
   Status ApplyToolChoice(GenerateRequest* request, struct ResponseFormat* format) const;
+  // response_format / guided_*: the compiled constraint (request->sampling.constraint).
+  Status ApplyStructuredOutput(GenerateRequest* request, struct ResponseFormat* format) const;
   std::vector<int32_t> EncodePrompt(const std::string& text, bool add_special_tokens) const;
   void SendError(httplib::Response& res, int http_status, const std::string& message) const;
   void SendStatus(httplib::Response& res, const Status& status) const;
@@ -103,8 +105,9 @@ class OpenAiServer {
   engine::AsyncEngine* const engine_;
   const model::Tokenizer* const tokenizer_;
   ProtocolLimits limits_;
-  // Each token's bytes, for forced tool calls; built once when a tool-call parser is set.
+  // Each token's bytes, for forced tool calls and structured outputs; built once.
   std::shared_ptr<const engine::TokenTexts> token_texts_;
+  std::unique_ptr<constrain::StructuredOutputCompiler> structured_;  // thread-safe
   ServingMetrics metrics_;
   LimitedHttpServer http_;
   std::thread listen_thread_;

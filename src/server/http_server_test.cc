@@ -344,6 +344,34 @@ TEST_F(ServerTest, ForcedToolCallReachesTheEngineAsAConstraint) {
   EXPECT_EQ(engine_->last_sampling().constraint, nullptr);  // "auto": parsed, not forced
 }
 
+// response_format and guided_* reach the engine as a compiled constraint, both APIs; a schema or
+// regex the compiler refuses is a 400 naming the field and the problem.
+TEST_F(ServerTest, StructuredOutputsReachTheEngineAsAConstraint) {
+  Start({}, ServerOptions());
+  PostJson("/v1/chat/completions",
+           R"({"messages":[{"role":"user","content":"a"}],"max_tokens":2,"response_format":)"
+           R"({"type":"json_schema","json_schema":{"name":"n","schema":{"type":"object",)"
+           R"("properties":{"ok":{"type":"boolean"}},"required":["ok"]}}}})");
+  auto constraint = engine_->last_sampling().constraint;
+  ASSERT_NE(constraint, nullptr);
+  auto state = constraint->Start();
+  EXPECT_TRUE(state->Allows("{\"ok\": true}"));
+  EXPECT_FALSE(state->Allows("{\"no\""));
+  PostJson("/v1/completions", R"({"prompt":"a","max_tokens":2,"guided_regex":"[0-9]{3}"})");
+  constraint = engine_->last_sampling().constraint;
+  ASSERT_NE(constraint, nullptr);
+  EXPECT_TRUE(constraint->Start()->Allows("12"));
+  EXPECT_FALSE(constraint->Start()->Allows("1a"));
+  PostJson("/v1/completions", R"({"prompt":"a","max_tokens":2,"response_format":{"type":"text"}})");
+  EXPECT_EQ(engine_->last_sampling().constraint, nullptr);
+  ExpectError("/v1/completions",
+              R"({"prompt":"a","guided_json":{"type":"integer","multipleOf":2}})", 400,
+              "'guided_json': unsupported JSON schema keyword 'multipleOf' at #");
+  ExpectError("/v1/chat/completions",
+              R"({"messages":[{"role":"user","content":"a"}],"guided_regex":"(a)\\1"})", 400,
+              "'guided_regex': regex: unsupported back-reference");
+}
+
 TEST_F(ServerTest, ModelsTokenizeDetokenizeMetrics) {
   ServerOptions so;
   so.model_path = "/models/tiny";

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "server/chat_request.h"
+#include "server/structured_request.h"
 
 namespace pd::server {
 
@@ -267,18 +268,6 @@ Status ParseLogprobs(const json& doc, const ProtocolLimits& limits, GenerateRequ
   return OkStatus();
 }
 
-Status ParseUnsupportedChat(const json& doc) {
-  auto rf = doc.find("response_format");
-  if (rf != doc.end() && rf->is_object()) {
-    std::string type;
-    RETURN_IF_ERROR(GetString(*rf, "type", &type));
-    if (!type.empty() && type != "text")
-      return InvalidArgument("'response_format.type' = \"" + type +
-                             "\" is not supported (only \"text\")");
-  }
-  return OkStatus();
-}
-
 }  // namespace
 
 Result<GenerateRequest> ParseGenerateRequest(ApiKind kind, std::string_view body,
@@ -297,8 +286,8 @@ Result<GenerateRequest> ParseGenerateRequest(ApiKind kind, std::string_view body
     RETURN_IF_ERROR(ParsePrompt(doc, limits, &req));
   } else {
     ASSIGN_OR_RETURN(req.chat, ParseChatInput(body, &req.tool_choice));
-    RETURN_IF_ERROR(ParseUnsupportedChat(doc));
   }
+  ASSIGN_OR_RETURN(req.structured, ParseStructuredOutput(doc, body));
   RETURN_IF_ERROR(ParseCommon(doc, limits, &req));
   RETURN_IF_ERROR(ParseLogprobs(doc, limits, &req));
   return req;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "constrain/structured_output.h"
 #include "engine/request.h"
 #include "model/tokenizer.h"
 #include "server/chat_request.h"
@@ -41,7 +42,8 @@ struct GenerateRequest {
   ToolChoice tool_choice;                  // chat
   std::optional<int> max_tokens;    // absent: 16 (completions) / the rest of the context (chat)
   engine::SamplingParams sampling;  // everything except max_tokens and logprobs
-  int num_logprobs = -1;            // -1: none; 0: the chosen token's; N: top N too
+  constrain::StructuredOutput structured;  // response_format, guided_*: compiled by the server
+  int num_logprobs = -1;                   // -1: none; 0: the chosen token's; N: top N too
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

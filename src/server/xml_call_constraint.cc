@@ -41,6 +41,9 @@ class XmlCallState final : public engine::ConstraintState {
     for (const std::string& p : *prefixes) alts_.push_back({p, Next::kParamOrEnd});
   }
 
+  std::unique_ptr<engine::ConstraintState> Clone() const override {
+    return std::make_unique<XmlCallState>(*this);
+  }
   bool Allows(std::string_view bytes) const override {
     XmlCallState copy = *this;
     return copy.Push(bytes);
