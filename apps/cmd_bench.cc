@@ -32,7 +32,13 @@ constexpr const char* kDatasetHelp =
     "longbench-like: log-normal around DistServe's reported LongBench averages,\n"
     "  prompt ~1738 / output ~90 tokens (summarization).\n"
     "The -like lengths are multiplied by --length-scale (to fit a CPU) and clamped to the\n"
-    "server's max_model_len.";
+    "server's max_model_len.\n"
+    "prefix_repetition (vLLM's): --prefix-repetition-num-prefixes random prefixes of\n"
+    "  --prefix-repetition-prefix-len tokens, each request one of them followed by\n"
+    "  --prefix-repetition-suffix-len tokens of its own (a prefix cache's workload).\n"
+    "multi_turn: conversations of --multi-turn-num-turns turns; each turn resends the\n"
+    "  conversation so far (the earlier messages and the server's replies) and adds\n"
+    "  --multi-turn-user-len tokens; --num-prompts counts the turns.";
 
 struct BenchFlags {
   std::string base_url = "http://127.0.0.1:8000";
@@ -40,6 +46,8 @@ struct BenchFlags {
   std::string model;
   std::string dataset_name = "random";
   int random_input_len = 1024;
+  bench::PrefixRepetitionSpec prefix_repetition;
+  bench::MultiTurnSpec multi_turn;
   int random_output_len = 128;
   double random_range_ratio = 0.0;
   double length_scale = 1.0;
@@ -103,6 +111,8 @@ Result<bench::BenchOptions> MakeOptions(const BenchFlags& f) {
   o.dataset.random_output_len = f.random_output_len;
   o.dataset.random_range_ratio = f.random_range_ratio;
   o.dataset.length_scale = f.length_scale;
+  o.prefix_repetition = f.prefix_repetition;
+  o.multi_turn = f.multi_turn;
   if (f.num_prompts < 1) return InvalidArgument("--num-prompts must be at least 1");
   o.num_prompts = f.num_prompts;
   ASSIGN_OR_RETURN(std::vector<double> rates, bench::ParseRequestRates(f.request_rate));
@@ -237,6 +247,27 @@ PD_REGISTER_COMMAND(
                       "random: length spread in [0, 1)")
           ->capture_default_str();
       app->add_option("--length-scale", f->length_scale, "multiply -like dataset lengths by this")
+          ->capture_default_str();
+      app->add_option("--prefix-repetition-prefix-len", f->prefix_repetition.prefix_len,
+                      "prefix_repetition: tokens of each shared prefix")
+          ->capture_default_str();
+      app->add_option("--prefix-repetition-suffix-len", f->prefix_repetition.suffix_len,
+                      "prefix_repetition: tokens after the prefix, each request's own")
+          ->capture_default_str();
+      app->add_option("--prefix-repetition-num-prefixes", f->prefix_repetition.num_prefixes,
+                      "prefix_repetition: distinct prefixes")
+          ->capture_default_str();
+      app->add_option("--prefix-repetition-output-len", f->prefix_repetition.output_len,
+                      "prefix_repetition: output tokens")
+          ->capture_default_str();
+      app->add_option("--multi-turn-num-turns", f->multi_turn.num_turns,
+                      "multi_turn: turns per conversation")
+          ->capture_default_str();
+      app->add_option("--multi-turn-user-len", f->multi_turn.user_len,
+                      "multi_turn: tokens of each new user message")
+          ->capture_default_str();
+      app->add_option("--multi-turn-output-len", f->multi_turn.output_len,
+                      "multi_turn: output tokens per turn")
           ->capture_default_str();
       app->add_option("--num-prompts", f->num_prompts, "requests to send")->capture_default_str();
       app->add_option("--request-rate", f->request_rate,

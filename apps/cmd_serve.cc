@@ -27,6 +27,7 @@
 #include "engine/engine.h"
 #include "engine/idle_poll.h"
 #include "messenger/decode_side.h"
+#include "messenger/handshake.h"
 #include "model/config.h"
 #include "model/tokenizer.h"
 #include "model/weights.h"
@@ -57,6 +58,7 @@ struct ServeFlags {
   int max_num_seqs = 64;
   int max_num_batched_tokens = 512;
   int page_size = 16;
+  bool enable_prefix_caching = true;
   std::string kv_layout = "hnd";
   std::string kv_cache_dtype = "auto";  // apps/kv_cache_dtype_flag.h
   std::string matmul = "f32";           // engine::MatmulPrecision
@@ -145,6 +147,7 @@ engine::EngineOptions MakeEngineOptions(const ServeFlags& f, engine::KvLayout la
   eo.scheduler.max_num_seqs = f.max_num_seqs;
   eo.scheduler.max_num_batched_tokens = f.max_num_batched_tokens;
   eo.scheduler.max_model_len = max_model_len;
+  eo.scheduler.enable_prefix_caching = f.enable_prefix_caching;
   return eo;
 }
 
@@ -233,8 +236,9 @@ int RunServe(const ServeFlags& f) {
   const std::vector<int> compute_cpus = *std::move(cpus);
   auto io = ParseCpusFlag("--io-cpus", f.io_cpus);
   if (!io.ok()) return Fail(io.status().message());
-  const engine::EngineOptions eo =
+  engine::EngineOptions eo =
       MakeEngineOptions(f, *layout, kv_dtype, max_model_len, compute_cpus, roles.tracer);
+  eo.model_fingerprint = messenger::ModelFingerprint(*weights);  // roots the prefix cache's keys
   WarnIfMatmulFallsBack("serve", eo.runner.matmul);
   // --compute-cpus: the model's threads (pool workers and rank threads, started by Create, inherit
   // the main thread's affinity; the engine loop pins itself) run there; HTTP, fabric and KV
@@ -336,6 +340,9 @@ PD_REGISTER_COMMAND(serve, "Serve a model with the OpenAI-compatible HTTP API", 
       ->capture_default_str();
   app->add_option("--page-size", f->page_size, "KV page size in tokens")->capture_default_str();
   app->add_option("--kv-layout", f->kv_layout, "hnd | nhd")->capture_default_str();
+  app->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", f->enable_prefix_caching,
+                "keep computed full KV pages cached by their tokens and share them with later "
+                "prompts that start the same way (on by default)");
   AddKvCacheDTypeFlag(app, &f->kv_cache_dtype, kKvCacheDTypeFlagHelp);
   AddMatmulFlag(app, &f->matmul, kMatmulFlagHelp);
   app->add_option("--kv-cache-bytes", f->kv_cache_bytes, "KV cache size in bytes")

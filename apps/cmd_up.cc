@@ -59,6 +59,8 @@ PD_REGISTER_COMMAND(
       AddKvCacheDTypeFlag(app, &f->kv_cache_dtype,
                           "every instance's --kv-cache-dtype (see serve --help)");
       app->add_option("--page-size", f->page_size, "KV page size in tokens")->capture_default_str();
+      app->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", f->enable_prefix_caching,
+                    "every instance's --enable-prefix-caching (see serve --help; on by default)");
       AddMatmulFlag(app, &f->matmul, "every instance's --matmul (see serve --help)");
       app->add_option("--threads", f->threads, "compute threads per instance")
           ->capture_default_str();

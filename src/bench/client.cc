@@ -45,11 +45,19 @@ std::string RequestBody(const GenerationRequest& r) {
                {"ignore_eos", r.ignore_eos},
                {"temperature", 0.0}};
   if (r.path.find("chat") != std::string::npos) {
-    body["messages"] = json::array({{{"role", "user"}, {"content", r.prompt_text}}});
+    json messages = json::array();
+    for (const auto& [user, reply] : r.history) {
+      messages.push_back({{"role", "user"}, {"content", user}});
+      messages.push_back({{"role", "assistant"}, {"content", reply}});
+    }
+    messages.push_back({{"role", "user"}, {"content", r.prompt_text}});
+    body["messages"] = std::move(messages);
   } else if (!r.prompt_ids.empty()) {
     body["prompt"] = r.prompt_ids;
   } else {
-    body["prompt"] = r.prompt_text;
+    std::string prompt;
+    for (const auto& [user, reply] : r.history) prompt += user + "\n" + reply + "\n";
+    body["prompt"] = prompt + r.prompt_text;
   }
   return body.dump();
 }
@@ -88,6 +96,10 @@ void SseTimer::OnEvent(const std::string& payload, double now) {
   // server); only the chat API's opening role chunk is not.
   const json& c = j["choices"][0];
   if (c.contains("delta") && c["delta"].is_object() && c["delta"].contains("role")) return;
+  if (c.contains("text") && c["text"].is_string()) text_ += c["text"].get<std::string>();
+  if (c.contains("delta") && c["delta"].is_object() && c["delta"].contains("content") &&
+      c["delta"]["content"].is_string())
+    text_ += c["delta"]["content"].get<std::string>();
   ++token_chunks_;
   if (first_ < 0) {
     first_ = now;
@@ -105,6 +117,7 @@ void SseTimer::Finish(RequestResult* r) const {
     r->latency = last_ - start_;
   }
   r->itl = itl_;
+  r->text = text_;
   if (prompt_tokens_ >= 0) r->prompt_len = prompt_tokens_;
   r->output_len = completion_tokens_ >= 0 ? completion_tokens_ : token_chunks_;
   r->success = done_ && error_.empty() && r->http_status == 200;

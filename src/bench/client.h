@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/report.h"
@@ -28,9 +29,17 @@ struct GenerationRequest {
   int prompt_len = 0;               // expected; the server's usage overrides it
   int max_tokens = 16;
   bool ignore_eos = false;
+  // A multi-turn conversation (>= 0; bench/workloads.h) and this request's turn in it: a turn
+  // after the first is sent once the one before it completed, after `history`, the conversation
+  // so far as (user message, reply) pairs, filled in then.
+  int conversation = -1;
+  int turn = 0;
+  std::vector<std::pair<std::string, std::string>> history;
 };
 
-// The JSON body for the request (stream: true with include_usage).
+// The JSON body for the request (stream: true with include_usage). With a history, chat sends it
+// as alternating user and assistant messages before the request's own, completions as the texts
+// joined by newlines.
 std::string RequestBody(const GenerationRequest& request);
 
 // Feeds SSE bytes and times the chunks that carry text.
@@ -52,6 +61,7 @@ class SseTimer {
   std::vector<double> itl_;
   int token_chunks_ = 0;
   int prompt_tokens_ = -1, completion_tokens_ = -1;
+  std::string text_;  // the reply's text so far
   std::string error_;
   bool done_ = false;
 };

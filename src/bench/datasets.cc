@@ -21,8 +21,10 @@ Result<LikeDistribution> LikeDatasetDistribution(const std::string& name) {
   if (name == "sharegpt-like") return LikeDistribution{{759, 680}, {186, 77}};
   if (name == "humaneval-like") return LikeDistribution{{171, 160}, {98, 90}};
   if (name == "longbench-like") return LikeDistribution{{1738, 1600}, {90, 80}};
-  return InvalidArgument("unknown dataset '" + name +
-                         "' (random | sharegpt-like | humaneval-like | longbench-like)");
+  return InvalidArgument(
+      "unknown dataset '" + name +
+      "' (random | sharegpt-like | humaneval-like | longbench-like | prefix_repetition | "
+      "multi_turn)");
 }
 
 Result<std::vector<LengthPair>> SampleLengths(const DatasetSpec& spec, int num_prompts,

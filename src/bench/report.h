@@ -32,6 +32,7 @@ struct RequestResult {
   // When the first token was read, on the steady clock (seconds since boot, CLOCK_MONOTONIC as in
   // pdserve's --trace files, so a request's server-side events pair with it); -1 when none came.
   double first_token_time = -1;
+  std::string text = {};  // the reply (a multi-turn conversation resends it)
 };
 
 // numpy.percentile with linear interpolation; 0 for an empty input.

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <thread>
+#include <utility>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -86,37 +88,84 @@ Result<PreparedRequests> PrepareRequests(const BenchOptions& o) {
     spec.max_total_len = std::min(spec.max_total_len, info.max_model_len - margin);
     spec.max_prompt_len = std::min(spec.max_prompt_len, info.max_model_len - margin - 1);
   }
+  GenerationRequest base;
+  base.path = o.endpoint_path;
+  base.model = p.model;
+  base.ignore_eos = o.ignore_eos;
+  if (spec.name == "prefix_repetition") {
+    ASSIGN_OR_RETURN(p.requests, PrefixRepetitionRequests(o.prefix_repetition, o.num_prompts,
+                                                          o.seed, spec.max_total_len, base));
+    return p;
+  }
+  if (spec.name == "multi_turn") {
+    ASSIGN_OR_RETURN(p.requests, MultiTurnRequests(o.multi_turn, o.num_prompts, o.seed,
+                                                   spec.max_total_len, base));
+    return p;
+  }
   ASSIGN_OR_RETURN(std::vector<LengthPair> lengths, SampleLengths(spec, o.num_prompts, o.seed));
   p.requests = BuildRequests(o, p.model, lengths);
   return p;
 }
 
+namespace {
+
+// What is sent at one arrival: a request alone, or a multi-turn conversation's requests in turn
+// order (each after the one before it completed).
+std::vector<std::vector<size_t>> SendUnits(const std::vector<GenerationRequest>& requests) {
+  std::vector<std::vector<size_t>> units;
+  std::map<int, size_t> unit_of_conversation;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const int c = requests[i].conversation;
+    if (c < 0) {
+      units.push_back({i});
+      continue;
+    }
+    auto [it, added] = unit_of_conversation.emplace(c, units.size());
+    if (added) units.emplace_back();
+    units[it->second].push_back(i);
+  }
+  for (auto& unit : units) {
+    std::stable_sort(unit.begin(), unit.end(),
+                     [&](size_t a, size_t b) { return requests[a].turn < requests[b].turn; });
+  }
+  return units;
+}
+
+}  // namespace
+
 SentRequests SendAtRate(const BenchOptions& o, const std::vector<GenerationRequest>& requests,
                         double rate) {
+  const std::vector<std::vector<size_t>> units = SendUnits(requests);
   const std::vector<double> arrivals =
-      ArrivalTimes(static_cast<int>(requests.size()), rate, o.burstiness, o.seed);
+      ArrivalTimes(static_cast<int>(units.size()), rate, o.burstiness, o.seed);
   SentRequests sent;
   sent.results.resize(requests.size());
   std::vector<RequestResult>& results = sent.results;
   Gate gate(o.max_concurrency);
   std::vector<std::thread> workers;
-  workers.reserve(requests.size());
+  workers.reserve(units.size());
   Clock& clock = SystemClock::Get();
   const double start = clock.NowSeconds();
   const auto start_tp = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < requests.size(); ++i) {
-    // The arrival process itself: wait until this request's arrival time.
+  for (size_t u = 0; u < units.size(); ++u) {
+    // The arrival process itself: wait until this unit's arrival time.
     std::this_thread::sleep_until(start_tp +
                                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                      std::chrono::duration<double>(arrivals[i])));
+                                      std::chrono::duration<double>(arrivals[u])));
     gate.Enter();
-    workers.emplace_back([&, i] {
+    workers.emplace_back([&, u] {
       if (!o.cpus.empty()) {
         if (Status s = PinCurrentThread(o.cpus); !s.ok()) PD_LOG_WARN("bench: {}", s.ToString());
       }
-      const double sent_at = clock.NowSeconds();
-      results[i] = SendStreaming(o.endpoint, requests[i]);
-      results[i].start_time = sent_at - start;
+      std::vector<std::pair<std::string, std::string>> history;  // a conversation's, so far
+      for (size_t i : units[u]) {
+        GenerationRequest r = requests[i];
+        r.history = history;
+        const double sent_at = clock.NowSeconds();
+        results[i] = SendStreaming(o.endpoint, r);
+        results[i].start_time = sent_at - start;
+        history.emplace_back(requests[i].prompt_text, results[i].text);
+      }
       gate.Leave();
     });
   }

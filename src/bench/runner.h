@@ -9,14 +9,17 @@
 #include "bench/client.h"
 #include "bench/datasets.h"
 #include "bench/report.h"
+#include "bench/workloads.h"
 
 namespace pd::bench {
 
 struct BenchOptions {
   Endpoint endpoint;
   std::string endpoint_path = "/v1/completions";
-  std::string model;  // empty: the server's
-  DatasetSpec dataset;
+  std::string model;    // empty: the server's
+  DatasetSpec dataset;  // name prefix_repetition or multi_turn: the spec below (workloads.h)
+  PrefixRepetitionSpec prefix_repetition;
+  MultiTurnSpec multi_turn;
   int num_prompts = 100;
   double request_rate = 0;  // <= 0 or inf: all at once
   double burstiness = 1.0;

@@ -49,6 +49,7 @@ std::vector<std::string> ServeArgs(const Options& f, const std::string& secret_f
     a.insert(a.end(), {"--tool-call-parser", f.tool_call_parser});
   }
   if (f.kv_checksum) a.push_back("--kv-checksum");
+  if (!f.enable_prefix_caching) a.push_back("--no-enable-prefix-caching");
   return a;
 }
 

@@ -53,8 +53,9 @@ struct LocalDeploymentOptions {
   std::string kv_cache_bytes;
   std::string cluster_secret_file;  // "": a fresh random secret in a file removed at the end
   int kv_transfer_timeout_ms = 30000;
-  bool kv_checksum = false;  // every prefill and decode instance's --kv-checksum
-  std::string trace;         // FILE: each instance writes FILE with its name before the extension
+  bool kv_checksum = false;           // every prefill and decode instance's --kv-checksum
+  bool enable_prefix_caching = true;  // false: every instance's --no-enable-prefix-caching
+  std::string trace;  // FILE: each instance writes FILE with its name before the extension
   int64_t trace_max_events = static_cast<int64_t>(TracerOptions{}.max_events);  // per file
   bool pin_cores = false;
   bool pin_whole = false;  // every thread of instance k on CPU k

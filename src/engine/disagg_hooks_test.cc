@@ -518,6 +518,7 @@ class StepCountingEngine final : public Engine {
   EngineStats stats() const override { return inner_->stats(); }
   const model::ModelConfig& config() const override { return inner_->config(); }
   ModelRunner& runner() override { return inner_->runner(); }
+  Status CheckPages() const override { return inner_->CheckPages(); }
   DisaggHooks* disagg_hooks() override { return expose_hooks_ ? inner_->disagg_hooks() : nullptr; }
 
  private:

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "common/log.h"
+#include "engine/prefix_cache.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 
@@ -23,6 +24,13 @@ struct RequestState {
   bool prefill_only = false;
 };
 
+// The scheduler's options: the prefix cache's key chain rooted in the model and the KV format.
+SchedulerOptions SchedulerOptionsOf(const EngineOptions& options, const KvCacheSpec& spec) {
+  SchedulerOptions o = options.scheduler;
+  o.prefix_cache_root = PrefixCacheRoot(options.model_fingerprint, spec);
+  return o;
+}
+
 // Thread safety: see Engine; only ValidateRequest may run concurrently with the rest.
 class EngineImpl final : public Engine, public DisaggHooks {
  public:
@@ -30,8 +38,10 @@ class EngineImpl final : public Engine, public DisaggHooks {
       : runner_(std::move(runner)),
         options_(options),
         clock_(options.clock != nullptr ? options.clock : &SystemClock::Get()),
-        pool_(runner_->region().num_pages()),
-        scheduler_(options.scheduler, &pool_, runner_->region().spec().page_size, clock_),
+        pool_(runner_->region().num_pages(),
+              options.scheduler.enable_prefix_caching ? runner_->region().spec().page_size : 0),
+        scheduler_(SchedulerOptionsOf(options, runner_->region().spec()), &pool_,
+                   runner_->region().spec().page_size, clock_),
         seed_rng_(std::random_device{}()) {}
 
   Status ValidateRequest(const Request& request) const override;
@@ -44,6 +54,7 @@ class EngineImpl final : public Engine, public DisaggHooks {
   const model::ModelConfig& config() const override { return runner_->config(); }
   ModelRunner& runner() override { return *runner_; }
   DisaggHooks* disagg_hooks() override { return this; }
+  Status CheckPages() const override { return scheduler_.CheckPages(); }
 
   Status AddPrefillOnlyRequest(Request request) override;
   void ReleasePages(std::span<const int32_t> pages) override { pool_.Release(pages); }
@@ -205,6 +216,7 @@ RequestOutput EngineImpl::MakeOutput(int64_t id, const RequestState& state,
   out.num_prompt_tokens = state.num_prompt_tokens;
   if (seq != nullptr) {
     out.num_generated_tokens = seq->num_generated_tokens();
+    out.num_cached_tokens = std::max(0, seq->num_cached_tokens);
     out.first_scheduled_time = std::max(0.0, seq->first_scheduled_time);
   }
   return out;
@@ -322,6 +334,9 @@ EngineStats EngineImpl::stats() const {
   s.num_total_pages = pool_.num_total();
   s.num_preemptions = scheduler_.num_preemptions();
   s.num_awaiting_kv = scheduler_.num_awaiting_pages() + scheduler_.num_awaiting_kv();
+  s.prefix_cache_queries = scheduler_.prefix_cache_queries();
+  s.prefix_cache_hits = scheduler_.prefix_cache_hits();
+  s.num_cached_pages = pool_.num_cached();
   return s;
 }
 

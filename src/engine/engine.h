@@ -25,12 +25,20 @@ struct SchedulerOptions {
   int max_num_batched_tokens = 512;  // token budget per step (decodes first, then prefill chunks)
   int max_model_len = 4096;          // prompt + generated tokens
   bool enable_chunked_prefill = true;
+  // Prefix caching (prefix_cache.h): computed full pages stay cached by their tokens, and a
+  // prompt's cached prefix is shared instead of computed. Needs a PagePool made with a prefix
+  // page size (the Engine makes one).
+  bool enable_prefix_caching = true;
+  uint64_t prefix_cache_root = 0;  // PrefixCacheRoot: the Engine sets it from model_fingerprint
 };
 
 struct EngineOptions {
   ModelRunnerOptions runner;
   SchedulerOptions scheduler;
   Clock* clock = nullptr;  // nullptr: SystemClock
+  // Roots the prefix cache's page keys (with the KV format), e.g. the handshake's
+  // ModelFingerprint, so that instances of one model name the same prefix with the same key.
+  uint64_t model_fingerprint = 0;
 };
 
 struct EngineStats {
@@ -40,6 +48,11 @@ struct EngineStats {
   int num_total_pages = 0;
   int64_t num_preemptions = 0;
   int num_awaiting_kv = 0;  // remote-KV requests queued for pages or waiting for their KV
+  // Prefix cache, as vLLM v1 counts it: prompt tokens of the requests looked up (first
+  // admissions) and the tokens of theirs found cached; pages cached (evictable or in use).
+  int64_t prefix_cache_queries = 0;
+  int64_t prefix_cache_hits = 0;
+  int num_cached_pages = 0;
   double kv_cache_usage() const {
     return num_total_pages == 0 ? 0.0 : 1.0 - double(num_free_pages) / num_total_pages;
   }
@@ -74,6 +87,11 @@ class Engine {
   virtual EngineStats stats() const = 0;
   virtual const model::ModelConfig& config() const = 0;
   virtual ModelRunner& runner() = 0;
+
+  // Recounts the KV pages (a debug check, O(pages)): every page is free, cached-evictable or
+  // referenced, the prefix cache's index and counts agree with a recount, and every page in a
+  // request's page table holds at least that many references. Internal naming what is wrong.
+  virtual Status CheckPages() const = 0;
 
   // The disaggregation hooks (disagg_hooks.h) of this engine; null when it has none. They live
   // as long as the engine.

@@ -3,14 +3,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-#include <filesystem>
 #include <map>
 #include <set>
 #include <tuple>
 
 #include "engine/engine.h"
-#include "model/model_writer.h"
+#include "engine/engine_model_test_util.h"
 #include "model/weights.h"
 
 namespace pd::engine {
@@ -18,27 +16,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// One tiny model per arch, written once into a temporary directory.
-const model::ModelWeights& TinyModel(model::Arch arch) {
-  static std::map<model::Arch, model::ModelWeights>* models =
-      new std::map<model::Arch, model::ModelWeights>();
-  auto it = models->find(arch);
-  if (it != models->end()) return it->second;
-  std::string tmpl = ::testing::TempDir() + "pd_engine_model_XXXXXX";
-  PD_CHECK(mkdtemp(tmpl.data()) != nullptr);
-  model::SyntheticModelOptions o;
-  o.arch = arch;
-  o.preset = "tiny";
-  o.dtype = model::DType::kBF16;
-  o.seed = 7;
-  o.out_dir = tmpl;
-  Status s = model::WriteSyntheticModel(o);
-  PD_CHECK(s.ok()) << s.ToString();
-  auto weights = model::LoadModelWeights(tmpl);
-  PD_CHECK(weights.ok()) << weights.status().ToString();
-  std::filesystem::remove_all(tmpl);  // the mapping stays valid after unlink
-  return models->emplace(arch, std::move(weights).value()).first->second;
-}
+const model::ModelWeights& TinyModel(model::Arch arch) { return testing::SyntheticTinyModel(arch); }
 
 struct EngineSetup {
   KvLayout layout = KvLayout::kHND;

@@ -84,25 +84,72 @@ class KvRegion {
   size_t size_bytes_ = 0;
 };
 
-// Allocates page ids with reference counts. Thread safety: all methods lock mu_.
+class PrefixIndex;  // prefix_cache.h
+
+// Allocates page ids with reference counts. With a prefix cache (prefix_page_size > 0), full
+// pages can be registered under a chained key (prefix_cache.h): a registered page whose last
+// reference goes stays cached, evictable in least-recently-released order, until Allocate needs
+// it (evicting a page evicts the pages cached after it too); a later request's matching prefix
+// takes it back with AcquirePrefix. Cached-evictable pages count as free.
+// Thread safety: all methods lock mu_.
 class PagePool {
  public:
-  explicit PagePool(int num_pages);
+  explicit PagePool(int num_pages, int prefix_page_size = 0);
+  ~PagePool();
 
   // n pages with refcount 1, or ResourceExhausted (and nothing allocated).
   Result<std::vector<int32_t>> Allocate(int n) EXCLUDES(mu_);
   void AddRef(std::span<const int32_t> pages) EXCLUDES(mu_);
-  // Drops one reference of each page; a page whose count reaches 0 is free again.
+  // Drops one reference of each page; a page whose count reaches 0 is free again (cached and
+  // evictable when registered; the span's last pages are evicted first).
   void Release(std::span<const int32_t> pages) EXCLUDES(mu_);
+  // Free pages, cached-evictable ones included.
   int num_free() const EXCLUDES(mu_);
   int num_total() const { return num_total_; }
   int RefCount(int32_t page) const EXCLUDES(mu_);
 
+  // --- Prefix cache (all no-ops or empty without one) ---
+  bool prefix_caching() const { return prefix_page_size_ > 0; }
+  // The cached pages holding the longest prefix of the query (see PrefixIndex::Match); takes no
+  // reference.
+  std::vector<int32_t> MatchPrefix(std::span<const uint64_t> keys,
+                                   std::span<const int32_t> tokens) const EXCLUDES(mu_);
+  // One reference on each of `hits` (cached pages from MatchPrefix, not evicted since) and
+  // num_new new pages: hits then new, or ResourceExhausted with nothing taken.
+  Result<std::vector<int32_t>> AcquirePrefix(std::span<const int32_t> hits, int num_new)
+      EXCLUDES(mu_);
+  // Registers a referenced page as holding `page_tokens` after `parent` (-1: the first page)
+  // under `key`; false when another page holds the key or the parent is not cached.
+  bool Register(int32_t page, int32_t parent, uint64_t key, std::span<const int32_t> page_tokens)
+      EXCLUDES(mu_);
+  int num_cached() const EXCLUDES(mu_);     // pages in the prefix index
+  int num_evictable() const EXCLUDES(mu_);  // cached pages nobody references
+  // Recounts everything: each page is exactly one of free (on the free list), cached-evictable
+  // (in the LRU list, refcount 0) or referenced; the lists hold no page twice; the index is
+  // consistent. Internal naming the first page that is wrong.
+  Status CheckConsistency() const EXCLUDES(mu_);
+
  private:
+  void LruPushBack(int32_t page) REQUIRES(mu_);
+  void LruUnlink(int32_t page) REQUIRES(mu_);
+  // Evicts the least recently released cached page (and its cached descendants) to the free list.
+  void EvictOne() REQUIRES(mu_);
+  std::vector<int32_t> AllocateLocked(int n) REQUIRES(mu_);
+  void ReleaseOne(int32_t page) REQUIRES(mu_);
+
   const int num_total_;
+  const int prefix_page_size_;
   mutable Mutex mu_;
   std::vector<int32_t> free_list_ GUARDED_BY(mu_);
   std::vector<int32_t> refcount_ GUARDED_BY(mu_);
+  // The LRU list of cached pages with refcount 0, linked by page id (-1 ends it); head: evicted
+  // first.
+  std::vector<int32_t> lru_prev_ GUARDED_BY(mu_);
+  std::vector<int32_t> lru_next_ GUARDED_BY(mu_);
+  int32_t lru_head_ GUARDED_BY(mu_) = -1;
+  int32_t lru_tail_ GUARDED_BY(mu_) = -1;
+  int lru_size_ GUARDED_BY(mu_) = 0;
+  std::unique_ptr<PrefixIndex> index_ GUARDED_BY(mu_);  // null without a prefix cache
 };
 
 }  // namespace pd::engine

@@ -63,6 +63,7 @@ struct RequestOutput {
   Status error;                // set when finish_reason == kError
   int num_prompt_tokens = 0;
   int num_generated_tokens = 0;       // total so far
+  int num_cached_tokens = 0;          // prompt tokens found in the prefix cache at admission
   double first_scheduled_time = 0.0;  // Clock seconds (queue time = this - arrival)
   // Set on the final (kStop) output of a prefill-only request.
   std::shared_ptr<const PrefillResult> prefill_result;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/check.h"
+#include "engine/prefix_cache.h"
 
 namespace pd::engine {
 
@@ -145,6 +146,8 @@ void Scheduler::Preempt(Sequence* seq) {
   pool_->Release(seq->page_table);
   seq->page_table.clear();
   seq->num_computed_tokens = 0;
+  seq->num_cached_pages = 0;  // its registered pages stay cached (evictable): it may find them
+  seq->cache_chain_broken = false;
   seq->state = SeqState::kWaiting;
   seq->num_preemptions++;
   running_.erase(std::find(running_.begin(), running_.end(), seq));
@@ -248,22 +251,28 @@ void Scheduler::ScheduleWaiting(StepState* step) {
   while (it != waiting_.end() && step->budget > 0 &&
          static_cast<int>(running_.size()) < options_.max_num_seqs) {
     Sequence* seq = *it;
-    int remaining = seq->num_tokens() - seq->num_computed_tokens;
-    const bool fits = remaining <= step->budget || options_.enable_chunked_prefill;
-    int num_new = std::min(remaining, step->budget);
     if (blocked) {
-      if (!fits || NeedsPages(*seq, num_new)) {
+      const int remaining = seq->num_tokens() - seq->num_computed_tokens;
+      const bool fits = remaining <= step->budget || options_.enable_chunked_prefill;
+      if (!fits || NeedsPages(*seq, std::min(remaining, step->budget))) {
         ++it;
         continue;
       }
     } else {
-      if (!fits) return;  // FCFS: nobody jumps ahead for the budget
-      if (!GrowPages(seq, PagesTarget(*seq, num_new))) {
+      const bool lookup = UsesPrefixCache(*seq);
+      const std::vector<int32_t> hits = lookup ? CachedPrefix(seq) : std::vector<int32_t>();
+      const int computed = seq->num_computed_tokens + static_cast<int>(hits.size()) * page_size_;
+      const int remaining = seq->num_tokens() - computed;
+      if (remaining > step->budget && !options_.enable_chunked_prefill) return;  // FCFS
+      const int num_new = std::min(remaining, step->budget);
+      if (lookup ? !TakePrefixPages(seq, hits, num_new)
+                 : !GrowPages(seq, PagesTarget(*seq, num_new))) {
         blocked = true;
         ++it;
         continue;
       }
     }
+    const int num_new = std::min(seq->num_tokens() - seq->num_computed_tokens, step->budget);
     it = waiting_.erase(it);
     seq->state = SeqState::kRunning;
     running_.push_back(seq);
@@ -271,6 +280,77 @@ void Scheduler::ScheduleWaiting(StepState* step) {
     AddToBatch(&step->batch, seq, num_new);
     step->budget -= num_new;
   }
+}
+
+bool Scheduler::UsesPrefixCache(const Sequence& seq) const {
+  // A remote-KV sequence's prompt arrives whole into its reserved pages; it registers them once
+  // they have run (CacheComputedPages) but does not look its prompt up.
+  return options_.enable_prefix_caching && pool_->prefix_caching() && !seq.remote_kv &&
+         seq.page_table.empty() && seq.num_computed_tokens == 0;
+}
+
+std::vector<int32_t> Scheduler::CachedPrefix(Sequence* seq) {
+  // The last token is always computed: it yields the logits (or the hidden state) of the step.
+  const int max_pages = (seq->num_tokens() - 1) / page_size_;
+  const std::span<const int32_t> tokens(seq->token_ids);
+  ExtendPageKeys(options_.prefix_cache_root, tokens.first(size_t(max_pages) * page_size_),
+                 page_size_, &seq->page_keys);
+  const size_t n = std::min(seq->page_keys.size(), static_cast<size_t>(max_pages));
+  return pool_->MatchPrefix(std::span<const uint64_t>(seq->page_keys).first(n), tokens);
+}
+
+bool Scheduler::TakePrefixPages(Sequence* seq, std::span<const int32_t> hits, int num_new) {
+  const int num_hits = static_cast<int>(hits.size());
+  const int computed = num_hits * page_size_;
+  const int target = seq->prefill_only ? seq->num_tokens() : computed + num_new;
+  auto pages = pool_->AcquirePrefix(hits, PagesFor(target) - num_hits);
+  if (!pages.ok()) return false;
+  seq->page_table = *std::move(pages);
+  seq->num_computed_tokens = computed;
+  seq->num_cached_pages = num_hits;
+  seq->cache_chain_broken = false;
+  if (seq->num_cached_tokens < 0) {
+    // vLLM v1 counts a request's first lookup only, not those after a preemption.
+    seq->num_cached_tokens = computed;
+    prefix_cache_queries_ += seq->num_tokens();
+    prefix_cache_hits_ += computed;
+  }
+  return true;
+}
+
+void Scheduler::CacheComputedPages(Sequence* seq) {
+  if (!options_.enable_prefix_caching || !pool_->prefix_caching() || seq->cache_chain_broken)
+    return;
+  const int full =
+      std::min(seq->num_computed_tokens / page_size_, static_cast<int>(seq->page_table.size()));
+  if (full <= seq->num_cached_pages) return;
+  const std::span<const int32_t> tokens(seq->token_ids);
+  ExtendPageKeys(options_.prefix_cache_root, tokens.first(size_t(full) * page_size_), page_size_,
+                 &seq->page_keys);
+  for (int i = seq->num_cached_pages; i < full; ++i) {
+    const int32_t parent = i == 0 ? -1 : seq->page_table[i - 1];
+    if (!pool_->Register(seq->page_table[i], parent, seq->page_keys[i],
+                         tokens.subspan(size_t(i) * page_size_, page_size_))) {
+      seq->cache_chain_broken = true;  // another page holds this prefix (computed alongside)
+      return;
+    }
+    seq->num_cached_pages = i + 1;
+  }
+}
+
+Status Scheduler::CheckPages() const {
+  RETURN_IF_ERROR(pool_->CheckConsistency());
+  std::unordered_map<int32_t, int> held;  // references the sequences' page tables account for
+  for (const auto& [id, seq] : seqs_) {
+    for (int32_t p : seq->page_table) ++held[p];
+  }
+  for (const auto& [page, count] : held) {
+    if (pool_->RefCount(page) < count)
+      return Internal("page " + std::to_string(page) + " is in " + std::to_string(count) +
+                      " page tables but has " + std::to_string(pool_->RefCount(page)) +
+                      " references");
+  }
+  return OkStatus();
 }
 
 bool Scheduler::NeedsPages(const Sequence& seq, int num_new) const {
@@ -304,6 +384,7 @@ void Scheduler::Update(const ScheduledBatch& batch, std::span<const SeqUpdate> u
     PD_CHECK(seq->state == SeqState::kRunning && seq->num_computed_tokens == s.start_pos)
         << "sequence " << seq->id << " changed between Schedule and Update";
     seq->num_computed_tokens += s.num_tokens;
+    CacheComputedPages(seq);
     auto u = by_id.find(s.seq_id);
     if (s.samples) {
       PD_CHECK(u != by_id.end()) << "sequence " << seq->id << " sampled but got no update";

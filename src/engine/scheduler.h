@@ -68,6 +68,14 @@ struct Sequence {
   int num_preemptions = 0;
   bool prefill_only = false;  // computed, never sampled; pages allocated whole at admission
   bool remote_kv = false;     // the prompt's KV (all but the last token) arrives from elsewhere
+  // Prefix cache: keys of the leading full pages of token_ids (as far as computed so far), the
+  // leading pages of page_table that are in the cache (taken from it or registered), whether
+  // registering stopped (another page holds a key: those after it cannot be found), and the
+  // prompt tokens found cached at the first admission (-1 before it).
+  std::vector<uint64_t> page_keys;
+  int num_cached_pages = 0;
+  bool cache_chain_broken = false;
+  int num_cached_tokens = -1;
 
   int num_tokens() const { return static_cast<int>(token_ids.size()); }
   int num_generated_tokens() const { return num_tokens() - num_prompt_tokens; }
@@ -142,11 +150,17 @@ class Scheduler {
   // The pages of every sequence whose pages are reserved and whose KV has not arrived yet.
   std::vector<int32_t> AwaitingKvPages() const;
   int64_t num_preemptions() const { return num_preemptions_; }
+  // Prefix cache counters (EngineStats): prompt tokens looked up and found.
+  int64_t prefix_cache_queries() const { return prefix_cache_queries_; }
+  int64_t prefix_cache_hits() const { return prefix_cache_hits_; }
   int page_size() const { return page_size_; }
   // Pages a sequence of num_tokens tokens occupies.
   int PagesFor(int num_tokens) const { return (num_tokens + page_size_ - 1) / page_size_; }
   const SchedulerOptions& options() const { return options_; }
   const PagePool& pool() const { return *pool_; }
+  // Recounts the pages (a debug check, O(pages)): the pool is consistent (PagePool::
+  // CheckConsistency) and every page in a sequence's table has at least that many references.
+  Status CheckPages() const;
 
  private:
   struct StepState;
@@ -160,6 +174,13 @@ class Scheduler {
   // sequence whose KV arrived).
   bool WaitingNeedsPages() const;
   Sequence* PickVictim();
+  // Prefix cache: the cached pages of a waiting sequence's prefix (none unless it may use the
+  // cache), pages for it to run num_new more tokens after them (false: not enough, nothing
+  // taken), and the registration of its computed full pages.
+  bool UsesPrefixCache(const Sequence& seq) const;
+  std::vector<int32_t> CachedPrefix(Sequence* seq);
+  bool TakePrefixPages(Sequence* seq, std::span<const int32_t> hits, int num_new);
+  void CacheComputedPages(Sequence* seq);
   Status Add(int64_t id, std::vector<int32_t> prompt_ids, double arrival_time, Sequence** added);
 
   const SchedulerOptions options_;
@@ -172,6 +193,8 @@ class Scheduler {
   std::deque<Sequence*> reserve_queue_;  // remote-KV sequences waiting for pages, FCFS
   int num_awaiting_kv_ = 0;
   int64_t num_preemptions_ = 0;
+  int64_t prefix_cache_queries_ = 0;
+  int64_t prefix_cache_hits_ = 0;
 };
 
 }  // namespace pd::engine

@@ -1,5 +1,7 @@
 #include "server/generation.h"
 
+#include <algorithm>
+
 #include "common/clock.h"
 
 namespace pd::server {
@@ -105,6 +107,7 @@ std::vector<TextDelta> Generation::Next(std::chrono::milliseconds timeout) {
   channel_->Wait(&items, timeout);
   for (const auto& item : items) {
     if (item.output.finished()) engine_done_ = true;
+    num_cached_tokens_ = std::max(num_cached_tokens_, item.output.num_cached_tokens);
     const int before = generator_.num_generated_tokens();
     TextDelta delta = generator_.Consume(item.output);
     RecordTokens(item, generator_.num_generated_tokens() - before);

@@ -46,6 +46,7 @@ class Generation {
   struct Stats {
     int prompt_tokens = 0;
     int completion_tokens = 0;
+    int cached_tokens = 0;  // prompt tokens found in the engine's prefix cache
   };
 
   // Submits to the engine. The Status is the engine's (ResourceExhausted when it is full).
@@ -65,7 +66,9 @@ class Generation {
   // The client went away: abort the engine request and finish with "abort".
   TextDelta Abort();
   bool finished() const { return generator_.finished(); }
-  Stats stats() const { return {num_prompt_tokens_, generator_.num_generated_tokens()}; }
+  Stats stats() const {
+    return {num_prompt_tokens_, generator_.num_generated_tokens(), num_cached_tokens_};
+  }
   int64_t request_id() const { return request_id_; }
 
  private:
@@ -79,6 +82,7 @@ class Generation {
   std::shared_ptr<OutputChannel> channel_;
   TextGenerator generator_;
   const int num_prompt_tokens_;
+  int num_cached_tokens_ = 0;
   int64_t request_id_ = -1;
   bool engine_done_ = false;  // the engine sent its final output or was told to abort
   double submit_time_ = 0.0;

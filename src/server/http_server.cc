@@ -108,6 +108,9 @@ Result<std::unique_ptr<OpenAiServer>> OpenAiServer::Create(const ServerOptions& 
     s->metrics_.num_running->Set(labels, stats.num_running);
     s->metrics_.num_waiting->Set(labels, stats.num_waiting);
     s->metrics_.kv_cache_usage->Set(labels, stats.kv_cache_usage());
+    s->metrics_.prefix_cache_queries->SetTotal(labels,
+                                               static_cast<double>(stats.prefix_cache_queries));
+    s->metrics_.prefix_cache_hits->SetTotal(labels, static_cast<double>(stats.prefix_cache_hits));
   });
   EventLoopOptions lo;
   lo.thread_name = "pd-answers";
@@ -410,7 +413,8 @@ bool OpenAiServer::WriteReadyEvents(StreamState& state, ClientStream& client) {
     trace_written("last token written");
     const auto stats = gen.stats();
     if (state.include_usage)
-      client.WriteChunk(state.builder->UsageChunk(stats.prompt_tokens, stats.completion_tokens));
+      client.WriteChunk(state.builder->UsageChunk(stats.prompt_tokens, stats.completion_tokens,
+                                                  stats.cached_tokens));
     client.WriteChunk(ResponseBuilder::DoneEvent());
     client.EndChunked();
     return true;
@@ -440,7 +444,9 @@ bool OpenAiServer::WriteWholeIfDone(StreamState& state, ClientStream& client) {
   }
   if (!gen.finished()) return false;
   const auto stats = gen.stats();
-  WriteJson(client, 200, state.builder->Final(stats.prompt_tokens, stats.completion_tokens));
+  WriteJson(
+      client, 200,
+      state.builder->Final(stats.prompt_tokens, stats.completion_tokens, stats.cached_tokens));
   return true;
 }
 

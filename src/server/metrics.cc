@@ -1,5 +1,6 @@
 #include "server/metrics.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -96,6 +97,13 @@ void MetricFamily::Set(const Labels& labels, double value) {
   PD_CHECK(type_ == MetricType::kGauge) << name_;
   MutexLock lock(&mu_);
   GetSeries(labels).value = value;
+}
+
+void MetricFamily::SetTotal(const Labels& labels, double total) {
+  PD_CHECK(type_ == MetricType::kCounter) << name_;
+  MutexLock lock(&mu_);
+  Series& s = GetSeries(labels);
+  s.value = std::max(s.value, total);
 }
 
 void MetricFamily::Observe(const Labels& labels, double value) {
@@ -231,9 +239,15 @@ ServingMetrics::ServingMetrics(std::string name) : model_name(std::move(name)) {
       registry.AddCounter(p + "generation_tokens_total", "Number of generation tokens processed.");
   request_success =
       registry.AddCounter(p + "request_success_total", "Count of successfully processed requests.");
+  prefix_cache_queries =
+      registry.AddCounter(p + "prefix_cache_queries_total",
+                          "Prefix cache queries, in terms of number of queried tokens.");
+  prefix_cache_hits = registry.AddCounter(
+      p + "prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.");
   const Labels labels = model_labels();
   for (MetricFamily* f : {ttft, inter_token_latency, e2e_latency, queue_time, num_running,
-                          num_waiting, kv_cache_usage, prompt_tokens, generation_tokens}) {
+                          num_waiting, kv_cache_usage, prompt_tokens, generation_tokens,
+                          prefix_cache_queries, prefix_cache_hits}) {
     f->Touch(labels);
   }
   for (const char* reason : {"stop", "length", "abort"}) {

@@ -36,6 +36,9 @@ class MetricFamily {
   void Increment(const Labels& labels, double delta = 1.0) EXCLUDES(mu_);
   void Set(const Labels& labels, double value) EXCLUDES(mu_);
   void Observe(const Labels& labels, double value) EXCLUDES(mu_);
+  // Counter that mirrors a running total kept elsewhere (e.g. the engine's): sets it to `total`,
+  // never lower than it already is.
+  void SetTotal(const Labels& labels, double total) EXCLUDES(mu_);
   // Creates the series with value 0 so it is exported before its first event.
   void Touch(const Labels& labels) EXCLUDES(mu_);
   // Counter / gauge value (0 when absent).
@@ -103,6 +106,9 @@ struct ServingMetrics {
   MetricFamily* prompt_tokens;        // pdserve:prompt_tokens_total
   MetricFamily* generation_tokens;    // pdserve:generation_tokens_total
   MetricFamily* request_success;      // pdserve:request_success_total{finished_reason}
+  // vLLM v1's prefix cache counters, in tokens: the prompts looked up and the part found cached.
+  MetricFamily* prefix_cache_queries;  // pdserve:prefix_cache_queries_total
+  MetricFamily* prefix_cache_hits;     // pdserve:prefix_cache_hits_total
 };
 
 }  // namespace pd::server

@@ -5,6 +5,8 @@
 
 #include <sstream>
 
+#include "server/openai_response.h"
+
 namespace pd::server {
 namespace {
 
@@ -47,6 +49,25 @@ TEST(MetricsTest, CollectHookRunsBeforeRender) {
   r.AddCollectHook([&] { g->Set({}, ++calls); });
   EXPECT_THAT(r.Render(), HasSubstr("x:g 1\n"));
   EXPECT_THAT(r.Render(), HasSubstr("x:g 2\n"));
+}
+
+// A counter that mirrors the engine's running total follows it and never goes down; the usage
+// object carries the cached prompt tokens.
+TEST(MetricsTest, PrefixCacheCountersMirrorTheEngineAndUsageCarriesCachedTokens) {
+  ServingMetrics m("m");
+  const Labels l = m.model_labels();
+  EXPECT_THAT(m.registry.Render(),
+              HasSubstr("pdserve:prefix_cache_queries_total{model_name=\"m\"} 0\n"));
+  m.prefix_cache_hits->SetTotal(l, 1984);
+  m.prefix_cache_hits->SetTotal(l, 1000);  // an older reading: ignored
+  EXPECT_DOUBLE_EQ(m.prefix_cache_hits->Value(l), 1984);
+  EXPECT_THAT(m.registry.Render(),
+              HasSubstr("# TYPE pdserve:prefix_cache_hits_total counter\n"
+                        "pdserve:prefix_cache_hits_total{model_name=\"m\"} 1984\n"));
+  const nlohmann::json usage = UsageJson(2000, 3, 1984);
+  EXPECT_EQ(usage["prompt_tokens_details"]["cached_tokens"], 1984);
+  EXPECT_EQ(usage["total_tokens"], 2003);
+  EXPECT_EQ(UsageJson(5, 1)["prompt_tokens_details"]["cached_tokens"], 0);
 }
 
 // Every line is a comment or `name{labels} value`, as a Prometheus parser expects.

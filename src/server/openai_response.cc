@@ -16,10 +16,11 @@ std::string Event(const json& j) { return "data: " + DumpJson(j) + "\n\n"; }
 
 }  // namespace
 
-json UsageJson(int prompt_tokens, int completion_tokens) {
+json UsageJson(int prompt_tokens, int completion_tokens, int cached_tokens) {
   return {{"prompt_tokens", prompt_tokens},
           {"completion_tokens", completion_tokens},
-          {"total_tokens", prompt_tokens + completion_tokens}};
+          {"total_tokens", prompt_tokens + completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
 }
 
 ResponseBuilder::ResponseBuilder(ResponseFormat format, const model::Tokenizer& tokenizer)
@@ -169,10 +170,11 @@ std::string ResponseBuilder::Chunk(const TextDelta& delta) {
   return events;
 }
 
-std::string ResponseBuilder::UsageChunk(int prompt_tokens, int completion_tokens) const {
+std::string ResponseBuilder::UsageChunk(int prompt_tokens, int completion_tokens,
+                                        int cached_tokens) const {
   json chunk = Base(format_.kind == ApiKind::kChat ? "chat.completion.chunk" : "text_completion");
   chunk["choices"] = json::array();
-  chunk["usage"] = UsageJson(prompt_tokens, completion_tokens);
+  chunk["usage"] = UsageJson(prompt_tokens, completion_tokens, cached_tokens);
   return Event(chunk);
 }
 
@@ -193,7 +195,8 @@ void ResponseBuilder::Accumulate(const TextDelta& delta) {
   }
 }
 
-std::string ResponseBuilder::Final(int prompt_tokens, int completion_tokens) const {
+std::string ResponseBuilder::Final(int prompt_tokens, int completion_tokens,
+                                   int cached_tokens) const {
   json logprobs = logprobs_;
   if (format_.num_logprobs >= 0 && logprobs.is_null()) {
     logprobs = format_.kind == ApiKind::kChat ? json{{"content", json::array()}}
@@ -256,7 +259,7 @@ std::string ResponseBuilder::Final(int prompt_tokens, int completion_tokens) con
               {"stop_reason", stop_reason_}};
   }
   response["choices"] = json::array({choice});
-  response["usage"] = UsageJson(prompt_tokens, completion_tokens);
+  response["usage"] = UsageJson(prompt_tokens, completion_tokens, cached_tokens);
   return DumpJson(response);
 }
 

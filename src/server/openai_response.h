@@ -29,7 +29,9 @@ struct ResponseFormat {
   nlohmann::ordered_json tools;
 };
 
-nlohmann::json UsageJson(int prompt_tokens, int completion_tokens);
+// OpenAI's usage object; prompt_tokens_details.cached_tokens counts the prompt tokens whose KV
+// came from the prefix cache.
+nlohmann::json UsageJson(int prompt_tokens, int completion_tokens, int cached_tokens = 0);
 
 // Thread safety: not thread-safe; one HTTP thread owns it.
 class ResponseBuilder {
@@ -39,12 +41,12 @@ class ResponseBuilder {
   // Streaming: each returns one SSE event "data: {...}\n\n".
   std::string RoleChunk() const;              // chat only: the assistant role delta
   std::string Chunk(const TextDelta& delta);  // text, logprobs and finish reason
-  std::string UsageChunk(int prompt_tokens, int completion_tokens) const;
+  std::string UsageChunk(int prompt_tokens, int completion_tokens, int cached_tokens = 0) const;
   static std::string DoneEvent() { return "data: [DONE]\n\n"; }
 
   // Non-streaming: accumulate every delta, then render the whole response.
   void Accumulate(const TextDelta& delta);
-  std::string Final(int prompt_tokens, int completion_tokens) const;
+  std::string Final(int prompt_tokens, int completion_tokens, int cached_tokens = 0) const;
 
  private:
   nlohmann::json Logprobs(const TextDelta& delta);  // null when logprobs were not asked for

@@ -49,10 +49,19 @@ std::string ModelDir() {
 // A running `pdserve serve` on a free loopback port.
 class Server {
  public:
-  explicit Server(std::vector<std::string> extra) {
-    std::vector<std::string> argv = {
-        kBinary, "serve",           "--model", ModelDir(),  "--port", "0", "--served-model-name",
-        "tiny",  "--max-model-len", "256",     "--threads", "1"};
+  explicit Server(std::vector<std::string> extra, int max_model_len = 256) {
+    std::vector<std::string> argv = {kBinary,
+                                     "serve",
+                                     "--model",
+                                     ModelDir(),
+                                     "--port",
+                                     "0",
+                                     "--served-model-name",
+                                     "tiny",
+                                     "--max-model-len",
+                                     std::to_string(max_model_len),
+                                     "--threads",
+                                     "1"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     EXPECT_TRUE(process_.Start(argv));
     std::string line = process_.WaitForLine("on http://127.0.0.1:", 60s);
@@ -181,6 +190,80 @@ TEST(ServerE2ETest, EveryEndpointStreamingAndNot) {
   EXPECT_GT(MetricValue(m, "pdserve:generation_tokens_total" + kLabels + "}"), 50);
   EXPECT_GT(MetricValue(m, "pdserve:time_to_first_token_seconds_count" + kLabels + "}"), 7);
   EXPECT_EQ(s.client().Get("/health")->status, 200);
+}
+
+// A 2,000-token prefix computed once: later requests starting with it report the part the
+// prefix cache held in usage.prompt_tokens_details.cached_tokens (whole and in the streamed usage
+// chunk, completions and chat), and /metrics counts the tokens looked up and found.
+TEST(ServerE2ETest, ASharedPrefixIsReportedAsCachedTokens) {
+  Server server({"--page-size", "16"}, 2100);
+  std::vector<int> prefix(2000);
+  for (int i = 0; i < 2000; ++i) prefix[i] = 40 + (i * 7919) % 200;
+  auto completion = [&](std::vector<int> prompt, bool stream) {
+    json body = {{"model", "tiny"},
+                 {"prompt", prompt},
+                 {"max_tokens", 3},
+                 {"temperature", 0.0},
+                 {"ignore_eos", true},
+                 {"stream", stream},
+                 {"stream_options", {{"include_usage", true}}}};
+    if (!stream) {
+      body.erase("stream_options");
+      return server.Post("/v1/completions", body.dump())["usage"];
+    }
+    json usage;
+    StreamText(server.Stream("/v1/completions", body.dump()), false, &usage);
+    return usage;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  json first = completion(prefix, false);
+  const auto t1 = std::chrono::steady_clock::now();
+  EXPECT_EQ(first["prompt_tokens"], 2000);
+  EXPECT_EQ(first["prompt_tokens_details"]["cached_tokens"], 0);
+  std::vector<int> longer = prefix;
+  longer.insert(longer.end(), {7, 8, 9, 10, 11});
+  json second = completion(longer, false);
+  const auto t2 = std::chrono::steady_clock::now();
+  EXPECT_EQ(second["prompt_tokens_details"]["cached_tokens"], 2000) << second.dump();
+  json streamed = completion(prefix, true);
+  EXPECT_GE(streamed["prompt_tokens_details"]["cached_tokens"].get<int>(), 1984) << streamed.dump();
+  std::printf("[ measure  ] 2000-token prompt: first %.1f ms, then %.1f ms with 2000 cached\n",
+              std::chrono::duration<double, std::milli>(t1 - t0).count(),
+              std::chrono::duration<double, std::milli>(t2 - t1).count());
+
+  std::string words;
+  for (int i = 0; i < 300; ++i) words += "word" + std::to_string(i % 17) + " ";
+  auto chat = [&](const std::string& question) {
+    json body = {
+        {"model", "tiny"},
+        {"messages",
+         {{{"role", "system"}, {"content", words}}, {{"role", "user"}, {"content", question}}}},
+        {"max_tokens", 2},
+        {"stream", true},
+        {"stream_options", {{"include_usage", true}}}};
+    json usage;
+    StreamText(server.Stream("/v1/chat/completions", body.dump()), true, &usage);
+    return usage;
+  };
+  chat("first question");
+  json again = chat("second question");
+  EXPECT_GE(again["prompt_tokens_details"]["cached_tokens"].get<int>(), 16 * 10) << again.dump();
+  EXPECT_LT(again["prompt_tokens_details"]["cached_tokens"].get<int>(),
+            again["prompt_tokens"].get<int>());
+
+  const std::string m = server.Metrics();
+  EXPECT_GE(MetricValue(m, "pdserve:prefix_cache_queries_total" + kLabels + "}"), 2000 * 3 + 5);
+  EXPECT_GE(MetricValue(m, "pdserve:prefix_cache_hits_total" + kLabels + "}"), 2000 + 1984);
+}
+
+// --no-enable-prefix-caching: nothing is reported cached.
+TEST(ServerE2ETest, WithoutPrefixCachingNothingIsCached) {
+  Server server({"--no-enable-prefix-caching"});
+  json body = {{"model", "tiny"}, {"prompt", std::vector<int>(100, 50)}, {"max_tokens", 2}};
+  server.Post("/v1/completions", body.dump());
+  json usage = server.Post("/v1/completions", body.dump())["usage"];
+  EXPECT_EQ(usage["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(MetricValue(server.Metrics(), "pdserve:prefix_cache_hits_total" + kLabels + "}"), 0);
 }
 
 TEST(ServerE2ETest, BadInputIsRejectedAndServerStaysHealthy) {
