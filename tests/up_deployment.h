@@ -146,6 +146,22 @@ class UpDeployment {
         },
         timeout);
   }
+  // After offset `from`: up's "restarted NAME (pid" line, then "NAME (pid P) is healthy again"
+  // for the new pid P, which goes to *restarted; fails naming the line that did not come.
+  ::testing::AssertionResult RestartedAndHealthy(size_t from, const std::string& name,
+                                                 pid_t* restarted) {
+    if (!SeenAfter(from, "restarted " + name + " (pid ", std::chrono::seconds(60))) {
+      return ::testing::AssertionFailure() << "up did not restart " << name << ":\n"
+                                           << up_.output().substr(from);
+    }
+    *restarted = pid(name);
+    const std::string healthy = name + " (pid " + std::to_string(*restarted) + ") is healthy again";
+    if (!SeenAfter(from, healthy, std::chrono::seconds(60))) {
+      return ::testing::AssertionFailure() << "no \"" << healthy << "\":\n"
+                                           << up_.output().substr(from);
+    }
+    return ::testing::AssertionSuccess();
+  }
   std::vector<std::string> names() const {
     std::vector<std::string> n;
     for (int i = 0; i < num_prefill_; ++i) n.push_back("prefill " + std::to_string(i));

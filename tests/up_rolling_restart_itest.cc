@@ -36,12 +36,8 @@ void DrainAndRestart(UpDeployment& d, const std::string& name) {
       d.SeenAfter(mark, name + " (pid " + std::to_string(pid) + ") exited with status 0", 40s))
       << d.up().output().substr(mark);
   const auto exited = Clock::now();
-  ASSERT_TRUE(d.SeenAfter(mark, "restarted " + name + " (pid ", 60s))
-      << d.up().output().substr(mark);
-  const pid_t restarted = d.pid(name);
-  ASSERT_TRUE(
-      d.SeenAfter(mark, name + " (pid " + std::to_string(restarted) + ") is healthy again", 60s))
-      << d.up().output().substr(mark);
+  pid_t restarted = -1;
+  ASSERT_TRUE(d.RestartedAndHealthy(mark, name, &restarted));
   // Rejoined before the next one goes: every decode instance accepted the restarted prefill
   // instance again, or the router has the restarted decode instance back.
   if (name.rfind("prefill", 0) == 0) {

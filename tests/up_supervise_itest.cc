@@ -57,13 +57,9 @@ void KillAndExpectRecovery(UpDeployment& d, Load& load, const std::string& name)
                               ") was killed by signal 9 (SIGKILL); restarting it in",
                           20s))
       << d.up().output().substr(mark);
-  ASSERT_TRUE(d.SeenAfter(mark, "restarted " + name + " (pid ", 60s))
-      << d.up().output().substr(mark);
-  const pid_t restarted = d.pid(name);
+  pid_t restarted = -1;
+  ASSERT_TRUE(d.RestartedAndHealthy(mark, name, &restarted));
   EXPECT_NE(restarted, pid);
-  ASSERT_TRUE(
-      d.SeenAfter(mark, name + " (pid " + std::to_string(restarted) + ") is healthy again", 60s))
-      << d.up().output().substr(mark);
   const auto healthy = Clock::now();
   // Rejoined: every decode instance greeted the restarted prefill instance at its new endpoint,
   // or the router sent requests to the restarted decode instance.

@@ -7,19 +7,13 @@
 #include <thread>
 
 #include "cluster/base64.h"
+#include "cluster/cluster_test_util.h"
 #include "cluster/etcd_test_server.h"
 
 namespace pd::cluster {
 namespace {
 
-bool WaitUntil(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
-}
+using testing::WaitUntil;
 
 TEST(Base64Test, RoundTripsEveryLengthAndByte) {
   std::string bytes;
@@ -58,17 +52,13 @@ TEST(EtcdUrlTest, PrefixRangeEndIsThePrefixPlusOne) {
   EXPECT_EQ(PrefixRangeEnd(std::string("a\xff", 2)), "b");
 }
 
-class EtcdClientTest : public ::testing::Test {
+class EtcdClientTest : public testing::EtcdServerTest {
  protected:
   void SetUp() override {
-    std::string why;
-    const std::string bin = testing::EtcdServer::Find(&why);
-    if (bin.empty()) GTEST_SKIP() << why;
-    server_ = std::make_unique<testing::EtcdServer>(bin);
-    ASSERT_TRUE(server_->Start().ok());
+    EtcdServerTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     client_ = std::make_unique<EtcdClient>(server_->options());
   }
-  std::unique_ptr<testing::EtcdServer> server_;
   std::unique_ptr<EtcdClient> client_;
 };
 

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "cluster/pause.h"
 #include "common/log.h"
 #include "common/thread_util.h"
 
@@ -42,12 +43,7 @@ Status Registration::Register() {
 
 bool Registration::Pause(double seconds) {
   MutexLock lock(&mu_);
-  const auto until = std::chrono::steady_clock::now() +
-                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                         std::chrono::duration<double>(seconds));
-  while (!stop_ && cv_.WaitUntil(&mu_, until)) {
-  }
-  return !stop_;
+  return PauseUnlessStopped(&mu_, &cv_, &stop_, seconds);
 }
 
 void Registration::Loop() {

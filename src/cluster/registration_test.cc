@@ -7,6 +7,7 @@
 #include <functional>
 #include <thread>
 
+#include "cluster/cluster_test_util.h"
 #include "cluster/etcd_test_server.h"
 #include "cluster/member.h"
 #include "cluster/member_watch.h"
@@ -14,14 +15,7 @@
 namespace pd::cluster {
 namespace {
 
-bool WaitUntil(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
-}
+using testing::WaitUntil;
 
 Member Decode(int k) {
   Member m;
@@ -54,15 +48,8 @@ TEST(MemberTest, EncodesAndChecksItsMac) {
   EXPECT_FALSE(ValidateClusterName("").ok());
 }
 
-class RegistrationTest : public ::testing::Test {
+class RegistrationTest : public testing::EtcdServerTest {
  protected:
-  void SetUp() override {
-    std::string why;
-    const std::string bin = testing::EtcdServer::Find(&why);
-    if (bin.empty()) GTEST_SKIP() << why;
-    server_ = std::make_unique<testing::EtcdServer>(bin);
-    ASSERT_TRUE(server_->Start().ok());
-  }
   RegistrationOptions Options(const Member& m, const std::string& secret = "s") {
     RegistrationOptions o;
     o.etcd = server_->options();
@@ -89,7 +76,6 @@ class RegistrationTest : public ::testing::Test {
       if (m.name == name) return true;
     return false;
   }
-  std::unique_ptr<testing::EtcdServer> server_;
 };
 
 TEST_F(RegistrationTest, AWatchSeesMembersJoinDeregisterAndOutliveTheirTtl) {

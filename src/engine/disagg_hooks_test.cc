@@ -25,6 +25,7 @@ namespace {
 
 using ::pd::engine::testing::FakeEngineOptions;
 using ::pd::engine::testing::FakeRunner;
+using ::pd::engine::testing::Greedy;
 using ::testing::HasSubstr;
 
 std::vector<int32_t> PromptOf(int len, int salt) {
@@ -216,15 +217,6 @@ DisaggHooks& Hooks(Engine& engine) {
   return *engine.disagg_hooks();
 }
 
-Request MakeRequest(int64_t id, std::vector<int32_t> prompt, int max_tokens) {
-  Request r;
-  r.id = id;
-  r.prompt_ids = std::move(prompt);
-  r.sampling.temperature = 0.0f;
-  r.sampling.max_tokens = max_tokens;
-  return r;
-}
-
 // Copies the fake runner's KV pages (one layer) from one engine's region into another's.
 void CopyPages(Engine& from, const std::vector<int32_t>& src, Engine& to,
                const std::vector<int32_t>& dst, int num_pages) {
@@ -248,14 +240,14 @@ TEST_P(DisaggEngineTest, HandedOverKvGivesTheColocatedGreedyTokens) {
     SCOPED_TRACE("prompt length " + std::to_string(len));
     const std::vector<int32_t> prompt = PromptOf(len, len);
     const int64_t id = 100 + len;
-    ASSERT_TRUE(Hooks(*decode).AddRemoteKvRequest(MakeRequest(id, prompt, 6)).ok());
+    ASSERT_TRUE(Hooks(*decode).AddRemoteKvRequest(Greedy(id, prompt, 6)).ok());
     std::vector<KvReservation> res = Hooks(*decode).TakeKvReservations();
     ASSERT_EQ(res.size(), 1u);
     ASSERT_EQ(static_cast<int>(res[0].page_table.size()), (len + page_size - 1) / page_size);
     if (len > 1) {
       steps.clear();
       std::vector<int32_t> head(prompt.begin(), prompt.end() - 1);
-      ASSERT_TRUE(Hooks(*prefill).AddPrefillOnlyRequest(MakeRequest(id, head, 1)).ok());
+      ASSERT_TRUE(Hooks(*prefill).AddPrefillOnlyRequest(Greedy(id, head, 1)).ok());
       std::shared_ptr<const PrefillResult> result;
       while (prefill->HasWork()) {
         auto outs = prefill->Step();
@@ -311,7 +303,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, DisaggEngineTest,
 
 TEST(DisaggEngineTest, AbortedPrefillOnlyRequestKeepsNoPage) {
   auto engine = MakeEngine(4, 16, 4);
-  ASSERT_TRUE(Hooks(*engine).AddPrefillOnlyRequest(MakeRequest(1, PromptOf(12, 1), 1)).ok());
+  ASSERT_TRUE(Hooks(*engine).AddPrefillOnlyRequest(Greedy(1, PromptOf(12, 1), 1)).ok());
   auto outs = engine->Step();  // first chunk only
   ASSERT_TRUE(outs.ok());
   EXPECT_TRUE(outs->empty());
@@ -333,7 +325,7 @@ TEST(DisaggEngineTest, AForwardFailureFailsThePrefillOnlyRequestWithoutKeepingPa
       std::move(Engine::CreateWithRunner(FakeRunner::Make(ro), FakeEngineOptions(64, 4))).value();
   StepInfo seen;
   Hooks(*engine).SetStepObserver([&](const StepInfo& info) { seen = info; });
-  ASSERT_TRUE(Hooks(*engine).AddPrefillOnlyRequest(MakeRequest(1, PromptOf(6, 1), 1)).ok());
+  ASSERT_TRUE(Hooks(*engine).AddPrefillOnlyRequest(Greedy(1, PromptOf(6, 1), 1)).ok());
   auto outs = engine->Step();
   ASSERT_TRUE(outs.ok());
   ASSERT_EQ(outs->size(), 1u);
@@ -345,10 +337,10 @@ TEST(DisaggEngineTest, AForwardFailureFailsThePrefillOnlyRequestWithoutKeepingPa
 
 TEST(DisaggEngineTest, RemoteKvRequestsCountAsAwaitingAndAreValidated) {
   auto engine = MakeEngine(4, 4, 16);
-  Request bad = MakeRequest(1, {}, 4);
+  Request bad = Greedy(1, {}, 4);
   EXPECT_EQ(Hooks(*engine).AddRemoteKvRequest(bad).code(), StatusCode::kInvalidArgument);
-  ASSERT_TRUE(Hooks(*engine).AddRemoteKvRequest(MakeRequest(2, PromptOf(8, 2), 4)).ok());
-  ASSERT_TRUE(Hooks(*engine).AddRemoteKvRequest(MakeRequest(3, PromptOf(8, 3), 4)).ok());
+  ASSERT_TRUE(Hooks(*engine).AddRemoteKvRequest(Greedy(2, PromptOf(8, 2), 4)).ok());
+  ASSERT_TRUE(Hooks(*engine).AddRemoteKvRequest(Greedy(3, PromptOf(8, 3), 4)).ok());
   EXPECT_EQ(Hooks(*engine).TakeKvReservations().size(), 2u);
   EXPECT_EQ(engine->stats().num_awaiting_kv, 2);
   EXPECT_EQ(engine->stats().num_free_pages, 0);
@@ -360,7 +352,7 @@ TEST(DisaggEngineTest, RemoteKvRequestsCountAsAwaitingAndAreValidated) {
 
 TEST(DisaggEngineTest, RetainedPagesOutliveTheirAbortedRequestUntilReleased) {
   auto engine = MakeEngine(4, 4, 16);
-  ASSERT_TRUE(Hooks(*engine).AddRemoteKvRequest(MakeRequest(2, PromptOf(8, 2), 4)).ok());
+  ASSERT_TRUE(Hooks(*engine).AddRemoteKvRequest(Greedy(2, PromptOf(8, 2), 4)).ok());
   std::vector<KvReservation> res = Hooks(*engine).TakeKvReservations();
   ASSERT_EQ(res.size(), 1u);
   Hooks(*engine).RetainPages(res[0].page_table);  // a transfer may still write into them
@@ -368,7 +360,7 @@ TEST(DisaggEngineTest, RetainedPagesOutliveTheirAbortedRequestUntilReleased) {
   EXPECT_EQ(engine->stats().num_free_pages, 2) << "retained pages must not be free";
   EXPECT_EQ(engine->stats().num_awaiting_kv, 0);
   // Nothing else can take them meanwhile.
-  ASSERT_TRUE(Hooks(*engine).AddRemoteKvRequest(MakeRequest(3, PromptOf(12, 3), 4)).ok());
+  ASSERT_TRUE(Hooks(*engine).AddRemoteKvRequest(Greedy(3, PromptOf(12, 3), 4)).ok());
   EXPECT_TRUE(Hooks(*engine).TakeKvReservations().empty());
   Hooks(*engine).ReleasePages(res[0].page_table);
   EXPECT_EQ(Hooks(*engine).TakeKvReservations().size(), 1u);
@@ -551,9 +543,9 @@ TEST(DisaggAsyncEngineTest, AnEngineWithoutHooksRefusesDisaggregatedRequestsOnly
 
 TEST(DisaggEngineTest, AStepThatCanScheduleNothingLeavesTheEngineStalledUntilPagesCome) {
   auto engine = MakeEngine(4, 4, 16);
-  ASSERT_TRUE(Hooks(*engine).AddRemoteKvRequest(MakeRequest(1, PromptOf(9, 1), 1)).ok());
-  ASSERT_EQ(Hooks(*engine).TakeKvReservations().size(), 1u);                // 3 of the 4 pages
-  ASSERT_TRUE(engine->AddRequest(MakeRequest(2, PromptOf(8, 2), 1)).ok());  // needs 3
+  ASSERT_TRUE(Hooks(*engine).AddRemoteKvRequest(Greedy(1, PromptOf(9, 1), 1)).ok());
+  ASSERT_EQ(Hooks(*engine).TakeKvReservations().size(), 1u);           // 3 of the 4 pages
+  ASSERT_TRUE(engine->AddRequest(Greedy(2, PromptOf(8, 2), 1)).ok());  // needs 3
   EXPECT_FALSE(engine->Stalled());
   auto out = engine->Step();
   ASSERT_TRUE(out.ok());
@@ -562,7 +554,7 @@ TEST(DisaggEngineTest, AStepThatCanScheduleNothingLeavesTheEngineStalledUntilPag
   EXPECT_TRUE(engine->Stalled());
   engine->Abort(2);
   EXPECT_FALSE(engine->Stalled());  // an abort to report
-  ASSERT_TRUE(engine->AddRequest(MakeRequest(3, PromptOf(8, 3), 1)).ok());
+  ASSERT_TRUE(engine->AddRequest(Greedy(3, PromptOf(8, 3), 1)).ok());
   ASSERT_TRUE(engine->Step().ok());  // reports the abort; request 3 cannot start
   EXPECT_TRUE(engine->Stalled());
   ASSERT_TRUE(Hooks(*engine).MarkKvReady(1).ok());

@@ -16,6 +16,7 @@ namespace {
 
 using ::pd::engine::testing::FakeEngineOptions;
 using ::pd::engine::testing::FakeRunner;
+using ::pd::engine::testing::Greedy;
 using ::testing::HasSubstr;
 
 struct Result1 {
@@ -66,15 +67,6 @@ std::vector<int32_t> PromptOf(int len, int salt, int vocab) {
   std::vector<int32_t> p(len);
   for (int i = 0; i < len; ++i) p[i] = (i * 7 + salt * 13 + 1) % vocab;
   return p;
-}
-
-Request Greedy(int64_t id, std::vector<int32_t> prompt, int max_tokens) {
-  Request r;
-  r.id = id;
-  r.prompt_ids = std::move(prompt);
-  r.sampling.temperature = 0.0f;
-  r.sampling.max_tokens = max_tokens;
-  return r;
 }
 
 // (page_size, budget): budget 5 forces chunked prefill with decodes sharing the step.

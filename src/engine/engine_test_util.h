@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "common/check.h"
@@ -130,6 +131,16 @@ inline EngineOptions FakeEngineOptions(int budget = 64, int max_seqs = 4) {
   o.scheduler.max_num_seqs = max_seqs;
   o.scheduler.max_model_len = 256;
   return o;
+}
+
+// A greedy request (temperature 0) for `max_tokens` new tokens after `prompt`.
+inline Request Greedy(int64_t id, std::vector<int32_t> prompt, int max_tokens) {
+  Request r;
+  r.id = id;
+  r.prompt_ids = std::move(prompt);
+  r.sampling.temperature = 0.0f;
+  r.sampling.max_tokens = max_tokens;
+  return r;
 }
 
 }  // namespace pd::engine::testing

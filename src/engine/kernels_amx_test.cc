@@ -12,6 +12,7 @@
 #include "engine/cpu_features.h"
 #include "engine/kernels.h"
 #include "engine/kernels_ref.h"
+#include "engine/kernels_test_util.h"
 #include "engine/matmul_precision.h"
 #include "engine/model_runner_test_util.h"
 #include "engine/thread_pool.h"
@@ -20,28 +21,8 @@
 namespace pd::engine::kernels {
 namespace {
 
+using pd::engine::testing::Panel32Weights;
 using pd::engine::testing::Random;
-
-// W (n, k) row-major bf16 (or f32) and packed in the kPanel32 layout.
-struct AmxWeights {
-  std::vector<float> f32;  // the values the kernel multiplies (bf16 rounded when bf16)
-  std::vector<uint16_t> bf16;
-  std::vector<uint8_t> packed;
-  WeightMatrix rows, panel;
-  AmxWeights(int64_t n, int64_t k, bool use_bf16, uint64_t seed, ThreadPool& pool) {
-    f32 = Random(n * k, seed);
-    for (float& v : f32) {
-      bf16.push_back(model::F32ToBf16(v));
-      if (use_bf16) v = model::Bf16ToF32(bf16.back());
-    }
-    rows.data = use_bf16 ? static_cast<const void*>(bf16.data()) : f32.data();
-    rows.bf16 = use_bf16;
-    rows.n = n;
-    rows.k = k;
-    packed.assign(Panel32Bytes(n, k, use_bf16), 0xAB);
-    panel = PackPanel32(pool, &rows, 1, packed.data());
-  }
-};
 
 class AmxTest : public ::testing::Test {
  protected:
@@ -67,7 +48,7 @@ TEST_F(AmxTest, MatchesTheReferenceOnOddShapes) {
   for (int64_t k : {2, 18, 64, 258, 600})
     for (int64_t n : {5, 32 * 3 + 7, 32 * 19 + 5})
       for (int64_t m : {16, 17, 33, 50}) {
-        AmxWeights w(n, k, true, m * 7 + k + n, pool);
+        Panel32Weights w(n, k, true, m * 7 + k + n, pool);
         const int64_t ldx = k + 3, ldo = n + 2, n_begin = n > 64 ? 64 : 0;
         std::vector<float> x = Random(m * ldx, m + 3 * k);
         x[0] = 1e-39f;  // a denormal: zero in bf16
@@ -102,7 +83,7 @@ TEST_F(AmxTest, MatchesTheReferenceOnOddShapes) {
 TEST_F(AmxTest, ARowsResultDoesNotDependOnItsBatch) {
   ThreadPool pool(1);
   const int64_t n = 32 * 9 + 3, k = 700;
-  AmxWeights w(n, k, true, 5, pool);
+  Panel32Weights w(n, k, true, 5, pool);
   const std::vector<float> few = Random(16 * k, 6);
   std::vector<float> many = Random(600 * k, 7);
   for (int64_t r = 0; r < 16; ++r)  // row r of `few` is row 583 - 37r of `many`
@@ -126,7 +107,7 @@ TEST_F(AmxTest, KeepsTheAvx512DotKernelWhereTilesDoNotApply) {
   for (const Case& c : {Case{1, 64, true}, Case{kAmxMinRows - 1, 130, true}, Case{40, 64, false},
                         Case{40, 33, true}}) {
     const int64_t n = 70;
-    AmxWeights w(n, c.k, c.bf16, 11, pool);
+    Panel32Weights w(n, c.k, c.bf16, 11, pool);
     const std::vector<float> x = Random(c.m * c.k, 12);
     std::vector<float> want(c.m * n, 1.0f), got(c.m * n, 2.0f);
     dot(x.data(), c.m, c.k, w.panel, 0, n, want.data(), n);
@@ -139,7 +120,7 @@ TEST_F(AmxTest, KeepsTheAvx512DotKernelWhereTilesDoNotApply) {
 TEST_F(AmxTest, ParallelMatmulEqualsOneCall) {
   ThreadPool pool(3);
   const int64_t n = 32 * 41 + 7, k = 96, rows = 100;
-  AmxWeights w(n, k, true, 21, pool);
+  Panel32Weights w(n, k, true, 21, pool);
   IsaKernels isa = KernelsFor(BestIsaLevel());
   isa.matmul_panel = amx_;
   const std::vector<float> x = Random(rows * k, 22);

@@ -10,6 +10,7 @@
 #include "engine/cpu_features.h"
 #include "engine/kernels.h"
 #include "engine/kernels_ref.h"
+#include "engine/kernels_test_util.h"
 #include "engine/model_runner_test_util.h"
 #include "engine/thread_pool.h"
 #include "model/dtype.h"
@@ -107,11 +108,7 @@ struct PackedFp8 {
     w = PackPanel32(pool, srcs.data(), static_cast<int>(srcs.size()), packed.data());
   }
   void Reference(const float* x, int64_t m, int64_t ldx, float* out, int64_t ldo) const {
-    int64_t col = 0;
-    for (const Fp8Weights& p : parts) {
-      ref::Matmul(x, m, ldx, p.w, out + col, ldo);
-      col += p.w.n;
-    }
+    testing::StackedReference(parts, x, m, ldx, out, ldo);
   }
 };
 

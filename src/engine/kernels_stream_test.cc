@@ -3,43 +3,20 @@
 // ref::MatmulBf16Dot in both, and the choice per CPU (and its override) reaching the kernel table.
 #include <gtest/gtest.h>
 
-#include <random>
 #include <vector>
 
 #include "engine/cpu_features.h"
 #include "engine/kernels.h"
 #include "engine/kernels_ref.h"
+#include "engine/kernels_test_util.h"
 #include "engine/thread_pool.h"
 #include "model/dtype.h"
 
 namespace pd::engine::kernels {
 namespace {
 
-std::vector<float> RandomFloats(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
-// W (n, k) row-major (f32 or bf16) and packed in the kPanel32 layout.
-struct StreamWeights {
-  std::vector<float> f32;
-  std::vector<uint16_t> bf16;
-  std::vector<uint8_t> packed;
-  WeightMatrix rows, panel;
-  StreamWeights(int64_t n, int64_t k, bool use_bf16, uint64_t seed, ThreadPool& pool) {
-    f32 = RandomFloats(n * k, seed);
-    for (float v : f32) bf16.push_back(model::F32ToBf16(v));
-    rows.data = use_bf16 ? static_cast<const void*>(bf16.data()) : f32.data();
-    rows.bf16 = use_bf16;
-    rows.n = n;
-    rows.k = k;
-    packed.assign(Panel32Bytes(n, k, use_bf16), 0xAB);
-    panel = PackPanel32(pool, &rows, 1, packed.data());
-  }
-};
+using pd::engine::testing::Panel32Weights;
+using pd::engine::testing::Random;
 
 class PanelStreamTest : public ::testing::Test {
  protected:
@@ -57,9 +34,9 @@ TEST_F(PanelStreamTest, SingleAndMultiGiveTheSameBitsAtEveryDecodeBatch) {
     for (int64_t n : {5, 64, 100, 32 * 5 + 7, 32 * 9})
       for (int64_t k : {1, 17, 64, 300})
         for (int64_t m : {1, 2, 3, 4}) {
-          StreamWeights sw(n, k, use_bf16, n * 31 + k, pool);
+          Panel32Weights sw(n, k, use_bf16, n * 31 + k, pool);
           const int64_t ldx = k + 5, ldo = n + 3;
-          const std::vector<float> x = RandomFloats(m * ldx, m * 7 + k);
+          const std::vector<float> x = Random(m * ldx, m * 7 + k);
           for (int64_t n_begin : {int64_t{0}, int64_t{32}}) {
             if (n_begin >= n) continue;
             std::vector<float> single(m * ldo, -7.0f), multi(m * ldo, -7.0f);
@@ -80,9 +57,9 @@ TEST_F(PanelStreamTest, Bf16DotEqualsTheReferenceBitForBitInBothWays) {
     for (int64_t n : {5, 100, 32 * 5 + 7, 32 * 9})
       for (int64_t k : {2, 64, 2100})
         for (int64_t m : {1, 2, 3, 4}) {
-          StreamWeights sw(n, k, true, n * 13 + k, pool);
+          Panel32Weights sw(n, k, true, n * 13 + k, pool);
           const int64_t ldx = k + 3, ldo = n + 2, n_begin = n > 64 ? 64 : 0;
-          std::vector<float> x = RandomFloats(m * ldx, m + 3 * k);
+          std::vector<float> x = Random(m * ldx, m + 3 * k);
           x[0] = 1e-39f;  // a denormal: zero in bf16
           std::vector<float> all(m * n), want(m * ldo, -7.0f), got(m * ldo, -7.0f);
           ref::MatmulBf16Dot(x.data(), m, ldx, sw.rows, all.data(), n);

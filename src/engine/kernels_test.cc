@@ -11,6 +11,7 @@
 #include "engine/cpu_features.h"
 #include "engine/kernels.h"
 #include "engine/kernels_ref.h"
+#include "engine/kernels_test_util.h"
 #include "engine/kv_cache.h"
 #include "engine/model_runner_test_util.h"
 #include "engine/thread_pool.h"
@@ -160,11 +161,7 @@ struct PanelWeights {
   }
   // Reference: out = x @ W^T over the stacked row-major parts.
   void Reference(const float* x, int64_t m, int64_t ldx, float* out, int64_t ldo) const {
-    int64_t col = 0;
-    for (const Weights& p : parts) {
-      ref::Matmul(x, m, ldx, p.w, out + col, ldo);
-      col += p.w.n;
-    }
+    testing::StackedReference(parts, x, m, ldx, out, ldo);
   }
 };
 

@@ -47,12 +47,9 @@ std::vector<int32_t> Prompt(int shared, int own, int family, int salt) {
   return p;
 }
 
+// Greedy, with logprobs (the chosen token's and the top 2) requested as well.
 Request Greedy(int64_t id, std::vector<int32_t> prompt, int max_tokens) {
-  Request r;
-  r.id = id;
-  r.prompt_ids = std::move(prompt);
-  r.sampling.temperature = 0.0f;
-  r.sampling.max_tokens = max_tokens;
+  Request r = testing::Greedy(id, std::move(prompt), max_tokens);
   r.sampling.logprobs = 2;
   return r;
 }

@@ -7,6 +7,12 @@
 
 namespace pd::planner {
 
+Status KvCapacityExceeded(int64_t id, int num_tokens, const SchedPolicy& policy) {
+  return ResourceExhausted("sequence " + std::to_string(id) + " of " + std::to_string(num_tokens) +
+                           " tokens exceeds the KV capacity of " +
+                           std::to_string(policy.kv_capacity_tokens) + " tokens");
+}
+
 NativeStepScheduler::NativeStepScheduler(const SchedPolicy& policy) : policy_(policy) {
   PD_CHECK(policy_.page_size > 0);
   const int64_t pages = policy_.kv_capacity_tokens / policy_.page_size;
@@ -18,9 +24,7 @@ Status NativeStepScheduler::Add(int64_t id, int num_tokens, int num_cached, doub
     return InvalidArgument("sequence " + std::to_string(id) + ": bad token counts");
   }
   if (PagesFor(num_tokens + 1) > total_pages_) {
-    return ResourceExhausted("sequence " + std::to_string(id) + " of " +
-                             std::to_string(num_tokens) + " tokens exceeds the KV capacity of " +
-                             std::to_string(policy_.kv_capacity_tokens) + " tokens");
+    return KvCapacityExceeded(id, num_tokens, policy_);
   }
   auto [it, inserted] = seqs_.try_emplace(id);
   if (!inserted) return AlreadyExists("sequence " + std::to_string(id) + " is already queued");

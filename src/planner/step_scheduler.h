@@ -31,6 +31,9 @@ struct SchedPolicy {
   int page_size = 16;
 };
 
+// The error Add returns for a sequence that could never fit in `policy`'s KV capacity.
+Status KvCapacityExceeded(int64_t id, int num_tokens, const SchedPolicy& policy);
+
 // One sequence's part of a step: tokens [start, start + num_tokens).
 struct BatchItem {
   int64_t seq_id = 0;

@@ -20,9 +20,7 @@ Status VllmStepScheduler::Add(int64_t id, int num_tokens, int num_cached, double
                            ": vLLM's scheduler takes whole prompts only (no cached tokens)");
   }
   if (total_blocks_ - BlocksFor(num_tokens) < watermark_blocks_) {
-    return ResourceExhausted("sequence " + std::to_string(id) + " of " +
-                             std::to_string(num_tokens) + " tokens exceeds the KV capacity of " +
-                             std::to_string(policy_.kv_capacity_tokens) + " tokens");
+    return KvCapacityExceeded(id, num_tokens, policy_);
   }
   auto [it, inserted] = seqs_.try_emplace(id);
   if (!inserted) return AlreadyExists("sequence " + std::to_string(id) + " is already queued");
