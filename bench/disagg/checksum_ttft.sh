@@ -26,7 +26,7 @@ OUT=
 CONTROL=0
 PY=/usr/bin/python3
 
-usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
+source "$(dirname "$0")/lib.sh"
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL=$2; shift 2 ;;
@@ -44,7 +44,6 @@ done
 [ -n "$OUT" ] || OUT=$(mktemp -d /tmp/pdserve-checksum.XXXXXX)
 mkdir -p "$OUT"
 
-source "$(dirname "$0")/lib.sh"
 
 # start NAME UP_FLAGS...: `pdserve up` in the background; sets URL once its router answers.
 start() {

@@ -38,7 +38,7 @@ CHUNK=512
 OUT=
 PY=/usr/bin/python3
 
-usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
+source "$(dirname "$0")/lib.sh"
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL=$2; shift 2 ;;
@@ -69,7 +69,6 @@ NCPU=$(nproc)
 both_cores=0-$((NCPU > 1 ? 1 : 0))
 threads2=$((NCPU > 1 ? 2 : 1))
 
-source "$(dirname "$0")/lib.sh"
 
 start_disagg() {
   local port log

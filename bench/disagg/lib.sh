@@ -11,6 +11,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'cleanup; exit 130' INT TERM
 
+# The calling script's help: its header comment, less the first line.
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
+
 # A base port P with P..P+3 free (the router, the prefill and the decode instance).
 free_ports() {
   "$PY" - <<'PYEOF'

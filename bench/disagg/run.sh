@@ -48,7 +48,7 @@ CLIENT_CPUS=auto
 IDLE_POLL=
 PY=/usr/bin/python3
 
-usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
+source "$(dirname "$0")/lib.sh"
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL=$2; shift 2 ;;
@@ -85,7 +85,6 @@ PROVIDER_FLAGS=()
 [ "$IO_CPUS" = auto ] || PROVIDER_FLAGS+=(--io-cpus "$IO_CPUS")
 [ -z "$IDLE_POLL" ] || PROVIDER_FLAGS+=(--idle-poll-us "$IDLE_POLL")
 
-source "$(dirname "$0")/lib.sh"
 
 # start_disagg: `pdserve up` with one prefill and one decode instance, each pinned to its own core.
 start_disagg() {
