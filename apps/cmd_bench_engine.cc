@@ -353,7 +353,7 @@ Status BenchModel(const model::ModelWeights& weights, const std::string& name, c
   r.read_gbytes_per_s = read;
   r.matmul = precision;
   r.dtype = fp8 ? "fp8" : "bf16";
-  r.path = fp8 ? "fp8" : path;
+  r.path = !fp8 ? path : path == "amx-bf16" ? "amx-fp8" : "fp8";  // fp8 prefill takes AMX too
   std::fprintf(stderr, "bench-engine:   %.1f tokens/s, %.3f of the FMA probe beside it\n",
                r.tokens_per_s, r.flops_per_s / 1e9 / r.peak_gflops);
   rows->push_back(r);

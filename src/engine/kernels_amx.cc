@@ -20,6 +20,12 @@
 // 512-row llama-1b shapes (one thread, CPU time): converting x once per call instead of per run
 // of groups, and the prefetch, gave 1.35-1.45x; k blocks of 512 or runs of 16 groups did not pay.
 //
+// fp8 weights (F8_E4M3 codes with a scale per row and 128-wide k block) take the same tiles: B is
+// the codes converted exactly to bf16 (times 2^-8, as the AVX-512 fp8 kernel converts them: e4m3
+// has 4 significant bits), the k blocks are the scale blocks, and each block's tile sums are
+// stored to a 4 KiB block and added to the accumulator times the rows' scales (times 2^8), an FMA
+// per 16 elements, instead of resumed in the tiles. No dequantised copy of W exists.
+//
 // A row's output depends only on that row of x and W: the k blocking is fixed, the padding adds
 // exact zeros, and each tile row is its own chain. It is not bit for bit the AVX-512 dot kernel's
 // (TDPBF16PS sums in its own order and precision), so which kernel ran shows in the last bits.
@@ -142,6 +148,42 @@ void PackB(const uint8_t* base, int64_t group_bytes, int64_t g0, int64_t g1, int
   }
 }
 
+// The 32 codes at p (an fp8 panel's line at one k) as bf16 times 2^-8 in the high half of each
+// 32-bit word: rows 0..15 in lo, 16..31 in hi. Exact: binary16 of code * 2^-8 (as the AVX-512 fp8
+// kernel makes it), to f32, keeps at most 4 significant bits.
+inline void Fp8Line(const uint8_t* p, __m512i& lo, __m512i& hi) {
+  const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  __m512i h = _mm512_slli_epi16(_mm512_cvtepi8_epi16(codes), 7);
+  h = _mm512_and_si512(h, _mm512_set1_epi16(static_cast<int16_t>(0xBFFF)));
+  lo = _mm512_castps_si512(_mm512_cvtph_ps(_mm512_castsi512_si256(h)));
+  hi = _mm512_castps_si512(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)));
+}
+
+// PackB for an fp8 panel (32 bytes a k): the same tiles, of the codes as bf16 times 2^-8.
+void PackBFp8(const uint8_t* base, int64_t group_bytes, int64_t g0, int64_t g1, int64_t k0,
+              int64_t k1, uint8_t* dst) {
+  const int64_t steps = (k1 - k0 + kTileK - 1) / kTileK;
+  constexpr __mmask32 kHigh = 0xAAAAAAAAu;
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* src = base + g * group_bytes;
+    uint8_t* out = dst + (g - g0) * steps * 2 * kTileBytes;
+    for (int64_t s = 0; s < steps; ++s, out += 2 * kTileBytes)
+      for (int64_t p = 0; p < 16; ++p) {
+        const int64_t k = k0 + s * kTileK + 2 * p;
+        __m512i lo = _mm512_setzero_si512(), hi = lo;
+        if (k < k1) {  // word j: (k, k + 1) of row j (lo) and of row 16 + j (hi)
+          __m512i a[2], b[2] = {lo, lo};
+          Fp8Line(src + k * kPanelRows, a[0], a[1]);
+          if (k + 1 < k1) Fp8Line(src + (k + 1) * kPanelRows, b[0], b[1]);
+          lo = _mm512_mask_blend_epi16(kHigh, _mm512_srli_epi32(a[0], 16), b[0]);
+          hi = _mm512_mask_blend_epi16(kHigh, _mm512_srli_epi32(a[1], 16), b[1]);
+        }
+        _mm512_store_si512(out + p * 64, lo);
+        _mm512_store_si512(out + kTileBytes + p * 64, hi);
+      }
+  }
+}
+
 // C (kMt*16 rows x 32 columns at c, row stride ldc floats) (+)= A tiles (kMt row tiles, each
 // `steps` tiles apart) . B tiles of one group over `steps` k steps; starts at zero unless resume.
 template <int kMt>
@@ -194,59 +236,82 @@ void StoreAcc(const float* acc, int64_t num_rows, int64_t cols, float* out, int6
                             _mm512_load_ps(acc + m * kAccCols + c));
 }
 
-// The panel lines of groups [g0, g1), k in [k0, k1) (one 64-byte line per group and k), to be
+// The panel lines of groups [g0, g1), k in [k0, k1) (k_bytes a k: 64 bf16, 32 fp8), to be
 // prefetched into L2 in `calls` equal parts while the block before them is multiplied.
 struct NextBlock {
   const uint8_t* base = nullptr;
-  int64_t group_bytes = 0, g0 = 0, g1 = 0, k0 = 0, k1 = 0, calls = 1;
+  int64_t group_bytes = 0, k_bytes = 0, g0 = 0, g1 = 0, k0 = 0, k1 = 0, calls = 1;
   void Prefetch(int64_t call) const {
-    const int64_t nk = k1 - k0, lines = (g1 - g0) * nk;
+    const int64_t nl = ((k1 - k0) * k_bytes + 63) / 64, lines = (g1 - g0) * nl;
     for (int64_t l = lines * call / calls; l < lines * (call + 1) / calls; ++l)
-      _mm_prefetch(
-          reinterpret_cast<const char*>(base + (g0 + l / nk) * group_bytes + (k0 + l % nk) * 64),
-          _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(base + (g0 + l / nl) * group_bytes + k0 * k_bytes +
+                                                 (l % nl) * 64),
+                   _MM_HINT_T1);
   }
 };
 
+// fp8: c (rows x 32 columns, row stride kAccCols) (+)= part (rows x 32, row stride kPanelRows)
+// times the group's scales of the k block (times 2^8, the codes' 2^-8); set unless resume.
+void ScaleInto(const float* part, int64_t rows, const float* scales, float* c, bool resume) {
+  const __m512 k256 = _mm512_set1_ps(256.0f);
+  const __m512 s[2] = {_mm512_mul_ps(_mm512_loadu_ps(scales), k256),
+                       _mm512_mul_ps(_mm512_loadu_ps(scales + 16), k256)};
+  for (int64_t r = 0; r < rows; ++r)
+    for (int h = 0; h < 2; ++h) {
+      const __m512 p = _mm512_load_ps(part + r * kPanelRows + h * 16);
+      float* cr = c + r * kAccCols + h * 16;
+      _mm512_store_ps(
+          cr, resume ? _mm512_fmadd_ps(p, s[h], _mm512_load_ps(cr)) : _mm512_mul_ps(p, s[h]));
+    }
+}
+
 // out[0..num_rows) x [32*g_begin, n_end) = x . W^T over groups [g_begin, g_end), with tiles.
+// kFp8: W's codes converted to bf16 tiles (PackBFp8), k blocks of one scale block each, and each
+// block's tile sums scaled into the accumulator (ScaleInto) instead of resumed in the tiles.
+template <bool kFp8>
 void AmxMatmul(const float* x, int64_t num_rows, int64_t ldx, const WeightMatrix& w,
                int64_t g_begin, int64_t g_end, int64_t n_end, float* out, int64_t ldo) {
-  thread_local ThreadBuffer a_buf, b_buf, acc_buf;
+  constexpr int64_t kc = kFp8 ? kFp8Block : kKc, k_bytes = kFp8 ? kPanelRows : 2 * kPanelRows;
+  thread_local ThreadBuffer a_buf, b_buf, acc_buf, part_buf;
   const int64_t row_tiles = (num_rows + 15) / 16, pairs = (row_tiles + 1) / 2;
-  const int64_t max_steps = kKc / kTileK, k_blocks = (w.k + kKc - 1) / kKc;
+  const int64_t max_steps = kc / kTileK, k_blocks = (w.k + kc - 1) / kc;
   const int64_t a_block = row_tiles * max_steps * kTileBytes;  // bytes of one k block of A
   uint8_t* a = a_buf.Get<uint8_t>(k_blocks * a_block);
   uint8_t* b = b_buf.Get<uint8_t>(kGroupBlock * max_steps * 2 * kTileBytes);
   float* acc = acc_buf.Get<float>(row_tiles * 16 * kAccCols);
-  if (a == nullptr || b == nullptr || acc == nullptr) __builtin_trap();  // out of memory
+  float* part = part_buf.Get<float>(32 * kPanelRows);  // fp8: one tile pair's block sums (4 KiB)
+  if (a == nullptr || b == nullptr || acc == nullptr || part == nullptr) __builtin_trap();  // OOM
   for (int64_t kb = 0; kb < k_blocks; ++kb)  // x once for every group block
-    PackA(x, num_rows, ldx, row_tiles, kb * kKc, Min(w.k, (kb + 1) * kKc), a + kb * a_block);
-  NextBlock next{static_cast<const uint8_t*>(w.data), w.k * kPanelRows * 2};
+    PackA(x, num_rows, ldx, row_tiles, kb * kc, Min(w.k, (kb + 1) * kc), a + kb * a_block);
+  NextBlock next{static_cast<const uint8_t*>(w.data), w.k * k_bytes, k_bytes};
   const TileScope tiles;
   for (int64_t gb = g_begin; gb < g_end; gb += kGroupBlock) {
     const int64_t ge = Min(g_end, gb + kGroupBlock);
-    for (int64_t k0 = 0; k0 < w.k; k0 += kKc) {
-      const int64_t k1 = Min(w.k, k0 + kKc), steps = (k1 - k0 + kTileK - 1) / kTileK;
-      PackB(next.base, next.group_bytes, gb, ge, k0, k1, b);
+    for (int64_t k0 = 0; k0 < w.k; k0 += kc) {
+      const int64_t k1 = Min(w.k, k0 + kc), steps = (k1 - k0 + kTileK - 1) / kTileK;
+      (kFp8 ? PackBFp8 : PackB)(next.base, next.group_bytes, gb, ge, k0, k1, b);
       // The next block's weights come into L2 meanwhile: the same groups' next k block, or the
       // next run of groups' first.
       next.g0 = k1 < w.k ? gb : ge;
       next.g1 = k1 < w.k ? ge : Min(g_end, ge + kGroupBlock);
       next.k0 = k1 < w.k ? k1 : 0;
-      next.k1 = k1 < w.k ? Min(w.k, k1 + kKc) : Min(w.k, kKc);
+      next.k1 = k1 < w.k ? Min(w.k, k1 + kc) : Min(w.k, kc);
       next.calls = pairs * (ge - gb);
-      const uint8_t* ak = a + (k0 / kKc) * a_block;
+      const uint8_t* ak = a + (k0 / kc) * a_block;
       int64_t call = 0;
       for (int64_t t = 0; t < row_tiles; t += 2) {
         const uint8_t* at = ak + t * steps * kTileBytes;
+        const bool two = t + 1 < row_tiles;
         for (int64_t g = gb; g < ge; ++g, ++call) {
           next.Prefetch(call);
           const uint8_t* bg = b + (g - gb) * steps * 2 * kTileBytes;
           float* c = acc + t * 16 * kAccCols + (g - gb) * kPanelRows;
-          if (t + 1 < row_tiles) {
-            TileBlock<2>(at, bg, steps, c, kAccCols, k0 > 0);
+          if constexpr (kFp8) {
+            (two ? TileBlock<2> : TileBlock<1>)(at, bg, steps, part, kPanelRows, false);
+            const float* scales = w.scales + (g * k_blocks + k0 / kc) * kPanelRows;
+            ScaleInto(part, two ? 32 : 16, scales, c, k0 > 0);
           } else {
-            TileBlock<1>(at, bg, steps, c, kAccCols, k0 > 0);
+            (two ? TileBlock<2> : TileBlock<1>)(at, bg, steps, c, kAccCols, k0 > 0);
           }
         }
       }
@@ -256,17 +321,19 @@ void AmxMatmul(const float* x, int64_t num_rows, int64_t ldx, const WeightMatrix
   }
 }
 
-// AMX from kAmxMinRows rows of bf16 weights with even k; otherwise the AVX-512 dot kernel (which
-// itself takes f32 weights and odd k to its f32 path).
+// AMX from kAmxMinRows rows of bf16 weights with even k or of fp8 weights; otherwise the AVX-512
+// dot kernel (which itself takes f32 weights and odd k to its f32 path, fp8 to the fp8 kernel).
 template <PanelStream kS>
 void MatmulPanelAmx(const float* x, int64_t num_rows, int64_t ldx, const WeightMatrix& w,
                     int64_t n_begin, int64_t n_end, float* out, int64_t ldo) {
-  if (num_rows < kAmxMinRows || !w.bf16 || w.k % 2 != 0)
+  if (num_rows < kAmxMinRows || !(w.fp8 || (w.bf16 && w.k % 2 == 0)))
     return Avx512PanelDotMatmul(kS)(x, num_rows, ldx, w, n_begin, n_end, out, ldo);
   if (n_begin >= n_end) return;
   for (int64_t r = 0; r < num_rows; r += kRowBlock)
-    AmxMatmul(x + r * ldx, Min(kRowBlock, num_rows - r), ldx, w, n_begin / kPanelRows,
-              (n_end + kPanelRows - 1) / kPanelRows, n_end, out + r * ldo, ldo);
+    (w.fp8 ? AmxMatmul<true> : AmxMatmul<false>)(x + r * ldx, Min(kRowBlock, num_rows - r), ldx, w,
+                                                 n_begin / kPanelRows,
+                                                 (n_end + kPanelRows - 1) / kPanelRows, n_end,
+                                                 out + r * ldo, ldo);
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 // The AMX bf16 matmul (kernels_amx.cc) against ref::MatmulBf16Dot and the float64 sum of the same
-// bf16 products, on odd shapes; a row's result independent of the rows computed with it; the
-// AVX-512 dot kernel below kAmxMinRows rows, for f32 weights and odd k; and which path a runner's
-// matmuls take (ChosenMatmulPath) with AMX allowed or not. Skipped where the CPU lacks AMX or
-// Linux refuses the tile state (the reason is printed).
+// bf16 products, on odd shapes (fp8 weights against the float64 sum of their dequantised values); a
+// row's result independent of the rows computed with it; the AVX-512 dot kernel below kAmxMinRows
+// rows, for f32 weights and odd k; and which path a runner's matmuls take (ChosenMatmulPath) with
+// AMX allowed or not. Skipped where the CPU lacks AMX or Linux refuses the tile state (the reason
+// is printed).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,6 +22,7 @@
 namespace pd::engine::kernels {
 namespace {
 
+using pd::engine::testing::Fp8PanelWeights;
 using pd::engine::testing::Panel32Weights;
 using pd::engine::testing::Random;
 
@@ -127,6 +129,60 @@ TEST_F(AmxTest, ParallelMatmulEqualsOneCall) {
   std::vector<float> want(rows * n), got(rows * n, NAN);
   amx_(x.data(), rows, k, w.panel, 0, n, want.data(), n);
   ParallelMatmul(pool, isa, x.data(), rows, k, w.panel, got.data(), n);
+  EXPECT_EQ(got, want);
+}
+
+// fp8 weights (tiles of the codes as bf16, each 128-wide k block's sums scaled into the total):
+// within 4e-6 of the sum of |products| of the float64 sum over x rounded to bf16 and the
+// dequantised weights, on odd k (partial scale blocks) and rows; columns outside untouched.
+TEST_F(AmxTest, Fp8MatchesTheFloat64SumOnOddShapes) {
+  ThreadPool pool(1);
+  for (int64_t k : {1, 7, 128, 129, 300})
+    for (int64_t n : {5, 32 * 3 + 7, 32 * 9 + 5})
+      for (int64_t m : {16, 17, 33, 50}) {
+        Fp8PanelWeights w(n, k, m * 5 + k + n, pool);
+        const int64_t ldx = k + 3, ldo = n + 2, n_begin = n > 64 ? 64 : 0;
+        const std::vector<float> x = Random(m * ldx, m + 7 * k);
+        std::vector<float> got(m * ldo, -7.0f);
+        amx_(x.data(), m, ldx, w.panel, n_begin, n, got.data(), ldo);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < ldo; ++j) {
+            const float g = got[i * ldo + j];
+            if (j < n_begin || j >= n) {
+              ASSERT_EQ(g, -7.0f) << "m=" << m << " n=" << n << " k=" << k << " column " << j;
+              continue;
+            }
+            double exact = 0, magnitude = 0;
+            for (int64_t c = 0; c < k; ++c) {
+              const double p = XBf16(x[i * ldx + c]) * w.f32[j * k + c];
+              exact += p;
+              magnitude += std::fabs(p);
+            }
+            ASSERT_NEAR(g, exact, 4e-6 * magnitude + 1e-30)
+                << "m=" << m << " n=" << n << " k=" << k << " at " << i << "," << j;
+          }
+      }
+}
+
+// fp8: a row's result does not depend on its batch; below kAmxMinRows the fp8 kernel's bits.
+TEST_F(AmxTest, Fp8RowsIndependentOfTheirBatchAndTheFp8KernelBelowTiles) {
+  ThreadPool pool(1);
+  const int64_t n = 32 * 9 + 3, k = 700;
+  Fp8PanelWeights w(n, k, 5, pool);
+  const std::vector<float> few = Random(16 * k, 6);
+  std::vector<float> many = Random(600 * k, 7);
+  for (int64_t r = 0; r < 16; ++r)  // row r of `few` is row 583 - 37r of `many`
+    std::copy(few.begin() + r * k, few.begin() + (r + 1) * k, many.begin() + (583 - 37 * r) * k);
+  std::vector<float> a(16 * n), b(600 * n);
+  amx_(few.data(), 16, k, w.panel, 0, n, a.data(), n);
+  amx_(many.data(), 600, k, w.panel, 0, n, b.data(), n);
+  for (int64_t r = 0; r < 16; ++r)
+    for (int64_t j = 0; j < n; ++j)
+      ASSERT_EQ(a[r * n + j], b[(583 - 37 * r) * n + j]) << "row " << r << " column " << j;
+  const int64_t m = kAmxMinRows - 1;
+  std::vector<float> want(m * n, 1.0f), got(m * n, 2.0f);
+  Avx512Fp8PanelMatmul(few.data(), m, k, w.panel, 0, n, want.data(), n);
+  amx_(few.data(), m, k, w.panel, 0, n, got.data(), n);
   EXPECT_EQ(got, want);
 }
 

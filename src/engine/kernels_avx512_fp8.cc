@@ -42,7 +42,7 @@ namespace {
 
 constexpr int64_t kStreamRows = 4;
 constexpr int kTileRows = 6;             // 24 accumulators + 2 weight vectors + a broadcast
-constexpr int64_t kPrefetchBytes = 768;  // decode: each group's stream this far ahead
+constexpr int64_t kPrefetchBytes = 1536;  // decode: each group's stream this far ahead (as bf16)
 
 inline int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t Clamp16(int64_t v) { return v < 0 ? 0 : (v > 16 ? 16 : v); }

@@ -10,6 +10,7 @@
 #include "engine/model_runner_test_util.h"
 #include "engine/thread_pool.h"
 #include "model/dtype.h"
+#include "model/fp8_quant.h"
 
 namespace pd::engine::testing {
 
@@ -30,6 +31,35 @@ struct Panel32Weights {
     rows.n = n;
     rows.k = k;
     packed.assign(kernels::Panel32Bytes(n, k, use_bf16), 0xAB);
+    panel = kernels::PackPanel32(pool, &rows, 1, packed.data());
+  }
+};
+
+// W (n, k) quantised to fp8 from random values (rows of different magnitudes, so blocks get
+// their own scales): row-major codes with checkpoint-layout scales, the dequantised values, and
+// the kPanel32 packing.
+struct Fp8PanelWeights {
+  std::vector<uint8_t> codes;
+  std::vector<float> scales, f32;  // f32: code * block scale, row-major (n, k)
+  std::vector<uint8_t> packed;
+  kernels::WeightMatrix rows, panel;
+  Fp8PanelWeights(int64_t n, int64_t k, uint64_t seed, ThreadPool& pool) {
+    f32 = Random(n * k, seed);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t i = 0; i < k; ++i) f32[r * k + i] *= static_cast<float>(1 << (r % 7)) / 8;
+    const int64_t kb = (k + 127) / 128;
+    codes.resize(n * k);
+    scales.resize((n + 127) / 128 * kb);
+    model::QuantizeFp8Blocks(f32.data(), n, k, codes.data(), scales.data());
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t i = 0; i < k; ++i)
+        f32[r * k + i] = model::Fp8E4m3ToF32(codes[r * k + i]) * scales[r / 128 * kb + i / 128];
+    rows.data = codes.data();
+    rows.fp8 = true;
+    rows.scales = scales.data();
+    rows.n = n;
+    rows.k = k;
+    packed.assign(kernels::Panel32BytesLike(n, rows), 0xAB);
     panel = kernels::PackPanel32(pool, &rows, 1, packed.data());
   }
 };
