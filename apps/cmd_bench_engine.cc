@@ -588,8 +588,11 @@ int RunBenchEngine(const BenchEngineFlags& f) {
     Result<model::ModelWeights> weights = model::LoadModelWeights(dir);
     Status s = weights.status();
     for (size_t i = 0; s.ok() && i < variants.size(); ++i) {
-      // FP8 weights take the fp8 kernel whatever the precision: one row set.
-      if (weights->fp8 && i > 0) break;
+      // FP8 weights take the fp8 kernel (x in f32) at either precision, but AMX tiles for bf16
+      // prefill: a bf16 variant without AMX would repeat the f32 rows.
+      const Variant& v = variants[i];
+      if (weights->fp8 && i > 0 && v.precision == engine::MatmulPrecision::kBf16 && !v.amx)
+        continue;
       s = BenchModel(*weights, name, variants[i], f, pool, **probe, &rows);
     }
     if (s.ok() && weights->config.is_moe() && !weights->fp8)
