@@ -2,7 +2,7 @@
 // measured in the same run.
 //
 //   pdserve bench-engine [--model DIR | --preset NAME] [--json] [--threads N]
-//                        [--tensor-parallel-size N] [--phase all|decode|prefill|tp]
+//                        [--tensor-parallel-size N] [--phase all|decode|prefill|tp|spec]
 //                        [--batches B...] [--contexts C...]
 //
 // For llama-1b and qwen3-0.6b in bf16 (written into models/ with the synthetic writer when
@@ -70,6 +70,7 @@
 #include <vector>
 
 #include "apps/bench_engine_counts.h"
+#include "apps/bench_engine_spec.h"
 #include "apps/command.h"
 #include "engine/machine_probe.h"
 #include "engine/model_runner.h"
@@ -530,6 +531,26 @@ void Print(const std::vector<Row>& rows, double bw, double peak, double bf16dot,
   }
 }
 
+// --phase spec (bench_engine_spec.h): verification of K drafts against a decode step, and TPOT
+// with n-gram drafts, at the first of --contexts.
+int RunSpecPhase(const std::vector<std::pair<std::string, std::string>>& models,
+                 const BenchEngineFlags& f) {
+  SpecBenchOptions o;
+  o.threads = f.threads;
+  o.seconds = f.seconds;
+  o.context = f.contexts.empty() ? 128 : f.contexts.front();
+  o.json = f.json;
+  for (const auto& [name, dir] : models) {
+    Result<model::ModelWeights> weights = model::LoadModelWeights(dir);
+    Status s = weights.ok() ? RunSpecBench(name, *weights, o) : weights.status();
+    if (!s.ok()) {
+      std::fprintf(stderr, "bench-engine: %s: %s\n", name.c_str(), s.ToString().c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
 int RunBenchEngine(const BenchEngineFlags& f) {
   if (Status s = engine::SetDecodeStream(f.decode_stream); !s.ok()) {
     std::fprintf(stderr, "bench-engine: %s\n", s.ToString().c_str());
@@ -553,6 +574,7 @@ int RunBenchEngine(const BenchEngineFlags& f) {
         models.emplace_back(p, *dir);
       }
   }
+  if (f.phase == "spec") return RunSpecPhase(models, f);
   if (f.phase == "tp") {
     std::vector<TpRow> rows;
     for (const auto& [name, dir] : models) {
@@ -639,7 +661,7 @@ CommandRunner SetUpCommand(CLI::App* app) {
   app->add_option("--models-root", f->models_root, "where presets are written")
       ->capture_default_str();
   app->add_option("--phase", f->phase, "rows to measure")
-      ->check(CLI::IsMember({"all", "decode", "prefill", "tp"}))
+      ->check(CLI::IsMember({"all", "decode", "prefill", "tp", "spec"}))
       ->capture_default_str();
   app->add_option("--batches", f->batches, "decode batch sizes (e.g. --batches 1 32)")
       ->check(CLI::Range(1, 4096))

@@ -4,9 +4,11 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <thread>
 #include <utility>
 
+#include "bench/spec_metrics.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/mutex.h"
@@ -190,9 +192,15 @@ RunInfo MakeRunInfo(const BenchOptions& o, const std::string& model, double rate
 
 Result<BenchmarkSummary> RunBenchmark(const BenchOptions& o) {
   ASSIGN_OR_RETURN(PreparedRequests prepared, PrepareRequests(o));
+  const std::optional<SpecDecodeTotals> spec_before = FetchSpecDecodeTotals(o.endpoint);
   SentRequests sent = SendAtRate(o, prepared.requests, o.request_rate);
-  return Summarize(MakeRunInfo(o, prepared.model, o.request_rate, sent.duration_s), sent.results,
-                   o.percentile_metrics, o.metric_percentiles, o.goodput_ms);
+  BenchmarkSummary summary =
+      Summarize(MakeRunInfo(o, prepared.model, o.request_rate, sent.duration_s), sent.results,
+                o.percentile_metrics, o.metric_percentiles, o.goodput_ms);
+  const std::optional<SpecDecodeTotals> spec_after =
+      spec_before ? FetchSpecDecodeTotals(o.endpoint) : std::nullopt;
+  if (spec_before && spec_after) AddSpecDecodeSummary(*spec_before, *spec_after, &summary);
+  return summary;
 }
 
 }  // namespace pd::bench

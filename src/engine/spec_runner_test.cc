@@ -1,11 +1,15 @@
-// Speculative verification in the model runner: a step running the last accepted token and K
-// drafts with num_logits = K + 1 gives, row by row, the logits that K + 1 single-token decode
-// steps would (TP 1 and 2, reference and fast kernels, odd page sizes), in a mixed batch.
+// Speculative verification on real models: in the model runner, a step running the last accepted
+// token and K drafts with num_logits = K + 1 gives, row by row, the logits that K + 1
+// single-token decode steps would (TP 1 and 2, reference and fast kernels, odd page sizes), in a
+// mixed batch; through the engine, greedy outputs with n-gram drafts are those without.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <span>
 #include <vector>
 
+#include "engine/engine.h"
+#include "engine/engine_model_test_util.h"
 #include "engine/model_runner.h"
 #include "engine/model_runner_test_util.h"
 
@@ -100,6 +104,82 @@ TEST(SpecRunnerTest, RejectsNumLogitsBeyondTheStep) {
   Status s = r->Forward(batch, &out);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("num_logits 5"), std::string::npos) << s.ToString();
+}
+
+// Greedy requests on a real model, batched, with and without n-gram speculation: token for token
+// the same (TP 1 and 2; dense GQA and MLA/MoE).
+std::map<int64_t, std::vector<int32_t>> RunGreedy(const model::ModelWeights& w, int tp,
+                                                  const SpeculativeConfig& spec,
+                                                  SpecDecodeCounters* counters) {
+  EngineOptions eo;
+  eo.runner.kv.page_size = 3;
+  eo.runner.num_pages = 96;
+  eo.runner.num_threads = 1;
+  eo.runner.tensor_parallel_size = tp;
+  eo.scheduler.max_num_batched_tokens = 24;
+  eo.scheduler.max_num_seqs = 4;
+  eo.scheduler.max_model_len = 96;
+  eo.speculative = spec;
+  auto engine = Engine::Create(w, eo);
+  EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+  if (!engine.ok()) return {};
+  const int vocab = w.config.vocab_size;
+  for (int i = 0; i < 4; ++i) {
+    Request r;
+    r.id = i;
+    const std::vector<int32_t> unit = Tokens(3 + i, 20 + i, vocab);
+    for (int rep = 0; rep < 4; ++rep)
+      r.prompt_ids.insert(r.prompt_ids.end(), unit.begin(), unit.end());
+    r.sampling.temperature = 0.0f;
+    r.sampling.max_tokens = 9 + 2 * i;
+    r.sampling.ignore_eos = true;
+    EXPECT_TRUE((*engine)->AddRequest(r).ok());
+  }
+  std::map<int64_t, std::vector<int32_t>> out;
+  for (int step = 0; (*engine)->HasWork() && step < 1000; ++step) {
+    auto outputs = (*engine)->Step();
+    EXPECT_TRUE(outputs.ok()) << outputs.status().ToString();
+    if (!outputs.ok()) break;
+    for (const RequestOutput& o : *outputs) {
+      out[o.request_id].insert(out[o.request_id].end(), o.new_token_ids.begin(),
+                               o.new_token_ids.end());
+    }
+  }
+  const EngineStats stats = (*engine)->stats();
+  EXPECT_EQ(stats.num_free_pages, stats.num_total_pages);
+  *counters = stats.spec_decode;
+  return out;
+}
+
+TEST(SpecEngineModelTest, GreedyNgramOutputsEqualNoSpeculation) {
+  SpeculativeConfig ngram;
+  ngram.method = SpecMethod::kNgram;
+  ngram.num_speculative_tokens = 3;
+  ngram.prompt_lookup_min = 1;
+  ngram.prompt_lookup_max = 3;
+  auto dense = MakeTinyModel(TinyModelOptions{});
+  struct Case {
+    const char* name;
+    const model::ModelWeights* weights;
+    int tp;
+  };
+  const Case cases[] = {
+      {"qwen3 tp1", &dense->weights, 1},
+      {"qwen3 tp2", &dense->weights, 2},
+      {"deepseek_v3 tp1", &testing::SyntheticTinyModel(model::Arch::kDeepseekV3), 1}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    SpecDecodeCounters none, spec;
+    const auto want = RunGreedy(*c.weights, c.tp, SpeculativeConfig{}, &none);
+    const auto got = RunGreedy(*c.weights, c.tp, ngram, &spec);
+    ASSERT_EQ(want.size(), 4u);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(got.at(i), want.at(i)) << "request " << i;
+      EXPECT_EQ(got.at(i).size(), size_t(9 + 2 * i));
+    }
+    EXPECT_GT(spec.num_drafts, 0);
+    EXPECT_EQ(none.num_drafts, 0);
+  }
 }
 
 }  // namespace
