@@ -24,6 +24,7 @@
 #include "common/thread_util.h"
 #include "engine/async_engine.h"
 #include "engine/cpu_features.h"
+#include "engine/dp_engine.h"
 #include "engine/engine.h"
 #include "engine/idle_poll.h"
 #include "messenger/decode_side.h"
@@ -68,6 +69,7 @@ struct ServeFlags {
   std::string compute_cpus;  // empty: every thread may run on any CPU the process may
   std::string io_cpus;       // HTTP, fabric and KV messenger threads; empty: any CPU
   int tensor_parallel_size = 1;
+  int data_parallel_size = 1;  // MLA models: attention ranks, MoE experts dealt across them
   std::string api_key;
   int max_pending_requests = 256;
   int max_inflight_requests = 0;
@@ -142,7 +144,8 @@ engine::EngineOptions MakeEngineOptions(const ServeFlags& f, engine::KvLayout la
   eo.runner.num_threads =
       f.threads > 0 || compute_cpus.empty()
           ? f.threads
-          : std::max<int>(1, static_cast<int>(compute_cpus.size()) / f.tensor_parallel_size);
+          : std::max<int>(1, static_cast<int>(compute_cpus.size()) /
+                                 (f.tensor_parallel_size * f.data_parallel_size));
   eo.runner.tensor_parallel_size = f.tensor_parallel_size;
   eo.runner.matmul = CheckedMatmul(f.matmul);
   eo.scheduler.max_num_seqs = f.max_num_seqs;
@@ -215,6 +218,10 @@ int RunServe(const ServeFlags& f) {
   const engine::KvDType kv_dtype = CheckedKvCacheDType(f.kv_cache_dtype);
   // Before the model loads: a refused role (no cluster secret, ...) says so at once.
   if (Status s = ValidateRoleFlags(f.roles); !s.ok()) return Fail(s.message());
+  if (f.data_parallel_size > 1 && f.roles.role == "prefill")
+    return Fail("--data-parallel-size " + std::to_string(f.data_parallel_size) +
+                " with --role prefill: a prefill instance of data-parallel ranks is not supported "
+                "(use --tensor-parallel-size; decode instances take --data-parallel-size)");
   auto reasoning_parser = server::ParseReasoningParserName(f.reasoning_parser);
   if (!reasoning_parser.ok()) return Fail(reasoning_parser.status().message());
   auto tool_call_format = server::ParseToolCallParserName(f.tool_call_parser);
@@ -250,7 +257,8 @@ int RunServe(const ServeFlags& f) {
   // messenger threads, started later, on --io-cpus (default: every CPU).
   const std::vector<int> all_cpus = CurrentThreadCpus();
   if (!compute_cpus.empty()) (void)PinCurrentThread(compute_cpus);
-  auto eng = engine::Engine::Create(*weights, eo);
+  auto eng = f.data_parallel_size > 1 ? engine::CreateDpEngine(*weights, eo, f.data_parallel_size)
+                                      : engine::Engine::Create(*weights, eo);
   if (!compute_cpus.empty() || !io->empty()) (void)PinCurrentThread(io->empty() ? all_cpus : *io);
   if (!eng.ok()) return Fail(eng.status().ToString());
   engine::AsyncEngineOptions ao;
@@ -368,6 +376,12 @@ PD_REGISTER_COMMAND(serve, "Serve a model with the OpenAI-compatible HTTP API", 
                   "ranks (threads) splitting heads, KV heads and MLP columns (every role: the KV "
                   "messenger moves every rank's cache by the shard plan)")
       ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app->add_option("--data-parallel-size", f->data_parallel_size,
+                  "MLA models (deepseek_v3): attention ranks (threads), each with its own requests "
+                  "and latent KV pages; the MoE layers run over every rank's tokens, the experts "
+                  "dealt to the ranks (not with --tensor-parallel-size above 1)")
+      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   app->add_option("--api-key", f->api_key, "require 'Authorization: Bearer KEY' on /v1/*");
   app->add_option("--max-pending-requests", f->max_pending_requests,

@@ -74,6 +74,17 @@ PD_REGISTER_COMMAND(
                       "tensor-parallel ranks of each decode instance (--threads each)")
           ->check(CLI::Range(1, 64))
           ->capture_default_str();
+      app->add_option("--prefill-dp", f->prefill_dp,
+                      "data-parallel ranks of each prefill instance (MLA models; see serve "
+                      "--data-parallel-size)")
+          ->check(CLI::Range(1, 64))
+          ->capture_default_str();
+      app->add_option("--decode-dp", f->decode_dp,
+                      "data-parallel ranks of each decode instance (MLA models; --threads each): "
+                      "each request goes to the least loaded rank, its KV written into that "
+                      "rank's pages only")
+          ->check(CLI::Range(1, 64))
+          ->capture_default_str();
       app->add_option("--max-num-batched-tokens", f->max_num_batched_tokens,
                       "tokens per engine step")
           ->capture_default_str();

@@ -122,6 +122,13 @@ Status Validate(const Options& f) {
     }
   }
   if (f.restart.max_failures_in_a_row < 1) return InvalidArgument("--max-restarts must be >= 1");
+  if (f.prefill_dp > 1)
+    return InvalidArgument("--prefill-dp " + std::to_string(f.prefill_dp) +
+                           ": prefill instances of data-parallel ranks are not supported (use "
+                           "--prefill-tp; --decode-dp works)");
+  if (f.decode_dp > 1 && f.decode_tp > 1)
+    return InvalidArgument("--decode-dp " + std::to_string(f.decode_dp) + " with --decode-tp " +
+                           std::to_string(f.decode_tp) + ": use one or the other");
   if (!(f.drain_timeout_s >= 0)) return InvalidArgument("--drain-timeout-s must be >= 0");
   if (!f.speculative_config.empty()) {
     RETURN_IF_ERROR(engine::ParseSpeculativeConfig(f.speculative_config).status());
@@ -226,16 +233,18 @@ Status Deployment::Start(const sigset_t& signals) {
   std::vector<size_t> prefill, decode;
   std::string prefill_urls;
   for (int i = 0; i < f_.num_prefill; ++i) {
-    prefill.push_back(AddInstance(
-        "prefill " + std::to_string(i), f_.port + 1 + i,
-        {"--role", "prefill", "--tensor-parallel-size", std::to_string(f_.prefill_tp)}));
+    prefill.push_back(
+        AddInstance("prefill " + std::to_string(i), f_.port + 1 + i,
+                    {"--role", "prefill", "--tensor-parallel-size", std::to_string(f_.prefill_tp),
+                     "--data-parallel-size", std::to_string(f_.prefill_dp)}));
     prefill_urls += (i ? "," : "") + supervisor_.spec(prefill.back()).health_url;
   }
   for (int j = 0; j < f_.num_decode; ++j) {
     decode.push_back(AddInstance(
         "decode " + std::to_string(j), f_.port + 1 + f_.num_prefill + j,
         {"--role", "decode", "--prefill-peers", prefill_urls, "--tensor-parallel-size",
-         std::to_string(f_.decode_tp), "--kv-wait-warm-ms", std::to_string(f_.kv_wait_warm_ms)}));
+         std::to_string(f_.decode_tp), "--data-parallel-size", std::to_string(f_.decode_dp),
+         "--kv-wait-warm-ms", std::to_string(f_.kv_wait_warm_ms)}));
     decode_urls_.push_back(supervisor_.spec(decode.back()).health_url);
   }
   for (size_t k : prefill) RETURN_IF_ERROR(supervisor_.Start(k));

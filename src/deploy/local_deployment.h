@@ -45,6 +45,8 @@ struct LocalDeploymentOptions {
   int threads = 1;     // compute threads per instance
   int prefill_tp = 1;  // --tensor-parallel-size of the prefill instances
   int decode_tp = 1;   // ... and of the decode instances
+  int prefill_dp = 1;  // --data-parallel-size of the prefill instances (MLA models)
+  int decode_dp = 1;   // ... and of the decode instances
   int max_num_batched_tokens = 512;
   int max_num_seqs = 64;
   int max_pending_requests = 256;  // every instance's --max-pending-requests

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "common/log.h"
+#include "engine/engine_stepped.h"
 #include "engine/prefix_cache.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
@@ -32,7 +33,7 @@ SchedulerOptions SchedulerOptionsOf(const EngineOptions& options, const KvCacheS
 }
 
 // Thread safety: see Engine; only ValidateRequest may run concurrently with the rest.
-class EngineImpl final : public Engine, public DisaggHooks {
+class EngineImpl final : public SteppedEngine, public DisaggHooks {
  public:
   EngineImpl(std::unique_ptr<ModelRunner> runner, const EngineOptions& options)
       : runner_(std::move(runner)),
@@ -52,6 +53,10 @@ class EngineImpl final : public Engine, public DisaggHooks {
   bool HasWork() const override { return scheduler_.HasWork() || !aborted_.empty(); }
   bool Stalled() const override { return stalled_ && aborted_.empty(); }
   Result<std::vector<RequestOutput>> Step() override;
+  bool BeginStep(std::vector<RequestOutput>* outputs) override;
+  const ForwardBatch& step_batch() const override { return forward_batch_; }
+  ForwardOutput* step_output() override { return &forward_output_; }
+  void EndStep(const Status& forward, std::vector<RequestOutput>* outputs) override;
   EngineStats stats() const override;
   const model::ModelConfig& config() const override { return runner_->config(); }
   ModelRunner& runner() override { return *runner_; }
@@ -93,6 +98,7 @@ class EngineImpl final : public Engine, public DisaggHooks {
   std::mt19937_64 seed_rng_;           // seeds for requests without one
   std::unordered_map<int64_t, std::unique_ptr<RequestState>> requests_;
   std::vector<RequestOutput> aborted_;               // reported at the next Step
+  ScheduledBatch batch_;                             // of the step between BeginStep and EndStep
   ForwardBatch forward_batch_;                       // reused every step
   std::vector<std::vector<int32_t>> verify_tokens_;  // per batch row: last token + drafts
   SpecDecodeCounters spec_;
@@ -343,31 +349,44 @@ void EngineImpl::FailBatch(const ScheduledBatch& batch, const Status& status,
 }
 
 Result<std::vector<RequestOutput>> EngineImpl::Step() {
-  std::vector<RequestOutput> outputs = std::move(aborted_);
-  aborted_.clear();
-  ScheduledBatch batch = scheduler_.Schedule();
-  stalled_ = batch.empty() && batch.preempted_seq_ids.empty();
-  if (batch.empty()) return outputs;
+  std::vector<RequestOutput> outputs;
+  if (!BeginStep(&outputs)) return outputs;
   TraceSpan span(options_.runner.tracer, "step", "engine");  // what the step ran
   if (span.enabled()) {
     options_.runner.tracer->SetThreadName("engine");
     int64_t chunks = 0;
-    for (const ScheduledSeq& s : batch.seqs) chunks += s.is_decode ? 0 : 1;
+    for (const ScheduledSeq& s : batch_.seqs) chunks += s.is_decode ? 0 : 1;
     span.Arg("step", static_cast<int64_t>(runner_->steps_done()));
     span.Arg("prefill_chunks", chunks);
-    span.Arg("prefill_tokens", int64_t{batch.num_prefill_tokens});
-    span.Arg("decodes", int64_t{batch.num_decode_tokens});
+    span.Arg("prefill_tokens", int64_t{batch_.num_prefill_tokens});
+    span.Arg("decodes", int64_t{batch_.num_decode_tokens});
   }
-  BuildForwardBatch(batch);
-  NotifyObserver(batch);
-  Status status = runner_->Forward(forward_batch_, &forward_output_);
+  const Status status = runner_->Forward(forward_batch_, &forward_output_);
+  EndStep(status, &outputs);
+  return outputs;
+}
+
+bool EngineImpl::BeginStep(std::vector<RequestOutput>* outputs) {
+  for (RequestOutput& out : aborted_) outputs->push_back(std::move(out));
+  aborted_.clear();
+  batch_ = scheduler_.Schedule();
+  stalled_ = batch_.empty() && batch_.preempted_seq_ids.empty();
+  if (batch_.empty()) return false;
+  BuildForwardBatch(batch_);
+  NotifyObserver(batch_);
+  return true;
+}
+
+void EngineImpl::EndStep(const Status& forward, std::vector<RequestOutput>* outputs) {
+  const ScheduledBatch& batch = batch_;
+  Status status = forward;
   if (status.ok() && forward_output_.logits.size() != batch.seqs.size()) {
     status = Internal("ModelRunner returned " + std::to_string(forward_output_.logits.size()) +
                       " logit rows for " + std::to_string(batch.seqs.size()) + " sequences");
   }
   if (!status.ok()) {
-    FailBatch(batch, status, &outputs);
-    return outputs;
+    FailBatch(batch, status, outputs);
+    return;
   }
   std::vector<SeqUpdate> updates;
   updates.reserve(batch.seqs.size());
@@ -376,12 +395,12 @@ Result<std::vector<RequestOutput>> EngineImpl::Step() {
     if (!s.samples) continue;
     RequestState& state = *requests_.at(s.seq_id);
     if (state.prefill_only) {
-      outputs.push_back(PrefillOutput(s, state, i));
+      outputs->push_back(PrefillOutput(s, state, i));
       updates.push_back({s.seq_id, 0, true});
       continue;
     }
     SeqUpdate update;
-    outputs.push_back(SampleSeq(s, state, i, &update));
+    outputs->push_back(SampleSeq(s, state, i, &update));
     updates.push_back(update);
   }
   scheduler_.Update(batch, updates);
@@ -389,7 +408,6 @@ Result<std::vector<RequestOutput>> EngineImpl::Step() {
     if (u.finished) requests_.erase(u.seq_id);
   }
   ProposeDrafts(updates);
-  return outputs;
 }
 
 EngineStats EngineImpl::stats() const {
@@ -430,8 +448,8 @@ Status CheckOptions(const SchedulerOptions& o) {
 
 }  // namespace
 
-Result<std::unique_ptr<Engine>> Engine::CreateWithRunner(std::unique_ptr<ModelRunner> runner,
-                                                         const EngineOptions& options) {
+Result<std::unique_ptr<SteppedEngine>> CreateSteppedEngine(std::unique_ptr<ModelRunner> runner,
+                                                           const EngineOptions& options) {
   if (runner == nullptr) return InvalidArgument("Engine needs a ModelRunner");
   EngineOptions opts = options;
   const int max_pos = runner->config().max_position_embeddings;
@@ -447,7 +465,14 @@ Result<std::unique_ptr<Engine>> Engine::CreateWithRunner(std::unique_ptr<ModelRu
                          "\" is not supported yet (\"ngram\" is)");
   }
   if (runner->region().num_pages() < 1) return InvalidArgument("the KV cache has no pages");
-  return std::unique_ptr<Engine>(new EngineImpl(std::move(runner), opts));
+  return std::unique_ptr<SteppedEngine>(new EngineImpl(std::move(runner), opts));
+}
+
+Result<std::unique_ptr<Engine>> Engine::CreateWithRunner(std::unique_ptr<ModelRunner> runner,
+                                                         const EngineOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<SteppedEngine> engine,
+                   CreateSteppedEngine(std::move(runner), options));
+  return std::unique_ptr<Engine>(std::move(engine));
 }
 
 Result<std::unique_ptr<Engine>> Engine::Create(const model::ModelWeights& weights,

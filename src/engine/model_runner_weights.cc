@@ -223,7 +223,8 @@ Status PackRunnerWeights(ThreadPool& pool, RunnerWeights* w) {
     }
     if (!l.moe.experts.empty()) jobs.push_back({{l.moe.router.w}, &l.moe.router.w});
     for (std::vector<RunnerExpert>* v : {&l.moe.experts, &l.moe.shared})
-      for (RunnerExpert& x : *v) {  // each expert one contiguous gate|up, then down
+      for (RunnerExpert& x : *v) {               // each expert one contiguous gate|up, then down
+        if (x.gate.w.data == nullptr) continue;  // another data-parallel rank's expert
         jobs.push_back({{x.gate.w, x.up.w}, &x.gate_up});
         jobs.push_back({{x.down.w}, &x.down.w});
       }

@@ -67,8 +67,11 @@ void RefMatmul(const MoeExec& e, const float* x, int64_t rows, int64_t ldx, cons
   }
 }
 
+}  // namespace
+
 // One step of matmuls, each (expert, x rows, out): items dealt over the pool, or the reference.
-void RunJobs(const MoeExec& e, const std::vector<MoeExpertJob>& jobs, bool gate_up, MoeScratch* s) {
+void MoeRunJobs(const MoeExec& e, const std::vector<MoeExpertJob>& jobs, bool gate_up,
+                MoeScratch* s) {
   if (e.isa == nullptr) {
     for (const MoeExpertJob& j : jobs) {
       if (gate_up) {
@@ -100,7 +103,7 @@ void RunJobs(const MoeExec& e, const std::vector<MoeExpertJob>& jobs, bool gate_
 }
 
 // x (rows, ld) gate|up in place -> SiLU(gate) * up in the gate columns.
-void SiluRows(const MoeExec& e, float* x, int64_t rows, int64_t inter, int64_t ld) {
+void MoeSiluRows(const MoeExec& e, float* x, int64_t rows, int64_t inter, int64_t ld) {
   ForRows(e, rows, inter, [&](int64_t b, int64_t end) {
     for (int64_t r = b; r < end; ++r) {
       float* g = x + r * ld;
@@ -114,7 +117,7 @@ void SiluRows(const MoeExec& e, float* x, int64_t rows, int64_t inter, int64_t l
 }
 
 // Groups the (token, slot) pairs by expert: offset, row_token, slot_row (see MoeScratch).
-void GroupByExpert(int64_t num_tokens, int64_t k, int num_experts, MoeScratch* s) {
+void MoeGroupByExpert(int64_t num_tokens, int64_t k, int num_experts, MoeScratch* s) {
   s->offset.assign(num_experts + 1, 0);
   s->fill.assign(num_experts, 0);
   const int64_t n = num_tokens * k;
@@ -128,8 +131,8 @@ void GroupByExpert(int64_t num_tokens, int64_t k, int num_experts, MoeScratch* s
   }
 }
 
-void Route(const MoeExec& e, const model::MoeConfig& moe, const RunnerMoeWeights& w, const float* h,
-           int64_t t, int64_t hidden, MoeScratch* s) {
+void MoeRoute(const MoeExec& e, const model::MoeConfig& moe, const RunnerMoeWeights& w,
+              const float* h, int64_t t, int64_t hidden, MoeScratch* s) {
   const int64_t ne = moe.num_experts, k = moe.num_experts_per_tok;
   s->logits.resize(std::max<size_t>(s->logits.size(), t * ne));
   if (e.isa != nullptr) {
@@ -143,6 +146,8 @@ void Route(const MoeExec& e, const model::MoeConfig& moe, const RunnerMoeWeights
   RouteTokens(moe, s->logits.data(), t, ne, w.router_bias.empty() ? nullptr : w.router_bias.data(),
               s->experts.data(), s->weights.data(), s->route.data());
 }
+
+namespace {
 
 template <typename T>
 void Grow(std::vector<T>& v, size_t n) {
@@ -177,10 +182,10 @@ void MoeForward(const MoeExec& e, const model::MoeConfig& moe, const RunnerMoeWe
   const int64_t k = moe.num_experts_per_tok, rows = t * k;
   PD_CHECK(static_cast<int64_t>(w.experts.size()) == moe.num_experts);
   const int64_t inter = w.experts[0].inter(), ld = 2 * inter;
-  Route(e, moe, w, h, t, hidden, s);
+  MoeRoute(e, moe, w, h, t, hidden, s);
   Grow(s->row_token, rows);
   Grow(s->slot_row, rows);
-  GroupByExpert(t, k, moe.num_experts, s);
+  MoeGroupByExpert(t, k, moe.num_experts, s);
   Grow(s->xg, rows * hidden);
   Grow(s->gu, rows * ld);
   Grow(s->yg, rows * hidden);
@@ -205,9 +210,9 @@ void MoeForward(const MoeExec& e, const model::MoeConfig& moe, const RunnerMoeWe
           {&w.experts[x], s->xg.data() + r0 * hidden, hidden, n, s->gu.data() + r0 * ld, ld});
   }
   if (shared != nullptr) jobs.push_back({shared, h, hidden, t, s->shared_gu.data(), sld});
-  RunJobs(e, jobs, /*gate_up=*/true, s);
-  SiluRows(e, s->gu.data(), rows, inter, ld);
-  if (shared != nullptr) SiluRows(e, s->shared_gu.data(), t, shared->inter(), sld);
+  MoeRunJobs(e, jobs, /*gate_up=*/true, s);
+  MoeSiluRows(e, s->gu.data(), rows, inter, ld);
+  if (shared != nullptr) MoeSiluRows(e, s->shared_gu.data(), t, shared->inter(), sld);
   for (MoeExpertJob& j : jobs) {  // down: x is the SiLU output, out the rows' expert outputs
     const bool is_shared = j.ex == shared;
     const int64_t r0 = is_shared ? 0 : (j.out - s->gu.data()) / ld;
@@ -216,7 +221,7 @@ void MoeForward(const MoeExec& e, const model::MoeConfig& moe, const RunnerMoeWe
     j.out = (is_shared ? s->shared_y.data() : s->yg.data()) + r0 * hidden;
     j.ldo = hidden;
   }
-  RunJobs(e, jobs, /*gate_up=*/false, s);
+  MoeRunJobs(e, jobs, /*gate_up=*/false, s);
   ForRows(e, t, hidden * k, [&](int64_t b, int64_t end) {
     for (int64_t i = b; i < end; ++i) {
       float* o = out + i * hidden;

@@ -66,6 +66,7 @@ struct MoeScratch {
   std::vector<float> xg;              // (T * top_k, hidden) gathered inputs
   std::vector<float> gu;              // (T * top_k, 2 * inter) gate|up, then SiLU(gate) * up
   std::vector<float> yg;              // (T * top_k, hidden) expert outputs
+  std::vector<float> h_all;           // (T over all ranks, hidden): expert-parallel only
   std::vector<float> shared_gu;       // (T, 2 * shared inter)
   std::vector<float> shared_y;        // (T, hidden)
   std::vector<MoeExpertJob> jobs;     // the chosen experts, then the shared one
@@ -75,6 +76,18 @@ struct MoeScratch {
 // out (T, hidden) = the MoE MLP of h (T, hidden) (row strides hidden).
 void MoeForward(const MoeExec& exec, const model::MoeConfig& moe, const RunnerMoeWeights& w,
                 const float* h, int64_t num_tokens, int64_t hidden, float* out, MoeScratch* s);
+
+// MoeForward's stages, which the expert-parallel form (moe_expert_parallel.h) shares:
+// router logits and RouteTokens of h (t, hidden) into s->experts / s->weights (t, top_k);
+void MoeRoute(const MoeExec& e, const model::MoeConfig& moe, const RunnerMoeWeights& w,
+              const float* h, int64_t t, int64_t hidden, MoeScratch* s);
+// the (token, slot) pairs grouped by expert: s->offset, s->row_token, s->slot_row;
+void MoeGroupByExpert(int64_t num_tokens, int64_t k, int num_experts, MoeScratch* s);
+// the gate|up (gate_up) or down matmuls of jobs, in one dispatch;
+void MoeRunJobs(const MoeExec& e, const std::vector<MoeExpertJob>& jobs, bool gate_up,
+                MoeScratch* s);
+// x (rows, ld) gate|up in place -> SiLU(gate) * up in the gate columns.
+void MoeSiluRows(const MoeExec& e, float* x, int64_t rows, int64_t inter, int64_t ld);
 
 // The row-major matrices of a MoE layer (router, experts), for AppendWarmRanges before packing.
 void AppendMoeWarmRanges(const RunnerMoeWeights& moe, std::vector<MemRange>* out);

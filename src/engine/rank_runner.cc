@@ -149,7 +149,14 @@ void RankRunner::AppendWarmRanges(std::span<const int32_t> pages, std::vector<Me
 }
 
 Status RankRunner::Forward(const ForwardBatch& batch, ForwardOutput* out) {
-  RETURN_IF_ERROR(Validate(batch));
+  const Status valid = Validate(batch);
+  if (rank_.experts != nullptr && (!valid.ok() || batch.seqs.empty())) {
+    ServeExpertsOnly();  // the other data-parallel ranks' tokens still need this rank's experts
+    out->logits.clear();
+    out->last_hidden.clear();
+    return valid;
+  }
+  RETURN_IF_ERROR(valid);
   if (rank_.reduce == nullptr) {  // with TP the caller sizes out: the ranks write parts of it
     out->logits.resize(batch.seqs.size());
     out->last_hidden.resize(batch.seqs.size());

@@ -15,9 +15,15 @@
 
 namespace pd::engine {
 
-// How a rank runner takes part in a TP instance; the default is a plain single-rank runner.
+class MoeExchange;
+
+// How a rank runner takes part in a TP or DP instance; the default is a plain single-rank runner.
 struct RankContext {
   TpAllReduce* reduce = nullptr;  // null: TP 1
+  // A data-parallel rank (dp_engine.h): its MoE layers run expert-parallel through this exchange
+  // (moe_expert_parallel.h), `rank` being its DP rank. Forward then takes part in every MoE layer
+  // even when its batch is empty or invalid, so that its experts serve the other ranks' tokens.
+  MoeExchange* experts = nullptr;
   int rank = 0;
   int64_t vocab_begin = 0;  // where this rank's lm_head rows go in the logits
 };

@@ -100,8 +100,12 @@ class RankRunner final : public ModelRunner {
   void HeadMatmul(const kernels::HeadMatmulArgs& a);
   // x += mlp(post_attention_norm(x)) of layer l: the dense SwiGLU MLP, or MoeMlpBlock.
   void MlpBlock(int l);
-  // The sparse MoE MLP of a MoE layer (rank_runner_moe.cc, moe_block.h).
+  // The sparse MoE MLP of a MoE layer (rank_runner_moe.cc, moe_block.h), expert-parallel on a
+  // data-parallel rank (moe_expert_parallel.h).
   void MoeMlpBlock(int l);
+  // A data-parallel rank without tokens this step: its part of every MoE layer's exchange.
+  void ServeExpertsOnly();
+  MoeExec MakeMoeExec();
   void Finish(const ForwardBatch& batch, ForwardOutput* out);
   // x (n) += tmp, or with TP the sum of every rank's tmp in rank order. `attention`: tmp is the
   // attention output, so this layer's KV is final (on every rank) and progress_ is bumped.

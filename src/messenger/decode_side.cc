@@ -30,8 +30,11 @@ Status DecodeMessenger::Impl::Init() {
   for (size_t i = 0; i < peers_.size(); ++i) RETURN_IF_ERROR(RegisterPeerRegions(i));
   PD_LOG_INFO(
       "decode messenger: {} rank KV region(s) registered for each of {} prefill peer(s) "
-      "(tp_size {}, {})",
-      runner_.num_ranks(), peers_.size(), scheme_.tp_size, DescribeKvCache(format_, scheme_));
+      "(tp_size {}, {}){}",
+      runner_.num_ranks(), peers_.size(), scheme_.tp_size, DescribeKvCache(format_, scheme_),
+      dp_size_ > 1
+          ? "; one region per data-parallel rank, a request's KV written to its rank's alone"
+          : "");
   for (int i = slots - 1; i >= 0; --i) free_meta_slots_.push_back(i);
   thread_ = std::thread([this] { Loop(); });
   if (options_.resolve_address) resolver_ = std::thread([this] { ResolveLoop(); });
@@ -369,7 +372,7 @@ Result<std::unique_ptr<DecodeMessenger>> DecodeMessenger::Create(
   m->impl_ = std::make_unique<Impl>(m.get(), options, runner);
   m->metrics_.SetBytesPerToken(
       KvBytesPerToken(MakeKvFormat(options.model_hash, runner.region().spec()),
-                      MakeShardScheme(runner.config(), runner.num_ranks())));
+                      MakeShardScheme(runner.config(), TensorParallelRanks(runner))));
   RETURN_IF_ERROR(m->impl_->Init());
   return m;
 }

@@ -15,6 +15,7 @@
 
 #include "common/mutex.h"
 #include "common/rate_limited_log.h"
+#include "engine/dp_engine.h"
 #include "messenger/channel.h"
 #include "messenger/decode_side.h"
 #include "messenger/handshake.h"
@@ -100,6 +101,12 @@ struct Fence {
   int64_t request_id = -1;   // for on_metadata (the request may have ended)
 };
 
+// The tensor-parallel ranks a transfer into `runner`'s instance spans: its ranks, or with data-
+// parallel ranks (engine::DataParallelSize) one, since each DP rank holds its own requests' KV.
+inline int TensorParallelRanks(const engine::ModelRunner& runner) {
+  return runner.num_ranks() / engine::DataParallelSize(runner);
+}
+
 }  // namespace decode_internal
 
 using decode_internal::Fence;
@@ -108,6 +115,7 @@ using decode_internal::PendingSend;
 using decode_internal::Req;
 using decode_internal::RequestInfo;
 using decode_internal::Serving;
+using decode_internal::TensorParallelRanks;
 
 class DecodeMessenger::Impl {
  public:
@@ -118,7 +126,9 @@ class DecodeMessenger::Impl {
         runner_(runner),
         meta_bytes_(static_cast<uint32_t>(runner.config().hidden_size) * 4),
         format_(MakeKvFormat(options.model_hash, spec_, options.kv_checksum)),
-        scheme_(MakeShardScheme(runner.config(), runner.num_ranks())),
+        scheme_(MakeShardScheme(runner.config(), TensorParallelRanks(runner))),
+        dp_size_(engine::DataParallelSize(runner)),
+        pages_per_dp_rank_(runner.region().num_pages()),
         slot_bytes_(meta_bytes_ + (options.kv_checksum ? ChecksumBytes(format_.num_layers) : 0)),
         codec_(std::make_shared<FrameCodec>(options.cluster_secret)),
         queue_(std::make_shared<TaskQueue>()) {
@@ -162,6 +172,11 @@ class DecodeMessenger::Impl {
   void OnKvArrived(int64_t id, uint32_t imm);
   // --kv-checksum: the landed KV of r's attempt against the checksum record the prefill wrote.
   Status CheckKvChecksums(const Req& r) const;
+  // The regions r's transfer writes (every rank's, or its DP rank's alone) as the peer may write
+  // them, and its pages as those regions number them.
+  std::vector<const transfer::MemoryRegion*> TargetRegions(const Req& r) const;
+  std::vector<int32_t> TargetPages(const Req& r, uint32_t num_pages) const;
+  int TargetRank(const Req& r, size_t k) const;  // the rank of TargetRegions(r)[k]
   // The metadata write of attempt `wire_id` landed: check the canary, hand it to on_metadata and
   // lift the slot's fence if the KV had landed already.
   void OnMetaArrived(uint64_t wire_id, uint32_t meta_imm);
@@ -211,7 +226,11 @@ class DecodeMessenger::Impl {
   engine::ModelRunner& runner_;
   const uint32_t meta_bytes_;
   const KvFormat format_;
+  // Per data-parallel rank when dp_size_ > 1 (engine/dp_engine.h): each request's pages (named by
+  // engine::DpPageId) lie in one DP rank's region, the only one its transfer writes.
   const ShardScheme scheme_;
+  const int dp_size_;
+  const int32_t pages_per_dp_rank_;
   // One metadata slot: the metadata, then (--kv-checksum) the checksum record (kv_checksum.h).
   const uint64_t slot_bytes_;
   std::shared_ptr<FrameCodec> codec_;  // shared with the fabric worker's inbox

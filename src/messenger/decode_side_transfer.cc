@@ -165,6 +165,27 @@ Status DecodeMessenger::Impl::ExpectWrites(Req* r, uint64_t expected) {
   return OkStatus();
 }
 
+std::vector<const transfer::MemoryRegion*> DecodeMessenger::Impl::TargetRegions(
+    const Req& r) const {
+  const std::vector<transfer::MemoryRegion>& mrs = peers_[r.peer].kv_mrs;
+  std::vector<const transfer::MemoryRegion*> out;
+  for (size_t k = 0; k < mrs.size(); ++k)
+    if (dp_size_ == 1 || static_cast<int>(k) == TargetRank(r, 0)) out.push_back(&mrs[k]);
+  return out;
+}
+
+int DecodeMessenger::Impl::TargetRank(const Req& r, size_t k) const {
+  if (dp_size_ == 1) return static_cast<int>(k);
+  return engine::DpRankOfPage(r.pages.at(0), pages_per_dp_rank_);  // one rank holds them all
+}
+
+std::vector<int32_t> DecodeMessenger::Impl::TargetPages(const Req& r, uint32_t num_pages) const {
+  std::vector<int32_t> out(r.pages.begin(), r.pages.begin() + num_pages);
+  if (dp_size_ > 1)
+    for (int32_t& p : out) p = engine::DpLocalPage(p, pages_per_dp_rank_);
+  return out;
+}
+
 // The attempt's PrefillRequest to peers_[r->peer]: the prompt without its last token, our rank
 // regions, the first `num_pages` reserved pages, the metadata slot and the deadline. Ids that do
 // not fit in one control message (ours or the peer's limit, whichever is smaller) follow in
@@ -180,8 +201,9 @@ Status DecodeMessenger::Impl::SendPrefillRequest(Req* r, uint32_t num_pages, uin
   m.num_tokens = num_tokens;
   m.num_pages = num_pages;
   m.decode_scheme = scheme_;
-  for (const transfer::MemoryRegion& mr : peers_[peer].kv_mrs)
-    m.rank_regions.push_back(mr.descriptor.ToBytes());
+  for (const transfer::MemoryRegion* mr : TargetRegions(*r))
+    m.rank_regions.push_back(mr->descriptor.ToBytes());
+  const std::vector<int32_t> pages = TargetPages(*r, num_pages);
   m.metadata_region = peers_[peer].meta_mr.descriptor.ToBytes();
   m.metadata_offset = slot_bytes_ * r->meta_slot;
   m.metadata_bytes = meta_bytes_;
@@ -210,7 +232,7 @@ Status DecodeMessenger::Impl::SendPrefillRequest(Req* r, uint32_t num_pages, uin
       t->assign(tokens.begin() + from, tokens.begin() + std::min<uint64_t>(end, num_tokens));
     if (end > num_tokens) {
       const uint64_t p0 = std::max<uint64_t>(from, num_tokens) - num_tokens;
-      p->assign(r->pages.begin() + p0, r->pages.begin() + (end - num_tokens));
+      p->assign(pages.begin() + p0, pages.begin() + (end - num_tokens));
     }
   };
   uint64_t sent = std::min<uint64_t>(total, (limit - request_base) / sizeof(int32_t));
