@@ -49,6 +49,9 @@ struct LocalDeploymentOptions {
   int max_num_seqs = 64;
   int max_pending_requests = 256;  // every instance's --max-pending-requests
   int max_open_streams = server::RouterOptions().max_open_streams;  // the router's
+  std::string routing =
+      "least-loaded";           // the router's --routing (kv-aware: with --model's tokenizer)
+  server::KvRoutingOptions kv;  // its weights (the tokenizer is loaded from `model`)
   int max_model_len = 0;
   std::string kv_cache_bytes;
   std::string cluster_secret_file;  // "": a fresh random secret in a file removed at the end

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "common/log.h"
+#include "engine/kv_events.h"
 #include "engine/prefix_cache.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
@@ -42,7 +43,14 @@ class EngineImpl final : public Engine, public DisaggHooks {
               options.scheduler.enable_prefix_caching ? runner_->region().spec().page_size : 0),
         scheduler_(SchedulerOptionsOf(options, runner_->region().spec()), &pool_,
                    runner_->region().spec().page_size, clock_),
-        seed_rng_(std::random_device{}()) {}
+        seed_rng_(std::random_device{}()) {
+    if (options.kv_events != nullptr && pool_.prefix_caching()) {
+      const KvCacheSpec& spec = runner_->region().spec();
+      options.kv_events->SetFormat(PrefixCacheRoot(options.model_fingerprint, spec),
+                                   spec.page_size);
+      pool_.SetEventLog(options.kv_events);
+    }
+  }
 
   Status ValidateRequest(const Request& request) const override;
   Status AddRequest(Request request) override;
