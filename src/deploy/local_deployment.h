@@ -49,15 +49,16 @@ struct LocalDeploymentOptions {
   int max_num_seqs = 64;
   int max_pending_requests = 256;  // every instance's --max-pending-requests
   int max_open_streams = server::RouterOptions().max_open_streams;  // the router's
-  std::string routing =
-      "least-loaded";           // the router's --routing (kv-aware: with --model's tokenizer)
-  server::KvRoutingOptions kv;  // its weights (the tokenizer is loaded from `model`)
+  // The router's --routing (kv-aware: with the tokenizer of `model`) and its weights.
+  std::string routing = "least-loaded";
+  server::KvRoutingOptions kv;
   int max_model_len = 0;
   std::string kv_cache_bytes;
   std::string cluster_secret_file;  // "": a fresh random secret in a file removed at the end
   int kv_transfer_timeout_ms = 30000;
   bool kv_checksum = false;           // every prefill and decode instance's --kv-checksum
   bool enable_prefix_caching = true;  // false: every instance's --no-enable-prefix-caching
+  std::string speculative_config;     // every instance's --speculative-config ("": none)
   std::string trace;  // FILE: each instance writes FILE with its name before the extension
   int64_t trace_max_events = static_cast<int64_t>(TracerOptions{}.max_events);  // per file
   bool pin_cores = false;
