@@ -1,4 +1,5 @@
-// pdserve router: the OpenAI API in front of decode instances (least outstanding requests),
+// pdserve router: the OpenAI API in front of decode instances (--routing: least outstanding
+// requests by default, round-robin, or kv-aware with --model: where the prompt is cached),
 // given as a list or found in etcd:
 //
 //   pdserve router --decode http://127.0.0.1:8101,http://127.0.0.1:8102 --port 8000
@@ -16,8 +17,10 @@
 #include "apps/command.h"
 #include "apps/discovery_flags.h"
 #include "apps/http_limit_flags.h"
+#include "apps/routing_flags.h"
 #include "cluster/discovery.h"
 #include "common/file_util.h"
+#include "model/tokenizer.h"
 #include "server/drain.h"
 #include "server/router.h"
 
@@ -35,6 +38,10 @@ struct RouterFlags {
   std::string cluster_secret_file;  // --discovery: checks the members' MACs
   bool insecure_no_secret = false;
   bool dry_run = false;
+  std::string routing = "least-loaded";
+  std::string model;          // kv-aware: the instances' model directory (its tokenizer)
+  std::string chat_template;  // kv-aware: the instances' --chat-template
+  server::KvRoutingOptions kv;
 };
 
 std::vector<std::string> SplitUrls(const std::string& list) {
@@ -61,6 +68,12 @@ Status ValidateRouterFlags(const RouterFlags& f) {
     }
   }
   RETURN_IF_ERROR(cluster::ValidateDiscoveryFlags(f.discovery));
+  auto routing = server::ParseRoutingPolicy(f.routing);
+  if (!routing.ok()) return routing.status().WithContext("--routing");
+  if (*routing == server::RoutingPolicy::kKvAware && f.model.empty())
+    return InvalidArgument(
+        "--routing kv-aware needs --model DIR (the instances' model: the router tokenizes "
+        "prompts as they do)");
   if (f.discovery.enabled() && f.cluster_secret_file.empty() && !f.insecure_no_secret) {
     return InvalidArgument(
         "--discovery needs --cluster-secret-file FILE (the instances' secret: members in etcd "
@@ -101,11 +114,20 @@ int RunRouter(const RouterFlags& f) {
   o.max_open_streams = f.max_open_streams;
   o.backends = SplitUrls(f.decode);
   o.dynamic_backends = f.discovery.enabled();
-  auto router = server::Router::Create(o);
   auto fail = [](const Status& s) {
     std::fprintf(stderr, "router: %s\n", s.ToString().c_str());
     return 1;
   };
+  o.routing = *server::ParseRoutingPolicy(f.routing);
+  o.kv = f.kv;
+  std::unique_ptr<model::Tokenizer> tokenizer;
+  if (o.routing == server::RoutingPolicy::kKvAware) {
+    auto t = model::Tokenizer::Load(f.model, f.chat_template);
+    if (!t.ok()) return fail(t.status().WithContext("--model"));
+    tokenizer = std::move(t).value();
+    o.kv.tokenizer = tokenizer.get();
+  }
+  auto router = server::Router::Create(o);
   if (!router.ok()) return fail(router.status());
   std::unique_ptr<cluster::MemberWatch> watch;
   if (f.discovery.enabled()) {
@@ -116,9 +138,9 @@ int RunRouter(const RouterFlags& f) {
     watch = std::move(w).value();
   }
   if (Status s = (*router)->Start(); !s.ok()) return fail(s);
-  std::printf("pdserve: router on http://%s:%d -> %zu decode instance(s)%s\n", f.host.c_str(),
-              (*router)->port(), (*router)->backends().size(),
-              f.discovery.enabled() ? " (etcd discovery)" : "");
+  std::printf("pdserve: router on http://%s:%d -> %zu decode instance(s)%s, routing %s\n",
+              f.host.c_str(), (*router)->port(), (*router)->backends().size(),
+              f.discovery.enabled() ? " (etcd discovery)" : "", f.routing.c_str());
   std::fflush(stdout);
   int sig = 0;
   sigwait(&stop, &sig);
@@ -159,6 +181,14 @@ PD_REGISTER_COMMAND(router, "OpenAI API in front of decode instances", [](CLI::A
                   "with (entries without its MAC are ignored)");
   app->add_flag("--insecure-no-secret", f->insecure_no_secret,
                 "with --discovery: accept entries signed with no secret (tests on one host)");
+  AddRoutingFlags(app, &f->routing, &f->kv);
+  app->add_option("--model", f->model,
+                  "with --routing kv-aware: the instances' model directory (the router tokenizes "
+                  "prompts with its tokenizer, as the instances do)");
+  app->add_option("--chat-template", f->chat_template,
+                  "with --routing kv-aware: the instances' --chat-template");
+  app->add_option("--api-key", f->kv.api_key,
+                  "with --routing kv-aware: the instances' API key (for GET /v1/kv_events)");
   app->add_flag("--dry-run", f->dry_run, "check the flags (and the files they name) and exit");
   return [f] { return RunRouter(*f); };
 });

@@ -27,6 +27,7 @@
 #include "engine/dp_engine.h"
 #include "engine/engine.h"
 #include "engine/idle_poll.h"
+#include "engine/kv_events.h"
 #include "messenger/decode_side.h"
 #include "messenger/handshake.h"
 #include "model/config.h"
@@ -250,6 +251,8 @@ int RunServe(const ServeFlags& f) {
   engine::EngineOptions eo =
       MakeEngineOptions(f, *layout, kv_dtype, max_model_len, compute_cpus, roles.tracer);
   eo.model_fingerprint = messenger::ModelFingerprint(*weights);  // roots the prefix cache's keys
+  engine::KvEventLog kv_events;  // the prefix cache's keys for KV-aware routers (/v1/kv_events)
+  eo.kv_events = &kv_events;
   eo.speculative = *spec;
   WarnIfMatmulFallsBack("serve", eo.runner.matmul);
   // --compute-cpus: the model's threads (pool workers and rank threads, started by Create, inherit
@@ -285,6 +288,7 @@ int RunServe(const ServeFlags& f) {
   so.reasoning_parser = *reasoning_parser;
   so.tool_call_format = *tool_call_format;
   so.tracer = roles.tracer;
+  so.kv_events = &kv_events;
   auto* decode = dynamic_cast<messenger::DecodeMessenger*>(async->get());
   if (decode != nullptr) {
     // The decode instance's KV transfer counters and histogram, and its prefill peers' states,

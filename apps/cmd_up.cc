@@ -11,6 +11,7 @@
 #include "apps/idle_poll_flag.h"
 #include "apps/kv_cache_dtype_flag.h"
 #include "apps/matmul_flag.h"
+#include "apps/routing_flags.h"
 #include "deploy/local_deployment.h"
 
 namespace pd::apps {
@@ -94,6 +95,7 @@ PD_REGISTER_COMMAND(
                       "queued + running requests per instance; beyond it 429")
           ->check(CLI::PositiveNumber)
           ->capture_default_str();
+      AddRoutingFlags(app, &f->routing, &f->kv);
       app->add_option("--max-open-streams", f->max_open_streams,
                       "requests the router relays at once (streamed or not); beyond it 429")
           ->check(CLI::PositiveNumber)

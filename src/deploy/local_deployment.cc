@@ -178,6 +178,7 @@ class Deployment {
   std::vector<std::string> trace_files_;  // per child, "" without --trace
   std::vector<std::string> decode_urls_;
   std::unique_ptr<Tracer> router_trace_;
+  std::unique_ptr<model::Tokenizer> router_tokenizer_;  // kv-aware: outlives router_
   std::unique_ptr<server::Router> router_;
 };
 
@@ -267,6 +268,14 @@ Status Deployment::StartRouter() {
   ro.port = f_.port;
   ro.backends = decode_urls_;
   ro.max_open_streams = f_.max_open_streams;
+  ASSIGN_OR_RETURN(ro.routing, server::ParseRoutingPolicy(f_.routing));
+  ro.kv = f_.kv;
+  if (ro.routing == server::RoutingPolicy::kKvAware) {
+    auto tokenizer = model::Tokenizer::Load(f_.model, f_.chat_template);
+    if (!tokenizer.ok()) return tokenizer.status().WithContext("router --routing kv-aware");
+    router_tokenizer_ = std::move(tokenizer).value();
+    ro.kv.tokenizer = router_tokenizer_.get();
+  }
   if (!f_.trace.empty()) {  // FILE.router.json, written when up stops
     TracerOptions to;
     to.process_name = "router";

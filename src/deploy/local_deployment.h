@@ -51,6 +51,9 @@ struct LocalDeploymentOptions {
   int max_num_seqs = 64;
   int max_pending_requests = 256;  // every instance's --max-pending-requests
   int max_open_streams = server::RouterOptions().max_open_streams;  // the router's
+  // The router's --routing (kv-aware: with the tokenizer of `model`) and its weights.
+  std::string routing = "least-loaded";
+  server::KvRoutingOptions kv;
   int max_model_len = 0;
   std::string kv_cache_bytes;
   std::string cluster_secret_file;  // "": a fresh random secret in a file removed at the end

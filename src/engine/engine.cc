@@ -9,6 +9,7 @@
 
 #include "common/log.h"
 #include "engine/engine_stepped.h"
+#include "engine/kv_events.h"
 #include "engine/prefix_cache.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
@@ -44,6 +45,12 @@ class EngineImpl final : public SteppedEngine, public DisaggHooks {
         scheduler_(SchedulerOptionsOf(options, runner_->region().spec()), &pool_,
                    runner_->region().spec().page_size, clock_),
         seed_rng_(std::random_device{}()) {
+    if (options.kv_events != nullptr && pool_.prefix_caching()) {
+      const KvCacheSpec& spec = runner_->region().spec();
+      options.kv_events->SetFormat(PrefixCacheRoot(options.model_fingerprint, spec),
+                                   spec.page_size);
+      pool_.SetEventLog(options.kv_events);
+    }
     spec_.accepted_per_pos.assign(std::max(0, options.speculative.num_speculative_tokens), 0);
   }
 

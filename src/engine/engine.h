@@ -21,6 +21,8 @@
 
 namespace pd::engine {
 
+class KvEventLog;  // kv_events.h
+
 struct SchedulerOptions {
   int max_num_seqs = 64;             // running sequences at once
   int max_num_batched_tokens = 512;  // token budget per step (decodes first, then prefill chunks)
@@ -40,6 +42,9 @@ struct EngineOptions {
   // Roots the prefix cache's page keys (with the KV format), e.g. the handshake's
   // ModelFingerprint, so that instances of one model name the same prefix with the same key.
   uint64_t model_fingerprint = 0;
+  // Borrowed, may be null: the prefix cache's keys as they are stored and evicted, for KV-aware
+  // routing (kv_events.h). Must outlive the engine.
+  KvEventLog* kv_events = nullptr;
   // Speculative decoding (spec_decode.h); method kNone: off. The engine runs "ngram" itself;
   // "draft_model" and "mtp" are refused by Create (not built yet).
   SpeculativeConfig speculative;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "engine/kv_events.h"
 #include "engine/prefix_cache.h"
 
 namespace pd::engine {
@@ -117,7 +118,11 @@ void PagePool::LruUnlink(int32_t page) {
 void PagePool::EvictOne() {
   PD_CHECK(lru_head_ >= 0) << "no cached page to evict";
   std::vector<int32_t> removed;
-  index_->Remove(lru_head_, &removed);
+  std::vector<uint64_t> keys;
+  index_->Remove(lru_head_, &removed, events_ != nullptr ? &keys : nullptr);
+  if (events_ != nullptr) {
+    for (uint64_t key : keys) events_->OnRemoved(key);
+  }
   for (int32_t p : removed) {
     if (refcount_[p] != 0) continue;  // referenced: freed by its last Release, uncached now
     LruUnlink(p);
@@ -222,7 +227,15 @@ bool PagePool::Register(int32_t page, int32_t parent, uint64_t key,
   if (index_ == nullptr) return false;
   PD_CHECK(page >= 0 && page < num_total_ && refcount_[page] > 0)
       << "registering page " << page << ", which is not referenced";
-  return index_->Insert(page, parent, key, page_tokens);
+  const bool was_cached = index_->IsCached(page);
+  if (!index_->Insert(page, parent, key, page_tokens)) return false;
+  if (!was_cached && events_ != nullptr) events_->OnStored(key);
+  return true;
+}
+
+void PagePool::SetEventLog(KvEventLog* log) {
+  MutexLock lock(&mu_);
+  events_ = log;
 }
 
 int PagePool::num_cached() const {

@@ -85,6 +85,7 @@ class KvRegion {
 };
 
 class PrefixIndex;  // prefix_cache.h
+class KvEventLog;   // kv_events.h
 
 // Allocates page ids with reference counts. With a prefix cache (prefix_page_size > 0), full
 // pages can be registered under a chained key (prefix_cache.h): a registered page whose last
@@ -122,6 +123,9 @@ class PagePool {
   // under `key`; false when another page holds the key or the parent is not cached.
   bool Register(int32_t page, int32_t parent, uint64_t key, std::span<const int32_t> page_tokens)
       EXCLUDES(mu_);
+  // Borrowed, may be null: told every key indexed and evicted from now on (set it before the
+  // first Register).
+  void SetEventLog(KvEventLog* log) EXCLUDES(mu_);
   int num_cached() const EXCLUDES(mu_);     // pages in the prefix index
   int num_evictable() const EXCLUDES(mu_);  // cached pages nobody references
   // Recounts everything: each page is exactly one of free (on the free list), cached-evictable
@@ -150,6 +154,7 @@ class PagePool {
   int32_t lru_tail_ GUARDED_BY(mu_) = -1;
   int lru_size_ GUARDED_BY(mu_) = 0;
   std::unique_ptr<PrefixIndex> index_ GUARDED_BY(mu_);  // null without a prefix cache
+  KvEventLog* events_ GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace pd::engine

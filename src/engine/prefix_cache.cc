@@ -104,7 +104,8 @@ void PrefixIndex::Unlink(int32_t page) {
   siblings.erase(std::find(siblings.begin(), siblings.end(), page));
 }
 
-void PrefixIndex::Remove(int32_t page, std::vector<int32_t>* removed) {
+void PrefixIndex::Remove(int32_t page, std::vector<int32_t>* removed,
+                         std::vector<uint64_t>* removed_keys) {
   PD_CHECK(nodes_[page].cached) << PageText(page) << " is not cached";
   Unlink(page);
   std::vector<int32_t> stack = {page};  // explicit: chains can be thousands of pages deep
@@ -114,6 +115,7 @@ void PrefixIndex::Remove(int32_t page, std::vector<int32_t>* removed) {
     Node& node = nodes_[p];
     stack.insert(stack.end(), node.children.begin(), node.children.end());
     by_key_.erase(node.key);
+    if (removed_keys != nullptr) removed_keys->push_back(node.key);
     node = Node();
     removed->push_back(p);
   }

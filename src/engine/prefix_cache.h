@@ -51,8 +51,10 @@ class PrefixIndex {
   // False (nothing changes) when the key is already held by another page or `parent` is not
   // cached; true when it is indexed now or already was with this key.
   bool Insert(int32_t page, int32_t parent, uint64_t key, std::span<const int32_t> page_tokens);
-  // Takes `page` and all its descendants out of the index; appends them to *removed.
-  void Remove(int32_t page, std::vector<int32_t>* removed);
+  // Takes `page` and all its descendants out of the index; appends them to *removed (and their
+  // keys to *removed_keys when not null).
+  void Remove(int32_t page, std::vector<int32_t>* removed,
+              std::vector<uint64_t>* removed_keys = nullptr);
   bool IsCached(int32_t page) const { return nodes_[page].cached; }
   int num_cached() const { return static_cast<int>(by_key_.size()); }
   // The index's own invariants (every cached page's key maps to it, its parent is cached and

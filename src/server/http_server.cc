@@ -11,7 +11,9 @@
 #include "server/auth.h"
 #include "server/drain.h"
 #include "server/generation.h"
+#include "server/kv_events_wire.h"
 #include "server/openai_response.h"
+#include "server/prompt_tokens.h"
 
 namespace pd::server {
 
@@ -102,6 +104,8 @@ Result<std::unique_ptr<OpenAiServer>> OpenAiServer::Create(const ServerOptions& 
   if (options.http.num_threads < 1)
     return InvalidArgument("server: at least one HTTP thread is required");
   std::unique_ptr<OpenAiServer> server(new OpenAiServer(options, engine, tokenizer));
+  if (options.kv_events != nullptr)
+    server->tokenizer_fingerprint_ = TokenizerFingerprint(*tokenizer);
   server->metrics_.registry.AddCollectHook([s = server.get()] {
     const engine::EngineStats stats = s->engine_->stats();
     const Labels labels = s->metrics_.model_labels();
@@ -161,6 +165,7 @@ Status OpenAiServer::Start() {
 
 void OpenAiServer::Stop() {
   if (stopping_.exchange(true)) return;
+  if (options_.kv_events != nullptr) options_.kv_events->Close();  // ends the waiting polls
   http_.stop();
   if (listen_thread_.joinable()) listen_thread_.join();
   if (answer_loop_ != nullptr) {  // after the HTTP threads: none hands a stream over any more
@@ -235,6 +240,9 @@ void OpenAiServer::RegisterRoutes() {
   http_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     HandleGenerate(ApiKind::kChat, req, res);
   });
+  http_.Get("/v1/kv_events", [this](const httplib::Request& req, httplib::Response& res) {
+    if (Authorized(req, res)) HandleKvEvents(options_.kv_events, tokenizer_fingerprint_, req, res);
+  });
   http_.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     HandleTokenize(req, res);
   });
@@ -257,28 +265,11 @@ void OpenAiServer::HandleModels(httplib::Response& res) const {
 
 std::vector<int32_t> OpenAiServer::EncodePrompt(const std::string& text,
                                                 bool add_special_tokens) const {
-  // As HF tokenizers do: Llama-3's post-processor prepends <|begin_of_text|>; Qwen's adds nothing
-  // (its config names a bos_token_id, but its tokenizer never inserts it).
-  std::vector<int32_t> ids;
-  auto bos = tokenizer_->bos_token_id();
-  if (add_special_tokens && bos && tokenizer_->adds_bos_token()) ids.push_back(*bos);
-  std::vector<int32_t> body = tokenizer_->Encode(text);
-  if (!ids.empty() && !body.empty() && body.front() == ids.front())
-    ids.clear();  // BOS written in the text
-  ids.insert(ids.end(), body.begin(), body.end());
-  return ids;
+  return EncodePromptText(*tokenizer_, text, add_special_tokens);
 }
 
 Result<std::vector<int32_t>> OpenAiServer::Tokenize(const GenerateRequest& request) const {
-  if (request.kind == ApiKind::kChat) {
-    // The template writes the special tokens it wants (bos included): none are added here.
-    auto text = tokenizer_->ApplyChatTemplate(request.chat);
-    if (!text.ok())
-      return InvalidArgument("cannot apply the chat template: " + text.status().message());
-    return tokenizer_->Encode(*text);
-  }
-  if (request.prompt_text) return EncodePrompt(*request.prompt_text, true);
-  return request.prompt_ids;
+  return PromptTokens(*tokenizer_, request);
 }
 
 void OpenAiServer::HandleGenerate(ApiKind kind, const httplib::Request& req,

@@ -1,6 +1,7 @@
 // The OpenAI-compatible HTTP server of one colocated instance:
 //   POST /v1/completions, POST /v1/chat/completions (JSON or SSE streams ending "data: [DONE]"),
-//   GET /v1/models, GET /health, GET /metrics, POST /tokenize, POST /detokenize.
+//   GET /v1/models, GET /health, GET /metrics, POST /tokenize, POST /detokenize, and
+//   GET /v1/kv_events (the prefix cache's keys, kv_events_wire.h).
 // HTTP threads read, validate and tokenise a request and submit it to the AsyncEngine, then hand
 // the connection to the answer loop: one event-loop thread for every request in flight, woken by
 // the engine's callback (through a per-request channel) to write new SSE events, or a whole JSON
@@ -53,6 +54,9 @@ struct ServerOptions {
   // "engine submitted"; a streamed one's "first token written" and "last token written", each
   // with its engine request id as "request").
   Tracer* tracer = nullptr;
+  // Borrowed, may be null: the prefix cache's keys, served at GET /v1/kv_events for KV-aware
+  // routing (kv_events_wire.h); the server closes it when it stops.
+  engine::KvEventLog* kv_events = nullptr;
 };
 
 struct StreamState;
@@ -128,6 +132,7 @@ class OpenAiServer {
   InflightCap inflight_;
   std::atomic<uint64_t> next_id_{0};
   const int64_t start_time_;
+  uint64_t tokenizer_fingerprint_ = 0;  // TokenizerFingerprint, for /v1/kv_events
 };
 
 }  // namespace pd::server

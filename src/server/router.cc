@@ -8,6 +8,7 @@
 #include "common/rate_limited_log.h"
 #include "common/thread_util.h"
 #include "server/openai_protocol.h"
+#include "server/prompt_tokens.h"
 
 namespace pd::server {
 
@@ -47,6 +48,12 @@ Result<std::unique_ptr<Router>> Router::Create(const RouterOptions& options) {
     return InvalidArgument("the router needs decode instances");
   }
   if (options.max_open_streams < 1) return InvalidArgument("max_open_streams must be >= 1");
+  if (options.routing == RoutingPolicy::kKvAware) {
+    if (options.kv.tokenizer == nullptr)
+      return InvalidArgument("kv-aware routing needs the model's tokenizer (--model)");
+    if (options.kv.compute_weight < 0 || options.kv.load_weight < 0)
+      return InvalidArgument("kv-aware routing weights must be >= 0");
+  }
   std::unique_ptr<Router> r(new Router(options));
   for (const std::string& url : options.backends) {
     ASSIGN_OR_RETURN(auto target, ResolveUpstream(url));
@@ -66,6 +73,16 @@ Result<std::unique_ptr<Router>> Router::Create(const RouterOptions& options) {
   ro.reroute = [raw = r.get()](UpstreamTarget* refused) { return raw->PickAvailable(refused); };
   ro.max_reroutes = options.dynamic_backends ? 4 : static_cast<int>(options.backends.size()) - 1;
   ASSIGN_OR_RETURN(r->relay_, UpstreamRelay::Create(ro));
+  if (options.routing == RoutingPolicy::kKvAware) {
+    KvFeedOptions fo;
+    fo.api_key = options.kv.api_key;
+    fo.tokenizer_fingerprint = TokenizerFingerprint(*options.kv.tokenizer);
+    fo.wait_ms = options.kv.wait_ms;
+    fo.retry_ms = options.kv.retry_ms;
+    r->kv_index_ = std::make_unique<KvIndex>();
+    r->kv_feed_ = std::make_unique<KvEventFeed>(r->kv_index_.get(), fo);
+    r->kv_feed_->SetBackends(r->backends());
+  }
   r->RegisterRoutes();
   return r;
 }
@@ -113,6 +130,7 @@ void Router::RegisterRoutes() {
       out += "# TYPE pdserve:router_backends gauge\npdserve:router_backends " +
              std::to_string(backends_.size()) + "\n";
     }
+    out += KvMetricsText();
     out += http_.RefusedMetricsText();
     res.set_content(out, "text/plain; version=0.0.4");
   });
@@ -141,6 +159,7 @@ void Router::Stop() {
   http_.stop();
   if (listen_thread_.joinable()) listen_thread_.join();
   if (relay_ != nullptr) relay_->Stop();  // after the HTTP threads: none hands over any more
+  if (kv_feed_ != nullptr) kv_feed_->Stop();
 }
 
 std::vector<int> Router::outstanding() const {
@@ -188,6 +207,12 @@ Status Router::SetBackends(const std::vector<std::string>& urls) {
     now.push_back(t);
   }
   backends_ = std::move(now);
+  if (kv_feed_ != nullptr) {
+    std::vector<std::string> in_use;
+    for (const UpstreamTarget* t : backends_) in_use.push_back(t->url);
+    lock.Unlock();
+    kv_feed_->SetBackends(in_use);  // starts the new ones' streams; the others leave the index
+  }
   return errors.empty() ? OkStatus() : InvalidArgument(errors);
 }
 
@@ -208,8 +233,11 @@ UpstreamTarget* Router::PickAvailable(const UpstreamTarget* besides) {
   return best;
 }
 
-UpstreamTarget* Router::Pick() {
-  UpstreamTarget* best = PickAvailable();
+UpstreamTarget* Router::Pick(const httplib::Request& req) {
+  UpstreamTarget* best = nullptr;
+  if (options_.routing == RoutingPolicy::kRoundRobin) best = PickRoundRobin();
+  if (options_.routing == RoutingPolicy::kKvAware && req.method == "POST") best = PickKvAware(req);
+  if (best == nullptr) best = PickAvailable();
   if (best != nullptr) return best;
   MutexLock lock(&backends_mu_);
   const size_t n = backends_.size();
@@ -236,7 +264,7 @@ void Router::Forward(const httplib::Request& req, httplib::Response& res) {
                      "router overloaded: " + std::to_string(options_.max_open_streams) +
                          " requests open (--max-open-streams); retry later");
   }
-  UpstreamTarget* target = Pick();
+  UpstreamTarget* target = Pick(req);
   if (target == nullptr) {
     open_.fetch_sub(1);
     res.set_header("Retry-After", std::to_string(options_.http.retry_after_s));
