@@ -130,7 +130,9 @@ TEST_P(MessengerMlaGoldenTest, EveryTpPairingGivesTheColocatedTp1GreedyTokens) {
         EXPECT_EQ(got.tokens, want[i].tokens) << "prompt " << i;
         // Every decode rank gets every layer's whole latent page, but for those its cache held.
         const uint64_t cached = decode->metrics().pages_cached() - cached_before;
-        if (i == 2) EXPECT_GE(cached, 13u / s.page_size) << "the second prompt's pages";
+        if (i == 2) {
+          EXPECT_GE(cached, 13u / s.page_size) << "the second prompt's pages";
+        }
         const uint64_t pages = PagesForTokens(prompts[i].size() - 1, s.page_size) - cached;
         want_kv_bytes += pages * 2 * dtp * s.page_size * kLatentDim * 4;
         tokens += prompts[i].size() - 1 - cached * s.page_size;

@@ -145,6 +145,7 @@ std::unique_ptr<engine::AsyncEngine> Reference(const Shape& s) {
   o.runner.num_pages = 256;
   o.runner.num_threads = 1;
   o.scheduler.max_num_batched_tokens = s.budget;
+  o.scheduler.max_num_seqs = std::min(8, s.budget);
   o.scheduler.max_model_len = 128;
   o.scheduler.enable_prefix_caching = false;
   auto e = engine::Engine::Create(testing::Model().weights, o);
