@@ -61,7 +61,8 @@ void AddRoleFlags(CLI::App* app, RoleFlags* f) {
   app->add_option("--local-prefill-max-tokens", f->local_prefill_max_tokens,
                   "decode role: a request whose prompt, less what this instance's prefix cache "
                   "holds, is at most this many tokens is computed here, no prefill instance "
-                  "involved (conditional disaggregation); -1: never")
+                  "involved (conditional disaggregation); -1: only prompts whose every page "
+                  "before the last token is cached")
       ->check(CLI::Range(-1, 1 << 30))
       ->capture_default_str();
   app->add_flag("--kv-checksum", f->kv_checksum,

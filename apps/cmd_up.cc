@@ -115,7 +115,7 @@ PD_REGISTER_COMMAND(
           ->capture_default_str();
       app->add_option("--local-prefill-max-tokens", f->local_prefill_max_tokens,
                       "decode instances compute a prompt whose uncached part is at most this "
-                      "many tokens themselves (serve --local-prefill-max-tokens); -1: never")
+                      "many tokens themselves (serve --local-prefill-max-tokens)")
           ->check(CLI::Range(-1, 1 << 30))
           ->capture_default_str();
       app->add_option("--idle-poll-us", f->idle_poll_us,

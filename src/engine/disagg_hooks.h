@@ -18,9 +18,10 @@
 namespace pd::engine {
 
 // Conditional disaggregation: serve's and up's --local-prefill-max-tokens default, the longest
-// uncached prompt part a decode instance computes itself instead of asking a prefill instance
-// (docs/prefix-caching.md has the measurement it comes from).
-inline constexpr int kDefaultLocalPrefillMaxTokens = 256;
+// uncached prompt part a decode instance computes itself instead of asking a prefill instance.
+// -1 (off: every prompt with an uncached part goes to a prefill instance) until the measurement
+// of docs/prefix-caching.md sets it.
+inline constexpr int kDefaultLocalPrefillMaxTokens = -1;
 
 // One scheduled chunk of a prefill-only request, as the step observer sees it.
 struct PrefillChunk {
