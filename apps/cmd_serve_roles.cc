@@ -58,6 +58,13 @@ void AddRoleFlags(CLI::App* app, RoleFlags* f) {
                   "weights and the arrived KV back into the caches this often (only for models "
                   "whose weights fit in 64 MiB); 0: off")
       ->capture_default_str();
+  app->add_option("--local-prefill-max-tokens", f->local_prefill_max_tokens,
+                  "decode role: a request whose prompt, less what this instance's prefix cache "
+                  "holds, is at most this many tokens is computed here, no prefill instance "
+                  "involved (conditional disaggregation); -1: only prompts whose every page "
+                  "before the last token is cached")
+      ->check(CLI::Range(-1, 1 << 30))
+      ->capture_default_str();
   app->add_flag("--kv-checksum", f->kv_checksum,
                 "prefill and decode roles: send (prefill) and check (decode, before the request "
                 "decodes) a CRC32C per layer of the KV each transfer moves; a mismatch fails the "
@@ -434,6 +441,7 @@ Result<RoleEngine> CreateRoleEngine(const RoleFlags& flags, const model::ModelWe
   mo.domain = DomainFor(flags);
   mo.transfer_timeout_ms = static_cast<uint32_t>(flags.kv_transfer_timeout_ms);
   mo.kv_checksum = flags.kv_checksum;
+  mo.local_prefill_max_tokens = flags.local_prefill_max_tokens;
   mo.max_message_bytes = flags.control_message_bytes;
   mo.max_transfers = std::max(mo.max_transfers, ao.max_pending_requests);  // one per request
   mo.tracer = flags.tracer;

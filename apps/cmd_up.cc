@@ -128,6 +128,11 @@ PD_REGISTER_COMMAND(
                       "decode instances' cache-warming period while they wait for KV (serve "
                       "--kv-wait-warm-ms); 0: off")
           ->capture_default_str();
+      app->add_option("--local-prefill-max-tokens", f->local_prefill_max_tokens,
+                      "decode instances compute a prompt whose uncached part is at most this "
+                      "many tokens themselves (serve --local-prefill-max-tokens)")
+          ->check(CLI::Range(-1, 1 << 30))
+          ->capture_default_str();
       app->add_option("--idle-poll-us", f->idle_poll_us,
                       "every instance's --idle-poll-us: an engine loop on a core of its own (with "
                       "--pin-cores, the prefill instances') polls this long for work before it "

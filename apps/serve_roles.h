@@ -35,9 +35,11 @@ struct RoleFlags {
   std::string fabric_node = "127.0.0.1";  // local address the fabric endpoint binds
   int kv_transfer_timeout_ms = 30000;
   uint32_t control_message_bytes = 256u << 10;  // largest control message received
-  double peer_wait_s = 60.0;      // decode: how long to wait for prefill instances at start
-  double peer_silence_s = 2.0;    // prefill: drop transfers of a decode peer silent this long
-  double kv_wait_warm_ms = 2.0;   // decode: cache-warming period while waiting for KV; 0: off
+  double peer_wait_s = 60.0;     // decode: how long to wait for prefill instances at start
+  double peer_silence_s = 2.0;   // prefill: drop transfers of a decode peer silent this long
+  double kv_wait_warm_ms = 2.0;  // decode: cache-warming period while waiting for KV; 0: off
+  // decode: a prompt whose uncached part is at most this many tokens is computed here (-1: never)
+  int local_prefill_max_tokens = engine::kDefaultLocalPrefillMaxTokens;
   bool kv_checksum = false;       // --kv-checksum: a CRC32C per layer of the KV, checked on decode
   std::string fault_inject;       // hidden --fault-inject (tests): transfer::ParseFaultRules
   double drain_timeout_s = 30.0;  // SIGTERM: how long work in flight may take to finish

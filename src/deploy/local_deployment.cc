@@ -245,7 +245,8 @@ Status Deployment::Start(const sigset_t& signals) {
         "decode " + std::to_string(j), f_.port + 1 + f_.num_prefill + j,
         {"--role", "decode", "--prefill-peers", prefill_urls, "--tensor-parallel-size",
          std::to_string(f_.decode_tp), "--data-parallel-size", std::to_string(f_.decode_dp),
-         "--kv-wait-warm-ms", std::to_string(f_.kv_wait_warm_ms)}));
+         "--kv-wait-warm-ms", std::to_string(f_.kv_wait_warm_ms), "--local-prefill-max-tokens",
+         std::to_string(f_.local_prefill_max_tokens)}));
     decode_urls_.push_back(supervisor_.spec(decode.back()).health_url);
   }
   for (size_t k : prefill) RETURN_IF_ERROR(supervisor_.Start(k));

@@ -23,6 +23,7 @@
 #include "common/status.h"
 #include "common/trace.h"
 #include "deploy/supervisor.h"
+#include "engine/disagg_hooks.h"
 #include "server/router.h"
 
 namespace pd::deploy {
@@ -69,7 +70,8 @@ struct LocalDeploymentOptions {
   // no prefill instance computes on), "any", or a CPU list.
   std::string io_cpus = "auto";
   double kv_wait_warm_ms = 2.0;  // decode instances' --kv-wait-warm-ms
-  int64_t idle_poll_us = 0;      // every instance's --idle-poll-us
+  int local_prefill_max_tokens = engine::kDefaultLocalPrefillMaxTokens;  // decode instances'
+  int64_t idle_poll_us = 0;  // every instance's --idle-poll-us
   std::string fabric_provider = "tcp;ofi_rxm";
   double start_timeout_s = 300.0;  // how long an instance may take to start (or restart)
   std::string plan;  // a pdserve-plan-v1 file: instance counts and threads come from it

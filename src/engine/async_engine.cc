@@ -47,6 +47,9 @@ class AsyncEngineImpl final : public AsyncEngine {
   Result<int64_t> SubmitRemoteKv(std::vector<int32_t> prompt_ids, const SamplingParams& sampling,
                                  OutputCallback on_output, KvReservedCallback on_reserved) override;
   void MarkKvReady(int64_t request_id) override EXCLUDES(mu_);
+  int CachedPrefixTokens(std::span<const int32_t> prompt) const override {
+    return engine_->CachedPrefixTokens(prompt);  // thread-safe by contract
+  }
 
  private:
   enum class Kind { kNormal, kPrefillOnly, kRemoteKv };
@@ -227,7 +230,7 @@ void AsyncEngineImpl::DeliverReservations() {
     if (it == reserved_callbacks_.end()) continue;
     KvReservedCallback cb = std::move(it->second);
     reserved_callbacks_.erase(it);
-    if (cb) cb(r.request_id, r.page_table);
+    if (cb) cb(r);
   }
 }
 
@@ -395,6 +398,7 @@ Result<int64_t> AsyncEngine::SubmitRemoteKv(std::vector<int32_t>, const Sampling
   return Unimplemented("this engine does not take remote KV");
 }
 void AsyncEngine::MarkKvReady(int64_t) {}
+int AsyncEngine::CachedPrefixTokens(std::span<const int32_t>) const { return 0; }
 
 Result<std::unique_ptr<AsyncEngine>> AsyncEngine::Create(std::unique_ptr<Engine> engine,
                                                          const AsyncEngineOptions& options) {

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "engine/engine.h"
@@ -33,8 +34,9 @@ struct AsyncEngineOptions {
 // Called on the engine thread for every RequestOutput of the request, the last one finished().
 // It must not block (hand the output to the HTTP thread through a queue).
 using OutputCallback = std::function<void(const RequestOutput&)>;
-// Called on the engine thread once a remote-KV request's pages are reserved. Must not block.
-using KvReservedCallback = std::function<void(int64_t request_id, const std::vector<int32_t>&)>;
+// Called on the engine thread once a remote-KV request's pages are reserved (its page table and
+// how many of its leading pages came from the prefix cache). Must not block.
+using KvReservedCallback = std::function<void(const KvReservation& reservation)>;
 
 // Thread safety: every public method may be called from any thread.
 class AsyncEngine {
@@ -52,6 +54,10 @@ class AsyncEngine {
   virtual EngineStats stats() const = 0;
   virtual const model::ModelConfig& config() const = 0;
   virtual void Shutdown() = 0;
+  // Tokens of `prompt` whose KV the prefix cache holds now (whole pages, the last token never
+  // counted: it always runs), as Engine::CachedPrefixTokens. A hint: nothing is reserved, so a
+  // request submitted next may find fewer (evicted meanwhile) or more. Default: 0.
+  virtual int CachedPrefixTokens(std::span<const int32_t> prompt) const;
 
   // --- Disaggregation (the engine's DisaggHooks, run on the loop; defaults: Unimplemented /
   // no-op, and so for an engine without hooks) ---

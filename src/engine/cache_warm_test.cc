@@ -149,7 +149,7 @@ TEST(AsyncWarmTest, ARequestWaitingForKvWhileTheLoopWarmsStillRunsWhenItsKvArriv
         reason = out.finish_reason;
         cv.notify_all();
       },
-      [&](int64_t, const std::vector<int32_t>&) {
+      [&](const KvReservation&) {
         std::lock_guard<std::mutex> lock(mu);
         reserved = true;
         cv.notify_all();

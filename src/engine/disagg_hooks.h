@@ -17,6 +17,12 @@
 
 namespace pd::engine {
 
+// Conditional disaggregation: serve's and up's --local-prefill-max-tokens default, the longest
+// uncached prompt part a decode instance computes itself instead of asking a prefill instance.
+// -1 (off: every prompt with an uncached part goes to a prefill instance) until the measurement
+// of docs/prefix-caching.md sets it.
+inline constexpr int kDefaultLocalPrefillMaxTokens = -1;
+
 // One scheduled chunk of a prefill-only request, as the step observer sees it.
 struct PrefillChunk {
   int64_t request_id = 0;
@@ -40,6 +46,9 @@ using StepObserver = std::function<void(const StepInfo&)>;
 struct KvReservation {
   int64_t request_id = 0;
   std::vector<int32_t> page_table;  // covers the whole prompt
+  // The leading pages of page_table taken from this instance's prefix cache (their KV is here
+  // already): only pages [num_cached_pages, end) need to arrive. 0 without a prefix cache.
+  int num_cached_pages = 0;
 };
 
 // Thread safety: as the Engine they belong to (its loop thread), but for ReleasePages and
@@ -63,8 +72,9 @@ class DisaggHooks {
 
   // --- Decode side ---
   // The prompt's KV arrives from elsewhere. Pages for the whole prompt are reserved when free
-  // (see TakeKvReservations); the request then waits until MarkKvReady, and its last prompt token
-  // runs as its first decode step. Engine::Abort releases the pages at any point.
+  // (see TakeKvReservations), the leading ones taken from the prefix cache where it holds them;
+  // the request then waits until MarkKvReady, and its last prompt token runs as its first decode
+  // step. Engine::Abort releases the pages at any point.
   virtual Status AddRemoteKvRequest(Request request) = 0;
   // Reserves pages for queued remote-KV requests (FCFS, as free pages allow); returns those
   // reserved now.

@@ -426,7 +426,7 @@ TEST(DisaggAsyncEngineTest, PrefillOnlyAndRemoteKvRoundTripThroughTheLoops) {
         acc.insert(acc.end(), out.new_token_ids.begin(), out.new_token_ids.end());
         if (out.finished()) tokens.Set(acc);
       },
-      [&](int64_t, const std::vector<int32_t>& pages) { reserved.Set(pages); });
+      [&](const KvReservation& r) { reserved.Set(r.page_table); });
   ASSERT_TRUE(id.ok());
   std::vector<int32_t> dst;
   ASSERT_TRUE(reserved.Wait(&dst));
@@ -464,7 +464,7 @@ Result<int64_t> SubmitRemoteKv(AsyncEngine& async, std::vector<int32_t> prompt,
       [finish](const RequestOutput& out) {
         if (out.finished()) finish->Set(out.finish_reason);
       },
-      [reserved](int64_t, const std::vector<int32_t>& pages) { reserved->Set(pages); });
+      [reserved](const KvReservation& r) { reserved->Set(r.page_table); });
 }
 
 TEST(DisaggAsyncEngineTest, AbortingARemoteKvRequestFreesItsReservedPages) {

@@ -69,6 +69,7 @@ class EngineImpl final : public SteppedEngine, public DisaggHooks {
   ModelRunner& runner() override { return *runner_; }
   DisaggHooks* disagg_hooks() override { return this; }
   Status CheckPages() const override { return scheduler_.CheckPages(); }
+  int CachedPrefixTokens(std::span<const int32_t> prompt) const override;
 
   Status AddPrefillOnlyRequest(Request request) override;
   void ReleasePages(std::span<const int32_t> pages) override { pool_.Release(pages); }
@@ -199,9 +200,20 @@ std::vector<KvReservation> EngineImpl::TakeKvReservations() {
   for (int64_t id : scheduler_.ReserveRemoteKv()) {
     const Sequence* seq = scheduler_.Find(id);
     PD_CHECK(seq != nullptr);
-    out.push_back({id, seq->page_table});
+    out.push_back({id, seq->page_table, seq->num_cached_pages});
   }
   return out;
+}
+
+int EngineImpl::CachedPrefixTokens(std::span<const int32_t> prompt) const {
+  if (!options_.scheduler.enable_prefix_caching || !pool_.prefix_caching() || prompt.empty())
+    return 0;
+  const int page_size = scheduler_.page_size();
+  const size_t max_pages = (prompt.size() - 1) / static_cast<size_t>(page_size);
+  std::vector<uint64_t> keys;
+  ExtendPageKeys(scheduler_.options().prefix_cache_root, prompt.first(max_pages * page_size),
+                 page_size, &keys);
+  return static_cast<int>(pool_.MatchPrefix(keys, prompt).size()) * page_size;
 }
 
 void EngineImpl::NotifyObserver(const ScheduledBatch& batch) {

@@ -104,6 +104,12 @@ class Engine {
   // request's page table holds at least that many references. Internal naming what is wrong.
   virtual Status CheckPages() const = 0;
 
+  // Tokens of `prompt` whose KV the prefix cache holds now: whole pages of its longest cached
+  // prefix, never its last token (which always runs); 0 without a prefix cache. Takes no
+  // reference (a hint for routing and for the decode side's local-or-remote prefill choice).
+  // Thread-safe, like ValidateRequest (the page pool locks).
+  virtual int CachedPrefixTokens(std::span<const int32_t> /*prompt*/) const { return 0; }
+
   // The disaggregation hooks (disagg_hooks.h) of this engine; null when it has none. They live
   // as long as the engine.
   virtual DisaggHooks* disagg_hooks() { return nullptr; }

@@ -81,7 +81,7 @@ std::vector<int64_t> Scheduler::ReserveRemoteKv() {
   if (WaitingNeedsPages()) return reserved;
   while (!reserve_queue_.empty()) {
     Sequence* seq = reserve_queue_.front();
-    if (!GrowPages(seq, seq->num_prompt_tokens)) break;  // FCFS: nobody jumps ahead
+    if (!ReservePrompt(seq)) break;  // FCFS: nobody jumps ahead
     reserve_queue_.pop_front();
     seq->state = SeqState::kAwaitingKv;
     seq->num_computed_tokens = seq->num_prompt_tokens - 1;
@@ -89,6 +89,17 @@ std::vector<int64_t> Scheduler::ReserveRemoteKv() {
     reserved.push_back(seq->id);
   }
   return reserved;
+}
+
+// The whole prompt's pages for a remote-KV sequence: its cached prefix (whole pages, never the
+// page of its last token, which runs here) shared from the prefix cache, the rest new. Counted
+// in the prefix cache's queries and hits like any first admission.
+bool Scheduler::ReservePrompt(Sequence* seq) {
+  if (!options_.enable_prefix_caching || !pool_->prefix_caching() || !seq->page_table.empty())
+    return GrowPages(seq, seq->num_prompt_tokens);
+  const std::vector<int32_t> hits = CachedPrefix(seq);
+  const int num_new = seq->num_prompt_tokens - static_cast<int>(hits.size()) * page_size_;
+  return TakePrefixPages(seq, hits, num_new);
 }
 
 Status Scheduler::MarkKvReady(int64_t id) {
@@ -319,8 +330,8 @@ void Scheduler::ScheduleWaiting(StepState* step) {
 }
 
 bool Scheduler::UsesPrefixCache(const Sequence& seq) const {
-  // A remote-KV sequence's prompt arrives whole into its reserved pages; it registers them once
-  // they have run (CacheComputedPages) but does not look its prompt up.
+  // A remote-KV sequence looks its prompt up when its pages are reserved (ReservePrompt), not
+  // here; it registers the pages that arrived once they have run (CacheComputedPages).
   return options_.enable_prefix_caching && pool_->prefix_caching() && !seq.remote_kv &&
          seq.page_table.empty() && seq.num_computed_tokens == 0;
 }

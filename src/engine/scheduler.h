@@ -30,9 +30,10 @@
 //     stream its pages while it runs. Its last chunk `samples` like any other: the engine turns
 //     that into a hand-over of the pages instead of a token.
 //   - remote-KV (decode instance): its prompt's KV arrives from elsewhere. ReserveRemoteKv()
-//     allocates pages for the whole prompt (FCFS, when the free pages hold them); it then waits,
-//     out of scheduling and never a victim, until MarkKvReady; then num_computed_tokens is
-//     prompt - 1 and its last prompt token runs as its first decode step. It holds its pages
+//     allocates pages for the whole prompt (FCFS, when the free pages hold them), sharing the
+//     leading pages the prefix cache holds (num_cached_pages: only the rest must arrive); it
+//     then waits, out of scheduling and never a victim, until MarkKvReady; then
+//     num_computed_tokens is prompt - 1 and its last prompt token runs as its first decode step. It holds its pages
 //     while it waits, so it passes a waiting sequence that needs pages (which might be its own),
 //     and no reservation is made while a waiting sequence needs pages (it came first).
 #pragma once
@@ -181,6 +182,7 @@ class Scheduler {
  private:
   struct StepState;
   bool GrowPages(Sequence* seq, int num_tokens);
+  bool ReservePrompt(Sequence* seq);  // a remote-KV sequence's pages (false: not enough free)
   void Preempt(Sequence* seq);
   void ScheduleRunning(StepState* step, bool decodes);
   void ScheduleWaiting(StepState* step);

@@ -1,11 +1,16 @@
 // The decode side of the KV messenger (docs/architecture.md, disaggregated flow, steps 1, 4, 5
 // and 7), as an AsyncEngine: the OpenAI server submits to it exactly as to a colocated engine.
 //
-// For a request with a prompt of n > 1 tokens it asks the inner engine for a remote-KV request
-// (pages for the whole prompt reserved, FCFS as pages free up, held out of scheduling), takes a
-// slot of the registered metadata buffer, expects ExpectedWrites(...) KV page writes carrying a
-// fresh imm and one metadata write carrying another, and sends a PrefillRequest (the prompt without
-// its last token) to the accepted prefill instance with the least outstanding work. When the KV
+// For a request with a prompt of n > 1 tokens it first asks the inner engine how much of the
+// prompt its prefix cache holds: when the rest (less the last token) is at most
+// local_prefill_max_tokens, the request runs here as an ordinary one (conditional
+// disaggregation). Otherwise it asks for a remote-KV request (pages for the whole prompt reserved,
+// FCFS as pages free up, held out of scheduling; the leading H pages the prefix cache holds are
+// shared from it), takes a slot of the registered metadata buffer, expects ExpectedWrites(...) KV
+// page writes for pages [H, end) carrying a fresh imm and one metadata write carrying another, and
+// sends a PrefillRequest (the prompt without its last token, first_page = H) to the accepted
+// prefill instance with the least outstanding work, which computes the prompt (from its own prefix
+// cache where it can) and writes only pages [H, end). When the KV
 // counter fires the request is MarkKvReady'd and its last prompt token runs as its first decode
 // step: it does not wait for the metadata, which the prefill instance can write only after its
 // step's last MLP and final norm. The metadata slot stays fenced until the metadata lands (then
@@ -35,6 +40,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -79,6 +85,12 @@ struct DecodeMessengerOptions {
   // Metadata slots: transfers in flight at once (with those fenced, below); a request that finds
   // none free fails ResourceExhausted. Give at least the engine's max_pending_requests.
   int max_transfers = 1024;
+  // Conditional disaggregation (--local-prefill-max-tokens): a request whose prompt, less what
+  // the prefix cache holds (and less its last token), is at most this many tokens runs here as
+  // an ordinary request, no prefill instance involved (counted in local_prefills). Otherwise
+  // only the pages the prefix cache lacks are asked for and transferred. -1: never (every prompt
+  // of 2+ tokens is sent to a prefill instance, the cached pages still left out).
+  int local_prefill_max_tokens = -1;
   // An attempt that ended early (failed, cancelled, aborted) keeps its pages and metadata slot out
   // of use until its prefill instance answers PrefillDone (sent once all its writes came back) or
   // its keys are revoked. If no PrefillDone came this long past the attempt's deadline, the
@@ -158,6 +170,9 @@ class DecodeMessenger final : public engine::AsyncEngine {
   engine::EngineStats stats() const override;
   const model::ModelConfig& config() const override;
   void Shutdown() override;
+  int CachedPrefixTokens(std::span<const int32_t> prompt) const override {
+    return inner_->CachedPrefixTokens(prompt);
+  }
 
   const std::string& fabric_address() const;
   const TransferMetrics& metrics() const { return metrics_; }

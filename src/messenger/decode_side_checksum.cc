@@ -16,7 +16,9 @@ Status DecodeMessenger::Impl::CheckKvChecksums(const Req& r) const {
   }
   const uint32_t num_pages =
       PagesForTokens(static_cast<uint32_t>(r.info->prefill_tokens.size()), spec_.page_size);
-  const std::vector<int32_t> pages = TargetPages(r, num_pages);
+  // The pages written: those from first_page (the ones before were in our prefix cache).
+  const std::vector<int32_t> all = TargetPages(r, num_pages);
+  const std::vector<int32_t> pages(all.begin() + r.first_page, all.end());
   const std::vector<uint32_t> crcs = LayerChecksums(plan, KvSide::kDestination, ranks,
                                                     static_cast<int>(format_.num_layers), pages);
   return VerifyChecksums(meta_buffer_.data() + slot_bytes_ * r.meta_slot + meta_bytes_, r.imm,

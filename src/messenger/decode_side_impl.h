@@ -37,6 +37,7 @@ struct Req {
   uint64_t wire_id = 0;  // the current attempt's (each attempt has its own)
   std::shared_ptr<RequestInfo> info;
   std::vector<int32_t> pages;  // the reserved page table (whole prompt)
+  int first_page = 0;          // pages before it came from our prefix cache: not transferred
   bool holding = false;        // the messenger's own reference on `pages` (RetainPages)
   bool done_received = false;  // the current attempt's PrefillDone (ok) arrived
   int attempts = 0;
@@ -162,7 +163,7 @@ class DecodeMessenger::Impl {
   void OnPrefillDone(const PrefillDone& done, const Frame& frame);
   // False (and counted) unless `frame` comes from peers_[peer]'s current session and is new.
   bool FromPeer(int peer, const Frame& frame);
-  void OnReserved(int64_t id, std::vector<int32_t> pages, std::shared_ptr<RequestInfo> info);
+  void OnReserved(const engine::KvReservation& reservation, std::shared_ptr<RequestInfo> info);
   void StartAttempt(Req* r, const Status& last_error);
   Status ExpectWrites(Req* r, uint64_t expected);
   // The attempt's PrefillRequest and as many PromptChunks as its ids need. A local failure

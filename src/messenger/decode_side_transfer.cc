@@ -28,6 +28,16 @@ Result<int64_t> DecodeMessenger::Impl::Submit(std::vector<int32_t> prompt,
                                               engine::OutputCallback on_output) {
   engine::AsyncEngine& inner = *owner_->inner_;
   if (prompt.size() < 2) return inner.Submit(std::move(prompt), sampling, std::move(on_output));
+  if (options_.local_prefill_max_tokens >= 0) {
+    // Conditional disaggregation: a short uncached part (none, often, with the prefix cache) costs
+    // less to compute here than a round trip to a prefill instance.
+    const int uncached = static_cast<int>(prompt.size()) - 1 - inner.CachedPrefixTokens(prompt);
+    if (uncached <= options_.local_prefill_max_tokens) {
+      auto id = inner.Submit(std::move(prompt), sampling, std::move(on_output));
+      if (id.ok()) owner_->metrics_.LocalPrefill();
+      return id;
+    }
+  }
   {
     MutexLock lock(&peers_mu_);
     if (std::none_of(peer_status_.begin(), peer_status_.end(), [](const PeerStatus& p) {
@@ -57,22 +67,33 @@ Result<int64_t> DecodeMessenger::Impl::Submit(std::vector<int32_t> prompt,
   };
   // On the engine thread, before an abort of this request could free its pages: the messenger
   // takes a reference of its own for the transfer (see Fence).
-  auto on_reserved = [this, info, weak](int64_t id, const std::vector<int32_t>& pages) {
+  auto on_reserved = [this, info, weak](const engine::KvReservation& r) {
     auto q = weak.lock();
     if (q == nullptr) return;
-    owner_->inner_->RetainPages(pages);
-    q->Post([this, id, pages, info] { OnReserved(id, pages, info); });
+    owner_->inner_->RetainPages(r.page_table);
+    q->Post([this, r, info] { OnReserved(r, info); });
   };
   return inner.SubmitRemoteKv(std::move(prompt), sampling, std::move(wrapped),
                               std::move(on_reserved));
 }
 
-void DecodeMessenger::Impl::OnReserved(int64_t id, std::vector<int32_t> pages,
+void DecodeMessenger::Impl::OnReserved(const engine::KvReservation& reservation,
                                        std::shared_ptr<RequestInfo> info) {
+  const int64_t id = reservation.request_id;
+  owner_->metrics_.PagesCached(static_cast<uint64_t>(reservation.num_cached_pages));
+  const uint64_t cached_tokens = uint64_t(reservation.num_cached_pages) * spec_.page_size;
+  if (cached_tokens >= info->prefill_tokens.size()) {
+    // The prefix cache held every prompt page since Submit looked: nothing to transfer.
+    owner_->inner_->ReleasePages(reservation.page_table);  // on_reserved's reference
+    owner_->metrics_.LocalPrefill();
+    owner_->inner_->MarkKvReady(id);
+    return;
+  }
   auto r = std::make_unique<Req>();
   r->id = id;
   r->info = std::move(info);
-  r->pages = std::move(pages);
+  r->pages = reservation.page_table;
+  r->first_page = reservation.num_cached_pages;
   r->holding = true;  // taken in on_reserved
   r->start = NowSeconds();
   Req* raw = r.get();
@@ -103,7 +124,9 @@ void DecodeMessenger::Impl::StartAttempt(Req* r, const Status& last_error) {
   }
   const uint32_t num_tokens = static_cast<uint32_t>(r->info->prefill_tokens.size());
   const uint32_t num_pages = PagesForTokens(num_tokens, spec_.page_size);
-  auto expected = ExpectedWrites(peers_[peer].scheme, scheme_, format_, num_pages, r->wire_id);
+  // Only the pages our prefix cache lacked are written.
+  auto expected = ExpectedWrites(peers_[peer].scheme, scheme_, format_,
+                                 num_pages - static_cast<uint32_t>(r->first_page), r->wire_id);
   if (!expected.ok()) {
     Fail(r, expected.status());
     return;
@@ -209,6 +232,7 @@ Status DecodeMessenger::Impl::SendPrefillRequest(Req* r, uint32_t num_pages, uin
   m.metadata_bytes = meta_bytes_;
   m.deadline_ms = options_.transfer_timeout_ms;
   m.metadata_imm = r->meta_imm;
+  m.first_page = static_cast<uint32_t>(r->first_page);
   if (num_tokens > kMaxPromptTokens || num_pages > kMaxPages) {
     return InvalidArgument("a prompt of " + std::to_string(num_tokens) + " tokens (" +
                            std::to_string(num_pages) + " pages) exceeds the wire limits of " +
@@ -286,8 +310,10 @@ void DecodeMessenger::Impl::OnKvArrived(int64_t id, uint32_t imm) {
       return;
     }
   }
+  // The pages that crossed: those our prefix cache lacked.
   const uint64_t num_pages =
-      PagesForTokens(static_cast<uint32_t>(r->info->prefill_tokens.size()), spec_.page_size);
+      PagesForTokens(static_cast<uint32_t>(r->info->prefill_tokens.size()), spec_.page_size) -
+      static_cast<uint64_t>(r->first_page);
   // Every destination rank's share, from the attempt's plan (an MLA latent lands whole on each).
   uint64_t kv_bytes = num_pages * spec_.num_layers * spec_.page_bytes();
   uint64_t kv_writes = num_pages * spec_.num_layers;
@@ -298,9 +324,11 @@ void DecodeMessenger::Impl::OnKvArrived(int64_t id, uint32_t imm) {
     kv_writes = c.total_writes;
   }
   const uint64_t bytes = kv_bytes + meta_bytes_;
-  const uint64_t num_tokens = r->info->prefill_tokens.size();
+  const uint64_t num_tokens =
+      r->info->prefill_tokens.size() - static_cast<uint64_t>(r->first_page) * spec_.page_size;
   owner_->metrics_.Succeeded(NowSeconds() - r->start, bytes, kv_writes + 1);
   owner_->metrics_.KvMoved(kv_bytes, num_tokens);
+  owner_->metrics_.PagesTransferred(num_pages);
   if (options_.tracer != nullptr) {
     options_.tracer->Complete(
         "kv transfer", "kv", r->attempt_ns, Tracer::NowNs(),

@@ -98,8 +98,12 @@ class MessengerMlaGoldenTest : public ::testing::TestWithParam<MlaShape> {};
 
 TEST_P(MessengerMlaGoldenTest, EveryTpPairingGivesTheColocatedTp1GreedyTokens) {
   const MlaShape s = GetParam();
+  // The third extends the second: the decode instance holds its leading pages (prefix cache)
+  // and asks only for the rest.
+  std::vector<int32_t> extended = testing::PromptOf(13, 2);
+  for (int32_t t : testing::PromptOf(6, 3)) extended.push_back(t);
   const std::vector<std::vector<int32_t>> prompts = {testing::PromptOf(6, 1),
-                                                     testing::PromptOf(13, 2)};
+                                                     testing::PromptOf(13, 2), extended};
   constexpr int kTokens = 3;
   std::vector<Outcome> want;
   {
@@ -120,13 +124,18 @@ TEST_P(MessengerMlaGoldenTest, EveryTpPairingGivesTheColocatedTp1GreedyTokens) {
       const uint64_t kv_before = prefill->messenger->metrics().kv_bytes();
       uint64_t want_kv_bytes = 0, tokens = 0;
       for (size_t i = 0; i < prompts.size(); ++i) {
+        const uint64_t cached_before = decode->metrics().pages_cached();
         Outcome got = Generate(*decode, prompts[i], kTokens, nullptr, kMlaDeadlineS);
         ASSERT_TRUE(got.error.ok()) << got.error.ToString();
         EXPECT_EQ(got.tokens, want[i].tokens) << "prompt " << i;
-        // Every decode rank gets every layer's whole latent page.
-        const uint64_t pages = PagesForTokens(prompts[i].size() - 1, s.page_size);
+        // Every decode rank gets every layer's whole latent page, but for those its cache held.
+        const uint64_t cached = decode->metrics().pages_cached() - cached_before;
+        if (i == 2) {
+          EXPECT_GE(cached, 13u / s.page_size) << "the second prompt's pages";
+        }
+        const uint64_t pages = PagesForTokens(prompts[i].size() - 1, s.page_size) - cached;
         want_kv_bytes += pages * 2 * dtp * s.page_size * kLatentDim * 4;
-        tokens += prompts[i].size() - 1;
+        tokens += prompts[i].size() - 1 - cached * s.page_size;
       }
       EXPECT_EQ(decode->metrics().succeeded(), prompts.size());
       EXPECT_EQ(decode->metrics().failed(), 0u);

@@ -117,7 +117,11 @@ class MessengerTpGoldenTest : public ::testing::TestWithParam<TpCase> {};
 
 TEST_P(MessengerTpGoldenTest, EveryTpPairingGivesTheColocatedTp1GreedyTokens) {
   const TpCase s = GetParam();
-  const std::vector<std::vector<int32_t>> prompts = {PromptOf(6, 1), PromptOf(13, 2)};
+  // The third extends the second: the decode instance holds its first 3 pages (prefix cache) and
+  // asks only for the rest.
+  std::vector<int32_t> extended = PromptOf(13, 2);
+  for (int32_t t : PromptOf(6, 3)) extended.push_back(t);
+  const std::vector<std::vector<int32_t>> prompts = {PromptOf(6, 1), PromptOf(13, 2), extended};
   constexpr int kTokens = 3;
   std::vector<Outcome> want;
   {
@@ -141,6 +145,9 @@ TEST_P(MessengerTpGoldenTest, EveryTpPairingGivesTheColocatedTp1GreedyTokens) {
       }
       EXPECT_EQ(decode->metrics().succeeded(), prompts.size());
       EXPECT_EQ(decode->metrics().failed(), 0u);
+      EXPECT_GE(decode->metrics().pages_cached(), 3u);
+      // Pages that crossed: 2 + 3 + (5 less those cached).
+      EXPECT_EQ(decode->metrics().pages_transferred(), 10u - decode->metrics().pages_cached());
       EXPECT_TRUE(AllPagesFree(*decode));
       EXPECT_TRUE(WaitUntil(
           [&] { return prefill->messenger->metrics().succeeded() == before + prompts.size(); },

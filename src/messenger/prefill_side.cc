@@ -322,6 +322,10 @@ Status PrefillMessenger::Impl::Admit(const PrefillRequest& r, Transfer* t) {
                            std::to_string(pages) + " pages of " + std::to_string(spec_.page_size) +
                            ")");
   }
+  if (r.first_page >= pages) {
+    return InvalidArgument(id + ": first_page " + std::to_string(r.first_page) +
+                           " is not below the prompt's " + std::to_string(pages) + " pages");
+  }
   std::vector<transfer::MemoryDescriptor> dsts;
   RETURN_IF_ERROR(ParseRankRegions(r, t->plan.dst_page_bytes * num_layers_, &dsts));
   const transfer::MemoryDescriptor& dst = dsts[0];
@@ -367,6 +371,8 @@ Status PrefillMessenger::Impl::Admit(const PrefillRequest& r, Transfer* t) {
   t->meta_imm = r.metadata_imm;
   t->num_tokens = static_cast<int>(r.token_ids.size());
   t->dst_pages = r.dst_pages;
+  t->first_page = static_cast<int>(r.first_page);
+  t->pages_scheduled = t->first_page;  // the decode side holds the pages before it
   t->meta_offset = r.metadata_offset;
   t->start_time = NowSeconds();
   t->deadline = t->start_time + std::min(r.deadline_ms, options_.max_deadline_ms) / 1000.0;

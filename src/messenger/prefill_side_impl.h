@@ -47,6 +47,7 @@ struct Transfer {
   std::vector<transfer::RemoteRegion> dst;  // per decode rank
   uint64_t dst_num_pages = 0;               // pages in one layer of every decode rank's region
   std::vector<int32_t> dst_pages;
+  int first_page = 0;  // pages before it are in the decode side's prefix cache: not written
   transfer::RemoteRegion meta;
   uint64_t meta_offset = 0;
   int meta_slot = -1;

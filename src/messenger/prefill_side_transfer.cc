@@ -268,7 +268,10 @@ void PrefillMessenger::Impl::TryFinish(Transfer* t) {
   }
   if (t->error.ok()) {
     owner_->metrics_.Succeeded(NowSeconds() - t->start_time, t->bytes, t->num_writes);
-    owner_->metrics_.KvMoved(t->kv_bytes, static_cast<uint64_t>(t->num_tokens));
+    // Tokens whose KV moved: those of the pages written (the decode side held the ones before).
+    const int moved = std::max(0, t->num_tokens - t->first_page * spec_.page_size);
+    owner_->metrics_.KvMoved(t->kv_bytes, static_cast<uint64_t>(moved));
+    owner_->metrics_.PagesTransferred(t->dst_pages.size() - static_cast<size_t>(t->first_page));
   } else {
     owner_->metrics_.Failed();
     PD_LOG_WARN("prefill messenger: request {} failed: {}", t->request_id, t->error.ToString());

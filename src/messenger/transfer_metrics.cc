@@ -33,6 +33,18 @@ std::string TransferMetrics::PrometheusText(const std::string& role) const {
           kv_bytes());
   counter("kv_transfer_tokens_total", "Prompt tokens whose KV completed transfers moved.",
           tokens());
+  counter("kv_transfer_pages_total",
+          "KV pages (page ids, every layer) that completed transfers wrote: on the decode side, "
+          "the prompt pages its prefix cache lacked.",
+          pages_transferred());
+  counter("kv_transfer_pages_cached_total",
+          "Prompt pages of remote-KV requests found in the decode instance's prefix cache, so no "
+          "transfer carried them (decode side).",
+          pages_cached());
+  counter("kv_local_prefills_total",
+          "Requests whose uncached prompt part (at most --local-prefill-max-tokens) the decode "
+          "instance computed itself, no prefill instance involved (decode side).",
+          local_prefills());
   out +=
       "# HELP pdserve:kv_transfer_bytes_per_token KV bytes of one token over every layer, one "
       "whole copy (every KV head once, or one MLA latent row).\n"

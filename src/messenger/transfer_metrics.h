@@ -57,6 +57,13 @@ class TransferMetrics {
     kv_bytes_.fetch_add(kv_bytes, std::memory_order_relaxed);
     tokens_.fetch_add(tokens, std::memory_order_relaxed);
   }
+  // Prefix caching across the split. A completed transfer's pages written (prefill side: posted;
+  // decode side: landed), and (decode side) the prompt pages of remote-KV requests found in the
+  // decode instance's own prefix cache, which no transfer carried; requests whose uncached part
+  // the decode instance computed itself (--local-prefill-max-tokens), no prefill instance involved.
+  void PagesTransferred(uint64_t n) { pages_transferred_.fetch_add(n, std::memory_order_relaxed); }
+  void PagesCached(uint64_t n) { pages_cached_.fetch_add(n, std::memory_order_relaxed); }
+  void LocalPrefill() { local_prefills_.fetch_add(1, std::memory_order_relaxed); }
   // The bytes one token's KV takes over every layer in one whole copy (every KV head once, or one
   // latent row): what one destination replica receives per token.
   void SetBytesPerToken(uint64_t n) { bytes_per_token_.store(n, std::memory_order_relaxed); }
@@ -88,6 +95,9 @@ class TransferMetrics {
   uint64_t kv_bytes() const { return kv_bytes_.load(); }
   uint64_t tokens() const { return tokens_.load(); }
   uint64_t bytes_per_token() const { return bytes_per_token_.load(); }
+  uint64_t pages_transferred() const { return pages_transferred_.load(); }
+  uint64_t pages_cached() const { return pages_cached_.load(); }
+  uint64_t local_prefills() const { return local_prefills_.load(); }
   uint64_t rank_writes(int rank) const { return rank_writes_.at(static_cast<size_t>(rank)).load(); }
 
   // Prometheus text with metric names "pdserve:kv_transfer_*" and label role="<role>".
@@ -105,6 +115,7 @@ class TransferMetrics {
   std::atomic<uint64_t> bytes_{0}, writes_{0};
   std::atomic<int64_t> active_{0};
   std::atomic<uint64_t> kv_bytes_{0}, tokens_{0}, bytes_per_token_{0};
+  std::atomic<uint64_t> pages_transferred_{0}, pages_cached_{0}, local_prefills_{0};
   std::atomic<int> num_ranks_{0};
   std::array<std::atomic<uint64_t>, 64> rank_writes_{};                     // kMaxRanks
   std::array<std::atomic<uint64_t>, kBuckets.size() + 1> bucket_counts_{};  // last: +Inf

@@ -98,6 +98,7 @@ struct BodyEncoder {
     w.Put(m.metadata_bytes);
     w.Put(m.deadline_ms);
     w.Put(m.metadata_imm);
+    w.Put(m.first_page);
   }
   void operator()(const PrefillDone& m) {
     w.Put(m.request_id);
@@ -185,6 +186,11 @@ Result<Message> DecodePrefillRequest(ByteReader& r) {
   RETURN_IF_ERROR(r.Get("metadata_bytes", &m.metadata_bytes));
   RETURN_IF_ERROR(r.Get("deadline_ms", &m.deadline_ms));
   RETURN_IF_ERROR(r.Get("metadata_imm", &m.metadata_imm));
+  RETURN_IF_ERROR(r.Get("first_page", &m.first_page));
+  if (m.first_page >= m.num_pages && m.num_pages > 0)
+    return InvalidArgument("first_page " + std::to_string(m.first_page) +
+                           " is not below num_pages " + std::to_string(m.num_pages) +
+                           " (nothing would be written)");
   return Message(std::move(m));
 }
 

@@ -31,7 +31,9 @@ inline constexpr uint32_t kWireMagic = 0x564b4450;  // "PDKV"
 // PromptChunks as its ids need.
 // Version 5: KvFormat carries kv_checksum (--kv-checksum, kv_checksum.h).
 // Version 6: KvFormat carries latent_dim (an MLA latent cache, replicated on every rank).
-inline constexpr uint16_t kWireVersion = 6;
+// Version 7: PrefillRequest carries first_page (the decode side's prefix cache holds the pages
+// before it: only pages [first_page, num_pages) are written).
+inline constexpr uint16_t kWireVersion = 7;
 inline constexpr size_t kMacBytes = 32;
 inline constexpr size_t kFrameHeaderBytes = 4 + 2 + 2 + 8 + 8 + 8 + 4;
 inline constexpr size_t kBodyLenOffset = kFrameHeaderBytes - 4;
@@ -118,6 +120,10 @@ struct PrefillRequest {
   // Immediate data the metadata write carries (must differ from transfer_imm): the decode side
   // counts it apart from the KV writes, so a request can decode before its metadata lands.
   uint32_t metadata_imm = 0;
+  // The decode instance holds the KV of pages [0, first_page) already (its prefix cache): the
+  // prefill instance computes the whole prompt (from its own cache where it can) but writes only
+  // pages [first_page, num_pages). Below num_pages.
+  uint32_t first_page = 0;
 };
 
 // PrefillDone's message (with kUnavailable) when a draining prefill instance refuses a request

@@ -26,6 +26,7 @@ PrefillRequest SampleRequest() {
   m.metadata_bytes = 256;
   m.deadline_ms = 5000;
   m.metadata_imm = 0xabce;
+  m.first_page = 1;
   return m;
 }
 
@@ -57,6 +58,7 @@ TEST(WireTest, RoundTripsEveryMessage) {
   EXPECT_EQ(req.metadata_imm, 0xabceu);
   EXPECT_EQ(req.num_tokens, 6u);
   EXPECT_EQ(req.num_pages, 3u);
+  EXPECT_EQ(req.first_page, 1u);
 }
 
 // The totals bound the first ids; a chunk's offsets stay within the wire limits; the handshake
@@ -83,6 +85,9 @@ TEST(WireTest, PromptTotalsAndChunkOffsetsAreBounded) {
   refused(PromptChunk{1, 0, {}, 0, {-1}}, "negative page");
   Hello small{"p", {}, {1, 1}, "a", "b", kMinMessageBytes - 1};
   refused(small, "max_message_bytes");
+  r = SampleRequest();
+  r.first_page = r.num_pages;  // the decode side holds every page: nothing to write
+  refused(r, "first_page 3 is not below num_pages 3");
   // A prompt of the longest contexts models accept fits the wire limits.
   EXPECT_GE(kMaxPromptTokens, 131072u * 4);
 }
