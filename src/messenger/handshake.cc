@@ -74,7 +74,7 @@ std::string CacheKind(const KvFormat& f) {
                           : "per-head K/V (head_dim " + std::to_string(f.head_dim) + ")";
 }
 std::string ScalesText(uint64_t fingerprint) {
-  char text[48];
+  char text[64];
   std::snprintf(text, sizeof(text), "fp8 k_scale/v_scale fingerprint %016llx",
                 static_cast<unsigned long long>(fingerprint));
   return text;
