@@ -122,7 +122,7 @@ bool ToOptions(const GenerateFlags& f, engine::EngineOptions* eo, engine::Sampli
   auto layout = engine::ParseKvLayout(f.kv_layout);
   if (!layout.ok()) return Fail("--kv-layout", f.kv_layout, "hnd or nhd");
   auto dtype = engine::ParseKvDType(f.kv_dtype);
-  if (!dtype.ok()) return Fail("--kv-dtype", f.kv_dtype, "f32 or bf16");
+  if (!dtype.ok()) return Fail("--kv-dtype", f.kv_dtype, "f32, bf16 or fp8_e4m3");
   eo->runner.kv.layout = *layout;
   eo->runner.kv.dtype = *dtype;
   auto matmul = engine::ParseMatmulPrecision(f.matmul);
@@ -243,7 +243,8 @@ PD_REGISTER_COMMAND(generate, "Generate a completion offline", [](CLI::App* app)
       ->capture_default_str();
   app->add_option("--page-size", f->page_size, "KV page size in tokens")->capture_default_str();
   app->add_option("--kv-layout", f->kv_layout, "hnd | nhd")->capture_default_str();
-  app->add_option("--kv-dtype", f->kv_dtype, "f32 | bf16")->capture_default_str();
+  app->add_option("--kv-dtype", f->kv_dtype, "f32 | bf16 | fp8_e4m3 (alias fp8)")
+      ->capture_default_str();
   app->add_option("--matmul", f->matmul, kMatmulFlagHelp)->capture_default_str();
   return [f] { return RunGenerate(*f); };
 });

@@ -255,6 +255,8 @@ int RunServe(const ServeFlags& f) {
   eo.kv_events = &kv_events;
   eo.speculative = *spec;
   WarnIfMatmulFallsBack("serve", eo.runner.matmul);
+  if (kv_dtype == engine::KvDType::kFP8E4M3)
+    PD_LOG_INFO("serve: fp8_e4m3 KV cache with {}", model::DescribeKvScales(weights->kv_scales));
   // --compute-cpus: the model's threads (pool workers and rank threads, started by Create, inherit
   // the main thread's affinity; the engine loop pins itself) run there; HTTP, fabric and KV
   // messenger threads, started later, on --io-cpus (default: every CPU).

@@ -110,13 +110,15 @@ struct TpShape {
   std::string kv_cache_dtype = "auto";
 };
 
-// What the prefill messenger logs about the cache, and the bytes of one token's KV (f32, every
-// layer, one copy): qwen3 tiny has 2 layers.
+// What the prefill messenger logs about the cache, and the bytes of one token's KV (every layer,
+// one copy; 4, 2 or 1 byte per element for f32, bf16, fp8_e4m3): qwen3 tiny has 2 layers.
 std::string CacheWords(const std::string& arch) {
   return arch == "deepseek_v3" ? "replicated MLA latent, latent_dim 36" : "2 KV heads";
 }
 double BytesPerToken(const TpShape& s) {
-  const double elem = s.kv_cache_dtype == "bfloat16" ? 2 : 4;
+  const double elem = s.kv_cache_dtype == "bfloat16"                                ? 2
+                      : s.kv_cache_dtype == "fp8_e4m3" || s.kv_cache_dtype == "fp8" ? 1
+                                                                                    : 4;
   if (s.arch == "deepseek_v3") return 3 * 36 * elem;
   return (s.arch == "qwen3" ? 2 : 3) * 2 * 2 * 32 * elem;
 }
@@ -218,9 +220,16 @@ TEST_P(DisaggTpTest, UpGivesTheColocatedTp1GreedyTokens) {
 
 // qwen3: a subset. qwen3_moe and deepseek_v3: every prefill TP {1,2,4} x decode TP {1,2,4},
 // cycling page sizes 1 and 16, chunked (budget 12) and whole (budget 64) prefill, both layouts,
-// and bfloat16 KV on one pairing in three.
+// and bfloat16 KV on one pairing in three. FP8 KV (TP 1 to 1, so that the colocated run computes
+// the very K/V the prefill instance quantises): qwen3 beside bf16, whose bytes per token it halves
+// (256 against 512), and the deepseek_v3 latent (108 bytes per token against bf16's 216).
 std::vector<TpShape> Shapes() {
-  std::vector<TpShape> v = {{2, 1, "hnd"}, {1, 2, "nhd"}, {4, 2, "nhd"}};
+  std::vector<TpShape> v = {{2, 1, "hnd"},
+                            {1, 2, "nhd"},
+                            {4, 2, "nhd"},
+                            {1, 1, "nhd", "qwen3", 4, 12, "bfloat16"},
+                            {1, 1, "nhd", "qwen3", 4, 12, "fp8_e4m3"},
+                            {1, 1, "hnd", "deepseek_v3", 4, 12, "fp8"}};
   for (const char* arch : {"deepseek_v3", "qwen3_moe"}) {
     int k = 0;
     for (int p : {1, 2, 4}) {

@@ -186,6 +186,34 @@ TEST(EngineModelMiscTest, PreemptionUnderATinyPoolGivesTheSameGreedyTokens) {
   EXPECT_EQ(engine->stats().num_free_pages, 10);
 }
 
+// An fp8_e4m3 cache (llama and deepseek_v3's latent): preemption under a tiny pool recomputes the
+// same codes, so the greedy tokens equal those of a roomy pool.
+TEST(EngineModelMiscTest, Fp8KvCacheKeepsGreedyTokensUnderPreemption) {
+  for (model::Arch arch : {model::Arch::kLlama, model::Arch::kDeepseekV3}) {
+    const model::ModelWeights& w = TinyModel(arch);
+    EngineSetup s;
+    s.dtype = KvDType::kFP8E4M3;
+    s.page_size = 4;
+    s.budget = 8;  // chunked prefill
+    std::map<int64_t, std::vector<int32_t>> runs[2];
+    for (int tight = 0; tight < 2; ++tight) {
+      s.num_pages = tight ? 10 : 0;  // 40 tokens: the longest request (30 + 10) just fits
+      auto engine = MakeEngine(w, s);
+      for (int i = 0; i < 8; ++i) {
+        ASSERT_TRUE(engine
+                        ->AddRequest(GreedyRequest(i, PromptOf(kLengths[i], i, w.config.vocab_size),
+                                                   kMaxTokens[i] + 6))
+                        .ok());
+      }
+      runs[tight] = RunAll(*engine);
+      if (tight) {
+        EXPECT_GT(engine->stats().num_preemptions, 0) << model::ArchName(arch);
+      }
+    }
+    EXPECT_EQ(runs[1], runs[0]) << model::ArchName(arch);
+  }
+}
+
 TEST(EngineModelMiscTest, AbortFreesPagesAndInvalidRequestsAreRefused) {
   const model::ModelWeights& w = TinyModel(model::Arch::kQwen2);
   EngineSetup s;

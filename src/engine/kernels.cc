@@ -39,7 +39,7 @@ void ScalarAttentionItem(const AttentionArgs& a, int token, int kv_head, float* 
           ref::KvElemPtr(kv, seq.page_table[p / kv.page_size], p % kv.page_size, kv_head, 0);
       for (int h = 0; h < group; ++h) {
         float dot = 0;
-        for (int i = 0; i < d; ++i) dot += q0[h * d + i] * ref::LoadKv(kv, k, i);
+        for (int i = 0; i < d; ++i) dot += q0[h * d + i] * ref::LoadKv(kv, k, i, 0);
         scores[h * kAttnBlock + j] = dot * a.scale;
       }
     }
@@ -61,7 +61,7 @@ void ScalarAttentionItem(const AttentionArgs& a, int token, int kv_head, float* 
       const uint8_t* v =
           ref::KvElemPtr(kv, seq.page_table[p / kv.page_size], p % kv.page_size, kv_head, 1);
       for (int i = 0; i < d; ++i) {
-        const float vi = ref::LoadKv(kv, v, i);
+        const float vi = ref::LoadKv(kv, v, i, 1);
         for (int h = 0; h < group; ++h) acc[h * d + i] += scores[h * kAttnBlock + j] * vi;
       }
     }

@@ -70,6 +70,8 @@ inline size_t Panel32Bytes(int64_t n, int64_t k, bool bf16) {
 // page the element offset of (slot, head, kv) is
 //   HND: ((head*2 + kv)*page_size + slot)*head_dim    NHD: ((slot*num_kv_heads + head)*2 +
 //   kv)*head_dim
+// Elements are f32, bf16, or (fp8, bf16 false) e4m3fn codes whose value is code * k_scale (K) or
+// code * v_scale (V), converted in registers by the kernels.
 struct PagedKv {
   uint8_t* base = nullptr;
   int64_t page_bytes = 0;
@@ -78,6 +80,10 @@ struct PagedKv {
   int head_dim = 0;
   bool hnd = true;
   bool bf16 = false;
+  bool fp8 = false;
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
+  int64_t elem_bytes() const { return fp8 ? 1 : (bf16 ? 2 : 4); }
 };
 
 // The tokens of one sequence in this step: rows [token_begin, token_begin+num_tokens) of q/out,

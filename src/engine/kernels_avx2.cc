@@ -113,15 +113,45 @@ inline const uint8_t* KvRow(const PagedKv& kv, const int32_t* table, int pos, in
       kv.hnd ? ((static_cast<int64_t>(head) * 2 + which) * kv.page_size + slot) * kv.head_dim
              : ((static_cast<int64_t>(slot) * kv.num_kv_heads + head) * 2 + which) * kv.head_dim;
   return kv.base + static_cast<int64_t>(table[pos / kv.page_size]) * kv.page_bytes +
-         off * (kv.bf16 ? 2 : 4);
+         off * kv.elem_bytes();
 }
 
-inline __m256 LoadKv8(const uint8_t* row, bool bf16, int i) {
-  if (bf16) return LoadBf16(reinterpret_cast<const uint16_t*>(row) + i);
+// How the K or the V rows of a layer are stored: f32, bf16, or fp8 (e4m3fn) codes worth
+// code * scale. An fp8 code becomes binary16 by the shift kernels_avx512_fp8.cc describes (the
+// binary16 value is the e4m3 value times 2^-8 exactly), then f32 times scale * 2^8: one rounding,
+// the same f32 as Fp8E4m3ToF32(code) * scale; the NaN codes read as NaN.
+struct KvElems {
+  bool bf16 = false;
+  bool fp8 = false;
+  float scale256 = 256.0f;  // fp8: scale * 2^8
+};
+inline KvElems KElems(const PagedKv& kv) { return {kv.bf16, kv.fp8, kv.k_scale * 256.0f}; }
+inline KvElems VElems(const PagedKv& kv) { return {kv.bf16, kv.fp8, kv.v_scale * 256.0f}; }
+
+inline uint16_t Fp8ToHalfBits(uint8_t code) {
+  const uint16_t ext = static_cast<uint16_t>(static_cast<int16_t>(static_cast<int8_t>(code)));
+  return static_cast<uint16_t>((ext << 7) & 0xBFFF);
+}
+inline __m256 LoadKv8(const uint8_t* row, KvElems e, int i) {
+  if (e.fp8) {
+    const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + i));
+    const __m128i c16 = _mm_cvtepi8_epi16(codes);
+    const __m128i h = _mm_and_si128(_mm_slli_epi16(c16, 7), _mm_set1_epi16(-16385));  // 0xBFFF
+    const __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(e.scale256));
+    const __m128i low7 = _mm_set1_epi16(0x7f);
+    const __m128i nan16 = _mm_cmpeq_epi16(_mm_and_si128(c16, low7), low7);
+    const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan16));
+    return _mm256_blendv_ps(v, _mm256_set1_ps(__builtin_nanf("")), nan);
+  }
+  if (e.bf16) return LoadBf16(reinterpret_cast<const uint16_t*>(row) + i);
   return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i);
 }
-inline float KvAt(const uint8_t* row, bool bf16, int i) {
-  if (bf16) {
+inline float KvAt(const uint8_t* row, KvElems e, int i) {
+  if (e.fp8) {
+    if ((row[i] & 0x7f) == 0x7f) return __builtin_nanf("");
+    return _cvtsh_ss(Fp8ToHalfBits(row[i])) * e.scale256;
+  }
+  if (e.bf16) {
     uint16_t v;
     __builtin_memcpy(&v, row + 2 * i, 2);
     return Bf16(v);
@@ -158,9 +188,9 @@ void AttentionItem(const AttentionArgs& a, int token, int kv_head, float* scratc
         const float* q = q0 + h * d;
         __m256 dot = _mm256_setzero_ps();
         for (int i = 0; i < d8; i += 8)
-          dot = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), LoadKv8(k, kv.bf16, i), dot);
+          dot = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), LoadKv8(k, KElems(kv), i), dot);
         float s = Sum(dot);
-        for (int i = d8; i < d; ++i) s += q[i] * KvAt(k, kv.bf16, i);
+        for (int i = d8; i < d; ++i) s += q[i] * KvAt(k, KElems(kv), i);
         scores[h * kAttnBlock + j] = s * a.scale;
       }
     }
@@ -187,8 +217,8 @@ void AttentionItem(const AttentionArgs& a, int token, int kv_head, float* scratc
         float* ah = acc + h * d;
         for (int i = 0; i < d8; i += 8)
           _mm256_storeu_ps(ah + i,
-                           _mm256_fmadd_ps(pv, LoadKv8(v, kv.bf16, i), _mm256_loadu_ps(ah + i)));
-        for (int i = d8; i < d; ++i) ah[i] += p * KvAt(v, kv.bf16, i);
+                           _mm256_fmadd_ps(pv, LoadKv8(v, VElems(kv), i), _mm256_loadu_ps(ah + i)));
+        for (int i = d8; i < d; ++i) ah[i] += p * KvAt(v, VElems(kv), i);
       }
     }
   }

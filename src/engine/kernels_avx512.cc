@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "engine/kernels.h"
+#include "engine/kv_fp8_avx512.h"
 
 namespace pd::engine::kernels {
 namespace {
@@ -156,11 +157,22 @@ inline const uint8_t* KvRow(const PagedKv& kv, const int32_t* table, int pos, in
       kv.hnd ? ((static_cast<int64_t>(head) * 2 + which) * kv.page_size + slot) * kv.head_dim
              : ((static_cast<int64_t>(slot) * kv.num_kv_heads + head) * 2 + which) * kv.head_dim;
   return kv.base + static_cast<int64_t>(table[pos / kv.page_size]) * kv.page_bytes +
-         off * (kv.bf16 ? 2 : 4);
+         off * kv.elem_bytes();
 }
 
-inline __m512 LoadKv(const uint8_t* row, bool bf16, int i, __mmask16 m) {
-  if (bf16) return LoadBf16(reinterpret_cast<const uint16_t*>(row) + i, m);
+// How the K or the V rows of a layer are stored: f32, bf16, or fp8 codes worth code * scale.
+struct KvElems {
+  bool bf16 = false;
+  bool fp8 = false;
+  float scale = 1.0f;
+};
+inline KvElems KElems(const PagedKv& kv) { return {kv.bf16, kv.fp8, kv.k_scale}; }
+inline KvElems VElems(const PagedKv& kv) { return {kv.bf16, kv.fp8, kv.v_scale}; }
+
+// Elements i..i+16 of a row as f32 (lanes outside m zero).
+inline __m512 LoadKv(const uint8_t* row, KvElems e, int i, __mmask16 m) {
+  if (e.fp8) return Fp8x16(row + i, m, _mm512_set1_ps(e.scale * 256.0f));
+  if (e.bf16) return LoadBf16(reinterpret_cast<const uint16_t*>(row) + i, m);
   return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(row) + i);
 }
 
@@ -192,7 +204,8 @@ void AttentionItem(const AttentionArgs& a, int token, int kv_head, float* scratc
         __m512 dot = _mm512_setzero_ps();
         for (int i = 0; i < d; i += 16) {
           const __mmask16 mk = TailMask(Min(16, d - i));
-          dot = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, q + i), LoadKv(k, kv.bf16, i, mk), dot);
+          dot =
+              _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, q + i), LoadKv(k, KElems(kv), i, mk), dot);
         }
         scores[h * kAttnBlock + j] = _mm512_reduce_add_ps(dot) * a.scale;
       }
@@ -223,7 +236,7 @@ void AttentionItem(const AttentionArgs& a, int token, int kv_head, float* scratc
     for (int j = 0; j < nb; ++j) {
       const uint8_t* v = KvRow(kv, seq.page_table, b0 + j, kv_head, 1);
       for (int i = 0; i < d; i += 16) {
-        const __m512 vv = LoadKv(v, kv.bf16, i, TailMask(Min(16, d - i)));
+        const __m512 vv = LoadKv(v, VElems(kv), i, TailMask(Min(16, d - i)));
         for (int h = 0; h < group; ++h) {
           float* ah = acc + h * dv + i;
           _mm512_storeu_ps(ah, _mm512_fmadd_ps(_mm512_set1_ps(scores[h * kAttnBlock + j]), vv,
@@ -270,7 +283,7 @@ inline __m512 ReduceRows16(const float* v) {
 struct KvGeometry {
   int64_t head_offset, slot_stride, v_offset;
   KvGeometry(const PagedKv& kv, int kv_head) {
-    const int64_t elem = kv.bf16 ? 2 : 4, d = kv.head_dim;
+    const int64_t elem = kv.elem_bytes(), d = kv.head_dim;
     head_offset =
         (kv.hnd ? int64_t{kv_head} * 2 * kv.page_size * d : int64_t{kv_head} * 2 * d) * elem;
     slot_stride = (kv.hnd ? d : int64_t{kv.num_kv_heads} * 2 * d) * elem;
@@ -294,7 +307,7 @@ inline void BlockRows(const PagedKv& kv, const int32_t* table, const KvGeometry&
 
 // scores[h, 0..nb) = scale * q_h . K[row j] for the group's heads; q padded to DV vectors.
 template <int DV>
-void BlockScores(const float* qpad, int group, const uint8_t* const* rows, int nb, bool bf16,
+void BlockScores(const float* qpad, int group, const uint8_t* const* rows, int nb, KvElems e,
                  __mmask16 tail, float scale, float* part, float* scores) {
   for (int j0 = 0; j0 < nb; j0 += 16) {
     const int n16 = static_cast<int>(Min(16, nb - j0));
@@ -307,7 +320,7 @@ void BlockScores(const float* qpad, int group, const uint8_t* const* rows, int n
       __m512 k[DV];
 #pragma GCC unroll 8
       for (int i = 0; i < DV; ++i)
-        k[i] = LoadKv(rows[j0 + j], bf16, i * 16, i + 1 < DV ? 0xFFFF : tail);
+        k[i] = LoadKv(rows[j0 + j], e, i * 16, i + 1 < DV ? 0xFFFF : tail);
       for (int h = 0; h < group; ++h) {
         const float* q = qpad + h * DV * 16;
         __m512 dot = _mm512_mul_ps(_mm512_loadu_ps(q), k[0]);
@@ -324,7 +337,7 @@ void BlockScores(const float* qpad, int group, const uint8_t* const* rows, int n
 
 // BlockScores for exactly G heads, their q vectors held in registers across the block.
 template <int DV, int G>
-void BlockScoresG(const float* qpad, const uint8_t* const* rows, int nb, bool bf16, __mmask16 tail,
+void BlockScoresG(const float* qpad, const uint8_t* const* rows, int nb, KvElems e, __mmask16 tail,
                   float scale, float* part, float* scores) {
   __m512 q[G][DV];
 #pragma GCC unroll 8
@@ -342,7 +355,7 @@ void BlockScoresG(const float* qpad, const uint8_t* const* rows, int nb, bool bf
       __m512 k[DV];
 #pragma GCC unroll 8
       for (int i = 0; i < DV; ++i)
-        k[i] = LoadKv(rows[j0 + j], bf16, i * 16, i + 1 < DV ? 0xFFFF : tail);
+        k[i] = LoadKv(rows[j0 + j], e, i * 16, i + 1 < DV ? 0xFFFF : tail);
 #pragma GCC unroll 8
       for (int h = 0; h < G; ++h) {
         __m512 dot = _mm512_mul_ps(q[h][0], k[0]);
@@ -359,16 +372,16 @@ void BlockScoresG(const float* qpad, const uint8_t* const* rows, int nb, bool bf
 
 // BlockScores, through BlockScoresG where the group's q fits in registers (same arithmetic).
 template <int DV>
-void BlockScoresAny(const float* qpad, int group, const uint8_t* const* rows, int nb, bool bf16,
+void BlockScoresAny(const float* qpad, int group, const uint8_t* const* rows, int nb, KvElems e,
                     __mmask16 tail, float scale, float* part, float* scores) {
   if constexpr (DV <= 4) {
-    if (group == 4) return BlockScoresG<DV, 4>(qpad, rows, nb, bf16, tail, scale, part, scores);
+    if (group == 4) return BlockScoresG<DV, 4>(qpad, rows, nb, e, tail, scale, part, scores);
   }
   if constexpr (DV <= 8) {
-    if (group == 2) return BlockScoresG<DV, 2>(qpad, rows, nb, bf16, tail, scale, part, scores);
-    if (group == 1) return BlockScoresG<DV, 1>(qpad, rows, nb, bf16, tail, scale, part, scores);
+    if (group == 2) return BlockScoresG<DV, 2>(qpad, rows, nb, e, tail, scale, part, scores);
+    if (group == 1) return BlockScoresG<DV, 1>(qpad, rows, nb, e, tail, scale, part, scores);
   }
-  BlockScores<DV>(qpad, group, rows, nb, bf16, tail, scale, part, scores);
+  BlockScores<DV>(qpad, group, rows, nb, e, tail, scale, part, scores);
 }
 
 // Online-softmax update of every head over one block's scores (exponentiated in place).
@@ -405,7 +418,7 @@ constexpr int kPvHeads = DV <= 4 ? 4 : (DV <= 8 ? 2 : 1);
 // acc[h0..h0+H, dv) += sum over the block's positions j (in order) of scores[h, j] * V[row j]:
 // each accumulator one FMA chain over j, held in registers for the whole block.
 template <int DV, int H>
-inline void BlockPv(const uint8_t* const* rows, int nb, int64_t v_offset, bool bf16, __mmask16 tail,
+inline void BlockPv(const uint8_t* const* rows, int nb, int64_t v_offset, KvElems e, __mmask16 tail,
                     const float* scores, int dv, int h0, float* acc) {
   __m512 r[H][DV];
 #pragma GCC unroll 8
@@ -416,7 +429,7 @@ inline void BlockPv(const uint8_t* const* rows, int nb, int64_t v_offset, bool b
     const uint8_t* v = rows[j] + v_offset;
     __m512 vv[DV];
 #pragma GCC unroll 8
-    for (int i = 0; i < DV; ++i) vv[i] = LoadKv(v, bf16, i * 16, i + 1 < DV ? 0xFFFF : tail);
+    for (int i = 0; i < DV; ++i) vv[i] = LoadKv(v, e, i * 16, i + 1 < DV ? 0xFFFF : tail);
 #pragma GCC unroll 8
     for (int h = 0; h < H; ++h) {
       const __m512 s = _mm512_set1_ps(scores[(h0 + h) * kAttnBlock + j]);
@@ -462,13 +475,13 @@ void AttentionItemDv(const AttentionArgs& a, int token, int kv_head, float* scra
   for (int b0 = 0; b0 <= pos; b0 += kAttnBlock) {
     const int nb = static_cast<int>(Min(kAttnBlock, pos + 1 - b0));
     BlockRows(kv, seq.page_table, geo, b0, nb, rows);
-    BlockScoresAny<DV>(qpad, group, rows, nb, kv.bf16, tail, a.scale, part, scores);
+    BlockScoresAny<DV>(qpad, group, rows, nb, KElems(kv), tail, a.scale, part, scores);
     BlockSoftmax(group, nb, dv, scores, m, l, acc);
     int h = 0;
     for (; h + kPvHeads<DV> <= group; h += kPvHeads<DV>)
-      BlockPv<DV, kPvHeads<DV>>(rows, nb, geo.v_offset, kv.bf16, tail, scores, dv, h, acc);
+      BlockPv<DV, kPvHeads<DV>>(rows, nb, geo.v_offset, VElems(kv), tail, scores, dv, h, acc);
     for (; h < group; ++h)
-      BlockPv<DV, 1>(rows, nb, geo.v_offset, kv.bf16, tail, scores, dv, h, acc);
+      BlockPv<DV, 1>(rows, nb, geo.v_offset, VElems(kv), tail, scores, dv, h, acc);
   }
   for (int h = 0; h < group; ++h) {
     float* out = a.out + static_cast<int64_t>(token) * a.ldo +
@@ -494,16 +507,18 @@ struct RowState {
 };
 
 // K and V rows of one block (positions b0..b0+nb) as f32 into kbuf/vbuf (nb, dv), tail lanes zero:
-// the values LoadKv gives (bf16 -> f32 is exact), so reading them back as f32 changes no bit.
+// the values LoadKv gives (bf16 -> f32 is exact; fp8 rounds once, the same whenever it runs), so
+// reading them back as f32 changes no bit.
 template <int DV>
-inline void ConvertBlockKv(const uint8_t* const* rows, int nb, int64_t v_offset, __mmask16 tail,
-                           float* kbuf, float* vbuf) {
+inline void ConvertBlockKv(const PagedKv& kv, const uint8_t* const* rows, int nb, int64_t v_offset,
+                           __mmask16 tail, float* kbuf, float* vbuf) {
   for (int j = 0; j < nb; ++j)
 #pragma GCC unroll 8
     for (int i = 0; i < DV; ++i) {
       const __mmask16 m = i + 1 < DV ? 0xFFFF : tail;
-      _mm512_storeu_ps(kbuf + j * DV * 16 + i * 16, LoadKv(rows[j], true, i * 16, m));
-      _mm512_storeu_ps(vbuf + j * DV * 16 + i * 16, LoadKv(rows[j] + v_offset, true, i * 16, m));
+      _mm512_storeu_ps(kbuf + j * DV * 16 + i * 16, LoadKv(rows[j], KElems(kv), i * 16, m));
+      _mm512_storeu_ps(vbuf + j * DV * 16 + i * 16,
+                       LoadKv(rows[j] + v_offset, VElems(kv), i * 16, m));
     }
 }
 
@@ -547,8 +562,8 @@ void AttentionRowsDv(const AttentionArgs& a, int token0, int ntok, int kv_head, 
     BlockRows(kv, seq.page_table, geo, b0, nb_all, rows);
     const uint8_t* const* use = rows;
     int64_t v_offset = geo.v_offset;
-    if (kv.bf16) {
-      ConvertBlockKv<DV>(rows, nb_all, geo.v_offset, tail, kbuf, vbuf);
+    if (kv.bf16 || kv.fp8) {
+      ConvertBlockKv<DV>(kv, rows, nb_all, geo.v_offset, tail, kbuf, vbuf);
       use = frows;
       v_offset = f_offset;
     }
@@ -556,13 +571,13 @@ void AttentionRowsDv(const AttentionArgs& a, int token0, int ntok, int kv_head, 
       if (pos0 + t < b0) continue;  // this block is past the token's position
       const int nb = static_cast<int>(Min(kAttnBlock, pos0 + t + 1 - b0));
       const RowState st(scratch + t * state_floats, group, dv);
-      BlockScoresAny<DV>(st.qpad, group, use, nb, false, tail, a.scale, part, st.scores);
+      BlockScoresAny<DV>(st.qpad, group, use, nb, KvElems{}, tail, a.scale, part, st.scores);
       BlockSoftmax(group, nb, dv, st.scores, st.m, st.l, st.acc);
       int h = 0;
       for (; h + kPvHeads<DV> <= group; h += kPvHeads<DV>)
-        BlockPv<DV, kPvHeads<DV>>(use, nb, v_offset, false, tail, st.scores, dv, h, st.acc);
+        BlockPv<DV, kPvHeads<DV>>(use, nb, v_offset, KvElems{}, tail, st.scores, dv, h, st.acc);
       for (; h < group; ++h)
-        BlockPv<DV, 1>(use, nb, v_offset, false, tail, st.scores, dv, h, st.acc);
+        BlockPv<DV, 1>(use, nb, v_offset, KvElems{}, tail, st.scores, dv, h, st.acc);
     }
   }
   for (int t = 0; t < ntok; ++t) {

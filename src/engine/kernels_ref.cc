@@ -139,14 +139,34 @@ void MatmulBf16Dot(const float* x, int64_t m, int64_t ldx, const WeightMatrix& w
   }
 }
 
+uint8_t F32ToE4m3Fast(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const uint32_t abs = bits & 0x7fffffffu;
+  if (abs > 0x7f800000u) return 0x7f;          // NaN
+  if (abs >= 0x43e00000u) return sign | 0x7e;  // >= 448 (and infinity): saturate
+  if (abs < 0x3c800000u) {                     // below 2^-6: the subnormal grid 2^-9
+    const float units = std::nearbyint(std::fabs(f) * 512.0f);  // exact scaling, then RNE
+    return sign | static_cast<uint8_t>(units);  // 8 units is the code of 2^-6 itself
+  }
+  // Normal: drop 20 of f32's 23 mantissa bits, rounding to nearest even (a carry moves into the
+  // exponent as it should); rebias the exponent from 127 to 7. Below 448 it cannot pass 0x7e.
+  const uint32_t r = (abs + 0x7ffffu + ((abs >> 20) & 1u)) >> 20;
+  return sign | static_cast<uint8_t>(r - ((127u - 7u) << 3));
+}
+
+uint8_t QuantizeKvFp8(float x, float scale) { return F32ToE4m3Fast(x / scale); }
+
 const uint8_t* KvElemPtr(const PagedKv& kv, int32_t page, int slot, int head, int which) {
   const size_t off =
       kv.hnd ? ((static_cast<size_t>(head) * 2 + which) * kv.page_size + slot) * kv.head_dim
              : ((static_cast<size_t>(slot) * kv.num_kv_heads + head) * 2 + which) * kv.head_dim;
-  return kv.base + static_cast<size_t>(page) * kv.page_bytes + off * (kv.bf16 ? 2 : 4);
+  return kv.base + static_cast<size_t>(page) * kv.page_bytes + off * kv.elem_bytes();
 }
 
-float LoadKv(const PagedKv& kv, const uint8_t* p, int i) {
+float LoadKv(const PagedKv& kv, const uint8_t* p, int i, int which) {
+  if (kv.fp8) return model::Fp8E4m3ToF32(p[i]) * (which == 0 ? kv.k_scale : kv.v_scale);
   if (kv.bf16) {
     uint16_t v;
     std::memcpy(&v, p + 2 * i, 2);
@@ -171,7 +191,7 @@ void PagedAttentionItem(const AttentionArgs& a, int token, int kv_head, float* s
       const uint8_t* k =
           KvElemPtr(kv, seq.page_table[j / kv.page_size], j % kv.page_size, kv_head, 0);
       float dot = 0;
-      for (int i = 0; i < d; ++i) dot += q[i] * LoadKv(kv, k, i);
+      for (int i = 0; i < d; ++i) dot += q[i] * LoadKv(kv, k, i, 0);
       scores[j] = dot * a.scale;
       max_score = std::fmax(max_score, scores[j]);
     }
@@ -185,7 +205,7 @@ void PagedAttentionItem(const AttentionArgs& a, int token, int kv_head, float* s
       const uint8_t* v =
           KvElemPtr(kv, seq.page_table[j / kv.page_size], j % kv.page_size, kv_head, 1);
       const float p = scores[j] / sum;
-      for (int i = 0; i < d; ++i) out[i] += p * LoadKv(kv, v, i);
+      for (int i = 0; i < d; ++i) out[i] += p * LoadKv(kv, v, i, 1);
     }
   }
 }
@@ -213,7 +233,10 @@ void AppendKv(const PagedKv& kv, const AttnSeq& seq, const float* k, int64_t ldk
       for (int which = 0; which < 2; ++which) {
         const float* src = (which == 0 ? k + t * ldk : v + t * ldv) + h * kv.head_dim;
         uint8_t* dst = const_cast<uint8_t*>(KvElemPtr(kv, page, pos % kv.page_size, h, which));
-        if (kv.bf16) {
+        if (kv.fp8) {
+          const float scale = which == 0 ? kv.k_scale : kv.v_scale;
+          for (int i = 0; i < kv.head_dim; ++i) dst[i] = QuantizeKvFp8(src[i], scale);
+        } else if (kv.bf16) {
           uint16_t* d16 = reinterpret_cast<uint16_t*>(dst);
           for (int i = 0; i < kv.head_dim; ++i) d16[i] = model::F32ToBf16(src[i]);
         } else {

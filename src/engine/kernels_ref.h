@@ -51,12 +51,23 @@ void SiluMul(const float* gate, int64_t ldg, const float* up, int64_t ldu, int64
              int64_t dim, float* out, int64_t ldo);
 
 // Writes k, v (num_tokens, num_kv_heads, head_dim) (row strides ldk, ldv) of the seq's tokens into
-// their page slots: position p goes to page page_table[p / page_size], slot p % page_size.
+// their page slots: position p goes to page page_table[p / page_size], slot p % page_size (bf16:
+// rounded to nearest even; fp8: QuantizeKvFp8 with 1 / k_scale or 1 / v_scale).
 void AppendKv(const kernels::PagedKv& kv, const kernels::AttnSeq& seq, const float* k, int64_t ldk,
               const float* v, int64_t ldv);
 
 // Element (slot, head, kv) of a page as float, for tests and the reference attention.
 const uint8_t* KvElemPtr(const kernels::PagedKv& kv, int32_t page, int slot, int head, int which);
-float LoadKv(const kernels::PagedKv& kv, const uint8_t* p, int i);
+// Element i of the K (which 0) or V (which 1) row at p as float (fp8: code * k_scale / v_scale).
+float LoadKv(const kernels::PagedKv& kv, const uint8_t* p, int i, int which);
+
+// The e4m3fn code a KV cache stores for x with per-tensor scale `scale`, as vLLM quantises it:
+// e4m3(x / scale) rounded to nearest even, saturating to +-448 (no infinities in e4m3fn);
+// +-0 and subnormals keep their sign; NaN gives the NaN code 0x7f, which reads back as NaN (so a
+// NaN in K or V propagates as it would in an f32 cache).
+uint8_t QuantizeKvFp8(float x, float scale);
+// f32 -> e4m3fn code by bit manipulation, the same codes as model::F32ToFp8E4m3 (round to nearest
+// even, saturating to +-448, NaN to 0x7f), cheap enough for every KV element written.
+uint8_t F32ToE4m3Fast(float f);
 
 }  // namespace pd::engine::ref

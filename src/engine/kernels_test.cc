@@ -382,6 +382,10 @@ TEST(PackPanel32Test, LaysOutGroupsAsDocumented) {
       }
 }
 
+// KV element types the attention tests run over (PagedKv's bf16 / fp8 flags).
+enum KvElemType { kKvF32 = 0, kKvBf16 = 1, kKvFp8 = 2 };
+const char* KvElemName(int t) { return t == kKvF32 ? "f32" : (t == kKvBf16 ? "bf16" : "fp8"); }
+
 // A paged KV region in plain memory with three sequences: 5 cached + 7 new tokens (a prefill
 // chunk; or first_start cached + first_len new), 40 cached + 1 new (a decode crossing attention
 // blocks), and a 1-token prompt.
@@ -394,7 +398,8 @@ struct AttnFixture {
   std::vector<float> q, want, got;
   AttentionArgs args;
 
-  AttnFixture(bool hnd, bool bf16, int head_dim, int page_size, int group, int first_start = 5,
+  // dtype: a KvElemType; fp8 with k_scale 0.5 and v_scale 1.5 (codes of K / 0.5 and V / 1.5).
+  AttnFixture(bool hnd, int dtype, int head_dim, int page_size, int group, int first_start = 5,
               int first_len = 7) {
     const int kv_heads = 2, heads = kv_heads * group;
     const int starts[3] = {first_start, 40, 0}, lens[3] = {first_len, 1, 1};
@@ -402,8 +407,13 @@ struct AttnFixture {
     kv.head_dim = head_dim;
     kv.page_size = page_size;
     kv.hnd = hnd;
-    kv.bf16 = bf16;
-    kv.page_bytes = static_cast<int64_t>(page_size) * kv_heads * 2 * head_dim * (bf16 ? 2 : 4);
+    kv.bf16 = dtype == kKvBf16;
+    kv.fp8 = dtype == kKvFp8;
+    if (kv.fp8) {
+      kv.k_scale = 0.5f;
+      kv.v_scale = 1.5f;
+    }
+    kv.page_bytes = static_cast<int64_t>(page_size) * kv_heads * 2 * head_dim * kv.elem_bytes();
     int next_page = 0, tokens = 0;
     for (int s = 0; s < 3; ++s) {
       const int end = starts[s] + lens[s];
@@ -448,18 +458,18 @@ struct AttnFixture {
 
 TEST_P(IsaTest, AttentionMatchesReferenceForLayoutsAndDtypes) {
   for (bool hnd : {true, false})
-    for (bool bf16 : {false, true})
+    for (int dtype : {kKvF32, kKvBf16, kKvFp8})
       for (int head_dim : {40, 64, 10, 128, 136})
         for (int page_size : {1, 3, 16})
           for (int group : {1, 2, 3, 4}) {
-            AttnFixture f(hnd, bf16, head_dim, page_size, group);
+            AttnFixture f(hnd, dtype, head_dim, page_size, group);
             std::vector<float> scratch(AttentionItemScratchFloats(group, head_dim), -1.0f);
             for (int t = 0; t < f.args.num_tokens; ++t)
               for (int g = 0; g < 2; ++g) isa_->attention_item(f.args, t, g, scratch.data());
             for (size_t i = 0; i < f.want.size(); ++i)
               ASSERT_NEAR(f.got[i], f.want[i], 2e-5)
-                  << "hnd=" << hnd << " bf16=" << bf16 << " d=" << head_dim << " page=" << page_size
-                  << " group=" << group << " at " << i;
+                  << "hnd=" << hnd << " " << KvElemName(dtype) << " d=" << head_dim
+                  << " page=" << page_size << " group=" << group << " at " << i;
           }
 }
 
@@ -476,11 +486,11 @@ TEST_P(IsaTest, ParallelAttentionMatchesReference) {
 // into runs of 1 to kAttnRows tokens gives each token attention_item's exact bits.
 TEST_P(Avx512OnlyTest, AttentionRowsEqualPerTokenItemsBitForBit) {
   for (bool hnd : {true, false})
-    for (bool bf16 : {false, true})
+    for (int dtype : {kKvF32, kKvBf16, kKvFp8})
       for (int head_dim : {40, 64, 10, 128, 136})
         for (int page_size : {1, 3, 16})
           for (int group : {1, 3, 4}) {
-            AttnFixture f(hnd, bf16, head_dim, page_size, group, 30, 37);
+            AttnFixture f(hnd, dtype, head_dim, page_size, group, 30, 37);
             std::vector<float> scratch(AttentionItemScratchFloats(group, head_dim), -1.0f);
             for (int t = 0; t < 37; ++t)
               for (int g = 0; g < 2; ++g) isa_->attention_item(f.args, t, g, scratch.data());
@@ -493,8 +503,8 @@ TEST_P(Avx512OnlyTest, AttentionRowsEqualPerTokenItemsBitForBit) {
                 for (int g = 0; g < 2; ++g)
                   isa_->attention_rows(f.args, t, std::min(run, 37 - t), g, scratch.data());
               ASSERT_EQ(std::memcmp(f.got.data(), items.data(), items.size() * sizeof(float)), 0)
-                  << "hnd=" << hnd << " bf16=" << bf16 << " d=" << head_dim << " page=" << page_size
-                  << " group=" << group << " run=" << run;
+                  << "hnd=" << hnd << " " << KvElemName(dtype) << " d=" << head_dim
+                  << " page=" << page_size << " group=" << group << " run=" << run;
               EXPECT_EQ(f.got[items.size()], -7.0f) << "wrote past its tokens";
             }
           }
@@ -503,8 +513,8 @@ TEST_P(Avx512OnlyTest, AttentionRowsEqualPerTokenItemsBitForBit) {
 // ParallelAttention over a long chunk, a decode token and a prompt token (windows mixing
 // sequences, rows and items) gives the per-token items' bits whatever the thread count.
 TEST_P(IsaTest, ParallelAttentionRowsEqualItemsForAnyThreadCount) {
-  for (bool bf16 : {false, true}) {
-    AttnFixture f(true, bf16, 64, 16, 4, 3, 70);
+  for (int dtype : {kKvF32, kKvBf16, kKvFp8}) {
+    AttnFixture f(true, dtype, 64, 16, 4, 3, 70);
     std::vector<float> scratch(AttentionItemScratchFloats(4, 64) * 3);
     for (int t = 0; t < f.args.num_tokens; ++t)
       for (int g = 0; g < 2; ++g) isa_->attention_item(f.args, t, g, scratch.data());
@@ -515,7 +525,7 @@ TEST_P(IsaTest, ParallelAttentionRowsEqualItemsForAnyThreadCount) {
       std::fill(f.got.begin(), f.got.end(), -7.0f);
       ParallelAttention(pool, *isa_, f.args, scratch.data(), AttentionItemScratchFloats(4, 64));
       ASSERT_EQ(std::memcmp(f.got.data(), items.data(), items.size() * sizeof(float)), 0)
-          << "bf16=" << bf16 << " threads=" << threads;
+          << KvElemName(dtype) << " threads=" << threads;
     }
   }
 }

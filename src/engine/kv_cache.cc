@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -26,6 +27,17 @@ Status ValidateSpec(const KvCacheSpec& spec, int num_pages) {
                            " kv_heads=" + std::to_string(spec.num_kv_heads) +
                            " head_dim=" + std::to_string(spec.head_dim) +
                            " page_size=" + std::to_string(spec.page_size));
+  if (!spec.scales.empty() && static_cast<int>(spec.scales.size()) != spec.num_layers)
+    return InvalidArgument("KV cache spec has " + std::to_string(spec.scales.size()) +
+                           " layers' scales for " + std::to_string(spec.num_layers) + " layers");
+  for (size_t l = 0; l < spec.scales.size(); ++l) {
+    const model::KvScales& s = spec.scales[l];
+    if (!(s.k_scale > 0.0f) || !(s.v_scale > 0.0f) || !std::isfinite(s.k_scale) ||
+        !std::isfinite(s.v_scale))
+      return InvalidArgument("KV cache layer " + std::to_string(l) + ": k_scale " +
+                             std::to_string(s.k_scale) + ", v_scale " + std::to_string(s.v_scale) +
+                             " (both must be positive and finite)");
+  }
   if (num_pages <= 0)
     return InvalidArgument("KV region needs a positive number of pages, got " +
                            std::to_string(num_pages));
@@ -42,12 +54,40 @@ Result<KvLayout> ParseKvLayout(std::string_view name) {
   return InvalidArgument("unknown KV layout '" + std::string(name) + "' (expected nhd or hnd)");
 }
 
-std::string_view KvDTypeName(KvDType dtype) { return dtype == KvDType::kF32 ? "f32" : "bf16"; }
+std::string_view KvDTypeName(KvDType dtype) {
+  switch (dtype) {
+    case KvDType::kF32:
+      return "f32";
+    case KvDType::kBF16:
+      return "bf16";
+    case KvDType::kFP8E4M3:
+      return "fp8_e4m3";
+  }
+  return "unknown";
+}
 
 Result<KvDType> ParseKvDType(std::string_view name) {
   if (name == "f32" || name == "float32") return KvDType::kF32;
   if (name == "bf16" || name == "bfloat16") return KvDType::kBF16;
-  return InvalidArgument("unknown KV dtype '" + std::string(name) + "' (expected f32 or bf16)");
+  if (name == "fp8_e4m3" || name == "fp8") return KvDType::kFP8E4M3;
+  return InvalidArgument("unknown KV dtype '" + std::string(name) +
+                         "' (expected f32, bf16 or fp8_e4m3)");
+}
+
+uint64_t KvScalesFingerprint(const KvCacheSpec& spec) {
+  if (spec.dtype != KvDType::kFP8E4M3) return 0;
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the scales' bits
+  auto put = [&h](float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    for (int i = 0; i < 4; ++i) h = (h ^ ((bits >> (8 * i)) & 0xffu)) * 0x100000001b3ull;
+  };
+  for (int l = 0; l < spec.num_layers; ++l) {
+    const model::KvScales s = spec.LayerScales(l);
+    put(s.k_scale);
+    put(s.v_scale);
+  }
+  return h == 0 ? 1 : h;
 }
 
 Result<std::unique_ptr<KvRegion>> KvRegion::Create(const KvCacheSpec& spec, int num_pages) {

@@ -9,6 +9,9 @@
 // (kv_lora_rank values) then its rotated rope key (qk_rope_head_dim values; with rope_interleave
 // the rotated pairs (2i, 2i+1) stay in the checkpoint's order), the same on every rank. `layout`
 // does not apply to it (num_kv_heads is 1, head_dim is latent_dim).
+// FP8 (fp8_e4m3, vLLM's name): one byte per element, the e4m3fn code of value / scale (round to
+// nearest even, saturating to +-448), read back as code * scale; the scales are per layer and per
+// tensor as vLLM defines them (k_scale for K, v_scale for V; an MLA latent row uses k_scale).
 // Page ids are shared by all layers (and by all ranks of an instance): a sequence's page table
 // names one id per page_size tokens.
 #pragma once
@@ -22,16 +25,21 @@
 
 #include "common/mutex.h"
 #include "common/status.h"
+#include "model/kv_scales.h"
 
 namespace pd::engine {
 
 enum class KvLayout { kNHD, kHND };
-enum class KvDType { kF32, kBF16 };
+enum class KvDType { kF32, kBF16, kFP8E4M3 };
 
 std::string_view KvLayoutName(KvLayout layout);  // "nhd" | "hnd"
 Result<KvLayout> ParseKvLayout(std::string_view name);
-std::string_view KvDTypeName(KvDType dtype);  // "f32" | "bf16"
+std::string_view KvDTypeName(KvDType dtype);  // "f32" | "bf16" | "fp8_e4m3"
+// Also accepts "float32", "bfloat16" and vLLM's "fp8" (an alias of fp8_e4m3).
 Result<KvDType> ParseKvDType(std::string_view name);
+inline size_t KvDTypeBytes(KvDType dtype) {
+  return dtype == KvDType::kF32 ? 4 : (dtype == KvDType::kBF16 ? 2 : 1);
+}
 
 struct KvCacheSpec {
   int num_layers = 0;
@@ -41,8 +49,15 @@ struct KvCacheSpec {
   KvLayout layout = KvLayout::kHND;
   KvDType dtype = KvDType::kF32;
   int latent_dim = 0;  // > 0: an MLA latent cache (kv_lora_rank + qk_rope_head_dim)
+  // fp8_e4m3: each layer's scales (num_layers entries, or empty: 1.0 everywhere); other dtypes
+  // ignore them, as vLLM does.
+  std::vector<model::KvScales> scales;
 
-  size_t elem_bytes() const { return dtype == KvDType::kF32 ? 4 : 2; }
+  size_t elem_bytes() const { return KvDTypeBytes(dtype); }
+  model::KvScales LayerScales(int layer) const {
+    if (dtype != KvDType::kFP8E4M3 || scales.empty()) return {};
+    return scales[static_cast<size_t>(layer)];
+  }
   size_t page_bytes() const {
     if (latent_dim > 0) return static_cast<size_t>(page_size) * latent_dim * elem_bytes();
     return static_cast<size_t>(page_size) * num_kv_heads * 2 * head_dim * elem_bytes();
@@ -58,6 +73,10 @@ struct KvCacheSpec {
 // One rank's KV memory: memfd-backed and page-aligned, so it can be mapped by another process
 // and registered with the fabric. Thread safety: the memory is written by the forward pass of
 // the owning rank and read by the transfer engine; callers order those accesses.
+// 0 unless dtype is fp8_e4m3; then a hash of every layer's (k_scale, v_scale) bits (1.0 where
+// scales is empty), so two caches whose bytes mean different values differ.
+uint64_t KvScalesFingerprint(const KvCacheSpec& spec);
+
 class KvRegion {
  public:
   static Result<std::unique_ptr<KvRegion>> Create(const KvCacheSpec& spec, int num_pages);

@@ -18,7 +18,8 @@
 namespace pd::engine::kernels {
 
 // One layer of an MLA latent region: page p starts at base + p*page_bytes and holds
-// (page_size, latent_dim) elements, f32 or bf16, token after token.
+// (page_size, latent_dim) elements, f32, bf16 or (fp8) e4m3fn codes worth code * scale, token
+// after token.
 struct PagedLatent {
   uint8_t* base = nullptr;
   int64_t page_bytes = 0;
@@ -26,6 +27,9 @@ struct PagedLatent {
   int latent_dim = 0;    // L = kv_lora_rank + qk_rope_head_dim
   int kv_lora_rank = 0;  // R: the part of each row that is also the value
   bool bf16 = false;
+  bool fp8 = false;
+  float scale = 1.0f;  // fp8: the layer's k_scale
+  int64_t elem_bytes() const { return fp8 ? 1 : (bf16 ? 2 : 4); }
 };
 
 // Causal absorbed MLA attention of every token over positions 0..its own.

@@ -12,6 +12,7 @@
 
 #include <cmath>
 
+#include "engine/kv_fp8_avx512.h"
 #include "engine/mla_kernels.h"
 
 namespace pd::engine::kernels {
@@ -26,7 +27,9 @@ inline void LoadRow(const PagedLatent& kv, const uint8_t* row, int L, int Lp, fl
   for (int i = 0; i < Lp; i += 16) {
     const __mmask16 m = TailMask(L - i);
     __m512 v;
-    if (kv.bf16) {
+    if (kv.fp8) {
+      v = Fp8x16(row + i, m, _mm512_set1_ps(kv.scale * 256.0f));
+    } else if (kv.bf16) {
       const __m256i b = _mm256_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + i);
       v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
     } else {
@@ -113,7 +116,7 @@ void Avx512Chunk(const MlaAttentionArgs& a, int token, int p_begin, int p_end,
       _mm512_storeu_ps(qp + h * Lp + i, _mm512_maskz_loadu_ps(TailMask(L - i), q + h * L + i));
   }
   for (int64_t i = 0; i < static_cast<int64_t>(H) * R; ++i) out.acc[i] = 0.0f;
-  const size_t elem = kv.bf16 ? 2 : 4;
+  const size_t elem = static_cast<size_t>(kv.elem_bytes());
   for (int b0 = p_begin; b0 < p_end; b0 += kMlaBlock) {
     const int nb = p_end - b0 < kMlaBlock ? p_end - b0 : kMlaBlock;
     for (int j = 0; j < nb; ++j) {

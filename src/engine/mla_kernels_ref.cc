@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "engine/kernels_ref.h"
 #include "model/dtype.h"
 
 namespace pd::engine::ref {
@@ -12,11 +13,12 @@ using kernels::MlaAttentionArgs;
 using kernels::PagedLatent;
 
 const uint8_t* LatentRowPtr(const PagedLatent& kv, int32_t page, int slot) {
-  const size_t off = static_cast<size_t>(slot) * kv.latent_dim * (kv.bf16 ? 2 : 4);
+  const size_t off = static_cast<size_t>(slot) * kv.latent_dim * kv.elem_bytes();
   return kv.base + static_cast<size_t>(page) * kv.page_bytes + off;
 }
 
 float LoadLatent(const PagedLatent& kv, const uint8_t* row, int i) {
+  if (kv.fp8) return model::Fp8E4m3ToF32(row[i]) * kv.scale;
   if (kv.bf16) {
     uint16_t v;
     std::memcpy(&v, row + 2 * i, 2);
@@ -34,7 +36,9 @@ void AppendLatent(const PagedLatent& kv, const AttnSeq& seq, const float* rows, 
         const_cast<uint8_t*>(LatentRowPtr(kv, seq.page_table[p / kv.page_size], p % kv.page_size));
     const float* src = rows + j * ld;  // (latent_dim)
     for (int i = 0; i < kv.latent_dim; ++i) {
-      if (kv.bf16) {
+      if (kv.fp8) {
+        dst[i] = QuantizeKvFp8(src[i], kv.scale);
+      } else if (kv.bf16) {
         const uint16_t v = model::F32ToBf16(src[i]);
         std::memcpy(dst + 2 * i, &v, 2);
       } else {

@@ -15,7 +15,7 @@ float LoadLatent(const kernels::PagedLatent& kv, const uint8_t* row, int i);
 
 // Writes rows (seq.num_tokens, latent_dim), row stride ld, of the seq's tokens into their page
 // slots: position p goes to page page_table[p / page_size], slot p % page_size (bf16: rounded to
-// nearest even).
+// nearest even; fp8: ref::QuantizeKvFp8 with the latent scale).
 void AppendLatent(const kernels::PagedLatent& kv, const kernels::AttnSeq& seq, const float* rows,
                   int64_t ld);
 

@@ -54,14 +54,17 @@ struct Batch {
   }
 };
 
-Batch MakeBatch(bool bf16) {
+// dtype 0 f32, 1 bf16, 2 fp8 (latent scale 0.75).
+Batch MakeBatch(int dtype) {
   Batch b;
   const int num_pages = 200;
   b.kv.page_size = kPage;
   b.kv.latent_dim = kL;
   b.kv.kv_lora_rank = kR;
-  b.kv.bf16 = bf16;
-  b.kv.page_bytes = kPage * kL * (bf16 ? 2 : 4);
+  b.kv.bf16 = dtype == 1;
+  b.kv.fp8 = dtype == 2;
+  if (b.kv.fp8) b.kv.scale = 0.75f;
+  b.kv.page_bytes = kPage * kL * b.kv.elem_bytes();
   b.region.assign(static_cast<size_t>(num_pages) * b.kv.page_bytes, 0);
   b.kv.base = b.region.data();
   const std::vector<std::pair<int, int>> runs = {{2, 7}, {0, 1}, {40, 1}, {150, 1}};
@@ -103,9 +106,9 @@ class MlaIsaTest : public ::testing::TestWithParam<IsaLevel> {
 
 TEST_P(MlaIsaTest, ParallelAttentionMatchesReference) {
   const MlaIsaKernels& isa = MlaKernelsFor(GetParam());
-  for (bool bf16 : {false, true})
+  for (int dtype : {0, 1, 2})
     for (int threads : {1, 3}) {
-      const Batch b = MakeBatch(bf16);
+      const Batch b = MakeBatch(dtype);
       const int64_t ldo = kHeads * kR + 3;
       std::vector<float> want(b.num_tokens * ldo, -7.0f), got(b.num_tokens * ldo, -7.0f);
       std::vector<float> scratch(b.max_pos + 1);
@@ -114,7 +117,7 @@ TEST_P(MlaIsaTest, ParallelAttentionMatchesReference) {
       MlaWorkspace ws;
       ParallelMlaAttention(pool, isa, b.Args(got.data()), &ws);
       EXPECT_LT(MaxAbsDiff(got.data(), want.data(), b.num_tokens, kHeads * kR, ldo), 2e-5)
-          << isa.name << " bf16=" << bf16 << " threads=" << threads;
+          << isa.name << " dtype=" << dtype << " threads=" << threads;
       for (int t = 0; t < b.num_tokens; ++t)  // the row padding past H*R is never written
         for (int64_t i = kHeads * kR; i < ldo; ++i) EXPECT_EQ(got[t * ldo + i], -7.0f);
     }
@@ -122,7 +125,7 @@ TEST_P(MlaIsaTest, ParallelAttentionMatchesReference) {
 
 TEST_P(MlaIsaTest, ChunkKernelSplitsMergeToTheWholeRange) {
   const MlaIsaKernels& isa = MlaKernelsFor(GetParam());
-  const Batch b = MakeBatch(true);
+  const Batch b = MakeBatch(1);
   const int token = b.num_tokens - 1;  // position 150: 151 rows
   std::vector<float> out(b.num_tokens * (kHeads * kR + 3)),
       scratch(MlaChunkScratchFloats(kHeads, kL));
@@ -185,7 +188,7 @@ INSTANTIATE_TEST_SUITE_P(Isa, MlaIsaTest,
 // k[s] = [W_UK c[s] | k_rope[s]], v[s] = W_UV c[s], out = W_UV (sum p c[s]).
 TEST(MlaReferenceTest, AbsorbedEqualsExpandedAttention) {
   const int dn = 5, dv = 7;
-  const Batch b = MakeBatch(false);
+  const Batch b = MakeBatch(0);
   const std::vector<float> uk = Random(kHeads * dn * kR, 11, 0.3f);  // W_UK[h] (dn, R)
   const std::vector<float> uv = Random(kHeads * dv * kR, 12, 0.3f);  // W_UV[h] (dv, R)
   const std::vector<float> qn = Random(b.num_tokens * kHeads * (dn + kRope), 13);

@@ -174,6 +174,7 @@ Result<std::unique_ptr<RunnerWeights>> PrepareRunnerWeights(const model::ModelWe
   RETURN_IF_ERROR(CheckConfig(c, weights.layers.size()));
   auto out = std::make_unique<RunnerWeights>();
   out->config = c;
+  out->kv_scales = weights.kv_scales;
   const DType dtype = weights.dtype;
   RETURN_IF_ERROR(MakeLinear(weights.embed_tokens, c.vocab_size, c.hidden_size, dtype,
                              "model.embed_tokens.weight", &out->embed));

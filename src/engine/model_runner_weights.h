@@ -99,6 +99,7 @@ struct RunnerWeights {
   LinearWeight embed;                      // (vocab, hidden): row lookups
   LinearWeight lm_head;                    // (vocab, hidden)
   std::unique_ptr<HugePageBuffer> packed;  // every kPanel32 matrix, after PackRunnerWeights
+  std::vector<model::KvScales> kv_scales;  // (num_layers) or empty: FP8 KV scales (kv_scales.h)
 };
 
 // For the per-feature weight files (mla_weights.cc): InvalidArgument naming `name` when t is

@@ -32,6 +32,8 @@ uint64_t PrefixCacheRoot(uint64_t model_fingerprint, const KvCacheSpec& spec) {
   h = Combine(h, spec.latent_dim > 0 ? 2 : static_cast<uint64_t>(spec.layout));
   h = Combine(h, static_cast<uint64_t>(spec.page_size));
   h = Combine(h, static_cast<uint64_t>(spec.latent_dim));
+  // fp8_e4m3: what the codes are worth (the checkpoint's scales) is part of the format too.
+  if (spec.dtype == KvDType::kFP8E4M3) h = Combine(h, KvScalesFingerprint(spec));
   return h;
 }
 

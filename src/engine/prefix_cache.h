@@ -27,7 +27,8 @@
 namespace pd::engine {
 
 // The root of every key chain: the model (e.g. the handshake's ModelFingerprint; 0 is allowed in
-// a process that serves one model) and the KV format (dtype, layout, page size, latent width).
+// a process that serves one model) and the KV format (dtype, layout, page size, latent width and,
+// for fp8_e4m3, the scales).
 uint64_t PrefixCacheRoot(uint64_t model_fingerprint, const KvCacheSpec& spec);
 // The key of one full page after `parent` (the previous page's key, or the root).
 uint64_t PageKey(uint64_t parent, std::span<const int32_t> page_tokens);

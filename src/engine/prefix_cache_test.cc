@@ -48,6 +48,14 @@ TEST(PrefixCacheKeysTest, KeysChainAndDependOnTheRoot) {
   KvCacheSpec f32, bf16;
   bf16.dtype = KvDType::kBF16;
   EXPECT_NE(PrefixCacheRoot(5, f32), PrefixCacheRoot(5, bf16));
+  KvCacheSpec fp8;
+  fp8.dtype = KvDType::kFP8E4M3;
+  fp8.num_layers = 2;
+  EXPECT_NE(PrefixCacheRoot(5, fp8), PrefixCacheRoot(5, f32));
+  EXPECT_NE(PrefixCacheRoot(5, fp8), PrefixCacheRoot(5, bf16));
+  KvCacheSpec fp8_scaled = fp8;
+  fp8_scaled.scales = {{1.0f, 1.0f}, {0.5f, 1.0f}};
+  EXPECT_NE(PrefixCacheRoot(5, fp8), PrefixCacheRoot(5, fp8_scaled)) << "the scales are in it";
   EXPECT_NE(PrefixCacheRoot(5, f32), PrefixCacheRoot(6, f32));
   std::vector<uint64_t> grown = {ka[0]};
   ExtendPageKeys(1, a, kPage, &grown);

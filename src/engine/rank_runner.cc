@@ -299,6 +299,9 @@ void RankRunner::Attention(int l) {
   pkv.head_dim = spec.head_dim;
   pkv.hnd = spec.layout == KvLayout::kHND;
   pkv.bf16 = spec.dtype == KvDType::kBF16;
+  pkv.fp8 = spec.dtype == KvDType::kFP8E4M3;
+  pkv.k_scale = spec.LayerScales(l).k_scale;
+  pkv.v_scale = spec.LayerScales(l).v_scale;
   const float* qkv = s_.qkv.data();
   Rows(static_cast<int64_t>(s_.seqs.size()), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
@@ -417,6 +420,8 @@ Result<std::unique_ptr<ModelRunner>> CreateRankRunner(std::unique_ptr<RunnerWeig
   const model::ModelConfig& c = rw->config;
   KvCacheSpec spec = RankKvSpec(options.kv, c, c.num_kv_heads);
   spec.num_layers = c.num_layers;
+  spec.scales.clear();
+  if (spec.dtype == KvDType::kFP8E4M3) spec.scales = rw->kv_scales;  // empty: 1.0
   ASSIGN_OR_RETURN(std::unique_ptr<KvRegion> region,
                    KvRegion::Create(spec, static_cast<int>(num_pages)));
   int threads = options.num_threads;

@@ -112,6 +112,8 @@ void RankRunner::MlaAttention(int l) {
   kv.latent_dim = static_cast<int>(L);
   kv.kv_lora_rank = static_cast<int>(R);
   kv.bf16 = spec.dtype == KvDType::kBF16;
+  kv.fp8 = spec.dtype == KvDType::kFP8E4M3;
+  kv.scale = spec.LayerScales(l).k_scale;             // vLLM's MLA caches the latent with k_scale
   const float* latent = s_.mla_a.data() + (lda - L);  // (T, L) row stride lda
   Rows(static_cast<int64_t>(s_.seqs.size()), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {

@@ -157,6 +157,7 @@ Result<std::unique_ptr<RunnerWeights>> ShardRunnerWeights(const RunnerWeights& f
                          Num(s.tp_size) + "): run an FP8 checkpoint with tp 1");
   auto out = std::make_unique<RunnerWeights>();
   out->config = c;
+  out->kv_scales = full.kv_scales;  // per tensor: the same on every rank
   out->config.num_heads = s.num_heads;
   out->config.num_kv_heads = s.num_kv_heads;
   out->config.intermediate_size = static_cast<int>(s.inter);

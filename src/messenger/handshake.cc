@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -44,6 +45,7 @@ KvFormat MakeKvFormat(uint64_t model_hash, const engine::KvCacheSpec& spec, bool
   f.kv_dtype = static_cast<uint8_t>(spec.dtype);
   f.kv_checksum = kv_checksum ? 1 : 0;
   f.latent_dim = static_cast<uint32_t>(spec.latent_dim);
+  f.kv_scales = engine::KvScalesFingerprint(spec);
   return f;
 }
 
@@ -71,6 +73,12 @@ std::string CacheKind(const KvFormat& f) {
   return f.latent_dim > 0 ? "MLA latent (latent_dim " + std::to_string(f.latent_dim) + ")"
                           : "per-head K/V (head_dim " + std::to_string(f.head_dim) + ")";
 }
+std::string ScalesText(uint64_t fingerprint) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "fp8 k_scale/v_scale fingerprint %016llx",
+                static_cast<unsigned long long>(fingerprint));
+  return text;
+}
 std::string DTypeName(uint8_t v) {
   return std::string(engine::KvDTypeName(static_cast<engine::KvDType>(v)));
 }
@@ -95,6 +103,8 @@ Status CheckCompatible(const KvFormat& ours, const KvFormat& theirs) {
   }
   if (ours.kv_dtype != theirs.kv_dtype) {
     DiffersNamed(&diff, "kv_dtype", DTypeName(ours.kv_dtype), DTypeName(theirs.kv_dtype));
+  } else if (ours.kv_scales != theirs.kv_scales) {
+    DiffersNamed(&diff, "kv_scales", ScalesText(ours.kv_scales), ScalesText(theirs.kv_scales));
   }
   if (ours.kv_checksum != theirs.kv_checksum) {
     DiffersNamed(&diff, "kv_checksum", ours.kv_checksum ? "on" : "off",
@@ -137,7 +147,8 @@ Result<ShardPlan> PlanTransfer(const ShardScheme& prefill, const ShardScheme& de
   f.head_dim = static_cast<int>(format.head_dim);
   f.page_size = static_cast<int>(format.page_size);
   f.layout = static_cast<engine::KvLayout>(format.layout);
-  f.elem_bytes = static_cast<engine::KvDType>(format.kv_dtype) == engine::KvDType::kF32 ? 4 : 2;
+  f.elem_bytes =
+      static_cast<int>(engine::KvDTypeBytes(static_cast<engine::KvDType>(format.kv_dtype)));
   f.latent = format.latent_dim > 0;
   auto plan = ComputeShardPlan(ToShardSpec(prefill), ToShardSpec(decode), f, seed);
   if (!plan.ok()) {
@@ -156,8 +167,7 @@ std::string DescribeKvCache(const KvFormat& format, const ShardScheme& scheme) {
 }
 
 uint64_t KvBytesPerToken(const KvFormat& format, const ShardScheme& scheme) {
-  const uint64_t elem =
-      static_cast<engine::KvDType>(format.kv_dtype) == engine::KvDType::kF32 ? 4 : 2;
+  const uint64_t elem = engine::KvDTypeBytes(static_cast<engine::KvDType>(format.kv_dtype));
   const uint64_t row = format.latent_dim > 0
                            ? uint64_t{format.latent_dim}
                            : 2ull * scheme.num_kv_heads * uint64_t{format.head_dim};

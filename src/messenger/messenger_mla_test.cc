@@ -261,6 +261,8 @@ TEST(MessengerMlaHandshakeTest, LatentGeometryAndDtypeMismatchesAreRefusedByName
   theirs = LatentFormat(engine::KvDType::kBF16);
   EXPECT_THAT(CheckCompatible(ours, theirs).message(),
               HasSubstr("kv_dtype: ours f32, theirs bf16"));
+  EXPECT_THAT(CheckCompatible(LatentFormat(engine::KvDType::kFP8E4M3), theirs).message(),
+              HasSubstr("kv_dtype: ours fp8_e4m3, theirs bf16"));
   theirs = ours;
   theirs.latent_dim = 0;  // a per-head K/V cache of the same head_dim
   EXPECT_THAT(CheckCompatible(ours, theirs).message(),
@@ -274,9 +276,10 @@ TEST(MessengerMlaHandshakeTest, LatentGeometryAndDtypeMismatchesAreRefusedByName
   EXPECT_TRUE(CheckCompatible(ours, theirs).ok());
 }
 
-TEST(MessengerMlaHandshakeTest, ABf16LatentHalvesTheBytesOnTheWire) {
+TEST(MessengerMlaHandshakeTest, Bf16AndFp8LatentsHalveTheBytesOnTheWire) {
   std::map<engine::KvDType, uint64_t> bytes;
-  for (engine::KvDType dtype : {engine::KvDType::kF32, engine::KvDType::kBF16}) {
+  for (engine::KvDType dtype :
+       {engine::KvDType::kF32, engine::KvDType::kBF16, engine::KvDType::kFP8E4M3}) {
     MlaShape s;
     s.dtype = dtype;
     auto prefill = StartMlaPrefill(s, 2);
@@ -288,12 +291,12 @@ TEST(MessengerMlaHandshakeTest, ABf16LatentHalvesTheBytesOnTheWire) {
     ASSERT_TRUE(WaitUntil([&] { return prefill->messenger->metrics().succeeded() == 1; },
                           kMlaDeadlineS));  // its metadata write landed too
     bytes[dtype] = decode->metrics().kv_bytes();
-    EXPECT_EQ(decode->metrics().bytes_per_token(),
-              2u * kLatentDim * (dtype == engine::KvDType::kF32 ? 4 : 2));
+    EXPECT_EQ(decode->metrics().bytes_per_token(), 2u * kLatentDim * engine::KvDTypeBytes(dtype));
     decode->Shutdown();
   }
   EXPECT_GT(bytes[engine::KvDType::kF32], 0u);
   EXPECT_EQ(bytes[engine::KvDType::kBF16] * 2, bytes[engine::KvDType::kF32]);
+  EXPECT_EQ(bytes[engine::KvDType::kFP8E4M3] * 2, bytes[engine::KvDType::kBF16]);
 }
 
 // ------------------------------------------------------------------ faults

@@ -130,6 +130,35 @@ TEST(MessengerHandshakeTest, ADifferentModelIsRefused) {
   EXPECT_EQ(ModelFingerprint(Model().weights), Hash());
 }
 
+// An fp8_e4m3 cache pairs only with fp8_e4m3 and the same per-layer scales; each mismatch is
+// refused naming the field.
+TEST(MessengerHandshakeTest, Fp8KvDtypeAndScalesMustMatch) {
+  engine::KvCacheSpec spec;
+  spec.num_layers = 2;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 8;
+  spec.dtype = engine::KvDType::kFP8E4M3;
+  const KvFormat ours = MakeKvFormat(1, spec);
+  EXPECT_TRUE(CheckCompatible(ours, ours).ok());
+  engine::KvCacheSpec other = spec;
+  other.dtype = engine::KvDType::kBF16;
+  Status st = CheckCompatible(ours, MakeKvFormat(1, other));
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("kv_dtype: ours fp8_e4m3, theirs bf16"));
+  other = spec;
+  other.scales = {{1.0f, 1.0f}, {1.0f, 0.5f}};  // layer 1's v_scale differs
+  st = CheckCompatible(ours, MakeKvFormat(1, other));
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("kv_scales: ours fp8 k_scale/v_scale fingerprint"));
+  other.scales = {{1.0f, 1.0f}, {1.0f, 1.0f}};  // what no scales mean
+  EXPECT_TRUE(CheckCompatible(ours, MakeKvFormat(1, other)).ok());
+  const ShardScheme scheme{1, 2, false};
+  engine::KvCacheSpec bf16 = spec;
+  bf16.dtype = engine::KvDType::kBF16;
+  EXPECT_EQ(KvBytesPerToken(ours, scheme) * 2, KvBytesPerToken(MakeKvFormat(1, bf16), scheme));
+  EXPECT_EQ(KvBytesPerToken(ours, scheme), 2u * 2 * 2 * 8);  // layers * K,V * heads * head_dim
+}
+
 TEST(MessengerHandshakeTest, AWrongClusterSecretGetsNoAnswer) {
   Shape s;
   auto prefill = StartPrefill(s, "the-real-secret");

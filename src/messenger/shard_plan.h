@@ -57,7 +57,7 @@ struct PageFormat {
   int head_dim = 0;
   int page_size = 0;
   engine::KvLayout layout = engine::KvLayout::kHND;
-  int elem_bytes = 0;  // 4 for f32, 2 for bf16
+  int elem_bytes = 0;  // 4 for f32, 2 for bf16, 1 for fp8_e4m3
   // An MLA latent cache: a page is (page_size, head_dim) with head_dim = latent_dim, no K/V pair
   // and no layout; both schemes must be replicated with one "head", so each destination rank's
   // page is one run written whole from one source rank.

@@ -3,6 +3,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
+#include "engine/kv_cache.h"
 #include "messenger/byte_io.h"
 
 namespace pd::messenger {
@@ -17,6 +18,7 @@ void PutFormat(ByteWriter& w, const KvFormat& f) {
   w.Put(f.kv_dtype);
   w.Put(f.kv_checksum);
   w.Put(f.latent_dim);
+  w.Put(f.kv_scales);
 }
 
 Status GetFormat(ByteReader& r, KvFormat* f) {
@@ -28,6 +30,7 @@ Status GetFormat(ByteReader& r, KvFormat* f) {
   RETURN_IF_ERROR(r.Get("format.kv_dtype", &f->kv_dtype));
   RETURN_IF_ERROR(r.Get("format.kv_checksum", &f->kv_checksum));
   RETURN_IF_ERROR(r.Get("format.latent_dim", &f->latent_dim));
+  RETURN_IF_ERROR(r.Get("format.kv_scales", &f->kv_scales));
   if (f->kv_checksum > 1) {
     return InvalidArgument("format.kv_checksum " + std::to_string(f->kv_checksum) +
                            " is not 0 or 1");
@@ -38,7 +41,7 @@ Status GetFormat(ByteReader& r, KvFormat* f) {
   }
   if (f->layout > 1)
     return InvalidArgument("format.layout " + std::to_string(f->layout) + " unknown");
-  if (f->kv_dtype > 1)
+  if (f->kv_dtype > static_cast<uint8_t>(engine::KvDType::kFP8E4M3))
     return InvalidArgument("format.kv_dtype " + std::to_string(f->kv_dtype) + " unknown");
   return OkStatus();
 }

@@ -32,7 +32,8 @@ inline constexpr uint32_t kWireMagic = 0x564b4450;  // "PDKV"
 // Version 5: KvFormat carries kv_checksum (--kv-checksum, kv_checksum.h).
 // Version 6: KvFormat carries latent_dim (an MLA latent cache, replicated on every rank).
 // Version 7: PrefillRequest carries first_page (the decode side's prefix cache holds the pages
-// before it: only pages [first_page, num_pages) are written).
+// before it: only pages [first_page, num_pages) are written); KvFormat carries kv_scales (an
+// fp8_e4m3 cache's per-layer scales) and kv_dtype may be fp8_e4m3.
 inline constexpr uint16_t kWireVersion = 7;
 inline constexpr size_t kMacBytes = 32;
 inline constexpr size_t kFrameHeaderBytes = 4 + 2 + 2 + 8 + 8 + 8 + 4;
@@ -79,6 +80,9 @@ struct KvFormat {
   // token, the same on every rank (the scheme says replicated); head_dim equals latent_dim and
   // layout does not apply.
   uint32_t latent_dim = 0;
+  // fp8_e4m3: engine::KvScalesFingerprint of the per-layer k_scale / v_scale (what the stored codes
+  // are worth); 0 for the other dtypes.
+  uint64_t kv_scales = 0;
   bool operator==(const KvFormat&) const = default;
 };
 

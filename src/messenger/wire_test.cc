@@ -128,6 +128,21 @@ TEST(WireTest, TheLatentDimRoundTripsAndMustEqualTheHeadDim) {
       << decoded.status().ToString();
 }
 
+TEST(WireTest, AnFp8DtypeAndItsScalesRoundTripAndUnknownDtypesAreRefused) {
+  KvFormat f{1, 2, 36, 16, 0, 2, 0, 0, 0x0123456789abcdefull};  // fp8_e4m3 and its scales
+  Hello hello{"p", f, {1, 2}, "a", "b"};
+  auto bytes = EncodeFrame({7, 9, 1, hello}, kSecret);
+  auto decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_EQ(std::get<Hello>(decoded->message).format, f);
+  hello.format.kv_dtype = 3;
+  bytes = EncodeFrame({7, 9, 2, hello}, kSecret);
+  decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_NE(decoded.status().message().find("format.kv_dtype 3 unknown"), std::string::npos)
+      << decoded.status().ToString();
+}
+
 TEST(WireTest, WrongSecretIsRefused) {
   auto bytes = EncodeFrame({7, 9, 1, Cancel{1}}, kSecret);
   auto decoded = DecodeFrame(bytes.data(), bytes.size(), "other-secret");

@@ -269,6 +269,7 @@ Result<ModelWeights> LoadModelWeights(const std::string& model_dir) {
   Fetcher fetch(*w.checkpoint, w.config.fp8.enabled);
   RETURN_IF_ERROR(WalkModel(w.config, &fetch, &w));
   RETURN_IF_ERROR(LoadMtp(w.config, *w.checkpoint, &fetch, &w.mtp));
+  ASSIGN_OR_RETURN(w.kv_scales, LoadKvScales(*w.checkpoint, w.config.num_layers));
   w.dtype = fetch.dtype();
   w.fp8 = fetch.fp8();
   return w;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/kv_scales.h"
 #include "model/safetensors.h"
 
 namespace pd::model {
@@ -85,6 +86,8 @@ struct ModelWeights {
   // deepseek_v3 with num_nextn_predict_layers > 0 and the layers in the checkpoint; empty when the
   // checkpoint has none (it loads without them).
   std::vector<MtpWeights> mtp;
+  // One per layer: the FP8 KV-cache scales the checkpoint carries, else 1.0 (kv_scales.h).
+  std::vector<KvScales> kv_scales;
   std::unique_ptr<Checkpoint> checkpoint;  // owns the mapped memory the views point into
 };
 
