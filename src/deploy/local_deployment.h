@@ -65,6 +65,7 @@ struct LocalDeploymentOptions {
   double kv_wait_warm_ms = 2.0;  // decode instances' --kv-wait-warm-ms
   int64_t idle_poll_us = 0;      // every instance's --idle-poll-us
   std::string fabric_provider = "tcp;ofi_rxm";
+  std::string fabric_nics;         // prefill and decode instances' --fabric-nics; empty: one NIC
   double start_timeout_s = 300.0;  // how long an instance may take to start (or restart)
   std::string plan;  // a pdserve-plan-v1 file: instance counts and threads come from it
   // SIGTERM: the router refuses new requests and lets those open finish for this long, then every

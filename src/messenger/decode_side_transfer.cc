@@ -160,6 +160,7 @@ Status DecodeMessenger::Impl::ExpectWrites(Req* r, uint64_t expected) {
     return meta.status();
   }
   r->imm = imm;
+  r->expected = expected;
   r->meta_imm = meta_imm;
   r->meta_landed = false;
   return OkStatus();
@@ -182,6 +183,9 @@ Status DecodeMessenger::Impl::SendPrefillRequest(Req* r, uint32_t num_pages, uin
   m.decode_scheme = scheme_;
   for (const transfer::MemoryRegion& mr : peers_[peer].kv_mrs)
     m.rank_regions.push_back(mr.descriptor.ToBytes());
+  for (const auto& nic : peers_[peer].nic_kv_mrs) {
+    for (const transfer::MemoryRegion& mr : nic) m.nic_regions.push_back(mr.descriptor.ToBytes());
+  }
   m.metadata_region = peers_[peer].meta_mr.descriptor.ToBytes();
   m.metadata_offset = slot_bytes_ * r->meta_slot;
   m.metadata_bytes = meta_bytes_;
