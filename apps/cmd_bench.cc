@@ -70,6 +70,7 @@ struct BenchFlags {
   std::vector<std::string> goodput_search;  // the SLOs of the search
   double attainment = -1;                   // < 0: not given (the search's target is 0.9)
   double precision = 0.05;
+  double min_rate = 0;  // 0: the search's default floor
   int devices = 0;
   int warmup_requests = 2;
   double min_duration_s = 0;
@@ -164,6 +165,14 @@ Result<Plan> MakePlan(const BenchFlags& f) {
     p.search_options.precision = f.precision;
     p.search_options.start_rate = std::isinf(p.rates.front()) ? 1.0 : p.rates.front();
     p.search_options.max_rate = std::max(1e4, p.search_options.start_rate);
+    if (f.min_rate != 0) {
+      if (!(f.min_rate > 0 && f.min_rate <= p.search_options.start_rate))
+        return InvalidArgument("--min-rate must be in (0, the start --request-rate], got " +
+                               Num(f.min_rate));
+      p.search_options.min_rate = f.min_rate;
+    }
+  } else if (f.min_rate != 0) {
+    return InvalidArgument("--min-rate goes with --goodput-search");
   }
   return p;
 }
@@ -311,6 +320,9 @@ PD_REGISTER_COMMAND(
                       "goodput search: stop when the bracket is narrower than this share of its "
                       "low end")
           ->capture_default_str();
+      app->add_option("--min-rate", f->min_rate,
+                      "goodput search: halving stops below this rate (req/s) and the goodput is "
+                      "reported as 0 (default 0.001)");
       app->add_option(
           "--devices", f->devices,
           "goodput search: devices (cores) the deployment uses, for goodput per device");

@@ -59,6 +59,7 @@ struct ServeFlags {
   int max_num_batched_tokens = 512;
   int page_size = 16;
   bool enable_prefix_caching = true;
+  std::string speculative_config;  // vLLM's JSON shape (engine/spec_decode.h); "": none
   std::string kv_layout = "hnd";
   std::string kv_cache_dtype = "auto";  // apps/kv_cache_dtype_flag.h
   std::string matmul = "f32";           // engine::MatmulPrecision
@@ -218,6 +219,9 @@ int RunServe(const ServeFlags& f) {
   if (!reasoning_parser.ok()) return Fail(reasoning_parser.status().message());
   auto tool_call_format = server::ParseToolCallParserName(f.tool_call_parser);
   if (!tool_call_format.ok()) return Fail(tool_call_format.status().message());
+  Result<engine::SpeculativeConfig> spec = engine::SpeculativeConfig{};
+  if (!f.speculative_config.empty()) spec = engine::ParseSpeculativeConfig(f.speculative_config);
+  if (!spec.ok()) return Fail(spec.status().message());
   if (f.dry_run) return DryRun(f);
   auto tokenizer = model::Tokenizer::Load(f.model, f.chat_template);
   if (!tokenizer.ok()) return Fail(tokenizer.status().ToString());
@@ -239,6 +243,7 @@ int RunServe(const ServeFlags& f) {
   engine::EngineOptions eo =
       MakeEngineOptions(f, *layout, kv_dtype, max_model_len, compute_cpus, roles.tracer);
   eo.model_fingerprint = messenger::ModelFingerprint(*weights);  // roots the prefix cache's keys
+  eo.speculative = *spec;
   WarnIfMatmulFallsBack("serve", eo.runner.matmul);
   // --compute-cpus: the model's threads (pool workers and rank threads, started by Create, inherit
   // the main thread's affinity; the engine loop pins itself) run there; HTTP, fabric and KV
@@ -343,6 +348,10 @@ PD_REGISTER_COMMAND(serve, "Serve a model with the OpenAI-compatible HTTP API", 
   app->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", f->enable_prefix_caching,
                 "keep computed full KV pages cached by their tokens and share them with later "
                 "prompts that start the same way (on by default)");
+  app->add_option("--speculative-config", f->speculative_config,
+                  "speculative decoding, as a JSON object in vLLM's shape: {\"method\": "
+                  "\"ngram\", \"num_speculative_tokens\": K, \"prompt_lookup_min\": a, "
+                  "\"prompt_lookup_max\": b} (draft_model and mtp: not yet)");
   AddKvCacheDTypeFlag(app, &f->kv_cache_dtype, kKvCacheDTypeFlagHelp);
   AddMatmulFlag(app, &f->matmul, kMatmulFlagHelp);
   app->add_option("--kv-cache-bytes", f->kv_cache_bytes, "KV cache size in bytes")

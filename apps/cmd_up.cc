@@ -62,6 +62,8 @@ PD_REGISTER_COMMAND(
       app->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", f->enable_prefix_caching,
                     "every instance's --enable-prefix-caching (see serve --help; on by default)");
       AddMatmulFlag(app, &f->matmul, "every instance's --matmul (see serve --help)");
+      app->add_option("--speculative-config", f->speculative_config,
+                      "every instance's --speculative-config (see serve --help)");
       app->add_option("--threads", f->threads, "compute threads per instance")
           ->capture_default_str();
       app->add_option("--prefill-tp", f->prefill_tp,

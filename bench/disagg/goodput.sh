@@ -2,15 +2,16 @@
 # bench/disagg/goodput.sh: goodput per core of disaggregated (`pdserve up`: 1 prefill + 1 decode
 # instance, each pinned to its own core) and colocated (`pdserve serve` on both cores, chunked
 # prefill: --max-num-batched-tokens per step) serving, found by `pdserve bench --goodput-search`
-# (doubling/halving from --start-rate to a bracket, then bisection to --precision), per scenario
-# and per SLO setting (a tight TPOT SLO where prefill interference matters, and a loose one),
+# (doubling/halving from --start-rate, no lower than --min-rate, to a bracket, then bisection to
+# --precision), per scenario and per SLO setting (a tight TPOT SLO where prefill interference
+# matters, and a loose one),
 # each repeated --repeats times: the median goodput per core with the spread (min..max). Each rate
 # sends --num-prompts requests, or rate x --min-duration when more (a short burst at a high rate
 # would otherwise fit within the SLOs and overstate goodput).
 #
 #   bench/disagg/goodput.sh [--model DIR] [--pdserve BIN] [--scenario chat|prefill-heavy|all]
 #                           [--repeats N] [--num-prompts N] [--ttft MS] [--tpot-tight MS]
-#                           [--tpot-loose MS] [--start-rate R] [--precision P]
+#                           [--tpot-loose MS] [--start-rate R] [--min-rate R] [--precision P]
 #                           [--min-duration S] [--chunk TOKENS] [--out DIR]
 #
 # Scenarios: chat (sharegpt-like lengths x 0.25); prefill-heavy (longbench-like lengths x 0.25:
@@ -32,6 +33,7 @@ TTFT=200
 TPOT_TIGHT=2
 TPOT_LOOSE=20
 START_RATE=4
+MIN_RATE=0.25
 PRECISION=0.1
 MIN_DURATION=10
 CHUNK=512
@@ -50,6 +52,7 @@ while [ $# -gt 0 ]; do
     --tpot-tight) TPOT_TIGHT=$2; shift 2 ;;
     --tpot-loose) TPOT_LOOSE=$2; shift 2 ;;
     --start-rate) START_RATE=$2; shift 2 ;;
+    --min-rate) MIN_RATE=$2; shift 2 ;;
     --precision) PRECISION=$2; shift 2 ;;
     --chunk) CHUNK=$2; shift 2 ;;
     --min-duration) MIN_DURATION=$2; shift 2 ;;
@@ -99,7 +102,8 @@ search() {
   "$PDSERVE" --log-level warn bench --base-url "$URL" --result-dir "$OUT" \
     --result-filename "$name.json" --num-prompts "$NUM_PROMPTS" --seed 1 --ignore-eos \
     --goodput-search "ttft:${TTFT}ms" "tpot:${tpot}ms" --devices 2 \
-    --request-rate "$START_RATE" --precision "$PRECISION" --min-duration "$MIN_DURATION" "$@" > "$OUT/$name.bench.log" 2>&1 ||
+    --request-rate "$START_RATE" --precision "$PRECISION" --min-rate "$MIN_RATE" \
+    --min-duration "$MIN_DURATION" "$@" > "$OUT/$name.bench.log" 2>&1 ||
     { echo "bench/disagg: $name failed:" >&2; cat "$OUT/$name.bench.log" >&2; exit 1; }
   grep "^goodput at" "$OUT/$name.bench.log" || true
 }

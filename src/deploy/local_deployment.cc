@@ -12,6 +12,7 @@
 
 #include "common/file_util.h"
 #include "common/thread_util.h"
+#include "engine/spec_decode.h"
 #include "model/config.h"
 #include "planner/deployment.h"
 #include "server/drain.h"
@@ -51,6 +52,9 @@ std::vector<std::string> ServeArgs(const Options& f, const std::string& secret_f
   }
   if (f.kv_checksum) a.push_back("--kv-checksum");
   if (!f.enable_prefix_caching) a.push_back("--no-enable-prefix-caching");
+  if (!f.speculative_config.empty()) {
+    a.insert(a.end(), {"--speculative-config", f.speculative_config});
+  }
   return a;
 }
 
@@ -120,6 +124,9 @@ Status Validate(const Options& f) {
   }
   if (f.restart.max_failures_in_a_row < 1) return InvalidArgument("--max-restarts must be >= 1");
   if (!(f.drain_timeout_s >= 0)) return InvalidArgument("--drain-timeout-s must be >= 0");
+  if (!f.speculative_config.empty()) {
+    RETURN_IF_ERROR(engine::ParseSpeculativeConfig(f.speculative_config).status());
+  }
   return OkStatus();
 }
 

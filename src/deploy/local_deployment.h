@@ -55,6 +55,7 @@ struct LocalDeploymentOptions {
   int kv_transfer_timeout_ms = 30000;
   bool kv_checksum = false;           // every prefill and decode instance's --kv-checksum
   bool enable_prefix_caching = true;  // false: every instance's --no-enable-prefix-caching
+  std::string speculative_config;     // every instance's --speculative-config ("": none)
   std::string trace;  // FILE: each instance writes FILE with its name before the extension
   int64_t trace_max_events = static_cast<int64_t>(TracerOptions{}.max_events);  // per file
   bool pin_cores = false;

@@ -42,7 +42,9 @@ class EngineImpl final : public Engine, public DisaggHooks {
               options.scheduler.enable_prefix_caching ? runner_->region().spec().page_size : 0),
         scheduler_(SchedulerOptionsOf(options, runner_->region().spec()), &pool_,
                    runner_->region().spec().page_size, clock_),
-        seed_rng_(std::random_device{}()) {}
+        seed_rng_(std::random_device{}()) {
+    spec_.accepted_per_pos.assign(std::max(0, options.speculative.num_speculative_tokens), 0);
+  }
 
   Status ValidateRequest(const Request& request) const override;
   Status AddRequest(Request request) override;
@@ -73,6 +75,12 @@ class EngineImpl final : public Engine, public DisaggHooks {
   RequestOutput PrefillOutput(const ScheduledSeq& s, const RequestState& state, size_t row);
   RequestOutput MakeOutput(int64_t id, const RequestState& state, const Sequence* seq) const;
   void BuildForwardBatch(const ScheduledBatch& batch);
+  // The target's tokens for one sampling sequence from its logit rows (spec_decode.h), cut at
+  // the first that ends the request; fills `update` for the scheduler.
+  RequestOutput SampleSeq(const ScheduledSeq& s, RequestState& state, size_t row,
+                          SeqUpdate* update);
+  // Drafts for the next step of every sequence that goes on decoding (speculative decoding).
+  void ProposeDrafts(std::span<const SeqUpdate> updates);
   void FailBatch(const ScheduledBatch& batch, const Status& status,
                  std::vector<RequestOutput>* outputs);
 
@@ -84,8 +92,10 @@ class EngineImpl final : public Engine, public DisaggHooks {
   std::vector<MemRange> warm_ranges_;  // WarmCaches' scratch
   std::mt19937_64 seed_rng_;           // seeds for requests without one
   std::unordered_map<int64_t, std::unique_ptr<RequestState>> requests_;
-  std::vector<RequestOutput> aborted_;  // reported at the next Step
-  ForwardBatch forward_batch_;          // reused every step
+  std::vector<RequestOutput> aborted_;               // reported at the next Step
+  ForwardBatch forward_batch_;                       // reused every step
+  std::vector<std::vector<int32_t>> verify_tokens_;  // per batch row: last token + drafts
+  SpecDecodeCounters spec_;
   ForwardOutput forward_output_;
   StepObserver observer_;
   bool stalled_ = false;  // the last Step scheduled nothing and preempted nothing
@@ -243,6 +253,77 @@ void EngineImpl::BuildForwardBatch(const ScheduledBatch& batch) {
     step.page_table = s.seq->page_table;
     // The last chunk of a prompt, or a decode token; a prefill-only request is never sampled.
     step.compute_logits = s.samples && !s.seq->prefill_only;
+    step.num_logits = 1;
+    if (s.num_draft_tokens > 0) {  // verification: logits after the last token and each draft
+      if (verify_tokens_.size() <= i) verify_tokens_.resize(batch.seqs.size());
+      std::vector<int32_t>& t = verify_tokens_[i];
+      t.assign(1, s.seq->token_ids[s.start_pos]);
+      t.insert(t.end(), s.seq->draft_token_ids.begin(),
+               s.seq->draft_token_ids.begin() + s.num_draft_tokens);
+      step.token_ids = t;
+      step.num_logits = s.num_tokens;
+    }
+  }
+}
+
+RequestOutput EngineImpl::SampleSeq(const ScheduledSeq& s, RequestState& state, size_t row,
+                                    SeqUpdate* update) {
+  const model::ModelConfig& config = runner_->config();
+  const StopContext stop_ctx{config.eos_token_id, options_.scheduler.max_model_len};
+  const std::vector<float>& logits = forward_output_.logits[row];
+  const size_t vocab = static_cast<size_t>(config.vocab_size);
+  const int num_drafts = s.num_draft_tokens;
+  PD_CHECK(logits.size() == vocab * (1 + num_drafts))
+      << "logits of sequence " << s.seq_id << " have " << logits.size() << " entries";
+  RequestOutput out = MakeOutput(s.seq_id, state, s.seq);
+  int num_generated = s.seq->num_generated_tokens(), accepted = 0;
+  for (int j = 0; j <= num_drafts; ++j) {
+    SampleResult sample =
+        state.sampler.Sample(std::span<const float>(logits).subspan(j * vocab, vocab));
+    ++num_generated;
+    const StopCheck stop = CheckStop(state.sampler.params(), stop_ctx, sample.token_id,
+                                     num_generated, s.seq->num_tokens() + j + 1);
+    out.new_token_ids.push_back(sample.token_id);
+    if (state.sampler.params().logprobs >= 0) {
+      out.logprobs.push_back({sample.token_id, sample.logprob, std::move(sample.top)});
+    }
+    out.finish_reason = stop.reason;
+    out.stop_token_id = stop.stop_token_id;
+    const bool kept = j < num_drafts && sample.token_id == s.seq->draft_token_ids[j];
+    if (kept) ++spec_.accepted_per_pos[j];
+    accepted += kept ? 1 : 0;
+    if (!kept || stop.reason != FinishReason::kNone) break;
+  }
+  if (num_drafts > 0) {
+    ++spec_.num_drafts;
+    spec_.num_draft_tokens += num_drafts;
+    spec_.num_accepted_tokens += accepted;
+  }
+  out.num_generated_tokens = num_generated;
+  update->seq_id = s.seq_id;
+  update->new_token_id = out.new_token_ids.back();
+  update->finished = out.finish_reason != FinishReason::kNone;
+  update->num_accepted_drafts = static_cast<int>(out.new_token_ids.size()) - 1;
+  return out;
+}
+
+void EngineImpl::ProposeDrafts(std::span<const SeqUpdate> updates) {
+  const SpeculativeConfig& spec = options_.speculative;
+  if (!spec.enabled()) return;
+  for (const SeqUpdate& u : updates) {
+    if (u.finished) continue;
+    const Sequence* seq = scheduler_.Find(u.seq_id);
+    auto it = requests_.find(u.seq_id);
+    if (seq == nullptr || it == requests_.end()) continue;
+    // Drafts and the token after them stay within max_tokens and max_model_len.
+    const int k =
+        std::min({spec.num_speculative_tokens,
+                  it->second->sampler.params().max_tokens - seq->num_generated_tokens() - 1,
+                  options_.scheduler.max_model_len - seq->num_tokens() - 1});
+    if (k <= 0) continue;
+    std::vector<int32_t> drafts =
+        NgramPropose(seq->token_ids, spec.prompt_lookup_min, spec.prompt_lookup_max, k);
+    if (!drafts.empty()) scheduler_.SetDraftTokens(u.seq_id, std::move(drafts));
   }
 }
 
@@ -288,8 +369,6 @@ Result<std::vector<RequestOutput>> EngineImpl::Step() {
     FailBatch(batch, status, &outputs);
     return outputs;
   }
-  const model::ModelConfig& config = runner_->config();
-  const StopContext stop_ctx{config.eos_token_id, options_.scheduler.max_model_len};
   std::vector<SeqUpdate> updates;
   updates.reserve(batch.seqs.size());
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
@@ -301,28 +380,15 @@ Result<std::vector<RequestOutput>> EngineImpl::Step() {
       updates.push_back({s.seq_id, 0, true});
       continue;
     }
-    const std::vector<float>& logits = forward_output_.logits[i];
-    PD_CHECK(static_cast<int>(logits.size()) == config.vocab_size)
-        << "logits of sequence " << s.seq_id << " have " << logits.size() << " entries";
-    SampleResult sample = state.sampler.Sample(logits);
-    const int num_generated = s.seq->num_generated_tokens() + 1;
-    StopCheck stop = CheckStop(state.sampler.params(), stop_ctx, sample.token_id, num_generated,
-                               s.seq->num_tokens() + 1);
-    updates.push_back({s.seq_id, sample.token_id, stop.reason != FinishReason::kNone});
-    RequestOutput out = MakeOutput(s.seq_id, state, s.seq);
-    out.new_token_ids.push_back(sample.token_id);
-    if (state.sampler.params().logprobs >= 0) {
-      out.logprobs.push_back({sample.token_id, sample.logprob, std::move(sample.top)});
-    }
-    out.num_generated_tokens = num_generated;
-    out.finish_reason = stop.reason;
-    out.stop_token_id = stop.stop_token_id;
-    outputs.push_back(std::move(out));
+    SeqUpdate update;
+    outputs.push_back(SampleSeq(s, state, i, &update));
+    updates.push_back(update);
   }
   scheduler_.Update(batch, updates);
   for (const SeqUpdate& u : updates) {
     if (u.finished) requests_.erase(u.seq_id);
   }
+  ProposeDrafts(updates);
   return outputs;
 }
 
@@ -337,6 +403,7 @@ EngineStats EngineImpl::stats() const {
   s.prefix_cache_queries = scheduler_.prefix_cache_queries();
   s.prefix_cache_hits = scheduler_.prefix_cache_hits();
   s.num_cached_pages = pool_.num_cached();
+  s.spec_decode = spec_;
   return s;
 }
 
@@ -372,6 +439,13 @@ Result<std::unique_ptr<Engine>> Engine::CreateWithRunner(std::unique_ptr<ModelRu
     opts.scheduler.max_model_len = max_pos;  // the model knows no positions beyond it
   }
   RETURN_IF_ERROR(CheckOptions(opts.scheduler));
+  RETURN_IF_ERROR(ValidateSpeculativeConfig(opts.speculative));
+  if (opts.speculative.method == SpecMethod::kDraftModel ||
+      opts.speculative.method == SpecMethod::kMtp) {
+    return Unimplemented("--speculative-config: method \"" +
+                         std::string(SpecMethodName(opts.speculative.method)) +
+                         "\" is not supported yet (\"ngram\" is)");
+  }
   if (runner->region().num_pages() < 1) return InvalidArgument("the KV cache has no pages");
   return std::unique_ptr<Engine>(new EngineImpl(std::move(runner), opts));
 }

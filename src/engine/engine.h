@@ -16,6 +16,7 @@
 #include "engine/disagg_hooks.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
+#include "engine/spec_decode.h"
 #include "model/weights.h"
 
 namespace pd::engine {
@@ -39,6 +40,9 @@ struct EngineOptions {
   // Roots the prefix cache's page keys (with the KV format), e.g. the handshake's
   // ModelFingerprint, so that instances of one model name the same prefix with the same key.
   uint64_t model_fingerprint = 0;
+  // Speculative decoding (spec_decode.h); method kNone: off. The engine runs "ngram" itself;
+  // "draft_model" and "mtp" are refused by Create (not built yet).
+  SpeculativeConfig speculative;
 };
 
 struct EngineStats {
@@ -53,6 +57,8 @@ struct EngineStats {
   int64_t prefix_cache_queries = 0;
   int64_t prefix_cache_hits = 0;
   int num_cached_pages = 0;
+  // Speculative decoding, as vLLM counts it (all zero when it is off).
+  SpecDecodeCounters spec_decode;
   double kv_cache_usage() const {
     return num_total_pages == 0 ? 0.0 : 1.0 - double(num_free_pages) / num_total_pages;
   }

@@ -25,6 +25,9 @@ class FakeRunner final : public ModelRunner {
     int page_size = 4;
     int num_pages = 64;
     int fail_on_step = -1;  // Forward returns an error at this step (0-based)
+    // > 0: the token copy_period positions back gets +100 (greedy then repeats the context with
+    // this period: n-gram drafts are accepted).
+    int copy_period = 0;
   };
 
   static std::unique_ptr<FakeRunner> Make(const Options& o) {
@@ -61,13 +64,20 @@ class FakeRunner final : public ModelRunner {
       (*logits)[v] = static_cast<float>((x >> 40) % 10000) / 1000.0f;
     }
   }
+  // The logits after a whole context.
+  static void ContextLogits(const std::vector<int32_t>& context, int vocab, int copy_period,
+                            std::vector<float>* logits) {
+    LogitsFor(ContextHash(context), vocab, logits);
+    const int n = static_cast<int>(context.size());
+    if (copy_period > 0 && n >= copy_period) (*logits)[context[n - copy_period]] += 100.0f;
+  }
   // Greedy tokens of one request run alone, without any cache: the oracle.
   static std::vector<int32_t> GreedyOracle(std::vector<int32_t> tokens, int vocab, int max_tokens,
-                                           int eos = -1) {
+                                           int eos = -1, int copy_period = 0) {
     std::vector<int32_t> out;
     std::vector<float> logits;
     for (int i = 0; i < max_tokens; ++i) {
-      LogitsFor(ContextHash(tokens), vocab, &logits);
+      ContextLogits(tokens, vocab, copy_period, &logits);
       int32_t tok =
           static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
       out.push_back(tok);
@@ -93,11 +103,18 @@ class FakeRunner final : public ModelRunner {
       }
       max_batch_tokens_ = std::max<int>(max_batch_tokens_, static_cast<int>(s.token_ids.size()));
       if (!s.compute_logits) continue;
+      PD_CHECK(s.num_logits >= 1 && s.num_logits <= static_cast<int>(s.token_ids.size()));
       std::vector<int32_t> context(end);
       for (int pos = 0; pos < end; ++pos) {
         context[pos] = static_cast<int32_t>(*Slot(s.page_table, pos));
       }
-      LogitsFor(ContextHash(context), options_.vocab_size, &out->logits[i]);
+      // One row per requested position: the logits after each of the last num_logits tokens.
+      std::vector<float> row;
+      for (int r = s.num_logits - 1; r >= 0; --r) {
+        ContextLogits(std::vector<int32_t>(context.begin(), context.end() - r), options_.vocab_size,
+                      options_.copy_period, &row);
+        out->logits[i].insert(out->logits[i].end(), row.begin(), row.end());
+      }
     }
     ++steps_done_;
     return OkStatus();

@@ -154,32 +154,44 @@ TEST_P(Fp8IsaTest, ParallelMatmulOverPackedWeightsEqualsTheReference) {
   }
 }
 
-// Every finite code, subnormals and negative zero included, converts exactly (scale 1, x = 1).
+// Every finite code, subnormals and negative zero included, converts exactly (scale 1, x a unit
+// vector), at every k of 1, 2 and 3 (decode reads two k at a time, and an odd k's last alone).
 TEST_P(Fp8IsaTest, EveryCodeConvertsExactly) {
-  std::vector<uint8_t> codes;
+  std::vector<uint8_t> finite;
   for (int c = 0; c < 256; ++c)
-    if ((c & 0x7f) != 0x7f) codes.push_back(static_cast<uint8_t>(c));
-  const int64_t n = static_cast<int64_t>(codes.size());
-  std::vector<float> scales((n + 127) / 128, 1.0f);
-  WeightMatrix w;
-  w.data = codes.data();
-  w.fp8 = true;
-  w.scales = scales.data();
-  w.n = n;
-  w.k = 1;
+    if ((c & 0x7f) != 0x7f) finite.push_back(static_cast<uint8_t>(c));
+  const int64_t n = static_cast<int64_t>(finite.size());
   ThreadPool pool(1);
-  std::vector<uint8_t> packed(Panel32BytesLike(n, w));
-  const WeightMatrix pw = PackPanel32(pool, &w, 1, packed.data());
-  for (int64_t m : {1, 6}) {
-    const std::vector<float> x(m, 1.0f);
-    std::vector<float> got(m * n);
-    isa_->matmul(x.data(), m, 1, w, 0, n, got.data(), n);
+  for (int64_t k = 1; k <= 3; ++k) {
+    // W[r, c] = finite[(r + 37 c) % n]: each column holds every code, in a different order.
+    std::vector<uint8_t> codes(n * k);
     for (int64_t r = 0; r < n; ++r)
-      ASSERT_EQ(got[(m - 1) * n + r], model::Fp8E4m3ToF32(codes[r])) << "code " << int{codes[r]};
-    if (isa_->matmul_panel == nullptr) continue;
-    isa_->matmul_panel(x.data(), m, 1, pw, 0, n, got.data(), n);
-    for (int64_t r = 0; r < n; ++r)
-      ASSERT_EQ(got[(m - 1) * n + r], model::Fp8E4m3ToF32(codes[r])) << "code " << int{codes[r]};
+      for (int64_t c = 0; c < k; ++c) codes[r * k + c] = finite[(r + 37 * c) % n];
+    std::vector<float> scales((n + 127) / 128, 1.0f);
+    WeightMatrix w;
+    w.data = codes.data();
+    w.fp8 = true;
+    w.scales = scales.data();
+    w.n = n;
+    w.k = k;
+    std::vector<uint8_t> packed(Panel32BytesLike(n, w));
+    const WeightMatrix pw = PackPanel32(pool, &w, 1, packed.data());
+    for (int64_t m : {1, 2, 6})
+      for (int64_t c = 0; c < k; ++c) {
+        std::vector<float> x(m * k, 0.0f);
+        x[(m - 1) * k + c] = 1.0f;  // the last row picks column c
+        std::vector<float> got(m * n);
+        isa_->matmul(x.data(), m, k, w, 0, n, got.data(), n);
+        for (int64_t r = 0; r < n; ++r)
+          ASSERT_EQ(got[(m - 1) * n + r], model::Fp8E4m3ToF32(codes[r * k + c]))
+              << "code " << int{codes[r * k + c]} << " k " << k << " column " << c;
+        if (isa_->matmul_panel == nullptr) continue;
+        isa_->matmul_panel(x.data(), m, k, pw, 0, n, got.data(), n);
+        for (int64_t r = 0; r < n; ++r)
+          ASSERT_EQ(got[(m - 1) * n + r], model::Fp8E4m3ToF32(codes[r * k + c]))
+              << "panel, code " << int{codes[r * k + c]} << " k " << k << " column " << c
+              << " rows " << m;
+      }
   }
 }
 

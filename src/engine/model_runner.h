@@ -28,6 +28,9 @@ struct SeqStep {
   std::span<const int32_t> token_ids;   // tokens to run now: a prefill chunk or one decode token
   std::span<const int32_t> page_table;  // the sequence's pages, covering start_pos+len tokens
   bool compute_logits = false;          // logits of the last token of this step
+  // With compute_logits: logits of the last num_logits tokens of this step (speculative
+  // verification: the last accepted token and the drafts), in 1..token_ids.size().
+  int num_logits = 1;
 };
 
 struct ForwardBatch {
@@ -35,7 +38,8 @@ struct ForwardBatch {
 };
 
 struct ForwardOutput {
-  // (vocab) logits per seq with compute_logits, in batch order; empty rows otherwise.
+  // (num_logits, vocab) row-major logits per seq with compute_logits, in batch order (one row
+  // of the last token for num_logits 1); empty otherwise.
   std::vector<std::vector<float>> logits;
   // (hidden) final-norm hidden state of each seq's last token (the messenger's metadata).
   std::vector<std::vector<float>> last_hidden;

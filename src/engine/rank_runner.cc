@@ -40,6 +40,9 @@ Status RankRunner::Validate(const ForwardBatch& batch) const {
     const SeqStep& s = batch.seqs[i];
     const std::string who = "seq " + std::to_string(s.seq_id) + ": ";
     if (s.token_ids.empty()) return InvalidArgument(who + "no tokens to run");
+    if (s.compute_logits && (s.num_logits < 1 || size_t(s.num_logits) > s.token_ids.size()))
+      return InvalidArgument(who + "num_logits " + std::to_string(s.num_logits) + " outside [1, " +
+                             std::to_string(s.token_ids.size()) + "]");
     if (s.start_pos < 0) return InvalidArgument(who + "negative start_pos");
     const int64_t end = static_cast<int64_t>(s.start_pos) + s.token_ids.size();
     if (c_.max_position_embeddings > 0 && end > c_.max_position_embeddings)
@@ -319,38 +322,52 @@ void RankRunner::Attention(int l) {
 
 void RankRunner::Finish(const ForwardBatch& batch, ForwardOutput* out) {
   const int64_t hd = c_.hidden_size, vocab = w_->lm_head.w.n;  // with TP: this rank's rows
+  const int64_t full_vocab = c_.vocab_size;
   const int64_t num_seqs = static_cast<int64_t>(batch.seqs.size());
   const float eps = static_cast<float>(c_.rms_norm_eps);
-  // Final norm of each seq's last token into final_h (num_seqs, hidden): seqs wanting logits
-  // first, so lm_head reads its weights once for all of them.
-  Ensure(s_.final_h, num_seqs * hd);
+  // Final norm of the rows that leave the model into final_h (R, hidden): the last num_logits
+  // rows of each seq wanting logits first, so lm_head reads its weights once for all of them,
+  // then the last row of each other seq (its hidden state only). final_slot[i] is seq i's first
+  // row; its last token's row is final_slot[i] + rows(i) - 1.
+  auto rows_of = [&](int64_t i) -> int64_t {
+    return batch.seqs[i].compute_logits ? batch.seqs[i].num_logits : 1;
+  };
   Ensure(s_.final_slot, num_seqs);
   int64_t num_logits = 0;
-  for (int64_t i = 0; i < num_seqs; ++i)
-    if (batch.seqs[i].compute_logits) s_.final_slot[i] = static_cast<int32_t>(num_logits++);
-  for (int64_t i = 0, next = num_logits; i < num_seqs; ++i)
-    if (!batch.seqs[i].compute_logits) s_.final_slot[i] = static_cast<int32_t>(next++);
   for (int64_t i = 0; i < num_seqs; ++i) {
-    const int64_t row = s_.seqs[i].token_begin + s_.seqs[i].num_tokens - 1;
-    ref::RmsNorm(s_.x.data() + row * hd, 1, hd, hd, w_->final_norm.data(), eps,
+    if (!batch.seqs[i].compute_logits) continue;
+    s_.final_slot[i] = static_cast<int32_t>(num_logits);
+    num_logits += rows_of(i);
+  }
+  int64_t num_rows = num_logits;
+  for (int64_t i = 0; i < num_seqs; ++i)
+    if (!batch.seqs[i].compute_logits) s_.final_slot[i] = static_cast<int32_t>(num_rows++);
+  Ensure(s_.final_h, num_rows * hd);
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    const int64_t n = rows_of(i);
+    const int64_t row = s_.seqs[i].token_begin + s_.seqs[i].num_tokens - n;
+    ref::RmsNorm(s_.x.data() + row * hd, n, hd, hd, w_->final_norm.data(), eps,
                  s_.final_h.data() + s_.final_slot[i] * hd, hd);
   }
   Ensure(s_.logits, num_logits * vocab);
   if (num_logits > 0)
     Matmul(s_.final_h.data(), hd, w_->lm_head.w, s_.logits.data(), vocab, num_logits);
   for (int64_t i = 0; i < num_seqs; ++i) {
-    const int64_t slot = s_.final_slot[i];
-    const float* hrow = s_.final_h.data() + slot * hd;
-    const float* lrow = s_.logits.data() + slot * vocab;
+    const int64_t slot = s_.final_slot[i], n = rows_of(i);
+    const float* hrow = s_.final_h.data() + (slot + n - 1) * hd;
+    const float* lrows = s_.logits.data() + slot * vocab;
     if (rank_.reduce != nullptr) {  // out is sized by the caller: write this rank's part
       if (rank_.rank == 0) std::copy(hrow, hrow + hd, out->last_hidden[i].begin());
-      if (batch.seqs[i].compute_logits)
-        std::copy(lrow, lrow + vocab, out->logits[i].begin() + rank_.vocab_begin);
+      if (!batch.seqs[i].compute_logits) continue;
+      for (int64_t r = 0; r < n; ++r) {
+        std::copy(lrows + r * vocab, lrows + (r + 1) * vocab,
+                  out->logits[i].begin() + r * full_vocab + rank_.vocab_begin);
+      }
       continue;
     }
     out->last_hidden[i].assign(hrow, hrow + hd);
     if (batch.seqs[i].compute_logits) {
-      out->logits[i].assign(lrow, lrow + vocab);
+      out->logits[i].assign(lrows, lrows + n * vocab);
     } else {
       out->logits[i].clear();
     }

@@ -148,6 +148,7 @@ void Scheduler::Preempt(Sequence* seq) {
   seq->num_computed_tokens = 0;
   seq->num_cached_pages = 0;  // its registered pages stay cached (evictable): it may find them
   seq->cache_chain_broken = false;
+  seq->draft_token_ids.clear();
   seq->state = SeqState::kWaiting;
   seq->num_preemptions++;
   running_.erase(std::find(running_.begin(), running_.end(), seq));
@@ -239,6 +240,41 @@ void Scheduler::ScheduleRunning(StepState* step, bool decodes) {
     AddToBatch(&step->batch, seq, num_new);
     step->budget -= num_new;
   }
+}
+
+bool Scheduler::SetDraftTokens(int64_t id, std::vector<int32_t> draft_ids) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return false;
+  Sequence* seq = it->second.get();
+  const int remaining = seq->num_tokens() - seq->num_computed_tokens;
+  if (seq->state != SeqState::kRunning || seq->prefill_only ||
+      !IsDecodeStep(*seq, seq->num_computed_tokens, remaining)) {
+    seq->draft_token_ids.clear();
+    return false;
+  }
+  seq->draft_token_ids = std::move(draft_ids);
+  return true;
+}
+
+void Scheduler::ScheduleDrafts(StepState* step) {
+  for (ScheduledSeq& s : step->batch.seqs) {
+    if (step->budget <= 0) return;
+    if (!s.is_decode) continue;
+    Sequence* seq = seqs_.at(s.seq_id).get();
+    const int k = std::min(static_cast<int>(seq->draft_token_ids.size()), step->budget);
+    if (k == 0 || !GrowPages(seq, seq->num_computed_tokens + 1 + k)) continue;
+    s.num_tokens += k;
+    s.num_draft_tokens = k;
+    step->batch.num_decode_tokens += k;
+    step->budget -= k;
+  }
+}
+
+void Scheduler::TrimPages(Sequence* seq) {
+  const size_t keep = static_cast<size_t>(PagesFor(seq->num_tokens()));
+  if (seq->page_table.size() <= keep) return;
+  pool_->Release(std::span<const int32_t>(seq->page_table).subspan(keep));
+  seq->page_table.resize(keep);
 }
 
 void Scheduler::ScheduleWaiting(StepState* step) {
@@ -368,6 +404,7 @@ ScheduledBatch Scheduler::Schedule() {
   step.budget = options_.max_num_batched_tokens;
   step.batch.time = clock_->NowSeconds();
   ScheduleRunning(&step, /*decodes=*/true);
+  ScheduleDrafts(&step);
   ScheduleRunning(&step, /*decodes=*/false);
   ScheduleWaiting(&step);
   return std::move(step.batch);
@@ -383,14 +420,24 @@ void Scheduler::Update(const ScheduledBatch& batch, std::span<const SeqUpdate> u
     Sequence* seq = it->second.get();
     PD_CHECK(seq->state == SeqState::kRunning && seq->num_computed_tokens == s.start_pos)
         << "sequence " << seq->id << " changed between Schedule and Update";
-    seq->num_computed_tokens += s.num_tokens;
-    CacheComputedPages(seq);
     auto u = by_id.find(s.seq_id);
+    const int kept =
+        u == by_id.end() ? 0 : std::clamp(u->second->num_accepted_drafts, 0, s.num_draft_tokens);
+    // Only the last token and the accepted drafts have their KV: the rest is overwritten later.
+    seq->num_computed_tokens += s.num_tokens - s.num_draft_tokens + kept;
     if (s.samples) {
       PD_CHECK(u != by_id.end()) << "sequence " << seq->id << " sampled but got no update";
+      seq->token_ids.insert(seq->token_ids.end(), seq->draft_token_ids.begin(),
+                            seq->draft_token_ids.begin() + kept);
       seq->token_ids.push_back(u->second->new_token_id);
     }
-    if (u != by_id.end() && u->second->finished) Abort(seq->id);
+    seq->draft_token_ids.clear();
+    CacheComputedPages(seq);
+    if (u != by_id.end() && u->second->finished) {
+      Abort(seq->id);
+    } else if (s.num_draft_tokens > 0) {
+      TrimPages(seq);
+    }
   }
 }
 

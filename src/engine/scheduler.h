@@ -10,6 +10,9 @@
 // Policy, per step:
 //   1. running sequences that decode (one token each), oldest first;
 //   2. running sequences still prefilling (a chunk each), oldest first;
+//   2a. speculative drafts (SetDraftTokens) of the decodes scheduled in 1, in the same order,
+//      while the budget and the free pages allow: a decode with K drafts runs K + 1 tokens and
+//      yields up to K + 1 (its accepted drafts and one more). Drafts never preempt anyone.
 //   3. waiting sequences, FCFS, while max_num_seqs and the token budget allow; a prompt larger
 //      than the remaining budget gets a chunk (enable_chunked_prefill) or waits. Behind one that
 //      waits for pages only sequences that already hold theirs (remote-KV, their KV arrived) pass.
@@ -76,6 +79,9 @@ struct Sequence {
   int num_cached_pages = 0;
   bool cache_chain_broken = false;
   int num_cached_tokens = -1;
+  // Speculative decoding: tokens proposed to follow token_ids, verified at the next decode step.
+  // Never counted as computed or cached before they are accepted.
+  std::vector<int32_t> draft_token_ids;
 
   int num_tokens() const { return static_cast<int>(token_ids.size()); }
   int num_generated_tokens() const { return num_tokens() - num_prompt_tokens; }
@@ -89,6 +95,9 @@ struct ScheduledSeq {
   int num_tokens = 0;
   bool is_decode = false;  // one token after the prompt (and any re-prefill) was computed
   bool samples = false;    // the chunk ends at the sequence's last token: the step yields a token
+  // A decode verifying drafts: num_tokens is 1 + num_draft_tokens, the last token then
+  // seq->draft_token_ids[0, num_draft_tokens).
+  int num_draft_tokens = 0;
   int context_len() const { return start_pos + num_tokens; }
 };
 
@@ -107,6 +116,9 @@ struct SeqUpdate {
   int64_t seq_id = 0;
   int32_t new_token_id = -1;  // appended when the scheduled chunk `samples`; ignored otherwise
   bool finished = false;      // release the sequence (only meaningful when it sampled)
+  // Verification: the leading drafts kept, appended (and counted computed) before new_token_id.
+  // The KV of the drafts after them is dropped: their pages past the sequence's end go back.
+  int num_accepted_drafts = 0;
 };
 
 // Thread safety: not thread-safe; one thread (the engine loop or the simulator) calls everything.
@@ -135,6 +147,10 @@ class Scheduler {
   // Removes the sequence wherever it is and releases its pages now. False if unknown.
   // Not to be called between Schedule and Update for a sequence of that batch.
   bool Abort(int64_t id);
+
+  // Drafts for the next decode step of a running sequence whose next step is a decode (others:
+  // ignored, false). Replaces earlier drafts; cleared by every Update and by preemption.
+  bool SetDraftTokens(int64_t id, std::vector<int32_t> draft_ids);
 
   ScheduledBatch Schedule();
   // Advances every scheduled sequence by its chunk, appends sampled tokens and releases finished
@@ -168,6 +184,9 @@ class Scheduler {
   void Preempt(Sequence* seq);
   void ScheduleRunning(StepState* step, bool decodes);
   void ScheduleWaiting(StepState* step);
+  void ScheduleDrafts(StepState* step);
+  // Gives back the pages past those the sequence's tokens need (rejected drafts' KV).
+  void TrimPages(Sequence* seq);
   // True when running num_new more tokens of `seq` needs pages its table lacks.
   bool NeedsPages(const Sequence& seq, int num_new) const;
   // A waiting sequence needs pages it does not hold (one holding all it needs is a remote-KV

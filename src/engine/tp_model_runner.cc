@@ -3,6 +3,7 @@
 // Rank 0 runs on the caller's thread (the engine loop), ranks 1.. on threads owned here.
 #include "engine/tp_model_runner.h"
 
+#include <algorithm>
 #include <string>
 #include <thread>
 
@@ -96,7 +97,9 @@ Status TpRunner::Forward(const ForwardBatch& batch, ForwardOutput* out) {
   out->last_hidden.resize(n);
   for (size_t i = 0; i < n; ++i) {
     if (batch.seqs[i].compute_logits) {
-      out->logits[i].resize(full_->config.vocab_size);
+      const size_t rows =
+          std::clamp<size_t>(batch.seqs[i].num_logits, 1, batch.seqs[i].token_ids.size());
+      out->logits[i].resize(rows * full_->config.vocab_size);
     } else {
       out->logits[i].clear();
     }

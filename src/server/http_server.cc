@@ -111,6 +111,18 @@ Result<std::unique_ptr<OpenAiServer>> OpenAiServer::Create(const ServerOptions& 
     s->metrics_.prefix_cache_queries->SetTotal(labels,
                                                static_cast<double>(stats.prefix_cache_queries));
     s->metrics_.prefix_cache_hits->SetTotal(labels, static_cast<double>(stats.prefix_cache_hits));
+    const engine::SpecDecodeCounters& spec = stats.spec_decode;
+    s->metrics_.spec_decode_num_drafts->SetTotal(labels, static_cast<double>(spec.num_drafts));
+    s->metrics_.spec_decode_num_draft_tokens->SetTotal(labels,
+                                                       static_cast<double>(spec.num_draft_tokens));
+    s->metrics_.spec_decode_num_accepted_tokens->SetTotal(
+        labels, static_cast<double>(spec.num_accepted_tokens));
+    for (size_t pos = 0; pos < spec.accepted_per_pos.size(); ++pos) {
+      Labels l = labels;
+      l.emplace_back("position", std::to_string(pos));
+      s->metrics_.spec_decode_num_accepted_tokens_per_pos->SetTotal(
+          l, static_cast<double>(spec.accepted_per_pos[pos]));
+    }
   });
   EventLoopOptions lo;
   lo.thread_name = "pd-answers";

@@ -244,10 +244,19 @@ ServingMetrics::ServingMetrics(std::string name) : model_name(std::move(name)) {
                           "Prefix cache queries, in terms of number of queried tokens.");
   prefix_cache_hits = registry.AddCounter(
       p + "prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.");
+  spec_decode_num_drafts =
+      registry.AddCounter(p + "spec_decode_num_drafts_total", "Number of spec decoding drafts.");
+  spec_decode_num_draft_tokens =
+      registry.AddCounter(p + "spec_decode_num_draft_tokens_total", "Number of draft tokens.");
+  spec_decode_num_accepted_tokens = registry.AddCounter(p + "spec_decode_num_accepted_tokens_total",
+                                                        "Number of accepted tokens.");
+  spec_decode_num_accepted_tokens_per_pos = registry.AddCounter(
+      p + "spec_decode_num_accepted_tokens_per_pos_total", "Accepted tokens per draft position.");
   const Labels labels = model_labels();
-  for (MetricFamily* f : {ttft, inter_token_latency, e2e_latency, queue_time, num_running,
-                          num_waiting, kv_cache_usage, prompt_tokens, generation_tokens,
-                          prefix_cache_queries, prefix_cache_hits}) {
+  for (MetricFamily* f :
+       {ttft, inter_token_latency, e2e_latency, queue_time, num_running, num_waiting,
+        kv_cache_usage, prompt_tokens, generation_tokens, prefix_cache_queries, prefix_cache_hits,
+        spec_decode_num_drafts, spec_decode_num_draft_tokens, spec_decode_num_accepted_tokens}) {
     f->Touch(labels);
   }
   for (const char* reason : {"stop", "length", "abort"}) {

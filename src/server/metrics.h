@@ -109,6 +109,12 @@ struct ServingMetrics {
   // vLLM v1's prefix cache counters, in tokens: the prompts looked up and the part found cached.
   MetricFamily* prefix_cache_queries;  // pdserve:prefix_cache_queries_total
   MetricFamily* prefix_cache_hits;     // pdserve:prefix_cache_hits_total
+  // vLLM v1's speculative decoding counters (present, zero, when speculation is off).
+  MetricFamily* spec_decode_num_drafts;           // pdserve:spec_decode_num_drafts_total
+  MetricFamily* spec_decode_num_draft_tokens;     // pdserve:spec_decode_num_draft_tokens_total
+  MetricFamily* spec_decode_num_accepted_tokens;  // ..._num_accepted_tokens_total
+  // pdserve:spec_decode_num_accepted_tokens_per_pos_total{position}
+  MetricFamily* spec_decode_num_accepted_tokens_per_pos;
 };
 
 }  // namespace pd::server

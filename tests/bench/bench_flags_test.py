@@ -19,6 +19,9 @@ CASES = [
     (["--goodput-search", "ttft:500ms", "--request-rate", "1,2"], "--goodput-search takes one rate"),
     (["--goodput-search", "ttft:5ms", "--slo", "ttft:5ms"], "--slo and --goodput-search"),
     (["--devices", "2"], "--devices goes with --goodput-search"),
+    (["--min-rate", "0.5"], "--min-rate goes with --goodput-search"),
+    (["--goodput-search", "ttft:5ms", "--request-rate", "2", "--min-rate", "4"], "--min-rate must be in"),
+    (["--goodput-search", "ttft:5ms", "--min-rate", "-1"], "--min-rate must be in"),
 ]
 failed = 0
 for flags, want in CASES:
