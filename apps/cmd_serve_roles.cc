@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "messenger/decode_side.h"
 #include "messenger/handshake.h"
+#include "messenger/nics.h"
 #include "messenger/prefill_side.h"
 #include "server/drain.h"
 #include "transfer/fault_injection.h"
@@ -39,6 +40,13 @@ void AddRoleFlags(CLI::App* app, RoleFlags* f) {
       ->capture_default_str();
   app->add_option("--fabric-node", f->fabric_node, "address the fabric endpoint binds")
       ->capture_default_str();
+  app->add_option("--fabric-nics", f->fabric_nics,
+                  "prefill and decode roles: the NICs the KV messenger uses, one fabric domain "
+                  "each: auto (the RDMA NICs nearest this process's CPUs that the provider "
+                  "offers; none: the one default interface) or a comma-separated list of local "
+                  "addresses (tcp) or provider domain names (mlx5_0). The first also carries the "
+                  "control messages (it replaces --fabric-node); KV writes stripe over all and a "
+                  "NIC that fails is taken out of rotation, its writes re-posted on the others");
   app->add_option("--kv-transfer-timeout-ms", f->kv_transfer_timeout_ms,
                   "deadline of one KV transfer attempt")
       ->capture_default_str();
@@ -116,6 +124,14 @@ Status ValidateRoleFlags(const RoleFlags& f) {
                            std::to_string(f.control_message_bytes));
   }
   if (!(f.kv_wait_warm_ms >= 0)) return InvalidArgument("--kv-wait-warm-ms must be >= 0");
+  if (!f.fabric_nics.empty() && f.fabric_nics != "auto") {
+    RETURN_IF_ERROR(messenger::ResolveNics(f.fabric_nics, f.fabric_provider).status());
+  }
+  if (f.role == "colocated" && !f.fabric_nics.empty()) {
+    return InvalidArgument(
+        "--fabric-nics is for --role prefill|decode (a colocated instance "
+        "moves no KV)");
+  }
   if (auto rules = transfer::ParseFaultRules(f.fault_inject); !rules.ok()) {
     return rules.status().WithContext("--fault-inject");
   }
@@ -138,6 +154,20 @@ Status ValidateRoleFlags(const RoleFlags& f) {
         f.fabric_node + "' (provider " + f.fabric_provider +
         ") is reachable from other hosts: give --cluster-secret-file FILE, or --fabric-node "
         "127.0.0.1");
+  }
+  if (f.insecure_no_secret && !f.fabric_nics.empty()) {
+    // Control messages travel on the first NIC: it must be loopback like --fabric-node.
+    auto nics = f.fabric_nics == "auto"
+                    ? Result<std::vector<std::string>>(std::vector<std::string>{"auto"})
+                    : messenger::ResolveNics(f.fabric_nics, f.fabric_provider);
+    for (const std::string& nic : nics.ok() ? *nics : std::vector<std::string>{}) {
+      if (!FabricIsLoopbackOnly(f.fabric_provider, nic)) {
+        return InvalidArgument(
+            "--insecure-no-secret is only allowed with the fabric endpoints "
+            "on loopback, but --fabric-nics names '" +
+            nic + "': give --cluster-secret-file FILE");
+      }
+    }
   }
   return OkStatus();
 }
@@ -207,7 +237,12 @@ Result<std::unique_ptr<cluster::Registration>> RegisterRole(const RoleFlags& fla
   m.fabric_address = HexEncode(fabric_address);
   m.model_fingerprint = std::to_string(messenger::ModelFingerprint(weights));
   m.tensor_parallel_size = flags.tensor_parallel_size;
-  if (!flags.fabric_node.empty()) m.nics.push_back(flags.fabric_node);
+  auto nics = messenger::ResolveNics(flags.fabric_nics, flags.fabric_provider);
+  if (nics.ok() && !nics->empty()) {
+    m.nics = *nics;
+  } else if (!flags.fabric_node.empty()) {
+    m.nics.push_back(flags.fabric_node);
+  }
   return cluster::RegisterMember(flags.discovery, std::move(m), secret);
 }
 
@@ -269,6 +304,9 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
   mo.cluster_secret = *secret;
   mo.model_hash = messenger::ModelFingerprint(weights);
   mo.domain = DomainFor(flags);
+  auto nics = messenger::ResolveNics(flags.fabric_nics, flags.fabric_provider);
+  if (!nics.ok()) return fail(nics.status());
+  mo.nics = *nics;
   mo.max_transfers = ao.max_pending_requests;
   mo.max_message_bytes = flags.control_message_bytes;
   // A decode instance's deadline is capped at this: never below what it asks for.
@@ -439,6 +477,7 @@ Result<RoleEngine> CreateRoleEngine(const RoleFlags& flags, const model::ModelWe
   mo.cluster_secret = secret;
   mo.model_hash = messenger::ModelFingerprint(weights);
   mo.domain = DomainFor(flags);
+  ASSIGN_OR_RETURN(mo.nics, messenger::ResolveNics(flags.fabric_nics, flags.fabric_provider));
   mo.transfer_timeout_ms = static_cast<uint32_t>(flags.kv_transfer_timeout_ms);
   mo.kv_checksum = flags.kv_checksum;
   mo.local_prefill_max_tokens = flags.local_prefill_max_tokens;

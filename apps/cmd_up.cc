@@ -147,6 +147,10 @@ PD_REGISTER_COMMAND(
                       "libfabric provider of the KV transfers (tcp;ofi_rxm over loopback; shm: "
                       "one host, copied by the kernel between the processes)")
           ->capture_default_str();
+      app->add_option("--fabric-nics", f->fabric_nics,
+                      "prefill and decode instances' --fabric-nics (auto or a list of local "
+                      "addresses or provider domain names): KV writes stripe over those NICs")
+          ->capture_default_str();
       app->add_option("--plan", f->plan,
                       "a plan JSON from `pdserve plan --out`: its prefill/decode counts and "
                       "threads replace --prefill/--decode/--threads");

@@ -33,6 +33,7 @@ struct RoleFlags {
   bool insecure_no_secret = false;  // no secret: only on loopback
   std::string fabric_provider = "tcp;ofi_rxm";
   std::string fabric_node = "127.0.0.1";  // local address the fabric endpoint binds
+  std::string fabric_nics;  // --fabric-nics auto|LIST: one fabric domain per NIC; empty: one
   int kv_transfer_timeout_ms = 30000;
   uint32_t control_message_bytes = 256u << 10;  // largest control message received
   double peer_wait_s = 60.0;     // decode: how long to wait for prefill instances at start

@@ -35,6 +35,7 @@ std::vector<std::string> ServeArgs(const Options& f, const std::string& secret_f
       f.fabric_provider == "shm" ? "" : f.host, "--kv-transfer-timeout-ms",
       std::to_string(f.kv_transfer_timeout_ms), "--idle-poll-us", std::to_string(f.idle_poll_us),
       "--matmul", f.matmul, "--drain-timeout-s", std::to_string(f.drain_timeout_s)};
+  if (!f.fabric_nics.empty()) a.insert(a.end(), {"--fabric-nics", f.fabric_nics});
   if (!f.served_model_name.empty()) {
     a.insert(a.end(), {"--served-model-name", f.served_model_name});
   }

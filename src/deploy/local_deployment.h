@@ -73,6 +73,7 @@ struct LocalDeploymentOptions {
   int local_prefill_max_tokens = engine::kDefaultLocalPrefillMaxTokens;  // decode instances'
   int64_t idle_poll_us = 0;  // every instance's --idle-poll-us
   std::string fabric_provider = "tcp;ofi_rxm";
+  std::string fabric_nics;         // prefill and decode instances' --fabric-nics; empty: one NIC
   double start_timeout_s = 300.0;  // how long an instance may take to start (or restart)
   std::string plan;  // a pdserve-plan-v1 file: instance counts and threads come from it
   // SIGTERM: the router refuses new requests and lets those open finish for this long, then every

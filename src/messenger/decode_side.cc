@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/thread_util.h"
 #include "messenger/decode_side_impl.h"
+#include "messenger/nics.h"
 
 namespace pd::messenger {
 
@@ -22,8 +23,17 @@ Status DecodeMessenger::Impl::Init() {
   inbox.metrics = &owner_->metrics_;
   inbox.side = "decode messenger";
   inbox.max_queued = options_.max_queued_messages;
-  ASSIGN_OR_RETURN(domain_,
-                   OpenMessengerDomain(options_.domain, options_.max_message_bytes, inbox));
+  transfer::DomainOptions first =
+      options_.nics.empty() ? options_.domain : NicDomainOptions(options_.domain, options_.nics[0]);
+  ASSIGN_OR_RETURN(domain_, OpenMessengerDomain(first, options_.max_message_bytes, inbox));
+  RETURN_IF_ERROR(CheckKvCapabilities(domain_->info()));
+  // Writes landing on any NIC count in NIC 0's imm table.
+  ASSIGN_OR_RETURN(extra_domains_,
+                   OpenExtraNics(options_.domain, options_.nics, domain_->shared_imm_counters()));
+  std::string nics = NicLabel(first, domain_->info());
+  for (size_t i = 1; i < options_.nics.size(); ++i) nics += ", " + options_.nics[i];
+  PD_LOG_INFO("decode messenger: provider {} on {} NIC(s): {}", domain_->info().provider,
+              1 + extra_domains_.size(), nics);
   const int slots = std::max(1, options_.max_transfers);
   ASSIGN_OR_RETURN(meta_buffer_,
                    transfer::HostBuffer::Allocate(static_cast<size_t>(slots) * slot_bytes_));
@@ -47,6 +57,12 @@ Status DecodeMessenger::Impl::RegisterPeerRegions(int peer) {
                    RegisterRankRegions(*domain_, runner_, transfer::RegionAccess::kRemoteWrite));
   ASSIGN_OR_RETURN(p.meta_mr, domain_->RegisterMemory(meta_buffer_.data(), meta_buffer_.size(),
                                                       transfer::RegionAccess::kRemoteWrite));
+  p.nic_kv_mrs.clear();
+  for (auto& d : extra_domains_) {
+    ASSIGN_OR_RETURN(auto mrs,
+                     RegisterRankRegions(*d, runner_, transfer::RegionAccess::kRemoteWrite));
+    p.nic_kv_mrs.push_back(std::move(mrs));
+  }
   return OkStatus();
 }
 
@@ -54,6 +70,11 @@ void DecodeMessenger::Impl::RevokeKeys(int peer, const Status& why) {
   Peer& p = peers_[peer];
   for (const transfer::MemoryRegion& mr : p.kv_mrs) (void)domain_->Deregister(mr);
   (void)domain_->Deregister(p.meta_mr);
+  for (size_t i = 0; i < p.nic_kv_mrs.size() && i < extra_domains_.size(); ++i) {
+    for (const transfer::MemoryRegion& mr : p.nic_kv_mrs[i])
+      (void)extra_domains_[i]->Deregister(mr);
+  }
+  p.nic_kv_mrs.clear();
   p.kv_mrs.clear();
   p.meta_mr = {};
   owner_->metrics_.KeysRevoked();
@@ -161,6 +182,7 @@ Hello DecodeMessenger::Impl::MakeHello(int peer) const {
   hello.fabric_address = address();
   hello.recipient_address = peers_[peer].config.fabric_address;
   hello.max_message_bytes = options_.max_message_bytes;
+  for (const auto& d : extra_domains_) hello.nic_addresses.push_back(d->info().address);
   return hello;
 }
 
@@ -236,6 +258,8 @@ void DecodeMessenger::Impl::OnFrame(Frame frame) {
     OnHelloReply(*reply, frame);
   } else if (auto* done = std::get_if<PrefillDone>(&frame.message)) {
     OnPrefillDone(*done, frame);
+  } else if (auto* reroute = std::get_if<Reroute>(&frame.message)) {
+    OnReroute(*reroute, frame);
   } else {
     owner_->metrics_.Rejected();
     PD_LOG_WARN_LIMITED(warnings_, "type", "decode messenger: unexpected message type {}",

@@ -65,6 +65,10 @@ struct DecodeMessengerOptions {
   std::string cluster_secret;
   uint64_t model_hash = 0;  // ModelFingerprint(weights)
   transfer::DomainOptions domain;
+  // --fabric-nics, resolved (nics.h): one domain per entry with `domain`'s options bound to that
+  // NIC, our KV regions registered in each for every peer and announced in the Hello; NIC 0 also
+  // carries the control messages and the metadata. Empty: one domain as `domain` says.
+  std::vector<std::string> nics;
   std::vector<PrefillPeer> peers;
   // The peers change at run time (SetPeers, e.g. from etcd discovery): `peers` may be empty.
   bool dynamic_peers = false;

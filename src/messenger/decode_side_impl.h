@@ -44,7 +44,8 @@ struct Req {
   std::vector<int> tried;  // peer indices
   bool in_flight = false;
   int peer = -1;
-  uint32_t imm = 0;          // the KV page writes'
+  uint32_t imm = 0;          // the KV page writes' (a Reroute replaces it)
+  uint64_t expected = 0;     // KV writes the attempt's counter expects
   uint32_t meta_imm = 0;     // the metadata write's (counted apart)
   bool meta_landed = false;  // the current attempt's metadata write landed (and was handled)
   int meta_slot = -1;
@@ -70,7 +71,8 @@ struct Peer {
   bool removed = false;     // left out by SetPeers: not picked, not greeted
   // Our regions as this peer may write them: registered for it alone, so its keys can be revoked
   // (RevokeKeys) without touching any other peer's.
-  std::vector<transfer::MemoryRegion> kv_mrs;  // per rank
+  std::vector<transfer::MemoryRegion> kv_mrs;                   // per rank (NIC 0)
+  std::vector<std::vector<transfer::MemoryRegion>> nic_kv_mrs;  // [NIC - 1][rank]
   transfer::MemoryRegion meta_mr;
 };
 
@@ -161,6 +163,12 @@ class DecodeMessenger::Impl {
   void OnFrame(Frame frame);
   void OnHelloReply(const HelloReply& reply, const Frame& frame);
   void OnPrefillDone(const PrefillDone& done, const Frame& frame);
+  // A prefill instance lost a NIC under an attempt: a fresh imm for its writes unless its KV has
+  // landed already (decode_side_transfer.cc).
+  void OnReroute(const Reroute& reroute, const Frame& frame);
+  // Deregisters peers_[peer]'s KV regions on our NIC `nic` >= 1 and registers them anew: no write
+  // of that peer still held on the way to that NIC can land any more.
+  Status RevokeNicKeys(int peer, size_t nic);
   // False (and counted) unless `frame` comes from peers_[peer]'s current session and is new.
   bool FromPeer(int peer, const Frame& frame);
   void OnReserved(const engine::KvReservation& reservation, std::shared_ptr<RequestInfo> info);
@@ -238,7 +246,8 @@ class DecodeMessenger::Impl {
   std::shared_ptr<TaskQueue> queue_;
   // Declared before the domain so it is freed after it: peers may write here until it closes.
   transfer::HostBuffer meta_buffer_;  // (max_transfers, slot_bytes): where prefill writes metadata
-  std::unique_ptr<transfer::Domain> domain_;
+  std::unique_ptr<transfer::Domain> domain_;  // NIC 0: control messages, metadata, KV
+  std::vector<std::unique_ptr<transfer::Domain>> extra_domains_;  // NICs 1.. (KV only)
   std::thread thread_;
   std::atomic<bool> stopped_{false};
   std::thread resolver_;

@@ -183,6 +183,7 @@ Status DecodeMessenger::Impl::ExpectWrites(Req* r, uint64_t expected) {
     return meta.status();
   }
   r->imm = imm;
+  r->expected = expected;
   r->meta_imm = meta_imm;
   r->meta_landed = false;
   return OkStatus();
@@ -226,6 +227,12 @@ Status DecodeMessenger::Impl::SendPrefillRequest(Req* r, uint32_t num_pages, uin
   m.decode_scheme = scheme_;
   for (const transfer::MemoryRegion* mr : TargetRegions(*r))
     m.rank_regions.push_back(mr->descriptor.ToBytes());
+  // Per further NIC, the same ranks' regions (with data-parallel ranks: the request's rank only).
+  for (const auto& nic : peers_[peer].nic_kv_mrs) {
+    for (size_t k = 0; k < nic.size(); ++k)
+      if (dp_size_ == 1 || static_cast<int>(k) == TargetRank(*r, 0))
+        m.nic_regions.push_back(nic[k].descriptor.ToBytes());
+  }
   const std::vector<int32_t> pages = TargetPages(*r, num_pages);
   m.metadata_region = peers_[peer].meta_mr.descriptor.ToBytes();
   m.metadata_offset = slot_bytes_ * r->meta_slot;

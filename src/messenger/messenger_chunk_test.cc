@@ -182,7 +182,13 @@ TEST(MessengerPromptAssemblyTest, ChunksAssembleInAnyOrderAndPartialsAreFreed) {
   auto kv_mr = fake->domain().RegisterMemory(kv.data(), kv.size());
   auto meta_mr = fake->domain().RegisterMemory(meta.data(), meta.size());
   ASSERT_TRUE(kv_mr.ok() && meta_mr.ok());
-  fake->Send(to, Hello{"fake-decode", prefill->messenger->format(), {1, 2}, fake->address(), ""});
+  fake->Send(to, Hello{"fake-decode",
+                       prefill->messenger->format(),
+                       {1, 2},
+                       fake->address(),
+                       "",
+                       kDefaultMessageBytes,
+                       {}});
   auto reply = fake->Next();
   ASSERT_TRUE(reply.has_value());
   ASSERT_TRUE(std::get<HelloReply>(reply->message).accepted);

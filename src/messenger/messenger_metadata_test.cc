@@ -78,7 +78,8 @@ FakePeer::Handler KvOnlyPrefill(const Shape& s, std::shared_ptr<MetaSource> meta
   auto src_mr = std::make_shared<std::optional<transfer::MemoryRegion>>();
   return [s, src, src_mr, meta_first](FakePeer& self, const Frame& f) {
     if (auto* hello = std::get_if<Hello>(&f.message)) {
-      HelloReply r{true, "", "fake", hello->format, hello->scheme, self.address()};
+      HelloReply r{
+          true, "", "fake", hello->format, hello->scheme, self.address(), kDefaultMessageBytes, {}};
       self.Send(hello->fabric_address, r);
       return;
     }

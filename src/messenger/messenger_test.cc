@@ -294,7 +294,13 @@ TEST(MessengerFailureTest, BadPrefillRequestsAreRefusedFieldByField) {
   ASSERT_TRUE(meta_mr.ok());
 
   // Before the handshake a request is dropped; after it, refused with a reason.
-  Hello hello{"fake-decode", prefill->messenger->format(), {1, 2}, fake->address(), ""};
+  Hello hello{"fake-decode",
+              prefill->messenger->format(),
+              {1, 2},
+              fake->address(),
+              "",
+              kDefaultMessageBytes,
+              {}};
   fake->Send(prefill->messenger->fabric_address(), hello);
   auto reply = fake->Next();
   ASSERT_TRUE(reply.has_value());

@@ -12,6 +12,7 @@
 
 #include "common/log.h"
 #include "common/thread_util.h"
+#include "messenger/nics.h"
 #include "messenger/prefill_side_impl.h"
 
 namespace pd::messenger {
@@ -29,11 +30,18 @@ Status PrefillMessenger::Impl::Init() {
   inbox.metrics = &owner_->metrics_;
   inbox.side = "prefill messenger";
   inbox.max_queued = options_.max_queued_messages;
-  ASSIGN_OR_RETURN(domain_,
-                   OpenMessengerDomain(options_.domain, options_.max_message_bytes, inbox));
+  transfer::DomainOptions first =
+      options_.nics.empty() ? options_.domain : NicDomainOptions(options_.domain, options_.nics[0]);
+  ASSIGN_OR_RETURN(domain_, OpenMessengerDomain(first, options_.max_message_bytes, inbox));
   address_ = domain_->info().address;
+  RETURN_IF_ERROR(OpenNics());
   ASSIGN_OR_RETURN(kv_mrs_,
                    RegisterRankRegions(*domain_, runner_, transfer::RegionAccess::kLocalSource));
+  for (auto& d : extra_domains_) {
+    ASSIGN_OR_RETURN(auto mrs,
+                     RegisterRankRegions(*d, runner_, transfer::RegionAccess::kLocalSource));
+    extra_kv_mrs_.push_back(std::move(mrs));
+  }
   PD_LOG_INFO("prefill messenger: {} rank KV region(s) registered (tp_size {}, {})", kv_mrs_.size(),
               scheme_.tp_size, DescribeKvCache(owner_->format_, scheme_));
   ASSIGN_OR_RETURN(meta_staging_, transfer::HostBuffer::Allocate(
@@ -97,6 +105,7 @@ void PrefillMessenger::Impl::Stop() {
   // the source pages go back to the engine, and before the runner's KV regions and our buffers
   // can be freed by whoever owns them.
   domain_.reset();
+  extra_domains_.clear();
   partials_.clear();
   partial_bytes_ = 0;
   set_aside_.clear();  // their writes went with the domain
@@ -119,6 +128,8 @@ void PrefillMessenger::Impl::OnFrame(Frame frame) {
     OnPromptChunk(std::move(*chunk), frame);
   } else if (auto* cancel = std::get_if<Cancel>(&frame.message)) {
     OnCancel(*cancel, frame);
+  } else if (auto* reply = std::get_if<RerouteReply>(&frame.message)) {
+    OnRerouteReply(*reply, frame);
   } else {
     Warn("type", "unexpected message type " + std::to_string(frame.message.index() + 1));
     owner_->metrics_.Rejected();
@@ -164,9 +175,16 @@ void PrefillMessenger::Impl::OnHello(const Hello& hello, const Frame& frame) {
   reply.scheme = scheme_;
   reply.fabric_address = address();
   reply.max_message_bytes = options_.max_message_bytes;
+  for (const auto& d : extra_domains_) reply.nic_addresses.push_back(d->info().address);
+  DecodePeer accepted{*peer, frame.sender_session, {}, {}, {}};
+  if (ok.ok() && known == peers_.end()) {
+    ok = AddPeerNics(hello, &accepted);
+    reply.accepted = ok.ok();
+    reply.reason = ok.ok() ? "" : ok.message();
+  }
   if (ok.ok()) {
     Heard(hello.fabric_address);
-    if (peers_.emplace(hello.fabric_address, DecodePeer{*peer, frame.sender_session}).second) {
+    if (peers_.emplace(hello.fabric_address, std::move(accepted)).second) {
       by_session_[frame.sender_session] = hello.fabric_address;
       owner_->num_peers_.fetch_add(1);
       PD_LOG_INFO("prefill messenger: accepted decode instance '{}'", hello.instance_name);
@@ -367,6 +385,7 @@ Status PrefillMessenger::Impl::Admit(const PrefillRequest& r, Transfer* t) {
   // region on the way to the prefill's start.
   for (const transfer::MemoryDescriptor& d : dsts) t->dst.push_back({d, t->peer.fi_addr});
   t->meta = {meta, t->peer.fi_addr};
+  RETURN_IF_ERROR(ParseNicRegions(r, peers_.at(t->peer.fabric_addr), t));
   t->imm = r.transfer_imm;
   t->meta_imm = r.metadata_imm;
   t->num_tokens = static_cast<int>(r.token_ids.size());
@@ -421,5 +440,6 @@ void PrefillMessenger::Stop() {
 }
 void PrefillMessenger::BeginDrain() { impl_->BeginDrain(); }
 const std::string& PrefillMessenger::fabric_address() const { return impl_->address(); }
+int PrefillMessenger::num_nics() const { return static_cast<int>(impl_->num_nics()); }
 
 }  // namespace pd::messenger

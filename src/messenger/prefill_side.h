@@ -33,6 +33,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/status.h"
 #include "common/trace.h"
@@ -42,14 +43,24 @@
 #include "messenger/transfer_metrics.h"
 #include "messenger/wire.h"
 #include "transfer/domain.h"
+#include "transfer/fault_injection.h"
 
 namespace pd::messenger {
 
 struct PrefillMessengerOptions {
   std::string instance_name = "prefill";
-  std::string cluster_secret;         // HMAC key of every control message
-  uint64_t model_hash = 0;            // ModelFingerprint(weights)
-  transfer::DomainOptions domain;     // provider, node; on_message is set by the messenger
+  std::string cluster_secret;      // HMAC key of every control message
+  uint64_t model_hash = 0;         // ModelFingerprint(weights)
+  transfer::DomainOptions domain;  // provider, node; on_message is set by the messenger
+  // --fabric-nics, resolved (nics.h): one domain per entry, each with `domain`'s options bound to
+  // that NIC. NIC 0 carries the control messages, metadata and checksum writes; the KV writes of
+  // every request stripe over all NICs, round-robin over those in rotation. A KV write that fails
+  // on NIC k >= 1 takes k out of rotation towards that decode instance (kNicDownS) and moves its
+  // transfer to a fresh imm (Reroute): every KV write of it is re-posted on the NICs left. Empty:
+  // one domain as `domain` says.
+  std::vector<std::string> nics;
+  // Tests only: nic_faults[i] is injected into NIC i >= 1 (domain.faults stays with NIC 0).
+  std::vector<std::shared_ptr<transfer::FaultInjector>> nic_faults;
   int max_transfers = 256;            // in flight; beyond: PrefillDone ResourceExhausted
   uint32_t max_deadline_ms = 120000;  // a request's deadline is capped to this
   // A transfer whose decode peer has sent nothing (Hello, heartbeat, request, Cancel) for this
@@ -112,6 +123,7 @@ class PrefillMessenger {
   const TransferMetrics& metrics() const { return metrics_; }
   int num_active_transfers() const { return static_cast<int>(metrics_.active()); }
   int num_peers() const { return num_peers_.load(); }
+  int num_nics() const;
 
  private:
   class Impl;

@@ -34,6 +34,12 @@ void PrefillMessenger::Impl::PostChecksums(Transfer* t) {
   if (t->checksums_posted || !t->error.ok()) return;
   t->checksums_posted = true;
   if (t->layer_crcs.empty()) t->layer_crcs.assign(static_cast<size_t>(num_layers_), 0);
+  Track(t, SubmitChecksums(t), t->imm, ChecksumBytes(static_cast<uint32_t>(num_layers_)), 1);
+}
+
+// The checksum record (naming t->imm: a Reroute re-posts it under the new imm) into the decode
+// side's slot, on NIC 0 (where the metadata region is registered), counted with the KV writes.
+Result<uint64_t> PrefillMessenger::Impl::SubmitChecksums(Transfer* t) {
   const uint64_t record = ChecksumBytes(static_cast<uint32_t>(num_layers_));
   const uint64_t offset = record * static_cast<uint64_t>(t->meta_slot);
   EncodeChecksums(t->imm, t->layer_crcs, crc_staging_.data() + offset);
@@ -45,9 +51,10 @@ void PrefillMessenger::Impl::PostChecksums(Transfer* t) {
   req.dst_offset = t->meta_offset + meta_bytes_;
   req.imm = t->imm;
   auto slot = std::make_shared<transfer::TransferId>(0);
-  auto id = domain_->SubmitWrite(req, WriteDone(t->request_id, slot));
-  if (id.ok()) *slot = *id;
-  Track(t, id, record, 1);
+  ASSIGN_OR_RETURN(transfer::TransferId id,
+                   domain_->SubmitWrite(req, WriteDone(t->request_id, 0, slot)));
+  *slot = id;
+  return InflightKey(0, id);
 }
 
 }  // namespace pd::messenger

@@ -36,6 +36,29 @@ struct LayerWork {
   bool is_last = false;
 };
 
+// One KV paged write of a transfer, kept so that it can be re-posted on another NIC: its shape
+// (pages, sizes, strides, offsets) and the ranks it goes between; src, dst and imm are set when it
+// is posted.
+struct KvWrite {
+  int src_rank = 0;
+  int dst_rank = 0;
+  transfer::PagedWriteRequest shape;
+};
+
+// A write in flight is known by InflightKey(nic, id): transfer ids are per domain.
+inline uint64_t InflightKey(size_t nic, transfer::TransferId id) { return id * kMaxNics + nic; }
+inline size_t InflightNic(uint64_t key) { return key % kMaxNics; }
+inline transfer::TransferId InflightId(uint64_t key) { return key / kMaxNics; }
+
+// How long a NIC whose write failed stays out of rotation towards that decode instance.
+inline constexpr double kNicDownS = 30.0;
+
+// A write posted and not yet come back.
+struct InflightWrite {
+  uint32_t imm = 0;  // the imm it carries: not the transfer's any more once a Reroute moved it
+  double posted_at = 0.0;  // NowSeconds()
+};
+
 struct Transfer {
   uint64_t request_id = 0;  // the decode side's id (unique per decode instance, random prefix)
   transfer::PeerAddr peer;
@@ -44,8 +67,13 @@ struct Transfer {
   int64_t engine_id = -1;
   int num_tokens = 0;
   ShardPlan plan;                           // seeded with request_id
-  std::vector<transfer::RemoteRegion> dst;  // per decode rank
-  uint64_t dst_num_pages = 0;               // pages in one layer of every decode rank's region
+  std::vector<transfer::RemoteRegion> dst;  // per decode rank (NIC 0's)
+  // [our NIC][decode rank]: the decode region our NIC writes into (the decode instance's NIC
+  // nic % its NICs), with that NIC's address in our NIC's AV. [0] == dst.
+  std::vector<std::vector<transfer::RemoteRegion>> nic_dst;
+  std::vector<KvWrite> log;    // every KV write posted so far, for a Reroute
+  bool rerouting = false;      // a Reroute was sent; its reply has not come
+  uint64_t dst_num_pages = 0;  // pages in one layer of every decode rank's region
   std::vector<int32_t> dst_pages;
   int first_page = 0;  // pages before it are in the decode side's prefix cache: not written
   transfer::RemoteRegion meta;
@@ -61,8 +89,8 @@ struct Transfer {
   std::vector<int32_t> kept_pages;  // referenced for us until we release them
   std::vector<float> last_hidden;
   bool meta_posted = false;
-  int outstanding = 0;  // submitted writes not yet completed
-  std::unordered_set<transfer::TransferId> inflight;
+  int outstanding = 0;                                   // submitted writes not yet completed
+  std::unordered_map<uint64_t, InflightWrite> inflight;  // by InflightKey
   uint32_t num_writes = 0;
   uint64_t bytes = 0;
   uint64_t kv_bytes = 0;  // of `bytes`, the KV pages' (metadata and checksums excluded)
@@ -84,7 +112,10 @@ struct SetAsideTransfer {
 // A decode instance that passed the handshake.
 struct DecodePeer {
   transfer::PeerAddr addr;
-  uint64_t session = 0;  // its process's; frames from any other are refused
+  uint64_t session = 0;                       // its process's; frames from any other are refused
+  std::vector<std::string> nic_addresses;     // its further NICs' (from its Hello)
+  std::vector<transfer::PeerAddr> nic_addrs;  // per our NIC: its NIC we write to; [0] == addr
+  std::vector<double> nic_down_until;         // per our NIC: out of rotation until (NowSeconds)
 };
 
 // Ranges [begin, end) of ids received so far; refuses one that overlaps another.
@@ -112,6 +143,12 @@ struct PartialPrompt {
 }  // namespace prefill_internal
 
 using prefill_internal::DecodePeer;
+using prefill_internal::InflightId;
+using prefill_internal::InflightKey;
+using prefill_internal::InflightNic;
+using prefill_internal::InflightWrite;
+using prefill_internal::kNicDownS;
+using prefill_internal::KvWrite;
 using prefill_internal::LayerWork;
 using prefill_internal::PartialPrompt;
 using prefill_internal::SetAsideTransfer;
@@ -136,6 +173,7 @@ class PrefillMessenger::Impl {
   void BeginDrain() { draining_ = true; }
   engine::StepObserver Observer();
   const std::string& address() const { return address_; }
+  size_t num_nics() const { return 1 + extra_domains_.size(); }
 
  private:
   void Loop();
@@ -163,11 +201,38 @@ class PrefillMessenger::Impl {
   Status ParseRankRegions(const PrefillRequest& r, uint64_t layer_bytes,
                           std::vector<transfer::MemoryDescriptor>* out);
   void OnCancel(const Cancel& cancel, const Frame& frame);
+  // Several NICs (prefill_side_nics.cc).
+  Status OpenNics();
+  transfer::Domain& Nic(size_t nic) { return nic == 0 ? *domain_ : *extra_domains_[nic - 1]; }
+  const transfer::MemoryRegion& KvMr(size_t nic, int rank) const {
+    return nic == 0 ? kv_mrs_[static_cast<size_t>(rank)]
+                    : extra_kv_mrs_[nic - 1][static_cast<size_t>(rank)];
+  }
+  // Inserts a new peer's NIC addresses into our NICs' AVs.
+  Status AddPeerNics(const Hello& hello, DecodePeer* peer);
+  // The request's descriptors on the decode instance's further NICs, into t->nic_dst.
+  Status ParseNicRegions(const PrefillRequest& r, const DecodePeer& peer, Transfer* t);
+  // The next NIC in rotation towards t's decode instance; -1 when none is.
+  int PickNic(const Transfer& t);
+  // Posts `w` under t->imm on the next NIC in rotation and tracks it (a failure fails t);
+  // `count`: a first post (not a re-post). Returns the write's InflightKey.
+  Result<uint64_t> PostKv(Transfer* t, const KvWrite& w, bool count);
+  // A write of t carrying `imm` failed on `nic`: true when that is handled by a Reroute (the NIC
+  // is taken out of rotation towards t's peer), false when t must fail.
+  bool MaybeReroute(Transfer* t, size_t nic, uint32_t imm, const Status& status);
+  void OnRerouteReply(const RerouteReply& reply, const Frame& frame);
+  // A KV write on NIC k >= 1 out for longer than nic_stall_s (a link that went down holds its
+  // writes without failing them) is handled as a failed one: MaybeReroute.
+  void CheckStalledNics(double now);
+  // Writes of t still to be waited for: those under its current imm and the metadata write. One
+  // under an imm a Reroute replaced cannot land any more (the decode instance revoked the keys it
+  // targets before answering) and does not hold the transfer.
+  int LiveWrites(const Transfer& t) const;
   void OnStep(const engine::StepInfo& info);
   void OnEngineDone(const engine::RequestOutput& out);
-  void OnWriteDone(uint64_t request_id, transfer::TransferId id, const Status& status);
-  void TracePosted(Result<transfer::TransferId> id, uint64_t request_id, int layer,
-                   int64_t begin_ns, TraceArgs args);
+  void OnWriteDone(uint64_t request_id, uint64_t key, const Status& status);
+  void TracePosted(Result<uint64_t> key, uint64_t request_id, int layer, int64_t begin_ns,
+                   TraceArgs args);
   void PostReady(uint64_t progress);
   void PostLayer(Transfer* t, const LayerWork& w, int layer);
   void MaybePostMetadata(Transfer* t);
@@ -175,7 +240,10 @@ class PrefillMessenger::Impl {
   Status InitChecksums();
   void ChecksumLayer(Transfer* t, const LayerWork& w, int layer);
   void PostChecksums(Transfer* t);
-  void Track(Transfer* t, Result<transfer::TransferId> id, uint64_t bytes, uint32_t writes);
+  Result<uint64_t> SubmitChecksums(Transfer* t);
+  // `key`: the write's InflightKey; `count`: a first post (a re-post adds no writes or bytes).
+  void Track(Transfer* t, Result<uint64_t> key, uint32_t imm, uint64_t bytes, uint32_t writes,
+             bool count = true);
   void Fail(Transfer* t, const Status& status);
   void TryFinish(Transfer* t);
   // Frees a failed transfer's pages and slot although some of its writes are still out
@@ -187,7 +255,9 @@ class PrefillMessenger::Impl {
   void SendDone(const transfer::PeerAddr& peer, uint64_t request_id, const Status& status,
                 uint32_t num_writes);
   Transfer* Find(uint64_t request_id);
-  transfer::Completion WriteDone(uint64_t request_id, std::shared_ptr<transfer::TransferId> id);
+  // `nic`: the domain the write goes on (its id, known once Submit returns, is put in `id`).
+  transfer::Completion WriteDone(uint64_t request_id, size_t nic,
+                                 std::shared_ptr<transfer::TransferId> id);
 
   PrefillMessenger* const owner_;
   const PrefillMessengerOptions options_;
@@ -203,10 +273,13 @@ class PrefillMessenger::Impl {
   transfer::HostBuffer crc_staging_;
   // Registered memory is declared before the domain so it is freed after it (Stop closes the
   // domain first anyway); the KV regions belong to the runner, which outlives Stop.
-  transfer::HostBuffer meta_staging_;  // (max_transfers, meta_bytes): metadata write sources
-  std::unique_ptr<transfer::Domain> domain_;
+  transfer::HostBuffer meta_staging_;         // (max_transfers, meta_bytes): metadata write sources
+  std::unique_ptr<transfer::Domain> domain_;  // NIC 0: control messages, metadata, checksums
+  std::vector<std::unique_ptr<transfer::Domain>> extra_domains_;  // NICs 1.. (--fabric-nics)
   std::string address_;                         // the domain's, kept once it is closed
-  std::vector<transfer::MemoryRegion> kv_mrs_;  // per rank, all in the one domain
+  std::vector<transfer::MemoryRegion> kv_mrs_;  // per rank, in NIC 0's domain
+  std::vector<std::vector<transfer::MemoryRegion>> extra_kv_mrs_;  // [NIC - 1][rank]
+  size_t next_nic_ = 0;                                            // round-robin over NICs
   transfer::MemoryRegion meta_mr_;
   transfer::MemoryRegion crc_mr_;  // crc_staging_'s registration
   std::vector<RankKv> src_kv_;     // per rank, for the checksums
@@ -236,7 +309,7 @@ class PrefillMessenger::Impl {
     int layer;  // -1: metadata
     int64_t posted_ns;
   };
-  std::unordered_map<transfer::TransferId, TracedWrite> traced_;  // only when tracing
+  std::unordered_map<uint64_t, TracedWrite> traced_;  // by InflightKey, only when tracing
 };
 
 }  // namespace pd::messenger

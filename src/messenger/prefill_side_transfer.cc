@@ -93,23 +93,27 @@ void PrefillMessenger::Impl::PostReady(uint64_t progress) {
               work_.end());
 }
 
-transfer::Completion PrefillMessenger::Impl::WriteDone(uint64_t request_id,
+transfer::Completion PrefillMessenger::Impl::WriteDone(uint64_t request_id, size_t nic,
                                                        std::shared_ptr<transfer::TransferId> id) {
   std::weak_ptr<TaskQueue> weak = queue_;
-  return [this, weak, request_id, id](const Status& status) {
-    if (auto q = weak.lock())
-      q->Post([this, request_id, id, status] { OnWriteDone(request_id, *id, status); });
+  return [this, weak, request_id, nic, id](const Status& status) {
+    if (auto q = weak.lock()) {
+      q->Post([this, request_id, nic, id, status] {
+        OnWriteDone(request_id, InflightKey(nic, *id), status);
+      });
+    }
   };
 }
 
-void PrefillMessenger::Impl::Track(Transfer* t, Result<transfer::TransferId> id, uint64_t bytes,
-                                   uint32_t writes) {
-  if (!id.ok()) {
-    Fail(t, id.status().WithContext("posting KV writes"));
+void PrefillMessenger::Impl::Track(Transfer* t, Result<uint64_t> key, uint32_t imm, uint64_t bytes,
+                                   uint32_t writes, bool count) {
+  if (!key.ok()) {
+    Fail(t, key.status().WithContext("posting KV writes"));
     return;
   }
   t->outstanding++;
-  t->inflight.insert(*id);
+  t->inflight[*key] = {imm, NowSeconds()};
+  if (!count) return;
   t->num_writes += writes;
   t->bytes += bytes;
 }
@@ -128,24 +132,20 @@ void PrefillMessenger::Impl::PostLayer(Transfer* t, const LayerWork& w, int laye
                       0, 0};
   uint64_t layer_bytes = 0;
   uint32_t layer_writes = 0;
-  Result<transfer::TransferId> last = Internal("no run");
+  Result<uint64_t> last = Internal("no run");
   for (const ShardSlice& slice : t->plan.slices) {
     for (const PageRun& run : slice.runs) {
-      transfer::PagedWriteRequest req;
-      req.src = kv_mrs_[static_cast<size_t>(slice.src_rank)];
-      req.dst = t->dst[static_cast<size_t>(slice.dst_rank)];
-      req.src_pages = src_pages;
-      req.dst_pages = dst_pages;
-      SetRunGeometry(t->plan, run, g, &req);
-      req.imm = t->imm;
-      // The completion carries the id, which exists only once Submit returns: share a slot.
-      auto slot = std::make_shared<transfer::TransferId>(0);
-      last = domain_->SubmitPagedWrite(std::move(req), WriteDone(t->request_id, slot));
-      if (last.ok()) *slot = *last;
+      KvWrite kw;
+      kw.src_rank = slice.src_rank;
+      kw.dst_rank = slice.dst_rank;
+      kw.shape.src_pages = src_pages;
+      kw.shape.dst_pages = dst_pages;
+      SetRunGeometry(t->plan, run, g, &kw.shape);
+      last = PostKv(t, kw, /*count=*/true);
       layer_bytes += uint64_t{n} * run.bytes;
       layer_writes += n;
-      Track(t, last, uint64_t{n} * run.bytes, n);
       if (!t->error.ok()) return;
+      t->log.push_back(std::move(kw));
       t->kv_bytes += uint64_t{n} * run.bytes;
       owner_->metrics_.RankWrites(slice.src_rank, n);
     }
@@ -165,13 +165,13 @@ void PrefillMessenger::Impl::PostLayer(Transfer* t, const LayerWork& w, int laye
 
 // "post writes" (or "post metadata") over the submit call; the write's flight is traced when
 // its completion arrives (OnWriteDone).
-void PrefillMessenger::Impl::TracePosted(Result<transfer::TransferId> id, uint64_t request_id,
-                                         int layer, int64_t begin_ns, TraceArgs args) {
+void PrefillMessenger::Impl::TracePosted(Result<uint64_t> key, uint64_t request_id, int layer,
+                                         int64_t begin_ns, TraceArgs args) {
   const int64_t now = Tracer::NowNs();
-  if (!id.ok()) args.push_back({"error", id.status().ToString()});
+  if (!key.ok()) args.push_back({"error", key.status().ToString()});
   options_.tracer->Complete(layer < 0 ? "post metadata" : "post writes", "kv", begin_ns, now,
                             std::move(args));
-  if (id.ok()) traced_[*id] = {request_id, layer, now};
+  if (key.ok() && *key != 0) traced_[*key] = {request_id, layer, now};
 }
 
 void PrefillMessenger::Impl::MaybePostMetadata(Transfer* t) {
@@ -193,19 +193,19 @@ void PrefillMessenger::Impl::MaybePostMetadata(Transfer* t) {
   t->meta_posted = true;
   const int64_t begin_ns = options_.tracer != nullptr ? Tracer::NowNs() : 0;
   auto slot = std::make_shared<transfer::TransferId>(0);
-  auto id = domain_->SubmitWrite(req, WriteDone(t->request_id, slot));
+  auto id = domain_->SubmitWrite(req, WriteDone(t->request_id, 0, slot));
+  Result<uint64_t> key = id.ok() ? Result<uint64_t>(InflightKey(0, *id)) : id.status();
   if (id.ok()) *slot = *id;
   if (options_.tracer != nullptr) {
     TracePosted(
-        id, t->request_id, -1, begin_ns,
+        key, t->request_id, -1, begin_ns,
         {{"request", std::to_string(t->request_id)}, {"bytes", static_cast<int64_t>(meta_bytes_)}});
   }
-  Track(t, id, meta_bytes_, 1);
+  Track(t, key, t->meta_imm, meta_bytes_, 1);
 }
 
-void PrefillMessenger::Impl::OnWriteDone(uint64_t request_id, transfer::TransferId id,
-                                         const Status& status) {
-  if (auto it = traced_.find(id); it != traced_.end()) {
+void PrefillMessenger::Impl::OnWriteDone(uint64_t request_id, uint64_t key, const Status& status) {
+  if (auto it = traced_.find(key); it != traced_.end()) {
     const TracedWrite w = it->second;
     traced_.erase(it);
     options_.tracer->Complete(w.layer < 0 ? "metadata write" : "write layer", "kv", w.posted_ns,
@@ -224,8 +224,10 @@ void PrefillMessenger::Impl::OnWriteDone(uint64_t request_id, transfer::Transfer
     return;
   }
   t->outstanding--;
-  t->inflight.erase(id);
-  if (!status.ok() && t->error.ok()) {
+  auto flying = t->inflight.find(key);
+  const uint32_t imm = flying != t->inflight.end() ? flying->second.imm : 0;
+  if (flying != t->inflight.end()) t->inflight.erase(flying);
+  if (!status.ok() && t->error.ok() && !MaybeReroute(t, InflightNic(key), imm, status)) {
     Fail(t, status.WithContext("KV write"));  // ends with TryFinish, which may free t
     return;
   }
@@ -243,14 +245,14 @@ void PrefillMessenger::Impl::Fail(Transfer* t, const Status& status) {
         "transfer failed", "kv",
         {{"request", std::to_string(t->request_id)}, {"error", status.ToString()}});
   }
-  for (transfer::TransferId x : t->inflight) domain_->Cancel(x);
+  for (const auto& [key, w] : t->inflight) Nic(InflightNic(key)).Cancel(InflightId(key));
   if (!t->engine_done) engine_->Abort(t->engine_id);
   TryFinish(t);
 }
 
 void PrefillMessenger::Impl::TryFinish(Transfer* t) {
-  if (!t->engine_done || t->outstanding > 0) return;
-  if (t->error.ok() && !t->meta_posted) return;  // writes still to come
+  if (!t->engine_done || LiveWrites(*t) > 0) return;
+  if (t->error.ok() && (!t->meta_posted || t->rerouting)) return;  // writes still to come
   if (!t->kept_pages.empty()) engine_->ReleasePages(std::move(t->kept_pages));
   free_meta_slots_.push_back(t->meta_slot);
   SendDone(t->peer, t->request_id, t->error, t->num_writes);
@@ -305,6 +307,7 @@ void PrefillMessenger::Impl::CheckDeadlines() {
     }
   }
   for (Transfer* t : stuck) SetAside(t);
+  CheckStalledNics(now);
   std::vector<Transfer*> late;
   for (auto& [id, t] : transfers_) {
     if (t->error.ok() && now > t->deadline) late.push_back(t.get());

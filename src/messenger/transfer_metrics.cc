@@ -59,6 +59,19 @@ std::string TransferMetrics::PrometheusText(const std::string& role) const {
              std::to_string(r) + "\"} " + std::to_string(rank_writes(r)) + "\n";
     }
   }
+  if (!nic_labels_.empty()) {
+    out +=
+        "# HELP pdserve:kv_transfer_nic_bytes_total Bytes of KV posted on each NIC (re-posted "
+        "writes included).\n# TYPE pdserve:kv_transfer_nic_bytes_total counter\n";
+    for (size_t i = 0; i < nic_labels_.size() && i < nic_bytes_.size(); ++i) {
+      out += "pdserve:kv_transfer_nic_bytes_total{role=\"" + role + "\",nic=\"" + nic_labels_[i] +
+             "\"} " + std::to_string(nic_bytes(i)) + "\n";
+    }
+    counter("kv_transfer_nic_reroutes_total",
+            "KV transfers moved off a NIC that failed under them (their writes re-posted on the "
+            "NICs left).",
+            rerouted());
+  }
   counter("kv_control_messages_rejected_total",
           "Control messages dropped: malformed, unauthenticated, replayed or from an unknown peer.",
           rejected());

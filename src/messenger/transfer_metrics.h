@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace pd::messenger {
 
@@ -74,6 +76,16 @@ class TransferMetrics {
       rank_writes_[static_cast<size_t>(rank)].fetch_add(writes, std::memory_order_relaxed);
   }
 
+  // Several NICs (--fabric-nics, prefill side): each NIC's label, set once before the metrics are
+  // read; the KV bytes posted on each (re-posted ones included); transfers moved off a failed NIC.
+  void SetNics(std::vector<std::string> labels) { nic_labels_ = std::move(labels); }
+  void NicBytes(size_t nic, uint64_t bytes) {
+    if (nic < nic_bytes_.size()) nic_bytes_[nic].fetch_add(bytes, std::memory_order_relaxed);
+  }
+  void Rerouted() { rerouted_.fetch_add(1, std::memory_order_relaxed); }
+  uint64_t nic_bytes(size_t nic) const { return nic_bytes_.at(nic).load(); }
+  uint64_t rerouted() const { return rerouted_.load(); }
+
   uint64_t started() const { return started_.load(); }
   uint64_t succeeded() const { return succeeded_.load(); }
   uint64_t failed() const { return failed_.load(); }
@@ -120,6 +132,9 @@ class TransferMetrics {
   std::array<std::atomic<uint64_t>, 64> rank_writes_{};                     // kMaxRanks
   std::array<std::atomic<uint64_t>, kBuckets.size() + 1> bucket_counts_{};  // last: +Inf
   std::atomic<uint64_t> sum_us_{0};
+  std::vector<std::string> nic_labels_;                // set before any reader
+  std::array<std::atomic<uint64_t>, 16> nic_bytes_{};  // kMaxNics
+  std::atomic<uint64_t> rerouted_{0};
 };
 
 }  // namespace pd::messenger

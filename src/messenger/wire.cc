@@ -67,6 +67,24 @@ Status GetScheme(ByteReader& r, const char* field, ShardScheme* s) {
   return OkStatus();
 }
 
+void PutStrings(ByteWriter& w, const std::vector<std::string>& values) {
+  w.Put<uint32_t>(static_cast<uint32_t>(values.size()));
+  for (const auto& v : values) w.PutBytes(v);
+}
+
+Status GetStrings(ByteReader& r, const char* field, size_t max_count,
+                  std::vector<std::string>* out) {
+  uint32_t n = 0;
+  RETURN_IF_ERROR(r.Get(field, &n));
+  if (n > max_count) {
+    return InvalidArgument(std::string(field) + " has " + std::to_string(n) +
+                           " entries, above the limit of " + std::to_string(max_count));
+  }
+  out->resize(n);
+  for (auto& v : *out) RETURN_IF_ERROR(r.GetBytes(field, kMaxStringBytes, &v));
+  return OkStatus();
+}
+
 struct BodyEncoder {
   ByteWriter& w;
   void operator()(const Hello& m) {
@@ -76,6 +94,7 @@ struct BodyEncoder {
     w.PutBytes(m.fabric_address);
     w.PutBytes(m.recipient_address);
     w.Put(m.max_message_bytes);
+    PutStrings(w, m.nic_addresses);
   }
   void operator()(const HelloReply& m) {
     w.Put<uint8_t>(m.accepted ? 1 : 0);
@@ -85,6 +104,7 @@ struct BodyEncoder {
     PutScheme(w, m.scheme);
     w.PutBytes(m.fabric_address);
     w.Put(m.max_message_bytes);
+    PutStrings(w, m.nic_addresses);
   }
   void operator()(const PrefillRequest& m) {
     w.Put(m.request_id);
@@ -102,6 +122,7 @@ struct BodyEncoder {
     w.Put(m.deadline_ms);
     w.Put(m.metadata_imm);
     w.Put(m.first_page);
+    PutStrings(w, m.nic_regions);
   }
   void operator()(const PrefillDone& m) {
     w.Put(m.request_id);
@@ -116,6 +137,14 @@ struct BodyEncoder {
     w.PutArray(m.token_ids);
     w.Put(m.page_offset);
     w.PutArray(m.dst_pages);
+  }
+  void operator()(const Reroute& m) {
+    w.Put(m.request_id);
+    w.Put(m.nic);
+  }
+  void operator()(const RerouteReply& m) {
+    w.Put(m.request_id);
+    w.Put(m.new_imm);
   }
 };
 
@@ -143,6 +172,7 @@ Result<Message> DecodeHello(ByteReader& r) {
   RETURN_IF_ERROR(r.GetBytes("fabric_address", kMaxStringBytes, &m.fabric_address));
   RETURN_IF_ERROR(r.GetBytes("recipient_address", kMaxStringBytes, &m.recipient_address));
   RETURN_IF_ERROR(GetMessageBytes(r, &m.max_message_bytes));
+  RETURN_IF_ERROR(GetStrings(r, "nic_addresses", kMaxNics - 1, &m.nic_addresses));
   return Message(std::move(m));
 }
 
@@ -157,6 +187,7 @@ Result<Message> DecodeHelloReply(ByteReader& r) {
   RETURN_IF_ERROR(GetScheme(r, "scheme", &m.scheme));
   RETURN_IF_ERROR(r.GetBytes("fabric_address", kMaxStringBytes, &m.fabric_address));
   RETURN_IF_ERROR(GetMessageBytes(r, &m.max_message_bytes));
+  RETURN_IF_ERROR(GetStrings(r, "nic_addresses", kMaxNics - 1, &m.nic_addresses));
   return Message(std::move(m));
 }
 
@@ -194,6 +225,13 @@ Result<Message> DecodePrefillRequest(ByteReader& r) {
     return InvalidArgument("first_page " + std::to_string(m.first_page) +
                            " is not below num_pages " + std::to_string(m.num_pages) +
                            " (nothing would be written)");
+  RETURN_IF_ERROR(
+      GetStrings(r, "nic_regions", (kMaxNics - 1) * m.decode_scheme.tp_size, &m.nic_regions));
+  if (m.nic_regions.size() % m.decode_scheme.tp_size != 0) {
+    return InvalidArgument("nic_regions has " + std::to_string(m.nic_regions.size()) +
+                           " entries, not a multiple of the decode tp_size " +
+                           std::to_string(m.decode_scheme.tp_size));
+  }
   return Message(std::move(m));
 }
 
@@ -242,6 +280,19 @@ Result<Message> DecodeBody(MessageType type, ByteReader& r) {
     }
     case MessageType::kPromptChunk:
       return DecodePromptChunk(r);
+    case MessageType::kReroute: {
+      Reroute m;
+      RETURN_IF_ERROR(r.Get("request_id", &m.request_id));
+      RETURN_IF_ERROR(r.Get("nic", &m.nic));
+      if (m.nic >= kMaxNics) return InvalidArgument("nic " + std::to_string(m.nic) + " unknown");
+      return Message(m);
+    }
+    case MessageType::kRerouteReply: {
+      RerouteReply m;
+      RETURN_IF_ERROR(r.Get("request_id", &m.request_id));
+      RETURN_IF_ERROR(r.Get("new_imm", &m.new_imm));
+      return Message(m);
+    }
   }
   return InvalidArgument("unknown message type " + std::to_string(static_cast<int>(type)));
 }

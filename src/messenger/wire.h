@@ -33,7 +33,10 @@ inline constexpr uint32_t kWireMagic = 0x564b4450;  // "PDKV"
 // Version 6: KvFormat carries latent_dim (an MLA latent cache, replicated on every rank).
 // Version 7: PrefillRequest carries first_page (the decode side's prefix cache holds the pages
 // before it: only pages [first_page, num_pages) are written); KvFormat carries kv_scales (an
-// fp8_e4m3 cache's per-layer scales) and kv_dtype may be fp8_e4m3.
+// fp8_e4m3 cache's per-layer scales) and kv_dtype may be fp8_e4m3; several NICs: Hello and
+// HelloReply carry the sender's fabric address on each further NIC, PrefillRequest the decode
+// regions' descriptors on each further NIC, and Reroute / RerouteReply move a transfer to a fresh
+// imm when a NIC fails under it.
 inline constexpr uint16_t kWireVersion = 7;
 inline constexpr size_t kMacBytes = 32;
 inline constexpr size_t kFrameHeaderBytes = 4 + 2 + 2 + 8 + 8 + 8 + 4;
@@ -47,6 +50,8 @@ inline constexpr size_t kMaxPromptTokens = 1u << 20;
 inline constexpr size_t kMaxPages = 1u << 20;
 inline constexpr size_t kMaxRanks = 64;
 inline constexpr size_t kMaxStringBytes = 4096;
+// NICs (fabric domains) one instance uses at most; also the most imm generations of a transfer.
+inline constexpr size_t kMaxNics = 16;
 
 enum class MessageType : uint16_t {
   kHello = 1,
@@ -55,6 +60,8 @@ enum class MessageType : uint16_t {
   kPrefillDone = 4,
   kCancel = 5,
   kPromptChunk = 6,
+  kReroute = 7,
+  kRerouteReply = 8,
 };
 
 // How an instance shards its KV cache (docs/architecture.md, "Sharded KV transfers").
@@ -93,6 +100,8 @@ struct Hello {
   std::string fabric_address;     // the sender's endpoint name, for fi_av_insert
   std::string recipient_address;  // the endpoint name the sender meant it for
   uint32_t max_message_bytes = kDefaultMessageBytes;  // the largest control message it receives
+  // The sender's endpoint names on its further NICs (NIC 1, 2, ...; NIC 0's is fabric_address).
+  std::vector<std::string> nic_addresses;
 };
 
 struct HelloReply {
@@ -103,6 +112,7 @@ struct HelloReply {
   ShardScheme scheme;
   std::string fabric_address;
   uint32_t max_message_bytes = kDefaultMessageBytes;  // the largest control message it receives
+  std::vector<std::string> nic_addresses;             // as in Hello: the sender's further NICs
 };
 
 // A prompt's ids and pages travel as one PrefillRequest and, when they do not fit in one control
@@ -128,6 +138,9 @@ struct PrefillRequest {
   // prefill instance computes the whole prompt (from its own cache where it can) but writes only
   // pages [first_page, num_pages). Below num_pages.
   uint32_t first_page = 0;
+  // The decode side's further NICs (those its Hello announced, in that order): per NIC, one
+  // serialized descriptor per decode rank, NIC-major (size = NICs x tp_size). Empty: one NIC.
+  std::vector<std::string> nic_regions;
 };
 
 // PrefillDone's message (with kUnavailable) when a draining prefill instance refuses a request
@@ -157,7 +170,28 @@ struct PromptChunk {
   std::vector<int32_t> dst_pages;
 };
 
-using Message = std::variant<Hello, HelloReply, PrefillRequest, PrefillDone, Cancel, PromptChunk>;
+// A KV write of the request failed on one of the prefill instance's NICs (`nic`, for the log): it
+// asks to re-post every KV write of the transfer on its other NICs under a fresh imm. A write on
+// the lost NIC may have landed with only its completion lost, so the writes cannot simply be
+// counted again under the old imm (the count would be reached early); and once the decode side's
+// counter fired the KV is complete and must not be written again (the request may be decoding
+// into its last page).
+struct Reroute {
+  uint64_t request_id = 0;
+  uint16_t nic = 0;
+};
+
+// The answer to a Reroute. new_imm != 0: the old imm's counter is gone (nothing counts for it any
+// more) and a counter for new_imm expects every KV write of the transfer: the prefill re-posts them
+// all under new_imm and posts later ones under it. new_imm == 0: the KV had all landed already
+// (the counter fired): nothing is to be re-posted.
+struct RerouteReply {
+  uint64_t request_id = 0;
+  uint32_t new_imm = 0;
+};
+
+using Message = std::variant<Hello, HelloReply, PrefillRequest, PrefillDone, Cancel, PromptChunk,
+                             Reroute, RerouteReply>;
 
 struct Frame {
   uint64_t sender_session = 0;

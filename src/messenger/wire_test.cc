@@ -27,15 +27,20 @@ PrefillRequest SampleRequest() {
   m.deadline_ms = 5000;
   m.metadata_imm = 0xabce;
   m.first_page = 1;
+  m.nic_regions = {"nic1-rank-0", "nic1-rank-1"};
   return m;
 }
 
 TEST(WireTest, RoundTripsEveryMessage) {
-  Hello hello{"prefill-0", {0x1234, 28, 128, 16, 1, 0}, {4, 8}, "fi-addr", "to-addr", 8192};
-  HelloReply reply{false, "page size differs", "decode-1", {1, 2, 3, 4, 0, 1}, {1, 1}, "x", 5000};
+  Hello hello{"prefill-0", {0x1234, 28, 128, 16, 1, 0}, {4, 8}, "fi-addr", "to-addr", 8192, {}};
+  HelloReply reply{false, "page size differs", "decode-1", {1, 2, 3, 4, 0, 1}, {1, 1}, "x", 5000,
+                   {}};
   PrefillDone done{42, static_cast<uint16_t>(StatusCode::kUnavailable), "peer gone", 17};
   PromptChunk chunk{42, 4, {6, 7}, 1, {5, 6}};
-  std::vector<Message> messages = {hello, reply, SampleRequest(), done, Cancel{99}, chunk};
+  hello.nic_addresses = {"nic-1", "nic-2"};
+  reply.nic_addresses = {"nic-1"};
+  std::vector<Message> messages = {hello,      reply, SampleRequest(), done,
+                                   Cancel{99}, chunk, Reroute{42, 1},  RerouteReply{42, 0xabcf}};
   uint64_t seq = 1;
   for (const auto& message : messages) {
     auto bytes = EncodeFrame({7, 9, seq, message}, kSecret);
@@ -59,6 +64,26 @@ TEST(WireTest, RoundTripsEveryMessage) {
   EXPECT_EQ(req.num_tokens, 6u);
   EXPECT_EQ(req.num_pages, 3u);
   EXPECT_EQ(req.first_page, 1u);
+  EXPECT_EQ(req.nic_regions[1], "nic1-rank-1");
+}
+
+// Several NICs: a request's further-NIC regions come in whole sets of decode ranks, a Hello names
+// at most kMaxNics - 1 further NICs, and a Reroute names a NIC below kMaxNics.
+TEST(WireTest, NicFieldsAreBounded) {
+  auto refused = [](const Message& m, const std::string& what) {
+    auto bytes = EncodeFrame({7, 9, 1, m}, kSecret);
+    auto decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
+    ASSERT_FALSE(decoded.ok()) << what;
+    EXPECT_NE(decoded.status().message().find(what), std::string::npos)
+        << decoded.status().ToString();
+  };
+  PrefillRequest r = SampleRequest();
+  r.nic_regions = {"one"};  // tp_size 2
+  refused(r, "not a multiple of the decode tp_size");
+  Hello hello;
+  hello.nic_addresses.assign(kMaxNics, "nic");
+  refused(hello, "above the limit");
+  refused(Reroute{1, static_cast<uint16_t>(kMaxNics)}, "nic 16 unknown");
 }
 
 // The totals bound the first ids; a chunk's offsets stay within the wire limits; the handshake
@@ -83,7 +108,7 @@ TEST(WireTest, PromptTotalsAndChunkOffsetsAreBounded) {
   refused(PromptChunk{1, static_cast<uint32_t>(kMaxPromptTokens), {1}, 0, {}}, "beyond the limits");
   refused(PromptChunk{1, 0, {}, static_cast<uint32_t>(kMaxPages), {1}}, "beyond the limits");
   refused(PromptChunk{1, 0, {}, 0, {-1}}, "negative page");
-  Hello small{"p", {}, {1, 1}, "a", "b", kMinMessageBytes - 1};
+  Hello small{"p", {}, {1, 1}, "a", "b", kMinMessageBytes - 1, {}};
   refused(small, "max_message_bytes");
   r = SampleRequest();
   r.first_page = r.num_pages;  // the decode side holds every page: nothing to write
@@ -93,7 +118,7 @@ TEST(WireTest, PromptTotalsAndChunkOffsetsAreBounded) {
 }
 
 TEST(WireTest, TheReplicatedFlagRoundTripsAndOnlyZeroOrOneIsAccepted) {
-  Hello hello{"p", {1, 2, 3, 4, 0, 0}, {4, 1, true}, "a", "b"};
+  Hello hello{"p", {1, 2, 3, 4, 0, 0}, {4, 1, true}, "a", "b", kDefaultMessageBytes, {}};
   auto bytes = EncodeFrame({7, 9, 1, hello}, kSecret);
   auto decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
   ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
@@ -114,7 +139,7 @@ TEST(WireTest, TheReplicatedFlagRoundTripsAndOnlyZeroOrOneIsAccepted) {
 
 TEST(WireTest, TheLatentDimRoundTripsAndMustEqualTheHeadDim) {
   KvFormat f{1, 2, 36, 16, 0, 0, 0, 36};  // an MLA latent of 36 values per token
-  Hello hello{"p", f, {2, 1, true}, "a", "b"};
+  Hello hello{"p", f, {2, 1, true}, "a", "b", kDefaultMessageBytes, {}};
   auto bytes = EncodeFrame({7, 9, 1, hello}, kSecret);
   auto decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
   ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
@@ -183,7 +208,7 @@ TEST(WireTest, MalformedBodiesWithValidMacAreRejected) {
   ASSERT_FALSE(decoded.ok());
   EXPECT_NE(decoded.status().message().find("negative page"), std::string::npos);
 
-  Hello zero_tp{"p", {}, {0, 8}, "", ""};
+  Hello zero_tp{"p", {}, {0, 8}, "", "", kDefaultMessageBytes, {}};
   bytes = EncodeFrame({7, 9, 1, zero_tp}, kSecret);
   EXPECT_FALSE(DecodeFrame(bytes.data(), bytes.size(), kSecret).ok());
 }
@@ -219,6 +244,15 @@ TEST(WireTest, VersionMismatchIsNamed) {
   auto decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
   ASSERT_FALSE(decoded.ok());
   EXPECT_NE(decoded.status().message().find("version 9"), std::string::npos);
+  // A peer of the previous version (one NIC, no Reroute) is refused saying both versions.
+  bytes[4] = static_cast<uint8_t>(kWireVersion - 1);
+  decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_NE(decoded.status().message().find("version " + std::to_string(kWireVersion - 1) +
+                                            " is not supported (this build speaks " +
+                                            std::to_string(kWireVersion) + ")"),
+            std::string::npos)
+      << decoded.status().ToString();
 }
 
 }  // namespace

@@ -183,6 +183,8 @@ class Domain {
 
   const DomainInfo& info() const { return info_; }
   ImmCounterTable& imm_counters() { return *imm_counters_; }
+  // For further domains that count together with this one (DomainOptions::imm_counters).
+  std::shared_ptr<ImmCounterTable> shared_imm_counters() const { return imm_counters_; }
 
   // Registers [data, data + size) for `access`. The memory must stay allocated until the region
   // is deregistered or the domain is destroyed (checked at close: see

@@ -58,6 +58,12 @@ ssize_t DomainWorker::PostWriteFaulted(Transfer* t, const WriteOp& op) {
     }
     case FaultKind::kCorrupt:
       return PostCorruptCopy(t, op);
+    case FaultKind::kFail: {  // lands, but OnOpDone reports its completion as an error
+      OpContext* ctx = nullptr;
+      ssize_t rc = IssueWrite(t, op, &ctx);
+      if (rc == 0) failed_by_fault_.insert(ctx);
+      return rc;
+    }
     case FaultKind::kDelay:
     case FaultKind::kReorder:
       HoldWrite(t, op, *t->fault);
@@ -116,6 +122,7 @@ void DomainWorker::OnImmediateFaulted(uint32_t value) {
   PD_LOG_INFO("fault injection: {} on immediate {}", FaultRuleToString(*rule), value);
   switch (rule->kind) {
     case FaultKind::kDrop:
+    case FaultKind::kFail:  // refused for immediates by ParseFaultRules; Arm'd directly: a drop
       return;
     case FaultKind::kDuplicate:
       imm_->OnArrival(value);

@@ -301,8 +301,14 @@ void DomainWorker::HandleCqError() {
                                                      std::to_string(err.err) + " " + text));
 }
 
-void DomainWorker::OnOpDone(OpContext* ctx, const Status& status) {
-  if (faults_ != nullptr) DoneFaultScratch(ctx);
+void DomainWorker::OnOpDone(OpContext* ctx, const Status& reported) {
+  Status status = reported;
+  if (faults_ != nullptr) {
+    DoneFaultScratch(ctx);
+    if (failed_by_fault_.erase(ctx) != 0 && status.ok()) {
+      status = IoError("fi_writemsg completion: an error injected after the write landed");
+    }
+  }
   inflight_.erase(ctx);
   num_inflight_ops_.fetch_sub(1, std::memory_order_acq_rel);
   if (ctx->kind == OpContext::Kind::kWrite) {

@@ -225,6 +225,7 @@ class DomainWorker {
   std::vector<HeldWrite> held_writes_;
   std::vector<HeldImm> held_imms_;
   std::unordered_map<OpContext*, std::unique_ptr<FaultScratch>> fault_scratch_;
+  std::unordered_set<OpContext*> failed_by_fault_;  // FaultKind::kFail writes in flight
 
   Mutex mu_;
   std::vector<std::function<void()>> commands_ GUARDED_BY(mu_);

@@ -8,7 +8,7 @@ namespace {
 constexpr std::pair<FaultKind, std::string_view> kKindNames[] = {
     {FaultKind::kDrop, "drop"},       {FaultKind::kDuplicate, "dup"},
     {FaultKind::kCorrupt, "corrupt"}, {FaultKind::kDelay, "delay"},
-    {FaultKind::kReorder, "reorder"},
+    {FaultKind::kReorder, "reorder"}, {FaultKind::kFail, "fail"},
 };
 
 std::vector<std::string_view> Split(std::string_view s, char sep) {
@@ -51,7 +51,11 @@ Result<FaultRule> ParseOne(std::string_view spec) {
   }
   if (!known) {
     return InvalidArgument("fault rule '" + std::string(spec) + "': kind '" +
-                           std::string(parts[1]) + "' is not drop, dup, corrupt, delay or reorder");
+                           std::string(parts[1]) +
+                           "' is not drop, dup, corrupt, delay, reorder or fail");
+  }
+  if (rule.kind == FaultKind::kFail && rule.site != FaultSite::kWrite) {
+    return InvalidArgument("fault rule '" + std::string(spec) + "': fail applies to writes only");
   }
   if (!ParseNumber(parts[2], &rule.nth) || rule.nth == 0) {
     return InvalidArgument("fault rule '" + std::string(spec) + "': NTH '" + std::string(parts[2]) +

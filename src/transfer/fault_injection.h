@@ -11,11 +11,12 @@
 //   memory is never changed) is sent instead. Delay: posted `delay_ms` later, other operations
 //   going ahead meanwhile. Reorder: posted right after the next write this domain posts (or after
 //   `delay_ms` if none follows). A held write whose transfer failed or was cancelled meanwhile is
-//   never posted.
+//   never posted. Fail: posted (its bytes and immediate land), but its completion reports an
+//   error: a completion lost after delivery, as when a NIC or link fails under a write.
 // - kImmediate, where the target's completion queue reports a write's immediate data (the write's
 //   bytes have landed). Drop: not counted. Duplicate: counted twice. Corrupt: counted under the
 //   value XOR `imm_xor`. Delay: counted `delay_ms` later. Reorder: counted right after the next
-//   immediate that arrives (or after `delay_ms`).
+//   immediate that arrives (or after `delay_ms`). Fail applies to writes only.
 //
 // A rule matches the operations of its site that carry `imm` (any when unset), counted from when it
 // was armed: it applies to the `nth` to the `nth + count - 1`th of them.
@@ -43,7 +44,7 @@
 namespace pd::transfer {
 
 enum class FaultSite : uint8_t { kWrite, kImmediate };
-enum class FaultKind : uint8_t { kDrop, kDuplicate, kCorrupt, kDelay, kReorder };
+enum class FaultKind : uint8_t { kDrop, kDuplicate, kCorrupt, kDelay, kReorder, kFail };
 
 struct FaultRule {
   FaultSite site = FaultSite::kWrite;
@@ -60,8 +61,8 @@ std::string_view FaultKindName(FaultKind kind);
 std::string FaultRuleToString(const FaultRule& rule);
 
 // Parses a comma-separated list of rules "SITE:KIND:NTH[:DELAY_MS]", SITE one of write, imm and
-// KIND one of drop, dup, corrupt, delay, reorder; e.g. "write:corrupt:5,imm:delay:2:800".
-// InvalidArgument naming the part that is wrong.
+// KIND one of drop, dup, corrupt, delay, reorder, fail (writes only); e.g.
+// "write:corrupt:5,imm:delay:2:800". InvalidArgument naming the part that is wrong.
 Result<std::vector<FaultRule>> ParseFaultRules(std::string_view spec);
 
 class FaultInjector {
