@@ -155,7 +155,7 @@ TEST(WireTest, TheLatentDimRoundTripsAndMustEqualTheHeadDim) {
 
 TEST(WireTest, AnFp8DtypeAndItsScalesRoundTripAndUnknownDtypesAreRefused) {
   KvFormat f{1, 2, 36, 16, 0, 2, 0, 0, 0x0123456789abcdefull};  // fp8_e4m3 and its scales
-  Hello hello{"p", f, {1, 2}, "a", "b"};
+  Hello hello{"p", f, {1, 2}, "a", "b", kDefaultMessageBytes, {}};
   auto bytes = EncodeFrame({7, 9, 1, hello}, kSecret);
   auto decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
   ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
