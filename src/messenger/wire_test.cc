@@ -124,8 +124,8 @@ TEST(WireTest, TheReplicatedFlagRoundTripsAndOnlyZeroOrOneIsAccepted) {
   ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
   EXPECT_EQ(std::get<Hello>(decoded->message).scheme, (ShardScheme{4, 1, true}));
   // The flag byte follows tp_size and num_kv_heads: the body is instance_name (u32 length + 1
-  // byte), format (8 + 4 + 4 + 4 + 1 + 1 + 1 + 4), then the scheme.
-  const size_t flag = kFrameHeaderBytes + 5 + 27 + 4;
+  // byte), format (8 + 4 + 4 + 4 + 1 + 1 + 1 + 4 + 8), then the scheme.
+  const size_t flag = kFrameHeaderBytes + 5 + 35 + 4;
   ASSERT_EQ(bytes[flag], 1);
   bytes[flag] = 2;
   // Re-sign the tampered frame so the body check, not the MAC, is what refuses it.
