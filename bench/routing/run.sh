@@ -42,7 +42,7 @@ cache_bytes=$(( token_bytes * (CACHE_PREFIXES * PREFIX_LEN + 16 * (SUFFIX_LEN + 
 start_instance() {  # NAME CACHE_BYTES: prints the URL
   local log="$OUT/$1.log"
   "$PDSERVE" serve --model "$MODEL" --served-model-name m --port 0 --threads "$THREADS" \
-    --kv-cache-dtype f32 --kv-cache-bytes "$2" --max-model-len $((PREFIX_LEN + SUFFIX_LEN + 64)) \
+    --kv-cache-dtype float32 --kv-cache-bytes "$2" --max-model-len $((PREFIX_LEN + SUFFIX_LEN + 64)) \
     > "$log" 2>&1 &
   PIDS+=($!)
   wait_for "$log" "on http://127.0.0.1:" $! | sed 's|.*on \(http://127.0.0.1:[0-9]*\).*|\1|'

@@ -99,10 +99,16 @@ class RouterKvTest : public ::testing::Test {
         },
         10s);
   }
-  static void Complete(const Router& r, const std::string& prompt) {
+  // The prompt as text, or (ids) as its token ids, as benchmark clients send it.
+  void Complete(const Router& r, const std::string& prompt, bool ids = false) {
     httplib::Client c("127.0.0.1", r.port());
     c.set_read_timeout(10, 0);
-    nlohmann::json body = {{"prompt", prompt}, {"max_tokens", 1}};
+    nlohmann::json body = {{"max_tokens", 1}, {"logprobs", 25}};
+    if (ids) {
+      body["prompt"] = Tokens(prompt);
+    } else {
+      body["prompt"] = prompt;
+    }
     auto res = c.Post("/v1/completions", body.dump(), "application/json");
     ASSERT_TRUE(res);
     EXPECT_EQ(res->status, 200) << res->body;
@@ -130,6 +136,9 @@ TEST_F(RouterKvTest, APromptGoesWhereItsPrefixIsCached) {
   }
   EXPECT_EQ(a.completions(), 4);
   EXPECT_EQ(b.completions(), 4);
+  // Token ids (any id and logprobs count: the instance checks them) route the same way.
+  Complete(*router, kPrefixB + "Q9", /*ids=*/true);
+  EXPECT_EQ(b.completions(), 5);
   // A key stored after the snapshot arrives as an event and moves the choice.
   const std::string prefix_c = "Translate this paragraph into formal German, keeping names. ";
   b.Cache(Tokens(prefix_c + "Q0"));
@@ -142,7 +151,7 @@ TEST_F(RouterKvTest, APromptGoesWhereItsPrefixIsCached) {
       },
       10s));
   Complete(*router, prefix_c + "Q1");
-  EXPECT_EQ(b.completions(), 5);
+  EXPECT_EQ(b.completions(), 6);
   const std::string metrics = httplib::Client("127.0.0.1", router->port()).Get("/metrics")->body;
   EXPECT_NE(metrics.find("pdserve:router_kv_synced{backend=\"" + a.url() + "\"} 1"),
             std::string::npos)

@@ -1,6 +1,7 @@
 // The router's routing policies beside least-loaded (router.cc): round-robin and kv-aware.
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "engine/prefix_cache.h"
@@ -24,7 +25,9 @@ int64_t NowNs() { return std::chrono::steady_clock::now().time_since_epoch().cou
 // (the instance answers the error).
 std::vector<int32_t> RequestPrompt(const httplib::Request& req, const model::Tokenizer& tokenizer) {
   ProtocolLimits limits;
-  limits.max_model_len = 1 << 30;  // the instance checks the lengths
+  limits.max_model_len = 1 << 30;  // the instance checks the lengths, the ids and the logprobs
+  limits.vocab_size = std::numeric_limits<int>::max();
+  limits.max_logprobs = std::numeric_limits<int>::max();
   try {
     const auto j = nlohmann::json::parse(req.body);
     if (!j.is_object()) return {};
