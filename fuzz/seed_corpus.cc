@@ -39,21 +39,29 @@ PrefillRequest SampleRequest() {
   m.metadata_bytes = 256;
   m.deadline_ms = 5000;
   m.metadata_imm = 0xabce;
+  m.first_page = 1;
+  m.nic_regions = {"nic1-rank-0", "nic1-rank-1"};
   return m;
 }
 
 std::vector<std::pair<std::string, Message>> SampleMessages() {
   const KvFormat format{0x1234, 2, 64, 16, 1, 0};
   return {
-      {"hello", Hello{"prefill-0", format, {1, 4, false}, "fi-addr", "fi-addr-2", 65536}},
-      {"hello_reply", HelloReply{true, "", "decode-0", format, {2, 4, true}, "fi-addr-2", 4096}},
-      {"hello_refused", HelloReply{false, "page size differs", "decode-1", format, {1, 1}, ""}},
+      {"hello",
+       Hello{"prefill-0", format, {1, 4, false}, "fi-addr", "fi-addr-2", 65536, {"fi-addr-nic1"}}},
+      {"hello_reply",
+       HelloReply{true, "", "decode-0", format, {2, 4, true}, "fi-addr-2", 4096, {}}},
+      {"hello_refused",
+       HelloReply{
+           false, "page size differs", "decode-1", format, {1, 1}, "", kDefaultMessageBytes, {}}},
       {"prefill_request", SampleRequest()},
       {"prefill_request_empty", PrefillRequest{}},
       {"prefill_done", PrefillDone{42, 14, "peer gone", 17}},
       {"cancel", Cancel{99}},
       {"prompt_chunk", PromptChunk{42, 4, {7, 8}, 3, {11}}},
       {"prompt_chunk_pages_only", PromptChunk{42, 0, {}, 1, {5, 6}}},
+      {"reroute", Reroute{42, 1}},
+      {"reroute_reply", RerouteReply{42, 0x5a5a}},
   };
 }
 
