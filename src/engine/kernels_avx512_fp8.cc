@@ -41,7 +41,7 @@ namespace pd::engine::kernels {
 namespace {
 
 constexpr int64_t kStreamRows = 4;
-constexpr int kTileRows = 6;             // 24 accumulators + 2 weight vectors + a broadcast
+constexpr int kTileRows = 6;              // 24 accumulators + 2 weight vectors + a broadcast
 constexpr int64_t kPrefetchBytes = 1536;  // decode: each group's stream this far ahead (as bf16)
 
 inline int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }

@@ -33,9 +33,9 @@
 //     allocates pages for the whole prompt (FCFS, when the free pages hold them), sharing the
 //     leading pages the prefix cache holds (num_cached_pages: only the rest must arrive); it
 //     then waits, out of scheduling and never a victim, until MarkKvReady; then
-//     num_computed_tokens is prompt - 1 and its last prompt token runs as its first decode step. It holds its pages
-//     while it waits, so it passes a waiting sequence that needs pages (which might be its own),
-//     and no reservation is made while a waiting sequence needs pages (it came first).
+//     num_computed_tokens is prompt - 1 and its last prompt token runs as its first decode step. It
+//     holds its pages while it waits, so it passes a waiting sequence that needs pages (which might
+//     be its own), and no reservation is made while a waiting sequence needs pages (it came first).
 #pragma once
 
 #include <cstdint>

@@ -45,8 +45,8 @@ Result<std::vector<KvScales>> LoadKvScales(const Checkpoint& ckpt, int num_layer
 }
 
 std::string DescribeKvScales(const std::vector<KvScales>& scales) {
-  const bool all_one = std::all_of(scales.begin(), scales.end(),
-                                   [](const KvScales& s) { return s == KvScales{}; });
+  const bool all_one =
+      std::all_of(scales.begin(), scales.end(), [](const KvScales& s) { return s == KvScales{}; });
   if (all_one)
     return "k_scale/v_scale 1.0 on every layer (the checkpoint carries none: values beyond "
            "+-448 saturate, as vLLM warns)";
