@@ -1,61 +1,18 @@
 // pdserve bench-engine: the CPU engine's decode and prefill speed against what this machine can do,
-// measured in the same run.
+// measured in the same run (docs/benchmarks.md#bench-engine is the manual).
 //
 //   pdserve bench-engine [--model DIR | --preset NAME] [--json] [--threads N]
 //                        [--tensor-parallel-size N] [--phase all|decode|prefill|tp|spec]
-//                        [--batches B...] [--contexts C...]
+//                        [--batches B...] [--contexts C...] [--matmul f32|bf16|both]
+//                        [--amx on|off|both] [--dtype bf16|fp8|both]
 //
-// For llama-1b and qwen3-0.6b in bf16 (written into models/ with the synthetic writer when
-// missing): decode tokens/s at batch 1, 8 and 32 with contexts of 128 and 2048 tokens, and prefill
-// tokens/s of one 512-token prompt. Beside them: the memory read bandwidth (a STREAM-like read of a
-// buffer far larger than the last-level cache, same thread count) and the peak FMA rate, and the
-// fraction of each that a row reaches. Decode: (weight bytes + KV bytes read per step) x steps/s /
-// read bandwidth, where a MoE model's weight bytes are those a step actually reads: attention,
-// router, the routed experts the step's tokens chose (top_k per MoE layer at batch 1; above, the
-// expected distinct count under uniform routing), shared experts and lm_head; prefill and decode
-// flops count top_k experts per token. The host's bandwidth is shared and drifts, so a decode row
-// is measured as --pairs alternating (read probe, decode) pairs, side by side, and reports the pair
-// with the median ratio (its tokens/s, GB/s and probe); the header gives the run's best probe.
-// Prefill: flops/s / peak, where the host's FMA rate also drifts (phases at half the rate), so a
-// prefill row is --pairs alternating (FMA probe, prefill) pairs after a warm-up and reports the
-// pair with the median prefill/probe ratio, its fraction against that pair's probe; decode rows'
-// flops fraction is against the run's peak (the better of an FMA measurement before and after the
-// rows).
-// The header names the host (/proc/cpuinfo's model name, the CPU vendor) and the kernels chosen
-// for it (ISA level, matmul layout, bf16 dot product, decode streaming; --decode-stream forces
-// the last); JSON "cpu_model" and "kernels".
-// The header also gives the AVX-512 BF16 dot-product (vdpbf16ps) peak where the CPU has it ("n/a"
-// otherwise; JSON "peak_bf16dot_gflops", absent then): depending on the CPU it runs at anywhere
-// from half to twice the FMA rate, which decides which matmul precision is the faster.
-//
-// --matmul f32|bf16|both (default both): the rows with each engine matmul precision
-// (MatmulPrecision: x kept f32, or rounded to bf16 and multiplied with vdpbf16ps), side by side; a
-// bf16 row's flops fraction is against the bf16-dot peak (a prefill row's: its pair's bf16-dot
-// probe). Without AVX512_BF16 the bf16 rows are left out (the engine would run f32).
-// --amx on|off|both (default on): whether the bf16 rows may use AMX tiles for matmuls of 16 rows
-// or more (engine::SetAmxAllowed), or each in turn (the bf16 rows twice, AMX off first). Each row
-// names the kernel path its matmuls took (engine::MatmulPath: f32, avx512-bf16-dot, amx-bf16; the
-// text table's "path" column, JSON "path"); the header says whether AMX is usable and, if not,
-// why. An amx-bf16 prefill row's flops fraction is still against the vdpbf16ps probe, so above 1.
-//
-// --dtype bf16|fp8|both (default bf16): the preset checkpoints measured (models/PRESET-DTYPE);
-// fp8 is HF's block-scaled e4m3 format (make-model --dtype fp8), whose projections and experts the
-// fp8 kernels stream at 1 byte per weight: its rows' GB/s and bw_frac count those bytes (plus the
-// block scales and the bf16 router and lm_head). both: each preset's bf16 rows then its fp8 rows,
-// in one run (column dtype; JSON "dtype"). FP8 rows have one matmul precision (the fp8 kernel keeps
-// x in f32) and no dense twin.
-//
-// A MoE model (qwen3_moe, deepseek_v3) is followed by the same rows of its dense twin, NAME-dense
-// (engine/moe_dense_twin.h): the same attention and lm_head, and one dense MLP per layer of the
-// MoE layer's active width, so decode and prefill compare at equal active parameters.
-//
-// The runner is driven directly with synthetic page tables: the KV pages of every context are
-// filled once with bounded random values, then the same decode step (one new token per sequence at
-// position context-1, attending over `context` positions) is timed repeatedly.
-//
-// --phase tp: the tensor-parallel row of issue 6: decode tokens/s at TP 2 with one thread per rank
-// (2 cores) beside TP 1 on one thread (1 core), batch 1 and 8 at context 128, measured in the same
-// run, rows alternating TP 1 / TP 2 so drift hits both.
+// Decode rows are --pairs alternating (read probe, decode) pairs, prefill rows (FMA probe,
+// prefill) pairs, each reporting the pair with the median ratio: the host's bandwidth and FMA rate
+// drift within a run. A MoE model's decode bytes count what a step reads (attention, router, the
+// experts its tokens chose, shared experts, lm_head), and its rows are followed by its dense
+// twin's (engine/moe_dense_twin.h). The runner is driven directly with synthetic page tables whose
+// KV pages are filled once; the same decode step is then timed repeatedly. --phase tp: TP 2 with
+// one thread per rank beside TP 1 on one thread, alternating; --phase spec: bench_engine_spec.h.
 #include <algorithm>
 #include <chrono>
 #include <cmath>

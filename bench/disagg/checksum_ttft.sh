@@ -45,20 +45,6 @@ done
 mkdir -p "$OUT"
 
 
-# start NAME UP_FLAGS...: `pdserve up` in the background; sets URL once its router answers.
-start() {
-  local name=$1 port log
-  shift
-  port=$(free_ports)
-  log=$OUT/up.$name.log
-  "$PDSERVE" --log-level warn up --model "$MODEL" --prefill 1 --decode 1 --port "$port" \
-    --threads 1 "$@" > "$log" 2>&1 &
-  PIDS+=($!)
-  wait_for "$log" "router (OpenAI API) on" $! > /dev/null || exit 1
-  URL=http://127.0.0.1:$port
-  PORT=$port
-}
-
 start plain --trace "$OUT/plain.json"; url_plain=$URL
 if [ "$CONTROL" = 1 ]; then FLAG=(); else FLAG=(--kv-checksum); fi
 start checksum "${FLAG[@]}" --trace "$OUT/checksum.json"; url_checksum=$URL; port_checksum=$PORT

@@ -44,3 +44,18 @@ wait_for() {
   cat "$log" >&2
   return 1
 }
+
+# start NAME UP_FLAGS...: `pdserve up` of $MODEL (1 prefill + 1 decode instance, one thread each)
+# in the background, logging to $OUT/up.NAME.log; sets URL and PORT once its router answers.
+start() {
+  local name=$1 port log
+  shift
+  port=$(free_ports)
+  log=$OUT/up.$name.log
+  "$PDSERVE" --log-level warn up --model "$MODEL" --prefill 1 --decode 1 --port "$port" \
+    --threads 1 "$@" > "$log" 2>&1 &
+  PIDS+=($!)
+  wait_for "$log" "router (OpenAI API) on" $! > /dev/null || exit 1
+  URL=http://127.0.0.1:$port
+  PORT=$port
+}

@@ -41,19 +41,6 @@ done
 [ -n "$OUT" ] || OUT=$(mktemp -d /tmp/pdserve-local-prefill.XXXXXX)
 mkdir -p "$OUT"
 
-# start NAME UP_FLAGS...: `pdserve up` in the background; sets URL once its router answers.
-start() {
-  local name=$1 port log
-  shift
-  port=$(free_ports)
-  log=$OUT/up.$name.log
-  "$PDSERVE" --log-level warn up --model "$MODEL" --prefill 1 --decode 1 --port "$port" \
-    --threads 1 "$@" > "$log" 2>&1 &
-  PIDS+=($!)
-  wait_for "$log" "router (OpenAI API) on" $! > /dev/null || exit 1
-  URL=http://127.0.0.1:$port
-}
-
 start remote --local-prefill-max-tokens -1; url_remote=$URL
 start local --local-prefill-max-tokens 1000000; url_local=$URL
 
