@@ -194,7 +194,8 @@ TEST(DraftModelEngineTest, GreedyOutputsEqualNoSpeculation) {
   const Case cases[] = {
       {"qwen3 tp1", &dense->weights, 1},
       {"qwen3 tp2", &dense->weights, 2},
-      {"deepseek_v3 tp1", &testing::SyntheticTinyModel(model::Arch::kDeepseekV3), 1}};
+      {"deepseek_v3 tp1", &testing::SyntheticTinyModel(model::Arch::kDeepseekV3), 1},
+      {"deepseek_v3 tp2", &testing::SyntheticTinyModel(model::Arch::kDeepseekV3), 2}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const int vocab = c.weights->config.vocab_size;
@@ -359,7 +360,7 @@ TEST(DraftModelEngineTest, PreemptionAndAbortsLeaveEveryPageFree) {
 }
 
 // The refusals name what is wrong.
-TEST(DraftModelEngineTest, RefusesAnotherTokenizerAndMissingCheckpoint) {
+TEST(DraftModelEngineTest, RefusesAnotherTokenizerMissingCheckpointAndGivenRunner) {
   TinyModelOptions o;
   auto target = MakeTinyModel(o);
   o.vocab = 61;
@@ -381,6 +382,12 @@ TEST(DraftModelEngineTest, RefusesAnotherTokenizerAndMissingCheckpoint) {
   e = Engine::Create(target->weights, eo);
   ASSERT_FALSE(e.ok());
   EXPECT_THAT(e.status().message(), HasSubstr("for the draft model"));
+  // A given runner (and so the data-parallel engine) has no draft model to run.
+  auto runner = ModelRunner::Create(target->weights, BaseOptions(1, 32).runner);
+  ASSERT_TRUE(runner.ok());
+  e = Engine::CreateWithRunner(std::move(runner).value(), eo);
+  ASSERT_FALSE(e.ok());
+  EXPECT_THAT(e.status().message(), HasSubstr("\"draft_model\" runs in an engine made by"));
 }
 
 // kv_cache_bytes is split so that the target and the draft have one page count: a draft of one
