@@ -382,6 +382,14 @@ TEST(DraftModelEngineTest, RefusesAnotherTokenizerMissingCheckpointAndGivenRunne
   e = Engine::Create(target->weights, eo);
   ASSERT_FALSE(e.ok());
   EXPECT_THAT(e.status().message(), HasSubstr("for the draft model"));
+  auto short_draft = FirstLayersOf(target->weights, 1);
+  ASSERT_TRUE(short_draft.ok());
+  short_draft->config.max_position_embeddings = 64;  // below max_model_len 96
+  eo.draft_weights = &*short_draft;
+  eo.runner.num_pages = 32;
+  e = Engine::Create(target->weights, eo);
+  ASSERT_FALSE(e.ok());
+  EXPECT_THAT(e.status().message(), HasSubstr("max_position_embeddings 64 is below max_model_len"));
   // A given runner (and so the data-parallel engine) has no draft model to run.
   auto runner = ModelRunner::Create(target->weights, BaseOptions(1, 32).runner);
   ASSERT_TRUE(runner.ok());
