@@ -57,8 +57,9 @@ void PrefillMessenger::Impl::OnStep(const engine::StepInfo& info) {
     }
     if (t->src_pages.empty()) {
       t->src_pages = pages;
-      // Planned as from a TP 1 instance: its one source is the request's DP rank.
-      for (ShardSlice& slice : t->plan.slices) slice.src_rank = rank;
+      // DP ranks: planned as from a TP 1 instance, whose one source is the request's DP rank.
+      if (dp_size_ > 1)
+        for (ShardSlice& slice : t->plan.slices) slice.src_rank = rank;
     }
     if (t->src_pages != pages || t->src_pages.size() != t->dst_pages.size()) {
       Fail(t, Internal("the engine's page table of request " + std::to_string(t->request_id) +
