@@ -219,10 +219,6 @@ int RunServe(const ServeFlags& f) {
   const engine::KvDType kv_dtype = CheckedKvCacheDType(f.kv_cache_dtype);
   // Before the model loads: a refused role (no cluster secret, ...) says so at once.
   if (Status s = ValidateRoleFlags(f.roles); !s.ok()) return Fail(s.message());
-  if (f.data_parallel_size > 1 && f.roles.role == "prefill")
-    return Fail("--data-parallel-size " + std::to_string(f.data_parallel_size) +
-                " with --role prefill: a prefill instance of data-parallel ranks is not supported "
-                "(use --tensor-parallel-size; decode instances take --data-parallel-size)");
   auto reasoning_parser = server::ParseReasoningParserName(f.reasoning_parser);
   if (!reasoning_parser.ok()) return Fail(reasoning_parser.status().message());
   auto tool_call_format = server::ParseToolCallParserName(f.tool_call_parser);

@@ -76,8 +76,9 @@ PD_REGISTER_COMMAND(
           ->check(CLI::Range(1, 64))
           ->capture_default_str();
       app->add_option("--prefill-dp", f->prefill_dp,
-                      "data-parallel ranks of each prefill instance (MLA models; see serve "
-                      "--data-parallel-size)")
+                      "data-parallel ranks of each prefill instance (MLA models; --threads "
+                      "each): each prompt is computed by the least loaded rank, its KV sent "
+                      "from that rank's pages")
           ->check(CLI::Range(1, 64))
           ->capture_default_str();
       app->add_option("--decode-dp", f->decode_dp,

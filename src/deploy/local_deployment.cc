@@ -123,10 +123,9 @@ Status Validate(const Options& f) {
     }
   }
   if (f.restart.max_failures_in_a_row < 1) return InvalidArgument("--max-restarts must be >= 1");
-  if (f.prefill_dp > 1)
-    return InvalidArgument("--prefill-dp " + std::to_string(f.prefill_dp) +
-                           ": prefill instances of data-parallel ranks are not supported (use "
-                           "--prefill-tp; --decode-dp works)");
+  if (f.prefill_dp > 1 && f.prefill_tp > 1)
+    return InvalidArgument("--prefill-dp " + std::to_string(f.prefill_dp) + " with --prefill-tp " +
+                           std::to_string(f.prefill_tp) + ": use one or the other");
   if (f.decode_dp > 1 && f.decode_tp > 1)
     return InvalidArgument("--decode-dp " + std::to_string(f.decode_dp) + " with --decode-tp " +
                            std::to_string(f.decode_tp) + ": use one or the other");
