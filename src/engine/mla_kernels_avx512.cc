@@ -10,8 +10,10 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 
+#include "engine/exp_avx512.h"
 #include "engine/kv_fp8_avx512.h"
 #include "engine/mla_kernels.h"
 
@@ -19,7 +21,7 @@ namespace pd::engine::kernels {
 namespace {
 
 inline __mmask16 TailMask(int n) {
-  return n >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
+  return n >= 16 ? 0xFFFF : (n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1));
 }
 
 // Row (L) of the latent cache as f32 into dst (Lp, zero padded past L).
@@ -85,6 +87,25 @@ void PvTile(const float* p, int nb, const float* rows, int Lp, const float* corr
       _mm512_mask_storeu_ps(acc + hb * R + i0 + 16 * c, mask[c], a[hb][c]);
 }
 
+// Online-softmax update of head h over one block's nb <= kMlaBlock scores s (exponentiated in
+// place): the running max and sum of `out`, and the correction of its accumulator into corr[h].
+inline void SoftmaxBlock(float* s, int nb, const MlaPartial& out, int h, float* corr) {
+  static_assert(kMlaBlock == 32, "two vectors of scores per block");
+  const __mmask16 m0 = TailMask(nb), m1 = TailMask(nb - 16);
+  const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+  const __m512 s0 = _mm512_mask_loadu_ps(neg_inf, m0, s),
+               s1 = _mm512_mask_loadu_ps(neg_inf, m1, s + 16);
+  const float block_max = std::max(out.m[h], _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)));
+  corr[h] = std::exp(out.m[h] - block_max);
+  out.m[h] = block_max;
+  const __m512 bm = _mm512_set1_ps(block_max);
+  const __m512 e0 = _mm512_maskz_mov_ps(m0, Exp(_mm512_sub_ps(s0, bm)));
+  const __m512 e1 = _mm512_maskz_mov_ps(m1, Exp(_mm512_sub_ps(s1, bm)));
+  _mm512_storeu_ps(s, e0);
+  _mm512_storeu_ps(s + 16, e1);
+  out.l[h] = out.l[h] * corr[h] + _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
+}
+
 constexpr int kTile = 4;  // heads (and rows, and 16-wide chunks) per register tile
 using ScoreFn = void (*)(const float*, const float*, int, float, float*);
 using PvFn = void (*)(const float*, int, const float*, int, const float*, int, int, float*);
@@ -134,19 +155,7 @@ void Avx512Chunk(const MlaAttentionArgs& a, int token, int p_begin, int p_end,
                                scores + h0 * kMlaBlock + j0);
       }
     }
-    for (int h = 0; h < H; ++h) {
-      float* s = scores + h * kMlaBlock;
-      float block_max = out.m[h];
-      for (int j = 0; j < nb; ++j) block_max = s[j] > block_max ? s[j] : block_max;
-      corr[h] = std::exp(out.m[h] - block_max);
-      out.m[h] = block_max;
-      float sum = out.l[h] * corr[h];
-      for (int j = 0; j < nb; ++j) {
-        s[j] = std::exp(s[j] - block_max);
-        sum += s[j];
-      }
-      out.l[h] = sum;
-    }
+    for (int h = 0; h < H; ++h) SoftmaxBlock(scores + h * kMlaBlock, nb, out, h, corr);
     for (int h0 = 0; h0 < H; h0 += kTile) {
       const int hb = H - h0 < kTile ? H - h0 : kTile;
       for (int i0 = 0; i0 < R; i0 += 16 * kTile) {
