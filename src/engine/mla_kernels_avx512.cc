@@ -24,6 +24,39 @@ inline __mmask16 TailMask(int n) {
   return n >= 16 ? 0xFFFF : (n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1));
 }
 
+// Lane i = the sum of v[i]'s lanes, for 16 vectors: pairs added through unpacks, then 128-bit lane
+// shuffles (45 operations, against 16 horizontal reductions of 8 each).
+inline __m512 Sum16(const __m512 v[16]) {
+  __m512 t[8], u[4], x[2];
+  for (int i = 0; i < 8; ++i)
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
+    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  for (int i = 0; i < 2; ++i)
+    x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0x88),
+                       _mm512_shuffle_f32x4(x[0], x[1], 0xDD));
+}
+
+// s[hb * kMlaBlock + jb] = scale * (the sum of acc[hb][jb]'s lanes).
+template <int HB, int JB>
+inline void StoreScores(const __m512 (&acc)[HB][JB], float scale, float* s) {
+  if constexpr (HB == 4 && JB == 4) {
+    const __m512 sums = _mm512_mul_ps(Sum16(&acc[0][0]), _mm512_set1_ps(scale));
+    for (int hb = 0; hb < 4; ++hb)
+      _mm_storeu_ps(s + hb * kMlaBlock, _mm512_extractf32x4_ps(sums, hb));
+  } else {
+    for (int hb = 0; hb < HB; ++hb)
+      for (int jb = 0; jb < JB; ++jb)
+        s[hb * kMlaBlock + jb] = _mm512_reduce_add_ps(acc[hb][jb]) * scale;
+  }
+}
+
 // Row (L) of the latent cache as f32 into dst (Lp, zero padded past L).
 inline void LoadRow(const PagedLatent& kv, const uint8_t* row, int L, int Lp, float* dst) {
   for (int i = 0; i < Lp; i += 16) {
@@ -57,9 +90,7 @@ void ScoreTile(const float* q, const float* rows, int Lp, float scale, float* s)
       for (int jb = 0; jb < JB; ++jb) acc[hb][jb] = _mm512_fmadd_ps(qv, r[jb], acc[hb][jb]);
     }
   }
-  for (int hb = 0; hb < HB; ++hb)
-    for (int jb = 0; jb < JB; ++jb)
-      s[hb * kMlaBlock + jb] = _mm512_reduce_add_ps(acc[hb][jb]) * scale;
+  StoreScores<HB, JB>(acc, scale, s);
 }
 
 // acc[hb][i0 + c*16 ..] = acc * corr[hb] + sum_j p[hb][j] * rows[j][i0 + c*16 ..] for HB heads and
@@ -152,9 +183,7 @@ void ScoreTileBf16(const float* q, int lq, const uint16_t* const* rows, int chun
       }
     }
   }
-  for (int hb = 0; hb < HB; ++hb)
-    for (int jb = 0; jb < JB; ++jb)
-      s[hb * kMlaBlock + jb] = _mm512_reduce_add_ps(acc[hb][jb]) * scale;
+  StoreScores<HB, JB>(acc, scale, s);
 }
 
 // acc[hb] chunks c0..c0+CB (split order, row stride lr) = acc * corr[hb] + sum_j p[hb][j] *
