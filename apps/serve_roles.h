@@ -49,6 +49,9 @@ struct RoleFlags {
   Tracer* tracer = nullptr;           // made by RunServe from trace_file; given to the messengers
   cluster::DiscoveryFlags discovery;  // --discovery: etcd instead of --prefill-peers
   int tensor_parallel_size = 1;       // copied from serve's flag: registered with --discovery
+  // messenger::SpeculativeIdentity of --speculative-config (set by RunServe): both sides of the
+  // handshake must say the same.
+  std::string speculative;
 };
 
 // A role's engine and, for a decode instance with --discovery, the watch that feeds its messenger

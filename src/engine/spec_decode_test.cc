@@ -112,6 +112,17 @@ double ChiSquare(const std::vector<int64_t>& counts, const std::vector<double>& 
 // one token over 200k draws gives chi2 in the hundreds.
 constexpr double kChi2Df4At999 = 18.467;
 
+TEST(SpecCountersTest, SumAddsEveryCounterAndPosition) {
+  SpecDecodeCounters a{2, 6, 3, {2, 1, 0}};
+  a += SpecDecodeCounters{1, 4, 4, {1, 1, 1, 1}};
+  EXPECT_EQ(a.num_drafts, 3);
+  EXPECT_EQ(a.num_draft_tokens, 10);
+  EXPECT_EQ(a.num_accepted_tokens, 7);
+  EXPECT_THAT(a.accepted_per_pos, ElementsAre(3, 2, 1, 1));
+  a += SpecDecodeCounters{};
+  EXPECT_THAT(a.accepted_per_pos, ElementsAre(3, 2, 1, 1));
+}
+
 TEST(RejectionSampleTest, OutputFollowsTheTargetDistribution) {
   const std::vector<double> p = {0.05, 0.40, 0.25, 0.10, 0.20};
   const std::vector<double> q = {0.30, 0.10, 0.30, 0.25, 0.05};
