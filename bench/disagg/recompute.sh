@@ -6,27 +6,30 @@
 # once cold (both instances then hold it), and then two requests sharing it, in alternating order:
 #   (a) both instances hold the prefix (P = H): the prefill instance computes only the suffix;
 #   (b) the prefill instance was killed (`up` restarts it; a request of unrelated tokens then
-#       reconnects it) so its cache is empty while the decode instance's holds the prefix
+#       reconnects it) so that its cache is empty while the decode instance's holds the prefix
 #       (P = 0 < H): the prefill instance recomputes [0, H) and sends only [H, end).
-# Each is the latency of a 1-token completion (its TTFT). (c) is what sending the H cached pages
-# would cost: `pdserve transfer-bench` over the same provider, with as many writes of the same
-# size as the cold request's transfer used for H tokens (from the prefill instance's
+# Each is the latency of a 1-token completion (its TTFT); beside it, the prefill instance's own
+# time from the request to its last write (its kv_transfer_seconds). (c) is what sending the H
+# cached pages would cost: `pdserve transfer-bench` over the same provider, with as many writes of
+# the same size as the cold request's transfer used for H tokens (from the prefill instance's
 # kv_transfer_* counters; the writes only, without the control round trip such a send needs).
 # Prints per prefix length the medians of (a) and (b), (b) - (a) (the recompute cost), (c) and
-# (b - a) / c. Every (a) and (b) is checked on the prefill instance's counters (its prefix-cache
-# hits, and one KV transfer per request) and on the decode instance's cached_tokens.
+# (b - a) / c. Every (a) and (b) is checked: one KV transfer, of no more tokens than the decode
+# instance lacks, and the decode instance's cached_tokens covers the prefix.
+# `up` restarts the killed instance with a growing backoff (0.5 s doubling to 30 s), so a run of
+# the defaults takes a few minutes.
 #
 #   bench/disagg/recompute.sh [--model DIR] [--pdserve BIN] [--lengths "1024 2000"]
 #                             [--pairs N] [--suffix-len N] [--out DIR]
 #
-# Defaults: models/demo-llama, prefixes of 1024 and 2000 tokens, 3 pairs, 32-token suffixes.
+# Defaults: models/demo-llama, prefixes of 1024 and 2000 tokens, 5 pairs, 32-token suffixes.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PDSERVE=$ROOT/build/pdserve
 MODEL=$ROOT/models/demo-llama
 LENGTHS="1024 2000"
-PAIRS=3
+PAIRS=5
 SUFFIX=32
 OUT=
 PY=/usr/bin/python3
@@ -49,7 +52,9 @@ done
 [ -n "$OUT" ] || OUT=$(mktemp -d /tmp/pdserve-recompute.XXXXXX)
 mkdir -p "$OUT"
 
-start recompute --local-prefill-max-tokens -1
+# The prefill instance is killed once per pair: `up` would give up after --max-restarts of
+# those in a row.
+start recompute --local-prefill-max-tokens -1 --max-restarts 1000
 UP_PID=${PIDS[0]}
 
 "$PY" - "$URL" "$UP_PID" "$PDSERVE" "$OUT" "$LENGTHS" "$PAIRS" "$SUFFIX" <<'PYEOF'
