@@ -63,6 +63,8 @@ struct BenchEngineFlags {
   std::string matmul = "both";              // f32 | bf16 | both
   std::string dtype = "bf16";               // preset checkpoints: bf16 | fp8 | both
   std::string amx = "on";                   // on | off | both (the bf16 rows)
+  std::string draft_model;                  // --phase spec: a draft_model row from DIR
+  int draft_layers = 0;                     // ... or from the target's first N layers
 };
 
 // One set of rows of a model: the matmul precision, and for bf16 whether AMX is allowed.
@@ -497,6 +499,8 @@ int RunSpecPhase(const std::vector<std::pair<std::string, std::string>>& models,
   o.seconds = f.seconds;
   o.context = f.contexts.empty() ? 128 : f.contexts.front();
   o.json = f.json;
+  o.draft_model_dir = f.draft_model;
+  o.draft_layers = f.draft_layers;
   for (const auto& [name, dir] : models) {
     Result<model::ModelWeights> weights = model::LoadModelWeights(dir);
     Status s = weights.ok() ? RunSpecBench(name, *weights, o) : weights.status();
@@ -620,6 +624,12 @@ CommandRunner SetUpCommand(CLI::App* app) {
   app->add_option("--phase", f->phase, "rows to measure")
       ->check(CLI::IsMember({"all", "decode", "prefill", "tp", "spec"}))
       ->capture_default_str();
+  app->add_option("--draft-model", f->draft_model,
+                  "--phase spec: also a draft_model row with this draft checkpoint");
+  app->add_option("--draft-layers", f->draft_layers,
+                  "--phase spec: also a draft_model row whose draft is the target's first N "
+                  "layers (a view: no checkpoint written)")
+      ->check(CLI::Range(1, 1 << 10));
   app->add_option("--batches", f->batches, "decode batch sizes (e.g. --batches 1 32)")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();

@@ -7,6 +7,7 @@
 #include "apps/bench_engine_spec.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
+#include "engine/spec_draft_model.h"
 
 namespace pd::apps {
 namespace {
@@ -44,17 +45,20 @@ struct TpotRow {
   double tpot_s = 0;
   int tokens = 0;
   double mean_acceptance_length = 0;  // 0: no drafts
+  double acceptance_rate = 0;         // accepted / drafted tokens
 };
 
 // Greedy requests one at a time; TPOT = (last token - first token) / (tokens - 1), averaged.
 Result<TpotRow> MeasureTpot(const model::ModelWeights& w, const SpecBenchOptions& o,
-                            const engine::SpeculativeConfig& spec) {
+                            const engine::SpeculativeConfig& spec,
+                            const model::ModelWeights* draft = nullptr) {
   engine::EngineOptions eo;
   eo.runner.num_threads = o.threads;
   eo.runner.kv_cache_bytes = 64ull << 20;
   eo.scheduler.max_model_len = 1024;
   eo.scheduler.enable_prefix_caching = false;  // every request computes its prompt
   eo.speculative = spec;
+  eo.draft_weights = draft;
   ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine, engine::Engine::Create(w, eo));
   std::mt19937 rng(1);
   TpotRow row;
@@ -88,7 +92,27 @@ Result<TpotRow> MeasureTpot(const model::ModelWeights& w, const SpecBenchOptions
   const engine::SpecDecodeCounters& c = engine->stats().spec_decode;
   if (c.num_drafts > 0)
     row.mean_acceptance_length = 1.0 + double(c.num_accepted_tokens) / c.num_drafts;
+  if (c.num_draft_tokens > 0)
+    row.acceptance_rate = double(c.num_accepted_tokens) / c.num_draft_tokens;
   return row;
+}
+
+// The draft_model row: a checkpoint, or a view of the target's first layers (spec_draft_model.h).
+Result<TpotRow> MeasureDraftTpot(const model::ModelWeights& w, const SpecBenchOptions& o,
+                                 std::string* label) {
+  engine::SpeculativeConfig spec;
+  spec.method = engine::SpecMethod::kDraftModel;
+  spec.num_speculative_tokens = o.draft_k;
+  if (o.draft_layers > 0) {
+    ASSIGN_OR_RETURN(model::ModelWeights view, engine::FirstLayersOf(w, o.draft_layers));
+    spec.model = "first " + std::to_string(o.draft_layers) + " layers";
+    *label = "draft " + std::to_string(o.draft_layers) + "/" + std::to_string(w.config.num_layers) +
+             " layers K=" + std::to_string(o.draft_k);
+    return MeasureTpot(w, o, spec, &view);
+  }
+  spec.model = o.draft_model_dir;
+  *label = "draft_model K=" + std::to_string(o.draft_k);
+  return MeasureTpot(w, o, spec);
 }
 
 }  // namespace
@@ -112,14 +136,28 @@ Status RunSpecBench(const std::string& name, const model::ModelWeights& w,
   ngram.prompt_lookup_max = 4;
   ASSIGN_OR_RETURN(TpotRow plain, MeasureTpot(w, o, engine::SpeculativeConfig{}));
   ASSIGN_OR_RETURN(TpotRow spec, MeasureTpot(w, o, ngram));
+  const bool with_draft = o.draft_layers > 0 || !o.draft_model_dir.empty();
+  TpotRow draft;
+  std::string draft_label;
+  if (with_draft) {
+    ASSIGN_OR_RETURN(draft, MeasureDraftTpot(w, o, &draft_label));
+  }
   if (o.json) {
     std::printf("{\"model\": \"%s\", \"context\": %d, \"verify_ms\": [", name.c_str(), o.context);
     for (size_t k = 0; k < step_s.size(); ++k)
       std::printf("%s%.4f", k == 0 ? "" : ", ", step_s[k] * 1e3);
     std::printf(
         "], \"tpot_ms\": %.4f, \"tpot_ngram_ms\": %.4f, \"ngram_mean_acceptance_length\": "
-        "%.3f}\n",
-        plain.tpot_s * 1e3, spec.tpot_s * 1e3, spec.mean_acceptance_length);
+        "%.3f, \"ngram_acceptance_rate\": %.3f",
+        plain.tpot_s * 1e3, spec.tpot_s * 1e3, spec.mean_acceptance_length, spec.acceptance_rate);
+    if (with_draft) {
+      std::printf(
+          ", \"draft\": \"%s\", \"tpot_draft_ms\": %.4f, \"draft_mean_acceptance_length\": "
+          "%.3f, \"draft_acceptance_rate\": %.3f",
+          draft_label.c_str(), draft.tpot_s * 1e3, draft.mean_acceptance_length,
+          draft.acceptance_rate);
+    }
+    std::printf("}\n");
     return OkStatus();
   }
   std::printf("%-14s %7s %3s %12s %14s\n", "model", "context", "K", "ms/step", "vs decode");
@@ -127,10 +165,15 @@ Status RunSpecBench(const std::string& name, const model::ModelWeights& w,
     std::printf("%-14s %7d %3zu %12.3f %14.3f\n", name.c_str(), o.context, k, step_s[k] * 1e3,
                 step_s[k] / step_s[0]);
   }
-  std::printf("\n%-14s %-22s %10s %18s\n", "model", "speculation", "TPOT ms", "mean accept len");
-  std::printf("%-14s %-22s %10.3f %18s\n", name.c_str(), "none", plain.tpot_s * 1e3, "-");
-  std::printf("%-14s %-22s %10.3f %18.2f\n", name.c_str(), "ngram K=3 (n 2..4)", spec.tpot_s * 1e3,
-              spec.mean_acceptance_length);
+  std::printf("\n%-14s %-26s %10s %16s %12s\n", "model", "speculation", "TPOT ms",
+              "mean accept len", "accept rate");
+  std::printf("%-14s %-26s %10.3f %16s %12s\n", name.c_str(), "none", plain.tpot_s * 1e3, "-", "-");
+  std::printf("%-14s %-26s %10.3f %16.2f %12.2f\n", name.c_str(), "ngram K=3 (n 2..4)",
+              spec.tpot_s * 1e3, spec.mean_acceptance_length, spec.acceptance_rate);
+  if (with_draft) {
+    std::printf("%-14s %-26s %10.3f %16.2f %12.2f\n", name.c_str(), draft_label.c_str(),
+                draft.tpot_s * 1e3, draft.mean_acceptance_length, draft.acceptance_rate);
+  }
   return OkStatus();
 }
 

@@ -376,10 +376,12 @@ PD_REGISTER_COMMAND(serve, "Serve a model with the OpenAI-compatible HTTP API", 
   app->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", f->enable_prefix_caching,
                 "keep computed full KV pages cached by their tokens and share them with later "
                 "prompts that start the same way (on by default)");
-  app->add_option("--speculative-config", f->speculative_config,
-                  "speculative decoding, as a JSON object in vLLM's shape: {\"method\": "
-                  "\"ngram\", \"num_speculative_tokens\": K, \"prompt_lookup_min\": a, "
-                  "\"prompt_lookup_max\": b} (draft_model and mtp: not yet)");
+  app->add_option(
+      "--speculative-config", f->speculative_config,
+      "speculative decoding, as a JSON object in vLLM's shape: {\"method\": "
+      "\"ngram\", \"num_speculative_tokens\": K, \"prompt_lookup_min\": a, "
+      "\"prompt_lookup_max\": b}; \"draft_model\" with \"model\": DIR (a checkpoint with the "
+      "target's tokenizer); mtp: not yet");
   AddKvCacheDTypeFlag(app, &f->kv_cache_dtype, kKvCacheDTypeFlagHelp);
   AddMatmulFlag(app, &f->matmul, kMatmulFlagHelp);
   app->add_option("--kv-cache-bytes", f->kv_cache_bytes, "KV cache size in bytes")

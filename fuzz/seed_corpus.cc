@@ -44,6 +44,16 @@ PrefillRequest SampleRequest() {
   return m;
 }
 
+// A request to DP rank 3 of a data-parallel decode instance: one rank's region, scheme TP 1.
+PrefillRequest SampleDpRequest() {
+  PrefillRequest m = SampleRequest();
+  m.decode_scheme = {1, 1, true};
+  m.rank_regions = {"region-dp-rank-3"};
+  m.nic_regions = {"nic1-dp-rank-3"};
+  m.dp_rank = 3;
+  return m;
+}
+
 std::vector<std::pair<std::string, Message>> SampleMessages() {
   const KvFormat format{0x1234, 2, 64, 16, 1, 0};
   KvFormat speculative = format;  // a Hello of an instance that drafts (wire version 8)
@@ -61,7 +71,9 @@ std::vector<std::pair<std::string, Message>> SampleMessages() {
       {"hello_refused",
        HelloReply{
            false, "page size differs", "decode-1", format, {1, 1}, "", kDefaultMessageBytes, {}}},
+      {"hello_dp", Hello{"decode-dp4", format, {1, 1, true}, "fi-addr", "fi-addr-2", 65536, {}, 4}},
       {"prefill_request", SampleRequest()},
+      {"prefill_request_dp", SampleDpRequest()},
       {"prefill_request_empty", PrefillRequest{}},
       {"prefill_done", PrefillDone{42, 14, "peer gone", 17}},
       {"cancel", Cancel{99}},

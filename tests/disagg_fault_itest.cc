@@ -346,28 +346,6 @@ TEST(DisaggFaultTest, StoppedDecodeHasItsPrefillsDroppedAfterItsSilenceAndRecove
 
 // ------------------------------------------------------------------ aborted streams
 
-// One streaming request that the client abandons: after `chunks` SSE chunks, or (chunks == 0)
-// when no byte arrived for `timeout_ms` (so also while the prompt is still in prefill).
-void AbandonedStream(int port, const std::vector<int>& prompt, int max_tokens, int chunks,
-                     int timeout_ms) {
-  httplib::Client c(kHost, port);
-  if (chunks == 0) c.set_read_timeout(0, timeout_ms * 1000);
-  json req = {{"model", "m"},       {"prompt", prompt},   {"max_tokens", max_tokens},
-              {"temperature", 0.0}, {"ignore_eos", true}, {"stream", true}};
-  httplib::Request r;
-  r.method = "POST";
-  r.path = "/v1/completions";
-  r.body = req.dump();
-  r.headers.emplace("Content-Type", "application/json");
-  int seen = 0;
-  r.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
-    return chunks == 0 || ++seen < chunks;
-  };
-  httplib::Response res;
-  httplib::Error err;
-  c.send(r, res, err);
-}
-
 TEST_P(DisaggFaultArchTest, HundredStreamsAbortedAtRandomPointsLeaveNothingBehind) {
   const int port = PickPort();
   Process up;
@@ -390,7 +368,8 @@ TEST_P(DisaggFaultArchTest, HundredStreamsAbortedAtRandomPointsLeaveNothingBehin
         const bool by_time = rng() % 2 == 0;
         const int chunks = by_time ? 0 : 1 + static_cast<int>(rng() % 12);
         const int timeout_ms = 1 + static_cast<int>(rng() % 150);
-        AbandonedStream(port, PromptOf(len, t * 100 + i), max_tokens, chunks, timeout_ms);
+        testing::AbandonStream(kHost, port, PromptOf(len, t * 100 + i), max_tokens, chunks,
+                               timeout_ms);
       }
     });
   }

@@ -219,6 +219,28 @@ inline std::pair<int, nlohmann::json> CompleteAt(const std::string& host, int po
   return {r->status, nlohmann::json::parse(r->body, nullptr, false)};
 }
 
+// One streaming greedy completion that the client abandons: after `chunks` SSE chunks, or
+// (chunks == 0) when no byte arrived for `timeout_ms` (so also while the prompt is in prefill).
+inline void AbandonStream(const std::string& host, int port, const std::vector<int>& prompt,
+                          int max_tokens, int chunks, int timeout_ms) {
+  httplib::Client c(host, port);
+  if (chunks == 0) c.set_read_timeout(0, timeout_ms * 1000);
+  nlohmann::json req = {{"model", "m"},       {"prompt", prompt},   {"max_tokens", max_tokens},
+                        {"temperature", 0.0}, {"ignore_eos", true}, {"stream", true}};
+  httplib::Request r;
+  r.method = "POST";
+  r.path = "/v1/completions";
+  r.body = req.dump();
+  r.headers.emplace("Content-Type", "application/json");
+  int seen = 0;
+  r.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+    return chunks == 0 || ++seen < chunks;
+  };
+  httplib::Response res;
+  httplib::Error err;
+  c.send(r, res, err);
+}
+
 // ------------------------------------------------------------------ deployments
 
 // True when nothing listens on or is bound to 127.0.0.1:port right now.

@@ -13,6 +13,7 @@
 #include "engine/prefix_cache.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/spec_draft_model.h"
 
 namespace pd::engine {
 namespace {
@@ -20,8 +21,11 @@ namespace {
 struct RequestState {
   RequestState(const SamplingParams& sampling, uint64_t default_seed, int32_t eos_token_id,
                int num_prompt_tokens)
-      : sampler(sampling, default_seed, eos_token_id), num_prompt_tokens(num_prompt_tokens) {}
+      : sampler(sampling, default_seed, eos_token_id),
+        draft_seed(sampling.seed.value_or(default_seed) ^ 0x9e3779b97f4a7c15ull),
+        num_prompt_tokens(num_prompt_tokens) {}
   RequestSampler sampler;
+  uint64_t draft_seed;  // the draft model's random stream (spec_draft_model.h)
   int num_prompt_tokens = 0;
   bool prefill_only = false;
   // (hidden) a remote-KV request's last prefilled position, from the prefill instance; empty
@@ -39,8 +43,10 @@ SchedulerOptions SchedulerOptionsOf(const EngineOptions& options, const KvCacheS
 // Thread safety: see Engine; only ValidateRequest may run concurrently with the rest.
 class EngineImpl final : public SteppedEngine, public DisaggHooks {
  public:
-  EngineImpl(std::unique_ptr<ModelRunner> runner, const EngineOptions& options)
+  EngineImpl(std::unique_ptr<ModelRunner> runner, const EngineOptions& options,
+             std::unique_ptr<DraftModel> draft)
       : runner_(std::move(runner)),
+        draft_(std::move(draft)),
         options_(options),
         clock_(options.clock != nullptr ? options.clock : &SystemClock::Get()),
         pool_(runner_->region().num_pages(),
@@ -105,7 +111,12 @@ class EngineImpl final : public SteppedEngine, public DisaggHooks {
   void FailBatch(const ScheduledBatch& batch, const Status& status,
                  std::vector<RequestOutput>* outputs);
 
+  // The drafts of the sequences in `updates` that go on decoding, from the draft model.
+  void ProposeDraftModel(std::span<const SeqUpdate> updates);
+  int MaxDrafts(const Sequence& seq, const RequestState& state) const;
+
   std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<DraftModel> draft_;  // method draft_model; null otherwise
   const EngineOptions options_;
   const Clock* const clock_;
   PagePool pool_;
@@ -271,6 +282,7 @@ void EngineImpl::Abort(int64_t request_id) {
   RequestOutput out = MakeOutput(request_id, *it->second, scheduler_.Find(request_id));
   out.finish_reason = FinishReason::kAbort;
   scheduler_.Abort(request_id);  // frees the pages now
+  if (draft_ != nullptr) draft_->Forget(request_id);
   requests_.erase(it);
   aborted_.push_back(std::move(out));
 }
@@ -311,8 +323,14 @@ RequestOutput EngineImpl::SampleSeq(const ScheduledSeq& s, RequestState& state, 
   RequestOutput out = MakeOutput(s.seq_id, state, s.seq);
   int num_generated = s.seq->num_generated_tokens(), accepted = 0;
   for (int j = 0; j <= num_drafts; ++j) {
+    const std::span<const float> row = std::span<const float>(logits).subspan(j * vocab, vocab);
+    const std::span<const double> q = draft_ != nullptr && j < num_drafts
+                                          ? draft_->DraftProbs(s.seq_id, j)
+                                          : std::span<const double>();
+    bool q_kept = false;
     SampleResult sample =
-        state.sampler.Sample(std::span<const float>(logits).subspan(j * vocab, vocab));
+        q.empty() ? state.sampler.Sample(row)
+                  : VerifyDraft(state.sampler, row, q, s.seq->draft_token_ids[j], &q_kept);
     ++num_generated;
     const StopCheck stop = CheckStop(state.sampler.params(), stop_ctx, sample.token_id,
                                      num_generated, s.seq->num_tokens() + j + 1);
@@ -322,7 +340,8 @@ RequestOutput EngineImpl::SampleSeq(const ScheduledSeq& s, RequestState& state, 
     }
     out.finish_reason = stop.reason;
     out.stop_token_id = stop.stop_token_id;
-    const bool kept = j < num_drafts && sample.token_id == s.seq->draft_token_ids[j];
+    const bool kept =
+        q.empty() ? j < num_drafts && sample.token_id == s.seq->draft_token_ids[j] : q_kept;
     if (kept) ++spec_.accepted_per_pos[j];
     accepted += kept ? 1 : 0;
     if (!kept || stop.reason != FinishReason::kNone) break;
@@ -343,16 +362,13 @@ RequestOutput EngineImpl::SampleSeq(const ScheduledSeq& s, RequestState& state, 
 void EngineImpl::ProposeDrafts(std::span<const SeqUpdate> updates) {
   const SpeculativeConfig& spec = options_.speculative;
   if (!spec.enabled()) return;
+  if (draft_ != nullptr) return ProposeDraftModel(updates);
   for (const SeqUpdate& u : updates) {
     if (u.finished) continue;
     const Sequence* seq = scheduler_.Find(u.seq_id);
     auto it = requests_.find(u.seq_id);
     if (seq == nullptr || it == requests_.end()) continue;
-    // Drafts and the token after them stay within max_tokens and max_model_len.
-    const int k =
-        std::min({spec.num_speculative_tokens,
-                  it->second->sampler.params().max_tokens - seq->num_generated_tokens() - 1,
-                  options_.scheduler.max_model_len - seq->num_tokens() - 1});
+    const int k = MaxDrafts(*seq, *it->second);
     if (k <= 0) continue;
     std::vector<int32_t> drafts =
         NgramPropose(seq->token_ids, spec.prompt_lookup_min, spec.prompt_lookup_max, k);
@@ -377,6 +393,37 @@ Status EngineImpl::SetPrefilledHidden(int64_t request_id, std::vector<float> hid
   return OkStatus();
 }
 
+// Drafts and the token after them stay within max_tokens and max_model_len.
+int EngineImpl::MaxDrafts(const Sequence& seq, const RequestState& state) const {
+  return std::min({options_.speculative.num_speculative_tokens,
+                   state.sampler.params().max_tokens - seq.num_generated_tokens() - 1,
+                   options_.scheduler.max_model_len - seq.num_tokens() - 1});
+}
+
+void EngineImpl::ProposeDraftModel(std::span<const SeqUpdate> updates) {
+  std::vector<DraftRequest> requests;
+  for (const SeqUpdate& u : updates) {
+    if (u.finished) continue;
+    const Sequence* seq = scheduler_.Find(u.seq_id);
+    auto it = requests_.find(u.seq_id);
+    if (seq == nullptr || it == requests_.end() || seq->prefill_only) continue;
+    int k = MaxDrafts(*seq, *it->second);
+    if (k <= 0) continue;
+    // The draft writes the KV of the token just sampled and of drafts 1..k-1.
+    const int covered = scheduler_.ReserveDraftPages(u.seq_id, seq->num_tokens() + k - 1);
+    k = std::min(k, covered - seq->num_tokens() + 1);
+    if (k <= 0) continue;
+    requests.push_back({seq, k, &it->second->sampler.params(), it->second->draft_seed});
+  }
+  if (requests.empty()) return;
+  std::vector<std::vector<int32_t>> drafts;
+  const Status status = draft_->Propose(requests, &drafts);
+  if (!status.ok()) PD_LOG_ERROR("speculative decoding stops for the batch: {}", status.ToString());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (!drafts[i].empty()) scheduler_.SetDraftTokens(requests[i].seq->id, std::move(drafts[i]));
+  }
+}
+
 void EngineImpl::FailBatch(const ScheduledBatch& batch, const Status& status,
                            std::vector<RequestOutput>* outputs) {
   PD_LOG_ERROR("engine step failed: {}", status.ToString());
@@ -387,6 +434,7 @@ void EngineImpl::FailBatch(const ScheduledBatch& batch, const Status& status,
     out.finish_reason = FinishReason::kError;
     out.error = status;
     scheduler_.Abort(s.seq_id);
+    if (draft_ != nullptr) draft_->Forget(s.seq_id);
     requests_.erase(it);
     outputs->push_back(std::move(out));
   }
@@ -414,6 +462,9 @@ bool EngineImpl::BeginStep(std::vector<RequestOutput>* outputs) {
   for (RequestOutput& out : aborted_) outputs->push_back(std::move(out));
   aborted_.clear();
   batch_ = scheduler_.Schedule();
+  if (draft_ != nullptr) {
+    for (int64_t id : batch_.preempted_seq_ids) draft_->Reset(id);
+  }
   stalled_ = batch_.empty() && batch_.preempted_seq_ids.empty();
   if (batch_.empty()) return false;
   BuildForwardBatch(batch_);
@@ -447,9 +498,17 @@ void EngineImpl::EndStep(const Status& forward, std::vector<RequestOutput>* outp
     outputs->push_back(SampleSeq(s, state, i, &update));
     updates.push_back(update);
   }
+  if (draft_ != nullptr) {
+    // Before Update: the finished sequences' pages still hold what the target computed.
+    const Status caught_up = draft_->CatchUp(batch, updates);
+    if (!caught_up.ok())
+      PD_LOG_ERROR("speculative decoding stops for the batch: {}", caught_up.ToString());
+  }
   scheduler_.Update(batch, updates);
   for (const SeqUpdate& u : updates) {
-    if (u.finished) requests_.erase(u.seq_id);
+    if (!u.finished) continue;
+    requests_.erase(u.seq_id);
+    if (draft_ != nullptr) draft_->Forget(u.seq_id);
   }
   ProposeDrafts(updates);
 }
@@ -493,7 +552,8 @@ Status CheckOptions(const SchedulerOptions& o) {
 }  // namespace
 
 Result<std::unique_ptr<SteppedEngine>> CreateSteppedEngine(std::unique_ptr<ModelRunner> runner,
-                                                           const EngineOptions& options) {
+                                                           const EngineOptions& options,
+                                                           std::unique_ptr<DraftModel> draft) {
   if (runner == nullptr) return InvalidArgument("Engine needs a ModelRunner");
   EngineOptions opts = options;
   const int max_pos = runner->config().max_position_embeddings;
@@ -502,14 +562,28 @@ Result<std::unique_ptr<SteppedEngine>> CreateSteppedEngine(std::unique_ptr<Model
   }
   RETURN_IF_ERROR(CheckOptions(opts.scheduler));
   RETURN_IF_ERROR(ValidateSpeculativeConfig(opts.speculative));
-  if (opts.speculative.method == SpecMethod::kDraftModel ||
-      opts.speculative.method == SpecMethod::kMtp) {
-    return Unimplemented("--speculative-config: method \"" +
-                         std::string(SpecMethodName(opts.speculative.method)) +
-                         "\" is not supported yet (\"ngram\" is)");
+  if (opts.speculative.method == SpecMethod::kMtp) {
+    return Unimplemented(
+        "--speculative-config: method \"mtp\" is not supported yet (\"ngram\" and "
+        "\"draft_model\" are)");
+  }
+  if (opts.speculative.method == SpecMethod::kDraftModel && draft == nullptr) {
+    return Unimplemented(
+        "--speculative-config: method \"draft_model\" runs in an engine made by Engine::Create "
+        "(which loads the draft checkpoint), not on a given runner or data-parallel ranks");
+  }
+  if (draft != nullptr && draft->runner().region().num_pages() != runner->region().num_pages()) {
+    return InvalidArgument("the draft model's KV region has " +
+                           std::to_string(draft->runner().region().num_pages()) +
+                           " pages, the target's " + std::to_string(runner->region().num_pages()));
   }
   if (runner->region().num_pages() < 1) return InvalidArgument("the KV cache has no pages");
-  return std::unique_ptr<SteppedEngine>(new EngineImpl(std::move(runner), opts));
+  return std::unique_ptr<SteppedEngine>(new EngineImpl(std::move(runner), opts, std::move(draft)));
+}
+
+Result<std::unique_ptr<SteppedEngine>> CreateSteppedEngine(std::unique_ptr<ModelRunner> runner,
+                                                           const EngineOptions& options) {
+  return CreateSteppedEngine(std::move(runner), options, nullptr);
 }
 
 Result<std::unique_ptr<Engine>> Engine::CreateWithRunner(std::unique_ptr<ModelRunner> runner,
@@ -519,8 +593,56 @@ Result<std::unique_ptr<Engine>> Engine::CreateWithRunner(std::unique_ptr<ModelRu
   return std::unique_ptr<Engine>(std::move(engine));
 }
 
+namespace {
+
+// The target's and the draft's runners over one page budget (spec_draft_model.h).
+Result<std::unique_ptr<Engine>> CreateWithDraftModel(const model::ModelWeights& weights,
+                                                     const EngineOptions& options) {
+  std::unique_ptr<model::ModelWeights> owned;
+  const model::ModelWeights* draft_weights = options.draft_weights;
+  if (draft_weights == nullptr) {
+    const std::string& dir = options.speculative.model;
+    if (dir.empty()) return InvalidArgument("--speculative-config: draft_model needs \"model\"");
+    Result<model::ModelWeights> loaded = model::LoadModelWeights(dir);
+    if (!loaded.ok()) return loaded.status().WithContext("draft model " + dir);
+    owned = std::make_unique<model::ModelWeights>(std::move(loaded).value());
+    draft_weights = owned.get();
+  }
+  RETURN_IF_ERROR(CheckDraftVocab(weights.config, draft_weights->config));
+  ModelRunnerOptions target_options = options.runner;
+  if (target_options.num_pages == 0) {  // one page of the budget: a target and a draft page
+    ASSIGN_OR_RETURN(size_t target_bytes, KvPageBytesAllRanks(weights.config, options.runner));
+    ASSIGN_OR_RETURN(size_t draft_bytes,
+                     KvPageBytesAllRanks(draft_weights->config, options.runner));
+    const size_t num_pages = options.runner.kv_cache_bytes / (target_bytes + draft_bytes);
+    if (num_pages < 1) {
+      return InvalidArgument("kv_cache_bytes " + std::to_string(options.runner.kv_cache_bytes) +
+                             " holds no page: one takes " + std::to_string(target_bytes) +
+                             " bytes for the target and " + std::to_string(draft_bytes) +
+                             " for the draft model");
+    }
+    target_options.num_pages = static_cast<int>(std::min<size_t>(num_pages, 1 << 30));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
+                   ModelRunner::Create(weights, target_options));
+  ModelRunnerOptions draft_options = target_options;
+  draft_options.tracer = nullptr;  // the target's layers stand for the step
+  Result<std::unique_ptr<ModelRunner>> draft_runner =
+      ModelRunner::Create(*draft_weights, draft_options);
+  if (!draft_runner.ok()) return draft_runner.status().WithContext("draft model");
+  ASSIGN_OR_RETURN(std::unique_ptr<DraftModel> draft,
+                   DraftModel::Create(std::move(draft_runner).value(), std::move(owned)));
+  ASSIGN_OR_RETURN(std::unique_ptr<SteppedEngine> engine,
+                   CreateSteppedEngine(std::move(runner), options, std::move(draft)));
+  return std::unique_ptr<Engine>(std::move(engine));
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Engine>> Engine::Create(const model::ModelWeights& weights,
                                                const EngineOptions& options) {
+  if (options.speculative.method == SpecMethod::kDraftModel)
+    return CreateWithDraftModel(weights, options);
   ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
                    ModelRunner::Create(weights, options.runner));
   return CreateWithRunner(std::move(runner), options);

@@ -45,9 +45,13 @@ struct EngineOptions {
   // Borrowed, may be null: the prefix cache's keys as they are stored and evicted, for KV-aware
   // routing (kv_events.h). Must outlive the engine.
   KvEventLog* kv_events = nullptr;
-  // Speculative decoding (spec_decode.h); method kNone: off. The engine runs "ngram" itself;
-  // "draft_model" and "mtp" are refused by Create (not built yet).
+  // Speculative decoding (spec_decode.h); method kNone: off. "ngram" and "draft_model"
+  // (spec_draft_model.h: Engine::Create only) run; "mtp" is refused by Create (not built yet).
   SpeculativeConfig speculative;
+  // draft_model: the draft's weights, borrowed (must outlive the engine); null: Create loads
+  // speculative.model (which otherwise only names it). KV: runner.num_pages pages for each model,
+  // or kv_cache_bytes split so that both have the same number of pages.
+  const model::ModelWeights* draft_weights = nullptr;
 };
 
 struct EngineStats {

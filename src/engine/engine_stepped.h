@@ -27,8 +27,14 @@ class SteppedEngine : public Engine {
   virtual void EndStep(const Status& forward, std::vector<RequestOutput>* outputs) = 0;
 };
 
+class DraftModel;  // spec_draft_model.h
+
 // Engine::CreateWithRunner, as a SteppedEngine.
 Result<std::unique_ptr<SteppedEngine>> CreateSteppedEngine(std::unique_ptr<ModelRunner> runner,
                                                            const EngineOptions& options);
+// The same with the draft model of method "draft_model" (required then, null otherwise).
+Result<std::unique_ptr<SteppedEngine>> CreateSteppedEngine(std::unique_ptr<ModelRunner> runner,
+                                                           const EngineOptions& options,
+                                                           std::unique_ptr<DraftModel> draft);
 
 }  // namespace pd::engine

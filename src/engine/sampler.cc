@@ -253,10 +253,10 @@ int32_t RequestSampler::SampleConstrained(std::span<const float> logits) {
 }
 
 // Softmax over logits/temperature restricted to `ids` (all when empty) and to the top-k, then to
-// the smallest prefix (best first) whose mass reaches top_p; one uniform draw picks the token by
-// inverse CDF.
-int32_t RequestSampler::SampleFrom(std::span<const float> logits, std::span<const int32_t> ids) {
-  const double u = NextUniform();  // always exactly one draw per call
+// the smallest prefix (best first) whose mass reaches top_p: scratch_[0, n) holds the kept
+// (scaled logit, id) and probs_[0, n) their unnormalised probabilities; returns n, sets *sum.
+int RequestSampler::KeepTokens(std::span<const float> logits, std::span<const int32_t> ids,
+                               double* sum_out) {
   const float inv_t = 1.0f / params_.temperature;
   const int vocab = ids.empty() ? static_cast<int>(logits.size()) : static_cast<int>(ids.size());
   scratch_.resize(vocab);
@@ -289,12 +289,29 @@ int32_t RequestSampler::SampleFrom(std::span<const float> logits, std::span<cons
     sum = 0.0;
     for (int i = 0; i < n; ++i) sum += probs[i];
   }
+  *sum_out = sum;
+  return n;
+}
+
+// One uniform draw picks a kept token by inverse CDF.
+int32_t RequestSampler::SampleFrom(std::span<const float> logits, std::span<const int32_t> ids) {
+  const double u = NextUniform();  // always exactly one draw per call
+  double sum = 0.0;
+  const int n = KeepTokens(logits, ids, &sum);
   double target = u * sum, cum = 0.0;
   for (int i = 0; i < n; ++i) {
-    cum += probs[i];
+    cum += probs_[i];
     if (target < cum) return scratch_[i].second;
   }
   return scratch_[n - 1].second;  // rounding: the last kept token
+}
+
+void RequestSampler::Distribution(std::span<const float> logits, std::vector<double>* probs) {
+  PD_CHECK(params_.temperature > 0.0f) << "Distribution needs temperature > 0";
+  probs->assign(logits.size(), 0.0);
+  double sum = 0.0;
+  const int n = KeepTokens(logits, {}, &sum);
+  for (int i = 0; i < n; ++i) (*probs)[scratch_[i].second] = probs_[i] / sum;
 }
 
 StopCheck CheckStop(const SamplingParams& params, const StopContext& ctx, int32_t token,

@@ -42,6 +42,12 @@ class RequestSampler {
   // logits: (vocab). Draws one random number unless greedy (or constrained).
   SampleResult Sample(std::span<const float> logits);
   const SamplingParams& params() const { return params_; }
+  // The distribution Sample draws from without a constraint (softmax of logits / temperature cut
+  // to top-k and top-p), over the whole vocabulary: probs (vocab). Needs temperature > 0. Draws
+  // nothing. Speculative decoding's rejection sampling compares it with a draft's.
+  void Distribution(std::span<const float> logits, std::vector<double>* probs);
+  // The next number of this request's random stream, in [0, 1).
+  double Uniform() { return NextUniform(); }
   // A constraint none of whose tokens fitted was let go: the rest of the output is free.
   bool constraint_released() const { return constraint_ != nullptr && released_; }
   // Speculative decoding: how many leading tokens of `drafts` (the tokens proposed to follow what
@@ -53,6 +59,7 @@ class RequestSampler {
  private:
   // Random choice among `ids` (empty: every token) with one uniform draw.
   int32_t SampleFrom(std::span<const float> logits, std::span<const int32_t> ids);
+  int KeepTokens(std::span<const float> logits, std::span<const int32_t> ids, double* sum);
   int32_t SampleConstrained(std::span<const float> logits);
   int32_t GreedyConstrained(std::span<const float> logits);
   bool Allowed(int32_t id) const { return AllowedIn(*constraint_, mask_, id, num_sampled_); }

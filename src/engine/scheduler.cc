@@ -267,6 +267,18 @@ bool Scheduler::SetDraftTokens(int64_t id, std::vector<int32_t> draft_ids) {
   return true;
 }
 
+int Scheduler::ReserveDraftPages(int64_t id, int num_tokens) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return 0;
+  Sequence* seq = it->second.get();
+  PD_CHECK(seq->state == SeqState::kRunning) << "sequence " << seq->id << " is not running";
+  const int need = PagesFor(num_tokens) - static_cast<int>(seq->page_table.size());
+  for (int n = need; n > 0 && !GrowPages(seq, num_tokens); --n) {
+    num_tokens -= page_size_;  // as many of the pages as the pool has
+  }
+  return static_cast<int>(seq->page_table.size()) * page_size_;
+}
+
 void Scheduler::ScheduleDrafts(StepState* step) {
   for (ScheduledSeq& s : step->batch.seqs) {
     if (step->budget <= 0) return;
@@ -446,8 +458,8 @@ void Scheduler::Update(const ScheduledBatch& batch, std::span<const SeqUpdate> u
     CacheComputedPages(seq);
     if (u != by_id.end() && u->second->finished) {
       Abort(seq->id);
-    } else if (s.num_draft_tokens > 0) {
-      TrimPages(seq);
+    } else {
+      TrimPages(seq);  // rejected drafts' pages, and those reserved for drafts not scheduled
     }
   }
 }

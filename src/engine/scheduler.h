@@ -152,6 +152,11 @@ class Scheduler {
   // Drafts for the next decode step of a running sequence whose next step is a decode (others:
   // ignored, false). Replaces earlier drafts; cleared by every Update and by preemption.
   bool SetDraftTokens(int64_t id, std::vector<int32_t> draft_ids);
+  // Grows a running sequence's page table towards num_tokens tokens from the free pages, never
+  // preempting (a draft model writes its drafts' KV there before they are scheduled); returns
+  // the tokens the table covers now (0 for an unknown id). Update gives back what the sequence's
+  // tokens do not need.
+  int ReserveDraftPages(int64_t id, int num_tokens);
 
   ScheduledBatch Schedule();
   // Advances every scheduled sequence by its chunk, appends sampled tokens and releases finished

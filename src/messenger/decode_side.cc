@@ -183,6 +183,7 @@ Hello DecodeMessenger::Impl::MakeHello(int peer) const {
   hello.recipient_address = peers_[peer].config.fabric_address;
   hello.max_message_bytes = options_.max_message_bytes;
   for (const auto& d : extra_domains_) hello.nic_addresses.push_back(d->info().address);
+  hello.dp_size = static_cast<uint16_t>(dp_size_);
   return hello;
 }
 
@@ -310,6 +311,10 @@ void DecodeMessenger::Impl::OnHelloReply(const HelloReply& reply, const Frame& f
     reason = "prefill instance " + it->config.name + ": " + ok.message();
   } else if (Status plan = PlanTransfer(reply.scheme, scheme_, format_, 0).status(); !plan.ok()) {
     reason = "prefill instance " + it->config.name + ": " + plan.message();
+  } else if (Status dp = CheckDataParallel(reply.dp_size, reply.scheme,
+                                           static_cast<uint16_t>(dp_size_), scheme_);
+             !dp.ok()) {
+    reason = "prefill instance " + it->config.name + ": " + dp.message();
   }
   if (it->state != PeerStatus::State::kWaiting && it->state != PeerStatus::State::kDown) {
     return;  // a heartbeat's answer, or a late duplicate

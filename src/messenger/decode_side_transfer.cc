@@ -240,6 +240,7 @@ Status DecodeMessenger::Impl::SendPrefillRequest(Req* r, uint32_t num_pages, uin
   m.deadline_ms = options_.transfer_timeout_ms;
   m.metadata_imm = r->meta_imm;
   m.first_page = static_cast<uint32_t>(r->first_page);
+  m.dp_rank = static_cast<uint16_t>(dp_size_ > 1 ? TargetRank(*r, 0) : 0);
   if (num_tokens > kMaxPromptTokens || num_pages > kMaxPages) {
     return InvalidArgument("a prompt of " + std::to_string(num_tokens) + " tokens (" +
                            std::to_string(num_pages) + " pages) exceeds the wire limits of " +

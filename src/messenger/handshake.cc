@@ -101,6 +101,32 @@ std::string DTypeName(uint8_t v) {
 
 }  // namespace
 
+Status CheckDataParallel(uint16_t prefill_dp, const ShardScheme& prefill, uint16_t decode_dp,
+                         const ShardScheme& decode) {
+  auto check = [](const char* side, uint16_t dp, const ShardScheme& scheme) -> Status {
+    const std::string what = std::string(side) + " dp_size " + std::to_string(dp);
+    if (dp == 0) return FailedPrecondition(what + ": must be at least 1");
+    if (dp == 1) return OkStatus();
+    if (scheme.tp_size != 1)
+      return FailedPrecondition(what + " with tp_size " + std::to_string(scheme.tp_size) +
+                                ": data-parallel ranks with tensor parallelism inside are not "
+                                "supported");
+    if (!scheme.replicated)
+      return FailedPrecondition(what +
+                                ": data-parallel ranks need a replicated (MLA latent) KV cache, "
+                                "not " +
+                                std::to_string(scheme.num_kv_heads) + " sharded KV heads");
+    return OkStatus();
+  };
+  RETURN_IF_ERROR(check("prefill", prefill_dp, prefill));
+  RETURN_IF_ERROR(check("decode", decode_dp, decode));
+  if (prefill_dp > 1)
+    return FailedPrecondition("prefill dp_size " + std::to_string(prefill_dp) +
+                              ": a prefill instance of data-parallel ranks is not supported (its "
+                              "ranks' prefills would be waited on as one rank's)");
+  return OkStatus();
+}
+
 Status CheckCompatible(const KvFormat& ours, const KvFormat& theirs) {
   std::string diff;
   if (ours.model_hash != theirs.model_hash) {

@@ -46,6 +46,14 @@ std::string SpeculativeIdentity(const engine::SpeculativeConfig& config,
 // differs with both values, e.g. "page_size: ours 16, theirs 8".
 Status CheckCompatible(const KvFormat& ours, const KvFormat& theirs);
 
+// Whether a prefill instance of `prefill_dp` data-parallel ranks (the dp_size of its HelloReply)
+// with scheme `prefill` can send KV to a decode instance of `decode_dp` ranks with scheme `decode`.
+// A DP instance's ranks each hold a whole MLA latent (a replicated scheme of TP 1); a prefill
+// instance of DP ranks is not supported. OK, or FailedPrecondition naming the side's dp_size and
+// why, e.g. "decode dp_size 2 with tp_size 2: ...".
+Status CheckDataParallel(uint16_t prefill_dp, const ShardScheme& prefill, uint16_t decode_dp,
+                         const ShardScheme& decode);
+
 // How a transfer's writes are counted: every KV page write carries the request's transfer_imm and
 // the decode side's KV counter expects exactly ExpectedWrites(...) of them; the one metadata write
 // (the last prefilled position's hidden state) carries metadata_imm and is counted apart, so the

@@ -4,8 +4,13 @@
 //   - golden: prefill TP {1,2} -> decode DP {2,4}, concurrent requests, chunked prefill, on a
 //     tiny MLA + MoE model: greedy tokens equal a colocated TP 1 engine's; the KV bytes are one
 //     copy per request (one DP rank written), and every DP rank held requests;
-//   - faults: aborted requests and a lost prefill instance leave every page of every DP rank free.
+//   - faults: aborted requests and a lost prefill instance leave every page of every DP rank free;
+//   - DP shape in the handshake: the decode instance's Hello says dp_size N and each request its
+//     dp_rank; a DP shape the other side cannot pair with is refused naming dp_size or dp_rank.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <set>
 
 #include <memory>
 #include <string>
@@ -22,6 +27,7 @@ namespace pd::messenger {
 namespace {
 
 using testing::Async;
+using ::testing::HasSubstr;
 using testing::Outcome;
 using testing::PendingRequest;
 using testing::WaitUntil;
@@ -149,6 +155,7 @@ TEST(MessengerDpTest, AbortedRequestsFreeEveryPageOnEveryRank) {
 TEST(MessengerDpTest, ALostPrefillInstanceFreesEveryPageOnEveryRank) {
   auto prefill = testing::FakePeer::Create([](testing::FakePeer& self, const Frame& f) {
     if (const auto* hello = std::get_if<Hello>(&f.message)) {
+      EXPECT_EQ(hello->dp_size, 2) << "the Hello names the decode instance's DP ranks";
       HelloReply r;
       r.accepted = true;
       r.instance_name = "prefill-tp2";
@@ -169,6 +176,7 @@ TEST(MessengerDpTest, ALostPrefillInstanceFreesEveryPageOnEveryRank) {
                                                         testing::GreedyParams(4)));
     ASSERT_TRUE(requests.back()->submitted());
   }
+  std::set<int> dp_ranks;
   for (int i = 0; i < 3; ++i) {
     auto req = prefill->Next();
     ASSERT_TRUE(req.has_value());
@@ -177,7 +185,10 @@ TEST(MessengerDpTest, ALostPrefillInstanceFreesEveryPageOnEveryRank) {
     EXPECT_EQ(pr->rank_regions.size(), 1u) << "only the request's DP rank is written";
     EXPECT_EQ(pr->decode_scheme.tp_size, 1);
     for (int32_t p : pr->dst_pages) EXPECT_LT(p, 32) << "page ids are the rank's own";
+    dp_ranks.insert(pr->dp_rank);
   }
+  // Three requests at once over two ranks, least loaded first: each request names its rank.
+  EXPECT_EQ(dp_ranks, (std::set<int>{0, 1}));
   prefill.reset();  // lost mid-transfer
   for (auto& r : requests) {
     const Outcome got = r->Wait(kDpDeadlineS);
@@ -185,6 +196,109 @@ TEST(MessengerDpTest, ALostPrefillInstanceFreesEveryPageOnEveryRank) {
   }
   EXPECT_TRUE(WaitUntil([&] { return decode->num_active_transfers() == 0; }, kDpDeadlineS));
   EXPECT_TRUE(testing::AllPagesFree(*decode, kDpDeadlineS));
+}
+
+// ------------------------------------------------------------------ DP shape in the handshake
+
+TEST(MessengerDpHandshakeTest, CheckDataParallelNamesTheSideAndTheField) {
+  const ShardScheme tp1{1, 1, true}, tp2{2, 1, true}, gqa{1, 2, false};
+  EXPECT_TRUE(CheckDataParallel(1, tp2, 4, tp1).ok());  // TP prefill -> DP decode
+  EXPECT_TRUE(CheckDataParallel(1, tp1, 1, tp2).ok());  // no DP at all
+  Status st = CheckDataParallel(1, tp1, 2, tp2);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("decode dp_size 2 with tp_size 2"));
+  EXPECT_THAT(CheckDataParallel(1, tp1, 2, gqa).message(),
+              HasSubstr("decode dp_size 2: data-parallel ranks need a replicated (MLA latent)"));
+  EXPECT_THAT(CheckDataParallel(2, tp1, 1, tp1).message(),
+              HasSubstr("prefill dp_size 2: a prefill instance of data-parallel ranks is not "
+                        "supported"));
+}
+
+// A real TP 1 prefill instance against a scripted decode instance: a Hello of dp_size 2 over TP 2
+// is refused naming the field; one of dp_size 2 over TP 1 is accepted, and then a request naming
+// DP rank 2 is refused naming dp_rank (its pages are freed: nothing was admitted).
+TEST(MessengerDpHandshakeTest, APrefillInstanceRefusesDpShapesItCannotServe) {
+  auto prefill = StartPrefill(1);
+  if (prefill == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
+  const KvFormat& format = prefill->messenger->format();
+  // 8 pages of every layer's f32 latent.
+  std::vector<uint8_t> kv(size_t{8} * format.num_layers * format.page_size * format.head_dim * 4),
+      meta(4096);
+  auto fake =
+      testing::FakePeer::Create([](testing::FakePeer& self, const Frame& f) { self.Record(f); });
+  ASSERT_NE(fake, nullptr);
+  const std::string to = prefill->messenger->fabric_address();
+  auto kv_mr = fake->domain().RegisterMemory(kv.data(), kv.size());
+  auto meta_mr = fake->domain().RegisterMemory(meta.data(), meta.size());
+  ASSERT_TRUE(kv_mr.ok() && meta_mr.ok());
+  auto hello = [&](ShardScheme scheme, uint16_t dp_size) {
+    Hello h{"fake-dp-decode",
+            prefill->messenger->format(),
+            scheme,
+            fake->address(),
+            "",
+            kDefaultMessageBytes,
+            {},
+            dp_size};
+    fake->Send(to, h);
+    auto reply = fake->Next();
+    EXPECT_TRUE(reply.has_value());
+    return reply.has_value() ? std::get<HelloReply>(reply->message) : HelloReply{};
+  };
+  const HelloReply refused = hello({2, 1, true}, 2);
+  EXPECT_FALSE(refused.accepted);
+  EXPECT_THAT(refused.reason, HasSubstr("decode dp_size 2 with tp_size 2"));
+  const HelloReply accepted = hello({1, 1, true}, 2);
+  ASSERT_TRUE(accepted.accepted) << accepted.reason;
+  EXPECT_EQ(accepted.dp_size, 1);
+
+  PrefillRequest r;
+  r.request_id = 77;
+  r.transfer_imm = 77;
+  r.metadata_imm = 78;
+  r.token_ids = testing::PromptOf(8, 1);
+  r.num_tokens = 8;
+  r.num_pages = 2;
+  r.dst_pages = {0, 1};
+  r.decode_scheme = {1, 1, true};
+  r.rank_regions = {kv_mr->descriptor.ToBytes()};
+  r.metadata_region = meta_mr->descriptor.ToBytes();
+  r.metadata_bytes = 4 * DpModel().weights.config.hidden_size;
+  r.deadline_ms = 5000;
+  r.dp_rank = 2;
+  fake->Send(to, r);
+  auto done = fake->Next();
+  ASSERT_TRUE(done.has_value());
+  const auto* d = std::get_if<PrefillDone>(&done->message);
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->status_code, static_cast<uint16_t>(StatusCode::kInvalidArgument));
+  EXPECT_THAT(d->message, HasSubstr("dp_rank 2 is not below the decode instance's dp_size 2"));
+  EXPECT_TRUE(testing::AllPagesFree(*prefill->engine, kDpDeadlineS));
+}
+
+// A scripted prefill instance that says it has DP ranks: the DP decode instance refuses it, the
+// reason naming dp_size.
+TEST(MessengerDpHandshakeTest, ADpDecodeInstanceRefusesAPrefillInstanceOfDpRanks) {
+  auto prefill = testing::FakePeer::Create([](testing::FakePeer& self, const Frame& f) {
+    if (const auto* hello = std::get_if<Hello>(&f.message)) {
+      HelloReply r;
+      r.accepted = true;
+      r.instance_name = "prefill-dp2";
+      r.format = hello->format;
+      r.scheme = {1, 1, true};
+      r.fabric_address = self.address();
+      r.dp_size = 2;
+      self.Send(hello->fabric_address, r);
+    }
+  });
+  if (prefill == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
+  auto decode = StartDpDecode(2, prefill->address());
+  const Status st = decode->WaitForPeers(kDpDeadlineS);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+  EXPECT_THAT(st.message(), HasSubstr("prefill dp_size 2"));
+  ASSERT_EQ(decode->peers().size(), 1u);
+  EXPECT_EQ(decode->peers()[0].state, PeerStatus::State::kRefused);
+  decode->Shutdown();
 }
 
 }  // namespace

@@ -167,6 +167,7 @@ void PrefillMessenger::Impl::OnHello(const Hello& hello, const Frame& frame) {
   }
   Status ok = CheckCompatible(owner_->format_, hello.format);
   if (ok.ok()) ok = PlanTransfer(scheme_, hello.scheme, owner_->format_, 0).status();
+  if (ok.ok()) ok = CheckDataParallel(dp_size_, scheme_, hello.dp_size, hello.scheme);
   HelloReply reply;
   reply.accepted = ok.ok();
   reply.reason = ok.ok() ? "" : ok.message();
@@ -176,7 +177,8 @@ void PrefillMessenger::Impl::OnHello(const Hello& hello, const Frame& frame) {
   reply.fabric_address = address();
   reply.max_message_bytes = options_.max_message_bytes;
   for (const auto& d : extra_domains_) reply.nic_addresses.push_back(d->info().address);
-  DecodePeer accepted{*peer, frame.sender_session, {}, {}, {}};
+  reply.dp_size = dp_size_;
+  DecodePeer accepted{*peer, frame.sender_session, {}, {}, {}, hello.dp_size};
   if (ok.ok() && known == peers_.end()) {
     ok = AddPeerNics(hello, &accepted);
     reply.accepted = ok.ok();
@@ -271,7 +273,7 @@ void PrefillMessenger::Impl::Begin(const PrefillRequest& request, const std::str
   auto t = std::make_unique<Transfer>();
   t->request_id = request.request_id;
   t->peer = peer.addr;
-  if (Status s = owner.ok() ? Admit(request, t.get()) : owner; !s.ok()) {
+  if (Status s = owner.ok() ? Admit(request, peer, t.get()) : owner; !s.ok()) {
     PD_LOG_WARN("prefill messenger: refused PrefillRequest {}: {}", request.request_id,
                 s.ToString());
     SendDone(peer.addr, request.request_id, s, 0);
@@ -298,7 +300,8 @@ void PrefillMessenger::Impl::Begin(const PrefillRequest& request, const std::str
     options_.tracer->Instant("prefill request", "kv",
                              {{"request", std::to_string(request.request_id)},
                               {"tokens", static_cast<int64_t>(request.token_ids.size())},
-                              {"pages", static_cast<int64_t>(request.dst_pages.size())}});
+                              {"pages", static_cast<int64_t>(request.dst_pages.size())},
+                              {"dp_rank", static_cast<int64_t>(request.dp_rank)}});
   }
 }
 
@@ -328,9 +331,13 @@ Status PrefillMessenger::Impl::ParseRankRegions(const PrefillRequest& r, uint64_
 }
 
 // Checks every field of a request against our format and the peer's regions.
-Status PrefillMessenger::Impl::Admit(const PrefillRequest& r, Transfer* t) {
+Status PrefillMessenger::Impl::Admit(const PrefillRequest& r, const DecodePeer& peer, Transfer* t) {
   const std::string id = "request " + std::to_string(r.request_id);
   if (transfers_.count(r.request_id) != 0) return AlreadyExists(id + " is already in flight");
+  if (r.dp_rank >= peer.dp_size)
+    return InvalidArgument(id + ": dp_rank " + std::to_string(r.dp_rank) +
+                           " is not below the decode instance's dp_size " +
+                           std::to_string(peer.dp_size));
   if (r.token_ids.empty()) return InvalidArgument(id + ": token_ids is empty");
   const uint32_t pages = PagesForTokens(static_cast<uint32_t>(r.token_ids.size()), spec_.page_size);
   ASSIGN_OR_RETURN(t->plan, PlanTransfer(scheme_, r.decode_scheme, owner_->format_, r.request_id));

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/rate_limited_log.h"
+#include "engine/dp_engine.h"
 #include "messenger/channel.h"
 #include "messenger/handshake.h"
 #include "messenger/kv_checksum.h"
@@ -116,6 +117,7 @@ struct DecodePeer {
   std::vector<std::string> nic_addresses;     // its further NICs' (from its Hello)
   std::vector<transfer::PeerAddr> nic_addrs;  // per our NIC: its NIC we write to; [0] == addr
   std::vector<double> nic_down_until;         // per our NIC: out of rotation until (NowSeconds)
+  uint16_t dp_size = 1;  // its data-parallel ranks (its Hello's): a request's dp_rank is below
 };
 
 // Ranges [begin, end) of ids received so far; refuses one that overlaps another.
@@ -162,6 +164,7 @@ class PrefillMessenger::Impl {
         runner_(runner),
         spec_(runner.region().spec()),
         scheme_(MakeShardScheme(runner.config(), runner.num_ranks())),
+        dp_size_(static_cast<uint16_t>(engine::DataParallelSize(runner))),
         num_layers_(spec_.num_layers),
         meta_bytes_(static_cast<uint32_t>(runner.config().hidden_size) * 4),
         codec_(std::make_shared<FrameCodec>(options.cluster_secret)),
@@ -197,7 +200,7 @@ class PrefillMessenger::Impl {
   void Warn(const std::string& key, const std::string& what);
   // Admits a whole request from `peer_address` and submits it to the engine.
   void Begin(const PrefillRequest& request, const std::string& peer_address);
-  Status Admit(const PrefillRequest& request, Transfer* t);
+  Status Admit(const PrefillRequest& request, const DecodePeer& peer, Transfer* t);
   Status ParseRankRegions(const PrefillRequest& r, uint64_t layer_bytes,
                           std::vector<transfer::MemoryDescriptor>* out);
   void OnCancel(const Cancel& cancel, const Frame& frame);
@@ -264,6 +267,7 @@ class PrefillMessenger::Impl {
   engine::ModelRunner& runner_;
   const engine::KvCacheSpec spec_;  // rank 0's
   const ShardScheme scheme_;
+  const uint16_t dp_size_;  // ours, in every HelloReply (1: DP prefill instances are refused)
   const int num_layers_;
   const uint32_t meta_bytes_;
   std::shared_ptr<FrameCodec> codec_;  // shared with the fabric worker's inbox

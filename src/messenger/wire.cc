@@ -97,6 +97,7 @@ struct BodyEncoder {
     w.PutBytes(m.recipient_address);
     w.Put(m.max_message_bytes);
     PutStrings(w, m.nic_addresses);
+    w.Put(m.dp_size);
   }
   void operator()(const HelloReply& m) {
     w.Put<uint8_t>(m.accepted ? 1 : 0);
@@ -107,6 +108,7 @@ struct BodyEncoder {
     w.PutBytes(m.fabric_address);
     w.Put(m.max_message_bytes);
     PutStrings(w, m.nic_addresses);
+    w.Put(m.dp_size);
   }
   void operator()(const PrefillRequest& m) {
     w.Put(m.request_id);
@@ -125,6 +127,7 @@ struct BodyEncoder {
     w.Put(m.metadata_imm);
     w.Put(m.first_page);
     PutStrings(w, m.nic_regions);
+    w.Put(m.dp_rank);
   }
   void operator()(const PrefillDone& m) {
     w.Put(m.request_id);
@@ -159,6 +162,14 @@ Status GetMessageBytes(ByteReader& r, uint32_t* out) {
   return OkStatus();
 }
 
+Status GetDpSize(ByteReader& r, uint16_t* out) {
+  RETURN_IF_ERROR(r.Get("dp_size", out));
+  if (*out == 0 || *out > kMaxRanks)
+    return InvalidArgument("dp_size " + std::to_string(*out) + " is not in [1, " +
+                           std::to_string(kMaxRanks) + "]");
+  return OkStatus();
+}
+
 Status CheckPages(const std::vector<int32_t>& pages) {
   for (int32_t page : pages)
     if (page < 0)
@@ -175,6 +186,7 @@ Result<Message> DecodeHello(ByteReader& r) {
   RETURN_IF_ERROR(r.GetBytes("recipient_address", kMaxStringBytes, &m.recipient_address));
   RETURN_IF_ERROR(GetMessageBytes(r, &m.max_message_bytes));
   RETURN_IF_ERROR(GetStrings(r, "nic_addresses", kMaxNics - 1, &m.nic_addresses));
+  RETURN_IF_ERROR(GetDpSize(r, &m.dp_size));
   return Message(std::move(m));
 }
 
@@ -190,6 +202,7 @@ Result<Message> DecodeHelloReply(ByteReader& r) {
   RETURN_IF_ERROR(r.GetBytes("fabric_address", kMaxStringBytes, &m.fabric_address));
   RETURN_IF_ERROR(GetMessageBytes(r, &m.max_message_bytes));
   RETURN_IF_ERROR(GetStrings(r, "nic_addresses", kMaxNics - 1, &m.nic_addresses));
+  RETURN_IF_ERROR(GetDpSize(r, &m.dp_size));
   return Message(std::move(m));
 }
 
@@ -234,6 +247,10 @@ Result<Message> DecodePrefillRequest(ByteReader& r) {
                            " entries, not a multiple of the decode tp_size " +
                            std::to_string(m.decode_scheme.tp_size));
   }
+  RETURN_IF_ERROR(r.Get("dp_rank", &m.dp_rank));
+  if (m.dp_rank >= kMaxRanks)
+    return InvalidArgument("dp_rank " + std::to_string(m.dp_rank) + " is not below the limit of " +
+                           std::to_string(kMaxRanks) + " ranks");
   return Message(std::move(m));
 }
 

@@ -37,8 +37,10 @@ inline constexpr uint32_t kWireMagic = 0x564b4450;  // "PDKV"
 // HelloReply carry the sender's fabric address on each further NIC, PrefillRequest the decode
 // regions' descriptors on each further NIC, and Reroute / RerouteReply move a transfer to a fresh
 // imm when a NIC fails under it.
-// Version 8: KvFormat carries speculative (the speculative decoding both sides run: method, K and
-// the draft's fingerprint; SpeculativeIdentity in handshake.h).
+// Version 8: Hello and HelloReply carry dp_size (the sender's data-parallel attention ranks),
+// PrefillRequest dp_rank (the decode DP rank whose pages it names); KvFormat carries speculative
+// (the speculative decoding both sides run: method, K and the draft's fingerprint;
+// SpeculativeIdentity in handshake.h).
 inline constexpr uint16_t kWireVersion = 8;
 inline constexpr size_t kMacBytes = 32;
 inline constexpr size_t kFrameHeaderBytes = 4 + 2 + 2 + 8 + 8 + 8 + 4;
@@ -108,6 +110,9 @@ struct Hello {
   uint32_t max_message_bytes = kDefaultMessageBytes;  // the largest control message it receives
   // The sender's endpoint names on its further NICs (NIC 1, 2, ...; NIC 0's is fabric_address).
   std::vector<std::string> nic_addresses;
+  // The sender's data-parallel attention ranks (engine/dp_engine.h): N for an instance of N DP
+  // ranks, each with its own pages (its scheme is then TP 1: a request's KV goes to one rank).
+  uint16_t dp_size = 1;
 };
 
 struct HelloReply {
@@ -119,6 +124,7 @@ struct HelloReply {
   std::string fabric_address;
   uint32_t max_message_bytes = kDefaultMessageBytes;  // the largest control message it receives
   std::vector<std::string> nic_addresses;             // as in Hello: the sender's further NICs
+  uint16_t dp_size = 1;                               // as in Hello
 };
 
 // A prompt's ids and pages travel as one PrefillRequest and, when they do not fit in one control
@@ -147,6 +153,9 @@ struct PrefillRequest {
   // The decode side's further NICs (those its Hello announced, in that order): per NIC, one
   // serialized descriptor per decode rank, NIC-major (size = NICs x tp_size). Empty: one NIC.
   std::vector<std::string> nic_regions;
+  // The decode DP rank whose region rank_regions names and whose page ids dst_pages are: below
+  // the dp_size of the decode instance's Hello (0 when that is 1).
+  uint16_t dp_rank = 0;
 };
 
 // PrefillDone's message (with kUnavailable) when a draining prefill instance refuses a request

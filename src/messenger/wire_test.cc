@@ -117,6 +117,40 @@ TEST(WireTest, PromptTotalsAndChunkOffsetsAreBounded) {
   EXPECT_GE(kMaxPromptTokens, 131072u * 4);
 }
 
+// Data-parallel shape: Hello and HelloReply say how many DP ranks their sender has (1..64), a
+// PrefillRequest which DP rank it writes (below 64; the prefill side checks it against the Hello).
+TEST(WireTest, DpSizeAndDpRankRoundTripAndAreBounded) {
+  Hello hello{"d", {1, 2, 3, 4, 0, 0}, {1, 1, true}, "a", "b", kDefaultMessageBytes, {}, 4};
+  HelloReply reply{true, "", "p", {1, 2, 3, 4, 0, 0}, {2, 1, true}, "a", kDefaultMessageBytes, {}};
+  PrefillRequest r = SampleRequest();
+  r.decode_scheme = {1, 1, true};
+  r.rank_regions = {"dp-rank-3"};
+  r.nic_regions = {"nic1-dp-rank-3"};
+  r.dp_rank = 3;
+  auto round_trip = [](const Message& m) {
+    auto bytes = EncodeFrame({7, 9, 1, m}, kSecret);
+    auto decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
+    EXPECT_TRUE(decoded.ok()) << decoded.status().ToString();
+    return decoded.ok() ? decoded->message : Message(Cancel{});
+  };
+  EXPECT_EQ(std::get<Hello>(round_trip(hello)).dp_size, 4);
+  EXPECT_EQ(std::get<HelloReply>(round_trip(reply)).dp_size, 1);  // the default: no DP ranks
+  EXPECT_EQ(std::get<PrefillRequest>(round_trip(r)).dp_rank, 3);
+  auto refused = [](const Message& m, const std::string& what) {
+    auto bytes = EncodeFrame({7, 9, 1, m}, kSecret);
+    auto decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
+    ASSERT_FALSE(decoded.ok()) << what;
+    EXPECT_NE(decoded.status().message().find(what), std::string::npos)
+        << decoded.status().ToString();
+  };
+  hello.dp_size = 0;
+  refused(hello, "dp_size 0 is not in [1, 64]");
+  reply.dp_size = kMaxRanks + 1;
+  refused(reply, "dp_size 65 is not in [1, 64]");
+  r.dp_rank = kMaxRanks;
+  refused(r, "dp_rank 64 is not below the limit of 64 ranks");
+}
+
 TEST(WireTest, TheReplicatedFlagRoundTripsAndOnlyZeroOrOneIsAccepted) {
   Hello hello{"p", {1, 2, 3, 4, 0, 0}, {4, 1, true}, "a", "b", kDefaultMessageBytes, {}};
   auto bytes = EncodeFrame({7, 9, 1, hello}, kSecret);
