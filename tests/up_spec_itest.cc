@@ -152,6 +152,8 @@ TEST_P(UpSpecTest, GreedyOutputsEqualNoSpeculationAndDecodeCountsDrafts) {
   EXPECT_GT(testing::MetricSum(testing::kUpHost, decode, p + "num_accepted_tokens_per_pos_total",
                                "position=\"0\""),
             0);
+  EXPECT_GT(testing::MetricSum(testing::kUpHost, decode, "pdserve:kv_transfer_pages_total"), 0)
+      << "the prompts' KV should cross from the prefill instance";
   // The prefill instance never samples: it has no such counter (-1) or a zero one.
   EXPECT_LE(testing::MetricSum(testing::kUpHost, prefill, p + "num_drafts_total"), 0);
   std::printf("[ measured ] decode: %.0f drafts, %.0f draft tokens, %.0f accepted\n",
