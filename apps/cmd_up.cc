@@ -76,8 +76,9 @@ PD_REGISTER_COMMAND(
           ->check(CLI::Range(1, 64))
           ->capture_default_str();
       app->add_option("--prefill-dp", f->prefill_dp,
-                      "data-parallel ranks of each prefill instance (MLA models; see serve "
-                      "--data-parallel-size)")
+                      "data-parallel ranks of each prefill instance (MLA models; --threads "
+                      "each): each prompt is computed by the least loaded rank, its KV sent "
+                      "from that rank's pages")
           ->check(CLI::Range(1, 64))
           ->capture_default_str();
       app->add_option("--decode-dp", f->decode_dp,
@@ -130,7 +131,10 @@ PD_REGISTER_COMMAND(
           ->capture_default_str();
       app->add_option("--local-prefill-max-tokens", f->local_prefill_max_tokens,
                       "decode instances compute a prompt whose uncached part is at most this "
-                      "many tokens themselves (serve --local-prefill-max-tokens)")
+                      "many tokens themselves, no prefill instance involved (serve "
+                      "--local-prefill-max-tokens; the default is where the co-running decodes' "
+                      "TPOT stays flat, docs/prefix-caching.md); -1: send every prompt with an "
+                      "uncached part to a prefill instance")
           ->check(CLI::Range(-1, 1 << 30))
           ->capture_default_str();
       app->add_option("--idle-poll-us", f->idle_poll_us,

@@ -1,13 +1,14 @@
-// Data-parallel decode instances of deepseek_v3 across real processes: `pdserve up --prefill-tp A
-// --decode-dp B` (1 prefill + 1 decode + router; each DP rank its own requests, scheduler and
-// latent pages, the MoE layers expert-parallel over the ranks) gives the greedy tokens and logprobs
-// of a colocated TP 1 instance, the latent written from one prefill rank into the chosen DP rank's
-// pages over libfabric (tcp;ofi_rxm on loopback), for page sizes 1 and 16, chunked and whole
-// prefill, prompts sent concurrently so that both ranks hold requests. Decode TP pairings are
+// Data-parallel instances of deepseek_v3 across real processes: `pdserve up --prefill-tp A
+// --decode-dp B` and `--prefill-dp 2` (1 prefill + 1 decode + router; each DP rank its own
+// requests, scheduler and latent pages, the MoE layers expert-parallel over the ranks) give the
+// greedy tokens and logprobs of a colocated TP 1 instance, the latent written from one prefill
+// rank (a DP prefill instance: the request's own) into the chosen decode rank's pages over
+// libfabric (tcp;ofi_rxm on loopback), for page sizes 1 and 16, chunked and whole prefill, prompts
+// sent concurrently so that every rank holds requests. Decode TP pairings are
 // here too, for the logprobs (disagg_tp_itest.cc compares their tokens over every pairing).
 // Faults: a DP decode instance killed while its requests are in prefill leaves every page of the
-// prefill instance free, and streams aborted at random points (many mid-transfer) through `up
-// --decode-dp 2` leave every page of every DP rank and of the prefill instance free.
+// prefill instance free, and streams aborted at random points (some mid-transfer) through `up
+// --decode-dp 2 --prefill-dp 1|2` leave every page of every DP rank of both instances free.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -89,10 +90,14 @@ struct DpShape {
   int decode_dp;
   int page_size;
   int budget;  // --max-num-batched-tokens: 12 chunks the longer prompts, 64 does not
+  int prefill_dp = 1;
 };
 
 std::string ShapeName(const DpShape& s) {
-  return "prefill_tp" + std::to_string(s.prefill_tp) + "_decode_" +
+  return std::string("prefill_") +
+         (s.prefill_dp > 1 ? "dp" + std::to_string(s.prefill_dp)
+                           : "tp" + std::to_string(s.prefill_tp)) +
+         "_decode_" +
          (s.decode_dp > 1 ? "dp" + std::to_string(s.decode_dp)
                           : "tp" + std::to_string(s.decode_tp)) +
          "_page" + std::to_string(s.page_size) + "_budget" + std::to_string(s.budget);
@@ -114,9 +119,9 @@ TEST_P(UpDpTest, GreedyTokensAndLogprobsEqualAColocatedTp1Instance) {
   cargs.insert(cargs.end(), shape.begin(), shape.end());
   ASSERT_TRUE(StartAndWaitFor(colocated, cargs, "on http://", 120s));
 
-  std::vector<std::string> extra = {"--prefill-tp", std::to_string(s.prefill_tp),
-                                    "--decode-tp",  std::to_string(s.decode_tp),
-                                    "--decode-dp",  std::to_string(s.decode_dp)};
+  std::vector<std::string> extra = {
+      "--prefill-tp", std::to_string(s.prefill_tp), "--decode-tp",  std::to_string(s.decode_tp),
+      "--decode-dp",  std::to_string(s.decode_dp),  "--prefill-dp", std::to_string(s.prefill_dp)};
   extra.insert(extra.end(), common.begin(), common.end());
   extra.insert(extra.end(), shape.begin(), shape.end());
   Process up;
@@ -129,6 +134,11 @@ TEST_P(UpDpTest, GreedyTokensAndLogprobsEqualAColocatedTp1Instance) {
                         std::to_string(s.decode_tp) + ", replicated MLA latent, latent_dim 36)"));
   if (s.decode_dp > 1) {
     EXPECT_THAT(up.output(), HasSubstr("one region per data-parallel rank"));
+  }
+  if (s.prefill_dp > 1) {  // one region per DP rank, sent from as a TP 1 instance
+    EXPECT_THAT(up.output(),
+                HasSubstr("prefill messenger: " + std::to_string(s.prefill_dp) +
+                          " rank KV region(s) registered (tp_size 1, replicated MLA latent"));
   }
 
   // Sent concurrently, so that the decode instance deals them over its DP ranks.
@@ -182,26 +192,26 @@ TEST_P(UpDpTest, GreedyTokensAndLogprobsEqualAColocatedTp1Instance) {
   EXPECT_GE(kv_bytes, bytes_per_token * tokens * s.decode_tp);
   EXPECT_LE(kv_bytes, bytes_per_token * (tokens + transfers * (s.page_size - 1)) * s.decode_tp);
   std::printf(
-      "deepseek_v3 tiny, prefill TP %d -> decode %s %d, page %d: %.1f KV bytes per token on the "
+      "deepseek_v3 tiny, prefill %s %d -> decode %s %d, page %d: %.1f KV bytes per token on the "
       "wire (one copy %.0f), %.2f ms per transfer (mean), logprobs within %.2g of TP 1's\n",
-      s.prefill_tp, s.decode_dp > 1 ? "DP" : "TP", s.decode_dp > 1 ? s.decode_dp : s.decode_tp,
-      s.page_size, kv_bytes / tokens, bytes_per_token,
+      s.prefill_dp > 1 ? "DP" : "TP", s.prefill_dp > 1 ? s.prefill_dp : s.prefill_tp,
+      s.decode_dp > 1 ? "DP" : "TP", s.decode_dp > 1 ? s.decode_dp : s.decode_tp, s.page_size,
+      kv_bytes / tokens, bytes_per_token,
       1e3 * Metric(port + 2, "pdserve:kv_transfer_seconds_sum", kDecodeRole) / transfers,
       max_logprob_diff);
   EXPECT_EQ(up.Stop(SIGTERM, 30s), 0) << up.output();
   EXPECT_EQ(colocated.Stop(SIGTERM, 30s), 0);
 }
 
-// Prefill TP {1, 2, 4} against decode DP {2, 4} and TP {1, 2}, cycling page sizes 1 and 16 and
-// chunked (12) and whole (64) prefill.
-INSTANTIATE_TEST_SUITE_P(Pairings, UpDpTest,
-                         ::testing::Values(DpShape{1, 1, 2, 1, 12}, DpShape{2, 1, 2, 16, 64},
-                                           DpShape{1, 1, 4, 16, 12}, DpShape{2, 1, 4, 1, 64},
-                                           DpShape{4, 1, 2, 16, 12}, DpShape{2, 1, 1, 1, 12},
-                                           DpShape{1, 2, 1, 16, 64}),
-                         [](const ::testing::TestParamInfo<DpShape>& i) {
-                           return ShapeName(i.param);
-                         });
+// Prefill TP {1, 2, 4} against decode DP {2, 4} and TP {1, 2}, and prefill DP 2 against decode
+// TP {1, 2} and DP 2, cycling page sizes 1 and 16 and chunked (12) and whole (64) prefill.
+INSTANTIATE_TEST_SUITE_P(
+    Pairings, UpDpTest,
+    ::testing::Values(DpShape{1, 1, 2, 1, 12}, DpShape{2, 1, 2, 16, 64}, DpShape{1, 1, 4, 16, 12},
+                      DpShape{2, 1, 4, 1, 64}, DpShape{4, 1, 2, 16, 12}, DpShape{2, 1, 1, 1, 12},
+                      DpShape{1, 2, 1, 16, 64}, DpShape{1, 1, 1, 1, 12, 2},
+                      DpShape{1, 1, 2, 16, 64, 2}, DpShape{1, 2, 1, 16, 12, 2}),
+    [](const ::testing::TestParamInfo<DpShape>& i) { return ShapeName(i.param); });
 
 // ------------------------------------------------------------------ faults
 
@@ -275,16 +285,19 @@ TEST(UpDpFaultTest, DpDecodeKilledMidRunLeavesThePrefillInstanceFree) {
 }
 
 // Streams abandoned by their clients at seeded random points (while in prefill, mid-transfer or
-// while decoding) through `up --decode-dp 2`: every page of both DP ranks and of the prefill
-// instance comes back, no transfer is left active, and later requests are served whole.
-TEST(UpDpFaultTest, StreamsAbortedAtRandomPointsLeaveEveryDpRankFree) {
+// while decoding) through `up --decode-dp 2` (and `--prefill-dp 1|2`): every page of every DP rank
+// of both instances comes back, no transfer is left active, and later requests are served whole.
+class UpDpAbortTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(UpDpAbortTest, StreamsAbortedAtRandomPointsLeaveEveryDpRankFree) {
   const int port = PickPort();
   Process up;
   ASSERT_TRUE(StartAndWaitFor(
       up,
       testing::UpArgv(kBinary, ModelDir("small"), 1, 1, port,
                       {"--threads", "1", "--max-model-len", "512", "--served-model-name", "m",
-                       "--max-num-batched-tokens", "64", "--decode-dp", "2"}),
+                       "--max-num-batched-tokens", "64", "--decode-dp", "2", "--prefill-dp",
+                       std::to_string(GetParam())}),
       "router (OpenAI API) on", 180s));
   const int prefill = port + 1, decode = port + 2;
   constexpr int kThreads = 3, kPerThread = 12;
@@ -331,6 +344,11 @@ TEST(UpDpFaultTest, StreamsAbortedAtRandomPointsLeaveEveryDpRankFree) {
   EXPECT_EQ(up.Stop(SIGTERM, 30s), 0);
   if (HasFailure()) ADD_FAILURE() << up.output();
 }
+
+INSTANTIATE_TEST_SUITE_P(PrefillDp, UpDpAbortTest, ::testing::Values(1, 2),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return "prefill_dp" + std::to_string(i.param);
+                         });
 
 }  // namespace
 }  // namespace pd

@@ -98,6 +98,10 @@ class DpRunnerView final : public ModelRunner {
   uint64_t steps_done() const override { return ranks_[0]->steps_done(); }
   int num_ranks() const override { return static_cast<int>(ranks_.size()); }
   int data_parallel_size() const { return static_cast<int>(ranks_.size()); }
+  const LayerProgress& rank_progress(int rank) const {
+    PD_CHECK(rank >= 0 && rank < num_ranks()) << "DP rank " << rank << " of " << num_ranks();
+    return ranks_[rank]->progress();
+  }
   KvRegion& rank_region(int rank) override {
     PD_CHECK(rank >= 0 && rank < num_ranks()) << "DP rank " << rank << " of " << num_ranks();
     return ranks_[rank]->region();
@@ -144,7 +148,7 @@ class DpEngine final : public Engine, public DisaggHooks {
   Status ValidateRequest(const Request& request) const override {
     return ranks_[0]->ValidateRequest(request);  // every rank has the same config and pages
   }
-  Status AddRequest(Request request) override { return Add(std::move(request), false); }
+  Status AddRequest(Request request) override { return Add(std::move(request), Kind::kLocal); }
   void Abort(int64_t request_id) override {
     auto it = owner_.find(request_id);
     if (it != owner_.end()) ranks_[it->second]->Abort(request_id);  // reported at its next step
@@ -176,12 +180,13 @@ class DpEngine final : public Engine, public DisaggHooks {
     return OkStatus();
   }
 
-  // DisaggHooks: the decode side (remote-KV requests go to the least loaded rank; pages are named
-  // by DpPageId). A prefill role with DP ranks is not supported.
+  // DisaggHooks: prefill-only and remote-KV requests go to the least loaded rank; pages are named
+  // by DpPageId, in page tables (PrefillResult, KvReservation, the step observer's chunks) and in
+  // ReleasePages / RetainPages. The step observer hears each rank's steps, its runner_step the
+  // rank's own (DpRankProgress(runner(), rank) says when its layers are final); the rank of a
+  // chunk is DpRankOfPage of its pages.
   Status AddPrefillOnlyRequest(Request request) override {
-    return Unimplemented("request " + std::to_string(request.id) +
-                         ": an instance of data-parallel ranks does not serve prefill-only "
-                         "requests (serve prefill with --tensor-parallel-size)");
+    return Add(std::move(request), Kind::kPrefillOnly);
   }
   void ReleasePages(std::span<const int32_t> pages) override {
     ForEachRank(pages, [](DisaggHooks& h, std::span<const int32_t> p) { h.ReleasePages(p); });
@@ -190,9 +195,22 @@ class DpEngine final : public Engine, public DisaggHooks {
     ForEachRank(pages, [](DisaggHooks& h, std::span<const int32_t> p) { h.RetainPages(p); });
   }
   void SetStepObserver(StepObserver observer) override {
-    for (DisaggHooks* h : hooks_) h->SetStepObserver(observer);
+    for (size_t r = 0; r < hooks_.size(); ++r) {
+      if (!observer) {
+        hooks_[r]->SetStepObserver(nullptr);
+        continue;
+      }
+      hooks_[r]->SetStepObserver([this, observer, r](const StepInfo& info) {
+        StepInfo global = info;
+        for (PrefillChunk& c : global.prefill_chunks)
+          for (int32_t& p : c.page_table) p = DpPageId(static_cast<int>(r), p, pages_per_rank_);
+        observer(global);
+      });
+    }
   }
-  Status AddRemoteKvRequest(Request request) override { return Add(std::move(request), true); }
+  Status AddRemoteKvRequest(Request request) override {
+    return Add(std::move(request), Kind::kRemoteKv);
+  }
   std::vector<KvReservation> TakeKvReservations() override;
   Status MarkKvReady(int64_t request_id) override {
     auto it = owner_.find(request_id);
@@ -212,7 +230,10 @@ class DpEngine final : public Engine, public DisaggHooks {
   }
 
  private:
-  Status Add(Request request, bool remote_kv);
+  enum class Kind { kLocal, kRemoteKv, kPrefillOnly };
+  Status Add(Request request, Kind kind);
+  // Names the pages of rank r's outputs [from, end) (their PrefillResults) by DpPageId.
+  void GlobalPageIds(int r, size_t from, std::vector<RequestOutput>* outputs) const;
   // Calls fn(rank's hooks, its local page ids) for each rank that `pages` (DpPageIds) name.
   template <typename Fn>
   void ForEachRank(std::span<const int32_t> pages, Fn&& fn) {
@@ -248,14 +269,22 @@ class DpEngine final : public Engine, public DisaggHooks {
   const int32_t pages_per_rank_;
 };
 
-Status DpEngine::Add(Request request, bool remote_kv) {
+Status DpEngine::Add(Request request, Kind kind) {
   const int64_t id = request.id;
   if (owner_.count(id) != 0)
     return AlreadyExists("request " + std::to_string(id) + " is already running");
   const int rank = LeastLoadedRank();
-  SteppedEngine& e = *ranks_[rank];
-  RETURN_IF_ERROR(remote_kv ? hooks_[rank]->AddRemoteKvRequest(std::move(request))
-                            : e.AddRequest(std::move(request)));
+  switch (kind) {
+    case Kind::kLocal:
+      RETURN_IF_ERROR(ranks_[rank]->AddRequest(std::move(request)));
+      break;
+    case Kind::kRemoteKv:
+      RETURN_IF_ERROR(hooks_[rank]->AddRemoteKvRequest(std::move(request)));
+      break;
+    case Kind::kPrefillOnly:
+      RETURN_IF_ERROR(hooks_[rank]->AddPrefillOnlyRequest(std::move(request)));
+      break;
+  }
   owner_.emplace(id, rank);
   ++load_[rank];
   return OkStatus();
@@ -269,6 +298,16 @@ std::vector<KvReservation> DpEngine::TakeKvReservations() {
       out.push_back(std::move(res));
     }
   return out;
+}
+
+void DpEngine::GlobalPageIds(int r, size_t from, std::vector<RequestOutput>* outputs) const {
+  for (size_t i = from; i < outputs->size(); ++i) {
+    RequestOutput& out = (*outputs)[i];
+    if (out.prefill_result == nullptr) continue;
+    auto global = std::make_shared<PrefillResult>(*out.prefill_result);
+    for (int32_t& p : global->page_table) p = DpPageId(r, p, pages_per_rank_);
+    out.prefill_result = std::move(global);
+  }
 }
 
 void DpEngine::Forget(const std::vector<RequestOutput>& outputs) {
@@ -285,7 +324,9 @@ Result<std::vector<RequestOutput>> DpEngine::Step() {
   std::vector<RequestOutput> outputs;
   bool any = false;
   for (size_t r = 0; r < ranks_.size(); ++r) {
+    const size_t from = outputs.size();
     active_[r] = ranks_[r]->BeginStep(&outputs);
+    GlobalPageIds(static_cast<int>(r), from, &outputs);
     any = any || active_[r];
   }
   if (any) {
@@ -298,8 +339,12 @@ Result<std::vector<RequestOutput>> DpEngine::Step() {
       statuses_[r] = active_[r] ? e.runner().Forward(e.step_batch(), e.step_output())
                                 : e.runner().Forward(empty_batch_, &idle_out_[r]);
     });
-    for (size_t r = 0; r < ranks_.size(); ++r)
-      if (active_[r]) ranks_[r]->EndStep(statuses_[r], &outputs);
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      if (!active_[r]) continue;
+      const size_t from = outputs.size();
+      ranks_[r]->EndStep(statuses_[r], &outputs);
+      GlobalPageIds(static_cast<int>(r), from, &outputs);
+    }
   }
   Forget(outputs);
   return outputs;
@@ -351,6 +396,15 @@ Status ValidateDataParallel(const model::ModelConfig& c, int dp, int tp) {
 int DataParallelSize(const ModelRunner& runner) {
   const auto* view = dynamic_cast<const DpRunnerView*>(&runner);
   return view != nullptr ? view->data_parallel_size() : 1;
+}
+
+const LayerProgress& DpRankProgress(const ModelRunner& runner, int rank) {
+  const auto* view = dynamic_cast<const DpRunnerView*>(&runner);
+  if (view == nullptr) {
+    PD_CHECK(rank == 0) << "DP rank " << rank << " of an instance without DP ranks";
+    return runner.progress();
+  }
+  return view->rank_progress(rank);
 }
 
 Result<std::unique_ptr<Engine>> CreateDpEngine(const model::ModelWeights& weights,

@@ -11,6 +11,10 @@
 // token's computation does not depend on the tokens sharing its step, a request's tokens and
 // logprobs equal those of a DP 1 instance.
 //
+// A DP instance serves the prefill role too: each prefill-only request goes to the least loaded
+// rank, which computes it in its own pages (the prefill messenger sends them from that rank's
+// region, posting each layer once that rank's progress says it is final).
+//
 // Refused: non-MLA models (the feature is the MLA deployment's: GQA models shard their KV with
 // TP instead), and DP together with TP above 1.
 #pragma once
@@ -40,6 +44,10 @@ Result<std::unique_ptr<Engine>> CreateDpEngine(const model::ModelWeights& weight
 // The data-parallel ranks of the instance whose runner() this is: N for a DP engine's (its
 // rank_region(r) is then DP rank r's region, with page ids of its own), else 1.
 int DataParallelSize(const ModelRunner& runner);
+
+// DP rank `rank`'s layer progress (each rank counts its own steps): a DP engine's step observer
+// chunks of that rank are final per layer against it. Without DP ranks: rank 0, runner.progress().
+const LayerProgress& DpRankProgress(const ModelRunner& runner, int rank);
 
 // A DP engine's DisaggHooks name page `page` of DP rank `rank` by DpPageId, every rank's region
 // holding `pages_per_rank` pages; and back.

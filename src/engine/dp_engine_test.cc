@@ -1,6 +1,7 @@
 // The data-parallel engine (dp_engine.h) against DP 1 on tiny deepseek_v3 models: the same greedy
 // tokens and logprobs for every request, with ranks that hold requests and ranks that only serve
-// their experts, chunked and whole prefill, page sizes 1 and 4; refusals; aborts.
+// their experts, chunked and whole prefill, page sizes 1 and 4; refusals; aborts; prefill-only
+// requests (a DP prefill instance) in their rank's pages.
 #include "engine/dp_engine.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/disagg_hooks.h"
 #include "engine/engine.h"
 #include "engine/mla_test_util.h"
 #include "engine/moe_test_util.h"
@@ -159,6 +161,56 @@ TEST(DpEngineTest, RequestsGoToTheLeastLoadedRankAndAbortFreesTheirPages) {
   // Rank 0 is now the less loaded: the next request goes there and rank 1 keeps serving.
   ASSERT_TRUE(e.AddRequest(MakeRequest(3, 4, 2, 67)).ok());
   while (e.HasWork()) ASSERT_TRUE(e.Step().ok());
+  EXPECT_EQ(e.stats().num_free_pages, e.stats().num_total_pages);
+  EXPECT_TRUE(e.CheckPages().ok());
+}
+
+// Prefill-only requests (a prefill instance of DP ranks): one per rank, each computed in its
+// rank's pages, which the step observer and the PrefillResult name by DpPageId (the observer's
+// runner_step that rank's own step count, its progress DpRankProgress); the kept pages go back
+// through ReleasePages.
+TEST(DpEngineTest, PrefillOnlyRequestsRunOnTheirRankAndNameItsPagesByDpPageId) {
+  auto m = Model(0, false, true);
+  auto engine = CreateDpEngine(m->weights, Options(8, 4), 2);  // 13 tokens: two chunks
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Engine& e = **engine;
+  DisaggHooks* hooks = e.disagg_hooks();
+  ASSERT_NE(hooks, nullptr);
+  const int32_t per_rank = e.runner().region().num_pages();
+  std::map<int64_t, int> rank_of;                 // request -> its chunks' rank
+  std::map<int, std::vector<uint64_t>> steps_of;  // rank -> runner_step of its steps
+  hooks->SetStepObserver([&](const StepInfo& info) {
+    for (const PrefillChunk& c : info.prefill_chunks) {
+      ASSERT_FALSE(c.page_table.empty());
+      const int r = DpRankOfPage(c.page_table[0], per_rank);
+      for (int32_t p : c.page_table) EXPECT_EQ(DpRankOfPage(p, per_rank), r) << "page " << p;
+      auto [it, fresh] = rank_of.emplace(c.request_id, r);
+      EXPECT_EQ(it->second, r) << "request " << c.request_id << " moved rank";
+      if (c.request_id == 1 || fresh) steps_of[r].push_back(info.runner_step);
+    }
+  });
+  ASSERT_TRUE(hooks->AddPrefillOnlyRequest(MakeRequest(1, 13, 1, 67)).ok());
+  ASSERT_TRUE(hooks->AddPrefillOnlyRequest(MakeRequest(2, 5, 1, 67)).ok());
+  std::map<int64_t, std::vector<int32_t>> kept;
+  while (e.HasWork()) {
+    auto outputs = e.Step();
+    ASSERT_TRUE(outputs.ok()) << outputs.status().ToString();
+    for (const RequestOutput& out : *outputs)
+      if (out.prefill_result != nullptr) kept[out.request_id] = out.prefill_result->page_table;
+  }
+  ASSERT_EQ(rank_of.size(), 2u);
+  EXPECT_NE(rank_of[1], rank_of[2]) << "one request per rank";
+  EXPECT_EQ(steps_of[rank_of[1]], (std::vector<uint64_t>{0, 1}));  // its rank's steps 0 and 1
+  EXPECT_EQ(steps_of[rank_of[2]], (std::vector<uint64_t>{0}));
+  // Rank 2's runner computed one step (request 2's), rank 1's two: each bumps its own progress.
+  EXPECT_EQ(DpRankProgress(e.runner(), rank_of[2]).Value(), 1u * m->weights.config.num_layers);
+  EXPECT_EQ(DpRankProgress(e.runner(), rank_of[1]).Value(), 2u * m->weights.config.num_layers);
+  ASSERT_EQ(kept.size(), 2u);
+  for (const auto& [id, pages] : kept) {
+    EXPECT_EQ(pages.size(), id == 1 ? 4u : 2u);
+    for (int32_t p : pages) EXPECT_EQ(DpRankOfPage(p, per_rank), rank_of[id]) << "page " << p;
+    hooks->ReleasePages(pages);
+  }
   EXPECT_EQ(e.stats().num_free_pages, e.stats().num_total_pages);
   EXPECT_TRUE(e.CheckPages().ok());
 }

@@ -103,12 +103,7 @@ Status CheckDataParallel(uint16_t prefill_dp, const ShardScheme& prefill, uint16
     return OkStatus();
   };
   RETURN_IF_ERROR(check("prefill", prefill_dp, prefill));
-  RETURN_IF_ERROR(check("decode", decode_dp, decode));
-  if (prefill_dp > 1)
-    return FailedPrecondition("prefill dp_size " + std::to_string(prefill_dp) +
-                              ": a prefill instance of data-parallel ranks is not supported (its "
-                              "ranks' prefills would be waited on as one rank's)");
-  return OkStatus();
+  return check("decode", decode_dp, decode);
 }
 
 Status CheckCompatible(const KvFormat& ours, const KvFormat& theirs) {

@@ -40,9 +40,9 @@ Status CheckCompatible(const KvFormat& ours, const KvFormat& theirs);
 
 // Whether a prefill instance of `prefill_dp` data-parallel ranks (the dp_size of its HelloReply)
 // with scheme `prefill` can send KV to a decode instance of `decode_dp` ranks with scheme `decode`.
-// A DP instance's ranks each hold a whole MLA latent (a replicated scheme of TP 1); a prefill
-// instance of DP ranks is not supported. OK, or FailedPrecondition naming the side's dp_size and
-// why, e.g. "decode dp_size 2 with tp_size 2: ...".
+// A DP instance's ranks each hold a whole MLA latent (a replicated scheme of TP 1), on either
+// side. OK, or FailedPrecondition naming the side's dp_size and why, e.g. "decode dp_size 2 with
+// tp_size 2: ...".
 Status CheckDataParallel(uint16_t prefill_dp, const ShardScheme& prefill, uint16_t decode_dp,
                          const ShardScheme& decode);
 

@@ -1,10 +1,12 @@
-// Data-parallel decode instances (engine/dp_engine.h) of deepseek_v3 through the messenger: a
-// request goes to the least loaded DP rank and its latent is written into that rank's pages only,
-// from one source rank of the prefill instance.
+// Data-parallel instances (engine/dp_engine.h) of deepseek_v3 through the messenger: on a decode
+// instance a request goes to the least loaded DP rank and its latent is written into that rank's
+// pages only, from one source rank of the prefill instance; on a prefill instance of DP ranks the
+// request's rank computes it and its region is the source.
 //   - golden: prefill TP {1,2} -> decode DP {2,4}, concurrent requests, chunked prefill, on a
 //     tiny MLA + MoE model: greedy tokens equal a colocated TP 1 engine's; the KV bytes are one
 //     copy per request (one DP rank written), and every DP rank held requests;
 //   - faults: aborted requests and a lost prefill instance leave every page of every DP rank free;
+//   - prefill DP 2 -> decode TP 1 / DP 2: each request computed and sent by one prefill rank;
 //   - DP shape in the handshake: the decode instance's Hello says dp_size N and each request its
 //     dp_rank; a DP shape the other side cannot pair with is refused naming dp_size or dp_rank.
 #include <gmock/gmock.h>
@@ -74,6 +76,14 @@ std::unique_ptr<testing::PrefillInstance> StartPrefill(int tp) {
   return testing::LaunchPrefill(DpModelEngine(tp, 1), o);
 }
 
+// A prefill instance of `dp` data-parallel ranks: each prompt computed by the least loaded rank.
+std::unique_ptr<testing::PrefillInstance> StartDpPrefill(int dp) {
+  PrefillMessengerOptions o = testing::BasePrefillOptions();
+  o.instance_name = "prefill-dp" + std::to_string(dp);
+  o.model_hash = ModelFingerprint(DpModel().weights);
+  return testing::LaunchPrefill(DpModelEngine(1, dp), o);
+}
+
 std::unique_ptr<DecodeMessenger> StartDpDecode(int dp, const std::string& peer,
                                                uint32_t timeout_ms = 30000) {
   auto e = DpModelEngine(1, dp);
@@ -124,6 +134,46 @@ TEST(MessengerDpTest, TpPrefillToDpDecodeGivesTheColocatedTp1GreedyTokens) {
       EXPECT_TRUE(testing::AllPagesFree(*decode, kDpDeadlineS));
     }
   }
+}
+
+// A prefill instance of DP 2 ranks: each request's latent is computed by one rank (chunked: the
+// 13-token prompts in two steps of that rank) and written from that rank's region once its own
+// progress says a layer is final, to decode TP 1 and DP 2; tokens equal a colocated TP 1 engine's,
+// both prefill ranks wrote, and every page of both instances comes back.
+TEST(MessengerDpTest, DpPrefillToTpAndDpDecodeGivesTheColocatedTp1GreedyTokens) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) prompts.push_back(testing::PromptOf(i % 2 == 0 ? 13 : 6, i + 7));
+  constexpr int kTokens = 4;
+  std::vector<Outcome> want;
+  {
+    auto colocated = Async(DpModelEngine(1, 1));
+    for (const auto& p : prompts)
+      want.push_back(testing::Generate(*colocated, p, kTokens, nullptr, kDpDeadlineS));
+    colocated->Shutdown();
+  }
+  auto prefill = StartDpPrefill(2);
+  if (prefill == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
+  for (int dp : {1, 2}) {
+    SCOPED_TRACE("prefill DP 2 -> decode " + std::string(dp == 1 ? "TP 1" : "DP 2"));
+    auto decode = StartDpDecode(dp, prefill->messenger->fabric_address());
+    ASSERT_TRUE(decode->WaitForPeers(kDpDeadlineS).ok());
+    std::vector<std::unique_ptr<PendingRequest>> pending;  // at once: spread over the ranks
+    for (const auto& p : prompts)
+      pending.push_back(
+          std::make_unique<PendingRequest>(*decode, p, testing::GreedyParams(kTokens)));
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const Outcome got = pending[i]->Wait(kDpDeadlineS);
+      ASSERT_TRUE(got.error.ok()) << got.error.ToString();
+      EXPECT_EQ(got.tokens, want[i].tokens) << "prompt " << i;
+    }
+    EXPECT_TRUE(testing::AllPagesFree(*decode, kDpDeadlineS));
+    decode->Shutdown();
+  }
+  const TransferMetrics& m = prefill->messenger->metrics();
+  EXPECT_TRUE(WaitUntil([&] { return m.succeeded() == 2 * prompts.size(); }, kDpDeadlineS));
+  EXPECT_GT(m.rank_writes(0), 0u);
+  EXPECT_GT(m.rank_writes(1), 0u);
+  EXPECT_TRUE(testing::AllPagesFree(*prefill->engine, kDpDeadlineS));
 }
 
 TEST(MessengerDpTest, AbortedRequestsFreeEveryPageOnEveryRank) {
@@ -209,9 +259,9 @@ TEST(MessengerDpHandshakeTest, CheckDataParallelNamesTheSideAndTheField) {
   EXPECT_THAT(st.message(), HasSubstr("decode dp_size 2 with tp_size 2"));
   EXPECT_THAT(CheckDataParallel(1, tp1, 2, gqa).message(),
               HasSubstr("decode dp_size 2: data-parallel ranks need a replicated (MLA latent)"));
-  EXPECT_THAT(CheckDataParallel(2, tp1, 1, tp1).message(),
-              HasSubstr("prefill dp_size 2: a prefill instance of data-parallel ranks is not "
-                        "supported"));
+  EXPECT_TRUE(CheckDataParallel(2, tp1, 2, tp1).ok());  // DP prefill -> DP decode
+  EXPECT_THAT(CheckDataParallel(2, tp2, 1, tp1).message(),
+              HasSubstr("prefill dp_size 2 with tp_size 2"));
 }
 
 // A real TP 1 prefill instance against a scripted decode instance: a Hello of dp_size 2 over TP 2
@@ -276,16 +326,16 @@ TEST(MessengerDpHandshakeTest, APrefillInstanceRefusesDpShapesItCannotServe) {
   EXPECT_TRUE(testing::AllPagesFree(*prefill->engine, kDpDeadlineS));
 }
 
-// A scripted prefill instance that says it has DP ranks: the DP decode instance refuses it, the
-// reason naming dp_size.
-TEST(MessengerDpHandshakeTest, ADpDecodeInstanceRefusesAPrefillInstanceOfDpRanks) {
+// A scripted prefill instance that says it has DP ranks over TP 2: the DP decode instance refuses
+// it, the reason naming dp_size.
+TEST(MessengerDpHandshakeTest, ADpDecodeInstanceRefusesAPrefillInstanceOfDpRanksWithTpInside) {
   auto prefill = testing::FakePeer::Create([](testing::FakePeer& self, const Frame& f) {
     if (const auto* hello = std::get_if<Hello>(&f.message)) {
       HelloReply r;
       r.accepted = true;
       r.instance_name = "prefill-dp2";
       r.format = hello->format;
-      r.scheme = {1, 1, true};
+      r.scheme = {2, 1, true};
       r.fabric_address = self.address();
       r.dp_size = 2;
       self.Send(hello->fabric_address, r);
@@ -295,7 +345,7 @@ TEST(MessengerDpHandshakeTest, ADpDecodeInstanceRefusesAPrefillInstanceOfDpRanks
   auto decode = StartDpDecode(2, prefill->address());
   const Status st = decode->WaitForPeers(kDpDeadlineS);
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
-  EXPECT_THAT(st.message(), HasSubstr("prefill dp_size 2"));
+  EXPECT_THAT(st.message(), HasSubstr("prefill dp_size 2 with tp_size 2"));
   ASSERT_EQ(decode->peers().size(), 1u);
   EXPECT_EQ(decode->peers()[0].state, PeerStatus::State::kRefused);
   decode->Shutdown();

@@ -64,32 +64,34 @@ engine::StepObserver PrefillMessenger::Impl::Observer() {
 void PrefillMessenger::Impl::Start(engine::AsyncEngine* engine) {
   engine_ = engine;
   std::weak_ptr<TaskQueue> weak = queue_;
-  runner_.progress().SetListener([weak] {
-    if (auto q = weak.lock()) q->Wake();
-  });
+  for (int r = 0; r < dp_size_; ++r) {
+    RankProgress(r).SetListener([weak] {
+      if (auto q = weak.lock()) q->Wake();
+    });
+  }
   thread_ = std::thread([this] { Loop(); });
 }
 
 void PrefillMessenger::Impl::Loop() {
   SetCurrentThreadName("pd-prefill-kv");
   if (options_.tracer != nullptr) options_.tracer->SetThreadName("prefill messenger");
-  const engine::LayerProgress& progress = runner_.progress();
+  std::vector<uint64_t> v(dp_size_);
   while (!stop_.load()) {
     // Read progress before the queued tasks: whatever step reached this value was announced
     // (and any failure of the step before it reported) before the value was read.
-    const uint64_t v = progress.Value();
+    for (int r = 0; r < dp_size_; ++r) v[r] = RankProgress(r).Value();
     if (!queue_->RunFor(std::chrono::milliseconds(0))) break;
     PostReady(v);
     CheckDeadlines();
     CheckPartials(NowSeconds());
-    uint64_t next = 0;
+    bool ready = false;  // a layer of some work is final by now
     for (const LayerWork& w : work_) {
-      uint64_t target = w.runner_step * num_layers_ + w.next_layer + 1;
-      if (next == 0 || target < next) next = target;
+      const uint64_t target = w.runner_step * num_layers_ + w.next_layer + 1;
+      ready = ready || RankProgress(w.dp_rank).Value() >= target;
     }
     // Sleeps until a task arrives or a layer is bumped (the listener wakes the queue), or at the
     // latest when deadlines are due for a look: no polling on the compute's core.
-    if (next == 0 || progress.Value() < next) {
+    if (!ready) {
       if (!queue_->RunFor(std::chrono::milliseconds(kDeadlineScanMs))) break;
     }
   }
@@ -97,7 +99,7 @@ void PrefillMessenger::Impl::Loop() {
 
 void PrefillMessenger::Impl::Stop() {
   if (stop_.exchange(true)) return;
-  runner_.progress().SetListener(nullptr);
+  for (int r = 0; r < dp_size_; ++r) RankProgress(r).SetListener(nullptr);
   queue_->Wake();
   if (thread_.joinable()) thread_.join();
   queue_->Stop();

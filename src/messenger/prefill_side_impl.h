@@ -35,6 +35,7 @@ struct LayerWork {
   int end_page = 0;
   int next_layer = 0;
   bool is_last = false;
+  int dp_rank = 0;  // the data-parallel rank that computes them: its progress counts (else 0)
 };
 
 // One KV paged write of a transfer, kept so that it can be re-posted on another NIC: its shape
@@ -163,7 +164,9 @@ class PrefillMessenger::Impl {
         options_(options),
         runner_(runner),
         spec_(runner.region().spec()),
-        scheme_(MakeShardScheme(runner.config(), runner.num_ranks())),
+        // DP ranks: a request's latent is on its rank alone, sent as from a TP 1 instance.
+        scheme_(MakeShardScheme(runner.config(),
+                                engine::DataParallelSize(runner) > 1 ? 1 : runner.num_ranks())),
         dp_size_(static_cast<uint16_t>(engine::DataParallelSize(runner))),
         num_layers_(spec_.num_layers),
         meta_bytes_(static_cast<uint32_t>(runner.config().hidden_size) * 4),
@@ -236,7 +239,14 @@ class PrefillMessenger::Impl {
   void OnWriteDone(uint64_t request_id, uint64_t key, const Status& status);
   void TracePosted(Result<uint64_t> key, uint64_t request_id, int layer, int64_t begin_ns,
                    TraceArgs args);
-  void PostReady(uint64_t progress);
+  void PostReady(const std::vector<uint64_t>& progress);  // [DP rank] its progress value
+  const engine::LayerProgress& RankProgress(int dp_rank) const {
+    return engine::DpRankProgress(runner_, dp_rank);
+  }
+  // Rank `dp_rank`'s local ids of `pages` (DpPageIds) into *local; InvalidArgument when one lies
+  // on another rank. Without DP ranks: the ids as they are.
+  Status LocalPages(const std::vector<int32_t>& pages, int dp_rank,
+                    std::vector<int32_t>* local) const;
   void PostLayer(Transfer* t, const LayerWork& w, int layer);
   void MaybePostMetadata(Transfer* t);
   // --kv-checksum (prefill_side_checksum.cc).
@@ -267,7 +277,10 @@ class PrefillMessenger::Impl {
   engine::ModelRunner& runner_;
   const engine::KvCacheSpec spec_;  // rank 0's
   const ShardScheme scheme_;
-  const uint16_t dp_size_;  // ours, in every HelloReply (1: DP prefill instances are refused)
+  // Ours, in every HelloReply. Above 1 (engine/dp_engine.h): the step observer's page ids are
+  // DpPageIds, each request's pages lie on one rank, whose region its writes read and whose
+  // progress says when a layer is final.
+  const uint16_t dp_size_;
   const int num_layers_;
   const uint32_t meta_bytes_;
   std::shared_ptr<FrameCodec> codec_;  // shared with the fabric worker's inbox

@@ -18,18 +18,50 @@ namespace pd::messenger {
 
 // ------------------------------------------------------------------ engine events
 
+Status PrefillMessenger::Impl::LocalPages(const std::vector<int32_t>& pages, int dp_rank,
+                                          std::vector<int32_t>* local) const {
+  *local = pages;
+  if (dp_size_ == 1) return OkStatus();
+  const int32_t per_rank = runner_.region().num_pages();
+  for (int32_t& p : *local) {
+    if (engine::DpRankOfPage(p, per_rank) != dp_rank)
+      return Internal("page " + std::to_string(p) + " is not DP rank " + std::to_string(dp_rank) +
+                      "'s");
+    p = engine::DpLocalPage(p, per_rank);
+  }
+  return OkStatus();
+}
+
 void PrefillMessenger::Impl::OnStep(const engine::StepInfo& info) {
+  // With DP ranks each rank's steps come apart, numbered by its own runner: the chunks' pages
+  // say which rank's (every chunk has its request's whole page table).
+  int rank = 0;
+  if (dp_size_ > 1 && !info.prefill_chunks.front().page_table.empty())
+    rank = engine::DpRankOfPage(info.prefill_chunks.front().page_table.front(),
+                                runner_.region().num_pages());
   // A step index seen again means the step that had it failed before running: forget its work.
   work_.erase(std::remove_if(work_.begin(), work_.end(),
-                             [&](const LayerWork& w) { return w.runner_step >= info.runner_step; }),
+                             [&](const LayerWork& w) {
+                               return w.dp_rank == rank && w.runner_step >= info.runner_step;
+                             }),
               work_.end());
   for (const engine::PrefillChunk& c : info.prefill_chunks) {
     auto it = by_engine_id_.find(c.request_id);
     if (it == by_engine_id_.end()) continue;
     Transfer* t = Find(it->second);
     if (t == nullptr || !t->error.ok()) continue;
-    if (t->src_pages.empty()) t->src_pages = c.page_table;
-    if (t->src_pages != c.page_table || t->src_pages.size() != t->dst_pages.size()) {
+    std::vector<int32_t> pages;
+    if (Status s = LocalPages(c.page_table, rank, &pages); !s.ok()) {
+      Fail(t, s.WithContext("request " + std::to_string(t->request_id)));
+      continue;
+    }
+    if (t->src_pages.empty()) {
+      t->src_pages = pages;
+      // DP ranks: planned as from a TP 1 instance, whose one source is the request's DP rank.
+      if (dp_size_ > 1)
+        for (ShardSlice& slice : t->plan.slices) slice.src_rank = rank;
+    }
+    if (t->src_pages != pages || t->src_pages.size() != t->dst_pages.size()) {
       Fail(t, Internal("the engine's page table of request " + std::to_string(t->request_id) +
                        " changed or does not match the destination pages"));
       continue;
@@ -39,7 +71,7 @@ void PrefillMessenger::Impl::OnStep(const engine::StepInfo& info) {
         c.is_last_chunk ? (end + spec_.page_size - 1) / spec_.page_size : end / spec_.page_size;
     if (target > t->pages_scheduled || c.is_last_chunk) {
       work_.push_back(
-          {t->request_id, info.runner_step, t->pages_scheduled, target, 0, c.is_last_chunk});
+          {t->request_id, info.runner_step, t->pages_scheduled, target, 0, c.is_last_chunk, rank});
       t->pages_scheduled = target;
     }
   }
@@ -69,7 +101,7 @@ void PrefillMessenger::Impl::OnEngineDone(const engine::RequestOutput& out) {
 
 // ------------------------------------------------------------------ writes
 
-void PrefillMessenger::Impl::PostReady(uint64_t progress) {
+void PrefillMessenger::Impl::PostReady(const std::vector<uint64_t>& progress) {
   for (LayerWork& w : work_) {
     Transfer* t = Find(w.request_id);
     if (t == nullptr || !t->error.ok()) {
@@ -77,7 +109,7 @@ void PrefillMessenger::Impl::PostReady(uint64_t progress) {
       continue;
     }
     while (w.next_layer < num_layers_ &&
-           progress >= w.runner_step * num_layers_ + w.next_layer + 1) {
+           progress[w.dp_rank] >= w.runner_step * num_layers_ + w.next_layer + 1) {
       if (w.end_page > w.first_page) PostLayer(t, w, w.next_layer);
       ++w.next_layer;
       if (!t->error.ok()) break;
