@@ -51,9 +51,6 @@ struct RoleFlags {
   Tracer* tracer = nullptr;           // made by RunServe from trace_file; given to the messengers
   cluster::DiscoveryFlags discovery;  // --discovery: etcd instead of --prefill-peers
   int tensor_parallel_size = 1;       // copied from serve's flag: registered with --discovery
-  // messenger::SpeculativeIdentity of --speculative-config (set by RunServe): both sides of the
-  // handshake must say the same.
-  std::string speculative;
   // decode: --prefill-routing least-loaded | kv-aware (where the prompt's prefix is cached on a
   // prefill instance, weighed against load) and kv-aware's weights (server/kv_choice.h).
   std::string prefill_routing = "least-loaded";
@@ -65,6 +62,9 @@ struct RoleFlags {
   std::string api_key;
   uint64_t tokenizer_fingerprint = 0;
   engine::KvEventLog* kv_events = nullptr;
+  // messenger::SpeculativeIdentity of --speculative-config (set by RunServe): both sides of the
+  // handshake must say the same.
+  std::string speculative;
 };
 
 // A role's engine and, for a decode instance with --discovery, the watch that feeds its messenger

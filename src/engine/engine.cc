@@ -378,21 +378,6 @@ void EngineImpl::ProposeDrafts(std::span<const SeqUpdate> updates) {
   }
 }
 
-Status EngineImpl::SetPrefilledHidden(int64_t request_id, std::vector<float> hidden) {
-  auto it = requests_.find(request_id);
-  if (it == requests_.end()) {
-    return NotFound("request " + std::to_string(request_id) + " is not running");
-  }
-  const int hidden_size = runner_->config().hidden_size;
-  if (hidden.size() != static_cast<size_t>(hidden_size)) {
-    return InvalidArgument("request " + std::to_string(request_id) +
-                           ": the prefilled hidden state has " + std::to_string(hidden.size()) +
-                           " floats, expected hidden_size " + std::to_string(hidden_size));
-  }
-  it->second->prefilled_hidden = std::move(hidden);
-  return OkStatus();
-}
-
 // Drafts and the token after them stay within max_tokens and max_model_len.
 int EngineImpl::MaxDrafts(const Sequence& seq, const RequestState& state) const {
   return std::min({options_.speculative.num_speculative_tokens,
@@ -422,6 +407,21 @@ void EngineImpl::ProposeDraftModel(std::span<const SeqUpdate> updates) {
   for (size_t i = 0; i < requests.size(); ++i) {
     if (!drafts[i].empty()) scheduler_.SetDraftTokens(requests[i].seq->id, std::move(drafts[i]));
   }
+}
+
+Status EngineImpl::SetPrefilledHidden(int64_t request_id, std::vector<float> hidden) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) {
+    return NotFound("request " + std::to_string(request_id) + " is not running");
+  }
+  const int hidden_size = runner_->config().hidden_size;
+  if (hidden.size() != static_cast<size_t>(hidden_size)) {
+    return InvalidArgument("request " + std::to_string(request_id) +
+                           ": the prefilled hidden state has " + std::to_string(hidden.size()) +
+                           " floats, expected hidden_size " + std::to_string(hidden_size));
+  }
+  it->second->prefilled_hidden = std::move(hidden);
+  return OkStatus();
 }
 
 void EngineImpl::FailBatch(const ScheduledBatch& batch, const Status& status,

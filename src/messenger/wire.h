@@ -38,9 +38,9 @@ inline constexpr uint32_t kWireMagic = 0x564b4450;  // "PDKV"
 // regions' descriptors on each further NIC, and Reroute / RerouteReply move a transfer to a fresh
 // imm when a NIC fails under it.
 // Version 8: Hello and HelloReply carry dp_size (the sender's data-parallel attention ranks),
-// PrefillRequest dp_rank (the decode DP rank whose pages it names); KvFormat carries speculative
-// (the speculative decoding both sides run: method, K and the draft's fingerprint;
-// SpeculativeIdentity in handshake.h).
+// PrefillRequest dp_rank (the decode DP rank whose pages it names).
+// KvFormat carries speculative (the speculative decoding both sides run: method, K and
+// the draft's fingerprint; SpeculativeIdentity in handshake.h).
 inline constexpr uint16_t kWireVersion = 8;
 inline constexpr size_t kMacBytes = 32;
 inline constexpr size_t kFrameHeaderBytes = 4 + 2 + 2 + 8 + 8 + 8 + 4;
