@@ -35,6 +35,7 @@
 #include "model/weights.h"
 #include "server/drain.h"
 #include "server/http_server.h"
+#include "server/prompt_tokens.h"
 
 namespace pd::apps {
 namespace {
@@ -249,6 +250,9 @@ int RunServe(const ServeFlags& f) {
   eo.model_fingerprint = messenger::ModelFingerprint(*weights);  // roots the prefix cache's keys
   engine::KvEventLog kv_events;  // the prefix cache's keys for KV-aware routers (/v1/kv_events)
   eo.kv_events = &kv_events;
+  roles.kv_events = &kv_events;
+  roles.api_key = f.api_key;
+  roles.tokenizer_fingerprint = server::TokenizerFingerprint(**tokenizer);
   eo.speculative = *spec;
   WarnIfMatmulFallsBack("serve", eo.runner.matmul);
   if (kv_dtype == engine::KvDType::kFP8E4M3)
@@ -291,9 +295,10 @@ int RunServe(const ServeFlags& f) {
   if (decode != nullptr) {
     // The decode instance's KV transfer counters and histogram, and its prefill peers' states,
     // beside the serving metrics.
-    so.extra_metrics = [decode] {
+    so.extra_metrics = [decode, chooser = role_engine->prefill_chooser] {
       return decode->metrics().PrometheusText("decode") +
-             messenger::PeersPrometheusText(decode->peers());
+             messenger::PeersPrometheusText(decode->peers()) +
+             (chooser != nullptr ? chooser->MetricsText("pdserve:prefill_kv") : "");
     };
   }
   auto server = server::OpenAiServer::Create(so, async->get(), tokenizer->get());

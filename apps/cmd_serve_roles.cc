@@ -16,11 +16,15 @@
 #include "apps/serve_roles.h"
 #include "common/file_util.h"
 #include "common/log.h"
+#include "engine/kv_events.h"
 #include "messenger/decode_side.h"
 #include "messenger/handshake.h"
 #include "messenger/nics.h"
 #include "messenger/prefill_side.h"
+#include "server/auth.h"
 #include "server/drain.h"
+#include "server/kv_events_wire.h"
+#include "server/openai_protocol.h"
 #include "transfer/fault_injection.h"
 
 namespace pd::apps {
@@ -69,9 +73,27 @@ void AddRoleFlags(CLI::App* app, RoleFlags* f) {
   app->add_option("--local-prefill-max-tokens", f->local_prefill_max_tokens,
                   "decode role: a request whose prompt, less what this instance's prefix cache "
                   "holds, is at most this many tokens is computed here, no prefill instance "
-                  "involved (conditional disaggregation); -1: only prompts whose every page "
+                  "involved (conditional disaggregation: up to 64 tokens this costs the requests "
+                  "decoding beside it no measurable time and saves the round trip and the "
+                  "transfer, see docs/prefix-caching.md); -1: only prompts whose every page "
                   "before the last token is cached")
       ->check(CLI::Range(-1, 1 << 30))
+      ->capture_default_str();
+  app->add_option("--prefill-routing", f->prefill_routing,
+                  "decode role: which prefill instance computes a prompt: least-loaded (fewest "
+                  "transfers in flight) or kv-aware (the one whose prefix cache holds most of "
+                  "the prompt, weighed against load, from their GET /v1/kv_events)")
+      ->check(CLI::IsMember({"least-loaded", "kv-aware"}))
+      ->capture_default_str();
+  app->add_option("--prefill-kv-compute-weight", f->prefill_kv_compute_weight,
+                  "decode role, --prefill-routing kv-aware: cost of one prompt page the prefill "
+                  "instance lacks")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app->add_option("--prefill-kv-load-weight", f->prefill_kv_load_weight,
+                  "decode role, --prefill-routing kv-aware: cost of one transfer in flight on the "
+                  "prefill instance")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app->add_flag("--kv-checksum", f->kv_checksum,
                 "prefill and decode roles: send (prefill) and check (decode, before the request "
@@ -113,6 +135,9 @@ Status ValidateRoleFlags(const RoleFlags& f) {
   if (!(f.drain_timeout_s >= 0)) return InvalidArgument("--drain-timeout-s must be >= 0");
   if (f.role != "decode" && !f.prefill_peers.empty()) {
     return InvalidArgument("--prefill-peers is only for --role decode");
+  }
+  if (f.role != "decode" && f.prefill_routing != "least-loaded") {
+    return InvalidArgument("--prefill-routing is only for --role decode");
   }
   if (f.kv_transfer_timeout_ms <= 0) {
     return InvalidArgument("--kv-transfer-timeout-ms must be positive");
@@ -351,6 +376,20 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
                         http.RefusedMetricsText(),
                     "text/plain; version=0.0.4");
   });
+  if (flags.kv_events != nullptr) {  // decode instances choosing a prefill instance by its cache
+    http.Get("/v1/kv_events", [&flags](const httplib::Request& req, httplib::Response& res) {
+      if (!flags.api_key.empty() &&
+          !server::BearerMatches(req.get_header_value("Authorization"), flags.api_key)) {
+        res.status = 401;
+        return res.set_content(
+            server::ErrorBody(401, req.has_header("Authorization")
+                                       ? "invalid API key"
+                                       : "missing 'Authorization: Bearer <api key>' header"),
+            "application/json");
+      }
+      server::HandleKvEvents(flags.kv_events, flags.tokenizer_fingerprint, req, res);
+    });
+  }
   int bound = port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, port) ? port : -1);
   if (bound < 0) return fail(Unavailable("cannot listen on " + host + ":" + std::to_string(port)));
   std::thread listener([&] { http.listen_after_bind(); });
@@ -384,6 +423,7 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
     hooks.in_flight = [m] { return m->num_active_transfers(); };
     (void)server::Drain(hooks, flags.drain_timeout_s, "prefill instance");  // Stop ends the rest
   }
+  if (flags.kv_events != nullptr) flags.kv_events->Close();  // ends the waiting polls
   http.stop();
   listener.join();
   // Teardown order: the messenger stops and closes its fabric domain, the engine stops, then the
@@ -461,6 +501,28 @@ Result<std::unique_ptr<cluster::MemberWatch>> DiscoverPrefills(const RoleFlags& 
   return watch;
 }
 
+// --prefill-routing kv-aware: the messenger sends each prompt to the prefill instance where it
+// costs least, knowing their caches from their GET /v1/kv_events.
+std::shared_ptr<server::KvPeerChooser> PrefillChooser(const RoleFlags& flags,
+                                                      messenger::DecodeMessengerOptions* mo) {
+  server::KvPeerChooserOptions o;
+  o.feed.api_key = flags.api_key;
+  o.feed.check_tokenizer = false;  // token ids travel to the prefill instances, not text
+  o.feed.log_name = "decode instance (--prefill-routing kv-aware)";
+  o.compute_weight = flags.prefill_kv_compute_weight;
+  o.load_weight = flags.prefill_kv_load_weight;
+  auto chooser = std::make_shared<server::KvPeerChooser>(o);
+  mo->on_peers = [chooser](const std::vector<std::string>& names) { chooser->SetPeers(names); };
+  mo->choose_prefill = [chooser](std::span<const int32_t> tokens,
+                                 std::span<const messenger::PrefillCandidate> candidates) {
+    std::vector<server::KvPeerLoad> peers;
+    for (const messenger::PrefillCandidate& c : candidates)
+      peers.push_back({c.name, c.outstanding});
+    return chooser->Choose(tokens, peers);
+  };
+  return chooser;
+}
+
 }  // namespace
 
 Result<RoleEngine> CreateRoleEngine(const RoleFlags& flags, const model::ModelWeights& weights,
@@ -497,6 +559,7 @@ Result<RoleEngine> CreateRoleEngine(const RoleFlags& flags, const model::ModelWe
     ASSIGN_OR_RETURN(auto peer, FetchPeer(url, flags.peer_wait_s));
     mo.peers.push_back(std::move(peer));
   }
+  if (flags.prefill_routing == "kv-aware") out.prefill_chooser = PrefillChooser(flags, &mo);
   engine::ModelRunner& runner = eng->runner();
   ASSIGN_OR_RETURN(auto inner, engine::AsyncEngine::Create(std::move(eng), ao));
   mo.dynamic_peers = flags.discovery.enabled();

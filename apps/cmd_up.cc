@@ -131,7 +131,10 @@ PD_REGISTER_COMMAND(
           ->capture_default_str();
       app->add_option("--local-prefill-max-tokens", f->local_prefill_max_tokens,
                       "decode instances compute a prompt whose uncached part is at most this "
-                      "many tokens themselves (serve --local-prefill-max-tokens)")
+                      "many tokens themselves, no prefill instance involved (serve "
+                      "--local-prefill-max-tokens; the default is where the co-running decodes' "
+                      "TPOT stays flat, docs/prefix-caching.md); -1: send every prompt with an "
+                      "uncached part to a prefill instance")
           ->check(CLI::Range(-1, 1 << 30))
           ->capture_default_str();
       app->add_option("--idle-poll-us", f->idle_poll_us,

@@ -1,6 +1,7 @@
 // Disaggregation roles of `pdserve serve` (the hooks apps/cmd_serve.cc calls):
 //   --role prefill                      prefill instance: /health, /metrics, /pd/info (its fabric
-//                                       address, for decode instances to bootstrap from)
+//                                       address, for decode instances to bootstrap from),
+//                                       /v1/kv_events (its prefix cache's keys, kv_events_wire.h)
 //   --role decode --prefill-peers URLs  decode instance: the OpenAI API, requests through the
 //                                       decode messenger
 //   --discovery etcd://H:P --cluster C  register in etcd and find the prefill instances there
@@ -23,6 +24,7 @@
 #include "engine/engine.h"
 #include "model/weights.h"
 #include "server/http_transport.h"
+#include "server/kv_choice.h"
 
 namespace pd::apps {
 
@@ -49,6 +51,17 @@ struct RoleFlags {
   Tracer* tracer = nullptr;           // made by RunServe from trace_file; given to the messengers
   cluster::DiscoveryFlags discovery;  // --discovery: etcd instead of --prefill-peers
   int tensor_parallel_size = 1;       // copied from serve's flag: registered with --discovery
+  // decode: --prefill-routing least-loaded | kv-aware (where the prompt's prefix is cached on a
+  // prefill instance, weighed against load) and kv-aware's weights (server/kv_choice.h).
+  std::string prefill_routing = "least-loaded";
+  double prefill_kv_compute_weight = 1.0;
+  double prefill_kv_load_weight = 4.0;
+  // Set by RunServe: serve's --api-key (prefill: required on GET /v1/kv_events; decode: sent to
+  // the prefill instances' /v1/kv_events), its tokenizer's fingerprint and the engine's
+  // prefix-cache key log (prefill: published at GET /v1/kv_events).
+  std::string api_key;
+  uint64_t tokenizer_fingerprint = 0;
+  engine::KvEventLog* kv_events = nullptr;
 };
 
 // A role's engine and, for a decode instance with --discovery, the watch that feeds its messenger
@@ -56,6 +69,9 @@ struct RoleFlags {
 struct RoleEngine {
   std::unique_ptr<engine::AsyncEngine> engine;
   std::unique_ptr<cluster::MemberWatch> prefill_watch;
+  // decode --prefill-routing kv-aware: the messenger's choice of prefill instance (shared with it),
+  // for /metrics.
+  std::shared_ptr<server::KvPeerChooser> prefill_chooser;
 };
 
 void AddRoleFlags(CLI::App* app, RoleFlags* flags);

@@ -135,6 +135,9 @@ class ClusterEtcdTest : public ::testing::Test {
                                       "10"};
     const std::vector<std::string> d = Discovery();
     extra.insert(extra.end(), d.begin(), d.end());
+    if (role == "decode")  // every prompt goes through a discovered prefill instance
+      extra.insert(extra.end(), testing::kTransferEveryPrompt.begin(),
+                   testing::kTransferEveryPrompt.end());
     const int port = role == "prefill" ? kPrefillPort : kDecodePort;
     auto& p = procs_[name];
     p = std::make_unique<Process>();

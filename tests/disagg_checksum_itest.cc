@@ -60,12 +60,12 @@ TEST(DisaggChecksumTest, ACorruptedKvWriteIsCaughtAndRetriedOnTheCleanInstance) 
   EXPECT_THAT(p0.output(), HasSubstr("fault injection armed"));
   ASSERT_TRUE(StartAndWaitFor(p1, Serve(port + 2, prefill), "prefill instance on", 120s));
   // The faulty instance first: with nothing outstanding anywhere the decode instance picks it.
-  ASSERT_TRUE(
-      StartAndWaitFor(decode,
-                      Serve(port + 8, {"--role", "decode", "--cluster-secret-file", secret,
-                                       "--prefill-peers", Url(port + 1) + "," + Url(port + 2),
-                                       "--kv-transfer-timeout-ms", "5000", "--kv-checksum"}),
-                      "on http://", 120s));
+  ASSERT_TRUE(StartAndWaitFor(
+      decode,
+      Serve(port + 8, {"--role", "decode", "--cluster-secret-file", secret, "--prefill-peers",
+                       Url(port + 1) + "," + Url(port + 2), "--kv-transfer-timeout-ms", "5000",
+                       "--kv-checksum", "--local-prefill-max-tokens", "-1"}),
+      "on http://", 120s));
 
   const auto prompt = testing::PromptOf(40, 3);
   auto [status, got] = CompleteAt(kHost, port + 8, prompt, 6, 60);

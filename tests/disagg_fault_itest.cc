@@ -111,8 +111,10 @@ std::vector<std::string> SlowPrefill(const std::string& secret, int chunk) {
 
 std::vector<std::string> DecodeRole(const std::string& secret, const std::string& peers,
                                     int timeout_ms) {
-  return {"--role",          "decode", "--cluster-secret-file",    secret,
-          "--prefill-peers", peers,    "--kv-transfer-timeout-ms", std::to_string(timeout_ms)};
+  return {"--role", "decode", "--cluster-secret-file", secret, "--prefill-peers", peers,
+          "--kv-transfer-timeout-ms", std::to_string(timeout_ms),
+          // Every prompt's KV crosses the wire, the short ones too.
+          "--local-prefill-max-tokens", "-1"};
 }
 
 std::string Url(int port) { return "http://127.0.0.1:" + std::to_string(port); }

@@ -144,6 +144,8 @@ TEST(DisaggLongPromptTest, APromptOfManyControlMessagesGivesTheColocatedTokens) 
                               "prefill instance on", 120s));
   role = {"--role", "decode",          "--cluster-secret-file",
           secret,   "--prefill-peers", "http://127.0.0.1:" + std::to_string(port + 1)};
+  role.insert(role.end(), testing::kTransferEveryPrompt.begin(),
+              testing::kTransferEveryPrompt.end());
   Process decode;
   ASSERT_TRUE(StartAndWaitFor(decode,
                               testing::ServeArgv(kBinary, ModelDir(), port + 2, kMaxModelLen, role),
@@ -381,9 +383,9 @@ class Deployment {
     }
     EXPECT_TRUE(StartAndWaitFor(
         decode_,
-        ServeArgs(decode_port(),
-                  {"--role", "decode", "--cluster-secret-file", secret, "--prefill-peers", peers,
-                   "--kv-transfer-timeout-ms", std::to_string(timeout_ms)}),
+        ServeArgs(decode_port(), {"--role", "decode", "--cluster-secret-file", secret,
+                                  "--prefill-peers", peers, "--kv-transfer-timeout-ms",
+                                  std::to_string(timeout_ms), "--local-prefill-max-tokens", "-1"}),
         "on http://", 120s));
   }
   int decode_port() const { return port_ + 8; }

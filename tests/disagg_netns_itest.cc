@@ -93,10 +93,10 @@ TEST_P(DisaggNetnsTest, PrefillAndDecodeOnTwoHostsGiveTheColocatedGreedyTokens) 
   const std::string peer = "http://" + hosts->addr_a() + ":" + std::to_string(port + 1);
   ASSERT_TRUE(StartAndWaitFor(
       decode,
-      hosts->InB(ServeArgs(
-          hosts->addr_b(), port + 2, s,
-          {"--role", "decode", "--cluster-secret-file", secret, "--fabric-node", hosts->addr_b(),
-           "--prefill-peers", peer, "--kv-transfer-timeout-ms", "20000"})),
+      hosts->InB(ServeArgs(hosts->addr_b(), port + 2, s,
+                           {"--role", "decode", "--cluster-secret-file", secret, "--fabric-node",
+                            hosts->addr_b(), "--prefill-peers", peer, "--kv-transfer-timeout-ms",
+                            "20000", "--local-prefill-max-tokens", "-1"})),
       "on http://", 120s));
   ASSERT_FALSE(colocated.WaitForLine("on http://", 120s).empty()) << colocated.output();
 

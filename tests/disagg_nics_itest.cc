@@ -96,7 +96,8 @@ TEST(DisaggNicsTest, TwoLinksCarryKvAndOneGoingDownLosesNoRequest) {
       hosts->InB(testing::ServeArgv(
           kBinary, kModel, port + 2, 512,
           {"--host", b0, "--role", "decode", "--cluster-secret-file", secret, "--fabric-nics",
-           b0 + "," + b1, "--prefill-peers", peer, "--kv-transfer-timeout-ms", "60000"})),
+           b0 + "," + b1, "--prefill-peers", peer, "--kv-transfer-timeout-ms", "60000",
+           "--local-prefill-max-tokens", "-1"})),
       "on http://", 120s));
   ASSERT_FALSE(colocated.WaitForLine("on http://", 120s).empty()) << colocated.output();
 

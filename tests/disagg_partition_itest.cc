@@ -67,13 +67,14 @@ TEST(DisaggPartitionTest, LinkDownMidTransferFailsCleanlyAndServiceResumesWhenIt
            "--max-num-seqs", "1", "--max-num-batched-tokens", "32"})),
       "prefill instance on", 120s));
   const std::string peer = "http://" + a + ":" + std::to_string(port + 1);
-  ASSERT_TRUE(StartAndWaitFor(
-      decode,
-      hosts->InB(testing::ServeArgv(
-          kBinary, kModel, port + 2, 512,
-          {"--host", b, "--role", "decode", "--cluster-secret-file", secret, "--fabric-node", b,
-           "--prefill-peers", peer, "--kv-transfer-timeout-ms", "5000"})),
-      "on http://", 120s));
+  ASSERT_TRUE(
+      StartAndWaitFor(decode,
+                      hosts->InB(testing::ServeArgv(
+                          kBinary, kModel, port + 2, 512,
+                          {"--host", b, "--role", "decode", "--cluster-secret-file", secret,
+                           "--fabric-node", b, "--prefill-peers", peer, "--kv-transfer-timeout-ms",
+                           "5000", "--local-prefill-max-tokens", "-1"})),
+                      "on http://", 120s));
 
   // Six requests from host B; the link goes down once the prefill instance has finished a
   // transfer and has another in flight.

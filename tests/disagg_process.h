@@ -318,8 +318,13 @@ inline std::vector<std::string> ServeArgv(const std::string& binary, const std::
   return a;
 }
 
+// A decode instance's (and up's) flags that send every prompt's KV over the wire, however short:
+// by default a decode instance computes an uncached part of up to 64 tokens itself (conditional
+// disaggregation), and the tests of the transfer use short prompts.
+inline const std::vector<std::string> kTransferEveryPrompt = {"--local-prefill-max-tokens", "-1"};
+
 // argv of `binary up --model model --prefill num_prefill --decode num_decode --port port`, then
-// `extra`.
+// `extra`, then kTransferEveryPrompt unless `extra` sets --local-prefill-max-tokens.
 inline std::vector<std::string> UpArgv(const std::string& binary, const std::string& model,
                                        int num_prefill, int num_decode, int port,
                                        const std::vector<std::string>& extra) {
@@ -329,6 +334,8 @@ inline std::vector<std::string> UpArgv(const std::string& binary, const std::str
                                 "--decode",  std::to_string(num_decode),
                                 "--port",    std::to_string(port)};
   a.insert(a.end(), extra.begin(), extra.end());
+  if (std::find(extra.begin(), extra.end(), kTransferEveryPrompt[0]) == extra.end())
+    a.insert(a.end(), kTransferEveryPrompt.begin(), kTransferEveryPrompt.end());
   return a;
 }
 

@@ -160,6 +160,8 @@ TEST_P(DisaggTpTest, UpGivesTheColocatedTp1GreedyTokens) {
                                     "--prefill-tp", std::to_string(s.prefill_tp),
                                     "--decode-tp",  std::to_string(s.decode_tp)};
   uargs.insert(uargs.end(), common.begin(), common.end());
+  uargs.insert(uargs.end(), testing::kTransferEveryPrompt.begin(),
+               testing::kTransferEveryPrompt.end());
   ASSERT_TRUE(up.Start(uargs));
   ASSERT_FALSE(up.WaitForLine("router (OpenAI API) on", 180s).empty()) << up.output();
   // Each instance registered one KV region per rank of its own TP.

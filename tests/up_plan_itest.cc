@@ -77,6 +77,8 @@ std::vector<std::string> UpPlanArgv(const std::string& plan, int port,
                                 "--served-model-name",
                                 "m"};
   a.insert(a.end(), extra.begin(), extra.end());
+  // A disaggregated plan's prompts, short as they are, cross the wire.
+  a.insert(a.end(), testing::kTransferEveryPrompt.begin(), testing::kTransferEveryPrompt.end());
   return a;
 }
 

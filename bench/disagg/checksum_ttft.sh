@@ -45,9 +45,11 @@ done
 mkdir -p "$OUT"
 
 
-start plain --trace "$OUT/plain.json"; url_plain=$URL
+# Every prompt's KV crosses the wire (--local-prefill-max-tokens -1), whatever --input-len says.
+start plain --local-prefill-max-tokens -1 --trace "$OUT/plain.json"; url_plain=$URL
 if [ "$CONTROL" = 1 ]; then FLAG=(); else FLAG=(--kv-checksum); fi
-start checksum "${FLAG[@]}" --trace "$OUT/checksum.json"; url_checksum=$URL; port_checksum=$PORT
+start checksum --local-prefill-max-tokens -1 "${FLAG[@]}" --trace "$OUT/checksum.json"
+url_checksum=$URL; port_checksum=$PORT
 
 bench_once() {  # bench_once URL NAME SEED
   "$PDSERVE" --log-level warn bench --base-url "$1" --result-dir "$OUT" --result-filename "$2.json" \

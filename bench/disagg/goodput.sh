@@ -77,8 +77,9 @@ start_disagg() {
   local port log
   port=$(free_ports)
   log=$OUT/$RUN.up.log
+  # Every prompt goes to the prefill instance: the goodput of the split itself.
   "$PDSERVE" --log-level warn up --model "$MODEL" --prefill 1 --decode 1 --port "$port" \
-    --threads 1 --pin-cores > "$log" 2>&1 &
+    --threads 1 --pin-cores --local-prefill-max-tokens -1 > "$log" 2>&1 &
   PIDS+=($!)
   wait_for "$log" "router (OpenAI API) on" $! > /dev/null
   URL=http://127.0.0.1:$port

@@ -93,12 +93,15 @@ PROVIDER_FLAGS=()
 
 
 # start_disagg: `pdserve up` with one prefill and one decode instance, each pinned to its own core.
+# Every prompt goes to the prefill instance (--local-prefill-max-tokens -1): the scenarios
+# measure the split itself, short prompts included.
 start_disagg() {
   local port log
   port=$(free_ports)
   log=$OUT/up.$RUN.log
   "$PDSERVE" --log-level warn up --model "$MODEL" --prefill 1 --decode 1 --port "$port" \
-    --threads 1 --pin-cores "${PROVIDER_FLAGS[@]}" "$@" > "$log" 2>&1 &
+    --threads 1 --pin-cores --local-prefill-max-tokens -1 "${PROVIDER_FLAGS[@]}" "$@" \
+    > "$log" 2>&1 &
   PIDS+=($!)
   wait_for "$log" "router (OpenAI API) on" $! > /dev/null
   URL=http://127.0.0.1:$port

@@ -9,13 +9,33 @@
 # over prompt tokens, warm-up excluded) and TTFT p50/p99 from `pdserve bench`.
 #
 #   bench/routing/run.sh
+#   bench/routing/run.sh --workload spread
 #   NUM_PROMPTS=100 RATE=2 PDSERVE=build/pdserve bench/routing/run.sh
+#
+# --workload five-of-eight (the default): 8 prefixes, each instance's cache about 5 of them.
+# --workload spread: 16 prefixes, each instance's cache about 6 of them (both together 12): routed
+# by load each instance sees every prefix and holds 6 of 16 (most prompts miss), routed kv-aware
+# both caches together hold 12 of 16. (With 4 per instance both caches together hold half the
+# prefixes, so the median prompt misses even on one instance with both caches: TTFT p50 then
+# says nothing about the routing.) The variables below override either.
 #
 # Writes OUT (default: a new temporary directory): the logs, one bench JSON per setup and
 # table.md.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 PY=/usr/bin/python3
+WORKLOAD=five-of-eight
+while [ $# -gt 0 ]; do
+  case $1 in
+    --workload) WORKLOAD=$2; shift 2 ;;
+    *) echo "usage: $0 [--workload five-of-eight|spread]" >&2; exit 2 ;;
+  esac
+done
+case $WORKLOAD in
+  five-of-eight) ;;
+  spread) NUM_PREFIXES=${NUM_PREFIXES:-16}; CACHE_PREFIXES=${CACHE_PREFIXES:-6} ;;
+  *) echo "$0: unknown --workload '$WORKLOAD' (five-of-eight or spread)" >&2; exit 2 ;;
+esac
 PDSERVE=${PDSERVE:-build/pdserve}
 MODEL=${MODEL:-$here/../../models/demo-llama}
 PREFIX_LEN=${PREFIX_LEN:-1024}
@@ -39,21 +59,24 @@ print(c['num_hidden_layers'] * 2 * c['num_key_value_heads'] * hd * 4)")
 # Room for CACHE_PREFIXES prefixes plus the requests in flight (16 of SUFFIX+OUTPUT+1 page each).
 cache_bytes=$(( token_bytes * (CACHE_PREFIXES * PREFIX_LEN + 16 * (SUFFIX_LEN + OUTPUT_LEN + 16)) ))
 
-start_instance() {  # NAME CACHE_BYTES: prints the URL
+# Started in this shell (not in a command substitution's subshell), so that PIDS holds them and
+# cleanup stops them.
+start_instance() {  # NAME CACHE_BYTES: sets STARTED_URL
   local log="$OUT/$1.log"
   "$PDSERVE" serve --model "$MODEL" --served-model-name m --port 0 --threads "$THREADS" \
     --kv-cache-dtype float32 --kv-cache-bytes "$2" --max-model-len $((PREFIX_LEN + SUFFIX_LEN + 64)) \
     > "$log" 2>&1 &
   PIDS+=($!)
-  wait_for "$log" "on http://127.0.0.1:" $! | sed 's|.*on \(http://127.0.0.1:[0-9]*\).*|\1|'
+  STARTED_URL=$(wait_for "$log" "on http://127.0.0.1:" $! |
+    sed 's|.*on \(http://127.0.0.1:[0-9]*\).*|\1|')
 }
 
-start_router() {  # NAME ROUTING BACKENDS: prints the URL
+start_router() {  # NAME ROUTING BACKENDS: sets STARTED_URL
   local log="$OUT/router-$1.log"
   "$PDSERVE" router --decode "$3" --port 0 --routing "$2" --model "$MODEL" > "$log" 2>&1 &
   PIDS+=($!)
-  wait_for "$log" "router on http://127.0.0.1:" $! |
-    sed 's|.*router on \(http://127.0.0.1:[0-9]*\).*|\1|'
+  STARTED_URL=$(wait_for "$log" "router on http://127.0.0.1:" $! |
+    sed 's|.*router on \(http://127.0.0.1:[0-9]*\).*|\1|')
 }
 
 cache_counters() {  # URL...: "queries hits" summed over the instances
@@ -69,9 +92,12 @@ print(q, h)"
 
 run_setup() {  # NAME ROUTING CACHE_BYTES NUM_INSTANCES
   local name=$1 routing=$2 bytes=$3 n=$4 urls=() u
-  for i in $(seq 1 "$n"); do urls+=("$(start_instance "$name-$i" "$bytes")"); done
-  local router_url
-  router_url=$(start_router "$name" "$routing" "$(IFS=,; echo "${urls[*]}")")
+  for i in $(seq 1 "$n"); do
+    start_instance "$name-$i" "$bytes"
+    urls+=("$STARTED_URL")
+  done
+  start_router "$name" "$routing" "$(IFS=,; echo "${urls[*]}")"
+  local router_url=$STARTED_URL
   sleep 2  # the router's KV event streams connect (they snapshot an empty cache)
   local before after
   before=$(cache_counters "${urls[@]}")

@@ -240,13 +240,27 @@ Status Deployment::Start(const sigset_t& signals) {
                      "--data-parallel-size", std::to_string(f_.prefill_dp)}));
     prefill_urls += (i ? "," : "") + supervisor_.spec(prefill.back()).health_url;
   }
+  std::vector<std::string> decode_args = {"--role",
+                                          "decode",
+                                          "--prefill-peers",
+                                          prefill_urls,
+                                          "--tensor-parallel-size",
+                                          std::to_string(f_.decode_tp),
+                                          "--data-parallel-size",
+                                          std::to_string(f_.decode_dp),
+                                          "--kv-wait-warm-ms",
+                                          std::to_string(f_.kv_wait_warm_ms),
+                                          "--local-prefill-max-tokens",
+                                          std::to_string(f_.local_prefill_max_tokens)};
+  if (f_.routing == "kv-aware") {  // the decode instances pick their prefill instance the same way
+    decode_args.insert(decode_args.end(),
+                       {"--prefill-routing", "kv-aware", "--prefill-kv-compute-weight",
+                        std::to_string(f_.kv.compute_weight), "--prefill-kv-load-weight",
+                        std::to_string(f_.kv.load_weight)});
+  }
   for (int j = 0; j < f_.num_decode; ++j) {
-    decode.push_back(AddInstance(
-        "decode " + std::to_string(j), f_.port + 1 + f_.num_prefill + j,
-        {"--role", "decode", "--prefill-peers", prefill_urls, "--tensor-parallel-size",
-         std::to_string(f_.decode_tp), "--data-parallel-size", std::to_string(f_.decode_dp),
-         "--kv-wait-warm-ms", std::to_string(f_.kv_wait_warm_ms), "--local-prefill-max-tokens",
-         std::to_string(f_.local_prefill_max_tokens)}));
+    decode.push_back(
+        AddInstance("decode " + std::to_string(j), f_.port + 1 + f_.num_prefill + j, decode_args));
     decode_urls_.push_back(supervisor_.spec(decode.back()).health_url);
   }
   for (size_t k : prefill) RETURN_IF_ERROR(supervisor_.Start(k));

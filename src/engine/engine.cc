@@ -568,56 +568,10 @@ Result<std::unique_ptr<Engine>> Engine::CreateWithRunner(std::unique_ptr<ModelRu
   return std::unique_ptr<Engine>(std::move(engine));
 }
 
-namespace {
-
-// The target's and the draft's runners over one page budget (spec_draft_model.h).
-Result<std::unique_ptr<Engine>> CreateWithDraftModel(const model::ModelWeights& weights,
-                                                     const EngineOptions& options) {
-  std::unique_ptr<model::ModelWeights> owned;
-  const model::ModelWeights* draft_weights = options.draft_weights;
-  if (draft_weights == nullptr) {
-    const std::string& dir = options.speculative.model;
-    if (dir.empty()) return InvalidArgument("--speculative-config: draft_model needs \"model\"");
-    Result<model::ModelWeights> loaded = model::LoadModelWeights(dir);
-    if (!loaded.ok()) return loaded.status().WithContext("draft model " + dir);
-    owned = std::make_unique<model::ModelWeights>(std::move(loaded).value());
-    draft_weights = owned.get();
-  }
-  RETURN_IF_ERROR(CheckDraftVocab(weights.config, draft_weights->config));
-  ModelRunnerOptions target_options = options.runner;
-  if (target_options.num_pages == 0) {  // one page of the budget: a target and a draft page
-    ASSIGN_OR_RETURN(size_t target_bytes, KvPageBytesAllRanks(weights.config, options.runner));
-    ASSIGN_OR_RETURN(size_t draft_bytes,
-                     KvPageBytesAllRanks(draft_weights->config, options.runner));
-    const size_t num_pages = options.runner.kv_cache_bytes / (target_bytes + draft_bytes);
-    if (num_pages < 1) {
-      return InvalidArgument("kv_cache_bytes " + std::to_string(options.runner.kv_cache_bytes) +
-                             " holds no page: one takes " + std::to_string(target_bytes) +
-                             " bytes for the target and " + std::to_string(draft_bytes) +
-                             " for the draft model");
-    }
-    target_options.num_pages = static_cast<int>(std::min<size_t>(num_pages, 1 << 30));
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
-                   ModelRunner::Create(weights, target_options));
-  ModelRunnerOptions draft_options = target_options;
-  draft_options.tracer = nullptr;  // the target's layers stand for the step
-  Result<std::unique_ptr<ModelRunner>> draft_runner =
-      ModelRunner::Create(*draft_weights, draft_options);
-  if (!draft_runner.ok()) return draft_runner.status().WithContext("draft model");
-  ASSIGN_OR_RETURN(std::unique_ptr<DraftModel> draft,
-                   DraftModel::Create(std::move(draft_runner).value(), std::move(owned)));
-  ASSIGN_OR_RETURN(std::unique_ptr<SteppedEngine> engine,
-                   CreateSteppedEngine(std::move(runner), options, std::move(draft)));
-  return std::unique_ptr<Engine>(std::move(engine));
-}
-
-}  // namespace
-
 Result<std::unique_ptr<Engine>> Engine::Create(const model::ModelWeights& weights,
                                                const EngineOptions& options) {
   if (options.speculative.method == SpecMethod::kDraftModel)
-    return CreateWithDraftModel(weights, options);
+    return CreateDraftModelEngine(weights, options);
   ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
                    ModelRunner::Create(weights, options.runner));
   return CreateWithRunner(std::move(runner), options);

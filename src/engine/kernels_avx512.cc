@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "engine/exp_avx512.h"
 #include "engine/kernels.h"
 #include "engine/kv_fp8_avx512.h"
 
@@ -131,24 +132,6 @@ void Matmul(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, in
   } else {
     MatmulT<false>(x, rows, ldx, w, n_begin, n_end, out, ldo);
   }
-}
-
-// exp(x) for x <= 0 (softmax arguments): Cody-Waite range reduction and a degree-6 polynomial,
-// about 2 ulp; exp(-inf) = 0.
-inline __m512 Exp(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
 }
 
 inline const uint8_t* KvRow(const PagedKv& kv, const int32_t* table, int pos, int head, int which) {

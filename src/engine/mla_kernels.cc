@@ -83,12 +83,17 @@ void MlaMergePartials(const MlaPartial* parts, int num_parts, int num_heads, int
       for (int i = 0; i < R; ++i) o[i] = acc[i] * inv;
       continue;
     }
-    for (int i = 0; i < R; ++i) {
-      float sum = 0;
-      for (int p = 0; p < num_parts; ++p)
-        sum += parts[p].acc[static_cast<int64_t>(h) * R + i] * std::exp(parts[p].m[h] - m);
-      o[i] = sum * inv;
+    // o = sum_p acc_p * exp(m_p - M) in part order, one exp per part and head.
+    for (int p = 0; p < num_parts; ++p) {
+      const float w = std::exp(parts[p].m[h] - m);
+      const float* acc = parts[p].acc + static_cast<int64_t>(h) * R;
+      if (p == 0) {
+        for (int i = 0; i < R; ++i) o[i] = acc[i] * w;
+      } else {
+        for (int i = 0; i < R; ++i) o[i] += acc[i] * w;
+      }
     }
+    for (int i = 0; i < R; ++i) o[i] *= inv;
   }
 }
 

@@ -64,10 +64,11 @@ inline size_t MlaPartialFloats(int num_heads, int kv_lora_rank) {
 constexpr int kMlaBlock = 32;
 
 // Scratch floats one chunk-kernel call needs: a block of rows as f32 (padded to whole vectors),
-// a block of scores per head, the token's queries padded, and a correction per head.
+// a block of scores per head, the token's queries padded, a correction per head, and (bf16
+// latents, read in place) an accumulator per head padded to 32.
 inline size_t MlaChunkScratchFloats(int num_heads, int latent_dim) {
-  const size_t h = static_cast<size_t>(num_heads), padded = static_cast<size_t>(latent_dim) + 16;
-  return kMlaBlock * padded + h * kMlaBlock + h * padded + h + 64;
+  const size_t h = static_cast<size_t>(num_heads), padded = static_cast<size_t>(latent_dim) + 32;
+  return kMlaBlock * padded + h * kMlaBlock + 2 * h * padded + h + 64;
 }
 
 // The MLA kernels of one instruction set.

@@ -37,14 +37,15 @@ struct Batch {
   std::vector<float> q;
   int num_tokens = 0;
   int max_pos = 0;
+  int heads = kHeads;
   MlaAttentionArgs Args(float* out) const {
     MlaAttentionArgs a;
     a.kv = kv;
-    a.num_heads = kHeads;
+    a.num_heads = heads;
     a.q = q.data();
-    a.ldq = kHeads * kL + 5;
+    a.ldq = heads * kL + 5;
     a.out = out;
-    a.ldo = kHeads * kR + 3;
+    a.ldo = heads * kR + 3;
     a.seqs = seqs.data();
     a.num_seqs = static_cast<int>(seqs.size());
     a.token_seq = token_seq.data();
@@ -55,8 +56,9 @@ struct Batch {
 };
 
 // dtype 0 f32, 1 bf16, 2 fp8 (latent scale 0.75).
-Batch MakeBatch(int dtype) {
+Batch MakeBatch(int dtype, int heads = kHeads) {
   Batch b;
+  b.heads = heads;
   const int num_pages = 200;
   b.kv.page_size = kPage;
   b.kv.latent_dim = kL;
@@ -85,7 +87,7 @@ Batch MakeBatch(int dtype) {
     b.max_pos = std::max(b.max_pos, len - 1);
   }
   b.num_tokens = token;
-  b.q = Random(static_cast<size_t>(token) * (kHeads * kL + 5), 7);
+  b.q = Random(static_cast<size_t>(token) * (heads * kL + 5), 7);
   return b;
 }
 
@@ -121,6 +123,24 @@ TEST_P(MlaIsaTest, ParallelAttentionMatchesReference) {
       for (int t = 0; t < b.num_tokens; ++t)  // the row padding past H*R is never written
         for (int64_t i = kHeads * kR; i < ldo; ++i) EXPECT_EQ(got[t * ldo + i], -7.0f);
     }
+}
+
+// 9 heads: whole 4-head register tiles (whose 16 scores are reduced together) and a tail tile.
+TEST_P(MlaIsaTest, WholeHeadTilesMatchReference) {
+  const MlaIsaKernels& isa = MlaKernelsFor(GetParam());
+  constexpr int kManyHeads = 9;
+  for (int dtype : {0, 1, 2}) {
+    const Batch b = MakeBatch(dtype, kManyHeads);
+    const int64_t ldo = kManyHeads * kR + 3;
+    std::vector<float> want(b.num_tokens * ldo, -7.0f), got(b.num_tokens * ldo, -7.0f);
+    std::vector<float> scratch(b.max_pos + 1);
+    ref::MlaAttention(b.Args(want.data()), scratch.data());
+    ThreadPool pool(2);
+    MlaWorkspace ws;
+    ParallelMlaAttention(pool, isa, b.Args(got.data()), &ws);
+    EXPECT_LT(MaxAbsDiff(got.data(), want.data(), b.num_tokens, kManyHeads * kR, ldo), 2e-5)
+        << isa.name << " dtype=" << dtype;
+  }
 }
 
 TEST_P(MlaIsaTest, ChunkKernelSplitsMergeToTheWholeRange) {

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/log.h"
+#include "engine/engine_stepped.h"
 #include "engine/rank_runner.h"
 #include "engine/spec_decode.h"
 #include "engine/tp_shard.h"
@@ -212,6 +213,58 @@ Status DraftModel::Propose(std::span<const DraftRequest> requests,
     active = std::move(next);
   }
   return OkStatus();
+}
+
+// The target's and the draft's runners over one page budget (spec_draft_model.h).
+Result<std::unique_ptr<Engine>> CreateDraftModelEngine(const model::ModelWeights& weights,
+                                                       const EngineOptions& options) {
+  std::unique_ptr<model::ModelWeights> owned;
+  const model::ModelWeights* draft_weights = options.draft_weights;
+  if (draft_weights == nullptr) {
+    const std::string& dir = options.speculative.model;
+    if (dir.empty()) return InvalidArgument("--speculative-config: draft_model needs \"model\"");
+    Result<model::ModelWeights> loaded = model::LoadModelWeights(dir);
+    if (!loaded.ok()) return loaded.status().WithContext("draft model " + dir);
+    owned = std::make_unique<model::ModelWeights>(std::move(loaded).value());
+    draft_weights = owned.get();
+  }
+  RETURN_IF_ERROR(CheckDraftVocab(weights.config, draft_weights->config));
+  const int draft_positions = draft_weights->config.max_position_embeddings;
+  const int target_positions = weights.config.max_position_embeddings;
+  const int max_model_len = target_positions > 0
+                                ? std::min(options.scheduler.max_model_len, target_positions)
+                                : options.scheduler.max_model_len;
+  if (draft_positions > 0 && draft_positions < max_model_len) {
+    return InvalidArgument("draft model: max_position_embeddings " +
+                           std::to_string(draft_positions) + " is below max_model_len " +
+                           std::to_string(max_model_len) + " (lower --max-model-len)");
+  }
+  ModelRunnerOptions target_options = options.runner;
+  if (target_options.num_pages == 0) {  // one page of the budget: a target and a draft page
+    ASSIGN_OR_RETURN(size_t target_bytes, KvPageBytesAllRanks(weights.config, options.runner));
+    ASSIGN_OR_RETURN(size_t draft_bytes,
+                     KvPageBytesAllRanks(draft_weights->config, options.runner));
+    const size_t num_pages = options.runner.kv_cache_bytes / (target_bytes + draft_bytes);
+    if (num_pages < 1) {
+      return InvalidArgument("kv_cache_bytes " + std::to_string(options.runner.kv_cache_bytes) +
+                             " holds no page: one takes " + std::to_string(target_bytes) +
+                             " bytes for the target and " + std::to_string(draft_bytes) +
+                             " for the draft model");
+    }
+    target_options.num_pages = static_cast<int>(std::min<size_t>(num_pages, 1 << 30));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
+                   ModelRunner::Create(weights, target_options));
+  ModelRunnerOptions draft_options = target_options;
+  draft_options.tracer = nullptr;  // the target's layers stand for the step
+  Result<std::unique_ptr<ModelRunner>> draft_runner =
+      ModelRunner::Create(*draft_weights, draft_options);
+  if (!draft_runner.ok()) return draft_runner.status().WithContext("draft model");
+  ASSIGN_OR_RETURN(std::unique_ptr<DraftModel> draft,
+                   DraftModel::Create(std::move(draft_runner).value(), std::move(owned)));
+  ASSIGN_OR_RETURN(std::unique_ptr<SteppedEngine> engine,
+                   CreateSteppedEngine(std::move(runner), options, std::move(draft)));
+  return std::unique_ptr<Engine>(std::move(engine));
 }
 
 SampleResult VerifyDraft(RequestSampler& sampler, std::span<const float> logits,

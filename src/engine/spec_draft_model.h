@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
@@ -104,6 +105,11 @@ class DraftModel {
   ForwardOutput out_;
   std::vector<std::vector<int32_t>> tokens_;  // per batch row: the tokens it runs
 };
+
+// Engine::Create for method "draft_model": loads speculative.model (unless draft_weights is
+// given), checks the tokenizer and positions, splits the page budget and makes both runners.
+Result<std::unique_ptr<Engine>> CreateDraftModelEngine(const model::ModelWeights& weights,
+                                                       const EngineOptions& options);
 
 // Position j of a verification with a full draft distribution q (draft_model, sampled): p is the
 // target's under the request's sampling parameters, and RejectionSample (two draws of the

@@ -194,7 +194,8 @@ TEST(DraftModelEngineTest, GreedyOutputsEqualNoSpeculation) {
   const Case cases[] = {
       {"qwen3 tp1", &dense->weights, 1},
       {"qwen3 tp2", &dense->weights, 2},
-      {"deepseek_v3 tp1", &testing::SyntheticTinyModel(model::Arch::kDeepseekV3), 1}};
+      {"deepseek_v3 tp1", &testing::SyntheticTinyModel(model::Arch::kDeepseekV3), 1},
+      {"deepseek_v3 tp2", &testing::SyntheticTinyModel(model::Arch::kDeepseekV3), 2}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const int vocab = c.weights->config.vocab_size;
@@ -359,7 +360,7 @@ TEST(DraftModelEngineTest, PreemptionAndAbortsLeaveEveryPageFree) {
 }
 
 // The refusals name what is wrong.
-TEST(DraftModelEngineTest, RefusesAnotherTokenizerAndMissingCheckpoint) {
+TEST(DraftModelEngineTest, RefusesAnotherTokenizerMissingCheckpointAndGivenRunner) {
   TinyModelOptions o;
   auto target = MakeTinyModel(o);
   o.vocab = 61;
@@ -381,6 +382,20 @@ TEST(DraftModelEngineTest, RefusesAnotherTokenizerAndMissingCheckpoint) {
   e = Engine::Create(target->weights, eo);
   ASSERT_FALSE(e.ok());
   EXPECT_THAT(e.status().message(), HasSubstr("for the draft model"));
+  auto short_draft = FirstLayersOf(target->weights, 1);
+  ASSERT_TRUE(short_draft.ok());
+  short_draft->config.max_position_embeddings = 64;  // below max_model_len 96
+  eo.draft_weights = &*short_draft;
+  eo.runner.num_pages = 32;
+  e = Engine::Create(target->weights, eo);
+  ASSERT_FALSE(e.ok());
+  EXPECT_THAT(e.status().message(), HasSubstr("max_position_embeddings 64 is below max_model_len"));
+  // A given runner (and so the data-parallel engine) has no draft model to run.
+  auto runner = ModelRunner::Create(target->weights, BaseOptions(1, 32).runner);
+  ASSERT_TRUE(runner.ok());
+  e = Engine::CreateWithRunner(std::move(runner).value(), eo);
+  ASSERT_FALSE(e.ok());
+  EXPECT_THAT(e.status().message(), HasSubstr("\"draft_model\" runs in an engine made by"));
 }
 
 // kv_cache_bytes is split so that the target and the draft have one page count: a draft of one

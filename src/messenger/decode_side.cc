@@ -46,6 +46,7 @@ Status DecodeMessenger::Impl::Init() {
           ? "; one region per data-parallel rank, a request's KV written to its rank's alone"
           : "");
   for (int i = slots - 1; i >= 0; --i) free_meta_slots_.push_back(i);
+  TellPeers();  // before the messenger thread, which owns peers_ from now on
   thread_ = std::thread([this] { Loop(); });
   if (options_.resolve_address) resolver_ = std::thread([this] { ResolveLoop(); });
   return OkStatus();
@@ -376,15 +377,38 @@ std::vector<PeerStatus> DecodeMessenger::Impl::Peers() const {
   return peer_status_;
 }
 
-int DecodeMessenger::Impl::PickPeer(const Req& r) const {
-  int best = -1;
+std::vector<int> DecodeMessenger::Impl::Eligible(const Req& r) const {
+  std::vector<int> out;
   for (size_t i = 0; i < peers_.size(); ++i) {
     const Peer& p = peers_[i];
     if (p.state != PeerStatus::State::kAccepted || p.removed) continue;
     if (std::find(r.tried.begin(), r.tried.end(), static_cast<int>(i)) != r.tried.end()) continue;
-    if (best < 0 || p.outstanding < peers_[best].outstanding) best = static_cast<int>(i);
+    out.push_back(static_cast<int>(i));
   }
+  return out;
+}
+
+int DecodeMessenger::Impl::PickPeer(const Req& r) const {
+  const std::vector<int> eligible = Eligible(r);
+  if (eligible.empty()) return -1;
+  if (options_.choose_prefill) {
+    std::vector<PrefillCandidate> candidates;
+    for (int i : eligible) candidates.push_back({peers_[i].config.name, peers_[i].outstanding});
+    const int k = options_.choose_prefill(r.info->prefill_tokens, candidates);
+    if (k >= 0 && k < static_cast<int>(eligible.size())) return eligible[k];
+  }
+  int best = eligible[0];
+  for (int i : eligible)
+    if (peers_[i].outstanding < peers_[best].outstanding) best = i;
   return best;
+}
+
+void DecodeMessenger::Impl::TellPeers() const {
+  if (!options_.on_peers) return;
+  std::vector<std::string> names;
+  for (const Peer& p : peers_)
+    if (!p.removed) names.push_back(p.config.name);
+  options_.on_peers(names);
 }
 
 // ------------------------------------------------------------------ public

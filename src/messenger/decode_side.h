@@ -9,29 +9,30 @@
 // shared from it), takes a slot of the registered metadata buffer, expects ExpectedWrites(...) KV
 // page writes for pages [H, end) carrying a fresh imm and one metadata write carrying another, and
 // sends a PrefillRequest (the prompt without its last token, first_page = H) to the accepted
-// prefill instance with the least outstanding work, which computes the prompt (from its own prefix
-// cache where it can) and writes only pages [H, end). When the KV
-// counter fires the request is MarkKvReady'd and its last prompt token runs as its first decode
-// step: it does not wait for the metadata, which the prefill instance can write only after its
-// step's last MLP and final norm. The metadata slot stays fenced until the metadata lands (then
-// on_metadata), the instance answers PrefillDone, is unreachable, or fence_grace_s past the
-// attempt's deadline; a metadata that never lands is counted (metadata_missing) and fails nothing,
-// and a request that ends first frees its pages as usual. A prefill instance that fails, answers
-// PrefillDone with an error or misses the transfer deadline is sent a Cancel; the request is
-// retried once on another instance (its pages stay reserved and are rewritten; a fresh imm and a
-// fresh wire id make late writes and messages of the first attempt uncountable), else it ends with
-// kError and a message that says what happened. Aborts cancel the transfer. The messenger holds a
-// page reference of its own for every attempt: an attempt that ends before its writes landed
-// leaves that reference and its metadata slot in a fence (quarantine) until the prefill instance
-// confirms it stopped writing (PrefillDone, sent only once every write it posted came back) or
-// its keys are revoked, so a late write never lands in pages or a slot another request uses.
-// Each prefill instance writes through regions registered for it alone; revoking its keys
-// deregisters them and registers them anew (the next PrefillRequest carries the new keys), after
-// which the provider rejects whatever that instance still has queued. Keys are revoked when the
-// instance is marked down (a send failed or was not delivered in time) while it may still write,
-// and when a fence outlives the attempt's deadline by fence_grace_s: a live instance that never
-// confirms is marked down rather than trusted, so no page goes back on a timer alone. One-token
-// prompts need no transfer and run as plain requests.
+// prefill instance choose_prefill picks (by default the one with the least outstanding work;
+// kv-aware: where the prompt's prefix is cached, weighed against load), which computes the prompt
+// (from its own prefix cache where it can) and writes only pages [H, end). When the KV counter
+// fires the request is MarkKvReady'd and its last prompt token runs as its first decode step: it
+// does not wait for the metadata, which the prefill instance can write only after its step's last
+// MLP and final norm. The metadata slot stays fenced until the metadata lands (then on_metadata),
+// the instance answers PrefillDone, is unreachable, or fence_grace_s past the attempt's deadline; a
+// metadata that never lands is counted (metadata_missing) and fails nothing, and a request that
+// ends first frees its pages as usual. A prefill instance that fails, answers PrefillDone with an
+// error or misses the transfer deadline is sent a Cancel; the request is retried once on another
+// instance (its pages stay reserved and are rewritten; a fresh imm and a fresh wire id make late
+// writes and messages of the first attempt uncountable), else it ends with kError and a message
+// that says what happened. Aborts cancel the transfer. The messenger holds a page reference of its
+// own for every attempt: an attempt that ends before its writes landed leaves that reference and
+// its metadata slot in a fence (quarantine) until the prefill instance confirms it stopped writing
+// (PrefillDone, sent only once every write it posted came back) or its keys are revoked, so a late
+// write never lands in pages or a slot another request uses. Each prefill instance writes through
+// regions registered for it alone; revoking its keys deregisters them and registers them anew (the
+// next PrefillRequest carries the new keys), after which the provider rejects whatever that
+// instance still has queued. Keys are revoked when the instance is marked down (a send failed or
+// was not delivered in time) while it may still write, and when a fence outlives the attempt's
+// deadline by fence_grace_s: a live instance that never confirms is marked down rather than
+// trusted, so no page goes back on a timer alone. One-token prompts need no transfer and run as
+// plain requests.
 //
 // Thread safety: every public method may be called from any thread. One messenger thread owns
 // requests and peers; the domain worker and the engine thread post tasks to it.
@@ -42,6 +43,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -58,6 +60,12 @@ namespace pd::messenger {
 struct PrefillPeer {
   std::string name;            // for messages, e.g. the bootstrap URL
   std::string fabric_address;  // the prefill instance's endpoint name
+};
+
+// A prefill instance a request may be sent to, as DecodeMessengerOptions::choose_prefill sees it.
+struct PrefillCandidate {
+  std::string_view name;  // PrefillPeer::name (its base URL)
+  int outstanding = 0;    // attempts in flight there
 };
 
 struct DecodeMessengerOptions {
@@ -93,8 +101,22 @@ struct DecodeMessengerOptions {
   // the prefix cache holds (and less its last token), is at most this many tokens runs here as
   // an ordinary request, no prefill instance involved (counted in local_prefills). Otherwise
   // only the pages the prefix cache lacks are asked for and transferred. -1: never (every prompt
-  // of 2+ tokens is sent to a prefill instance, the cached pages still left out).
+  // of 2+ tokens is sent to a prefill instance, the cached pages still left out). serve's and up's
+  // flag default is engine::kDefaultLocalPrefillMaxTokens; the messenger's own is -1, so that a
+  // messenger made in code moves every prompt's KV unless told otherwise.
   int local_prefill_max_tokens = -1;
+  // Which prefill instance an attempt goes to (serve --prefill-routing kv-aware: the one where the
+  // prompt costs least, server/kv_choice.h): an index into `candidates` (the instances accepted,
+  // not removed and not yet tried for this request), or -1 for the default, the one with the
+  // fewest attempts in flight (also used when this is empty). `prefill_tokens` is what the
+  // prefill instance runs (the prompt less its last token). Messenger thread; must not block.
+  std::function<int(std::span<const int32_t> prefill_tokens,
+                    std::span<const PrefillCandidate> candidates)>
+      choose_prefill;
+  // Told the names of the prefill instances in use (not removed), at Create and whenever SetPeers
+  // changes them, e.g. to follow their prefix caches for choose_prefill. Messenger thread (Create's
+  // for the first call); must not block.
+  std::function<void(const std::vector<std::string>& names)> on_peers;
   // An attempt that ended early (failed, cancelled, aborted) keeps its pages and metadata slot out
   // of use until its prefill instance answers PrefillDone (sent once all its writes came back) or
   // its keys are revoked. If no PrefillDone came this long past the attempt's deadline, the

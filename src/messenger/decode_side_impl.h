@@ -203,7 +203,12 @@ class DecodeMessenger::Impl {
   void Fail(Req* r, const Status& status);
   void OnEnded(int64_t id);
   void CheckDeadlines();
+  // The peers r's next attempt may go to (accepted, not removed, not tried), and the one it goes
+  // to (options_.choose_prefill, else the fewest attempts in flight); -1 when there is none.
+  std::vector<int> Eligible(const Req& r) const;
   int PickPeer(const Req& r) const;
+  // options_.on_peers with the names of the peers not removed.
+  void TellPeers() const;
   // Copies peers_[peer]'s name, state, reason and outstanding to peer_status_ and wakes
   // WaitForPeers: call after changing any of them.
   void PublishPeer(int peer) EXCLUDES(peers_mu_);

@@ -118,6 +118,7 @@ void DecodeMessenger::Impl::ApplyPeers(const std::vector<PrefillPeer>& wanted) {
     p.removed = true;
     PublishPeer(static_cast<int>(i));
   }
+  TellPeers();
 }
 
 }  // namespace pd::messenger

@@ -477,7 +477,7 @@ void DecodeMessenger::Impl::FailAttempt(Req* r, const Status& status) {
                               {"error", status.ToString()}});
   }
   EndAttempt(r, /*fence=*/true);
-  if (Retryable(status.code()) && r->attempts < options_.max_attempts && PickPeer(*r) >= 0) {
+  if (Retryable(status.code()) && r->attempts < options_.max_attempts && !Eligible(*r).empty()) {
     owner_->metrics_.Retried();
     StartAttempt(r, status);  // before the Cancel, which a dead peer may hold up
   } else {

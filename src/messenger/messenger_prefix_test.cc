@@ -3,7 +3,8 @@
 // computes a short uncached part itself (local_prefill_max_tokens). Greedy tokens and logprobs
 // must equal a colocated engine's without a cache, the transfer must carry exactly the pages
 // decode lacked, and every page on both sides must end free or cached-evictable with the page
-// recount (Engine::CheckPages) clean, also after aborts and a prefill instance that stops.
+// recount (Engine::CheckPages) clean, also after eviction, aborts and a prefill instance that
+// stops.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -242,16 +243,25 @@ TEST(PrefixSplitLocalTest, AShortUncachedPartIsComputedOnTheDecodeInstance) {
   split->StopAndCheckPages();
 }
 
-// Requests sharing a cached prefix aborted while their suffix is in flight, then the prefill
-// instance stopped under a transfer: every page ends free or cached-evictable on both sides, and
-// the recount agrees.
-TEST(PrefixSplitLeakTest, AbortsAndAStoppedPrefillLeaveEveryPageFreeOrCached) {
+// Eviction on both sides (more distinct prompts than either engine's 48 pages hold), requests
+// sharing a cached prefix aborted while their suffix is in flight, then the prefill instance
+// stopped under a transfer: every page ends free or cached-evictable on both sides, and the
+// recount of each engine's pages and prefix-cache counts agrees.
+TEST(PrefixSplitLeakTest, EvictionAbortsAndAStoppedPrefillLeaveEveryPageFreeOrCached) {
   const Shape s{engine::KvLayout::kHND, 4, 8};  // small chunks: transfers take several steps
   auto split = StartSplit(s, /*local_prefill_max_tokens=*/-1);
   if (split == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
   DecodeMessenger& decode = *split->decode;
   const auto head = PromptOf(24, 4);
   ASSERT_EQ(RunOne(decode, head).finish, engine::FinishReason::kLength);
+  // 6 prompts of 11 pages each: the least recently used cached pages, the head's first, go.
+  for (int i = 0; i < 6; ++i)
+    ASSERT_EQ(RunOne(decode, PromptOf(40, 30 + i)).finish, engine::FinishReason::kLength);
+  const RunResult again = RunOne(decode, head);
+  ASSERT_EQ(again.finish, engine::FinishReason::kLength);
+  EXPECT_EQ(again.num_cached_tokens, 0) << "the head's pages were not evicted";
+  EXPECT_TRUE(AllPagesFree(decode));
+  EXPECT_TRUE(AllPagesFree(*split->prefill->engine));
   {
     std::vector<std::unique_ptr<testing::PendingRequest>> pending;
     for (int i = 0; i < 4; ++i) {

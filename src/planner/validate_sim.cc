@@ -59,6 +59,9 @@ class UpProcess {
     add("--max-num-batched-tokens", o.max_num_batched_tokens);
     add("--trace-max-events", kTraceMaxEvents);
     if (o.pin_cores) so.argv.insert(so.argv.end(), {"--pin-cores", "--pin-whole-instances"});
+    // The simulator sends every prompt to the prefill instance: so does the deployment it is
+    // checked against (no short prompt computed on the decode instance).
+    add("--local-prefill-max-tokens", -1);
     so.die_with_parent = true;
     const int log = open(o.up_log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (log < 0) return IoError(o.up_log + ": " + std::strerror(errno));

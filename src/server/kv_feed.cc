@@ -84,7 +84,7 @@ Status KvEventFeed::PollOnce(Poller* p, httplib::Client& client) {
     return Unavailable("GET /v1/kv_events: HTTP " + std::to_string(res->status) + ": " +
                        res->body.substr(0, 200));
   ASSIGN_OR_RETURN(KvEventsReply reply, ParseKvEventsJson(res->body));
-  if (reply.tokenizer != options_.tokenizer_fingerprint)
+  if (options_.check_tokenizer && reply.tokenizer != options_.tokenizer_fingerprint)
     return FailedPrecondition("it tokenizes differently from the router's --model (tokenizer " +
                               std::to_string(reply.tokenizer) + ", the router's " +
                               std::to_string(options_.tokenizer_fingerprint) +
@@ -124,8 +124,8 @@ void KvEventFeed::Run(Poller* p) {
     failures_.fetch_add(1);
     index_->MarkUnsynced(p->url, s.message());
     p->epoch = p->seq = 0;  // the next poll asks for a snapshot
-    PD_LOG_WARN_EVERY_N_SEC(10.0, p->url, "router: KV events of {}: {}; routed by load only",
-                            p->url, s.message());
+    PD_LOG_WARN_EVERY_N_SEC(10.0, p->url, "{}: KV events of {}: {}; chosen by load only",
+                            options_.log_name, p->url, s.message());
     MutexLock lock(&p->mu);
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.retry_ms);

@@ -30,6 +30,10 @@ struct KvFeedOptions {
   int wait_ms = 1000;                  // each long poll's wait for an event
   int retry_ms = 500;                  // after a failure
   int timeout_ms = 10000;              // connect and read, beyond wait_ms
+  // false: the listener hands the instances token ids, not text (a decode instance choosing its
+  // prefill instance), so how they tokenize does not matter.
+  bool check_tokenizer = true;
+  std::string log_name = "router";  // who says so in the log
 };
 
 class KvEventFeed {

@@ -18,60 +18,16 @@
 #include "server/router.h"
 #include "server/test_fakes.h"
 #include "server/test_http.h"
+#include "server/test_kv_backend.h"
 
 namespace pd::server {
 namespace {
 
 using namespace std::chrono_literals;
-constexpr int kPage = 4;
-constexpr uint64_t kRoot = 1234;
+constexpr int kPage = testing::kKvBackendPage;
+constexpr uint64_t kRoot = testing::kKvBackendRoot;
 
-// A colocated instance's HTTP surface as the router sees it: completions (counted) and the KV
-// events of a prefix cache the test fills.
-class KvBackend {
- public:
-  explicit KvBackend(uint64_t tokenizer_fingerprint) : fingerprint_(tokenizer_fingerprint) {
-    log_.SetFormat(kRoot, kPage);
-    server_.Post("/v1/completions", [this](const httplib::Request&, httplib::Response& res) {
-      ++completions_;
-      res.set_content("{}", "application/json");
-    });
-    server_.Get("/v1/kv_events", [this](const httplib::Request& req, httplib::Response& res) {
-      if (failing_) {
-        res.status = 500;
-        return;
-      }
-      HandleKvEvents(&log_, fingerprint_.load(), req, res);
-    });
-    port_ = server_.bind_to_any_port("127.0.0.1");
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
-  }
-  ~KvBackend() {
-    log_.Close();
-    server_.stop();
-    thread_.join();
-  }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
-  // Caches the full pages of `tokens` (all but the last token's), as the engine would.
-  void Cache(const std::vector<int32_t>& tokens) {
-    std::vector<uint64_t> keys;
-    const std::span<const int32_t> t(tokens);
-    engine::ExtendPageKeys(kRoot, t.first((tokens.size() - 1) / kPage * kPage), kPage, &keys);
-    for (uint64_t k : keys) log_.OnStored(k);
-  }
-  int completions() const { return completions_.load(); }
-  void set_failing(bool f) { failing_ = f; }
-  void set_fingerprint(uint64_t f) { fingerprint_ = f; }
-
- private:
-  engine::KvEventLog log_;
-  std::atomic<uint64_t> fingerprint_;
-  std::atomic<bool> failing_{false};
-  std::atomic<int> completions_{0};
-  httplib::Server server_;
-  int port_ = 0;
-  std::thread thread_;
-};
+using testing::KvBackend;
 
 class RouterKvTest : public ::testing::Test {
  protected:

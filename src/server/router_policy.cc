@@ -4,7 +4,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "engine/prefix_cache.h"
+#include "server/kv_choice.h"
 #include "server/openai_protocol.h"
 #include "server/prompt_tokens.h"
 #include "server/router.h"
@@ -82,46 +82,17 @@ UpstreamTarget* Router::PickRoundRobin() {
 UpstreamTarget* Router::PickKvAware(const httplib::Request& req) {
   const std::vector<int32_t> tokens = RequestPrompt(req, *options_.kv.tokenizer);
   if (tokens.size() < 2) return nullptr;
-  // The instance computes the last prompt token whatever it holds: keys of the full pages before.
-  const std::span<const int32_t> keyed(tokens.data(), tokens.size() - 1);
-  struct Keys {
-    uint64_t root;
-    int page_size;
-    std::vector<uint64_t> keys;
-  };
-  std::vector<Keys> by_format;  // one per (root, page size) among the backends: usually one
-  auto keys_for = [&](uint64_t root, int page_size) -> const std::vector<uint64_t>& {
-    for (const Keys& k : by_format)
-      if (k.root == root && k.page_size == page_size) return k.keys;
-    Keys k{root, page_size, {}};
-    engine::ExtendPageKeys(root, keyed.first(keyed.size() / page_size * page_size), page_size,
-                           &k.keys);
-    by_format.push_back(std::move(k));
-    return by_format.back().keys;
-  };
   const int64_t now = NowNs();
   MutexLock lock(&backends_mu_);
   std::vector<UpstreamTarget*> targets;
-  std::vector<KvCandidate> candidates;
-  int any_page_size = 16;  // an unsynced backend's prompt pages are counted in a synced one's
+  std::vector<KvPeerLoad> peers;
   for (UpstreamTarget* b : backends_) {
     if (RefusedLately(b, now)) continue;
-    const KvBackendState state = kv_index_->State(b->url);
-    KvCandidate c;
-    c.load = b->outstanding.load();
-    if (state.synced && state.page_size > 0) {
-      const std::vector<uint64_t>& keys = keys_for(state.root, state.page_size);
-      c.prompt_pages = static_cast<int>(keys.size());
-      c.cached_pages = kv_index_->CachedPages(b->url, keys);
-      any_page_size = state.page_size;
-    }
     targets.push_back(b);
-    candidates.push_back(c);
+    peers.push_back({b->url, b->outstanding.load()});
   }
   if (targets.empty()) return nullptr;
-  for (KvCandidate& c : candidates) {
-    if (c.cached_pages < 0) c.prompt_pages = static_cast<int>(keyed.size()) / any_page_size;
-  }
+  const std::vector<KvCandidate> candidates = KvCandidatesFor(*kv_index_, tokens, peers);
   const int i = ChooseKvAware(candidates, options_.kv.compute_weight, options_.kv.load_weight,
                               round_robin_.fetch_add(1) % targets.size());
   kv_prompt_pages_.fetch_add(static_cast<uint64_t>(candidates[i].prompt_pages));
