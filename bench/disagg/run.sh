@@ -109,13 +109,13 @@ start_disagg() {
 }
 
 # start_mla_disagg: `pdserve up` of $MLA_MODEL with one prefill and three decode instances, one
-# thread each, unpinned (the mla scenario).
+# thread each, unpinned (the mla scenario); every prompt's KV from the prefill instance.
 start_mla_disagg() {
   local port log
   port=$(free_ports 6)
   log=$OUT/up.$RUN.log
   "$PDSERVE" --log-level warn up --model "$MLA_MODEL" --prefill 1 --decode 3 --port "$port" \
-    --threads 1 "${PROVIDER_FLAGS[@]}" > "$log" 2>&1 &
+    --threads 1 --local-prefill-max-tokens -1 "${PROVIDER_FLAGS[@]}" > "$log" 2>&1 &
   PIDS+=($!)
   wait_for "$log" "router (OpenAI API) on" $! > /dev/null
   URL=http://127.0.0.1:$port
