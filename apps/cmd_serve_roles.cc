@@ -339,6 +339,7 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
       std::max(mo.max_deadline_ms, static_cast<uint32_t>(flags.kv_transfer_timeout_ms));
   mo.peer_silence_s = flags.peer_silence_s;
   mo.kv_checksum = flags.kv_checksum;
+  mo.speculative = flags.speculative;
   mo.tracer = flags.tracer;
   engine::DisaggHooks* hooks = eng->disagg_hooks();
   if (hooks == nullptr) return fail(FailedPrecondition("the engine runs no prefill-only requests"));
@@ -542,6 +543,7 @@ Result<RoleEngine> CreateRoleEngine(const RoleFlags& flags, const model::ModelWe
   ASSIGN_OR_RETURN(mo.nics, messenger::ResolveNics(flags.fabric_nics, flags.fabric_provider));
   mo.transfer_timeout_ms = static_cast<uint32_t>(flags.kv_transfer_timeout_ms);
   mo.kv_checksum = flags.kv_checksum;
+  mo.speculative = flags.speculative;
   mo.local_prefill_max_tokens = flags.local_prefill_max_tokens;
   mo.max_message_bytes = flags.control_message_bytes;
   mo.max_transfers = std::max(mo.max_transfers, ao.max_pending_requests);  // one per request

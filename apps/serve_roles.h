@@ -62,6 +62,9 @@ struct RoleFlags {
   std::string api_key;
   uint64_t tokenizer_fingerprint = 0;
   engine::KvEventLog* kv_events = nullptr;
+  // messenger::SpeculativeIdentity of --speculative-config (set by RunServe): both sides of the
+  // handshake must say the same.
+  std::string speculative;
 };
 
 // A role's engine and, for a decode instance with --discovery, the watch that feeds its messenger

@@ -56,9 +56,16 @@ PrefillRequest SampleDpRequest() {
 
 std::vector<std::pair<std::string, Message>> SampleMessages() {
   const KvFormat format{0x1234, 2, 64, 16, 1, 0};
+  KvFormat speculative = format;  // a Hello of an instance that drafts (wire version 8)
+  speculative.speculative = "draft_model k=4 draft=0123456789abcdef";
   return {
-      {"hello",
-       Hello{"prefill-0", format, {1, 4, false}, "fi-addr", "fi-addr-2", 65536, {"fi-addr-nic1"}}},
+      {"hello", Hello{"prefill-0",
+                      speculative,
+                      {1, 4, false},
+                      "fi-addr",
+                      "fi-addr-2",
+                      65536,
+                      {"fi-addr-nic1"}}},
       {"hello_reply",
        HelloReply{true, "", "decode-0", format, {2, 4, true}, "fi-addr-2", 4096, {}}},
       {"hello_refused",

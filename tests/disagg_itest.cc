@@ -2,7 +2,8 @@
 //   - greedy output through `pdserve up` (1 prefill + 1 decode + router) is token-for-token the
 //     colocated instance's, for prompts of 1 token to several pages, both layouts, page sizes
 //     1/4/16, chunked and whole prefill;
-//   - a handshake mismatch and a wrong cluster secret stop the decode instance with a clear error;
+//   - a handshake mismatch (KV format, speculative config) and a wrong cluster secret stop the
+//     decode instance with a clear error;
 //   - kill -9 of a prefill instance: the request is retried on the other one (2 prefill
 //     instances) or fails with a clear error (1), and the decode instance ends with every page
 //     free;
@@ -314,6 +315,30 @@ TEST(DisaggHandshakeTest, AMismatchStopsTheDecodeInstanceWithTheReason) {
   EXPECT_EQ(decode.Wait(120s), 1);
   EXPECT_THAT(decode.output(), HasSubstr("refused the handshake"));
   EXPECT_THAT(decode.output(), HasSubstr("page_size: ours 16, theirs 8"));
+  EXPECT_EQ(prefill.Stop(SIGTERM, 30s), 0);
+}
+
+// Both roles must run the same speculative decoding (--speculative-config: method and K): a
+// decode instance without it is refused by a prefill instance with it; both name
+// speculative_config with both values.
+TEST(DisaggHandshakeTest, ASpeculativeConfigMismatchIsRefusedOnBothSides) {
+  const int port = PickPort();
+  const std::string secret = SecretFile("secret_spec", "s3cret");
+  Process prefill;
+  ASSERT_TRUE(StartAndWaitFor(
+      prefill,
+      ServeArgs(port + 1,
+                {"--role", "prefill", "--cluster-secret-file", secret, "--speculative-config",
+                 R"({"method":"ngram","num_speculative_tokens":3})"}),
+      "prefill instance on", 120s));
+  Process decode;
+  ASSERT_TRUE(decode.Start(
+      ServeArgs(port + 2, {"--role", "decode", "--cluster-secret-file", secret, "--prefill-peers",
+                           "http://127.0.0.1:" + std::to_string(port + 1)})));
+  EXPECT_EQ(decode.Wait(120s), 1);
+  EXPECT_THAT(decode.output(), HasSubstr("refused the handshake"));
+  EXPECT_THAT(decode.output(), HasSubstr("speculative_config: ours ngram k=3, theirs off"));
+  EXPECT_THAT(prefill.output(), HasSubstr("speculative_config: ours ngram k=3, theirs off"));
   EXPECT_EQ(prefill.Stop(SIGTERM, 30s), 0);
 }
 

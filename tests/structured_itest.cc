@@ -3,7 +3,9 @@
 // with one prefill and one decode instance (the decode instance samples, so it applies the
 // constraint). Every completion, greedy and sampled, validates against its JSON schema (Python's
 // jsonschema) or fully matches its regex (Python's re); a schema or regex that cannot be compiled
-// gets a 400 naming the problem, through the router as well.
+// gets a 400 naming the problem, through the router as well. The same holds with n-gram speculative
+// decoding on (drafts checked against the constraint position by position, then verified), where
+// the instance that samples counts drafts.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -114,27 +116,56 @@ void ExpectValidOutputs(int port, const std::string& where) {
   EXPECT_NE(res->body.find("look-arounds"), std::string::npos) << where << ": " << res->body;
 }
 
+const std::string kNgram =
+    R"({"method":"ngram","num_speculative_tokens":3,"prompt_lookup_min":1,"prompt_lookup_max":2})";
+
 bool HaveJsonschema() {
   return std::system(PD_PYTHON_PATH " -c 'import jsonschema' >/dev/null 2>&1") == 0;
 }
 
-TEST(StructuredItest, ColocatedServeValidates) {
-  if (!HaveJsonschema()) GTEST_SKIP() << "no Python jsonschema (scripts/install-deps.sh)";
-  std::mt19937 rng(static_cast<unsigned>(::getpid()) * 6151u);
+void ServeAndValidate(const std::vector<std::string>& extra, const std::string& where) {
+  std::mt19937 rng(static_cast<unsigned>(::getpid()) * 6151u + extra.size());
   const int port = testing::PickPortBlock(rng, 24000);
   testing::Process serve;
   ASSERT_TRUE(testing::StartAndWaitFor(serve,
-                                       testing::ServeArgv(kBinary, ModelDir(), port, 256, {}),
+                                       testing::ServeArgv(kBinary, ModelDir(), port, 256, extra),
                                        "serving m on", std::chrono::seconds(60)));
-  ExpectValidOutputs(port, "serve");
+  ExpectValidOutputs(port, where);
+  if (!extra.empty()) {
+    EXPECT_GT(testing::MetricSum("127.0.0.1", port, "pdserve:spec_decode_num_drafts_total"), 0);
+  }
+}
+
+void UpAndValidate(const std::vector<std::string>& extra, const std::string& where) {
+  testing::UpDeployment up(kBinary, ModelDir(), 1, 1, extra);
+  ASSERT_TRUE(up.started());
+  ExpectValidOutputs(up.router_port(), where);
+  if (!extra.empty()) {  // the decode instance samples, so it drafts
+    EXPECT_GT(testing::MetricSum(testing::kUpHost, up.port("decode 0"),
+                                 "pdserve:spec_decode_num_drafts_total"),
+              0);
+  }
+  up.ExpectPagesFree();
+}
+
+TEST(StructuredItest, ColocatedServeValidates) {
+  if (!HaveJsonschema()) GTEST_SKIP() << "no Python jsonschema (scripts/install-deps.sh)";
+  ServeAndValidate({}, "serve");
 }
 
 TEST(StructuredItest, DisaggregatedUpValidatesOnDecode) {
   if (!HaveJsonschema()) GTEST_SKIP() << "no Python jsonschema (scripts/install-deps.sh)";
-  testing::UpDeployment up(kBinary, ModelDir(), 1, 1);
-  ASSERT_TRUE(up.started());
-  ExpectValidOutputs(up.router_port(), "up");
-  up.ExpectPagesFree();
+  UpAndValidate({}, "up");
+}
+
+TEST(StructuredItest, ColocatedServeWithNgramSpeculationValidates) {
+  if (!HaveJsonschema()) GTEST_SKIP() << "no Python jsonschema (scripts/install-deps.sh)";
+  ServeAndValidate({"--speculative-config", kNgram}, "serve-ngram");
+}
+
+TEST(StructuredItest, DisaggregatedUpWithNgramSpeculationValidatesOnDecode) {
+  if (!HaveJsonschema()) GTEST_SKIP() << "no Python jsonschema (scripts/install-deps.sh)";
+  UpAndValidate({"--speculative-config", kNgram}, "up-ngram");
 }
 
 }  // namespace

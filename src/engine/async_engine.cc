@@ -47,6 +47,7 @@ class AsyncEngineImpl final : public AsyncEngine {
   Result<int64_t> SubmitRemoteKv(std::vector<int32_t> prompt_ids, const SamplingParams& sampling,
                                  OutputCallback on_output, KvReservedCallback on_reserved) override;
   void MarkKvReady(int64_t request_id) override EXCLUDES(mu_);
+  void SetPrefilledHidden(int64_t request_id, std::vector<float> hidden) override EXCLUDES(mu_);
   int CachedPrefixTokens(std::span<const int32_t> prompt) const override {
     return engine_->CachedPrefixTokens(prompt);  // thread-safe by contract
   }
@@ -71,7 +72,7 @@ class AsyncEngineImpl final : public AsyncEngine {
   // Something for the loop: a queue is not empty, stop_ is set, or Runnable().
   bool ReadyLocked() const REQUIRES(mu_) {
     return stop_ || !submissions_.empty() || !aborts_.empty() || !kv_ready_.empty() ||
-           !releases_.empty() || Runnable();
+           !hidden_.empty() || !releases_.empty() || Runnable();
   }
   // Moves queued submissions and aborts into the engine (loop thread).
   void Drain(std::vector<Submission>* submissions, std::vector<int64_t>* aborts);
@@ -90,6 +91,7 @@ class AsyncEngineImpl final : public AsyncEngine {
   std::vector<Submission> submissions_ GUARDED_BY(mu_);
   std::vector<int64_t> aborts_ GUARDED_BY(mu_);
   std::vector<int64_t> kv_ready_ GUARDED_BY(mu_);
+  std::vector<std::pair<int64_t, std::vector<float>>> hidden_ GUARDED_BY(mu_);  // prefilled
   std::vector<int32_t> releases_ GUARDED_BY(mu_);  // pages to give back
   int num_pending_ GUARDED_BY(mu_) = 0;            // queued + in the engine
   bool stop_ GUARDED_BY(mu_) = false;
@@ -182,6 +184,17 @@ void AsyncEngineImpl::MarkKvReady(int64_t request_id) {
   cv_.Signal();
 }
 
+void AsyncEngineImpl::SetPrefilledHidden(int64_t request_id, std::vector<float> hidden) {
+  if (hooks_ == nullptr) return;
+  {
+    MutexLock lock(&mu_);
+    if (stop_) return;
+    hidden_.emplace_back(request_id, std::move(hidden));
+    news_.store(true, std::memory_order_relaxed);
+  }
+  cv_.Signal();
+}
+
 void AsyncEngineImpl::Abort(int64_t request_id) {
   {
     MutexLock lock(&mu_);
@@ -255,6 +268,7 @@ void AsyncEngineImpl::Loop() {
   }
   std::vector<Submission> submissions;
   std::vector<int64_t> aborts, kv_ready;
+  std::vector<std::pair<int64_t, std::vector<float>>> hidden;
   std::vector<int32_t> releases;
   YieldAfterPreemption yield_after_preemption;  // on this thread: it reads this thread's count
   while (true) {
@@ -290,10 +304,18 @@ void AsyncEngineImpl::Loop() {
       submissions.swap(submissions_);
       aborts.swap(aborts_);
       kv_ready.swap(kv_ready_);
+      hidden.swap(hidden_);
       releases.swap(releases_);
     }
     Drain(&submissions, &aborts);
     if (!releases.empty()) hooks_->ReleasePages(releases);  // only queued when there are hooks
+    for (auto& [id, h] : hidden) {  // before kv_ready: the first decode step may use it
+      Status s = hooks_->SetPrefilledHidden(id, std::move(h));  // NotFound: it ended meanwhile
+      if (!s.ok() && s.code() != StatusCode::kNotFound) {
+        PD_LOG_WARN("SetPrefilledHidden({}): {}", id, s.ToString());
+      }
+    }
+    hidden.clear();
     for (int64_t id : kv_ready) {
       Status s = hooks_->MarkKvReady(id);  // NotFound when it ended meanwhile: nothing to do
       if (!s.ok() && s.code() != StatusCode::kNotFound) {
@@ -398,6 +420,7 @@ Result<int64_t> AsyncEngine::SubmitRemoteKv(std::vector<int32_t>, const Sampling
   return Unimplemented("this engine does not take remote KV");
 }
 void AsyncEngine::MarkKvReady(int64_t) {}
+void AsyncEngine::SetPrefilledHidden(int64_t, std::vector<float>) {}
 int AsyncEngine::CachedPrefixTokens(std::span<const int32_t>) const { return 0; }
 
 Result<std::unique_ptr<AsyncEngine>> AsyncEngine::Create(std::unique_ptr<Engine> engine,

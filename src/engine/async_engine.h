@@ -76,6 +76,10 @@ class AsyncEngine {
                                          const SamplingParams& sampling, OutputCallback on_output,
                                          KvReservedCallback on_reserved);
   virtual void MarkKvReady(int64_t request_id);
+  // Decode side: the request's last prefilled position's hidden state, from the transfer's
+  // metadata; kept on the request (DisaggHooks::SetPrefilledHidden). Before a MarkKvReady called
+  // after it, it reaches the engine first. Ignored for a request that has ended.
+  virtual void SetPrefilledHidden(int64_t request_id, std::vector<float> hidden);
 };
 
 }  // namespace pd::engine

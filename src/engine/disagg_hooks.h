@@ -84,6 +84,15 @@ class DisaggHooks {
   virtual Status MarkKvReady(int64_t request_id) = 0;
   // While idle: true when a request waits for its KV (its pages reserved).
   virtual bool AwaitsKv() const = 0;
+  // The last prefilled position's final-norm hidden state (hidden_size floats), which the prefill
+  // instance sends as the transfer's metadata: kept on the request until it ends, so that a
+  // drafter that starts from the target's hidden state (MTP) can draft at its first decode step.
+  // It may come at any point of the request's life (decoding never waits for it). NotFound for a
+  // request that is not running (ended meanwhile); InvalidArgument for a wrong size.
+  virtual Status SetPrefilledHidden(int64_t request_id, std::vector<float> hidden) = 0;
+  // What SetPrefilledHidden kept for the request; empty when nothing came (yet) or the request is
+  // not running. Valid until the request ends or the next SetPrefilledHidden for it.
+  virtual std::span<const float> PrefilledHidden(int64_t request_id) const = 0;
   // While a request awaits its KV: reads the memory the next decode step will read (the weights,
   // and the KV pages of the requests waiting for their KV) back into the caches, stopping between
   // chunks once stop() is true; only when that memory is at most max_bytes. Returns the bytes

@@ -368,6 +368,34 @@ TEST(DisaggEngineTest, RetainedPagesOutliveTheirAbortedRequestUntilReleased) {
   EXPECT_EQ(engine->stats().num_free_pages, 4);
 }
 
+// The prefill instance's hidden state of the last prefilled position stays on the remote-KV
+// request from when it comes (before or after its KV) until the request ends.
+TEST(DisaggEngineTest, PrefilledHiddenStaysOnTheRequestUntilItEnds) {
+  FakeRunner::Options ro;
+  ro.page_size = 4;
+  ro.num_pages = 16;
+  ro.hidden_size = 3;
+  auto made = Engine::CreateWithRunner(FakeRunner::Make(ro), FakeEngineOptions(16, 4));
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  Engine& engine = **made;
+  DisaggHooks& hooks = Hooks(engine);
+  EXPECT_EQ(hooks.SetPrefilledHidden(2, {1, 2, 3}).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(hooks.AddRemoteKvRequest(Greedy(2, PromptOf(8, 2), 3)).ok());
+  EXPECT_TRUE(hooks.PrefilledHidden(2).empty()) << "nothing came yet";
+  const Status bad = hooks.SetPrefilledHidden(2, {1, 2});
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("has 2 floats, expected hidden_size 3"));
+  ASSERT_TRUE(hooks.SetPrefilledHidden(2, {0.5f, -1.0f, 2.0f}).ok());  // before its KV
+  ASSERT_EQ(hooks.TakeKvReservations().size(), 1u);
+  ASSERT_TRUE(hooks.MarkKvReady(2).ok());
+  ASSERT_TRUE(engine.Step().ok());  // the first decode step
+  EXPECT_THAT(hooks.PrefilledHidden(2), ::testing::ElementsAre(0.5f, -1.0f, 2.0f));
+  while (engine.HasWork()) ASSERT_TRUE(engine.Step().ok());
+  EXPECT_TRUE(hooks.PrefilledHidden(2).empty()) << "the request ended";
+  EXPECT_EQ(hooks.SetPrefilledHidden(2, {1, 2, 3}).code(), StatusCode::kNotFound);
+  EXPECT_TRUE(engine.CheckPages().ok());
+}
+
 // ---------------------------------------------------------------- async engine
 
 constexpr auto kDeadline = std::chrono::seconds(30);

@@ -211,6 +211,17 @@ class DpEngine final : public Engine, public DisaggHooks {
   Status AddRemoteKvRequest(Request request) override {
     return Add(std::move(request), Kind::kRemoteKv);
   }
+  Status SetPrefilledHidden(int64_t request_id, std::vector<float> hidden) override {
+    auto it = owner_.find(request_id);
+    if (it == owner_.end())
+      return NotFound("request " + std::to_string(request_id) + " is not running");
+    return hooks_[it->second]->SetPrefilledHidden(request_id, std::move(hidden));
+  }
+  std::span<const float> PrefilledHidden(int64_t request_id) const override {
+    auto it = owner_.find(request_id);
+    return it == owner_.end() ? std::span<const float>()
+                              : hooks_[it->second]->PrefilledHidden(request_id);
+  }
   std::vector<KvReservation> TakeKvReservations() override;
   Status MarkKvReady(int64_t request_id) override {
     auto it = owner_.find(request_id);
@@ -363,6 +374,7 @@ EngineStats DpEngine::stats() const {
     sum.prefix_cache_queries += s.prefix_cache_queries;
     sum.prefix_cache_hits += s.prefix_cache_hits;
     sum.num_cached_pages += s.num_cached_pages;
+    sum.spec_decode += s.spec_decode;
   }
   return sum;
 }

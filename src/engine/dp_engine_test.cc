@@ -25,10 +25,12 @@ using testing::Tokens;
 struct DpRun {
   std::map<int64_t, std::vector<int32_t>> tokens;
   std::map<int64_t, std::vector<float>> logprobs;  // the chosen tokens'
+  SpecDecodeCounters spec_decode;                  // the engine's stats at the end
 };
 
-EngineOptions Options(int budget, int page_size) {
+EngineOptions Options(int budget, int page_size, const SpeculativeConfig& spec = {}) {
   EngineOptions o;
+  o.speculative = spec;
   o.runner.kv.page_size = page_size;
   o.runner.num_pages = 160 / page_size;  // per rank
   o.runner.num_threads = 1;
@@ -51,9 +53,10 @@ Request MakeRequest(int64_t id, int len, int max_tokens, int vocab) {
 
 // Five requests through an engine of `dp` ranks, added at once and then one more after a few
 // steps (so it goes to the least loaded rank while the others run).
-DpRun Generate(const model::ModelWeights& w, int dp, int budget, int page_size) {
-  auto engine = dp == 1 ? Engine::Create(w, Options(budget, page_size))
-                        : CreateDpEngine(w, Options(budget, page_size), dp);
+DpRun Generate(const model::ModelWeights& w, int dp, int budget, int page_size,
+               const SpeculativeConfig& spec = {}) {
+  auto engine = dp == 1 ? Engine::Create(w, Options(budget, page_size, spec))
+                        : CreateDpEngine(w, Options(budget, page_size, spec), dp);
   EXPECT_TRUE(engine.ok()) << engine.status().ToString();
   if (!engine.ok()) return {};
   const int lengths[6] = {13, 5, 21, 2, 9, 7}, max_tokens[6] = {8, 10, 6, 9, 3, 5};
@@ -79,6 +82,7 @@ DpRun Generate(const model::ModelWeights& w, int dp, int budget, int page_size) 
   EXPECT_EQ(stats.num_free_pages, stats.num_total_pages) << "dp " << dp;
   EXPECT_EQ(stats.num_total_pages, dp * (160 / page_size));
   EXPECT_TRUE((*engine)->CheckPages().ok());
+  run.spec_decode = stats.spec_decode;
   return run;
 }
 
@@ -131,6 +135,32 @@ TEST(DpEngineTest, TokensAndLogprobsEqualDp1) {
                             std::to_string(shape.moe) + " dp " + std::to_string(dp) + " budget " +
                             std::to_string(budget) + " page_size " + std::to_string(page_size));
     }
+  }
+}
+
+// With n-gram speculation every request's tokens are those without it, and the instance's
+// spec_decode counters are the sum of its ranks': each request drafts and accepts as it would on
+// DP 1, so the totals equal DP 1's.
+TEST(DpEngineTest, SpeculativeCountersSumOverRanks) {
+  auto m = Model(0, false, true);
+  SpeculativeConfig ngram;
+  ngram.method = SpecMethod::kNgram;
+  ngram.num_speculative_tokens = 3;
+  ngram.prompt_lookup_min = 1;
+  ngram.prompt_lookup_max = 2;
+  const DpRun plain = Generate(m->weights, 1, 512, 4);
+  const DpRun want = Generate(m->weights, 1, 512, 4, ngram);
+  EXPECT_EQ(want.tokens, plain.tokens);
+  ASSERT_GT(want.spec_decode.num_drafts, 0) << "the prompts should give n-gram drafts";
+  ASSERT_EQ(want.spec_decode.accepted_per_pos.size(), 3u);
+  for (int dp : {2, 4}) {
+    const DpRun got = Generate(m->weights, dp, 512, 4, ngram);
+    const std::string what = "dp " + std::to_string(dp);
+    EXPECT_EQ(got.tokens, plain.tokens) << what;
+    EXPECT_EQ(got.spec_decode.num_drafts, want.spec_decode.num_drafts) << what;
+    EXPECT_EQ(got.spec_decode.num_draft_tokens, want.spec_decode.num_draft_tokens) << what;
+    EXPECT_EQ(got.spec_decode.num_accepted_tokens, want.spec_decode.num_accepted_tokens) << what;
+    EXPECT_EQ(got.spec_decode.accepted_per_pos, want.spec_decode.accepted_per_pos) << what;
   }
 }
 

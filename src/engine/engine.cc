@@ -28,6 +28,9 @@ struct RequestState {
   uint64_t draft_seed;  // the draft model's random stream (spec_draft_model.h)
   int num_prompt_tokens = 0;
   bool prefill_only = false;
+  // (hidden) a remote-KV request's last prefilled position, from the prefill instance; empty
+  // until it comes (DisaggHooks::SetPrefilledHidden).
+  std::vector<float> prefilled_hidden;
 };
 
 // The scheduler's options: the prefix cache's key chain rooted in the model and the KV format.
@@ -85,6 +88,11 @@ class EngineImpl final : public SteppedEngine, public DisaggHooks {
   std::vector<KvReservation> TakeKvReservations() override;
   Status MarkKvReady(int64_t request_id) override { return scheduler_.MarkKvReady(request_id); }
   bool AwaitsKv() const override { return scheduler_.num_awaiting_kv() > 0; }
+  Status SetPrefilledHidden(int64_t request_id, std::vector<float> hidden) override;
+  std::span<const float> PrefilledHidden(int64_t request_id) const override {
+    auto it = requests_.find(request_id);
+    return it == requests_.end() ? std::span<const float>() : it->second->prefilled_hidden;
+  }
   size_t WarmCaches(size_t max_bytes, const std::function<bool()>& stop) override;
 
  private:
@@ -364,6 +372,8 @@ void EngineImpl::ProposeDrafts(std::span<const SeqUpdate> updates) {
     if (k <= 0) continue;
     std::vector<int32_t> drafts =
         NgramPropose(seq->token_ids, spec.prompt_lookup_min, spec.prompt_lookup_max, k);
+    // A constrained request verifies only the drafts its constraint allows.
+    drafts.resize(it->second->sampler.NumAllowedDrafts(drafts));
     if (!drafts.empty()) scheduler_.SetDraftTokens(u.seq_id, std::move(drafts));
   }
 }
@@ -397,6 +407,21 @@ void EngineImpl::ProposeDraftModel(std::span<const SeqUpdate> updates) {
   for (size_t i = 0; i < requests.size(); ++i) {
     if (!drafts[i].empty()) scheduler_.SetDraftTokens(requests[i].seq->id, std::move(drafts[i]));
   }
+}
+
+Status EngineImpl::SetPrefilledHidden(int64_t request_id, std::vector<float> hidden) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) {
+    return NotFound("request " + std::to_string(request_id) + " is not running");
+  }
+  const int hidden_size = runner_->config().hidden_size;
+  if (hidden.size() != static_cast<size_t>(hidden_size)) {
+    return InvalidArgument("request " + std::to_string(request_id) +
+                           ": the prefilled hidden state has " + std::to_string(hidden.size()) +
+                           " floats, expected hidden_size " + std::to_string(hidden_size));
+  }
+  it->second->prefilled_hidden = std::move(hidden);
+  return OkStatus();
 }
 
 void EngineImpl::FailBatch(const ScheduledBatch& batch, const Status& status,

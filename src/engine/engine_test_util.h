@@ -28,6 +28,7 @@ class FakeRunner final : public ModelRunner {
     // > 0: the token copy_period positions back gets +100 (greedy then repeats the context with
     // this period: n-gram drafts are accepted).
     int copy_period = 0;
+    int hidden_size = 0;  // the config's (what a prefilled hidden state must hold)
   };
 
   static std::unique_ptr<FakeRunner> Make(const Options& o) {
@@ -46,6 +47,7 @@ class FakeRunner final : public ModelRunner {
     runner->config_.eos_token_id = o.eos_token_id;
     runner->config_.max_position_embeddings = 1 << 20;
     runner->config_.num_layers = 1;
+    runner->config_.hidden_size = o.hidden_size;
     return runner;
   }
 

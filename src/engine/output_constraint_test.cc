@@ -232,6 +232,34 @@ TEST(ConstrainedSamplerTest, ClosesTheCallWithinMaxTokens) {
   EXPECT_FALSE(sampler.constraint_released());
 }
 
+// Drafts are checked position by position on a clone: the count stops at the first token the
+// sampler could not pick there, an end token counts once the text is whole, and the sampler's own
+// state does not move.
+TEST(ConstrainedSamplerTest, NumAllowedDraftsChecksEachPositionOnAClone) {
+  auto texts = Texts(kVocab);
+  auto constraint = std::make_shared<JsonCallConstraint>(texts, std::vector<std::string>{"<t>"},
+                                                         std::string("</t>"));
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.max_tokens = 64;
+  p.constraint = constraint;
+  RequestSampler sampler(p, 1, 0);
+  // <t> { "k" : 1 } </t> <eos>: all allowed.
+  const std::vector<int32_t> whole = {1, 2, 18, 6, 7, 3, 11, 0};
+  EXPECT_EQ(sampler.NumAllowedDrafts(whole), 8);
+  EXPECT_EQ(sampler.NumAllowedDrafts(std::vector<int32_t>{1, 2, 3, 12, 11}), 3);  // x after {}
+  EXPECT_EQ(sampler.NumAllowedDrafts(std::vector<int32_t>{2, 3}), 0);             // no <t> first
+  EXPECT_EQ(sampler.NumAllowedDrafts(std::vector<int32_t>{1, 0}), 1);  // EOS before the end
+  EXPECT_EQ(sampler.NumAllowedDrafts({}), 0);
+  std::vector<float> logits(kVocab.size(), 0.0f);
+  logits[1] = 1.0f;
+  EXPECT_EQ(sampler.Sample(logits).token_id, 1) << "the sampler's state is still at the start";
+  EXPECT_EQ(sampler.NumAllowedDrafts(std::vector<int32_t>{2, 18, 6, 7, 3}), 5);
+  SamplingParams free = p;
+  free.constraint = nullptr;
+  EXPECT_EQ(RequestSampler(free, 1, 0).NumAllowedDrafts(std::vector<int32_t>{2, 3, 12}), 3);
+}
+
 TEST(ConstrainedSamplerTest, NothingFitsReleasesTheConstraint) {
   auto texts = Texts({"<eos>", "a", "b"});
   auto constraint =

@@ -117,20 +117,36 @@ SampleResult RequestSampler::Sample(std::span<const float> logits) {
   return r;
 }
 
-bool RequestSampler::Allowed(int32_t id) const {
+bool RequestSampler::AllowedIn(const ConstraintState& state, const TokenMask* mask, int32_t id,
+                               int num_sampled) const {
   const bool ends = std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end();
-  if (constraint_->complete()) return ends || end_ids_.empty();  // nothing ends it: free again
-  if (ends) return constraint_->accepting();
+  if (state.complete()) return ends || end_ids_.empty();  // nothing ends it: free again
+  if (ends) return state.accepting();
   const TokenTexts& texts = params_.constraint->texts();
   if (id < 0 || id >= texts.size() || !texts.writes[id] || texts.bytes[id].empty()) return false;
-  if (mask_ != nullptr && !mask_->Has(id)) return false;
-  if (mask_ != nullptr && !close_in_time_) return true;
-  const size_t need = constraint_->CompletionBytesAfter(texts.bytes[id]);
+  if (mask != nullptr && !mask->Has(id)) return false;
+  if (mask != nullptr && !close_in_time_) return true;
+  const size_t need = state.CompletionBytesAfter(texts.bytes[id]);
   if (need == ConstraintState::kNever) return false;
   if (!close_in_time_) return true;
   // Tokens left after this one: enough for the shortest completion (a byte each) and the end.
-  const int64_t left = int64_t{params_.max_tokens} - num_sampled_ - 1;
+  const int64_t left = int64_t{params_.max_tokens} - num_sampled - 1;
   return int64_t(need) + (end_ids_.empty() ? 0 : 1) <= left;
+}
+
+int RequestSampler::NumAllowedDrafts(std::span<const int32_t> drafts) const {
+  const int n = static_cast<int>(drafts.size());
+  if (constraint_ == nullptr || released_) return n;
+  std::unique_ptr<ConstraintState> state = constraint_->Clone();
+  const TokenTexts& texts = params_.constraint->texts();
+  for (int j = 0; j < n; ++j) {
+    const int32_t id = drafts[j];
+    const TokenMask* mask = state->complete() ? nullptr : state->AllowedTokens();
+    if (!AllowedIn(*state, mask, id, num_sampled_ + j)) return j;
+    if (std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end()) return j + 1;
+    if (!state->complete()) state->Advance(texts.bytes[id]);
+  }
+  return n;
 }
 
 // Greedy: the first allowed token in descending-logit order (lower id first on ties) is the argmax

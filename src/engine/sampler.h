@@ -50,6 +50,11 @@ class RequestSampler {
   double Uniform() { return NextUniform(); }
   // A constraint none of whose tokens fitted was let go: the rest of the output is free.
   bool constraint_released() const { return constraint_ != nullptr && released_; }
+  // Speculative decoding: how many leading tokens of `drafts` (the tokens proposed to follow what
+  // was sampled so far) the constraint lets this sampler pick, checked position by position on a
+  // clone of its state (output_constraint.h); all of them without a constraint. A draft after one
+  // the sampler could not pick would be rejected anyway: cutting there saves its verification.
+  int NumAllowedDrafts(std::span<const int32_t> drafts) const;
 
  private:
   // Random choice among `ids` (empty: every token) with one uniform draw.
@@ -57,7 +62,11 @@ class RequestSampler {
   int KeepTokens(std::span<const float> logits, std::span<const int32_t> ids, double* sum);
   int32_t SampleConstrained(std::span<const float> logits);
   int32_t GreedyConstrained(std::span<const float> logits);
-  bool Allowed(int32_t id) const;
+  bool Allowed(int32_t id) const { return AllowedIn(*constraint_, mask_, id, num_sampled_); }
+  // Whether `id` may be sampled as token num_sampled (0-based) with the constraint in `state`,
+  // whose allowed tokens are `mask` (null: ask the state token by token).
+  bool AllowedIn(const ConstraintState& state, const TokenMask* mask, int32_t id,
+                 int num_sampled) const;
   // The mask's tokens and the end tokens, ascending by id within each.
   std::vector<int32_t> MaskCandidates(int vocab) const;
   double NextUniform();  // [0, 1), 53 bits, identical on every platform

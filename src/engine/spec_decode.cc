@@ -151,4 +151,17 @@ RejectionResult RejectionSample(std::span<const double> p, std::span<const doubl
   return {last, false};  // rounding: the last token with residual mass
 }
 
+SpecDecodeCounters& SpecDecodeCounters::operator+=(const SpecDecodeCounters& other) {
+  num_drafts += other.num_drafts;
+  num_draft_tokens += other.num_draft_tokens;
+  num_accepted_tokens += other.num_accepted_tokens;
+  if (accepted_per_pos.size() < other.accepted_per_pos.size()) {
+    accepted_per_pos.resize(other.accepted_per_pos.size(), 0);
+  }
+  for (size_t j = 0; j < other.accepted_per_pos.size(); ++j) {
+    accepted_per_pos[j] += other.accepted_per_pos[j];
+  }
+  return *this;
+}
+
 }  // namespace pd::engine

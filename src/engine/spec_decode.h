@@ -69,6 +69,9 @@ struct SpecDecodeCounters {
   int64_t num_draft_tokens = 0;
   int64_t num_accepted_tokens = 0;
   std::vector<int64_t> accepted_per_pos;  // (num_speculative_tokens)
+  // Adds another engine's counts (a data-parallel instance sums its ranks'); accepted_per_pos
+  // grows to the longer of the two.
+  SpecDecodeCounters& operator+=(const SpecDecodeCounters& other);
 };
 
 }  // namespace pd::engine

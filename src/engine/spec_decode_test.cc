@@ -1,7 +1,7 @@
 // Speculative decoding: the config parser, the n-gram proposer, the rejection sampler's output
 // distribution, and the engine's verification on a fake model (spec_runner_test.cc runs a real
-// one): outputs identical to no speculation, cut at max_tokens / EOS / stop ids mid-draft, KV
-// pages all free after rejections, preemptions and aborts.
+// one): outputs identical to no speculation, cut at max_tokens / EOS / stop ids mid-draft, also
+// under an output constraint, KV pages all free after rejections, preemptions and aborts.
 #include "engine/spec_decode.h"
 
 #include <gmock/gmock.h>
@@ -111,6 +111,17 @@ double ChiSquare(const std::vector<int64_t>& counts, const std::vector<double>& 
 // a thousand (the seeds are fixed, so the test is deterministic); a sampler off by 1% of mass on
 // one token over 200k draws gives chi2 in the hundreds.
 constexpr double kChi2Df4At999 = 18.467;
+
+TEST(SpecCountersTest, SumAddsEveryCounterAndPosition) {
+  SpecDecodeCounters a{2, 6, 3, {2, 1, 0}};
+  a += SpecDecodeCounters{1, 4, 4, {1, 1, 1, 1}};
+  EXPECT_EQ(a.num_drafts, 3);
+  EXPECT_EQ(a.num_draft_tokens, 10);
+  EXPECT_EQ(a.num_accepted_tokens, 7);
+  EXPECT_THAT(a.accepted_per_pos, ElementsAre(3, 2, 1, 1));
+  a += SpecDecodeCounters{};
+  EXPECT_THAT(a.accepted_per_pos, ElementsAre(3, 2, 1, 1));
+}
 
 TEST(RejectionSampleTest, OutputFollowsTheTargetDistribution) {
   const std::vector<double> p = {0.05, 0.40, 0.25, 0.10, 0.20};
@@ -378,6 +389,54 @@ TEST(SpecEnginePagesTest, PrefixCacheHoldsOnlyVerifiedTokens) {
   EXPECT_GT(spec->stats().prefix_cache_hits, 0);
   EXPECT_EQ(first[1].tokens, FakeRunner::GreedyOracle(prompt, 6, 17, -1, 5));
   EXPECT_EQ(second[2].tokens, FakeRunner::GreedyOracle(second_prompt, 6, 9, -1, 5));
+  ExpectPagesFree(*spec);
+}
+
+// Constrained outputs (one JSON object) on a copying model: n-gram drafts come from the context,
+// the sampler masks each verified position, and the drafts the constraint would refuse are cut
+// before verification (RequestSampler::NumAllowedDrafts). Greedy and seeded outputs are those
+// without speculation, token for token, and each is one whole object.
+TEST(SpecEngineConstraintTest, ConstrainedOutputsAreIdenticalToNoSpeculation) {
+  auto texts = std::make_shared<TokenTexts>();
+  for (const char* t : {"{", "}", "\"a\"", ":", "1", ",", " ", "<eos>"}) {
+    texts->bytes.push_back(t);
+    texts->writes.push_back(std::string(t) != "<eos>");
+  }
+  auto object =
+      std::make_shared<JsonCallConstraint>(texts, std::vector<std::string>{""}, std::string(""));
+  FakeRunner::Options ro;
+  ro.vocab_size = 8;
+  ro.eos_token_id = 7;
+  ro.copy_period = 4;
+  const EngineOptions eo = FakeEngineOptions(64, 8);
+  auto plain = MakeSpecEngine(ro, eo, SpeculativeConfig{});
+  auto spec = MakeSpecEngine(ro, eo, Ngram(3));
+  for (int i = 0; i < 8; ++i) {
+    Request r = Greedy(i, RepeatingPrompt(6 + i, i, 7), 8 + 3 * i);
+    r.sampling.constraint = object;
+    if (i % 2 == 1) {
+      r.sampling.temperature = 0.8f;
+      r.sampling.seed = 5 + i;
+    }
+    ASSERT_TRUE(plain->AddRequest(r).ok());
+    ASSERT_TRUE(spec->AddRequest(r).ok());
+  }
+  auto want = RunSteps(*plain);
+  auto got = RunSteps(*spec);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+    EXPECT_EQ(got[i].finish, want[i].finish) << "request " << i;
+    auto state = object->Start();
+    for (int32_t t : got[i].tokens)
+      if (t != ro.eos_token_id) state->Advance(texts->bytes[t]);
+    EXPECT_TRUE(state->complete()) << "request " << i << " is not one whole object";
+  }
+  const SpecDecodeCounters& n = spec->stats().spec_decode;
+  EXPECT_GT(n.num_drafts, 0);
+  EXPECT_GT(n.num_accepted_tokens, 0);
+  // The constraint refuses most drafts the context offers on this model (uncut, 127 draft tokens
+  // were verified for 16 accepted); cut, only drafts the sampler could pick are verified (25).
+  EXPECT_LT(n.num_draft_tokens, 2 * n.num_accepted_tokens);
   ExpectPagesFree(*spec);
 }
 

@@ -94,6 +94,9 @@ struct DecodeMessengerOptions {
   // request is ready; a mismatch fails the attempt (counted in checksum_mismatch). Prefill
   // instances must say the same, else the handshake is refused.
   bool kv_checksum = false;
+  // --speculative-config as SpeculativeIdentity (handshake.h) says it; "": none. Prefill instances
+  // must say the same, else the handshake is refused naming speculative_config.
+  std::string speculative;
   // Metadata slots: transfers in flight at once (with those fenced, below); a request that finds
   // none free fails ResourceExhausted. Give at least the engine's max_pending_requests.
   int max_transfers = 1024;
@@ -142,6 +145,8 @@ struct DecodeMessengerOptions {
   // Before a request is sent its metadata slot is filled with a canary; a metadata write that
   // landed while the canary is still there is not delivered but counted (metadata_bad) and
   // logged; one that never lands is counted (metadata_missing). Neither fails the request.
+  // Whether or not this is set, a delivered hidden state is also kept on the request in the
+  // engine (AsyncEngine::SetPrefilledHidden) while it runs.
   std::function<void(int64_t request_id, const std::vector<float>& last_hidden)> on_metadata;
   // Looks up a peer's current fabric address (e.g. GET its bootstrap URL's /pd/info); may block.
   // Set: a thread of the messenger's own asks it for every peer not refused, every

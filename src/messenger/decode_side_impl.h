@@ -128,7 +128,7 @@ class DecodeMessenger::Impl {
         spec_(runner.region().spec()),
         runner_(runner),
         meta_bytes_(static_cast<uint32_t>(runner.config().hidden_size) * 4),
-        format_(MakeKvFormat(options.model_hash, spec_, options.kv_checksum)),
+        format_(MakeKvFormat(options.model_hash, spec_, options.kv_checksum, options.speculative)),
         scheme_(MakeShardScheme(runner.config(), TensorParallelRanks(runner))),
         dp_size_(engine::DataParallelSize(runner)),
         pages_per_dp_rank_(runner.region().num_pages()),

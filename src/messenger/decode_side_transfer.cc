@@ -372,8 +372,9 @@ void DecodeMessenger::Impl::OnMetaArrived(uint64_t wire_id, uint32_t meta_imm) {
   DeliverMetadata(r->id, r->peer, r->meta_slot);
 }
 
-// The slot's hidden state to on_metadata, unless it still holds the canary StartAttempt put there
-// (the write landed elsewhere): counted and logged, the request (decoding already) goes on.
+// The slot's hidden state to on_metadata and onto the request in the engine (a drafter that starts
+// from it, MTP, drafts at once), unless it still holds the canary StartAttempt put there (the write
+// landed elsewhere): counted and logged, the request (decoding already) goes on.
 void DecodeMessenger::Impl::DeliverMetadata(int64_t id, int peer, int meta_slot) {
   std::vector<float> hidden(meta_bytes_ / sizeof(float));
   std::memcpy(hidden.data(), meta_buffer_.data() + slot_bytes_ * meta_slot, meta_bytes_);
@@ -395,6 +396,7 @@ void DecodeMessenger::Impl::DeliverMetadata(int64_t id, int peer, int meta_slot)
     return;
   }
   if (options_.on_metadata) options_.on_metadata(id, hidden);
+  owner_->inner_->SetPrefilledHidden(id, std::move(hidden));  // ignored once the request ended
 }
 
 void DecodeMessenger::Impl::OnPrefillDone(const PrefillDone& done, const Frame& frame) {

@@ -35,7 +35,8 @@ uint64_t ModelFingerprint(const model::ModelWeights& weights) {
   return ModelFingerprint(weights.config, weights.fp8 ? model::DType::kF8E4M3 : weights.dtype);
 }
 
-KvFormat MakeKvFormat(uint64_t model_hash, const engine::KvCacheSpec& spec, bool kv_checksum) {
+KvFormat MakeKvFormat(uint64_t model_hash, const engine::KvCacheSpec& spec, bool kv_checksum,
+                      std::string speculative) {
   KvFormat f;
   f.model_hash = model_hash;
   f.num_layers = static_cast<uint32_t>(spec.num_layers);
@@ -46,7 +47,22 @@ KvFormat MakeKvFormat(uint64_t model_hash, const engine::KvCacheSpec& spec, bool
   f.kv_checksum = kv_checksum ? 1 : 0;
   f.latent_dim = static_cast<uint32_t>(spec.latent_dim);
   f.kv_scales = engine::KvScalesFingerprint(spec);
+  f.speculative = std::move(speculative);
   return f;
+}
+
+std::string SpeculativeIdentity(const engine::SpeculativeConfig& config,
+                                uint64_t draft_fingerprint) {
+  if (!config.enabled()) return "";
+  std::string id = std::string(engine::SpecMethodName(config.method)) +
+                   " k=" + std::to_string(config.num_speculative_tokens);
+  if (config.method == engine::SpecMethod::kDraftModel ||
+      config.method == engine::SpecMethod::kMtp) {
+    char hex[24];
+    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(draft_fingerprint));
+    id += " draft=" + std::string(hex);
+  }
+  return id;
 }
 
 namespace {
@@ -130,6 +146,10 @@ Status CheckCompatible(const KvFormat& ours, const KvFormat& theirs) {
   if (ours.kv_checksum != theirs.kv_checksum) {
     DiffersNamed(&diff, "kv_checksum", ours.kv_checksum ? "on" : "off",
                  theirs.kv_checksum ? "on" : "off");
+  }
+  if (ours.speculative != theirs.speculative) {
+    DiffersNamed(&diff, "speculative_config", ours.speculative.empty() ? "off" : ours.speculative,
+                 theirs.speculative.empty() ? "off" : theirs.speculative);
   }
   if (diff.empty()) return OkStatus();
   return FailedPrecondition("KV format mismatch: " + diff);

@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "engine/kv_cache.h"
 #include "engine/model_runner.h"
+#include "engine/spec_decode.h"
 #include "messenger/channel.h"
 #include "messenger/shard_plan.h"
 #include "messenger/transfer_metrics.h"
@@ -30,9 +31,16 @@ namespace pd::messenger {
 uint64_t ModelFingerprint(const model::ModelConfig& config, model::DType weights_dtype);
 uint64_t ModelFingerprint(const model::ModelWeights& weights);
 
-// `kv_checksum`: --kv-checksum (kv_checksum.h).
+// `kv_checksum`: --kv-checksum (kv_checksum.h); `speculative`: SpeculativeIdentity.
 KvFormat MakeKvFormat(uint64_t model_hash, const engine::KvCacheSpec& spec,
-                      bool kv_checksum = false);
+                      bool kv_checksum = false, std::string speculative = "");
+
+// What the handshake compares of --speculative-config: "" when off, else the method, K and, for
+// "draft_model" and "mtp", `draft_fingerprint` (the draft checkpoint's ModelFingerprint, or for MTP
+// the target's, whose checkpoint holds the MTP layers) in hex: "ngram k=3",
+// "draft_model k=4 draft=0123456789abcdef". The n-gram lookup bounds are decode's own business.
+std::string SpeculativeIdentity(const engine::SpeculativeConfig& config,
+                                uint64_t draft_fingerprint = 0);
 
 // OK when both sides can exchange KV pages; otherwise FailedPrecondition naming every field that
 // differs with both values, e.g. "page_size: ours 16, theirs 8".

@@ -159,6 +159,61 @@ TEST(MessengerHandshakeTest, Fp8KvDtypeAndScalesMustMatch) {
   EXPECT_EQ(KvBytesPerToken(ours, scheme), 2u * 2 * 2 * 8);  // layers * K,V * heads * head_dim
 }
 
+// Both sides must run the same speculative decoding: method and K, and the drafter's fingerprint
+// for draft_model and mtp (an n-gram's lookup bounds are decode's alone). A mismatch is refused
+// naming speculative_config with both values, from either side.
+TEST(MessengerHandshakeTest, SpeculativeConfigMustMatch) {
+  engine::SpeculativeConfig ngram;
+  ngram.method = engine::SpecMethod::kNgram;
+  ngram.num_speculative_tokens = 3;
+  ngram.prompt_lookup_min = ngram.prompt_lookup_max = 2;
+  EXPECT_EQ(SpeculativeIdentity({}), "");
+  EXPECT_EQ(SpeculativeIdentity(ngram), "ngram k=3");
+  engine::SpeculativeConfig other_lookup = ngram;
+  other_lookup.prompt_lookup_max = 5;
+  EXPECT_EQ(SpeculativeIdentity(other_lookup), "ngram k=3");
+  engine::SpeculativeConfig draft;
+  draft.method = engine::SpecMethod::kDraftModel;
+  draft.num_speculative_tokens = 4;
+  draft.model = "/models/draft";
+  EXPECT_EQ(SpeculativeIdentity(draft, 0xab), "draft_model k=4 draft=00000000000000ab");
+  const engine::KvCacheSpec spec;
+  const KvFormat off = MakeKvFormat(1, spec), three = MakeKvFormat(1, spec, false, "ngram k=3");
+  EXPECT_TRUE(CheckCompatible(three, MakeKvFormat(1, spec, false, "ngram k=3")).ok());
+  Status st = CheckCompatible(off, three);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("speculative_config: ours off, theirs ngram k=3"));
+  EXPECT_THAT(CheckCompatible(three, off).message(),
+              HasSubstr("speculative_config: ours ngram k=3, theirs off"));
+  EXPECT_THAT(CheckCompatible(MakeKvFormat(1, spec, false, SpeculativeIdentity(draft, 1)),
+                              MakeKvFormat(1, spec, false, SpeculativeIdentity(draft, 2)))
+                  .message(),
+              HasSubstr("speculative_config: ours draft_model k=4 draft=0000000000000001, theirs "
+                        "draft_model k=4 draft=0000000000000002"));
+  // Over the wire: the prefill instance refuses the Hello and the decode instance gets its
+  // reason; neither takes the other as a peer.
+  for (const auto& [prefill_says, decode_says] :
+       {std::pair<std::string, std::string>{"ngram k=3", "ngram k=2"}, {"", "ngram k=2"}}) {
+    PrefillMessengerOptions po = testing::BasePrefillOptions();
+    po.speculative = prefill_says;
+    auto prefill = testing::LaunchPrefill(MakeEngine(Shape{}), po);
+    if (prefill == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
+    DecodeMessengerOptions o =
+        testing::BaseDecodeOptions({{"p0", prefill->messenger->fabric_address()}});
+    o.speculative = decode_says;
+    auto e = MakeEngine(Shape{});
+    engine::ModelRunner& runner = e->runner();
+    auto decode = DecodeMessenger::Create(o, runner, Async(std::move(e)));
+    ASSERT_TRUE(decode.ok()) << decode.status().ToString();
+    st = (*decode)->WaitForPeers(kDeadlineS);
+    EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+    EXPECT_THAT(st.message(), HasSubstr("speculative_config: ours " +
+                                        (prefill_says.empty() ? std::string("off") : prefill_says) +
+                                        ", theirs " + decode_says));
+    EXPECT_EQ(prefill->messenger->num_peers(), 0);
+  }
+}
+
 TEST(MessengerHandshakeTest, AWrongClusterSecretGetsNoAnswer) {
   Shape s;
   auto prefill = StartPrefill(s, "the-real-secret");
@@ -431,6 +486,55 @@ TEST(MessengerMetadataTest, TheLastHiddenStateArrivesAndEqualsThePrefillEngines)
   ASSERT_EQ(got.count(id), 1u);
   EXPECT_EQ(got[id].size(), static_cast<size_t>(Model().weights.config.hidden_size));
   EXPECT_EQ(got[id], ref->prefill_result->last_hidden);
+}
+
+// The delivered hidden state is also kept on the request in the decode engine while it runs
+// (DisaggHooks::PrefilledHidden, for a drafter that starts from it): a step of the request sees
+// exactly what on_metadata got.
+TEST(MessengerMetadataTest, TheHiddenStateIsKeptOnTheDecodeRequest) {
+  Shape s{engine::KvLayout::kHND, 3, 6};
+  auto prefill = StartPrefill(s);
+  if (prefill == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
+  std::mutex mu;
+  int64_t watched = -1;
+  std::vector<float> seen_in_step, delivered;
+  auto e = MakeEngine(s);
+  engine::DisaggHooks* hooks = e->disagg_hooks();
+  ASSERT_NE(hooks, nullptr);
+  hooks->SetStepObserver([&, hooks](const engine::StepInfo&) {  // on the engine thread
+    std::lock_guard<std::mutex> lock(mu);
+    const std::span<const float> h =
+        watched >= 0 ? hooks->PrefilledHidden(watched) : std::span<const float>();
+    if (!h.empty() && seen_in_step.empty()) seen_in_step.assign(h.begin(), h.end());
+  });
+  engine::ModelRunner& runner = e->runner();
+  DecodeMessengerOptions o =
+      testing::BaseDecodeOptions({{"p0", prefill->messenger->fabric_address()}});
+  o.on_metadata = [&](int64_t id, const std::vector<float>& hidden) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (id == watched) delivered = hidden;
+  };
+  auto made = DecodeMessenger::Create(o, runner, Async(std::move(e)));
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  std::unique_ptr<DecodeMessenger> decode = std::move(made).value();
+  ASSERT_TRUE(decode->WaitForPeers(kDeadlineS).ok());
+  // Long enough to be running when the metadata lands (right after the KV); then aborted.
+  {
+    std::unique_lock<std::mutex> lock(mu);  // held until watched is set: no step reads it before
+    PendingRequest request(*decode, PromptOf(14, 5), testing::GreedyParams(100));
+    ASSERT_TRUE(request.submitted());
+    watched = request.id();
+    lock.unlock();
+    EXPECT_TRUE(WaitUntil([&] {
+      std::lock_guard<std::mutex> l(mu);
+      return !seen_in_step.empty();
+    })) << "no decode step of the request saw its prefilled hidden state";
+    decode->Abort(request.id());
+    request.Wait(kDeadlineS);
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(seen_in_step.size(), static_cast<size_t>(Model().weights.config.hidden_size));
+  EXPECT_EQ(seen_in_step, delivered);
 }
 
 // A request aborted while its (stalled) prefill instance may still write keeps its pages out of

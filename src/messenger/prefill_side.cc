@@ -432,8 +432,8 @@ Result<std::unique_ptr<PrefillMessenger>> PrefillMessenger::Create(
     const PrefillMessengerOptions& options, engine::ModelRunner& runner) {
   if (options.max_transfers < 1) return InvalidArgument("max_transfers must be >= 1");
   if (options.max_queued_messages < 1) return InvalidArgument("max_queued_messages must be >= 1");
-  std::unique_ptr<PrefillMessenger> m(new PrefillMessenger(
-      MakeKvFormat(options.model_hash, runner.region().spec(), options.kv_checksum)));
+  std::unique_ptr<PrefillMessenger> m(new PrefillMessenger(MakeKvFormat(
+      options.model_hash, runner.region().spec(), options.kv_checksum, options.speculative)));
   m->impl_ = std::make_unique<Impl>(m.get(), options, runner);
   m->metrics_.SetBytesPerToken(
       KvBytesPerToken(m->format_, MakeShardScheme(runner.config(), runner.num_ranks())));

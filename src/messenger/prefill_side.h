@@ -82,6 +82,9 @@ struct PrefillMessengerOptions {
   // --kv-checksum (kv_checksum.h): send a CRC32C per layer of the KV written. Decode instances must
   // say the same in their Hello, else the handshake is refused.
   bool kv_checksum = false;
+  // --speculative-config as SpeculativeIdentity (handshake.h) says it; "": none. Decode instances
+  // must say the same, else the handshake is refused naming speculative_config.
+  std::string speculative;
   // A failed transfer waits for every write it posted to come back before it frees its pages
   // and answers PrefillDone. Writes a stalled decode instance holds (SIGSTOP, a partition) may
   // not come back for long: after this many seconds the transfer is set aside, its pages and

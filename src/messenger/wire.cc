@@ -19,6 +19,7 @@ void PutFormat(ByteWriter& w, const KvFormat& f) {
   w.Put(f.kv_checksum);
   w.Put(f.latent_dim);
   w.Put(f.kv_scales);
+  w.PutBytes(f.speculative);
 }
 
 Status GetFormat(ByteReader& r, KvFormat* f) {
@@ -31,6 +32,7 @@ Status GetFormat(ByteReader& r, KvFormat* f) {
   RETURN_IF_ERROR(r.Get("format.kv_checksum", &f->kv_checksum));
   RETURN_IF_ERROR(r.Get("format.latent_dim", &f->latent_dim));
   RETURN_IF_ERROR(r.Get("format.kv_scales", &f->kv_scales));
+  RETURN_IF_ERROR(r.GetBytes("format.speculative", kMaxStringBytes, &f->speculative));
   if (f->kv_checksum > 1) {
     return InvalidArgument("format.kv_checksum " + std::to_string(f->kv_checksum) +
                            " is not 0 or 1");

@@ -39,6 +39,8 @@ inline constexpr uint32_t kWireMagic = 0x564b4450;  // "PDKV"
 // imm when a NIC fails under it.
 // Version 8: Hello and HelloReply carry dp_size (the sender's data-parallel attention ranks),
 // PrefillRequest dp_rank (the decode DP rank whose pages it names).
+// KvFormat carries speculative (the speculative decoding both sides run: method, K and
+// the draft's fingerprint; SpeculativeIdentity in handshake.h).
 inline constexpr uint16_t kWireVersion = 8;
 inline constexpr size_t kMacBytes = 32;
 inline constexpr size_t kFrameHeaderBytes = 4 + 2 + 2 + 8 + 8 + 8 + 4;
@@ -92,6 +94,10 @@ struct KvFormat {
   // fp8_e4m3: engine::KvScalesFingerprint of the per-layer k_scale / v_scale (what the stored codes
   // are worth); 0 for the other dtypes.
   uint64_t kv_scales = 0;
+  // --speculative-config as SpeculativeIdentity (handshake.h) says it; "": none. Both sides must
+  // say the same: a draft that starts from what prefill sends (MTP) or whose KV prefill computes
+  // (a draft model) needs both to run the same drafter. At most kMaxStringBytes.
+  std::string speculative = "";
   bool operator==(const KvFormat&) const = default;
 };
 

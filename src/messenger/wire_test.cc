@@ -158,8 +158,9 @@ TEST(WireTest, TheReplicatedFlagRoundTripsAndOnlyZeroOrOneIsAccepted) {
   ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
   EXPECT_EQ(std::get<Hello>(decoded->message).scheme, (ShardScheme{4, 1, true}));
   // The flag byte follows tp_size and num_kv_heads: the body is instance_name (u32 length + 1
-  // byte), format (8 + 4 + 4 + 4 + 1 + 1 + 1 + 4 + 8), then the scheme.
-  const size_t flag = kFrameHeaderBytes + 5 + 35 + 4;
+  // byte), format (8 + 4 + 4 + 4 + 1 + 1 + 1 + 4 + 8, then speculative: u32 length + 0 bytes),
+  // then the scheme.
+  const size_t flag = kFrameHeaderBytes + 5 + 35 + 4 + 4;
   ASSERT_EQ(bytes[flag], 1);
   bytes[flag] = 2;
   // Re-sign the tampered frame so the body check, not the MAC, is what refuses it.
@@ -199,6 +200,22 @@ TEST(WireTest, AnFp8DtypeAndItsScalesRoundTripAndUnknownDtypesAreRefused) {
   decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
   ASSERT_FALSE(decoded.ok());
   EXPECT_NE(decoded.status().message().find("format.kv_dtype 3 unknown"), std::string::npos)
+      << decoded.status().ToString();
+}
+
+TEST(WireTest, TheSpeculativeIdentityRoundTripsAndIsBounded) {
+  KvFormat f{1, 2, 36, 16, 0, 0};
+  f.speculative = "draft_model k=4 draft=0123456789abcdef";
+  HelloReply reply{true, "", "d", f, {1, 2}, "a", kDefaultMessageBytes, {}};
+  auto bytes = EncodeFrame({7, 9, 1, reply}, kSecret);
+  auto decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_EQ(std::get<HelloReply>(decoded->message).format.speculative, f.speculative);
+  reply.format.speculative.assign(kMaxStringBytes + 1, 'k');
+  bytes = EncodeFrame({7, 9, 2, reply}, kSecret);
+  decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_NE(decoded.status().message().find("format.speculative"), std::string::npos)
       << decoded.status().ToString();
 }
 

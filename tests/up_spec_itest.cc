@@ -1,0 +1,166 @@
+// Speculative decoding across the split: `pdserve up --speculative-config` with n-gram drafts (1
+// prefill + 1 decode + router, the demo model) in three tensor-parallel shapes (prefill TP 1 ->
+// decode TP 1, 1 -> 2, 2 -> 1) answers every greedy request token for token as a colocated
+// instance without speculation does: prompts that invite copying (so drafts are accepted), stop
+// strings cut at several points of the output (so some end inside a verified draft), and small
+// max_tokens. The decode instance drafts and verifies (its pdserve:spec_decode_* counters grow,
+// with accepted tokens); the prefill instance never samples, so it counts no draft; every page
+// ends free.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/up_deployment.h"
+
+namespace pd {
+namespace {
+
+using json = nlohmann::json;
+using testing::UpDeployment;
+
+const std::string kBinary = PDSERVE_BINARY;
+const std::string kModel = PD_DEMO_MODEL_DIR;
+const std::string kNgram =
+    R"({"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":1,"prompt_lookup_max":3})";
+constexpr int kMaxTokens = 48;
+
+const std::vector<std::string> kPrompts = {
+    "A fool and his money are soon parted. A fool and his money are soon parted. A fool",
+    "You will be successful in your work. You will be successful in your work. You will",
+    "The",
+};
+
+// One greedy completion: the token ids (from logprobs, as "token_id:N"), the text and why it ended.
+struct Answer {
+  int status = -1;
+  std::vector<std::string> tokens;
+  std::string text, finish_reason;
+  int completion_tokens = -1;
+  bool operator==(const Answer&) const = default;
+};
+
+std::string Describe(const Answer& a) {
+  return "status " + std::to_string(a.status) + " finish " + a.finish_reason + " tokens " +
+         std::to_string(a.completion_tokens) + " text " + json(a.text).dump();
+}
+
+Answer Complete(int port, const json& body) {
+  httplib::Client c(testing::kUpHost, port);
+  c.set_read_timeout(120, 0);
+  auto r = c.Post("/v1/completions", body.dump(), "application/json");
+  Answer a;
+  if (!r) return a;
+  a.status = r->status;
+  const json reply = json::parse(r->body, nullptr, false);
+  if (r->status != 200 || !reply.is_object()) return a;
+  const json& choice = reply["choices"][0];
+  a.text = choice.value("text", "");
+  a.finish_reason = choice.value("finish_reason", "");
+  a.completion_tokens = reply["usage"].value("completion_tokens", -1);
+  for (const json& t : choice["logprobs"]["tokens"]) a.tokens.push_back(t.get<std::string>());
+  return a;
+}
+
+json Body(const std::string& prompt, int max_tokens) {
+  return {{"model", "m"},       {"prompt", prompt}, {"max_tokens", max_tokens},
+          {"temperature", 0.0}, {"logprobs", 1},    {"return_tokens_as_token_ids", true}};
+}
+
+// The requests: each prompt with kMaxTokens; then, from a first answer without speculation, stop
+// strings that first occur a quarter, half and three quarters into its text; then max_tokens 1, 2,
+// 5 and 11 (the last verification of a request is cut to what max_tokens leaves).
+std::vector<json> Requests(int port) {
+  std::vector<json> out;
+  for (const std::string& p : kPrompts) {
+    out.push_back(Body(p, kMaxTokens));
+    const Answer a = Complete(port, out.back());
+    EXPECT_EQ(a.status, 200) << Describe(a);
+    for (int quarter = 1; quarter <= 3; ++quarter) {
+      const size_t at = a.text.size() * quarter / 4;
+      if (a.text.size() < 8 || at + 3 > a.text.size()) continue;
+      json b = Body(p, kMaxTokens);
+      b["stop"] = json::array({a.text.substr(at, 3)});
+      out.push_back(b);
+    }
+    for (int m : {1, 2, 5, 11}) out.push_back(Body(p, m));
+  }
+  return out;
+}
+
+struct Expected {
+  std::vector<json> requests;
+  std::vector<Answer> answers;
+};
+
+// The answers of a colocated TP 1 instance without speculation, computed once.
+const Expected& Baseline() {
+  static const Expected e = [] {
+    Expected x;
+    std::mt19937 rng(static_cast<unsigned>(::getpid()) * 4099u);
+    const int port = testing::PickPortBlock(rng, 25000);
+    testing::Process serve;
+    const bool started =
+        testing::StartAndWaitFor(serve, testing::ServeArgv(kBinary, kModel, port, 2048, {}),
+                                 "serving m on", std::chrono::seconds(60));
+    EXPECT_TRUE(started) << serve.output();
+    if (!started) return x;
+    x.requests = Requests(port);
+    for (const json& r : x.requests) x.answers.push_back(Complete(port, r));
+    return x;
+  }();
+  return e;
+}
+
+struct Shape {
+  int prefill_tp, decode_tp;
+};
+
+class UpSpecTest : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(UpSpecTest, GreedyOutputsEqualNoSpeculationAndDecodeCountsDrafts) {
+  const Expected& want = Baseline();
+  ASSERT_FALSE(want.requests.empty());
+  int stopped = 0;
+  for (const Answer& a : want.answers) stopped += a.finish_reason == "stop" ? 1 : 0;
+  EXPECT_GE(stopped, 3) << "the stop strings should end some requests";
+  const Shape s = GetParam();
+  UpDeployment up(kBinary, kModel, 1, 1,
+                  {"--speculative-config", kNgram, "--prefill-tp", std::to_string(s.prefill_tp),
+                   "--decode-tp", std::to_string(s.decode_tp)});
+  ASSERT_TRUE(up.started());
+  for (size_t i = 0; i < want.requests.size(); ++i) {
+    const Answer got = Complete(up.router_port(), want.requests[i]);
+    EXPECT_EQ(got, want.answers[i]) << "request " << want.requests[i].dump() << "\n  got  "
+                                    << Describe(got) << "\n  want " << Describe(want.answers[i]);
+  }
+  const int decode = up.port("decode 0"), prefill = up.port("prefill 0");
+  const std::string p = "pdserve:spec_decode_";
+  EXPECT_GT(testing::MetricSum(testing::kUpHost, decode, p + "num_drafts_total"), 0);
+  EXPECT_GT(testing::MetricSum(testing::kUpHost, decode, p + "num_draft_tokens_total"), 0);
+  EXPECT_GT(testing::MetricSum(testing::kUpHost, decode, p + "num_accepted_tokens_total"), 0);
+  EXPECT_GT(testing::MetricSum(testing::kUpHost, decode, p + "num_accepted_tokens_per_pos_total",
+                               "position=\"0\""),
+            0);
+  // The prefill instance never samples: it has no such counter (-1) or a zero one.
+  EXPECT_LE(testing::MetricSum(testing::kUpHost, prefill, p + "num_drafts_total"), 0);
+  std::printf("[ measured ] decode: %.0f drafts, %.0f draft tokens, %.0f accepted\n",
+              testing::MetricSum(testing::kUpHost, decode, p + "num_drafts_total"),
+              testing::MetricSum(testing::kUpHost, decode, p + "num_draft_tokens_total"),
+              testing::MetricSum(testing::kUpHost, decode, p + "num_accepted_tokens_total"));
+  up.ExpectPagesFree();
+  if (HasFailure()) ADD_FAILURE() << up.up().output();
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, UpSpecTest,
+                         ::testing::Values(Shape{1, 1}, Shape{1, 2}, Shape{2, 1}),
+                         [](const auto& info) {
+                           return "Prefill" + std::to_string(info.param.prefill_tp) + "Decode" +
+                                  std::to_string(info.param.decode_tp);
+                         });
+
+}  // namespace
+}  // namespace pd
