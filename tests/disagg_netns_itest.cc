@@ -2,7 +2,9 @@
 // namespace, the decode instance and the HTTP client in another, joined by a veth pair; the
 // fabric (tcp;ofi_rxm) and HTTP both go over the veth addresses. Greedy output must be
 // token-for-token a colocated instance's (run in the test's own namespace) for prompts from 1
-// token to several pages, page sizes 1 and 16, both layouts, chunked and whole prefill.
+// token to several pages, page sizes 1 and 16, both layouts, chunked and whole prefill; and for
+// deepseek_v3 (the latent KV) from a TP 2 prefill instance into a data-parallel decode instance,
+// and from a data-parallel prefill instance into a TP 1 one.
 //
 // Needs root and `ip` (iproute2); otherwise every test skips and says why. The namespaces and the
 // veth pair are deleted on every path (RAII, after the instances are stopped).
@@ -46,9 +48,12 @@ std::string TempPath(const std::string& name) {
 [[maybe_unused]] const auto* const kTempCleanup =
     ::testing::AddGlobalTestEnvironment(new testing::TempPathCleanup("pdserve_netns_"));
 
-const std::string& ModelDir() {
-  static const std::string dir = testing::MakeModel(kBinary, "tiny", 11, TempPath("model"));
-  return dir;
+// The `tiny` preset of `arch` (qwen3 or deepseek_v3; both have a vocabulary of 512).
+const std::string& ModelDir(const std::string& arch) {
+  static const std::string qwen3 = testing::MakeModel(kBinary, "tiny", 11, TempPath("model"));
+  static const std::string deepseek =
+      testing::MakeModel(kBinary, "tiny", 11, TempPath("model_mla"), "deepseek_v3");
+  return arch == "deepseek_v3" ? deepseek : qwen3;
 }
 
 std::vector<int> PromptOf(int len, int salt) {
@@ -61,15 +66,20 @@ struct Shape {
   std::string layout;
   int page_size;
   int budget;  // max-num-batched-tokens: below the longer prompts, prefill is chunked
+  std::string arch = "qwen3";
+  std::vector<std::string> prefill_extra = {};  // e.g. its --tensor-parallel-size
+  std::vector<std::string> decode_extra = {};
 };
 
 std::vector<std::string> ServeArgs(const std::string& host, int port, const Shape& s,
-                                   const std::vector<std::string>& extra) {
+                                   const std::vector<std::string>& extra,
+                                   const std::vector<std::string>& role_extra = {}) {
   std::vector<std::string> a = {"--host", host};
+  a.insert(a.end(), role_extra.begin(), role_extra.end());
   const std::vector<std::string> shape = testing::ShapeArgs(s.layout, s.page_size, s.budget);
   a.insert(a.end(), shape.begin(), shape.end());
   a.insert(a.end(), extra.begin(), extra.end());
-  return testing::ServeArgv(kBinary, ModelDir(), port, 256, a);
+  return testing::ServeArgv(kBinary, ModelDir(s.arch), port, 256, a);
 }
 
 class DisaggNetnsTest : public ::testing::TestWithParam<Shape> {};
@@ -88,7 +98,8 @@ TEST_P(DisaggNetnsTest, PrefillAndDecodeOnTwoHostsGiveTheColocatedGreedyTokens) 
   ASSERT_TRUE(StartAndWaitFor(prefill,
                               hosts->InA(ServeArgs(hosts->addr_a(), port + 1, s,
                                                    {"--role", "prefill", "--cluster-secret-file",
-                                                    secret, "--fabric-node", hosts->addr_a()})),
+                                                    secret, "--fabric-node", hosts->addr_a()},
+                                                   s.prefill_extra)),
                               "prefill instance on", 120s));
   const std::string peer = "http://" + hosts->addr_a() + ":" + std::to_string(port + 1);
   ASSERT_TRUE(StartAndWaitFor(
@@ -96,7 +107,8 @@ TEST_P(DisaggNetnsTest, PrefillAndDecodeOnTwoHostsGiveTheColocatedGreedyTokens) 
       hosts->InB(ServeArgs(hosts->addr_b(), port + 2, s,
                            {"--role", "decode", "--cluster-secret-file", secret, "--fabric-node",
                             hosts->addr_b(), "--prefill-peers", peer, "--kv-transfer-timeout-ms",
-                            "20000", "--local-prefill-max-tokens", "-1"})),
+                            "20000", "--local-prefill-max-tokens", "-1"},
+                           s.decode_extra)),
       "on http://", 120s));
   ASSERT_FALSE(colocated.WaitForLine("on http://", 120s).empty()) << colocated.output();
 
@@ -125,6 +137,12 @@ TEST_P(DisaggNetnsTest, PrefillAndDecodeOnTwoHostsGiveTheColocatedGreedyTokens) 
     EXPECT_EQ(got[i].second["choices"][0]["text"], want["choices"][0]["text"]);
     EXPECT_EQ(got[i].second["usage"], want["usage"]);
   }
+  if (s.arch == "deepseek_v3") {  // the latent crossed as the shapes say
+    EXPECT_NE(decode.output().find("replicated MLA latent"), std::string::npos);
+    if (!s.decode_extra.empty()) {
+      EXPECT_NE(decode.output().find("one region per data-parallel rank"), std::string::npos);
+    }
+  }
   EXPECT_EQ(decode_usage, 0.0);
   EXPECT_EQ(prefill_usage, 0.0);
   EXPECT_EQ(prefill_transfers, static_cast<double>(lengths.size() - 1));  // 1 token: no transfer
@@ -134,13 +152,24 @@ TEST_P(DisaggNetnsTest, PrefillAndDecodeOnTwoHostsGiveTheColocatedGreedyTokens) 
   if (HasFailure()) ADD_FAILURE() << decode.output() << "\n--- prefill:\n" << prefill.output();
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, DisaggNetnsTest,
-                         ::testing::Values(Shape{"hnd", 16, 512}, Shape{"nhd", 1, 6},
-                                           Shape{"nhd", 16, 7}),
-                         [](const ::testing::TestParamInfo<Shape>& i) {
-                           return i.param.layout + "_page" + std::to_string(i.param.page_size) +
-                                  "_budget" + std::to_string(i.param.budget);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, DisaggNetnsTest,
+    ::testing::Values(Shape{"hnd", 16, 512}, Shape{"nhd", 1, 6}, Shape{"nhd", 16, 7},
+                      Shape{"hnd",
+                            16,
+                            7,
+                            "deepseek_v3",
+                            {"--tensor-parallel-size", "2"},
+                            {"--data-parallel-size", "2"}},
+                      Shape{"nhd", 1, 512, "deepseek_v3", {"--data-parallel-size", "2"}, {}}),
+    [](const ::testing::TestParamInfo<Shape>& i) {
+      std::string name = i.param.arch + "_" + i.param.layout + "_page" +
+                         std::to_string(i.param.page_size) + "_budget" +
+                         std::to_string(i.param.budget);
+      for (const auto* extra : {&i.param.prefill_extra, &i.param.decode_extra})
+        if (!extra->empty()) name += "_" + extra->front().substr(2, 1) + "p" + extra->back();
+      return name;
+    });
 
 }  // namespace
 }  // namespace pd

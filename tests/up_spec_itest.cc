@@ -1,11 +1,11 @@
 // Speculative decoding across the split: `pdserve up --speculative-config` with n-gram drafts (1
 // prefill + 1 decode + router, the demo model) in three tensor-parallel shapes (prefill TP 1 ->
-// decode TP 1, 1 -> 2, 2 -> 1) answers every greedy request token for token as a colocated
-// instance without speculation does: prompts that invite copying (so drafts are accepted), stop
-// strings cut at several points of the output (so some end inside a verified draft), and small
-// max_tokens. The decode instance drafts and verifies (its pdserve:spec_decode_* counters grow,
-// with accepted tokens); the prefill instance never samples, so it counts no draft; every page
-// ends free.
+// decode TP 1, 1 -> 2, 2 -> 1), and with the demo model as its own draft model (TP 1), answers
+// every greedy request token for token as a colocated instance without speculation does: prompts
+// that invite copying (so drafts are accepted), stop strings cut at several points of the output
+// (so some end inside a verified draft), and small max_tokens. The decode instance drafts and
+// verifies (its pdserve:spec_decode_* counters grow, with accepted tokens); the prefill instance
+// never samples, so it counts no draft; every page ends free.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -117,7 +117,13 @@ const Expected& Baseline() {
 
 struct Shape {
   int prefill_tp, decode_tp;
+  bool draft_model = false;  // the demo model as its own draft model instead of n-gram drafts
 };
+
+// A draft model that is the target itself: every draft it makes is the target's greedy token.
+std::string DraftModelConfig() {
+  return R"({"method":"draft_model","num_speculative_tokens":3,"model":")" + kModel + R"("})";
+}
 
 class UpSpecTest : public ::testing::TestWithParam<Shape> {};
 
@@ -128,9 +134,10 @@ TEST_P(UpSpecTest, GreedyOutputsEqualNoSpeculationAndDecodeCountsDrafts) {
   for (const Answer& a : want.answers) stopped += a.finish_reason == "stop" ? 1 : 0;
   EXPECT_GE(stopped, 3) << "the stop strings should end some requests";
   const Shape s = GetParam();
-  UpDeployment up(kBinary, kModel, 1, 1,
-                  {"--speculative-config", kNgram, "--prefill-tp", std::to_string(s.prefill_tp),
-                   "--decode-tp", std::to_string(s.decode_tp)});
+  UpDeployment up(
+      kBinary, kModel, 1, 1,
+      {"--speculative-config", s.draft_model ? DraftModelConfig() : kNgram, "--prefill-tp",
+       std::to_string(s.prefill_tp), "--decode-tp", std::to_string(s.decode_tp)});
   ASSERT_TRUE(up.started());
   for (size_t i = 0; i < want.requests.size(); ++i) {
     const Answer got = Complete(up.router_port(), want.requests[i]);
@@ -145,6 +152,8 @@ TEST_P(UpSpecTest, GreedyOutputsEqualNoSpeculationAndDecodeCountsDrafts) {
   EXPECT_GT(testing::MetricSum(testing::kUpHost, decode, p + "num_accepted_tokens_per_pos_total",
                                "position=\"0\""),
             0);
+  EXPECT_GT(testing::MetricSum(testing::kUpHost, decode, "pdserve:kv_transfer_pages_total"), 0)
+      << "the prompts' KV should cross from the prefill instance";
   // The prefill instance never samples: it has no such counter (-1) or a zero one.
   EXPECT_LE(testing::MetricSum(testing::kUpHost, prefill, p + "num_drafts_total"), 0);
   std::printf("[ measured ] decode: %.0f drafts, %.0f draft tokens, %.0f accepted\n",
@@ -156,10 +165,12 @@ TEST_P(UpSpecTest, GreedyOutputsEqualNoSpeculationAndDecodeCountsDrafts) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, UpSpecTest,
-                         ::testing::Values(Shape{1, 1}, Shape{1, 2}, Shape{2, 1}),
+                         ::testing::Values(Shape{1, 1}, Shape{1, 2}, Shape{2, 1},
+                                           Shape{1, 1, true}),
                          [](const auto& info) {
                            return "Prefill" + std::to_string(info.param.prefill_tp) + "Decode" +
-                                  std::to_string(info.param.decode_tp);
+                                  std::to_string(info.param.decode_tp) +
+                                  (info.param.draft_model ? "DraftModel" : "Ngram");
                          });
 
 }  // namespace

@@ -14,15 +14,16 @@ trap 'cleanup; exit 130' INT TERM
 # The calling script's help: its header comment, less the first line.
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
 
-# A base port P with P..P+3 free (the router, the prefill and the decode instance).
+# free_ports [N]: a base port P with P..P+N-1 free (default 4: the router, the prefill and the
+# decode instance, one spare).
 free_ports() {
-  "$PY" - <<'PYEOF'
-import random, socket
+  "$PY" - "${1:-4}" <<'PYEOF'
+import random, socket, sys
 for _ in range(200):
     p = random.randint(20000, 32000)  # below the ephemeral range (32768-)
     socks = []
     try:
-        for q in range(p, p + 4):
+        for q in range(p, p + int(sys.argv[1])):
             s = socket.socket(); s.bind(("127.0.0.1", q)); socks.append(s)
         print(p); break
     except OSError:

@@ -16,6 +16,12 @@
 #             alternating rounds, then in pairs (both up at once, requests alternating).
 #   stall     long prompts arriving while others decode: colocated decode steps wait behind
 #             prefill chunks; p99 ITL of the disaggregated deployment against colocated's.
+#   mla       the DeepSeek shape: a deepseek_v3 model (make-model --preset small: MLA latent KV,
+#             MoE) served by `up --prefill 1 --decode 3` against one colocated instance on both
+#             cores, the same load (long prompts, 1 request/s per decode instance). Every instance
+#             has one thread, unpinned: with fewer than 4 cores the instances share them, so the
+#             run shows the deployment's shape and the TTFT/TPOT trade, not the speed-up of
+#             separate nodes.
 #
 # --fabric-provider: `up`'s libfabric provider (default tcp;ofi_rxm, the fabric over loopback;
 # shm: one host, no TCP stack). --io-cpus: `up`'s CPUs for the instances' HTTP, fabric and KV
@@ -68,8 +74,8 @@ while [ $# -gt 0 ]; do
     *) echo "bench/disagg: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
 done
-case "$SCENARIO" in demo | low-load | stall | all) ;;
-  *) echo "bench/disagg: --scenario must be demo, low-load, stall or all (got '$SCENARIO')" >&2; exit 2 ;;
+case "$SCENARIO" in demo | low-load | stall | mla | all) ;;
+  *) echo "bench/disagg: --scenario must be demo, low-load, stall, mla or all (got '$SCENARIO')" >&2; exit 2 ;;
 esac
 case "$CLIENT_CPUS" in auto | any) ;;
   *) echo "bench/disagg: --client-cpus must be auto or any (got '$CLIENT_CPUS')" >&2; exit 2 ;;
@@ -100,6 +106,21 @@ start_disagg() {
   wait_for "$log" "router (OpenAI API) on" $! > /dev/null
   URL=http://127.0.0.1:$port
   METRICS_URLS="prefill=http://127.0.0.1:$((port + 1))/metrics decode=http://127.0.0.1:$((port + 2))/metrics"
+}
+
+# start_mla_disagg: `pdserve up` of $MLA_MODEL with one prefill and three decode instances, one
+# thread each, unpinned (the mla scenario); every prompt's KV from the prefill instance.
+start_mla_disagg() {
+  local port log
+  port=$(free_ports 6)
+  log=$OUT/up.$RUN.log
+  "$PDSERVE" --log-level warn up --model "$MLA_MODEL" --prefill 1 --decode 3 --port "$port" \
+    --threads 1 --local-prefill-max-tokens -1 "${PROVIDER_FLAGS[@]}" > "$log" 2>&1 &
+  PIDS+=($!)
+  wait_for "$log" "router (OpenAI API) on" $! > /dev/null
+  URL=http://127.0.0.1:$port
+  METRICS_URLS="prefill=http://127.0.0.1:$((port + 1))/metrics"
+  for d in 0 1 2; do METRICS_URLS+=" decode$d=http://127.0.0.1:$((port + 2 + d))/metrics"; done
 }
 
 # start_colocated CORES THREADS: `pdserve serve` with its model threads on the given cores (its
@@ -317,5 +338,23 @@ if [ "$SCENARIO" = stall ] || [ "$SCENARIO" = all ]; then
   "$PY" "$ROOT/bench/disagg/report.py" side-by-side --title "prefills arriving during decodes (stall)" \
     "$OUT/stall-disagg.json" "disaggregated 1P+1D (1 core each)" \
     "$OUT/stall-colocated.json" "colocated (2 cores)"
+fi
+if [ "$SCENARIO" = mla ] || [ "$SCENARIO" = all ]; then
+  MLA_MODEL=$OUT/mla-model
+  if [ ! -f "$MLA_MODEL/config.json" ]; then
+    "$PDSERVE" --log-level warn make-model --arch deepseek_v3 --preset small --seed 1 \
+      --out "$MLA_MODEL" > "$OUT/mla-model.log" 2>&1 ||
+      { echo "bench/disagg: make-model deepseek_v3 failed:" >&2; cat "$OUT/mla-model.log" >&2; exit 1; }
+  fi
+  MLA_FLAGS=(--dataset-name random --random-input-len 768 --random-output-len 48
+    --random-range-ratio 0.5 --num-prompts "$(n 36 12)" --request-rate 3 --seed 4 --ignore-eos)
+  RUN=mla-disagg; start_mla_disagg; run_bench mla-disagg "${MLA_FLAGS[@]}"
+  main_model=$MODEL; MODEL=$MLA_MODEL
+  RUN=mla-colocated; start_colocated "$both_cores" "$threads2"; run_bench mla-colocated "${MLA_FLAGS[@]}"
+  MODEL=$main_model
+  "$PY" "$ROOT/bench/disagg/report.py" side-by-side \
+    --title "DeepSeek shape (deepseek_v3 small, MLA + MoE): 3 req/s, 1 per decode instance" \
+    "$OUT/mla-disagg.json" "disaggregated 1P+3D (1 thread each, $NCPU cores shared)" \
+    "$OUT/mla-colocated.json" "colocated ($threads2 threads)"
 fi
 echo "bench/disagg: results in $OUT"

@@ -235,6 +235,7 @@ void Scheduler::ScheduleRunning(StepState* step, bool decodes) {
     int num_new = std::min(remaining, step->budget);
     bool scheduled = true;
     while (!GrowPages(seq, PagesTarget(*seq, num_new))) {
+      if (ReclaimDraftPages(step->batch)) continue;  // drafts never cause a preemption
       Sequence* victim = PickVictim();
       // A prefill-only sequence has all its pages: only a normal one (itself a candidate) grows.
       PD_CHECK(victim != nullptr);
@@ -265,6 +266,21 @@ bool Scheduler::SetDraftTokens(int64_t id, std::vector<int32_t> draft_ids) {
   }
   seq->draft_token_ids = std::move(draft_ids);
   return true;
+}
+
+bool Scheduler::ReclaimDraftPages(const ScheduledBatch& batch) {
+  bool any = false;
+  for (Sequence* seq : running_) {
+    if (static_cast<int>(seq->page_table.size()) <= PagesFor(seq->num_tokens())) continue;
+    const bool verifying = std::any_of(
+        batch.seqs.begin(), batch.seqs.end(),
+        [&](const ScheduledSeq& s) { return s.seq_id == seq->id && s.num_draft_tokens > 0; });
+    if (verifying) continue;
+    seq->draft_token_ids.clear();  // their KV was in the pages given back
+    TrimPages(seq);
+    any = true;
+  }
+  return any;
 }
 
 int Scheduler::ReserveDraftPages(int64_t id, int num_tokens) {

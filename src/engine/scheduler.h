@@ -155,7 +155,8 @@ class Scheduler {
   // Grows a running sequence's page table towards num_tokens tokens from the free pages, never
   // preempting (a draft model writes its drafts' KV there before they are scheduled); returns
   // the tokens the table covers now (0 for an unknown id). Update gives back what the sequence's
-  // tokens do not need.
+  // tokens do not need; a sequence that needs a page takes them back (with the drafts) before
+  // anyone is preempted.
   int ReserveDraftPages(int64_t id, int num_tokens);
 
   ScheduledBatch Schedule();
@@ -194,6 +195,10 @@ class Scheduler {
   void ScheduleDrafts(StepState* step);
   // Gives back the pages past those the sequence's tokens need (rejected drafts' KV).
   void TrimPages(Sequence* seq);
+  // A running sequence needs a page and none is free: before anyone is preempted, the pages
+  // reserved for drafts (ReserveDraftPages) of sequences not verifying in `batch` go back, and
+  // those drafts with them. True when any page was given back.
+  bool ReclaimDraftPages(const ScheduledBatch& batch);
   // True when running num_new more tokens of `seq` needs pages its table lacks.
   bool NeedsPages(const Sequence& seq, int num_new) const;
   // A waiting sequence needs pages it does not hold (one holding all it needs is a remote-KV

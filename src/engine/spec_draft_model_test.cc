@@ -9,6 +9,7 @@
 #include <map>
 #include <vector>
 
+#include "common/clock.h"
 #include "engine/engine.h"
 #include "engine/engine_model_test_util.h"
 #include "engine/model_runner_test_util.h"
@@ -94,6 +95,38 @@ std::vector<Request> GreedyRequests(int vocab) {
     requests.push_back(r);
   }
   return requests;
+}
+
+// Pages reserved for a sequence's drafts go back, drafts and all, when another running sequence
+// needs one: drafts never cause a preemption.
+TEST(DraftPagesTest, ReservedDraftPagesGoBackBeforeAnyPreemption) {
+  PagePool pool(5, 0);
+  SchedulerOptions so;
+  so.max_num_batched_tokens = 16;
+  so.enable_prefix_caching = false;
+  Scheduler sched(so, &pool, 2, &SystemClock::Get());
+  ASSERT_TRUE(sched.AddSequence(1, {1, 2}, 0).ok());        // a: 1 page
+  ASSERT_TRUE(sched.AddSequence(2, {3, 4, 5, 6}, 0).ok());  // b: 2 pages
+  ScheduledBatch batch = sched.Schedule();
+  ASSERT_EQ(batch.seqs.size(), 2u);
+  const std::vector<SeqUpdate> first = {{1, 7, false}, {2, 8, false}};
+  sched.Update(batch, first);
+  // a (3 tokens) reserves room for 3 drafts: positions up to 4, 3 pages; the pool is empty.
+  EXPECT_EQ(sched.ReserveDraftPages(1, 3 + 3 - 1), 6);
+  EXPECT_EQ(pool.num_free(), 0);
+  ASSERT_TRUE(sched.SetDraftTokens(1, {9, 10, 11}));
+  // b's next token (position 4) needs a third page: a's reservation goes, not b.
+  batch = sched.Schedule();
+  EXPECT_TRUE(batch.preempted_seq_ids.empty());
+  ASSERT_EQ(batch.seqs.size(), 2u);
+  for (const ScheduledSeq& s : batch.seqs) {
+    EXPECT_TRUE(s.is_decode);
+    EXPECT_EQ(s.num_draft_tokens, 0) << "sequence " << s.seq_id;
+  }
+  EXPECT_TRUE(sched.Find(1)->draft_token_ids.empty());
+  EXPECT_EQ(sched.Find(1)->page_table.size(), 2u);
+  EXPECT_EQ(sched.Find(2)->page_table.size(), 3u);
+  EXPECT_TRUE(sched.CheckPages().ok());
 }
 
 // The draft's greedy continuation of `tokens`, computed from scratch by a fresh runner.

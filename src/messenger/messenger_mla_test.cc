@@ -360,7 +360,11 @@ TEST(MessengerMlaFaultTest, ALostPrefillInstanceFailsItsTransfersAndFreesEveryPa
   for (auto& r : requests) {
     const Outcome got = r->Wait(kMlaDeadlineS);
     EXPECT_EQ(got.finish, engine::FinishReason::kError);
-    EXPECT_EQ(got.error.code(), StatusCode::kDeadlineExceeded) << got.error.ToString();
+    // The transfer's deadline or the lost control channel, whichever the decode instance notices
+    // first (on a loaded host the latter can come first).
+    EXPECT_TRUE(got.error.code() == StatusCode::kDeadlineExceeded ||
+                got.error.code() == StatusCode::kUnavailable)
+        << got.error.ToString();
   }
   EXPECT_TRUE(WaitUntil([&] { return decode->num_active_transfers() == 0; }, kMlaDeadlineS));
   EXPECT_TRUE(AllPagesFree(*decode));
