@@ -301,7 +301,10 @@ std::string EngineMetrics(const engine::EngineStats& s, const std::string& role)
     << "\n# TYPE pdserve:num_requests_waiting gauge\npdserve:num_requests_waiting" << l << " "
     << s.num_waiting << "\n# TYPE pdserve:kv_free_pages gauge\npdserve:kv_free_pages" << l << " "
     << s.num_free_pages << "\n# TYPE pdserve:kv_total_pages gauge\npdserve:kv_total_pages" << l
-    << " " << s.num_total_pages << "\n";
+    << " " << s.num_total_pages << "\n# TYPE pdserve:prefix_cache_queries_total counter\n"
+    << "pdserve:prefix_cache_queries_total" << l << " " << s.prefix_cache_queries
+    << "\n# TYPE pdserve:prefix_cache_hits_total counter\npdserve:prefix_cache_hits_total" << l
+    << " " << s.prefix_cache_hits << "\n";
   return o.str();
 }
 

@@ -205,13 +205,16 @@ TEST_P(UpDpTest, GreedyTokensAndLogprobsEqualAColocatedTp1Instance) {
 
 // Prefill TP {1, 2, 4} against decode DP {2, 4} and TP {1, 2}, and prefill DP 2 against decode
 // TP {1, 2} and DP 2, cycling page sizes 1 and 16 and chunked (12) and whole (64) prefill.
-INSTANTIATE_TEST_SUITE_P(
-    Pairings, UpDpTest,
-    ::testing::Values(DpShape{1, 1, 2, 1, 12}, DpShape{2, 1, 2, 16, 64}, DpShape{1, 1, 4, 16, 12},
-                      DpShape{2, 1, 4, 1, 64}, DpShape{4, 1, 2, 16, 12}, DpShape{2, 1, 1, 1, 12},
-                      DpShape{1, 2, 1, 16, 64}, DpShape{1, 1, 1, 1, 12, 2},
-                      DpShape{1, 1, 2, 16, 64, 2}, DpShape{1, 2, 1, 16, 12, 2}),
-    [](const ::testing::TestParamInfo<DpShape>& i) { return ShapeName(i.param); });
+INSTANTIATE_TEST_SUITE_P(Pairings, UpDpTest,
+                         ::testing::Values(DpShape{1, 1, 2, 1, 12}, DpShape{2, 1, 2, 16, 64},
+                                           DpShape{1, 1, 4, 16, 12}, DpShape{2, 1, 4, 1, 64},
+                                           DpShape{4, 1, 2, 16, 12}, DpShape{2, 1, 1, 1, 12},
+                                           DpShape{1, 2, 1, 16, 64}, DpShape{1, 1, 1, 1, 12, 2},
+                                           DpShape{1, 1, 2, 16, 64, 2}, DpShape{1, 2, 1, 16, 12, 2},
+                                           DpShape{1, 4, 1, 1, 64, 2}, DpShape{1, 1, 4, 16, 12, 2}),
+                         [](const ::testing::TestParamInfo<DpShape>& i) {
+                           return ShapeName(i.param);
+                         });
 
 // ------------------------------------------------------------------ faults
 

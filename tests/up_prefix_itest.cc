@@ -76,6 +76,13 @@ TEST(UpPrefixTest, ASecondRequestWithTheSamePrefixMovesOnlyTheMissingPage) {
   EXPECT_EQ(second.cached_tokens, kPrefix / kPageSize * kPageSize);
   EXPECT_EQ(pages() - pages0, 1.0) << "the transfer carried more than the page decode lacked";
   EXPECT_EQ(cached() - cached0, 125.0);
+  // The prefill instance computed the second prompt from its own cached prefix (its /metrics).
+  const int prefill_port = d.port("prefill 0");
+  EXPECT_GE(testing::MetricSum(testing::kUpHost, prefill_port, "pdserve:prefix_cache_hits_total"),
+            1984.0);
+  EXPECT_GE(
+      testing::MetricSum(testing::kUpHost, prefill_port, "pdserve:prefix_cache_queries_total"),
+      2.0 * kPrefix);
   const Answer again = Complete(d.router_port(), WithSuffix(2), 1);  // all but one page cached
   ASSERT_EQ(again.status, 200);
   EXPECT_EQ(again.text, first.text);
