@@ -211,7 +211,8 @@ INSTANTIATE_TEST_SUITE_P(Pairings, UpDpTest,
                                            DpShape{4, 1, 2, 16, 12}, DpShape{2, 1, 1, 1, 12},
                                            DpShape{1, 2, 1, 16, 64}, DpShape{1, 1, 1, 1, 12, 2},
                                            DpShape{1, 1, 2, 16, 64, 2}, DpShape{1, 2, 1, 16, 12, 2},
-                                           DpShape{1, 4, 1, 1, 64, 2}, DpShape{1, 1, 4, 16, 12, 2}),
+                                           DpShape{4, 1, 4, 1, 64}, DpShape{1, 4, 1, 1, 64, 2},
+                                           DpShape{1, 1, 4, 16, 12, 2}),
                          [](const ::testing::TestParamInfo<DpShape>& i) {
                            return ShapeName(i.param);
                          });
