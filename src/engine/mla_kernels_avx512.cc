@@ -48,8 +48,11 @@ template <int HB, int JB>
 inline void StoreScores(const __m512 (&acc)[HB][JB], float scale, float* s) {
   if constexpr (HB == 4 && JB == 4) {
     const __m512 sums = _mm512_mul_ps(Sum16(&acc[0][0]), _mm512_set1_ps(scale));
-    for (int hb = 0; hb < 4; ++hb)
-      _mm_storeu_ps(s + hb * kMlaBlock, _mm512_extractf32x4_ps(sums, hb));
+    // The lane index is an immediate (clang requires a constant even where gcc unrolls).
+    _mm_storeu_ps(s, _mm512_castps512_ps128(sums));
+    _mm_storeu_ps(s + kMlaBlock, _mm512_extractf32x4_ps(sums, 1));
+    _mm_storeu_ps(s + 2 * kMlaBlock, _mm512_extractf32x4_ps(sums, 2));
+    _mm_storeu_ps(s + 3 * kMlaBlock, _mm512_extractf32x4_ps(sums, 3));
   } else {
     for (int hb = 0; hb < HB; ++hb)
       for (int jb = 0; jb < JB; ++jb)
