@@ -292,6 +292,9 @@ transfer::DomainOptions DomainFor(const RoleFlags& f) {
   return d;
 }
 
+// How long a draining prefill instance keeps refusing PrefillRequests once its transfers ended.
+constexpr double kPrefillDrainLingerS = 0.25;
+
 std::string EngineMetrics(const engine::EngineStats& s, const std::string& role) {
   const std::string l = "{role=\"" + role + "\"}";
   std::ostringstream o;
@@ -425,6 +428,9 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
       m->BeginDrain();
     };
     hooks.in_flight = [m] { return m->num_active_transfers(); };
+    // A decode instance may have sent a PrefillRequest before it saw a refusal: refuse it (a free
+    // retry elsewhere) rather than exit under it, which it would notice only at a timeout.
+    hooks.linger_s = kPrefillDrainLingerS;
     (void)server::Drain(hooks, flags.drain_timeout_s, "prefill instance");  // Stop ends the rest
   }
   if (flags.kv_events != nullptr) flags.kv_events->Close();  // ends the waiting polls

@@ -33,6 +33,10 @@ DrainReport Drain(const DrainHooks& hooks, double timeout_s, const std::string& 
   const auto deadline =
       start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   int left = hooks.in_flight ? WaitIdle(hooks.in_flight, deadline) : 0;
+  if (left == 0 && hooks.linger_s > 0) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(hooks.linger_s));
+    left = hooks.in_flight ? WaitIdle(hooks.in_flight, deadline) : 0;
+  }
   report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   if (left > 0) {
     report.ended_at_deadline = left;

@@ -20,6 +20,10 @@ struct DrainHooks {
   std::function<int()> in_flight;  // work still running (requests, streams, transfers)
   // Ends every piece of work still running with an error carrying `why`; may be empty.
   std::function<void(const std::string& why)> end_running;
+  // Once nothing is in flight, new work is still refused for this long, and whatever began
+  // meanwhile is waited for: work a peer sent before it saw the first refusal reaches a process
+  // that refuses it (so the peer retries elsewhere at once) instead of one that is gone.
+  double linger_s = 0.0;
 };
 
 struct DrainReport {

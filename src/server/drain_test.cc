@@ -42,6 +42,26 @@ TEST(DrainTest, WaitsForTheWorkInFlightThenReports) {
   EXPECT_FALSE(ended);
 }
 
+// Work that begins during the linger (a request that was on the wire) is waited for too: the
+// third look at the work in flight (after the linger) finds one piece, the fourth none.
+TEST(DrainTest, WorkThatBeginsDuringTheLingerIsWaitedFor) {
+  int looks = 0;
+  bool ended = false;
+  DrainHooks hooks;
+  hooks.in_flight = [&] { return ++looks == 3 ? 1 : 0; };
+  hooks.end_running = [&](const std::string&) { ended = true; };
+  hooks.linger_s = 0.01;
+  const DrainReport r = Drain(hooks, 30.0, "prefill instance");
+  EXPECT_EQ(looks, 4);
+  EXPECT_EQ(r.ended_at_deadline, 0);
+  EXPECT_FALSE(ended);
+  // Without a linger the drain ends at the first look that finds nothing.
+  looks = 0;
+  hooks.linger_s = 0.0;
+  (void)Drain(hooks, 30.0, "prefill instance");
+  EXPECT_EQ(looks, 2);
+}
+
 TEST(DrainTest, EndsWhatIsLeftAtTheDeadlineSayingWhy) {
   int left = 2;
   std::string why;
