@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tests/disagg_process.h"
+#include "tests/up_deployment.h"
 
 namespace pd {
 namespace {
@@ -121,6 +122,26 @@ TEST(DisaggPrefillRoutingTest, APromptGoesToThePrefillInstanceHoldingItsPrefix) 
   EXPECT_GE(MetricSum(kHost, base + 4, "pdserve:prefill_kv_cached_pages_total"), 3 * 16);
   for (Process* p : {&d2, &d1, &p1, &p0}) EXPECT_EQ(p->Stop(SIGTERM, 30s), 0) << p->output();
   if (HasFailure()) ADD_FAILURE() << d2.output() << "\n--- P1:\n" << p1.output();
+}
+
+// `pdserve up --routing kv-aware` gives its decode instances --prefill-routing kv-aware: the
+// decode instance follows both prefill instances' key feeds (without the flag it follows none).
+TEST(UpPrefillRoutingTest, UpKvAwareMakesItsDecodeInstancesChooseTheirPrefillByCache) {
+  for (const bool kv_aware : {true, false}) {
+    SCOPED_TRACE(kv_aware ? "--routing kv-aware" : "--routing least-loaded");
+    testing::UpDeployment d(kBinary, kModel, 2, 1,
+                            {"--routing", kv_aware ? "kv-aware" : "least-loaded"});
+    ASSERT_TRUE(d.started());
+    const int decode = d.port("decode 0");
+    if (kv_aware) {
+      EXPECT_TRUE(
+          WaitFor([&] { return MetricSum(kHost, decode, "pdserve:prefill_kv_synced") == 2; }, 20s))
+          << d.up().output();
+    } else {
+      EXPECT_LE(MetricSum(kHost, decode, "pdserve:prefill_kv_synced"), 0.0);
+    }
+    EXPECT_EQ(d.up().Stop(SIGTERM, 60s), 0);
+  }
 }
 
 }  // namespace
