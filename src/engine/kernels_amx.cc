@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "engine/fp8_avx512.h"
 #include "engine/kernels.h"
 
 namespace pd::engine::kernels {
@@ -149,14 +150,13 @@ void PackB(const uint8_t* base, int64_t group_bytes, int64_t g0, int64_t g1, int
 }
 
 // The 32 codes at p (an fp8 panel's line at one k) as bf16 times 2^-8 in the high half of each
-// 32-bit word: rows 0..15 in lo, 16..31 in hi. Exact: binary16 of code * 2^-8 (as the AVX-512 fp8
-// kernel makes it), to f32, keeps at most 4 significant bits.
+// 32-bit word: rows 0..15 in lo, 16..31 in hi. Exact: the f32 of code * 2^-8 (Fp8x32) keeps at
+// most 4 significant bits.
 inline void Fp8Line(const uint8_t* p, __m512i& lo, __m512i& hi) {
-  const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  __m512i h = _mm512_slli_epi16(_mm512_cvtepi8_epi16(codes), 7);
-  h = _mm512_and_si512(h, _mm512_set1_epi16(static_cast<int16_t>(0xBFFF)));
-  lo = _mm512_castps_si512(_mm512_cvtph_ps(_mm512_castsi512_si256(h)));
-  hi = _mm512_castps_si512(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)));
+  __m512 l, h;
+  Fp8x32(p, l, h);
+  lo = _mm512_castps_si512(l);
+  hi = _mm512_castps_si512(h);
 }
 
 // PackB for an fp8 panel (32 bytes a k): the same tiles, of the codes as bf16 times 2^-8.

@@ -14,7 +14,7 @@
 
 #include "engine/exp_avx512.h"
 #include "engine/kernels.h"
-#include "engine/kv_fp8_avx512.h"
+#include "engine/fp8_avx512.h"
 
 namespace pd::engine::kernels {
 namespace {

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "engine/fp8_avx512.h"
 #include "engine/kernels.h"
 
 namespace pd::engine::kernels {
@@ -47,15 +48,6 @@ constexpr int64_t kPrefetchBytes = 1536;  // decode: each group's stream this fa
 inline int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t Clamp16(int64_t v) { return v < 0 ? 0 : (v > 16 ? 16 : v); }
 
-// The 32 codes at p as f32 times 2^-8: rows 0..15 in lo, 16..31 in hi.
-inline void Convert32(const uint8_t* p, __m512& lo, __m512& hi) {
-  const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  __m512i h = _mm512_slli_epi16(_mm512_cvtepi8_epi16(codes), 7);
-  h = _mm512_and_si512(h, _mm512_set1_epi16(static_cast<int16_t>(0xBFFF)));
-  lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
-  hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
-}
-
 // The scales of one group's k block times 2^8: rows 0..15 in lo, 16..31 in hi.
 inline void LoadScales(const float* s, __m512& lo, __m512& hi) {
   const __m512 k256 = _mm512_set1_ps(256.0f);
@@ -63,7 +55,7 @@ inline void LoadScales(const float* s, __m512& lo, __m512& hi) {
   hi = _mm512_mul_ps(_mm512_loadu_ps(s + 16), k256);
 }
 
-// The binary16 bits (times 2^-8, as Convert32) of the codes of 64 bytes v read as 32 words, one
+// The binary16 bits (times 2^-8, as Fp8x32) of the codes of 64 bytes v read as 32 words, one
 // per pair of rows: the odd rows' (high bytes) and the even rows' (low bytes). Words 0..15 hold the
 // first k's 32 rows, words 16..31 the next k's.
 inline void PairHalves(__m512i v, __m512i& even, __m512i& odd) {
@@ -258,7 +250,7 @@ void Stream(const float* x, int64_t rows, int64_t ldx, const WeightMatrix& w, in
 void ConvertBlock(const uint8_t* group, int64_t k0, int64_t k1, float* dst) {
   for (int64_t k = k0; k < k1; ++k, dst += kPanelRows) {
     __m512 lo, hi;
-    Convert32(group + k * kPanelRows, lo, hi);
+    Fp8x32(group + k * kPanelRows, lo, hi);
     _mm512_store_ps(dst, lo);
     _mm512_store_ps(dst + 16, hi);
   }

@@ -14,7 +14,7 @@
 #include <cmath>
 
 #include "engine/exp_avx512.h"
-#include "engine/kv_fp8_avx512.h"
+#include "engine/fp8_avx512.h"
 #include "engine/mla_kernels.h"
 
 namespace pd::engine::kernels {

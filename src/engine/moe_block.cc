@@ -103,6 +103,18 @@ void MoeRunJobs(const MoeExec& e, const std::vector<MoeExpertJob>& jobs, bool ga
 }
 
 // x (rows, ld) gate|up in place -> SiLU(gate) * up in the gate columns.
+void MoeJobsToDown(std::vector<MoeExpertJob>* jobs, const RunnerExpert* shared, int64_t ld,
+                   int64_t hidden, MoeScratch* s) {
+  for (MoeExpertJob& j : *jobs) {
+    const bool is_shared = j.ex == shared;
+    const int64_t r0 = is_shared ? 0 : (j.out - s->gu.data()) / ld;
+    j.x = j.out;
+    j.ldx = j.ldo;
+    j.out = (is_shared ? s->shared_y.data() : s->yg.data()) + r0 * hidden;
+    j.ldo = hidden;
+  }
+}
+
 void MoeSiluRows(const MoeExec& e, float* x, int64_t rows, int64_t inter, int64_t ld) {
   ForRows(e, rows, inter, [&](int64_t b, int64_t end) {
     for (int64_t r = b; r < end; ++r) {
@@ -213,14 +225,7 @@ void MoeForward(const MoeExec& e, const model::MoeConfig& moe, const RunnerMoeWe
   MoeRunJobs(e, jobs, /*gate_up=*/true, s);
   MoeSiluRows(e, s->gu.data(), rows, inter, ld);
   if (shared != nullptr) MoeSiluRows(e, s->shared_gu.data(), t, shared->inter(), sld);
-  for (MoeExpertJob& j : jobs) {  // down: x is the SiLU output, out the rows' expert outputs
-    const bool is_shared = j.ex == shared;
-    const int64_t r0 = is_shared ? 0 : (j.out - s->gu.data()) / ld;
-    j.x = j.out;
-    j.ldx = j.ldo;
-    j.out = (is_shared ? s->shared_y.data() : s->yg.data()) + r0 * hidden;
-    j.ldo = hidden;
-  }
+  MoeJobsToDown(&jobs, shared, ld, hidden, s);
   MoeRunJobs(e, jobs, /*gate_up=*/false, s);
   ForRows(e, t, hidden * k, [&](int64_t b, int64_t end) {
     for (int64_t i = b; i < end; ++i) {

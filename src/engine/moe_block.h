@@ -86,6 +86,11 @@ void MoeGroupByExpert(int64_t num_tokens, int64_t k, int num_experts, MoeScratch
 // the gate|up (gate_up) or down matmuls of jobs, in one dispatch;
 void MoeRunJobs(const MoeExec& e, const std::vector<MoeExpertJob>& jobs, bool gate_up,
                 MoeScratch* s);
+// jobs, after their gate|up and SiLU, become their down matmuls: x the SiLU output, out the rows
+// of s->yg (a routed expert's, found from its offset in s->gu of row stride ld) or s->shared_y
+// (`shared`, the shared expert's).
+void MoeJobsToDown(std::vector<MoeExpertJob>* jobs, const RunnerExpert* shared, int64_t ld,
+                   int64_t hidden, MoeScratch* s);
 // x (rows, ld) gate|up in place -> SiLU(gate) * up in the gate columns.
 void MoeSiluRows(const MoeExec& e, float* x, int64_t rows, int64_t inter, int64_t ld);
 

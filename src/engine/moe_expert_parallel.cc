@@ -69,15 +69,8 @@ void ComputeOwnExperts(const MoeExec& e, const model::MoeConfig& moe, const Runn
   }
   if (jobs.empty()) return;
   MoeRunJobs(e, jobs, /*gate_up=*/true, s);
-  for (MoeExpertJob& j : jobs) {  // SiLU, then down: x the SiLU output, out the expert outputs
-    MoeSiluRows(e, j.out, j.rows, j.ex->inter(), j.ldo);
-    const bool is_shared = j.ex == shared;
-    const int64_t r0 = is_shared ? 0 : (j.out - s->gu.data()) / ld;
-    j.x = j.out;
-    j.ldx = j.ldo;
-    j.out = (is_shared ? s->shared_y.data() : s->yg.data()) + r0 * hidden;
-    j.ldo = hidden;
-  }
+  for (const MoeExpertJob& j : jobs) MoeSiluRows(e, j.out, j.rows, j.ex->inter(), j.ldo);
+  MoeJobsToDown(&jobs, shared, ld, hidden, s);
   MoeRunJobs(e, jobs, /*gate_up=*/false, s);
 }
 
