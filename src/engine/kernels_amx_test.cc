@@ -41,6 +41,39 @@ double XBf16(float v) {
   return std::fabs(r) < 1.1754944e-38f ? 0.0 : r;
 }
 
+struct Shape {
+  int64_t m, n, k, ldx, ldo, n_begin;
+};
+
+// got (m, ldo), columns [n_begin, n), against the float64 sum of x (rounded to bf16) times the
+// rows of w (n, k): within rel times the sum of |products|, and within twice that of `dot` when
+// given; the columns outside the slice untouched (-7).
+void CheckSums(const std::vector<float>& got, const std::vector<float>* dot,
+               const std::vector<float>& x, const std::vector<float>& w, const Shape& s,
+               double rel) {
+  for (int64_t i = 0; i < s.m; ++i)
+    for (int64_t j = 0; j < s.ldo; ++j) {
+      const float g = got[i * s.ldo + j];
+      if (j < s.n_begin || j >= s.n) {
+        ASSERT_EQ(g, -7.0f) << "m=" << s.m << " n=" << s.n << " k=" << s.k << " column " << j;
+        continue;
+      }
+      double exact = 0, magnitude = 0;
+      for (int64_t c = 0; c < s.k; ++c) {
+        const double p = XBf16(x[i * s.ldx + c]) * w[j * s.k + c];
+        exact += p;
+        magnitude += std::fabs(p);
+      }
+      const double bound = rel * magnitude + 1e-30;
+      ASSERT_NEAR(g, exact, bound)
+          << "m=" << s.m << " n=" << s.n << " k=" << s.k << " at " << i << "," << j;
+      if (dot != nullptr) {
+        ASSERT_NEAR(g, (*dot)[i * s.ldo + j], 2 * bound)
+            << "m=" << s.m << " n=" << s.n << " k=" << s.k << " at " << i << "," << j;
+      }
+    }
+}
+
 // Rows past 16 and 32 (one and two row tiles), k within one k block, over several and not a
 // multiple of 32, columns a partial group and several group blocks, a slice not starting at group
 // 0: every element within 2e-6 of the sum of |products| of the float64 sum, and of
@@ -58,25 +91,7 @@ TEST_F(AmxTest, MatchesTheReferenceOnOddShapes) {
         std::vector<float> got(m * ldo, -7.0f), dot(m * ldo, -7.0f);
         amx_(x.data(), m, ldx, w.panel, n_begin, n, got.data(), ldo);
         ref::MatmulBf16Dot(x.data(), m, ldx, w.rows, dot.data(), ldo);
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t j = 0; j < ldo; ++j) {
-            const float g = got[i * ldo + j];
-            if (j < n_begin || j >= n) {
-              ASSERT_EQ(g, -7.0f) << "m=" << m << " n=" << n << " k=" << k << " column " << j;
-              continue;
-            }
-            double exact = 0, magnitude = 0;
-            for (int64_t c = 0; c < k; ++c) {
-              const double p = XBf16(x[i * ldx + c]) * w.f32[j * k + c];
-              exact += p;
-              magnitude += std::fabs(p);
-            }
-            const double bound = 2e-6 * magnitude + 1e-30;
-            ASSERT_NEAR(g, exact, bound)
-                << "m=" << m << " n=" << n << " k=" << k << " at " << i << "," << j;
-            ASSERT_NEAR(g, dot[i * ldo + j], 2 * bound)
-                << "m=" << m << " n=" << n << " k=" << k << " at " << i << "," << j;
-          }
+        ASSERT_NO_FATAL_FAILURE(CheckSums(got, &dot, x, w.f32, {m, n, k, ldx, ldo, n_begin}, 2e-6));
       }
 }
 
@@ -145,22 +160,8 @@ TEST_F(AmxTest, Fp8MatchesTheFloat64SumOnOddShapes) {
         const std::vector<float> x = Random(m * ldx, m + 7 * k);
         std::vector<float> got(m * ldo, -7.0f);
         amx_(x.data(), m, ldx, w.panel, n_begin, n, got.data(), ldo);
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t j = 0; j < ldo; ++j) {
-            const float g = got[i * ldo + j];
-            if (j < n_begin || j >= n) {
-              ASSERT_EQ(g, -7.0f) << "m=" << m << " n=" << n << " k=" << k << " column " << j;
-              continue;
-            }
-            double exact = 0, magnitude = 0;
-            for (int64_t c = 0; c < k; ++c) {
-              const double p = XBf16(x[i * ldx + c]) * w.f32[j * k + c];
-              exact += p;
-              magnitude += std::fabs(p);
-            }
-            ASSERT_NEAR(g, exact, 4e-6 * magnitude + 1e-30)
-                << "m=" << m << " n=" << n << " k=" << k << " at " << i << "," << j;
-          }
+        ASSERT_NO_FATAL_FAILURE(
+            CheckSums(got, nullptr, x, w.f32, {m, n, k, ldx, ldo, n_begin}, 4e-6));
       }
 }
 
