@@ -98,17 +98,21 @@ std::unique_ptr<DecodeMessenger> StartDpDecode(int dp, const std::string& peer,
   return std::move(d).value();
 }
 
+// The greedy outcomes of a colocated TP 1 engine for prompts.
+std::vector<Outcome> Colocated(const std::vector<std::vector<int32_t>>& prompts, int tokens) {
+  auto colocated = Async(DpModelEngine(1, 1));
+  std::vector<Outcome> want;
+  for (const auto& p : prompts)
+    want.push_back(testing::Generate(*colocated, p, tokens, nullptr, kDpDeadlineS));
+  colocated->Shutdown();
+  return want;
+}
+
 TEST(MessengerDpTest, TpPrefillToDpDecodeGivesTheColocatedTp1GreedyTokens) {
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 5; ++i) prompts.push_back(testing::PromptOf(i % 2 == 0 ? 13 : 6, i + 1));
   constexpr int kTokens = 4;
-  std::vector<Outcome> want;
-  {
-    auto colocated = Async(DpModelEngine(1, 1));
-    for (const auto& p : prompts)
-      want.push_back(testing::Generate(*colocated, p, kTokens, nullptr, kDpDeadlineS));
-    colocated->Shutdown();
-  }
+  const std::vector<Outcome> want = Colocated(prompts, kTokens);
   for (int ptp : {1, 2}) {
     auto prefill = StartPrefill(ptp);
     if (prefill == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
@@ -144,13 +148,7 @@ TEST(MessengerDpTest, DpPrefillToTpAndDpDecodeGivesTheColocatedTp1GreedyTokens) 
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 6; ++i) prompts.push_back(testing::PromptOf(i % 2 == 0 ? 13 : 6, i + 7));
   constexpr int kTokens = 4;
-  std::vector<Outcome> want;
-  {
-    auto colocated = Async(DpModelEngine(1, 1));
-    for (const auto& p : prompts)
-      want.push_back(testing::Generate(*colocated, p, kTokens, nullptr, kDpDeadlineS));
-    colocated->Shutdown();
-  }
+  const std::vector<Outcome> want = Colocated(prompts, kTokens);
   auto prefill = StartDpPrefill(2);
   if (prefill == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
   for (int dp : {1, 2}) {
