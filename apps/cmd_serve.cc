@@ -185,17 +185,6 @@ sigset_t BlockStopSignals() {
 
 // --dry-run: the checks that need no model loaded and no network, then exit 0, or 1 naming the
 // flag that is wrong (the role flags and parsers were checked before).
-// The drafter's fingerprint the handshake compares (messenger::SpeculativeIdentity): for a draft
-// model, its config and tensor shapes (the config's torch_dtype stands for its weights' dtype);
-// for MTP, the target's (its checkpoint holds the MTP layers); 0 for ngram (no drafter model).
-Result<uint64_t> DraftFingerprint(const engine::SpeculativeConfig& spec, uint64_t target) {
-  if (spec.method == engine::SpecMethod::kMtp) return target;
-  if (spec.method != engine::SpecMethod::kDraftModel) return uint64_t{0};
-  Result<model::ModelConfig> c = model::LoadModelConfig(spec.model);
-  if (!c.ok()) return c.status().WithContext("--speculative-config: model");
-  return messenger::ModelFingerprint(*c, model::DType::kBF16);
-}
-
 int DryRun(const ServeFlags& f) {
   if (Status s = CheckIdlePollUs(f.idle_poll_us); !s.ok()) return Fail(s.message());
   for (const auto& [flag, list] :
@@ -265,7 +254,7 @@ int RunServe(const ServeFlags& f) {
   roles.api_key = f.api_key;
   roles.tokenizer_fingerprint = server::TokenizerFingerprint(**tokenizer);
   eo.speculative = *spec;
-  auto draft = DraftFingerprint(*spec, eo.model_fingerprint);
+  auto draft = messenger::DraftFingerprint(*spec, eo.model_fingerprint);
   if (!draft.ok()) return Fail(draft.status().ToString());
   roles.speculative = messenger::SpeculativeIdentity(*spec, *draft);  // the handshake compares it
   WarnIfMatmulFallsBack("serve", eo.runner.matmul);

@@ -65,6 +65,15 @@ std::string SpeculativeIdentity(const engine::SpeculativeConfig& config,
   return id;
 }
 
+Result<uint64_t> DraftFingerprint(const engine::SpeculativeConfig& config,
+                                  uint64_t target_fingerprint) {
+  if (config.method == engine::SpecMethod::kMtp) return target_fingerprint;
+  if (config.method != engine::SpecMethod::kDraftModel) return uint64_t{0};
+  Result<model::ModelConfig> c = model::LoadModelConfig(config.model);
+  if (!c.ok()) return c.status().WithContext("--speculative-config: model");
+  return ModelFingerprint(*c, model::DType::kBF16);
+}
+
 namespace {
 
 template <typename T>

@@ -42,6 +42,13 @@ KvFormat MakeKvFormat(uint64_t model_hash, const engine::KvCacheSpec& spec,
 std::string SpeculativeIdentity(const engine::SpeculativeConfig& config,
                                 uint64_t draft_fingerprint = 0);
 
+// The drafter's fingerprint SpeculativeIdentity takes: for a draft model, its config and tensor
+// shapes (the config's torch_dtype stands for its weights' dtype); for MTP, `target_fingerprint`
+// (its checkpoint holds the MTP layers); 0 for ngram (no drafter model). An unreadable draft
+// config is an error naming --speculative-config.
+Result<uint64_t> DraftFingerprint(const engine::SpeculativeConfig& config,
+                                  uint64_t target_fingerprint);
+
 // OK when both sides can exchange KV pages; otherwise FailedPrecondition naming every field that
 // differs with both values, e.g. "page_size: ours 16, theirs 8".
 Status CheckCompatible(const KvFormat& ours, const KvFormat& theirs);
