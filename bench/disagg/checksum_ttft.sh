@@ -39,10 +39,7 @@ while [ $# -gt 0 ]; do
     *) echo "checksum_ttft: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
 done
-[ -x "$PDSERVE" ] || { echo "checksum_ttft: $PDSERVE is not built" >&2; exit 1; }
-[ -f "$MODEL/config.json" ] || { echo "checksum_ttft: $MODEL/config.json is missing" >&2; exit 1; }
-[ -n "$OUT" ] || OUT=$(mktemp -d /tmp/pdserve-checksum.XXXXXX)
-mkdir -p "$OUT"
+prepare checksum_ttft checksum
 
 
 # Every prompt's KV crosses the wire (--local-prefill-max-tokens -1), whatever --input-len says.

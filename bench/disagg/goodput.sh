@@ -64,10 +64,7 @@ done
 case "$SCENARIO" in chat | prefill-heavy | all) ;;
   *) echo "bench/disagg: --scenario must be chat, prefill-heavy or all (got '$SCENARIO')" >&2; exit 2 ;;
 esac
-[ -x "$PDSERVE" ] || { echo "bench/disagg: $PDSERVE is not built (make build)" >&2; exit 1; }
-[ -f "$MODEL/config.json" ] || { echo "bench/disagg: $MODEL/config.json is missing" >&2; exit 1; }
-[ -n "$OUT" ] || OUT=$(mktemp -d /tmp/pdserve-goodput.XXXXXX)
-mkdir -p "$OUT"
+prepare bench/disagg goodput
 NCPU=$(nproc)
 both_cores=0-$((NCPU > 1 ? 1 : 0))
 threads2=$((NCPU > 1 ? 2 : 1))

@@ -11,6 +11,15 @@ cleanup() {
 trap cleanup EXIT
 trap 'cleanup; exit 130' INT TERM
 
+# prepare NAME TMP: PDSERVE is built and MODEL a checkpoint (else exit 1, the message starting with
+# NAME), and OUT a folder (a fresh /tmp/pdserve-TMP.XXXXXX when unset).
+prepare() {
+  [ -x "$PDSERVE" ] || { echo "$1: $PDSERVE is not built (make build)" >&2; exit 1; }
+  [ -f "$MODEL/config.json" ] || { echo "$1: $MODEL/config.json is missing" >&2; exit 1; }
+  [ -n "$OUT" ] || OUT=$(mktemp -d "/tmp/pdserve-$2.XXXXXX")
+  mkdir -p "$OUT"
+}
+
 # The calling script's help: its header comment, less the first line.
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
 

@@ -36,10 +36,7 @@ while [ $# -gt 0 ]; do
     *) echo "local_prefill: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
 done
-[ -x "$PDSERVE" ] || { echo "local_prefill: $PDSERVE is not built" >&2; exit 1; }
-[ -f "$MODEL/config.json" ] || { echo "local_prefill: $MODEL/config.json is missing" >&2; exit 1; }
-[ -n "$OUT" ] || OUT=$(mktemp -d /tmp/pdserve-local-prefill.XXXXXX)
-mkdir -p "$OUT"
+prepare local_prefill local-prefill
 
 start remote --local-prefill-max-tokens -1; url_remote=$URL
 start local --local-prefill-max-tokens 1000000; url_local=$URL

@@ -47,10 +47,7 @@ while [ $# -gt 0 ]; do
     *) echo "recompute: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
 done
-[ -x "$PDSERVE" ] || { echo "recompute: $PDSERVE is not built" >&2; exit 1; }
-[ -f "$MODEL/config.json" ] || { echo "recompute: $MODEL/config.json is missing" >&2; exit 1; }
-[ -n "$OUT" ] || OUT=$(mktemp -d /tmp/pdserve-recompute.XXXXXX)
-mkdir -p "$OUT"
+prepare recompute recompute
 
 # The prefill instance is killed once per pair: `up` would give up after --max-restarts of
 # those in a row.

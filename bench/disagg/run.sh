@@ -80,11 +80,8 @@ esac
 case "$CLIENT_CPUS" in auto | any) ;;
   *) echo "bench/disagg: --client-cpus must be auto or any (got '$CLIENT_CPUS')" >&2; exit 2 ;;
 esac
-[ -x "$PDSERVE" ] || { echo "bench/disagg: $PDSERVE is not built (make build)" >&2; exit 1; }
 [ -x "$PY" ] || { echo "bench/disagg: $PY is missing (scripts/install-deps.sh installs it)" >&2; exit 1; }
-[ -f "$MODEL/config.json" ] || { echo "bench/disagg: $MODEL/config.json is missing" >&2; exit 1; }
-[ -n "$OUT" ] || OUT=$(mktemp -d /tmp/pdserve-disagg.XXXXXX)
-mkdir -p "$OUT"
+prepare bench/disagg disagg
 NCPU=$(nproc)
 PROVIDER_FLAGS=()
 [ "$PROVIDER" = "tcp;ofi_rxm" ] || PROVIDER_FLAGS=(--fabric-provider "$PROVIDER")
