@@ -13,8 +13,8 @@
 #include <cstdint>
 
 #include "engine/exp_avx512.h"
-#include "engine/kernels.h"
 #include "engine/fp8_avx512.h"
+#include "engine/kernels.h"
 
 namespace pd::engine::kernels {
 namespace {
