@@ -38,6 +38,7 @@ struct Outcome {
   int status = -1;
   bool tokens = false;      // 200 with kUpMaxTokens completion tokens
   bool error_body = false;  // not 200, with an OpenAI error object
+  std::string message;      // the error object's message, when there is one
   UpClock::time_point start, end;
 };
 
@@ -58,6 +59,8 @@ class Load {
           o.tokens = status == 200 && body.is_object() &&
                      body["usage"].value("completion_tokens", 0) == kUpMaxTokens;
           o.error_body = status != 200 && body.is_object() && body.contains("error");
+          if (o.error_body && body["error"].is_object())
+            o.message = body["error"].value("message", std::string());
           {
             std::lock_guard<std::mutex> lock(mu_);
             outcomes_.push_back(o);

@@ -76,7 +76,7 @@ TEST(UpRollingRestartTest, RestartingEveryInstanceInTurnUnderLoadLosesNoRequest)
   const std::vector<testing::Outcome> outcomes = load.outcomes();
   int ok = 0;
   for (const testing::Outcome& o : outcomes) {
-    EXPECT_TRUE(o.tokens) << "a request was lost: status " << o.status;
+    EXPECT_TRUE(o.tokens) << "a request was lost: status " << o.status << ": " << o.message;
     ok += o.tokens ? 1 : 0;
   }
   std::printf("[ measured ] rolling restart of 4 instances: %d of %zu requests answered whole\n",
