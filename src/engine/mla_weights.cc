@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "common/check.h"
+#include "engine/tp_shard_slices.h"
 
 namespace pd::engine {
 namespace {
@@ -122,33 +123,26 @@ RunnerMlaWeights ShardMlaWeights(const RunnerMlaWeights& f, const model::ModelCo
                                  int head_begin, int num_heads) {
   const model::MlaConfig& m = c.mla;
   const int64_t qh = m.qk_head_dim(), dn = m.qk_nope_head_dim, dv = m.v_head_dim;
+  const int64_t q0 = head_begin * qh, nq = num_heads * qh;
   RunnerMlaWeights o;
-  if (f.q.w.data != nullptr) o.q = View(Rows(f.q.w, head_begin * qh, num_heads * qh));
   o.q_a = View(f.q_a.w);
-  o.q_a_norm = f.q_a_norm;
-  if (f.q_b.w.data != nullptr) o.q_b = View(Rows(f.q_b.w, head_begin * qh, num_heads * qh));
   o.kv_a = View(f.kv_a.w);
+  if (f.q.w.data != nullptr) {  // packed with kv_a into `a`: both f32 when q's slice must be
+    const bool keep = SliceKeepsDtype(f.q.w, q0);
+    o.q = SliceWeight(f.q.w, SliceAxis::kRows, q0, nq, !keep);
+    if (!keep && f.kv_a.w.fp8)
+      o.kv_a = SliceWeight(f.kv_a.w, SliceAxis::kRows, 0, f.kv_a.w.n, true);
+  }
+  o.q_a_norm = f.q_a_norm;
+  if (f.q_b.w.data != nullptr)
+    o.q_b = SliceWeight(f.q_b.w, SliceAxis::kRows, q0, nq, !SliceKeepsDtype(f.q_b.w, q0));
   o.kv_a_norm = f.kv_a_norm;
-  o.kv_b = View(Rows(f.kv_b.w, head_begin * (dn + dv), num_heads * (dn + dv)));
+  o.kv_b = View(Rows(f.kv_b.w, head_begin * (dn + dv), num_heads * (dn + dv)));  // f32 (prepared)
   o.uk_t.assign(f.uk_t.begin() + head_begin, f.uk_t.begin() + head_begin + num_heads);
   o.uv.assign(f.uv.begin() + head_begin, f.uv.begin() + head_begin + num_heads);
   // o_proj (hidden, H*dv): this rank's columns [head_begin*dv, (head_begin+num_heads)*dv), copied.
-  const int64_t rows = f.o.w.n, k = f.o.w.k, begin = head_begin * dv, n = num_heads * dv;
-  const size_t elem = f.o.w.bf16 ? 2 : 4;
-  o.o.w = f.o.w;
-  o.o.w.k = n;
-  uint8_t* dst;
-  if (f.o.w.bf16) {
-    o.o.owned_bf16.resize(static_cast<size_t>(rows) * n);
-    dst = reinterpret_cast<uint8_t*>(o.o.owned_bf16.data());
-  } else {
-    o.o.owned.resize(static_cast<size_t>(rows) * n);
-    dst = reinterpret_cast<uint8_t*>(o.o.owned.data());
-  }
-  o.o.w.data = dst;
-  const uint8_t* src = static_cast<const uint8_t*>(f.o.w.data);
-  for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(dst + r * n * elem, src + (r * k + begin) * elem, n * elem);
+  const int64_t o0 = head_begin * dv;
+  o.o = SliceWeight(f.o.w, SliceAxis::kCols, o0, num_heads * dv, !SliceKeepsDtype(f.o.w, o0));
   return o;
 }
 

@@ -19,8 +19,10 @@ class ThreadPool;
 // One linear layer W (n, k), plus the F32 copy it owns when the checkpoint was F16.
 struct LinearWeight {
   kernels::WeightMatrix w;
-  std::vector<float> owned;          // (n, k) when converted
+  std::vector<float> owned;          // (n, k) when converted (or a TP rank's dequantised slice)
   std::vector<uint16_t> owned_bf16;  // (n, k) bf16 copy (a TP rank's column slice)
+  std::vector<uint8_t> owned_fp8;    // (n, k) FP8 codes (a TP rank's column slice) and
+  std::vector<float> owned_scales;   // (ceil(n/128), ceil(k/128)) their block scales
 };
 
 // One SwiGLU expert of a MoE layer: a routed expert or the shared expert, its width `inter`

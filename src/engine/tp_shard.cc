@@ -6,70 +6,48 @@
 #include "common/check.h"
 #include "engine/kv_heads.h"
 #include "engine/mla_weights.h"
+#include "engine/tp_shard_slices.h"
 
 namespace pd::engine {
 namespace {
 
 std::string Num(int64_t v) { return std::to_string(v); }
 
-bool AnyFp8(const RunnerWeights& w) {
-  for (const RunnerLayerWeights& l : w.layers) {
-    if (l.o.w.fp8 || l.down.w.fp8 || (l.mla != nullptr && l.mla->o.w.fp8)) return true;
-    for (const std::vector<RunnerExpert>* v : {&l.moe.experts, &l.moe.shared})
-      for (const RunnerExpert& e : *v)
-        if (e.down.w.fp8) return true;
-  }
-  return false;
-}
-
-// Rows [begin, begin+n) of a row-major W (N, k): a view, nothing copied.
-LinearWeight RowSlice(const LinearWeight& src, int64_t begin, int64_t n) {
-  PD_CHECK(src.w.layout == kernels::WeightLayout::kRowMajor);
-  PD_CHECK(begin >= 0 && begin + n <= src.w.n);
-  LinearWeight out;
-  out.w = src.w;
-  out.w.n = n;
-  const size_t elem = src.w.bf16 ? 2 : 4;
-  out.w.data = static_cast<const uint8_t*>(src.w.data) + begin * src.w.k * elem;
-  return out;
-}
-
-// Columns [begin, begin+n) of a row-major W (N, k), copied into a (N, n) matrix the result owns.
-LinearWeight ColSlice(const LinearWeight& src, int64_t begin, int64_t n) {
-  PD_CHECK(src.w.layout == kernels::WeightLayout::kRowMajor);
-  PD_CHECK(begin >= 0 && begin + n <= src.w.k);
-  LinearWeight out;
-  out.w = src.w;
-  out.w.k = n;
-  const int64_t rows = src.w.n;
-  if (src.w.bf16) {
-    out.owned_bf16.resize(static_cast<size_t>(rows) * n);
-    const uint16_t* s = static_cast<const uint16_t*>(src.w.data);
-    for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(out.owned_bf16.data() + r * n, s + r * src.w.k + begin, n * sizeof(uint16_t));
-    out.w.data = out.owned_bf16.data();
-  } else {
-    out.owned.resize(static_cast<size_t>(rows) * n);
-    const float* s = static_cast<const float*>(src.w.data);
-    for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(out.owned.data() + r * n, s + r * src.w.k + begin, n * sizeof(float));
-    out.w.data = out.owned.data();
-  }
-  return out;
-}
-
 std::vector<float> Slice(const std::vector<float>& v, int64_t begin, int64_t n) {
   if (v.empty()) return {};
   return std::vector<float>(v.begin() + begin, v.begin() + begin + n);
 }
 
-// Columns [r*I/t, (r+1)*I/t) of an expert of width I, as the dense MLP's.
+// Rows [begin, begin+n) of each of `parts` (fused into one matrix at packing, so one dtype): views,
+// or f32 copies when an FP8 part's slice would start inside a scale block.
+std::vector<LinearWeight> RowSlices(
+    const std::vector<std::pair<const LinearWeight*, WidthSplit>>& parts) {
+  bool keep = true;
+  for (const auto& [w, s] : parts) keep = keep && SliceKeepsDtype(w->w, s.begin);
+  std::vector<LinearWeight> out;
+  for (const auto& [w, s] : parts)
+    out.push_back(SliceWeight(w->w, SliceAxis::kRows, s.begin, s.n, !keep));
+  return out;
+}
+
+LinearWeight ColSlice(const LinearWeight& w, WidthSplit s) {
+  return SliceWeight(w.w, SliceAxis::kCols, s.begin, s.n, !SliceKeepsDtype(w.w, s.begin));
+}
+
+// A SwiGLU MLP's rank slice: gate/up rows and down columns [s.begin, s.begin + s.n).
+void ShardMlp(const LinearWeight& gate, const LinearWeight& up, const LinearWeight& down,
+              WidthSplit s, LinearWeight* og, LinearWeight* ou, LinearWeight* od) {
+  std::vector<LinearWeight> gu = RowSlices({{&gate, s}, {&up, s}});
+  *og = std::move(gu[0]);
+  *ou = std::move(gu[1]);
+  *od = ColSlice(down, s);
+}
+
+// An expert's columns: [r*I/t, (r+1)*I/t) of its width I, as the dense MLP's (SplitWidth).
 RunnerExpert ShardExpert(const RunnerExpert& f, const TpShard& s) {
-  const int64_t n = f.inter() / s.tp_size, begin = s.rank * n;
+  const WidthSplit w = SplitWidth(f.inter(), s.tp_size, s.rank, f.down.w.fp8);
   RunnerExpert o;
-  o.gate = RowSlice(f.gate, begin, n);
-  o.up = RowSlice(f.up, begin, n);
-  o.down = ColSlice(f.down, begin, n);
+  ShardMlp(f.gate, f.up, f.down, w, &o.gate, &o.up, &o.down);
   return o;
 }
 
@@ -84,29 +62,38 @@ void ShardMoe(const RunnerMoeWeights& f, const TpShard& s, RunnerMoeWeights* o) 
 void ShardLayer(const RunnerLayerWeights& f, const TpShard& s, const model::ModelConfig& c,
                 RunnerLayerWeights* o) {
   const int64_t head_dim = c.head_dim;
-  const int64_t q0 = s.head_begin * head_dim, nq = s.num_heads * head_dim;
-  const int64_t k0 = s.kv_head_begin * head_dim, nk = s.num_kv_heads * head_dim;
+  const WidthSplit q{s.head_begin * head_dim, s.num_heads * head_dim};
+  const WidthSplit kv{s.kv_head_begin * head_dim, s.num_kv_heads * head_dim};
   o->input_norm = f.input_norm;
   o->post_norm = f.post_norm;
   o->q_norm = f.q_norm;
   o->k_norm = f.k_norm;
-  o->q_bias = Slice(f.q_bias, q0, nq);
-  o->k_bias = Slice(f.k_bias, k0, nk);
-  o->v_bias = Slice(f.v_bias, k0, nk);
+  o->q_bias = Slice(f.q_bias, q.begin, q.n);
+  o->k_bias = Slice(f.k_bias, kv.begin, kv.n);
+  o->v_bias = Slice(f.v_bias, kv.begin, kv.n);
   o->o_bias = f.o_bias;    // added once to the reduced sum, identically on every rank
   if (f.mla != nullptr) {  // MLA: heads split, the latent projections whole on every rank
     o->mla =
         std::make_unique<RunnerMlaWeights>(ShardMlaWeights(*f.mla, c, s.head_begin, s.num_heads));
   } else {
-    o->q = RowSlice(f.q, q0, nq);
-    o->k = RowSlice(f.k, k0, nk);
-    o->v = RowSlice(f.v, k0, nk);
-    o->o = ColSlice(f.o, q0, nq);
+    std::vector<LinearWeight> qkv = RowSlices({{&f.q, q}, {&f.k, kv}, {&f.v, kv}});
+    o->q = std::move(qkv[0]);
+    o->k = std::move(qkv[1]);
+    o->v = std::move(qkv[2]);
+    o->o = ColSlice(f.o, q);
   }
   if (!f.moe.experts.empty()) return ShardMoe(f.moe, s, &o->moe);
-  o->gate = RowSlice(f.gate, s.inter_begin, s.inter);
-  o->up = RowSlice(f.up, s.inter_begin, s.inter);
-  o->down = ColSlice(f.down, s.inter_begin, s.inter);
+  const WidthSplit mlp = SplitWidth(f.gate.w.n, s.tp_size, s.rank, f.down.w.fp8);
+  ShardMlp(f.gate, f.up, f.down, mlp, &o->gate, &o->up, &o->down);
+}
+
+// The rank's MLP widths, as its layers hold them (SplitWidth may deal FP8 blocks unevenly).
+void SetRankWidths(const RunnerWeights& w, model::ModelConfig* c) {
+  for (const RunnerLayerWeights& l : w.layers) {
+    if (l.gate.w.data != nullptr) c->intermediate_size = static_cast<int>(l.gate.w.n);
+    if (!l.moe.experts.empty())
+      c->moe.moe_intermediate_size = static_cast<int>(l.moe.experts[0].inter());
+  }
 }
 
 }  // namespace
@@ -152,9 +139,6 @@ Result<std::unique_ptr<RunnerWeights>> ShardRunnerWeights(const RunnerWeights& f
   const model::ModelConfig& c = full.config;
   RETURN_IF_ERROR(ValidateTensorParallel(c, s.tp_size));
   if (full.packed != nullptr) return FailedPrecondition("ShardRunnerWeights: weights are packed");
-  if (AnyFp8(full))  // slices would have to follow the 128x128 scale blocks
-    return Unimplemented("tensor parallelism over FP8 weights is not supported (tp_size " +
-                         Num(s.tp_size) + "): run an FP8 checkpoint with tp 1");
   auto out = std::make_unique<RunnerWeights>();
   out->config = c;
   out->kv_scales = full.kv_scales;  // per tensor: the same on every rank
@@ -164,9 +148,11 @@ Result<std::unique_ptr<RunnerWeights>> ShardRunnerWeights(const RunnerWeights& f
   out->config.moe.moe_intermediate_size = c.moe.moe_intermediate_size / s.tp_size;
   out->final_norm = full.final_norm;
   out->embed.w = full.embed.w;  // a view: every rank looks up rows of the same table
-  out->lm_head = RowSlice(full.lm_head, s.vocab_begin, s.vocab);
+  out->lm_head = SliceWeight(full.lm_head.w, SliceAxis::kRows, s.vocab_begin, s.vocab,
+                             !SliceKeepsDtype(full.lm_head.w, s.vocab_begin));
   out->layers.resize(full.layers.size());
   for (size_t l = 0; l < full.layers.size(); ++l) ShardLayer(full.layers[l], s, c, &out->layers[l]);
+  SetRankWidths(*out, &out->config);
   return out;
 }
 

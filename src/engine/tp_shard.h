@@ -25,6 +25,12 @@
 // column-split (copied at load), so each rank's o/down output is a partial sum over its heads /
 // columns, added over ranks by TpAllReduce (tp_all_reduce.h). Embedding and norms are computed by
 // every rank on the replicated residual stream (cheap, and keeps the ranks bit-identical).
+// FP8 block-scaled weights (one scale per 128x128 block) are sliced with their scales
+// (tp_shard_slices.h): a slice starting on a block boundary stays FP8 (rows a view, columns a
+// copy); one starting inside a block is held dequantised to f32 by that rank (q|k|v, gate|up and
+// MLA's q|kv_a together, as packing fuses them). MLP and expert widths whose even split falls
+// inside blocks are split on block boundaries instead (SplitWidth: Qwen3-30B-A3B's 768 over 4
+// ranks is 128/256/128/256), so every rank's config carries its own MLP widths.
 #pragma once
 
 #include <cstdint>
@@ -41,7 +47,7 @@ struct TpShard {
   int tp_size = 1;
   int head_begin = 0, num_heads = 0;        // query heads
   int kv_head_begin = 0, num_kv_heads = 0;  // KV heads held (one when replicated)
-  int64_t inter_begin = 0, inter = 0;       // MLP columns
+  int64_t inter_begin = 0, inter = 0;       // MLP columns (the even split; FP8: SplitWidth)
   int64_t vocab_begin = 0, vocab = 0;       // lm_head rows
 };
 
@@ -51,7 +57,8 @@ Status ValidateTensorParallel(const model::ModelConfig& c, int tp_size);
 TpShard ComputeTpShard(const model::ModelConfig& c, int tp_size, int rank);
 
 // The rank's weights over the full (unpacked, row-major) ones, which must outlive the result:
-// config holds the rank's head / KV head / MLP sizes (vocab_size stays the model's).
+// config holds the rank's head / KV head / MLP sizes (vocab_size stays the model's). FP8 weights
+// as the header comment says.
 Result<std::unique_ptr<RunnerWeights>> ShardRunnerWeights(const RunnerWeights& full,
                                                           const TpShard& shard);
 
