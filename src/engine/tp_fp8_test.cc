@@ -10,7 +10,9 @@
 #include <set>
 #include <string>
 
+#include "engine/cpu_features.h"
 #include "engine/engine.h"
+#include "engine/matmul_precision.h"
 #include "engine/mla_test_util.h"
 #include "engine/model_runner.h"
 #include "engine/model_runner_test_util.h"
@@ -179,8 +181,10 @@ std::map<int64_t, std::vector<int32_t>> Generate(const model::ModelWeights& w, i
 }
 
 // The logits of a 17-token prefill and 3 greedy decode steps at TP `tp`.
-std::vector<std::vector<float>> StepLogits(const model::ModelWeights& w, int tp) {
+std::vector<std::vector<float>> StepLogits(const model::ModelWeights& w, int tp,
+                                           MatmulPrecision matmul = MatmulPrecision::kF32) {
   ModelRunnerOptions o;
+  o.matmul = matmul;
   o.kv.page_size = 4;
   o.num_pages = 16;
   o.num_threads = 1;
@@ -204,6 +208,22 @@ std::vector<std::vector<float>> StepLogits(const model::ModelWeights& w, int tp)
   return logits;
 }
 
+// Max |a - b| over max |b| per step; 1 when the shapes differ.
+std::vector<double> RelDiffs(const std::vector<std::vector<float>>& a,
+                             const std::vector<std::vector<float>>& b) {
+  std::vector<double> out;
+  for (size_t s = 0; s < b.size(); ++s) {
+    if (s >= a.size() || a[s].size() != b[s].size()) return {1.0};
+    double diff = 0, scale = 1e-30;
+    for (size_t i = 0; i < b[s].size(); ++i) {
+      diff = std::max(diff, double(std::fabs(a[s][i] - b[s][i])));
+      scale = std::max(scale, double(std::fabs(b[s][i])));
+    }
+    out.push_back(diff / scale);
+  }
+  return out;
+}
+
 // Tokens at TP 2 and 4 (whole and chunked prompts) equal TP 1's; logits within 1e-4 of the
 // largest (an FP8 block's partial sum times its scale against f32 code*scale products, and the
 // all-reduce's order of the partial sums).
@@ -220,16 +240,10 @@ void ExpectTpMatchesTp1(const model::ModelWeights& w, const std::string& what) {
         EXPECT_EQ(got[i], want.at(i))
             << what << " tp " << tp << " budget " << budget << " req " << i;
     }
-    const auto logits = StepLogits(w, tp);
-    ASSERT_EQ(logits.size(), ref.size());
-    for (size_t s = 0; s < ref.size(); ++s) {
-      double diff = 0, scale = 1e-30;
-      for (size_t i = 0; i < ref[s].size(); ++i) {
-        diff = std::max(diff, double(std::fabs(logits[s][i] - ref[s][i])));
-        scale = std::max(scale, double(std::fabs(ref[s][i])));
-      }
-      EXPECT_LT(diff / scale, 1e-4) << what << " tp " << tp << " step " << s;
-    }
+    const std::vector<double> diffs = RelDiffs(StepLogits(w, tp), ref);
+    ASSERT_EQ(diffs.size(), 4u) << what << " tp " << tp;
+    for (size_t s = 0; s < diffs.size(); ++s)
+      EXPECT_LT(diffs[s], 1e-4) << what << " tp " << tp << " step " << s;
   }
 }
 
@@ -251,6 +265,31 @@ TEST(TpFp8Test, DeepseekV3TokensAndLogitsMatchTp1) {
   for (int q_lora_rank : {40, 0}) {
     auto m = MlaModel(q_lora_rank);
     ExpectTpMatchesTp1(m->weights, "deepseek_v3 q_lora_rank " + std::to_string(q_lora_rank));
+  }
+}
+
+// --matmul bf16 where AMX is usable: the prefill's FP8 matmuls of every rank on AMX tiles (x
+// rounded to bf16 alike on every rank), within 1e-3 of TP 1's where every slice stays FP8 (the
+// dense model at TP 2 and 4, the MoE one at TP 2; a dequantised slice takes the bf16 tiles as
+// rounded bf16 weights).
+TEST(TpFp8Test, AmxPrefillCloseToTp1) {
+  if (!DetectAmx().usable) GTEST_SKIP() << "AMX not usable: " << DetectAmx().reason;
+  const testing::ScopedAmxAllowed allow(true);
+  auto dense = DenseModel(model::Arch::kQwen3, true);
+  auto moe = MoeModel();
+  for (const auto& [w, tps] : {std::pair{&dense->weights, std::vector<int>{2, 4}},
+                               std::pair{&moe->weights, std::vector<int>{2}}}) {
+    const auto ref = StepLogits(*w, 1, MatmulPrecision::kBf16);
+    const std::vector<double> f32 = RelDiffs(StepLogits(*w, 1), ref);
+    ASSERT_EQ(f32.size(), 4u);
+    EXPECT_GT(f32[0], 0.0) << "the prefill did not take AMX";
+    for (int tp : tps) {
+      const std::vector<double> diffs = RelDiffs(StepLogits(*w, tp, MatmulPrecision::kBf16), ref);
+      ASSERT_EQ(diffs.size(), 4u);
+      for (size_t s = 0; s < diffs.size(); ++s)
+        EXPECT_LT(diffs[s], 1e-3) << model::ArchName(w->config.arch) << " tp " << tp << " step "
+                                  << s << " (f32 x: " << f32[s] << ")";
+    }
   }
 }
 
