@@ -327,8 +327,12 @@ Status BenchDenseTwin(const model::ModelWeights& moe, const std::string& name,
                       engine::ThreadPool& probe_pool, engine::ReadBandwidthProbe& probe,
                       std::vector<Row>* rows) {
   ASSIGN_OR_RETURN(std::unique_ptr<engine::DenseTwin> twin, engine::MakeDenseTwin(moe));
-  for (const Variant& v : variants)
+  for (size_t i = 0; i < variants.size(); ++i) {
+    const Variant& v = variants[i];
+    if (moe.fp8 && i > 0 && v.precision == engine::MatmulPrecision::kBf16 && !v.amx)
+      continue;  // as for the MoE model's rows: FP8 weights repeat the f32 rows there
     RETURN_IF_ERROR(BenchModel(twin->weights, name + "-dense", v, f, probe_pool, probe, rows));
+  }
   return OkStatus();
 }
 
@@ -358,9 +362,10 @@ Result<Row> BenchDecodeCpu(ModelRunner& runner, const std::string& name, int bat
 
 // Decode at TP 2 (one thread per rank) against TP 1 (one thread), both runners alive and measured
 // alternately, so the machine's drift hits both columns alike.
-Status BenchTp(const std::string& dir, const std::string& name, const BenchEngineFlags& f,
+Status BenchTp(const std::string& dir, const std::string& preset, const BenchEngineFlags& f,
                std::vector<TpRow>* rows) {
   ASSIGN_OR_RETURN(model::ModelWeights weights, model::LoadModelWeights(dir));
+  const std::string name = weights.fp8 ? preset + "-fp8" : preset;  // --dtype both: two rows
   std::fprintf(stderr, "bench-engine: %s: laying out weights for TP 1 and TP 2 ...\n",
                name.c_str());
   ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> tp1, MakeTpRunner(weights, 1));
@@ -578,7 +583,7 @@ int RunBenchEngine(const BenchEngineFlags& f) {
         continue;
       s = BenchModel(*weights, name, variants[i], f, pool, **probe, &rows);
     }
-    if (s.ok() && weights->config.is_moe() && !weights->fp8)
+    if (s.ok() && weights->config.is_moe())
       s = BenchDenseTwin(*weights, name, variants, f, pool, **probe, &rows);
     if (!s.ok()) {
       std::fprintf(stderr, "bench-engine: %s: %s\n", name.c_str(), s.ToString().c_str());

@@ -41,16 +41,18 @@ std::string TempPath(const std::string& name) {
 
 // The tiny preset of `arch`: 4 attention heads, 3 layers, 160 MLP columns (TP 1, 2 and 4 all
 // split it); qwen3 and qwen3_moe have 2 KV heads of 32, deepseek_v3 a 36-value latent (28 + 8).
-const std::string& ModelDir(const std::string& arch = "qwen3") {
+// dtype "fp8": the FP8 checkpoint (block-scaled weights), whose TP shards start inside blocks.
+const std::string& ModelDir(const std::string& arch = "qwen3", const std::string& dtype = "bf16") {
   static std::map<std::string, std::string> dirs;
-  auto it = dirs.find(arch);
+  const std::string key = arch + "_" + dtype;
+  auto it = dirs.find(key);
   if (it != dirs.end()) return it->second;
-  std::string d = TempPath("model_" + arch);
+  std::string d = TempPath("model_" + key);
   Process p;
-  EXPECT_TRUE(p.Start(
-      {kBinary, "make-model", "--arch", arch, "--preset", "tiny", "--seed", "9", "--out", d}));
+  EXPECT_TRUE(p.Start({kBinary, "make-model", "--arch", arch, "--preset", "tiny", "--seed", "9",
+                       "--dtype", dtype, "--out", d}));
   EXPECT_EQ(p.Wait(120s), 0) << p.output();
-  return dirs.emplace(arch, d).first->second;
+  return dirs.emplace(key, d).first->second;
 }
 
 int PickPort() {
@@ -108,6 +110,7 @@ struct TpShape {
   int page_size = 4;
   int budget = 12;  // --max-num-batched-tokens: 12 chunks the longer prompts, 64 does not
   std::string kv_cache_dtype = "auto";
+  std::string weights = "bf16";  // make-model --dtype: bf16 or fp8
 };
 
 // What the prefill messenger logs about the cache, and the bytes of one token's KV (every layer,
@@ -129,7 +132,7 @@ TEST_P(DisaggTpTest, UpGivesTheColocatedTp1GreedyTokens) {
   const TpShape s = GetParam();
   const int port = PickPort();
   const std::vector<std::string> common = {"--model",
-                                           ModelDir(s.arch),
+                                           ModelDir(s.arch, s.weights),
                                            "--threads",
                                            "1",
                                            "--max-model-len",
@@ -224,14 +227,17 @@ TEST_P(DisaggTpTest, UpGivesTheColocatedTp1GreedyTokens) {
 // cycling page sizes 1 and 16, chunked (budget 12) and whole (budget 64) prefill, both layouts,
 // and bfloat16 KV on one pairing in three. FP8 KV (TP 1 to 1, so that the colocated run computes
 // the very K/V the prefill instance quantises): qwen3 beside bf16, whose bytes per token it halves
-// (256 against 512), and the deepseek_v3 latent (108 bytes per token against bf16's 216).
+// (256 against 512), and the deepseek_v3 latent (108 bytes per token against bf16's 216). FP8
+// weights: prefill TP 2 (the ranks' FP8 slices) to decode TP 1, against colocated TP 1.
 std::vector<TpShape> Shapes() {
   std::vector<TpShape> v = {{2, 1, "hnd"},
                             {1, 2, "nhd"},
                             {4, 2, "nhd"},
                             {1, 1, "nhd", "qwen3", 4, 12, "bfloat16"},
                             {1, 1, "nhd", "qwen3", 4, 12, "fp8_e4m3"},
-                            {1, 1, "hnd", "deepseek_v3", 4, 12, "fp8"}};
+                            {1, 1, "hnd", "deepseek_v3", 4, 12, "fp8"},
+                            {2, 1, "hnd", "qwen3", 4, 12, "auto", "fp8"},
+                            {2, 1, "nhd", "deepseek_v3", 4, 12, "auto", "fp8"}};
   for (const char* arch : {"deepseek_v3", "qwen3_moe"}) {
     int k = 0;
     for (int p : {1, 2, 4}) {
@@ -252,7 +258,8 @@ INSTANTIATE_TEST_SUITE_P(Pairings, DisaggTpTest, ::testing::ValuesIn(Shapes()),
                                   "_decode_tp" + std::to_string(s.decode_tp) + "_" + s.layout +
                                   "_page" + std::to_string(s.page_size) + "_budget" +
                                   std::to_string(s.budget) +
-                                  (s.kv_cache_dtype == "auto" ? "" : "_" + s.kv_cache_dtype);
+                                  (s.kv_cache_dtype == "auto" ? "" : "_" + s.kv_cache_dtype) +
+                                  (s.weights == "bf16" ? "" : "_" + s.weights + "_weights");
                          });
 
 // serve --role prefill|decode accept --tensor-parallel-size (they refused it before the shard
@@ -265,6 +272,28 @@ TEST(DisaggTpServeTest, ATpTheModelCannotSplitIsRefusedAtStart) {
   EXPECT_NE(p.Wait(120s), 0);
   EXPECT_THAT(p.output(), HasSubstr("tensor_parallel_size 3"));
   EXPECT_THAT(p.output(), ::testing::Not(HasSubstr("not yet supported")));
+}
+
+// serve --tensor-parallel-size 2 over an FP8 checkpoint answers with the greedy text of TP 1.
+TEST(DisaggTpServeTest, Fp8ModelAtTp2AnswersAsTp1) {
+  const int port = PickPort();
+  std::vector<Process> servers(2);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(servers[i].Start({kBinary, "serve", "--model", ModelDir("qwen3_moe", "fp8"),
+                                  "--port", std::to_string(port + i), "--served-model-name", "m",
+                                  "--threads", "1", "--max-model-len", "256",
+                                  "--tensor-parallel-size", std::to_string(i + 1)}));
+    ASSERT_FALSE(servers[i].WaitForLine("on http://", 120s).empty()) << servers[i].output();
+  }
+  for (int len : {3, 17}) {
+    auto [ws, want] = Complete(port, PromptOf(len, len), 8);
+    auto [gs, got] = Complete(port + 1, PromptOf(len, len), 8);
+    ASSERT_EQ(ws, 200) << want.dump();
+    ASSERT_EQ(gs, 200) << got.dump() << servers[1].output();
+    EXPECT_EQ(got["choices"][0]["text"], want["choices"][0]["text"]) << "prompt of " << len;
+    EXPECT_EQ(got["usage"]["completion_tokens"], 8);
+  }
+  for (Process& p : servers) EXPECT_EQ(p.Stop(SIGTERM, 30s), 0) << p.output();
 }
 
 }  // namespace

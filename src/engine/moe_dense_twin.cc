@@ -7,12 +7,31 @@ namespace pd::engine {
 namespace {
 
 using model::TensorView;
+using Parts = std::vector<std::pair<const TensorView*, int64_t>>;
+constexpr int64_t kBlock = 128;  // FP8 scale block (weights.h: ScaleInvShape)
 
-// Rows [0, rows) of each part (each (n_i, k)) stacked into one (sum, k) tensor.
-TensorView StackRows(DenseTwin* t, const std::vector<std::pair<const TensorView*, int64_t>>& parts,
-                     size_t elem) {
+int64_t Blocks(int64_t n) { return (n + kBlock - 1) / kBlock; }
+
+// FP8 parts sit side by side with their scale blocks only if every part but the last is a whole
+// number of blocks along the stacked axis; InvalidArgument naming the layer and width otherwise.
+Status CheckFp8Parts(const Parts& parts, int layer) {
+  if (parts[0].first->dtype != model::DType::kF8E4M3) return OkStatus();
+  for (size_t i = 0; i + 1 < parts.size(); ++i)
+    if (parts[i].second % kBlock != 0)
+      return InvalidArgument("dense twin: layer " + std::to_string(layer) + ": FP8 width " +
+                             std::to_string(parts[i].second) +
+                             " is not a multiple of the 128-wide scale block, so the experts' "
+                             "blocks cannot sit side by side");
+  return OkStatus();
+}
+
+// Rows [0, rows) of each part (each (n_i, k)) stacked into one (sum, k) tensor (FP8: with the
+// scale rows of those rows).
+TensorView StackRows(DenseTwin* t, const Parts& parts) {
+  const TensorView& first = *parts[0].first;
+  const size_t elem = model::DTypeSize(first.dtype);
   int64_t n = 0;
-  const int64_t k = parts[0].first->shape[1];
+  const int64_t k = first.shape[1];
   for (const auto& [v, rows] : parts) n += rows;
   std::vector<uint8_t>& buf = t->buffers.emplace_back(static_cast<size_t>(n * k) * elem);
   size_t off = 0;
@@ -20,14 +39,25 @@ TensorView StackRows(DenseTwin* t, const std::vector<std::pair<const TensorView*
     std::memcpy(buf.data() + off, v->data, static_cast<size_t>(rows * k) * elem);
     off += static_cast<size_t>(rows * k) * elem;
   }
-  return TensorView{parts[0].first->dtype, {n, k}, buf.data()};
+  TensorView out{first.dtype, {n, k}, buf.data()};
+  if (first.scale_inv == nullptr) return out;
+  std::vector<uint8_t>& sb = t->buffers.emplace_back(Blocks(n) * Blocks(k) * sizeof(float));
+  float* dst = reinterpret_cast<float*>(sb.data());
+  for (const auto& [v, rows] : parts) {
+    std::memcpy(dst, v->scale_inv, Blocks(rows) * Blocks(k) * sizeof(float));
+    dst += Blocks(rows) * Blocks(k);
+  }
+  out.scale_inv = reinterpret_cast<const float*>(sb.data());
+  return out;
 }
 
-// Columns [0, cols) of each part (each (n, k_i)) side by side in one (n, sum) tensor.
-TensorView StackCols(DenseTwin* t, const std::vector<std::pair<const TensorView*, int64_t>>& parts,
-                     size_t elem) {
+// Columns [0, cols) of each part (each (n, k_i)) side by side in one (n, sum) tensor (FP8: with
+// the scale columns of those columns).
+TensorView StackCols(DenseTwin* t, const Parts& parts) {
+  const TensorView& first = *parts[0].first;
+  const size_t elem = model::DTypeSize(first.dtype);
   int64_t w = 0;
-  const int64_t n = parts[0].first->shape[0];
+  const int64_t n = first.shape[0];
   for (const auto& [v, cols] : parts) w += cols;
   std::vector<uint8_t>& buf = t->buffers.emplace_back(static_cast<size_t>(n * w) * elem);
   for (int64_t r = 0; r < n; ++r) {
@@ -38,7 +68,17 @@ TensorView StackCols(DenseTwin* t, const std::vector<std::pair<const TensorView*
       off += static_cast<size_t>(cols) * elem;
     }
   }
-  return TensorView{parts[0].first->dtype, {n, w}, buf.data()};
+  TensorView out{first.dtype, {n, w}, buf.data()};
+  if (first.scale_inv == nullptr) return out;
+  std::vector<uint8_t>& sb = t->buffers.emplace_back(Blocks(n) * Blocks(w) * sizeof(float));
+  float* dst = reinterpret_cast<float*>(sb.data());
+  for (int64_t rb = 0; rb < Blocks(n); ++rb)
+    for (const auto& [v, cols] : parts) {
+      std::memcpy(dst, v->scale_inv + rb * Blocks(v->shape[1]), Blocks(cols) * sizeof(float));
+      dst += Blocks(cols);
+    }
+  out.scale_inv = reinterpret_cast<const float*>(sb.data());
+  return out;
 }
 
 }  // namespace
@@ -46,26 +86,25 @@ TensorView StackCols(DenseTwin* t, const std::vector<std::pair<const TensorView*
 Result<std::unique_ptr<DenseTwin>> MakeDenseTwin(const model::ModelWeights& moe) {
   const model::ModelConfig& c = moe.config;
   if (!c.is_moe()) return InvalidArgument("dense twin: the model has no MoE layer");
-  if (moe.fp8) return Unimplemented("dense twin: FP8 checkpoints are not supported");
   const model::MoeConfig& m = c.moe;
   const int64_t mi = m.moe_intermediate_size;
   const int64_t width = (m.num_experts_per_tok + m.n_shared_experts) * mi;
   auto t = std::make_unique<DenseTwin>();
-  t->buffers.reserve(3 * moe.layers.size());  // views point into them: never reallocate
+  t->buffers.reserve(6 * moe.layers.size());  // views point into them: never reallocate
   model::ModelWeights& w = t->weights;
   w.config = c;
   w.config.arch = c.arch == model::Arch::kQwen3Moe ? model::Arch::kQwen3 : c.arch;
   w.config.moe = model::MoeConfig();  // num_experts 0: every layer dense
   w.config.intermediate_size = static_cast<int>(width);
   w.dtype = moe.dtype;
+  w.fp8 = moe.fp8;
   w.embed_tokens = moe.embed_tokens;
   w.final_norm = moe.final_norm;
   w.lm_head = moe.lm_head;
-  const size_t elem = model::DTypeSize(moe.dtype);
   for (int l = 0; l < c.num_layers; ++l) {
     model::LayerWeights lw = moe.layers[l];
     lw.moe.reset();
-    std::vector<std::pair<const TensorView*, int64_t>> gate, up, down;
+    Parts gate, up, down;
     if (c.IsMoeLayer(l)) {
       const model::MoeWeights& mw = *moe.layers[l].moe;
       std::vector<const model::MlpWeights*> experts;
@@ -87,9 +126,10 @@ Result<std::unique_ptr<DenseTwin>> MakeDenseTwin(const model::ModelWeights& moe)
       up.push_back({&src.up_proj, width});
       down.push_back({&src.down_proj, width});
     }
-    lw.gate_proj = StackRows(t.get(), gate, elem);
-    lw.up_proj = StackRows(t.get(), up, elem);
-    lw.down_proj = StackCols(t.get(), down, elem);
+    for (const Parts* p : {&gate, &up, &down}) RETURN_IF_ERROR(CheckFp8Parts(*p, l));
+    lw.gate_proj = StackRows(t.get(), gate);
+    lw.up_proj = StackRows(t.get(), up);
+    lw.down_proj = StackCols(t.get(), down);
     w.layers.push_back(std::move(lw));
   }
   return t;

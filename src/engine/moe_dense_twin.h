@@ -4,7 +4,8 @@
 // expert side by side (so a token multiplies by as many MLP parameters as in the MoE model, less
 // the router). Layers that were dense keep their first W columns (their intermediate_size must be
 // at least W; DeepSeek-V3's dense layers are exactly W wide). Attention, norms, embedding and
-// lm_head are the MoE model's own tensors.
+// lm_head are the MoE model's own tensors. FP8 checkpoints: the matrices keep their codes and
+// block scales side by side, so moe_intermediate_size must be a multiple of the 128-wide block.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +22,8 @@ struct DenseTwin {
   model::ModelWeights weights;  // views into buffers and into the MoE model's checkpoint
 };
 
-// InvalidArgument when `moe` has no MoE layer or a dense layer narrower than W. `moe` must outlive
+// InvalidArgument when `moe` has no MoE layer, a dense layer narrower than W, or FP8 experts whose
+// width is not a whole number of scale blocks. `moe` must outlive
 // the result.
 Result<std::unique_ptr<DenseTwin>> MakeDenseTwin(const model::ModelWeights& moe);
 
