@@ -22,7 +22,6 @@
 #include "common/trace.h"
 #include "engine/async_engine.h"
 #include "engine/engine.h"
-#include "messenger/decode_side.h"
 #include "model/weights.h"
 #include "server/http_transport.h"
 #include "server/kv_choice.h"
@@ -38,8 +37,8 @@ struct RoleFlags {
   std::string fabric_node = "127.0.0.1";  // local address the fabric endpoint binds
   std::string fabric_nics;  // --fabric-nics auto|LIST: one fabric domain per NIC; empty: one
   int kv_transfer_timeout_ms = 30000;
-  double kv_prefill_wait_s = messenger::kDefaultPrefillWaitS;
-  uint32_t control_message_bytes = 256u << 10;  // largest control message received
+  double kv_prefill_wait_s = engine::kDefaultPrefillWaitS;  // decode: --kv-prefill-wait-s
+  uint32_t control_message_bytes = 256u << 10;              // largest control message received
   double peer_wait_s = 60.0;     // decode: how long to wait for prefill instances at start
   double peer_silence_s = 2.0;   // prefill: drop transfers of a decode peer silent this long
   double kv_wait_warm_ms = 2.0;  // decode: cache-warming period while waiting for KV; 0: off

@@ -68,10 +68,6 @@ struct PrefillCandidate {
   int outstanding = 0;    // attempts in flight there
 };
 
-// serve's --kv-prefill-wait-s: long enough for a supervised prefill instance to restart and be
-// greeted again (a rolling restart), short against a client's patience.
-inline constexpr double kDefaultPrefillWaitS = 10.0;
-
 struct DecodeMessengerOptions {
   std::string instance_name = "decode";
   std::string cluster_secret;
@@ -98,8 +94,8 @@ struct DecodeMessengerOptions {
   // that accepted us may come back (restarting, draining, greeted again after it was lost) waits
   // up to this long for one (counted in waited), its pages held, instead of failing at once; a
   // restarted instance counts as untried. 0: fail at once. serve's --kv-prefill-wait-s defaults
-  // to kDefaultPrefillWaitS; the messenger's own is 0, so that a messenger made in code fails a
-  // request as soon as nothing can serve it.
+  // to engine::kDefaultPrefillWaitS; the messenger's own is 0, so that a messenger made in code
+  // fails a request as soon as nothing can serve it.
   double prefill_wait_s = 0.0;
   // --kv-checksum (kv_checksum.h): check a CRC32C per layer of the KV that landed before the
   // request is ready; a mismatch fails the attempt (counted in checksum_mismatch). Prefill
