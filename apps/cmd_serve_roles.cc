@@ -349,6 +349,7 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
   mo.tracer = flags.tracer;
   engine::DisaggHooks* hooks = eng->disagg_hooks();
   if (hooks == nullptr) return fail(FailedPrecondition("the engine runs no prefill-only requests"));
+  mo.draft_kv = hooks->DraftKvRunner();  // a draft model's KV travels with the target's
   auto messenger = messenger::PrefillMessenger::Create(mo, eng->runner());
   if (!messenger.ok()) return fail(messenger.status().WithContext("fabric"));
   hooks->SetStepObserver((*messenger)->step_observer());
@@ -572,6 +573,10 @@ Result<RoleEngine> CreateRoleEngine(const RoleFlags& flags, const model::ModelWe
   }
   if (flags.prefill_routing == "kv-aware") out.prefill_chooser = PrefillChooser(flags, &mo);
   engine::ModelRunner& runner = eng->runner();
+  if (engine::DisaggHooks* hooks = eng->disagg_hooks(); hooks != nullptr) {
+    mo.draft_kv = hooks->DraftKvRunner();  // a draft model's KV comes with the target's
+    hooks->SetRemoteDraftKv(mo.draft_kv != nullptr);
+  }
   ASSIGN_OR_RETURN(auto inner, engine::AsyncEngine::Create(std::move(eng), ao));
   mo.dynamic_peers = flags.discovery.enabled();
   ASSIGN_OR_RETURN(auto decode, messenger::DecodeMessenger::Create(mo, runner, std::move(inner)));
