@@ -307,7 +307,12 @@ std::string EngineMetrics(const engine::EngineStats& s, const std::string& role)
     << " " << s.num_total_pages << "\n# TYPE pdserve:prefix_cache_queries_total counter\n"
     << "pdserve:prefix_cache_queries_total" << l << " " << s.prefix_cache_queries
     << "\n# TYPE pdserve:prefix_cache_hits_total counter\npdserve:prefix_cache_hits_total" << l
-    << " " << s.prefix_cache_hits << "\n";
+    << " " << s.prefix_cache_hits
+    << "\n"
+    // A draft model's KV of the prompts prefilled here, sent with the target's.
+    << "# TYPE pdserve:spec_decode_draft_prompt_tokens_total counter\n"
+    << "pdserve:spec_decode_draft_prompt_tokens_total" << l << " "
+    << s.spec_decode.num_draft_prompt_tokens << "\n";
   return o.str();
 }
 
