@@ -5,8 +5,8 @@
 // region and its refusals, the write counts and bytes per token, the wire fields, and over
 // loopback libfabric (TP 1 -> 1, 1 -> 2, 2 -> 1) greedy tokens equal to no speculation with the
 // target as its own draft (so a draft token is kept only when the draft KV that crossed is right),
-// decode's draft computing one prompt token per request, and every page free after a failed draft
-// write.
+// decode's draft computing one prompt token per request, and every page free after lost draft
+// writes and after the prefill instance is killed mid-transfer.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -288,6 +288,34 @@ TEST(MessengerDraftFaultTest, LostDraftWritesFailTheRequestAndFreeEveryPage) {
   const std::vector<int32_t> prompt = PromptOf(23, 2);
   Outcome next = Generate(decode, prompt, kMaxTokens);
   EXPECT_EQ(next.tokens, NoSpeculation(prompt)) << next.error.ToString();
+}
+
+// The prefill instance is killed while its draft KV writes are held back (delayed past the
+// transfer timeout), after the target's were posted: the decode instance fails the request once
+// it finds the instance unreachable (nowhere to retry; at the latest at the transfer timeout), and
+// every one of its pages comes back.
+TEST(MessengerDraftFaultTest, APrefillKilledMidTransferLeavesEveryDecodePageFree) {
+  DraftSplit split;
+  if (!split.Start(&FirstLayer(), 1, 1)) GTEST_SKIP() << "libfabric unavailable";
+  ASSERT_TRUE(split.decode.ok());
+  DecodeMessenger& decode = **split.decode;
+  ASSERT_TRUE(decode.WaitForPeers(kDeadlineS).ok());
+  transfer::FaultRule rule;
+  rule.site = transfer::FaultSite::kWrite;
+  rule.kind = transfer::FaultKind::kDelay;
+  rule.nth = 19;  // the draft's 6 writes, after the target's 18
+  rule.count = 6;
+  rule.delay_ms = 10000;
+  split.prefill_faults->Arm(rule);
+  testing::PendingRequest request(decode, PromptOf(23, 3), testing::GreedyParams(kMaxTokens));
+  ASSERT_TRUE(request.submitted());
+  ASSERT_TRUE(WaitUntil([&] { return split.prefill_faults->num_applied() == 6; }));
+  split.prefill.reset();  // killed mid-transfer: its domain closes with the draft writes held
+  const Outcome got = request.Wait();
+  EXPECT_EQ(got.finish, engine::FinishReason::kError);
+  EXPECT_TRUE(got.tokens.empty());
+  EXPECT_TRUE(AllPagesFree(decode));
+  EXPECT_EQ(decode.num_active_transfers(), 0);
 }
 
 }  // namespace
