@@ -313,7 +313,12 @@ std::string EngineMetrics(const engine::EngineStats& s, const std::string& role)
     << " " << s.num_total_pages << "\n# TYPE pdserve:prefix_cache_queries_total counter\n"
     << "pdserve:prefix_cache_queries_total" << l << " " << s.prefix_cache_queries
     << "\n# TYPE pdserve:prefix_cache_hits_total counter\npdserve:prefix_cache_hits_total" << l
-    << " " << s.prefix_cache_hits << "\n";
+    << " " << s.prefix_cache_hits
+    << "\n"
+    // A draft model's KV of the prompts prefilled here, sent with the target's.
+    << "# TYPE pdserve:spec_decode_draft_prompt_tokens_total counter\n"
+    << "pdserve:spec_decode_draft_prompt_tokens_total" << l << " "
+    << s.spec_decode.num_draft_prompt_tokens << "\n";
   return o.str();
 }
 
@@ -355,6 +360,7 @@ int RunPrefillRole(const RoleFlags& flags, const model::ModelWeights& weights,
   mo.tracer = flags.tracer;
   engine::DisaggHooks* hooks = eng->disagg_hooks();
   if (hooks == nullptr) return fail(FailedPrecondition("the engine runs no prefill-only requests"));
+  mo.draft_kv = hooks->DraftKvRunner();  // a draft model's KV travels with the target's
   auto messenger = messenger::PrefillMessenger::Create(mo, eng->runner());
   if (!messenger.ok()) return fail(messenger.status().WithContext("fabric"));
   hooks->SetStepObserver((*messenger)->step_observer());
@@ -579,6 +585,10 @@ Result<RoleEngine> CreateRoleEngine(const RoleFlags& flags, const model::ModelWe
   }
   if (flags.prefill_routing == "kv-aware") out.prefill_chooser = PrefillChooser(flags, &mo);
   engine::ModelRunner& runner = eng->runner();
+  if (engine::DisaggHooks* hooks = eng->disagg_hooks(); hooks != nullptr) {
+    mo.draft_kv = hooks->DraftKvRunner();  // a draft model's KV comes with the target's
+    hooks->SetRemoteDraftKv(mo.draft_kv != nullptr);
+  }
   ASSIGN_OR_RETURN(auto inner, engine::AsyncEngine::Create(std::move(eng), ao));
   mo.dynamic_peers = flags.discovery.enabled();
   ASSIGN_OR_RETURN(auto decode, messenger::DecodeMessenger::Create(mo, runner, std::move(inner)));

@@ -54,10 +54,24 @@ PrefillRequest SampleDpRequest() {
   return m;
 }
 
+// A PrefillRequest of a decode instance with a draft KV region (wire version 9): TP 2, one further
+// NIC.
+PrefillRequest SampleDraftRequest() {
+  PrefillRequest m = SampleRequest();
+  m.decode_scheme = {2, 4, false};
+  m.rank_regions = {"region-rank-0", "region-rank-1"};
+  m.nic_regions = {"nic1-rank-0", "nic1-rank-1"};
+  m.draft_rank_regions = {"draft-rank-0", "draft-rank-1"};
+  m.draft_nic_regions = {"nic1-draft-rank-0", "nic1-draft-rank-1"};
+  return m;
+}
+
 std::vector<std::pair<std::string, Message>> SampleMessages() {
   const KvFormat format{0x1234, 2, 64, 16, 1, 0};
   KvFormat speculative = format;  // a Hello of an instance that drafts (wire version 8)
   speculative.speculative = "draft_model k=4 draft=0123456789abcdef";
+  KvFormat draft_kv = speculative;  // and keeps the draft's KV region (wire version 9)
+  draft_kv.draft_kv = {1, 64, 2, 0, 1, 0, 0};
   return {
       {"hello", Hello{"prefill-0",
                       speculative,
@@ -72,6 +86,14 @@ std::vector<std::pair<std::string, Message>> SampleMessages() {
        HelloReply{
            false, "page size differs", "decode-1", format, {1, 1}, "", kDefaultMessageBytes, {}}},
       {"hello_dp", Hello{"decode-dp4", format, {1, 1, true}, "fi-addr", "fi-addr-2", 65536, {}, 4}},
+      {"hello_draft_kv", Hello{"decode-draft",
+                               draft_kv,
+                               {2, 4, false},
+                               "fi-addr",
+                               "fi-addr-2",
+                               65536,
+                               {"fi-addr-nic1"}}},
+      {"prefill_request_draft_kv", SampleDraftRequest()},
       {"prefill_request", SampleRequest()},
       {"prefill_request_dp", SampleDpRequest()},
       {"prefill_request_empty", PrefillRequest{}},

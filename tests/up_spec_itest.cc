@@ -5,7 +5,11 @@
 // that invite copying (so drafts are accepted), stop strings cut at several points of the output
 // (so some end inside a verified draft), and small max_tokens. The decode instance drafts and
 // verifies (its pdserve:spec_decode_* counters grow, with accepted tokens); the prefill instance
-// never samples, so it counts no draft; every page ends free.
+// never samples, so it counts no draft; every page ends free. With the draft model (TP 1 -> 1,
+// 1 -> 2, 2 -> 1, every prompt's KV crossing), the prefill instance computes the draft's KV of each
+// prompt and sends it with the target's: decode's draft computes one prompt token per request (its
+// last), and, the draft being the target, nearly every draft is kept (a wrong draft KV would keep
+// few).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -134,10 +138,13 @@ TEST_P(UpSpecTest, GreedyOutputsEqualNoSpeculationAndDecodeCountsDrafts) {
   for (const Answer& a : want.answers) stopped += a.finish_reason == "stop" ? 1 : 0;
   EXPECT_GE(stopped, 3) << "the stop strings should end some requests";
   const Shape s = GetParam();
-  UpDeployment up(
-      kBinary, kModel, 1, 1,
-      {"--speculative-config", s.draft_model ? DraftModelConfig() : kNgram, "--prefill-tp",
-       std::to_string(s.prefill_tp), "--decode-tp", std::to_string(s.decode_tp)});
+  std::vector<std::string> args = {
+      "--speculative-config", s.draft_model ? DraftModelConfig() : kNgram,
+      "--prefill-tp",         std::to_string(s.prefill_tp),
+      "--decode-tp",          std::to_string(s.decode_tp)};
+  // Every prompt's KV (and the draft's) crosses; the repeated prompts' come from the prefix cache.
+  if (s.draft_model) args.insert(args.end(), {"--local-prefill-max-tokens", "0"});
+  UpDeployment up(kBinary, kModel, 1, 1, args);
   ASSERT_TRUE(up.started());
   for (size_t i = 0; i < want.requests.size(); ++i) {
     const Answer got = Complete(up.router_port(), want.requests[i]);
@@ -160,13 +167,29 @@ TEST_P(UpSpecTest, GreedyOutputsEqualNoSpeculationAndDecodeCountsDrafts) {
               testing::MetricSum(testing::kUpHost, decode, p + "num_drafts_total"),
               testing::MetricSum(testing::kUpHost, decode, p + "num_draft_tokens_total"),
               testing::MetricSum(testing::kUpHost, decode, p + "num_accepted_tokens_total"));
+  if (s.draft_model) {
+    const double drafted =
+        testing::MetricSum(testing::kUpHost, decode, p + "num_draft_tokens_total");
+    const double kept =
+        testing::MetricSum(testing::kUpHost, decode, p + "num_accepted_tokens_total");
+    const double decode_prompt =
+        testing::MetricSum(testing::kUpHost, decode, p + "draft_prompt_tokens_total");
+    const double prefill_prompt =
+        testing::MetricSum(testing::kUpHost, prefill, p + "draft_prompt_tokens_total");
+    EXPECT_EQ(decode_prompt, static_cast<double>(want.requests.size()))
+        << "decode's draft should compute only each prompt's last token";
+    EXPECT_GT(prefill_prompt, 0) << "the prefill instance should compute the draft's KV";
+    EXPECT_GE(kept, 0.9 * drafted) << "the draft is the target: a right draft KV keeps nearly all";
+    std::printf("[ measured ] draft prompt tokens: decode %.0f, prefill %.0f; kept %.0f of %.0f\n",
+                decode_prompt, prefill_prompt, kept, drafted);
+  }
   up.ExpectPagesFree();
   if (HasFailure()) ADD_FAILURE() << up.up().output();
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, UpSpecTest,
-                         ::testing::Values(Shape{1, 1}, Shape{1, 2}, Shape{2, 1},
-                                           Shape{1, 1, true}),
+                         ::testing::Values(Shape{1, 1}, Shape{1, 2}, Shape{2, 1}, Shape{1, 1, true},
+                                           Shape{1, 2, true}, Shape{2, 1, true}),
                          [](const auto& info) {
                            return "Prefill" + std::to_string(info.param.prefill_tp) + "Decode" +
                                   std::to_string(info.param.decode_tp) +

@@ -17,6 +17,8 @@
 
 namespace pd::engine {
 
+class ModelRunner;  // model_runner.h
+
 // Conditional disaggregation: serve's and up's --local-prefill-max-tokens default, the longest
 // uncached prompt part a decode instance computes itself instead of asking a prefill instance.
 // From the measurement in docs/prefix-caching.md: computed locally, a prompt's TTFT is lower at
@@ -75,6 +77,14 @@ class DisaggHooks {
   virtual void RetainPages(std::span<const int32_t> pages) = 0;
   virtual void SetStepObserver(StepObserver observer) = 0;
 
+  // --- Both sides ---
+  // The engine's draft KV region: a speculative drafter's KV kept under the target's page ids (a
+  // draft model's, spec_draft_model.h), as a runner whose rank regions the messengers register
+  // beside the target's, so that a transfer moves each page's draft KV with its target KV. The
+  // prefill side computes it with the prompt (the drafter catches up after every chunk, before the
+  // request's final output). Null when the engine has none.
+  virtual ModelRunner* DraftKvRunner() = 0;
+
   // --- Decode side ---
   // The prompt's KV arrives from elsewhere. Pages for the whole prompt are reserved when free
   // (see TakeKvReservations), the leading ones taken from the prefix cache where it holds them;
@@ -86,6 +96,11 @@ class DisaggHooks {
   virtual std::vector<KvReservation> TakeKvReservations() = 0;
   // NotFound for an unknown request; FailedPrecondition when its pages are not reserved yet.
   virtual Status MarkKvReady(int64_t request_id) = 0;
+  // From now on a remote-KV request's KV includes the draft region's (DraftKvRunner) over the
+  // prompt less its last token: MarkKvReady marks the drafter's KV computed up to there, so the
+  // drafter never runs the prompt here and the first decode step drafts at once. Set before the
+  // engine runs (the decode messenger sends the draft region with every request when it has one).
+  virtual void SetRemoteDraftKv(bool on) = 0;
   // While idle: true when a request waits for its KV (its pages reserved).
   virtual bool AwaitsKv() const = 0;
   // The last prefilled position's final-norm hidden state (hidden_size floats), which the prefill

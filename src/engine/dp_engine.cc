@@ -229,6 +229,11 @@ class DpEngine final : public Engine, public DisaggHooks {
       return NotFound("request " + std::to_string(request_id) + " is not running");
     return hooks_[it->second]->MarkKvReady(request_id);
   }
+  // Each rank's draft region holds its own pages: not one region the messengers could name.
+  ModelRunner* DraftKvRunner() override { return nullptr; }
+  void SetRemoteDraftKv(bool on) override {
+    for (DisaggHooks* h : hooks_) h->SetRemoteDraftKv(on);
+  }
   bool AwaitsKv() const override {
     for (const DisaggHooks* h : hooks_)
       if (h->AwaitsKv()) return true;

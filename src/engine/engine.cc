@@ -86,7 +86,9 @@ class EngineImpl final : public SteppedEngine, public DisaggHooks {
   void SetStepObserver(StepObserver observer) override { observer_ = std::move(observer); }
   Status AddRemoteKvRequest(Request request) override;
   std::vector<KvReservation> TakeKvReservations() override;
-  Status MarkKvReady(int64_t request_id) override { return scheduler_.MarkKvReady(request_id); }
+  Status MarkKvReady(int64_t request_id) override;
+  ModelRunner* DraftKvRunner() override { return draft_ != nullptr ? &draft_->runner() : nullptr; }
+  void SetRemoteDraftKv(bool on) override { remote_draft_kv_ = on; }
   bool AwaitsKv() const override { return scheduler_.num_awaiting_kv() > 0; }
   Status SetPrefilledHidden(int64_t request_id, std::vector<float> hidden) override;
   std::span<const float> PrefilledHidden(int64_t request_id) const override {
@@ -132,6 +134,8 @@ class EngineImpl final : public SteppedEngine, public DisaggHooks {
   ForwardOutput forward_output_;
   StepObserver observer_;
   bool stalled_ = false;  // the last Step scheduled nothing and preempted nothing
+  bool remote_draft_kv_ =
+      false;  // a remote-KV request's KV includes the draft's (SetRemoteDraftKv)
 };
 
 Status EngineImpl::ValidateRequest(const Request& request) const {
@@ -409,6 +413,17 @@ void EngineImpl::ProposeDraftModel(std::span<const SeqUpdate> updates) {
   }
 }
 
+Status EngineImpl::MarkKvReady(int64_t request_id) {
+  RETURN_IF_ERROR(scheduler_.MarkKvReady(request_id));
+  if (remote_draft_kv_ && draft_ != nullptr) {
+    // The prefill instance sent the draft's KV of every token but the last, which the first
+    // decode step runs (and the draft catches up on after it).
+    const Sequence* seq = scheduler_.Find(request_id);
+    if (seq != nullptr) draft_->MarkComputed(request_id, seq->num_tokens() - 1);
+  }
+  return OkStatus();
+}
+
 Status EngineImpl::SetPrefilledHidden(int64_t request_id, std::vector<float> hidden) {
   auto it = requests_.find(request_id);
   if (it == requests_.end()) {
@@ -525,6 +540,7 @@ EngineStats EngineImpl::stats() const {
   s.prefix_cache_hits = scheduler_.prefix_cache_hits();
   s.num_cached_pages = pool_.num_cached();
   s.spec_decode = spec_;
+  if (draft_ != nullptr) s.spec_decode.num_draft_prompt_tokens = draft_->num_prompt_tokens();
   return s;
 }
 

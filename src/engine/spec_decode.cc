@@ -155,6 +155,7 @@ SpecDecodeCounters& SpecDecodeCounters::operator+=(const SpecDecodeCounters& oth
   num_drafts += other.num_drafts;
   num_draft_tokens += other.num_draft_tokens;
   num_accepted_tokens += other.num_accepted_tokens;
+  num_draft_prompt_tokens += other.num_draft_prompt_tokens;
   if (accepted_per_pos.size() < other.accepted_per_pos.size()) {
     accepted_per_pos.resize(other.accepted_per_pos.size(), 0);
   }

@@ -69,6 +69,9 @@ struct SpecDecodeCounters {
   int64_t num_draft_tokens = 0;
   int64_t num_accepted_tokens = 0;
   std::vector<int64_t> accepted_per_pos;  // (num_speculative_tokens)
+  // Prompt tokens a draft model computed here: a prefill instance computes them for its decode
+  // instances, which then compute only each prompt's last token (spec_draft_model.h).
+  int64_t num_draft_prompt_tokens = 0;
   // Adds another engine's counts (a data-parallel instance sums its ranks'); accepted_per_pos
   // grows to the longer of the two.
   SpecDecodeCounters& operator+=(const SpecDecodeCounters& other);

@@ -16,10 +16,13 @@
 // target's chunked prefill, and after a verification the last accepted draft when all were kept.
 // Every page the target registers in the prefix cache thus holds the draft's KV too, and a
 // sequence admitted with a cached prefix needs no draft prefill for it. A remote-KV sequence
-// (its prompt's KV came from a prefill instance) has no draft KV: the draft computes its whole
-// prompt at its first decode step. Then Propose runs the token just sampled and K - 1 drafts
-// (each a batched one-token step over the drafting sequences) into pages the scheduler reserved
-// for them; after verification only the accepted ones stay counted (the rest is overwritten).
+// (its prompt's KV came from a prefill instance) has the draft's KV too when the prefill instance
+// sent it with the target's (DisaggHooks::DraftKvRunner, SetRemoteDraftKv; MarkComputed): only
+// its last prompt token is left, which the draft catches up on after the first decode step.
+// Otherwise it has none and the draft computes its whole prompt at its first decode step. Then
+// Propose runs the token just sampled and K - 1 drafts (each a batched one-token step over the
+// drafting sequences) into pages the scheduler reserved for them; after verification only the
+// accepted ones stay counted (the rest is overwritten).
 //
 // Draft tokens. A greedy or constrained request drafts the draft's argmax and is verified by
 // equality (spec_decode.h: the target's own token is kept). A sampled request draws draft j from
@@ -84,6 +87,11 @@ class DraftModel {
   void Forget(int64_t seq_id) { seqs_.erase(seq_id); }
   // The sequence was preempted: its pages, and so its draft KV, are gone.
   void Reset(int64_t seq_id);
+  // The draft KV of the sequence's first num_tokens tokens is in its pages already (a prefill
+  // instance computed and sent it).
+  void MarkComputed(int64_t seq_id, int num_tokens) { seqs_[seq_id].num_computed = num_tokens; }
+  // Prompt tokens the draft has computed so far, over all sequences (SpecDecodeCounters).
+  int64_t num_prompt_tokens() const { return num_prompt_tokens_; }
   ModelRunner& runner() { return *runner_; }
 
  private:
@@ -104,6 +112,7 @@ class DraftModel {
   ForwardBatch batch_;  // reused per pass
   ForwardOutput out_;
   std::vector<std::vector<int32_t>> tokens_;  // per batch row: the tokens it runs
+  int64_t num_prompt_tokens_ = 0;
 };
 
 // Engine::Create for method "draft_model": loads speculative.model (unless draft_weights is

@@ -6,10 +6,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <map>
 #include <vector>
 
 #include "common/clock.h"
+#include "engine/disagg_hooks.h"
 #include "engine/engine.h"
 #include "engine/engine_model_test_util.h"
 #include "engine/model_runner_test_util.h"
@@ -390,6 +392,85 @@ TEST(DraftModelEngineTest, PreemptionAndAbortsLeaveEveryPageFree) {
   EXPECT_LT(got.stats.spec_decode.num_accepted_tokens, got.stats.spec_decode.num_draft_tokens);
   for (int i : {0, 3}) EXPECT_EQ(got.tokens.at(i), want.tokens.at(i)) << "request " << i;
   for (int i : {1, 2}) EXPECT_EQ(got.finish.at(i), FinishReason::kAbort) << "request " << i;
+}
+
+// Copies pages src[k] -> dst[k] of every rank and layer of one runner's region into another's.
+void CopyPages(ModelRunner& from, const std::vector<int32_t>& src, ModelRunner& to,
+               const std::vector<int32_t>& dst) {
+  ASSERT_EQ(from.num_ranks(), to.num_ranks());
+  for (int r = 0; r < from.num_ranks(); ++r) {
+    KvRegion& a = from.rank_region(r);
+    KvRegion& b = to.rank_region(r);
+    ASSERT_EQ(a.spec().page_bytes(), b.spec().page_bytes());
+    for (int l = 0; l < from.config().num_layers; ++l) {
+      for (size_t k = 0; k < src.size(); ++k)
+        std::memcpy(b.Block(l, dst[k]), a.Block(l, src[k]), a.spec().page_bytes());
+    }
+  }
+}
+
+// Disaggregated by hand: a prefill engine computes each prompt less its last token, its draft
+// model's KV included; both regions' pages go into a decode engine that takes remote draft KV.
+// With the target as its own draft, every draft is kept only when the draft's KV of the prompt is
+// right; decode's draft computes one prompt token per request (the last), the prefill's the rest;
+// the greedy outputs are those without speculation.
+TEST(DraftModelEngineTest, RemoteDraftKvSkipsTheDraftsPromptOnDecode) {
+  TinyModelOptions o;
+  o.layers = 2;
+  auto model = MakeTinyModel(o);
+  for (int tp : {1, 2}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    EngineOptions eo = BaseOptions(tp, 64);
+    eo.scheduler.max_num_batched_tokens = 8;  // chunked prefill on the prefill engine
+    std::vector<Request> requests = GreedyRequests(o.vocab);
+    const Outcome want = RunAll(model->weights, nullptr, eo, requests);
+    eo.speculative = DraftModelConfig(3);
+    eo.draft_weights = &model->weights;
+    auto prefill = Engine::Create(model->weights, eo);
+    auto decode = Engine::Create(model->weights, eo);
+    ASSERT_TRUE(prefill.ok() && decode.ok());
+    DisaggHooks& ph = *(*prefill)->disagg_hooks();
+    DisaggHooks& dh = *(*decode)->disagg_hooks();
+    ASSERT_NE(ph.DraftKvRunner(), nullptr);
+    dh.SetRemoteDraftKv(true);
+    int64_t prompt_tokens = 0;
+    for (const Request& r : requests) {
+      ASSERT_TRUE(dh.AddRemoteKvRequest(r).ok());
+      std::vector<KvReservation> res = dh.TakeKvReservations();
+      ASSERT_EQ(res.size(), 1u);
+      Request head = r;
+      head.prompt_ids.pop_back();
+      prompt_tokens += static_cast<int64_t>(head.prompt_ids.size());
+      ASSERT_TRUE(ph.AddPrefillOnlyRequest(head).ok());
+      std::shared_ptr<const PrefillResult> result;
+      while ((*prefill)->HasWork()) {
+        auto outs = (*prefill)->Step();
+        ASSERT_TRUE(outs.ok());
+        for (const RequestOutput& out : *outs) result = out.prefill_result;
+      }
+      ASSERT_NE(result, nullptr);
+      CopyPages((*prefill)->runner(), result->page_table, (*decode)->runner(), res[0].page_table);
+      CopyPages(*ph.DraftKvRunner(), result->page_table, *dh.DraftKvRunner(), res[0].page_table);
+      ph.ReleasePages(result->page_table);
+      ASSERT_TRUE(dh.MarkKvReady(r.id).ok());
+    }
+    std::map<int64_t, std::vector<int32_t>> got;
+    while ((*decode)->HasWork()) {
+      auto outs = (*decode)->Step();
+      ASSERT_TRUE(outs.ok());
+      for (const RequestOutput& out : *outs)
+        got[out.request_id].insert(got[out.request_id].end(), out.new_token_ids.begin(),
+                                   out.new_token_ids.end());
+    }
+    for (const Request& r : requests) EXPECT_EQ(got[r.id], want.tokens.at(r.id)) << r.id;
+    const SpecDecodeCounters d = (*decode)->stats().spec_decode;
+    EXPECT_GT(d.num_drafts, 0);
+    EXPECT_EQ(d.num_accepted_tokens, d.num_draft_tokens);
+    EXPECT_EQ(d.num_draft_prompt_tokens, static_cast<int64_t>(requests.size()));
+    EXPECT_EQ((*prefill)->stats().spec_decode.num_draft_prompt_tokens, prompt_tokens);
+    EXPECT_EQ((*decode)->stats().num_free_pages, (*decode)->stats().num_total_pages);
+    EXPECT_EQ((*prefill)->stats().num_free_pages, (*prefill)->stats().num_total_pages);
+  }
 }
 
 // The refusals name what is wrong.

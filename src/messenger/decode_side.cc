@@ -64,19 +64,37 @@ Status DecodeMessenger::Impl::RegisterPeerRegions(int peer) {
                      RegisterRankRegions(*d, runner_, transfer::RegionAccess::kRemoteWrite));
     p.nic_kv_mrs.push_back(std::move(mrs));
   }
+  p.nic_draft_mrs.clear();
+  if (options_.draft_kv == nullptr) return OkStatus();
+  auto draft = [&](transfer::Domain& d) {
+    auto mrs = RegisterRankRegions(d, *options_.draft_kv, transfer::RegionAccess::kRemoteWrite);
+    return mrs.ok() ? std::move(mrs) : mrs.status().WithContext("the draft KV region");
+  };
+  ASSIGN_OR_RETURN(p.draft_mrs, draft(*domain_));
+  for (auto& d : extra_domains_) {
+    ASSIGN_OR_RETURN(auto mrs, draft(*d));
+    p.nic_draft_mrs.push_back(std::move(mrs));
+  }
   return OkStatus();
 }
 
 void DecodeMessenger::Impl::RevokeKeys(int peer, const Status& why) {
   Peer& p = peers_[peer];
   for (const transfer::MemoryRegion& mr : p.kv_mrs) (void)domain_->Deregister(mr);
+  for (const transfer::MemoryRegion& mr : p.draft_mrs) (void)domain_->Deregister(mr);
   (void)domain_->Deregister(p.meta_mr);
   for (size_t i = 0; i < p.nic_kv_mrs.size() && i < extra_domains_.size(); ++i) {
     for (const transfer::MemoryRegion& mr : p.nic_kv_mrs[i])
       (void)extra_domains_[i]->Deregister(mr);
   }
+  for (size_t i = 0; i < p.nic_draft_mrs.size() && i < extra_domains_.size(); ++i) {
+    for (const transfer::MemoryRegion& mr : p.nic_draft_mrs[i])
+      (void)extra_domains_[i]->Deregister(mr);
+  }
   p.nic_kv_mrs.clear();
   p.kv_mrs.clear();
+  p.nic_draft_mrs.clear();
+  p.draft_mrs.clear();
   p.meta_mr = {};
   owner_->metrics_.KeysRevoked();
   PD_LOG_WARN(
@@ -314,6 +332,11 @@ void DecodeMessenger::Impl::OnHelloReply(const HelloReply& reply, const Frame& f
     reason = "prefill instance " + it->config.name + ": " + ok.message();
   } else if (Status plan = PlanTransfer(reply.scheme, scheme_, format_, 0).status(); !plan.ok()) {
     reason = "prefill instance " + it->config.name + ": " + plan.message();
+  } else if (Status draft = format_.draft_kv.num_layers == 0
+                                ? OkStatus()
+                                : PlanDraftTransfer(reply.scheme, scheme_, format_, 0).status();
+             !draft.ok()) {
+    reason = "prefill instance " + it->config.name + ": " + draft.message();
   } else if (Status dp = CheckDataParallel(reply.dp_size, reply.scheme,
                                            static_cast<uint16_t>(dp_size_), scheme_);
              !dp.ok()) {
@@ -424,11 +447,13 @@ Result<std::unique_ptr<DecodeMessenger>> DecodeMessenger::Create(
   if (options.peers.empty() && !options.dynamic_peers) {
     return InvalidArgument("DecodeMessenger needs prefill peers");
   }
+  RETURN_IF_ERROR(CheckDraftKvRunner(runner, options.draft_kv));
   std::unique_ptr<DecodeMessenger> m(new DecodeMessenger());
   m->inner_ = std::move(inner);
   m->impl_ = std::make_unique<Impl>(m.get(), options, runner);
   m->metrics_.SetBytesPerToken(
-      KvBytesPerToken(MakeKvFormat(options.model_hash, runner.region().spec()),
+      KvBytesPerToken(MakeKvFormat(options.model_hash, runner.region().spec(), false, "",
+                                   MakeDraftKvFormat(options.draft_kv)),
                       MakeShardScheme(runner.config(), TensorParallelRanks(runner))));
   RETURN_IF_ERROR(m->impl_->Init());
   return m;

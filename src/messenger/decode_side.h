@@ -104,6 +104,12 @@ struct DecodeMessengerOptions {
   // --speculative-config as SpeculativeIdentity (handshake.h) says it; "": none. Prefill instances
   // must say the same, else the handshake is refused naming speculative_config.
   std::string speculative;
+  // The engine's draft KV region (DisaggHooks::DraftKvRunner; borrowed, outlives the messenger;
+  // null: none): registered beside the target's for every prefill peer, named in every
+  // PrefillRequest, and its writes counted with the target's (KvFormat::draft_kv; prefill instances
+  // must have the same region, else the handshake is refused naming draft_kv). The engine must be
+  // told (DisaggHooks::SetRemoteDraftKv) that remote KV comes with the draft's.
+  engine::ModelRunner* draft_kv = nullptr;
   // Metadata slots: transfers in flight at once (with those fenced, below); a request that finds
   // none free fails ResourceExhausted. Give at least the engine's max_pending_requests.
   int max_transfers = 1024;

@@ -78,6 +78,9 @@ struct Peer {
   // (RevokeKeys) without touching any other peer's.
   std::vector<transfer::MemoryRegion> kv_mrs;                   // per rank (NIC 0)
   std::vector<std::vector<transfer::MemoryRegion>> nic_kv_mrs;  // [NIC - 1][rank]
+  // The same for the draft KV region (DecodeMessengerOptions::draft_kv); empty without one.
+  std::vector<transfer::MemoryRegion> draft_mrs;
+  std::vector<std::vector<transfer::MemoryRegion>> nic_draft_mrs;
   transfer::MemoryRegion meta_mr;
 };
 
@@ -133,7 +136,8 @@ class DecodeMessenger::Impl {
         spec_(runner.region().spec()),
         runner_(runner),
         meta_bytes_(static_cast<uint32_t>(runner.config().hidden_size) * 4),
-        format_(MakeKvFormat(options.model_hash, spec_, options.kv_checksum, options.speculative)),
+        format_(MakeKvFormat(options.model_hash, spec_, options.kv_checksum, options.speculative,
+                             MakeDraftKvFormat(options.draft_kv))),
         scheme_(MakeShardScheme(runner.config(), TensorParallelRanks(runner))),
         dp_size_(engine::DataParallelSize(runner)),
         pages_per_dp_rank_(runner.region().num_pages()),

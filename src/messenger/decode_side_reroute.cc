@@ -74,8 +74,21 @@ Status DecodeMessenger::Impl::RevokeNicKeys(int peer, size_t nic) {
   transfer::Domain& domain = *extra_domains_[nic - 1];
   for (const transfer::MemoryRegion& mr : p.nic_kv_mrs[nic - 1]) (void)domain.Deregister(mr);
   p.nic_kv_mrs[nic - 1].clear();
+  if (nic - 1 < p.nic_draft_mrs.size()) {
+    for (const transfer::MemoryRegion& mr : p.nic_draft_mrs[nic - 1]) (void)domain.Deregister(mr);
+    p.nic_draft_mrs[nic - 1].clear();
+  }
   owner_->metrics_.KeysRevoked();
   auto mrs = RegisterRankRegions(domain, runner_, transfer::RegionAccess::kRemoteWrite);
+  if (mrs.ok() && options_.draft_kv != nullptr) {
+    auto draft =
+        RegisterRankRegions(domain, *options_.draft_kv, transfer::RegionAccess::kRemoteWrite);
+    if (draft.ok()) {
+      p.nic_draft_mrs[nic - 1] = std::move(draft).value();
+    } else {
+      mrs = draft.status().WithContext("the draft KV region");
+    }
+  }
   if (!mrs.ok()) {
     p.state = PeerStatus::State::kRefused;
     p.reason = "prefill instance " + p.config.name + ": registering the KV regions anew on NIC " +

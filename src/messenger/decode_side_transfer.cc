@@ -240,6 +240,12 @@ Status DecodeMessenger::Impl::SendPrefillRequest(Req* r, uint32_t num_pages, uin
       if (dp_size_ == 1 || static_cast<int>(k) == TargetRank(*r, 0))
         m.nic_regions.push_back(nic[k].descriptor.ToBytes());
   }
+  // The draft KV region's, likewise (never with data-parallel ranks: CheckDraftKvRunner).
+  for (const transfer::MemoryRegion& mr : peers_[peer].draft_mrs)
+    m.draft_rank_regions.push_back(mr.descriptor.ToBytes());
+  for (const auto& nic : peers_[peer].nic_draft_mrs)
+    for (const transfer::MemoryRegion& mr : nic)
+      m.draft_nic_regions.push_back(mr.descriptor.ToBytes());
   const std::vector<int32_t> pages = TargetPages(*r, num_pages);
   m.metadata_region = peers_[peer].meta_mr.descriptor.ToBytes();
   m.metadata_offset = slot_bytes_ * r->meta_slot;
@@ -337,6 +343,14 @@ void DecodeMessenger::Impl::OnKvArrived(int64_t id, uint32_t imm) {
     kv_bytes = 0;
     for (uint64_t b : c.bytes_per_dst_rank) kv_bytes += b;
     kv_writes = c.total_writes;
+  }
+  if (format_.draft_kv.num_layers > 0) {
+    if (auto plan = PlanDraftTransfer(peers_[r->peer].scheme, scheme_, format_, r->wire_id);
+        plan.ok()) {
+      const WriteCounts c = ExpectedWrites(*plan, num_pages, format_.draft_kv.num_layers);
+      for (uint64_t b : c.bytes_per_dst_rank) kv_bytes += b;
+      kv_writes += c.total_writes;
+    }
   }
   const uint64_t bytes = kv_bytes + meta_bytes_;
   const uint64_t num_tokens =

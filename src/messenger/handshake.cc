@@ -10,6 +10,7 @@
 
 #include "common/log.h"
 #include "common/rate_limited_log.h"
+#include "engine/dp_engine.h"
 
 namespace pd::messenger {
 
@@ -36,7 +37,7 @@ uint64_t ModelFingerprint(const model::ModelWeights& weights) {
 }
 
 KvFormat MakeKvFormat(uint64_t model_hash, const engine::KvCacheSpec& spec, bool kv_checksum,
-                      std::string speculative) {
+                      std::string speculative, DraftKvFormat draft_kv) {
   KvFormat f;
   f.model_hash = model_hash;
   f.num_layers = static_cast<uint32_t>(spec.num_layers);
@@ -48,7 +49,74 @@ KvFormat MakeKvFormat(uint64_t model_hash, const engine::KvCacheSpec& spec, bool
   f.latent_dim = static_cast<uint32_t>(spec.latent_dim);
   f.kv_scales = engine::KvScalesFingerprint(spec);
   f.speculative = std::move(speculative);
+  f.draft_kv = draft_kv;
   return f;
+}
+
+Status CheckDraftKvRunner(engine::ModelRunner& runner, engine::ModelRunner* draft_kv) {
+  if (draft_kv == nullptr) return OkStatus();
+  auto refuse = [](const std::string& what) {
+    return FailedPrecondition("the draft KV region cannot travel with the target's: " + what);
+  };
+  if (engine::DataParallelSize(runner) > 1)
+    return refuse("data-parallel ranks keep a draft region each");
+  const engine::KvRegion& target = runner.region();
+  const engine::KvRegion& draft = draft_kv->region();
+  if (draft.spec().page_size != target.spec().page_size)
+    return refuse("page_size " + std::to_string(draft.spec().page_size) + ", the target's " +
+                  std::to_string(target.spec().page_size));
+  if (draft.num_pages() != target.num_pages())
+    return refuse(std::to_string(draft.num_pages()) + " pages, the target's " +
+                  std::to_string(target.num_pages()));
+  if (draft_kv->num_ranks() != runner.num_ranks())
+    return refuse(std::to_string(draft_kv->num_ranks()) + " ranks, the target's " +
+                  std::to_string(runner.num_ranks()));
+  return OkStatus();
+}
+
+DraftKvFormat MakeDraftKvFormat(engine::ModelRunner* draft_kv) {
+  DraftKvFormat d;
+  if (draft_kv == nullptr) return d;
+  const engine::KvCacheSpec& spec = draft_kv->region().spec();
+  d.num_layers = static_cast<uint32_t>(spec.num_layers);
+  d.head_dim = static_cast<uint32_t>(spec.head_dim);
+  d.num_kv_heads =
+      static_cast<uint16_t>(draft_kv->config().is_mla() ? 1 : draft_kv->config().num_kv_heads);
+  d.latent_dim = static_cast<uint32_t>(spec.latent_dim);
+  d.layout = static_cast<uint8_t>(spec.layout);
+  d.kv_dtype = static_cast<uint8_t>(spec.dtype);
+  d.kv_scales = engine::KvScalesFingerprint(spec);
+  return d;
+}
+
+KvFormat DraftRegionFormat(const KvFormat& format) {
+  const DraftKvFormat& d = format.draft_kv;
+  KvFormat f;
+  f.model_hash = format.model_hash;
+  f.num_layers = d.num_layers;
+  f.head_dim = d.head_dim;
+  f.page_size = format.page_size;
+  f.layout = d.layout;
+  f.kv_dtype = d.kv_dtype;
+  f.latent_dim = d.latent_dim;
+  f.kv_scales = d.kv_scales;
+  return f;
+}
+
+ShardScheme DraftScheme(const KvFormat& format, uint16_t tp_size) {
+  ShardScheme s;
+  s.tp_size = tp_size;
+  s.num_kv_heads = format.draft_kv.num_kv_heads;
+  s.replicated = format.draft_kv.latent_dim > 0;
+  return s;
+}
+
+Result<ShardPlan> PlanDraftTransfer(const ShardScheme& prefill, const ShardScheme& decode,
+                                    const KvFormat& format, uint64_t seed) {
+  auto plan = PlanTransfer(DraftScheme(format, prefill.tp_size),
+                           DraftScheme(format, decode.tp_size), DraftRegionFormat(format), seed);
+  if (!plan.ok()) return plan.status().WithContext("the draft KV region");
+  return plan;
 }
 
 std::string SpeculativeIdentity(const engine::SpeculativeConfig& config,
@@ -160,6 +228,24 @@ Status CheckCompatible(const KvFormat& ours, const KvFormat& theirs) {
     DiffersNamed(&diff, "speculative_config", ours.speculative.empty() ? "off" : ours.speculative,
                  theirs.speculative.empty() ? "off" : theirs.speculative);
   }
+  const DraftKvFormat& a = ours.draft_kv;
+  const DraftKvFormat& b = theirs.draft_kv;
+  if ((a.num_layers > 0) != (b.num_layers > 0)) {
+    DiffersNamed(&diff, "draft_kv", a.num_layers > 0 ? "a draft KV region" : "none",
+                 b.num_layers > 0 ? "a draft KV region" : "none");
+  } else if (a != b) {
+    Differs(&diff, "draft_kv.num_layers", a.num_layers, b.num_layers);
+    Differs(&diff, "draft_kv.head_dim", a.head_dim, b.head_dim);
+    Differs(&diff, "draft_kv.num_kv_heads", a.num_kv_heads, b.num_kv_heads);
+    Differs(&diff, "draft_kv.latent_dim", a.latent_dim, b.latent_dim);
+    if (a.layout != b.layout)
+      DiffersNamed(&diff, "draft_kv.layout", LayoutName(a.layout), LayoutName(b.layout));
+    if (a.kv_dtype != b.kv_dtype) {
+      DiffersNamed(&diff, "draft_kv.kv_dtype", DTypeName(a.kv_dtype), DTypeName(b.kv_dtype));
+    } else if (a.kv_scales != b.kv_scales) {
+      DiffersNamed(&diff, "draft_kv.kv_scales", ScalesText(a.kv_scales), ScalesText(b.kv_scales));
+    }
+  }
   if (diff.empty()) return OkStatus();
   return FailedPrecondition("KV format mismatch: " + diff);
 }
@@ -221,14 +307,22 @@ uint64_t KvBytesPerToken(const KvFormat& format, const ShardScheme& scheme) {
   const uint64_t row = format.latent_dim > 0
                            ? uint64_t{format.latent_dim}
                            : 2ull * scheme.num_kv_heads * uint64_t{format.head_dim};
-  return uint64_t{format.num_layers} * row * elem;
+  uint64_t bytes = uint64_t{format.num_layers} * row * elem;
+  if (format.draft_kv.num_layers > 0) {
+    bytes += KvBytesPerToken(DraftRegionFormat(format), DraftScheme(format, scheme.tp_size));
+  }
+  return bytes;
 }
 
 Result<uint64_t> ExpectedWrites(const ShardScheme& prefill, const ShardScheme& decode,
                                 const KvFormat& format, uint32_t num_pages, uint64_t seed) {
   ASSIGN_OR_RETURN(ShardPlan plan, PlanTransfer(prefill, decode, format, seed));
-  return ExpectedWrites(plan, num_pages, format.num_layers).total_writes +
-         (format.kv_checksum ? 1 : 0);  // the checksum record (kv_checksum.h)
+  uint64_t writes = ExpectedWrites(plan, num_pages, format.num_layers).total_writes;
+  if (format.draft_kv.num_layers > 0) {
+    ASSIGN_OR_RETURN(ShardPlan draft, PlanDraftTransfer(prefill, decode, format, seed));
+    writes += ExpectedWrites(draft, num_pages, format.draft_kv.num_layers).total_writes;
+  }
+  return writes + (format.kv_checksum ? 1 : 0);  // the checksum record (kv_checksum.h)
 }
 
 Result<std::vector<transfer::MemoryRegion>> RegisterRankRegions(transfer::Domain& domain,

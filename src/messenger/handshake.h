@@ -31,9 +31,27 @@ namespace pd::messenger {
 uint64_t ModelFingerprint(const model::ModelConfig& config, model::DType weights_dtype);
 uint64_t ModelFingerprint(const model::ModelWeights& weights);
 
-// `kv_checksum`: --kv-checksum (kv_checksum.h); `speculative`: SpeculativeIdentity.
+// `kv_checksum`: --kv-checksum (kv_checksum.h); `speculative`: SpeculativeIdentity; `draft_kv`:
+// MakeDraftKvFormat.
 KvFormat MakeKvFormat(uint64_t model_hash, const engine::KvCacheSpec& spec,
-                      bool kv_checksum = false, std::string speculative = "");
+                      bool kv_checksum = false, std::string speculative = "",
+                      DraftKvFormat draft_kv = {});
+
+// Whether a messenger can move `draft_kv`'s region (DisaggHooks::DraftKvRunner; null: none) with
+// `runner`'s: the same page_size, pages and ranks, and no data-parallel ranks. FailedPrecondition
+// naming what differs.
+Status CheckDraftKvRunner(engine::ModelRunner& runner, engine::ModelRunner* draft_kv);
+// The drafter's KV region of `draft_kv` (null: none) as the handshake describes it.
+DraftKvFormat MakeDraftKvFormat(engine::ModelRunner* draft_kv);
+// The draft region of `format` as a KvFormat of its own (its layers, heads, page_size and dtype;
+// no checksum, no speculative), for PlanTransfer and KvBytesPerToken.
+KvFormat DraftRegionFormat(const KvFormat& format);
+// A side's scheme for the draft region: its tp_size over the drafter's heads (replicated for a
+// latent cache).
+ShardScheme DraftScheme(const KvFormat& format, uint16_t tp_size);
+// PlanTransfer for the draft region between the two sides' (target) schemes.
+Result<ShardPlan> PlanDraftTransfer(const ShardScheme& prefill, const ShardScheme& decode,
+                                    const KvFormat& format, uint64_t seed);
 
 // What the handshake compares of --speculative-config: "" when off, else the method, K and, for
 // "draft_model" and "mtp", `draft_fingerprint` (the draft checkpoint's ModelFingerprint, or for MTP
@@ -114,13 +132,14 @@ Result<ShardPlan> PlanTransfer(const ShardScheme& prefill, const ShardScheme& de
                                const KvFormat& format, uint64_t seed);
 
 // KV writes the decode side counts for one transfer of `num_pages` pages between any two schemes:
-// the planner's runs, one write per (run, layer, page), plus the checksum write under
-// format.kv_checksum (kv_checksum.h); the metadata write is counted apart.
+// the planner's runs, one write per (run, layer, page), the same for the draft region's when the
+// format has one (PlanDraftTransfer), plus the checksum write under format.kv_checksum
+// (kv_checksum.h); the metadata write is counted apart.
 Result<uint64_t> ExpectedWrites(const ShardScheme& prefill, const ShardScheme& decode,
                                 const KvFormat& format, uint32_t num_pages, uint64_t seed);
 
 // The bytes one token's KV takes over every layer in one whole copy: num_layers x (latent_dim, or
-// 2 x num_kv_heads x head_dim) x the KV dtype's size.
+// 2 x num_kv_heads x head_dim) x the KV dtype's size; plus the draft region's likewise.
 uint64_t KvBytesPerToken(const KvFormat& format, const ShardScheme& scheme);
 
 // "2 KV heads", or "replicated MLA latent, latent_dim 36" for logs.

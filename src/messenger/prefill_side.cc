@@ -42,6 +42,14 @@ Status PrefillMessenger::Impl::Init() {
                      RegisterRankRegions(*d, runner_, transfer::RegionAccess::kLocalSource));
     extra_kv_mrs_.push_back(std::move(mrs));
   }
+  if (has_draft_kv()) {
+    for (size_t nic = 0; nic < num_nics(); ++nic) {
+      auto mrs =
+          RegisterRankRegions(Nic(nic), *options_.draft_kv, transfer::RegionAccess::kLocalSource);
+      if (!mrs.ok()) return mrs.status().WithContext("the draft KV region");
+      draft_mrs_.push_back(std::move(mrs).value());
+    }
+  }
   PD_LOG_INFO("prefill messenger: {} rank KV region(s) registered (tp_size {}, {})", kv_mrs_.size(),
               scheme_.tp_size, DescribeKvCache(owner_->format_, scheme_));
   ASSIGN_OR_RETURN(meta_staging_, transfer::HostBuffer::Allocate(
@@ -169,6 +177,8 @@ void PrefillMessenger::Impl::OnHello(const Hello& hello, const Frame& frame) {
   }
   Status ok = CheckCompatible(owner_->format_, hello.format);
   if (ok.ok()) ok = PlanTransfer(scheme_, hello.scheme, owner_->format_, 0).status();
+  if (ok.ok() && has_draft_kv())
+    ok = PlanDraftTransfer(scheme_, hello.scheme, owner_->format_, 0).status();
   if (ok.ok()) ok = CheckDataParallel(dp_size_, scheme_, hello.dp_size, hello.scheme);
   HelloReply reply;
   reply.accepted = ok.ok();
@@ -309,13 +319,16 @@ void PrefillMessenger::Impl::Begin(const PrefillRequest& request, const std::str
 
 // Every decode rank's region: a valid descriptor of the same instance holding the same whole
 // number of KV pages (all layers of `layer_bytes` each) as rank 0's.
-Status PrefillMessenger::Impl::ParseRankRegions(const PrefillRequest& r, uint64_t layer_bytes,
+Status PrefillMessenger::Impl::ParseRankRegions(const PrefillRequest& r,
+                                                const std::vector<std::string>& regions,
+                                                uint64_t layer_bytes,
                                                 std::vector<transfer::MemoryDescriptor>* out) {
   const std::string id = "request " + std::to_string(r.request_id);
-  for (size_t k = 0; k < r.rank_regions.size(); ++k) {
-    const std::string name = id + ": decode rank " + std::to_string(k) + "'s region";
+  const char* what = &regions == &r.rank_regions ? "region" : "draft KV region";
+  for (size_t k = 0; k < regions.size(); ++k) {
+    const std::string name = id + ": decode rank " + std::to_string(k) + "'s " + what;
     ASSIGN_OR_RETURN(transfer::MemoryDescriptor d,
-                     transfer::MemoryDescriptor::FromBytes(r.rank_regions[k]));
+                     transfer::MemoryDescriptor::FromBytes(regions[k]));
     RETURN_IF_ERROR(d.Validate().WithContext(name));
     if (d.length % layer_bytes != 0) {
       return InvalidArgument(name + " of " + std::to_string(d.length) +
@@ -328,7 +341,7 @@ Status PrefillMessenger::Impl::ParseRankRegions(const PrefillRequest& r, uint64_
     }
     out->push_back(std::move(d));
   }
-  if (out->empty()) return InvalidArgument(id + ": no rank regions");
+  if (out->empty()) return InvalidArgument(id + ": no rank " + what + "s");
   return OkStatus();
 }
 
@@ -354,7 +367,7 @@ Status PrefillMessenger::Impl::Admit(const PrefillRequest& r, const DecodePeer& 
                            " is not below the prompt's " + std::to_string(pages) + " pages");
   }
   std::vector<transfer::MemoryDescriptor> dsts;
-  RETURN_IF_ERROR(ParseRankRegions(r, t->plan.dst_page_bytes * num_layers_, &dsts));
+  RETURN_IF_ERROR(ParseRankRegions(r, r.rank_regions, t->plan.dst_page_bytes * num_layers_, &dsts));
   const transfer::MemoryDescriptor& dst = dsts[0];
   t->dst_num_pages = dst.length / (t->plan.dst_page_bytes * num_layers_);
   for (size_t k = 0; k < r.dst_pages.size(); ++k) {
@@ -394,7 +407,9 @@ Status PrefillMessenger::Impl::Admit(const PrefillRequest& r, const DecodePeer& 
   // region on the way to the prefill's start.
   for (const transfer::MemoryDescriptor& d : dsts) t->dst.push_back({d, t->peer.fi_addr});
   t->meta = {meta, t->peer.fi_addr};
-  RETURN_IF_ERROR(ParseNicRegions(r, peers_.at(t->peer.fabric_addr), t));
+  const DecodePeer& peer_nics = peers_.at(t->peer.fabric_addr);
+  RETURN_IF_ERROR(ParseNicRegions(r, r.nic_regions, peer_nics, t->dst, &t->nic_dst));
+  RETURN_IF_ERROR(AdmitDraft(r, peer_nics, t));
   t->imm = r.transfer_imm;
   t->meta_imm = r.metadata_imm;
   t->num_tokens = static_cast<int>(r.token_ids.size());
@@ -424,7 +439,7 @@ void PrefillMessenger::Impl::OnCancel(const Cancel& cancel, const Frame& frame) 
 
 // ------------------------------------------------------------------ public
 
-PrefillMessenger::PrefillMessenger(KvFormat format) : format_(format) {}
+PrefillMessenger::PrefillMessenger(KvFormat format) : format_(std::move(format)) {}
 
 PrefillMessenger::~PrefillMessenger() { Stop(); }
 
@@ -432,8 +447,10 @@ Result<std::unique_ptr<PrefillMessenger>> PrefillMessenger::Create(
     const PrefillMessengerOptions& options, engine::ModelRunner& runner) {
   if (options.max_transfers < 1) return InvalidArgument("max_transfers must be >= 1");
   if (options.max_queued_messages < 1) return InvalidArgument("max_queued_messages must be >= 1");
-  std::unique_ptr<PrefillMessenger> m(new PrefillMessenger(MakeKvFormat(
-      options.model_hash, runner.region().spec(), options.kv_checksum, options.speculative)));
+  RETURN_IF_ERROR(CheckDraftKvRunner(runner, options.draft_kv));
+  std::unique_ptr<PrefillMessenger> m(new PrefillMessenger(
+      MakeKvFormat(options.model_hash, runner.region().spec(), options.kv_checksum,
+                   options.speculative, MakeDraftKvFormat(options.draft_kv))));
   m->impl_ = std::make_unique<Impl>(m.get(), options, runner);
   m->metrics_.SetBytesPerToken(
       KvBytesPerToken(m->format_, MakeShardScheme(runner.config(), runner.num_ranks())));

@@ -85,6 +85,12 @@ struct PrefillMessengerOptions {
   // --speculative-config as SpeculativeIdentity (handshake.h) says it; "": none. Decode instances
   // must say the same, else the handshake is refused naming speculative_config.
   std::string speculative;
+  // The engine's draft KV region (DisaggHooks::DraftKvRunner; borrowed, outlives the messenger;
+  // null: none). Its rank regions are registered beside the target's and every transfer writes
+  // the draft KV of its pages too, once the engine's final output for the request says the
+  // drafter has caught up on the prompt (KvFormat::draft_kv; decode instances must have the same
+  // region, else the handshake is refused naming draft_kv).
+  engine::ModelRunner* draft_kv = nullptr;
   // A failed transfer waits for every write it posted to come back before it frees its pages
   // and answers PrefillDone. Writes a stalled decode instance holds (SIGSTOP, a partition) may
   // not come back for long: after this many seconds the transfer is set aside, its pages and

@@ -44,6 +44,7 @@ struct LayerWork {
 struct KvWrite {
   int src_rank = 0;
   int dst_rank = 0;
+  bool draft = false;  // between the draft KV regions (else the target's)
   transfer::PagedWriteRequest shape;
 };
 
@@ -73,7 +74,12 @@ struct Transfer {
   // [our NIC][decode rank]: the decode region our NIC writes into (the decode instance's NIC
   // nic % its NICs), with that NIC's address in our NIC's AV. [0] == dst.
   std::vector<std::vector<transfer::RemoteRegion>> nic_dst;
-  std::vector<KvWrite> log;    // every KV write posted so far, for a Reroute
+  std::vector<KvWrite> log;  // every KV write posted so far, for a Reroute
+  // With a draft KV region: its plan, and per our NIC and decode rank the draft region written
+  // (as nic_dst); pages in one layer of a decode rank's draft region.
+  ShardPlan draft_plan;
+  std::vector<std::vector<transfer::RemoteRegion>> draft_nic_dst;
+  uint64_t draft_dst_num_pages = 0;
   bool rerouting = false;      // a Reroute was sent; its reply has not come
   uint64_t dst_num_pages = 0;  // pages in one layer of every decode rank's region
   std::vector<int32_t> dst_pages;
@@ -87,6 +93,7 @@ struct Transfer {
   std::vector<int32_t> src_pages;   // the engine's page table (from the step observer)
   int pages_scheduled = 0;          // pages handed to LayerWork so far
   bool kv_posted = false;           // every layer of every page posted
+  bool draft_posted = false;        // the draft KV region's writes posted (or none to post)
   bool engine_done = false;         // the engine's final output arrived
   std::vector<int32_t> kept_pages;  // referenced for us until we release them
   std::vector<float> last_hidden;
@@ -204,8 +211,9 @@ class PrefillMessenger::Impl {
   // Admits a whole request from `peer_address` and submits it to the engine.
   void Begin(const PrefillRequest& request, const std::string& peer_address);
   Status Admit(const PrefillRequest& request, const DecodePeer& peer, Transfer* t);
-  Status ParseRankRegions(const PrefillRequest& r, uint64_t layer_bytes,
-                          std::vector<transfer::MemoryDescriptor>* out);
+  // `regions`: r.rank_regions (or the draft's), each of whole pages of `layer_bytes` (all layers).
+  Status ParseRankRegions(const PrefillRequest& r, const std::vector<std::string>& regions,
+                          uint64_t layer_bytes, std::vector<transfer::MemoryDescriptor>* out);
   void OnCancel(const Cancel& cancel, const Frame& frame);
   // Several NICs (prefill_side_nics.cc).
   Status OpenNics();
@@ -214,10 +222,23 @@ class PrefillMessenger::Impl {
     return nic == 0 ? kv_mrs_[static_cast<size_t>(rank)]
                     : extra_kv_mrs_[nic - 1][static_cast<size_t>(rank)];
   }
+  bool has_draft_kv() const { return options_.draft_kv != nullptr; }
+  // The draft region's descriptors of request r (as ParseRankRegions and ParseNicRegions), its
+  // plan and page count, into t (after those of the target's region).
+  Status AdmitDraft(const PrefillRequest& r, const DecodePeer& peer, Transfer* t);
+  // Every layer's writes of the draft KV of t's pages [first_page, end), once the engine's
+  // final output came (the drafter caught up on the prompt before it) and the target's writes
+  // are all posted: from MaybePostMetadata, before the metadata. A refused post fails t, which
+  // may free it.
+  void PostDraftKv(Transfer* t);
   // Inserts a new peer's NIC addresses into our NICs' AVs.
   Status AddPeerNics(const Hello& hello, DecodePeer* peer);
   // The request's descriptors on the decode instance's further NICs, into t->nic_dst.
-  Status ParseNicRegions(const PrefillRequest& r, const DecodePeer& peer, Transfer* t);
+  // `regions`: r.nic_regions (or the draft's); `nic0`: the rank regions on NIC 0 (t->dst, or the
+  // draft's); into *out, [our NIC][decode rank].
+  Status ParseNicRegions(const PrefillRequest& r, const std::vector<std::string>& regions,
+                         const DecodePeer& peer, const std::vector<transfer::RemoteRegion>& nic0,
+                         std::vector<std::vector<transfer::RemoteRegion>>* out);
   // The next NIC in rotation towards t's decode instance; -1 when none is.
   int PickNic(const Transfer& t);
   // Posts `w` under t->imm on the next NIC in rotation and tracks it (a failure fails t);
@@ -296,6 +317,7 @@ class PrefillMessenger::Impl {
   std::string address_;                         // the domain's, kept once it is closed
   std::vector<transfer::MemoryRegion> kv_mrs_;  // per rank, in NIC 0's domain
   std::vector<std::vector<transfer::MemoryRegion>> extra_kv_mrs_;  // [NIC - 1][rank]
+  std::vector<std::vector<transfer::MemoryRegion>> draft_mrs_;     // [NIC][rank]: draft regions
   size_t next_nic_ = 0;                                            // round-robin over NICs
   transfer::MemoryRegion meta_mr_;
   transfer::MemoryRegion crc_mr_;  // crc_staging_'s registration

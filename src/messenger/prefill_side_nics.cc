@@ -50,24 +50,28 @@ Status PrefillMessenger::Impl::AddPeerNics(const Hello& hello, DecodePeer* peer)
   return OkStatus();
 }
 
-Status PrefillMessenger::Impl::ParseNicRegions(const PrefillRequest& r, const DecodePeer& peer,
-                                               Transfer* t) {
+Status PrefillMessenger::Impl::ParseNicRegions(
+    const PrefillRequest& r, const std::vector<std::string>& regions, const DecodePeer& peer,
+    const std::vector<transfer::RemoteRegion>& nic0,
+    std::vector<std::vector<transfer::RemoteRegion>>* out) {
   const std::string id = "request " + std::to_string(r.request_id);
-  const size_t tp = t->dst.size();
-  if (r.nic_regions.size() != peer.nic_addresses.size() * tp) {
-    return InvalidArgument(id + ": nic_regions has " + std::to_string(r.nic_regions.size()) +
+  const bool draft = &regions != &r.nic_regions;
+  const char* field = draft ? "draft_nic_regions" : "nic_regions";
+  const size_t tp = nic0.size();
+  if (regions.size() != peer.nic_addresses.size() * tp) {
+    return InvalidArgument(id + ": " + field + " has " + std::to_string(regions.size()) +
                            " descriptors; its decode instance announced " +
                            std::to_string(peer.nic_addresses.size()) + " further NIC(s) of " +
                            std::to_string(tp) + " rank(s)");
   }
   std::vector<std::vector<transfer::MemoryDescriptor>> theirs(1 + peer.nic_addresses.size());
-  for (const transfer::RemoteRegion& d : t->dst) theirs[0].push_back(d.descriptor);
-  for (size_t k = 0; k < r.nic_regions.size(); ++k) {
+  for (const transfer::RemoteRegion& d : nic0) theirs[0].push_back(d.descriptor);
+  for (size_t k = 0; k < regions.size(); ++k) {
     const size_t nic = 1 + k / tp;
-    const std::string name =
-        id + ": NIC " + std::to_string(nic) + " rank " + std::to_string(k % tp) + "'s region";
+    const std::string name = id + ": NIC " + std::to_string(nic) + " rank " +
+                             std::to_string(k % tp) + (draft ? "'s draft KV region" : "'s region");
     ASSIGN_OR_RETURN(transfer::MemoryDescriptor d,
-                     transfer::MemoryDescriptor::FromBytes(r.nic_regions[k]));
+                     transfer::MemoryDescriptor::FromBytes(regions[k]));
     RETURN_IF_ERROR(d.Validate().WithContext(name));
     if (d.fabric_addr != peer.nic_addresses[nic - 1]) {
       return InvalidArgument(name + " is not on the NIC its decode instance announced");
@@ -77,13 +81,13 @@ Status PrefillMessenger::Impl::ParseNicRegions(const PrefillRequest& r, const De
     }
     theirs[nic].push_back(std::move(d));
   }
-  t->nic_dst.assign(1, t->dst);
+  out->assign(1, nic0);
   for (size_t i = 1; i < num_nics(); ++i) {
     std::vector<transfer::RemoteRegion> dst;
     for (const transfer::MemoryDescriptor& d : theirs[i % theirs.size()]) {
       dst.push_back({d, peer.nic_addrs[i].fi_addr});
     }
-    t->nic_dst.push_back(std::move(dst));
+    out->push_back(std::move(dst));
   }
   return OkStatus();
 }
@@ -106,8 +110,8 @@ Result<uint64_t> PrefillMessenger::Impl::PostKv(Transfer* t, const KvWrite& w, b
   if (nic >= 0) {
     const size_t n = static_cast<size_t>(nic);
     transfer::PagedWriteRequest req = w.shape;
-    req.src = KvMr(n, w.src_rank);
-    req.dst = t->nic_dst[n][static_cast<size_t>(w.dst_rank)];
+    req.src = w.draft ? draft_mrs_[n][static_cast<size_t>(w.src_rank)] : KvMr(n, w.src_rank);
+    req.dst = (w.draft ? t->draft_nic_dst : t->nic_dst)[n][static_cast<size_t>(w.dst_rank)];
     req.imm = t->imm;
     auto slot = std::make_shared<transfer::TransferId>(0);
     auto id = Nic(n).SubmitPagedWrite(std::move(req), WriteDone(t->request_id, n, slot));

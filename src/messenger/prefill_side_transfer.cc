@@ -208,6 +208,13 @@ void PrefillMessenger::Impl::TracePosted(Result<uint64_t> key, uint64_t request_
 
 void PrefillMessenger::Impl::MaybePostMetadata(Transfer* t) {
   if (!t->kv_posted || !t->engine_done || t->meta_posted || !t->error.ok()) return;
+  if (!t->draft_posted) {  // the drafter's KV is whole once the engine's final output came
+    t->draft_posted = true;
+    const uint64_t id = t->request_id;
+    PostDraftKv(t);
+    t = Find(id);
+    if (t == nullptr || !t->error.ok()) return;
+  }
   if (t->last_hidden.size() * sizeof(float) != meta_bytes_) {
     Fail(t, Internal("the engine's last hidden state has " + std::to_string(t->last_hidden.size()) +
                      " floats, expected " + std::to_string(meta_bytes_ / 4)));

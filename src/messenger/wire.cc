@@ -20,6 +20,41 @@ void PutFormat(ByteWriter& w, const KvFormat& f) {
   w.Put(f.latent_dim);
   w.Put(f.kv_scales);
   w.PutBytes(f.speculative);
+  const DraftKvFormat& d = f.draft_kv;
+  w.Put(d.num_layers);
+  w.Put(d.head_dim);
+  w.Put(d.num_kv_heads);
+  w.Put(d.latent_dim);
+  w.Put(d.layout);
+  w.Put(d.kv_dtype);
+  w.Put(d.kv_scales);
+}
+
+Status GetDraftFormat(ByteReader& r, DraftKvFormat* d) {
+  RETURN_IF_ERROR(r.Get("format.draft_kv.num_layers", &d->num_layers));
+  RETURN_IF_ERROR(r.Get("format.draft_kv.head_dim", &d->head_dim));
+  RETURN_IF_ERROR(r.Get("format.draft_kv.num_kv_heads", &d->num_kv_heads));
+  RETURN_IF_ERROR(r.Get("format.draft_kv.latent_dim", &d->latent_dim));
+  RETURN_IF_ERROR(r.Get("format.draft_kv.layout", &d->layout));
+  RETURN_IF_ERROR(r.Get("format.draft_kv.kv_dtype", &d->kv_dtype));
+  RETURN_IF_ERROR(r.Get("format.draft_kv.kv_scales", &d->kv_scales));
+  if (d->num_layers == 0) {
+    if (*d != DraftKvFormat{})
+      return InvalidArgument("format.draft_kv describes a region of 0 layers");
+    return OkStatus();
+  }
+  if (d->head_dim == 0 || d->num_kv_heads == 0)
+    return InvalidArgument("format.draft_kv: head_dim " + std::to_string(d->head_dim) +
+                           " and num_kv_heads " + std::to_string(d->num_kv_heads) +
+                           " must be positive");
+  if (d->latent_dim != 0 && (d->latent_dim != d->head_dim || d->num_kv_heads != 1))
+    return InvalidArgument("format.draft_kv.latent_dim " + std::to_string(d->latent_dim) +
+                           " needs head_dim equal to it and one KV head");
+  if (d->layout > 1)
+    return InvalidArgument("format.draft_kv.layout " + std::to_string(d->layout) + " unknown");
+  if (d->kv_dtype > static_cast<uint8_t>(engine::KvDType::kFP8E4M3))
+    return InvalidArgument("format.draft_kv.kv_dtype " + std::to_string(d->kv_dtype) + " unknown");
+  return OkStatus();
 }
 
 Status GetFormat(ByteReader& r, KvFormat* f) {
@@ -45,7 +80,7 @@ Status GetFormat(ByteReader& r, KvFormat* f) {
     return InvalidArgument("format.layout " + std::to_string(f->layout) + " unknown");
   if (f->kv_dtype > static_cast<uint8_t>(engine::KvDType::kFP8E4M3))
     return InvalidArgument("format.kv_dtype " + std::to_string(f->kv_dtype) + " unknown");
-  return OkStatus();
+  return GetDraftFormat(r, &f->draft_kv);
 }
 
 void PutScheme(ByteWriter& w, const ShardScheme& s) {
@@ -128,6 +163,8 @@ struct BodyEncoder {
     w.Put(m.first_page);
     PutStrings(w, m.nic_regions);
     w.Put(m.dp_rank);
+    PutStrings(w, m.draft_rank_regions);
+    PutStrings(w, m.draft_nic_regions);
   }
   void operator()(const PrefillDone& m) {
     w.Put(m.request_id);
@@ -251,6 +288,19 @@ Result<Message> DecodePrefillRequest(ByteReader& r) {
   if (m.dp_rank >= kMaxRanks)
     return InvalidArgument("dp_rank " + std::to_string(m.dp_rank) + " is not below the limit of " +
                            std::to_string(kMaxRanks) + " ranks");
+  RETURN_IF_ERROR(
+      GetStrings(r, "draft_rank_regions", m.decode_scheme.tp_size, &m.draft_rank_regions));
+  if (!m.draft_rank_regions.empty() && m.draft_rank_regions.size() != m.decode_scheme.tp_size) {
+    return InvalidArgument("draft_rank_regions has " + std::to_string(m.draft_rank_regions.size()) +
+                           " entries for a decode tp_size of " +
+                           std::to_string(m.decode_scheme.tp_size));
+  }
+  RETURN_IF_ERROR(GetStrings(r, "draft_nic_regions", m.nic_regions.size(), &m.draft_nic_regions));
+  if (m.draft_nic_regions.size() != (m.draft_rank_regions.empty() ? 0 : m.nic_regions.size())) {
+    return InvalidArgument("draft_nic_regions has " + std::to_string(m.draft_nic_regions.size()) +
+                           " entries; one per nic_regions entry with draft_rank_regions, else "
+                           "none");
+  }
   return Message(std::move(m));
 }
 

@@ -41,7 +41,10 @@ inline constexpr uint32_t kWireMagic = 0x564b4450;  // "PDKV"
 // PrefillRequest dp_rank (the decode DP rank whose pages it names).
 // KvFormat carries speculative (the speculative decoding both sides run: method, K and
 // the draft's fingerprint; SpeculativeIdentity in handshake.h).
-inline constexpr uint16_t kWireVersion = 8;
+// Version 9: KvFormat carries draft_kv (the drafter's KV region, sent with the target's) and
+// PrefillRequest the decode ranks' draft region descriptors (draft_rank_regions, and
+// draft_nic_regions on each further NIC).
+inline constexpr uint16_t kWireVersion = 9;
 inline constexpr size_t kMacBytes = 32;
 inline constexpr size_t kFrameHeaderBytes = 4 + 2 + 2 + 8 + 8 + 8 + 4;
 inline constexpr size_t kBodyLenOffset = kFrameHeaderBytes - 4;
@@ -76,6 +79,21 @@ struct ShardScheme {
   bool operator==(const ShardScheme&) const = default;
 };
 
+// A speculative drafter's KV region (a draft model's; an MTP layer's), kept under the target's
+// page ids with the target's page_size: page p of the draft region belongs to the sequence whose
+// page table holds p (engine/spec_draft_model.h). A transfer writes each page's draft KV with its
+// target KV, into the same destination page ids. Fields as KvFormat's; num_layers 0: no region.
+struct DraftKvFormat {
+  uint32_t num_layers = 0;
+  uint32_t head_dim = 0;      // latent_dim for a latent cache
+  uint16_t num_kv_heads = 0;  // the drafter's KV heads (all ranks together); 1 for a latent cache
+  uint32_t latent_dim = 0;    // > 0: an MLA latent cache, replicated on every rank
+  uint8_t layout = 0;         // engine::KvLayout
+  uint8_t kv_dtype = 0;       // engine::KvDType
+  uint64_t kv_scales = 0;     // fp8_e4m3: engine::KvScalesFingerprint
+  bool operator==(const DraftKvFormat&) const = default;
+};
+
 // What both sides must agree on before any KV moves.
 struct KvFormat {
   uint64_t model_hash = 0;  // config + tensor names and shapes (see ModelFingerprint)
@@ -98,6 +116,9 @@ struct KvFormat {
   // say the same: a draft that starts from what prefill sends (MTP) or whose KV prefill computes
   // (a draft model) needs both to run the same drafter. At most kMaxStringBytes.
   std::string speculative = "";
+  // The drafter's KV region both sides keep; num_layers 0 when neither has one (ngram, or no
+  // speculative decoding). Both sides must describe the same region.
+  DraftKvFormat draft_kv = {};
   bool operator==(const KvFormat&) const = default;
 };
 
@@ -156,6 +177,11 @@ struct PrefillRequest {
   // The decode DP rank whose region rank_regions names and whose page ids dst_pages are: below
   // the dp_size of the decode instance's Hello (0 when that is 1).
   uint16_t dp_rank = 0;
+  // With a draft KV region (KvFormat::draft_kv): per decode rank, the serialized descriptor of its
+  // draft region, whose pages dst_pages names too; and on each further NIC, as nic_regions.
+  // Empty without one.
+  std::vector<std::string> draft_rank_regions;
+  std::vector<std::string> draft_nic_regions;
 };
 
 // PrefillDone's message (with kUnavailable) when a draining prefill instance refuses a request

@@ -158,9 +158,9 @@ TEST(WireTest, TheReplicatedFlagRoundTripsAndOnlyZeroOrOneIsAccepted) {
   ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
   EXPECT_EQ(std::get<Hello>(decoded->message).scheme, (ShardScheme{4, 1, true}));
   // The flag byte follows tp_size and num_kv_heads: the body is instance_name (u32 length + 1
-  // byte), format (8 + 4 + 4 + 4 + 1 + 1 + 1 + 4 + 8, then speculative: u32 length + 0 bytes),
-  // then the scheme.
-  const size_t flag = kFrameHeaderBytes + 5 + 35 + 4 + 4;
+  // byte), format (8 + 4 + 4 + 4 + 1 + 1 + 1 + 4 + 8, then speculative: u32 length + 0 bytes,
+  // then draft_kv: 4 + 4 + 2 + 4 + 1 + 1 + 8), then the scheme.
+  const size_t flag = kFrameHeaderBytes + 5 + 35 + 4 + 24 + 4;
   ASSERT_EQ(bytes[flag], 1);
   bytes[flag] = 2;
   // Re-sign the tampered frame so the body check, not the MAC, is what refuses it.
@@ -291,11 +291,11 @@ TEST(WireTest, RandomGarbageNeverDecodes) {
 
 TEST(WireTest, VersionMismatchIsNamed) {
   auto bytes = EncodeFrame({7, 9, 1, Cancel{1}}, kSecret);
-  bytes[4] = 9;  // version low byte
+  bytes[4] = 10;  // version low byte
   auto decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
   ASSERT_FALSE(decoded.ok());
-  EXPECT_NE(decoded.status().message().find("version 9"), std::string::npos);
-  // A peer of the previous version (one NIC, no Reroute) is refused saying both versions.
+  EXPECT_NE(decoded.status().message().find("version 10"), std::string::npos);
+  // A peer of the previous version (no draft KV region) is refused saying both versions.
   bytes[4] = static_cast<uint8_t>(kWireVersion - 1);
   decoded = DecodeFrame(bytes.data(), bytes.size(), kSecret);
   ASSERT_FALSE(decoded.ok());

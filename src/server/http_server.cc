@@ -121,6 +121,8 @@ Result<std::unique_ptr<OpenAiServer>> OpenAiServer::Create(const ServerOptions& 
                                                        static_cast<double>(spec.num_draft_tokens));
     s->metrics_.spec_decode_num_accepted_tokens->SetTotal(
         labels, static_cast<double>(spec.num_accepted_tokens));
+    s->metrics_.spec_decode_draft_prompt_tokens->SetTotal(
+        labels, static_cast<double>(spec.num_draft_prompt_tokens));
     for (size_t pos = 0; pos < spec.accepted_per_pos.size(); ++pos) {
       Labels l = labels;
       l.emplace_back("position", std::to_string(pos));

@@ -252,11 +252,15 @@ ServingMetrics::ServingMetrics(std::string name) : model_name(std::move(name)) {
                                                         "Number of accepted tokens.");
   spec_decode_num_accepted_tokens_per_pos = registry.AddCounter(
       p + "spec_decode_num_accepted_tokens_per_pos_total", "Accepted tokens per draft position.");
+  spec_decode_draft_prompt_tokens =
+      registry.AddCounter(p + "spec_decode_draft_prompt_tokens_total",
+                          "Prompt tokens the draft model computed on this instance.");
   const Labels labels = model_labels();
   for (MetricFamily* f :
        {ttft, inter_token_latency, e2e_latency, queue_time, num_running, num_waiting,
         kv_cache_usage, prompt_tokens, generation_tokens, prefix_cache_queries, prefix_cache_hits,
-        spec_decode_num_drafts, spec_decode_num_draft_tokens, spec_decode_num_accepted_tokens}) {
+        spec_decode_num_drafts, spec_decode_num_draft_tokens, spec_decode_num_accepted_tokens,
+        spec_decode_draft_prompt_tokens}) {
     f->Touch(labels);
   }
   for (const char* reason : {"stop", "length", "abort"}) {

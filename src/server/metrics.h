@@ -115,6 +115,8 @@ struct ServingMetrics {
   MetricFamily* spec_decode_num_accepted_tokens;  // ..._num_accepted_tokens_total
   // pdserve:spec_decode_num_accepted_tokens_per_pos_total{position}
   MetricFamily* spec_decode_num_accepted_tokens_per_pos;
+  // pdserve:spec_decode_draft_prompt_tokens_total (SpecDecodeCounters::num_draft_prompt_tokens)
+  MetricFamily* spec_decode_draft_prompt_tokens;
 };
 
 }  // namespace pd::server
