@@ -40,6 +40,7 @@
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/spec_drafter.h"
 
 namespace pd::engine {
 
@@ -56,16 +57,8 @@ Status CheckDraftVocab(const model::ModelConfig& target, const model::ModelConfi
 // must outlive the view). InvalidArgument unless 1 <= num_layers <= the model's layers.
 Result<model::ModelWeights> FirstLayersOf(const model::ModelWeights& weights, int num_layers);
 
-// One sequence that drafts in Propose.
-struct DraftRequest {
-  const Sequence* seq = nullptr;  // running, its next step a decode
-  int num_drafts = 0;             // its page table covers seq->num_tokens() + num_drafts - 1
-  const SamplingParams* sampling = nullptr;
-  uint64_t seed = 0;  // the draft's own random stream (sampled requests)
-};
-
 // Thread safety: not thread-safe; the engine loop calls every method.
-class DraftModel {
+class DraftModel final : public Drafter {
  public:
   // `runner`'s region must have the target's number of pages. `weights` (may be null) is kept
   // alive for the runner when the draft was loaded by the engine.
@@ -76,15 +69,21 @@ class DraftModel {
   // computed (the accepted drafts included) that the draft has not. An error (a bug: bad pages)
   // stops drafting for the sequences of the batch; their outputs are unaffected.
   Status CatchUp(const ScheduledBatch& batch, std::span<const SeqUpdate> updates);
+  Status CatchUp(const ScheduledBatch& batch, std::span<const SeqUpdate> updates,
+                 const ForwardOutput& target) override {
+    (void)target;  // the draft model runs the tokens themselves
+    return CatchUp(batch, updates);
+  }
   // Proposes request i's drafts into (*drafts)[i] (fewer when the draft's pass fails for it).
-  Status Propose(std::span<const DraftRequest> requests, std::vector<std::vector<int32_t>>* drafts);
+  Status Propose(std::span<const DraftRequest> requests,
+                 std::vector<std::vector<int32_t>>* drafts) override;
   // q of draft j of the sequence's pending drafts; empty when it was drafted greedily.
-  std::span<const double> DraftProbs(int64_t seq_id, int j) const;
+  std::span<const double> DraftProbs(int64_t seq_id, int j) const override;
   // The sequence finished or was aborted: its state goes.
-  void Forget(int64_t seq_id) { seqs_.erase(seq_id); }
+  void Forget(int64_t seq_id) override { seqs_.erase(seq_id); }
   // The sequence was preempted: its pages, and so its draft KV, are gone.
-  void Reset(int64_t seq_id);
-  ModelRunner& runner() { return *runner_; }
+  void Reset(int64_t seq_id) override;
+  ModelRunner& runner() override { return *runner_; }
 
  private:
   struct SeqState {
@@ -95,9 +94,6 @@ class DraftModel {
   };
   DraftModel(std::unique_ptr<ModelRunner> runner, std::unique_ptr<model::ModelWeights> weights)
       : weights_(std::move(weights)), runner_(std::move(runner)) {}
-  // Picks draft j of request r from its logits (and records q).
-  int32_t Choose(const DraftRequest& r, SeqState& st, std::span<const float> logits);
-
   std::unique_ptr<model::ModelWeights> weights_;  // before runner_: outlives it
   std::unique_ptr<ModelRunner> runner_;
   std::unordered_map<int64_t, SeqState> seqs_;

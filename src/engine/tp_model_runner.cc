@@ -105,6 +105,7 @@ Status TpRunner::Forward(const ForwardBatch& batch, ForwardOutput* out) {
     }
     out->last_hidden[i].resize(full_->config.hidden_size);
   }
+  out->hidden.resize(batch.all_hidden ? n : 0);  // rank 0 sizes and writes each seq's rows
   {
     MutexLock lock(&mu_);
     batch_ = &batch;

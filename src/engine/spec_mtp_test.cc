@@ -1,0 +1,362 @@
+// Speculative decoding with deepseek_v3's MTP layer on the tiny random checkpoint (one MTP layer):
+// greedy outputs token for token those without speculation (TP 1 and 2, a stop token and
+// max_tokens landing mid-draft), proposals equal to a from-scratch MTP chain after rollbacks, the
+// sampled output distribution the target's (chi-square), every page free after preemption and
+// aborts, and the refusals.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/engine_model_test_util.h"
+#include "engine/model_runner_test_util.h"
+#include "engine/sampler.h"
+#include "engine/spec_draft_model.h"
+#include "engine/spec_mtp.h"
+
+namespace pd::engine {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::Tokens;
+
+const model::ModelWeights& Deepseek() {
+  return testing::SyntheticTinyModel(model::Arch::kDeepseekV3);
+}
+
+struct Outcome {
+  std::map<int64_t, std::vector<int32_t>> tokens;
+  std::map<int64_t, FinishReason> finish;
+  EngineStats stats;
+};
+
+EngineOptions BaseOptions(int tp, int num_pages) {
+  EngineOptions eo;
+  eo.runner.kv.page_size = 3;
+  eo.runner.num_pages = num_pages;
+  eo.runner.num_threads = 1;
+  eo.runner.tensor_parallel_size = tp;
+  eo.scheduler.max_num_batched_tokens = 24;
+  eo.scheduler.max_num_seqs = 4;
+  eo.scheduler.max_model_len = 96;
+  return eo;
+}
+
+SpeculativeConfig MtpConfig(int k) {
+  SpeculativeConfig c;
+  c.method = SpecMethod::kMtp;
+  c.num_speculative_tokens = k;
+  return c;
+}
+
+// Runs the requests to the end (aborting aborts[step] before that step); checks the pages.
+Outcome RunAll(const EngineOptions& eo, const std::vector<Request>& requests,
+               const std::map<int, int64_t>& aborts = {}) {
+  auto engine = Engine::Create(Deepseek(), eo);
+  EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+  Outcome out;
+  if (!engine.ok()) return out;
+  for (const Request& r : requests) EXPECT_TRUE((*engine)->AddRequest(r).ok());
+  for (int step = 0; (*engine)->HasWork() && step < 5000; ++step) {
+    auto a = aborts.find(step);
+    if (a != aborts.end()) (*engine)->Abort(a->second);
+    auto outputs = (*engine)->Step();
+    EXPECT_TRUE(outputs.ok()) << outputs.status().ToString();
+    if (!outputs.ok()) break;
+    for (const RequestOutput& o : *outputs) {
+      auto& t = out.tokens[o.request_id];
+      t.insert(t.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      if (o.finished()) out.finish[o.request_id] = o.finish_reason;
+    }
+  }
+  out.stats = (*engine)->stats();
+  EXPECT_EQ(out.stats.num_free_pages, out.stats.num_total_pages);
+  const Status pages = (*engine)->CheckPages();
+  EXPECT_TRUE(pages.ok()) << pages.ToString();
+  return out;
+}
+
+std::vector<Request> GreedyRequests(int vocab) {
+  std::vector<Request> requests;
+  for (int i = 0; i < 4; ++i) {
+    Request r;
+    r.id = i;
+    r.prompt_ids = Tokens(5 + 3 * i, 30 + i, vocab);
+    r.sampling.temperature = 0.0f;
+    r.sampling.max_tokens = 10 + 3 * i;  // 10, 13, 16, 19: K = 3 drafts land mid-draft
+    r.sampling.ignore_eos = true;
+    requests.push_back(r);
+  }
+  return requests;
+}
+
+TEST(MtpEngineTest, GreedyOutputsEqualNoSpeculation) {
+  const int vocab = Deepseek().config.vocab_size;
+  for (int tp : {1, 2}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    EngineOptions eo = BaseOptions(tp, 96);
+    std::vector<Request> requests = GreedyRequests(vocab);
+    const Outcome want = RunAll(eo, requests);
+    // Request 3 stops at its 8th token (a stop id that did not occur before it).
+    const std::vector<int32_t>& w3 = want.tokens.at(3);
+    int stop_at = 7;
+    while (std::find(w3.begin(), w3.begin() + stop_at, w3[stop_at]) != w3.begin() + stop_at)
+      ++stop_at;
+    requests[3].sampling.stop_token_ids = {w3[stop_at]};
+    eo.speculative = MtpConfig(3);
+    const Outcome got = RunAll(eo, requests);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(got.tokens.at(i), want.tokens.at(i)) << "request " << i;
+      EXPECT_EQ(got.finish.at(i), FinishReason::kLength);
+    }
+    EXPECT_EQ(got.tokens.at(3), std::vector<int32_t>(w3.begin(), w3.begin() + stop_at + 1));
+    EXPECT_EQ(got.finish.at(3), FinishReason::kStop);
+    const SpecDecodeCounters& s = got.stats.spec_decode;
+    EXPECT_GT(s.num_drafts, 0);
+    EXPECT_GT(s.num_draft_tokens, s.num_drafts);  // K > 1: the MTP layer chains on itself
+  }
+}
+
+// The K greedy drafts of a from-scratch MTP chain after `tokens`: a fresh target over all tokens,
+// a fresh MTP layer over positions 0 .. N-2 (token t+1, h_t), then K - 1 chained positions.
+std::vector<int32_t> FreshMtpDrafts(const std::vector<int32_t>& tokens, int k) {
+  const model::ModelWeights& w = Deepseek();
+  ModelRunnerOptions ro;
+  ro.kv.page_size = 3;
+  ro.num_pages = 32;
+  ro.num_threads = 1;
+  ro.kernels = KernelKind::kReference;
+  auto target = ModelRunner::Create(w, ro);
+  auto mtp = CreateMtpRunner(w, 0, ro);
+  EXPECT_TRUE(target.ok() && mtp.ok());
+  std::vector<int32_t> pages(32);
+  for (int i = 0; i < 32; ++i) pages[i] = 31 - i;
+  ForwardBatch tb;
+  tb.all_hidden = true;
+  tb.seqs = {{1, 0, tokens, pages, false}};
+  ForwardOutput to;
+  EXPECT_TRUE((*target)->Forward(tb, &to).ok());
+  const int n = static_cast<int>(tokens.size()), hd = w.config.hidden_size;
+  std::vector<int32_t> run(tokens.begin() + 1, tokens.end());
+  std::vector<float> hidden(to.hidden[0].begin(), to.hidden[0].end() - hd);
+  std::vector<int32_t> out;
+  for (int start = 0; static_cast<int>(out.size()) < k;) {
+    ForwardBatch mb;
+    mb.all_hidden = true;
+    mb.seqs = {{1, start, run, pages, true}};
+    mb.seqs[0].input_hidden = hidden;
+    ForwardOutput mo;
+    EXPECT_TRUE((*mtp)->Forward(mb, &mo).ok());
+    out.push_back(ArgMax(mo.logits[0]));
+    start = n - 1 + static_cast<int>(out.size()) - 1;
+    run = {out.back()};
+    hidden.assign(mo.hidden[0].end() - hd, mo.hidden[0].end());
+  }
+  return out;
+}
+
+// The MTP layer's KV bookkeeping against a recomputation from scratch: a chunked prompt, then
+// rounds of proposals whose verification keeps 0..K drafts: every proposal is the MTP chain of
+// the sequence as it stands (the rejected drafts' and the chained positions' KV overwritten).
+TEST(MtpDrafterTest, ProposalsAreAFreshMtpChain) {
+  const model::ModelWeights& w = Deepseek();
+  const int vocab = w.config.vocab_size;
+  ModelRunnerOptions ro;
+  ro.kv.page_size = 3;
+  ro.num_pages = 16;
+  ro.num_threads = 1;
+  ro.kernels = KernelKind::kReference;
+  auto target = ModelRunner::Create(w, ro);
+  ASSERT_TRUE(target.ok());
+  auto mtp_runner = CreateMtpRunner(w, 0, ro);
+  ASSERT_TRUE(mtp_runner.ok()) << mtp_runner.status().ToString();
+  auto drafter = MtpDrafter::Create(std::move(mtp_runner).value());
+  ASSERT_TRUE(drafter.ok());
+  Sequence seq;
+  seq.id = 7;
+  seq.token_ids = Tokens(8, 3, vocab);
+  seq.num_prompt_tokens = 8;
+  seq.page_table = {9, 3, 14, 0, 5, 11, 2, 7, 12, 1, 15, 4, 6, 8};  // 42 tokens
+  // One target step over [start, start + n) (the drafts when verifying), then CatchUp; the
+  // step samples `next` when it ends at the sequence's last token.
+  auto step = [&](int start, int n, int drafts, int accepted, int32_t next) {
+    std::vector<int32_t> run(seq.token_ids.begin() + start,
+                             seq.token_ids.begin() + std::min<int>(start + n, seq.num_tokens()));
+    run.insert(run.end(), seq.draft_token_ids.begin(), seq.draft_token_ids.begin() + drafts);
+    ForwardBatch tb;
+    tb.all_hidden = true;
+    tb.seqs = {{seq.id, start, run, seq.page_table, false}};
+    ForwardOutput to;
+    ASSERT_TRUE((*target)->Forward(tb, &to).ok());
+    ScheduledBatch batch;
+    ScheduledSeq s;
+    s.seq = &seq;
+    s.seq_id = seq.id;
+    s.start_pos = start;
+    s.num_tokens = n;
+    s.num_draft_tokens = drafts;
+    s.samples = start + n - drafts == seq.num_tokens();
+    batch.seqs = {s};
+    const SeqUpdate update{seq.id, next, false, accepted};
+    ASSERT_TRUE((*drafter)->CatchUp(batch, {&update, s.samples ? 1u : 0u}, to).ok());
+  };
+  step(0, 5, 0, 0, -1);  // the prompt in two chunks; the second samples 11
+  step(5, 3, 0, 0, 11);
+  seq.token_ids.push_back(11);
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  constexpr int kK = 3;
+  for (int round = 0; round < 6; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const DraftRequest request{&seq, kK, &greedy, 1};
+    std::vector<std::vector<int32_t>> drafts;
+    ASSERT_TRUE((*drafter)->Propose({&request, 1}, &drafts).ok());
+    ASSERT_EQ(drafts.size(), 1u);
+    EXPECT_EQ(drafts[0], FreshMtpDrafts(seq.token_ids, kK));
+    EXPECT_TRUE((*drafter)->DraftProbs(seq.id, 0).empty());  // greedy: verified by equality
+    const int accepted = (round * 2 + 1) % (kK + 1);
+    seq.draft_token_ids = drafts[0];
+    const int32_t bonus = accepted < kK ? (drafts[0][accepted] + 1) % vocab : 5;
+    step(seq.num_tokens() - 1, 1 + kK, kK, accepted, bonus);
+    seq.token_ids.insert(seq.token_ids.end(), drafts[0].begin(), drafts[0].begin() + accepted);
+    seq.token_ids.push_back(bonus);
+    seq.draft_token_ids.clear();
+  }
+}
+
+// The sampler's distribution of the token after `tokens` under `params`, from a fresh runner.
+std::vector<double> TargetDistribution(const std::vector<int32_t>& tokens,
+                                       const SamplingParams& params) {
+  ModelRunnerOptions ro;
+  ro.kv.page_size = 3;
+  ro.num_pages = 8;
+  ro.num_threads = 1;
+  auto runner = ModelRunner::Create(Deepseek(), ro);
+  EXPECT_TRUE(runner.ok());
+  const std::vector<int32_t> pages = {0, 1, 2, 3, 4, 5, 6, 7};
+  ForwardBatch batch;
+  batch.seqs = {{1, 0, tokens, pages, true}};
+  ForwardOutput fo;
+  EXPECT_TRUE((*runner)->Forward(batch, &fo).ok());
+  RequestSampler sampler(params, 0);
+  std::vector<double> p;
+  sampler.Distribution(fo.logits[0], &p);
+  return p;
+}
+
+// Seeded sampled requests (temperature 1.5, top-k 4) drafting with the MTP layer: the second
+// token, the one verified by rejection sampling against the MTP layer's q, has the target's
+// distribution. Cells (first token, second token), 16; the threshold is chi-square's 0.999
+// quantile at 15 degrees of freedom: a correct sampler fails one choice of seeds in a thousand.
+TEST(MtpEngineTest, SampledOutputFollowsTheTargetDistribution) {
+  const int vocab = Deepseek().config.vocab_size;
+  SamplingParams params;
+  params.temperature = 1.5f;
+  params.top_k = 4;
+  params.max_tokens = 3;
+  params.ignore_eos = true;
+  const std::vector<int32_t> prompt = Tokens(6, 11, vocab);
+  EngineOptions eo = BaseOptions(1, 600);
+  eo.scheduler.max_num_seqs = 64;
+  eo.scheduler.max_num_batched_tokens = 256;
+  eo.speculative = MtpConfig(2);
+  auto engine = Engine::Create(Deepseek(), eo);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  constexpr int64_t kN = 4000;
+  for (int64_t i = 0; i < kN; ++i) {
+    Request r;
+    r.id = i;
+    r.prompt_ids = prompt;
+    r.sampling = params;
+    r.sampling.seed = 1000 + i;
+    ASSERT_TRUE((*engine)->AddRequest(r).ok());
+  }
+  std::map<int64_t, std::vector<int32_t>> tokens;
+  while ((*engine)->HasWork()) {
+    auto outputs = (*engine)->Step();
+    ASSERT_TRUE(outputs.ok()) << outputs.status().ToString();
+    for (const RequestOutput& out : *outputs) {
+      tokens[out.request_id].insert(tokens[out.request_id].end(), out.new_token_ids.begin(),
+                                    out.new_token_ids.end());
+    }
+  }
+  std::map<std::pair<int, int>, int64_t> counts;
+  for (const auto& [id, t] : tokens) {
+    ASSERT_EQ(t.size(), 3u) << "request " << id;
+    ++counts[{t[0], t[1]}];
+  }
+  const SpecDecodeCounters& spec = (*engine)->stats().spec_decode;
+  EXPECT_EQ(spec.num_draft_tokens, kN);  // one draft each: max_tokens 3 leaves room for one
+  EXPECT_GT(spec.num_accepted_tokens, 0);
+  EXPECT_LT(spec.num_accepted_tokens, kN);
+  std::map<std::pair<int, int>, double> target;
+  const std::vector<double> p1 = TargetDistribution(prompt, params);
+  for (int a = 0; a < vocab; ++a) {
+    if (p1[a] <= 0.0) continue;
+    std::vector<int32_t> context = prompt;
+    context.push_back(a);
+    const std::vector<double> p2 = TargetDistribution(context, params);
+    for (int b = 0; b < vocab; ++b)
+      if (p2[b] > 0.0) target[{a, b}] = p1[a] * p2[b];
+  }
+  constexpr double kChi2Df15At999 = 37.697;
+  EXPECT_EQ(target.size(), 16u);
+  double chi2 = 0.0;
+  for (const auto& [cell, e] : target) {
+    auto it = counts.find(cell);
+    const double observed = it == counts.end() ? 0.0 : static_cast<double>(it->second);
+    chi2 += (observed - kN * e) * (observed - kN * e) / (kN * e);
+  }
+  for (const auto& [cell, c] : counts)
+    EXPECT_EQ(target.count(cell), 1u) << cell.first << " then " << cell.second << " has p = 0";
+  EXPECT_LT(chi2, kChi2Df15At999);
+}
+
+// A pool too small for all four: sequences with MTP KV are preempted and recomputed, two are
+// aborted mid-run; the others' outputs stay those without speculation and every page comes back.
+TEST(MtpEngineTest, PreemptionAndAbortsLeaveEveryPageFree) {
+  EngineOptions eo = BaseOptions(1, 16);
+  std::vector<Request> requests = GreedyRequests(Deepseek().config.vocab_size);
+  const Outcome want = RunAll(eo, requests);
+  eo.speculative = MtpConfig(3);
+  const Outcome got = RunAll(eo, requests, {{4, 1}, {9, 2}});
+  EXPECT_GT(got.stats.num_preemptions, 0);
+  EXPECT_GT(got.stats.spec_decode.num_drafts, 0);
+  for (int i : {0, 3}) EXPECT_EQ(got.tokens.at(i), want.tokens.at(i)) << "request " << i;
+  for (int i : {1, 2}) EXPECT_EQ(got.finish.at(i), FinishReason::kAbort) << "request " << i;
+}
+
+// A checkpoint without MTP layers, a budget without a page, a given runner: named refusals. The
+// budget of a page covers the target's layers and the MTP layer's one.
+TEST(MtpEngineTest, RefusalsAndPageBudget) {
+  auto no_mtp = FirstLayersOf(Deepseek(), Deepseek().config.num_layers);  // drops the MTP layer
+  ASSERT_TRUE(no_mtp.ok());
+  EngineOptions eo = BaseOptions(1, 32);
+  eo.speculative = MtpConfig(2);
+  auto e = Engine::Create(*no_mtp, eo);
+  ASSERT_FALSE(e.ok());
+  EXPECT_THAT(e.status().message(), HasSubstr("num_nextn_predict_layers 0"));
+  auto runner = ModelRunner::Create(Deepseek(), eo.runner);
+  ASSERT_TRUE(runner.ok());
+  e = Engine::CreateWithRunner(std::move(runner).value(), eo);
+  ASSERT_FALSE(e.ok());
+  EXPECT_THAT(e.status().message(), HasSubstr("\"mtp\" runs in an engine made by"));
+  eo.runner.num_pages = 0;
+  auto page = KvPageBytesAllRanks(Deepseek().config, eo.runner);
+  ASSERT_TRUE(page.ok());
+  const int layers = Deepseek().config.num_layers;  // 3: a page then costs 4/3 target pages
+  eo.runner.kv_cache_bytes = *page * 40;
+  auto spec = Engine::Create(Deepseek(), eo);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_EQ((*spec)->stats().num_total_pages, 40 * layers / (layers + 1));
+  eo.runner.kv_cache_bytes = 100;
+  e = Engine::Create(Deepseek(), eo);
+  ASSERT_FALSE(e.ok());
+  EXPECT_THAT(e.status().message(), HasSubstr("for the MTP layer"));
+}
+
+}  // namespace
+}  // namespace pd::engine
