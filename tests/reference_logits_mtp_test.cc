@@ -44,9 +44,9 @@ Result<std::vector<std::vector<std::vector<double>>>> RunMtpReference(
   }
   const std::string req = dir + "/mtp_requests.json", out = dir + "/mtp_logits.bin";
   std::ofstream(req) << nlohmann::json{{"requests", requests}}.dump();
-  auto [rc, output] = RunCommand(Quote(PD_PYTHON_PATH) + " " + Quote(PD_REF_MODEL_SCRIPT) +
-                                 " --model " + Quote(dir) + " --requests " + Quote(req) +
-                                 " --out " + Quote(out));
+  auto [rc, output] =
+      RunCommand(Quote(PD_PYTHON_PATH) + " " + Quote(PD_REF_MODEL_SCRIPT) + " --model " +
+                 Quote(dir) + " --requests " + Quote(req) + " --out " + Quote(out));
   if (rc != 0) return Internal("ref_model.py exited " + std::to_string(rc) + ": " + output);
   std::ifstream in(out, std::ios::binary);
   char magic[8];
@@ -126,13 +126,15 @@ TEST_P(MtpReferenceTest, MtpLogitsMatchTheReference) {
       const int known = static_cast<int>(hidden[s].size() / hd);
       const int end = std::min<int>(known, static_cast<int>(seqs[s].size()) - 1);
       if (end <= mtp_done[s]) continue;
-      engine::SeqStep step{static_cast<int64_t>(s), mtp_done[s],
-                           std::span<const int32_t>(seqs[s]).subspan(mtp_done[s] + 1,
-                                                                     end - mtp_done[s]),
-                           tables[s], true, end - mtp_done[s]};
-      step.input_hidden =
-          std::span<const float>(hidden[s]).subspan(size_t(mtp_done[s]) * hd,
-                                                    size_t(end - mtp_done[s]) * hd);
+      engine::SeqStep step{
+          static_cast<int64_t>(s),
+          mtp_done[s],
+          std::span<const int32_t>(seqs[s]).subspan(mtp_done[s] + 1, end - mtp_done[s]),
+          tables[s],
+          true,
+          end - mtp_done[s]};
+      step.input_hidden = std::span<const float>(hidden[s]).subspan(size_t(mtp_done[s]) * hd,
+                                                                    size_t(end - mtp_done[s]) * hd);
       mb.seqs.push_back(step);
     }
     if (mb.seqs.empty()) continue;

@@ -567,8 +567,7 @@ Result<std::unique_ptr<SteppedEngine>> CreateSteppedEngine(std::unique_ptr<Model
   RETURN_IF_ERROR(ValidateSpeculativeConfig(opts.speculative));
   const SpecMethod method = opts.speculative.method;
   if ((method == SpecMethod::kDraftModel || method == SpecMethod::kMtp) && draft == nullptr) {
-    return Unimplemented("--speculative-config: method \"" +
-                         std::string(SpecMethodName(method)) +
+    return Unimplemented("--speculative-config: method \"" + std::string(SpecMethodName(method)) +
                          "\" runs in an engine made by Engine::Create (which makes its drafter), "
                          "not on a given runner or data-parallel ranks");
   }

@@ -101,11 +101,11 @@ struct RunnerMtpInput {
 struct RunnerWeights {
   model::ModelConfig config;
   std::vector<RunnerLayerWeights> layers;
-  std::vector<float> final_norm;           // (hidden)
-  LinearWeight embed;                      // (vocab, hidden): row lookups
-  LinearWeight lm_head;                    // (vocab, hidden)
-  std::unique_ptr<HugePageBuffer> packed;  // every kPanel32 matrix, after PackRunnerWeights
-  std::vector<model::KvScales> kv_scales;  // (num_layers) or empty: FP8 KV scales (kv_scales.h)
+  std::vector<float> final_norm;              // (hidden)
+  LinearWeight embed;                         // (vocab, hidden): row lookups
+  LinearWeight lm_head;                       // (vocab, hidden)
+  std::unique_ptr<HugePageBuffer> packed;     // every kPanel32 matrix, after PackRunnerWeights
+  std::vector<model::KvScales> kv_scales;     // (num_layers) or empty: FP8 KV scales (kv_scales.h)
   std::unique_ptr<RunnerMtpInput> mtp_input;  // an MTP runner's; null for a model
 };
 

@@ -75,8 +75,8 @@ Result<std::unique_ptr<ModelRunner>> CreateMtpRunner(const model::ModelWeights& 
     return InvalidArgument(
         "--speculative-config: method \"mtp\" needs a deepseek_v3 checkpoint with its MTP layers: "
         "this one has num_nextn_predict_layers " +
-        std::to_string(c.num_nextn_predict_layers) + " and " +
-        std::to_string(weights.mtp.size()) + " MTP layers in its files");
+        std::to_string(c.num_nextn_predict_layers) + " and " + std::to_string(weights.mtp.size()) +
+        " MTP layers in its files");
   }
   if (options.num_pages <= 0)
     return InvalidArgument("the MTP layer's KV region needs the target's num_pages");

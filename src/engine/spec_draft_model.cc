@@ -128,7 +128,8 @@ Status DraftModel::CatchUp(const ScheduledBatch& batch, std::span<const SeqUpdat
 }
 
 int32_t ChooseDraft(const DraftRequest& r, std::span<const float> logits,
-                    std::unique_ptr<RequestSampler>* sampler, std::vector<std::vector<double>>* qs) {
+                    std::unique_ptr<RequestSampler>* sampler,
+                    std::vector<std::vector<double>>* qs) {
   const SamplingParams& p = *r.sampling;
   if (p.temperature == 0.0f || p.constraint != nullptr) {
     qs->emplace_back();  // a point mass: verified by equality

@@ -60,10 +60,10 @@ class MtpDrafter final : public Drafter {
     // Leading positions whose MTP KV was computed from the target's hidden state; -1: set at the
     // sequence's next scheduled step.
     int num_computed = -1;
-    bool broken = false;             // a pass failed, or no MTP KV for its prompt: no drafts
-    std::vector<float> next_logits;  // (vocab) at position num_computed - 1: draft 1; or empty
-    std::vector<float> next_hidden;  // (hidden) the MTP layer's output there
-    std::vector<std::vector<double>> q;       // (num drafts, vocab); empty rows: greedy
+    bool broken = false;                 // a pass failed, or no MTP KV for its prompt: no drafts
+    std::vector<float> next_logits;      // (vocab) at position num_computed - 1: draft 1; or empty
+    std::vector<float> next_hidden;      // (hidden) the MTP layer's output there
+    std::vector<std::vector<double>> q;  // (num drafts, vocab); empty rows: greedy
     std::unique_ptr<RequestSampler> sampler;  // sampled requests: the drafter's random stream
   };
   explicit MtpDrafter(std::unique_ptr<ModelRunner> runner) : runner_(std::move(runner)) {}
