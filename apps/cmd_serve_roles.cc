@@ -54,6 +54,11 @@ void AddRoleFlags(CLI::App* app, RoleFlags* f) {
   app->add_option("--kv-transfer-timeout-ms", f->kv_transfer_timeout_ms,
                   "deadline of one KV transfer attempt")
       ->capture_default_str();
+  app->add_option("--kv-prefill-wait-s", f->kv_prefill_wait_s,
+                  "decode role: how long a request with no prefill instance to go to (every one "
+                  "restarting, draining or lost) waits for one that accepted this instance to "
+                  "come back before it fails; 0: fail at once")
+      ->capture_default_str();
   app->add_option("--control-message-bytes", f->control_message_bytes,
                   "largest control message this instance receives (announced in the handshake; "
                   "a prompt's ids travel in as many messages as they need); at least 4096")
@@ -142,6 +147,7 @@ Status ValidateRoleFlags(const RoleFlags& f) {
   if (f.kv_transfer_timeout_ms <= 0) {
     return InvalidArgument("--kv-transfer-timeout-ms must be positive");
   }
+  if (!(f.kv_prefill_wait_s >= 0)) return InvalidArgument("--kv-prefill-wait-s must be >= 0");
   if (!(f.peer_silence_s >= 0)) return InvalidArgument("--peer-silence-s must be >= 0");
   if (f.control_message_bytes < messenger::kMinMessageBytes) {
     return InvalidArgument("--control-message-bytes must be at least " +
@@ -551,6 +557,7 @@ Result<RoleEngine> CreateRoleEngine(const RoleFlags& flags, const model::ModelWe
   mo.domain = DomainFor(flags);
   ASSIGN_OR_RETURN(mo.nics, messenger::ResolveNics(flags.fabric_nics, flags.fabric_provider));
   mo.transfer_timeout_ms = static_cast<uint32_t>(flags.kv_transfer_timeout_ms);
+  mo.prefill_wait_s = flags.kv_prefill_wait_s;
   mo.kv_checksum = flags.kv_checksum;
   mo.speculative = flags.speculative;
   mo.local_prefill_max_tokens = flags.local_prefill_max_tokens;

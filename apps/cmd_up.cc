@@ -108,6 +108,11 @@ PD_REGISTER_COMMAND(
       app->add_option("--kv-transfer-timeout-ms", f->kv_transfer_timeout_ms,
                       "deadline of one KV transfer attempt")
           ->capture_default_str();
+      app->add_option("--kv-prefill-wait-s", f->kv_prefill_wait_s,
+                      "how long a decode instance's request waits for a prefill instance to come "
+                      "back when none can take it (0: fail at once)")
+          ->check(CLI::NonNegativeNumber)
+          ->capture_default_str();
       app->add_flag("--kv-checksum", f->kv_checksum,
                     "every prefill and decode instance sends and checks a CRC32C per layer of the "
                     "KV it moves (serve --kv-checksum)");

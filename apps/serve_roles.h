@@ -37,7 +37,8 @@ struct RoleFlags {
   std::string fabric_node = "127.0.0.1";  // local address the fabric endpoint binds
   std::string fabric_nics;  // --fabric-nics auto|LIST: one fabric domain per NIC; empty: one
   int kv_transfer_timeout_ms = 30000;
-  uint32_t control_message_bytes = 256u << 10;  // largest control message received
+  double kv_prefill_wait_s = engine::kDefaultPrefillWaitS;  // decode: --kv-prefill-wait-s
+  uint32_t control_message_bytes = 256u << 10;              // largest control message received
   double peer_wait_s = 60.0;     // decode: how long to wait for prefill instances at start
   double peer_silence_s = 2.0;   // prefill: drop transfers of a decode peer silent this long
   double kv_wait_warm_ms = 2.0;  // decode: cache-warming period while waiting for KV; 0: off

@@ -34,7 +34,8 @@ std::vector<std::string> ServeArgs(const Options& f, const std::string& secret_f
       // shm names each endpoint after its node: let it pick one each
       f.fabric_provider == "shm" ? "" : f.host, "--kv-transfer-timeout-ms",
       std::to_string(f.kv_transfer_timeout_ms), "--idle-poll-us", std::to_string(f.idle_poll_us),
-      "--matmul", f.matmul, "--drain-timeout-s", std::to_string(f.drain_timeout_s)};
+      "--matmul", f.matmul, "--drain-timeout-s", std::to_string(f.drain_timeout_s),
+      "--kv-prefill-wait-s", std::to_string(f.kv_prefill_wait_s)};
   if (!f.fabric_nics.empty()) a.insert(a.end(), {"--fabric-nics", f.fabric_nics});
   if (!f.served_model_name.empty()) {
     a.insert(a.end(), {"--served-model-name", f.served_model_name});

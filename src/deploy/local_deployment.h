@@ -59,6 +59,7 @@ struct LocalDeploymentOptions {
   std::string kv_cache_bytes;
   std::string cluster_secret_file;  // "": a fresh random secret in a file removed at the end
   int kv_transfer_timeout_ms = 30000;
+  double kv_prefill_wait_s = engine::kDefaultPrefillWaitS;  // decode instances'
   bool kv_checksum = false;           // every prefill and decode instance's --kv-checksum
   bool enable_prefix_caching = true;  // false: every instance's --no-enable-prefix-caching
   std::string speculative_config;     // every instance's --speculative-config ("": none)

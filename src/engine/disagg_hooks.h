@@ -23,6 +23,10 @@ namespace pd::engine {
 // every length, and the requests decoding beside it see no change in TPOT up to 64 tokens (from
 // 128 on, 16% and more).
 inline constexpr int kDefaultLocalPrefillMaxTokens = 64;
+// serve's and up's --kv-prefill-wait-s (messenger::DecodeMessengerOptions::prefill_wait_s): long
+// enough for a supervised prefill instance to restart and be greeted again (a rolling restart),
+// short against a client's patience.
+inline constexpr double kDefaultPrefillWaitS = 10.0;
 
 // One scheduled chunk of a prefill-only request, as the step observer sees it.
 struct PrefillChunk {

@@ -100,6 +100,7 @@ void DecodeMessenger::Impl::Loop() {
     Greet();
     Heartbeat();
     CheckDeadlines();
+    StartWaiting();
     owner_->metrics_.SetUnclaimedExpired(domain_->imm_counters().expired_arrivals());
   } while (queue_->RunFor(std::chrono::milliseconds(20)));
 }
@@ -301,6 +302,7 @@ void DecodeMessenger::Impl::OnHelloReply(const HelloReply& reply, const Frame& f
     if (it->session != 0) {  // it restarted: nothing of its previous run can write any more
       MarkDown(peer, Unavailable("it restarted (a new session)"));
       replay_.Forget(std::to_string(it->session));
+      ForgetTried(peer);
     }
     it->session = frame.sender_session;
   }
@@ -324,6 +326,7 @@ void DecodeMessenger::Impl::OnHelloReply(const HelloReply& reply, const Frame& f
   it->hello_interval = 0.0;
   it->reason = reason;
   it->scheme = reply.scheme;
+  it->was_accepted = it->was_accepted || reason.empty();
   PublishPeer(peer);
   if (reason.empty()) {
     PD_LOG_INFO("decode messenger: prefill instance {} ('{}') accepted us", it->config.name,
@@ -337,7 +340,8 @@ void DecodeMessenger::Impl::PublishPeer(int peer) {
   const Peer& p = peers_[peer];
   {
     MutexLock lock(&peers_mu_);
-    peer_status_[peer] = {p.config.name, p.state, p.reason, p.outstanding, p.removed};
+    peer_status_[peer] = {p.config.name, p.state,   p.reason,
+                          p.outstanding, p.removed, p.was_accepted};
   }
   peers_cv_.SignalAll();
 }

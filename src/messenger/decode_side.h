@@ -90,6 +90,13 @@ struct DecodeMessengerOptions {
   // send_timeout_s, not at the transfer deadline. 0: no heartbeats.
   double heartbeat_s = 0.25;
   int max_attempts = 2;  // the first try and one retry on another instance
+  // A request with no prefill instance to go to (none accepted, or every one tried) while one
+  // that accepted us may come back (restarting, draining, greeted again after it was lost) waits
+  // up to this long for one (counted in waited), its pages held, instead of failing at once; a
+  // restarted instance counts as untried. 0: fail at once. serve's --kv-prefill-wait-s defaults
+  // to engine::kDefaultPrefillWaitS; the messenger's own is 0, so that a messenger made in code
+  // fails a request as soon as nothing can serve it.
+  double prefill_wait_s = 0.0;
   // --kv-checksum (kv_checksum.h): check a CRC32C per layer of the KV that landed before the
   // request is ready; a mismatch fails the attempt (counted in checksum_mismatch). Prefill
   // instances must say the same, else the handshake is refused.
@@ -166,7 +173,8 @@ struct PeerStatus {
   enum class State { kWaiting, kAccepted, kRefused, kDown, kDraining } state = State::kWaiting;
   std::string reason;  // why refused
   int outstanding = 0;
-  bool removed = false;  // left out by SetPeers: nothing new is sent to it
+  bool removed = false;       // left out by SetPeers: nothing new is sent to it
+  bool was_accepted = false;  // it accepted us once (it may come back when down or draining)
 };
 
 // pdserve:kv_prefill_peers{state="accepted|waiting|refused|down|draining|removed"}: how many

@@ -41,8 +41,12 @@ struct Req {
   bool holding = false;        // the messenger's own reference on `pages` (RetainPages)
   bool done_received = false;  // the current attempt's PrefillDone (ok) arrived
   int attempts = 0;
-  std::vector<int> tried;  // peer indices
+  std::vector<int> tried;  // peer indices (a peer that restarts is taken out)
   bool in_flight = false;
+  // Waiting for a prefill instance (none eligible, one may come back): until when, and the error
+  // it fails with then. 0: not waiting.
+  double wait_until = 0.0;
+  Status wait_error;
   int peer = -1;
   uint32_t imm = 0;          // the KV page writes' (a Reroute replaces it)
   uint64_t expected = 0;     // KV writes the attempt's counter expects
@@ -69,6 +73,7 @@ struct Peer {
   uint32_t max_message_bytes = kMinMessageBytes;  // the largest control message it receives
   uint32_t generation = 0;  // bumped when its address changes (a restart): older sends don't count
   bool removed = false;     // left out by SetPeers: not picked, not greeted
+  bool was_accepted = false;  // it accepted us once
   // Our regions as this peer may write them: registered for it alone, so its keys can be revoked
   // (RevokeKeys) without touching any other peer's.
   std::vector<transfer::MemoryRegion> kv_mrs;                   // per rank (NIC 0)
@@ -193,6 +198,15 @@ class DecodeMessenger::Impl {
   uint32_t NextImm();
   void FreeMetaSlot(int slot, uint32_t meta_imm);
   void FailAttempt(Req* r, const Status& status);
+  // No peer is eligible for r's next attempt: whether it waits for one (prefill_wait_s; a peer
+  // that accepted us once may come back) instead of failing with `why`.
+  bool Wait(Req* r, const Status& why);
+  // Starts the waiting requests' attempts once a peer is eligible; fails those whose wait ended.
+  void StartWaiting();
+  // peers_[peer] restarted: the requests that tried its old process may try the new one.
+  void ForgetTried(int peer);
+  // Whether a peer that accepted us once may serve again (not removed, not refused).
+  bool MayComeBack() const;
   // Ends the current attempt; with `fence` its pages and metadata slot wait in fences_ for the
   // prefill instance to stop writing, else the slot is free at once.
   void EndAttempt(Req* r, bool fence);

@@ -54,6 +54,7 @@ void DecodeMessenger::Impl::Readdress(int peer, const std::string& fabric_addres
   // The old process is gone: its attempts fail over now, its fences lift.
   MarkDown(peer, Unavailable("it restarted at a new fabric endpoint"));
   if (p.session != 0) replay_.Forget(std::to_string(p.session));
+  ForgetTried(peer);
   p.session = 0;  // the new process's comes with its HelloReply
   p.config.fabric_address = fabric_address;
   p.have_addr = false;
@@ -85,7 +86,7 @@ void DecodeMessenger::Impl::ApplyPeers(const std::vector<PrefillPeer>& wanted) {
       keep.push_back(true);
       {
         MutexLock lock(&peers_mu_);
-        peer_status_.push_back({w.name, PeerStatus::State::kWaiting, "", 0, false});
+        peer_status_.push_back({w.name, PeerStatus::State::kWaiting, "", 0, false, false});
       }
       const int added = static_cast<int>(peers_.size()) - 1;
       if (Status s = RegisterPeerRegions(added); !s.ok()) {

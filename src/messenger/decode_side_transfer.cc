@@ -8,6 +8,8 @@
 #include <string>
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "common/log.h"
 #include "messenger/decode_side_impl.h"
 
@@ -39,9 +41,12 @@ Result<int64_t> DecodeMessenger::Impl::Submit(std::vector<int32_t> prompt,
     }
   }
   {
+    // None accepted now: the request waits for one only if one that accepted us may come back.
     MutexLock lock(&peers_mu_);
-    if (std::none_of(peer_status_.begin(), peer_status_.end(), [](const PeerStatus& p) {
-          return p.state == PeerStatus::State::kAccepted && !p.removed;
+    const bool wait = options_.prefill_wait_s > 0;
+    if (std::none_of(peer_status_.begin(), peer_status_.end(), [wait](const PeerStatus& p) {
+          return !p.removed && (p.state == PeerStatus::State::kAccepted ||
+                                (wait && p.was_accepted && p.state != PeerStatus::State::kRefused));
         })) {
       return Unavailable("no prefill instance has accepted this decode instance");
     }
@@ -105,12 +110,14 @@ void DecodeMessenger::Impl::OnReserved(const engine::KvReservation& reservation,
 void DecodeMessenger::Impl::StartAttempt(Req* r, const Status& last_error) {
   const int peer = PickPeer(*r);
   if (peer < 0) {
-    Fail(r, last_error.ok() ? Unavailable("no prefill instance available")
-                            : Status(last_error.code(), last_error.message() +
-                                                            " (and no other prefill instance "
-                                                            "to retry on)"));
+    const Status why = last_error.ok() ? Unavailable("no prefill instance available")
+                                       : Status(last_error.code(), last_error.message() +
+                                                                       " (and no other prefill "
+                                                                       "instance to retry on)");
+    if (!Wait(r, why)) Fail(r, why);
     return;
   }
+  r->wait_until = 0.0;
   if (free_meta_slots_.empty()) {
     Fail(r, ResourceExhausted("every metadata slot is in use"));
     return;
@@ -479,7 +486,9 @@ void DecodeMessenger::Impl::FailAttempt(Req* r, const Status& status) {
                               {"error", status.ToString()}});
   }
   EndAttempt(r, /*fence=*/true);
-  if (Retryable(status.code()) && r->attempts < options_.max_attempts && !Eligible(*r).empty()) {
+  // With no peer eligible now, StartAttempt may wait for one (Wait) or fails the request.
+  if (Retryable(status.code()) && r->attempts < options_.max_attempts &&
+      (!Eligible(*r).empty() || options_.prefill_wait_s > 0)) {
     owner_->metrics_.Retried();
     StartAttempt(r, status);  // before the Cancel, which a dead peer may hold up
   } else {
@@ -488,6 +497,48 @@ void DecodeMessenger::Impl::FailAttempt(Req* r, const Status& status) {
   if (Serving(peers_[old_peer])) {
     (void)Send(old_peer, Cancel{wire_id});  // a local error: the fence's rules still apply
   }
+}
+
+bool DecodeMessenger::Impl::Wait(Req* r, const Status& why) {
+  if (options_.prefill_wait_s <= 0 || !Retryable(why.code()) || !MayComeBack()) return false;
+  const double now = NowSeconds();
+  if (r->wait_until == 0.0) {
+    r->wait_until = now + options_.prefill_wait_s;
+    owner_->metrics_.Waited();
+    PD_LOG_INFO("decode messenger: request {} waits up to {} s for a prefill instance: {}", r->id,
+                options_.prefill_wait_s, why.ToString());
+  } else if (now >= r->wait_until) {
+    return false;
+  }
+  r->wait_error = why;
+  return true;
+}
+
+void DecodeMessenger::Impl::StartWaiting() {
+  std::vector<Req*> waiting;
+  for (auto& [id, r] : reqs_) {
+    if (r->wait_until != 0.0 && !r->in_flight) waiting.push_back(r.get());
+  }
+  const double now = NowSeconds();
+  for (Req* r : waiting) {
+    if (!Eligible(*r).empty()) {
+      StartAttempt(r, r->wait_error);
+    } else if (now >= r->wait_until || !MayComeBack()) {
+      r->wait_until = 0.0;
+      Fail(r, r->wait_error.WithContext(fmt::format(
+                  "no prefill instance became available within {} s", options_.prefill_wait_s)));
+    }
+  }
+}
+
+void DecodeMessenger::Impl::ForgetTried(int peer) {
+  for (auto& [id, r] : reqs_) std::erase(r->tried, peer);
+}
+
+bool DecodeMessenger::Impl::MayComeBack() const {
+  return std::any_of(peers_.begin(), peers_.end(), [](const Peer& p) {
+    return !p.removed && p.was_accepted && p.state != PeerStatus::State::kRefused;
+  });
 }
 
 void DecodeMessenger::Impl::Fail(Req* r, const Status& status) {

@@ -18,11 +18,13 @@ namespace {
 using testing::AllPagesFree;
 using testing::Async;
 using testing::Generate;
+using testing::GreedyParams;
 using testing::Hash;
 using testing::kDeadlineS;
 using testing::kSecret;
 using testing::MakeEngine;
 using testing::Outcome;
+using testing::PendingRequest;
 using testing::PromptOf;
 using testing::Shape;
 using testing::StartPrefill;
@@ -45,6 +47,27 @@ class AddressBook {
   Mutex mu_;
   std::string address_ GUARDED_BY(mu_);
 };
+
+// A decode messenger with one prefill peer "p0" found through `book`, waiting up to `wait_s` for
+// a prefill instance when none can take a request (prefill_wait_s).
+std::unique_ptr<DecodeMessenger> MakeDecode(const Shape& s, AddressBook& book, double wait_s) {
+  auto e = MakeEngine(s);
+  engine::ModelRunner& runner = e->runner();
+  DecodeMessengerOptions o;
+  o.cluster_secret = kSecret;
+  o.model_hash = Hash();
+  o.domain = transfer::testing::LoopbackOptions();
+  Result<std::string> address = book.Get();
+  EXPECT_TRUE(address.ok());
+  o.peers = {{"p0", address.ok() ? *address : ""}};
+  o.hello_retry_s = 0.05;
+  o.resolve_address = [&book](const PrefillPeer&) { return book.Get(); };
+  o.resolve_interval_s = 0.05;
+  o.prefill_wait_s = wait_s;
+  auto created = DecodeMessenger::Create(o, runner, Async(std::move(e)));
+  EXPECT_TRUE(created.ok()) << created.status().ToString();
+  return created.ok() ? std::move(created).value() : nullptr;
+}
 
 TEST(MessengerRestartTest, ARestartedPrefillInstanceIsGreetedAtItsNewAddressAndUsed) {
   const Shape s;
@@ -95,6 +118,72 @@ TEST(MessengerRestartTest, ARestartedPrefillInstanceIsGreetedAtItsNewAddressAndU
   EXPECT_EQ(decode->peers()[0].state, PeerStatus::State::kAccepted);
   EXPECT_TRUE(AllPagesFree(*decode));
   EXPECT_TRUE(AllPagesFree(*second->engine));
+}
+
+// The only prefill instance dies; a request sent meanwhile finds nothing to retry on and waits
+// (prefill_wait_s) with its pages held; the instance restarts at a new address, and the request
+// goes there and gets the colocated engine's tokens, failing nothing.
+TEST(MessengerRestartTest, WithAWaitARequestOutlivesItsOnlyPrefillInstanceRestarting) {
+  const Shape s;
+  auto first = StartPrefill(s);
+  if (first == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
+  AddressBook book;
+  book.Set(first->messenger->fabric_address());
+  std::unique_ptr<DecodeMessenger> decode = MakeDecode(s, book, kDeadlineS);
+  ASSERT_NE(decode, nullptr);
+  ASSERT_TRUE(decode->WaitForPeers(kDeadlineS).ok());
+  auto colocated = Async(MakeEngine(s));
+  EXPECT_EQ(Generate(*decode, PromptOf(9, 1), 4).tokens,
+            Generate(*colocated, PromptOf(9, 1), 4).tokens);
+
+  book.Set("");
+  first.reset();
+  PendingRequest request(*decode, PromptOf(9, 2), GreedyParams(4));
+  ASSERT_TRUE(request.submitted());
+  ASSERT_TRUE(WaitUntil([&] { return decode->metrics().waited() == 1; }));
+  EXPECT_FALSE(AllPagesFree(*decode, 0.0));  // the waiting request keeps its pages
+  auto second = StartPrefill(s);
+  ASSERT_NE(second, nullptr);
+  book.Set(second->messenger->fabric_address());
+
+  const Outcome got = request.Wait();
+  EXPECT_EQ(got.finish, engine::FinishReason::kLength) << got.error.ToString();
+  EXPECT_EQ(got.tokens, Generate(*colocated, PromptOf(9, 2), 4).tokens);
+  EXPECT_EQ(decode->metrics().failed(), 0u);
+  EXPECT_EQ(second->messenger->metrics().succeeded(), 1u);
+  EXPECT_TRUE(AllPagesFree(*decode));
+  EXPECT_TRUE(AllPagesFree(*second->engine));
+}
+
+// No instance comes back: the waiting request fails once the wait is over, saying so, and frees
+// its pages. Without a wait it fails at once.
+TEST(MessengerRestartTest, AWaitingRequestFailsWhenNoInstanceComesBackInTime) {
+  const Shape s;
+  for (const double wait_s : {0.0, 0.3}) {
+    SCOPED_TRACE(wait_s);
+    auto first = StartPrefill(s);
+    if (first == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
+    AddressBook book;
+    book.Set(first->messenger->fabric_address());
+    std::unique_ptr<DecodeMessenger> decode = MakeDecode(s, book, wait_s);
+    ASSERT_NE(decode, nullptr);
+    ASSERT_TRUE(decode->WaitForPeers(kDeadlineS).ok());
+    book.Set("");
+    first.reset();
+
+    const Outcome got = Generate(*decode, PromptOf(9, 2), 4);
+    EXPECT_EQ(got.finish, engine::FinishReason::kError);
+    EXPECT_EQ(got.error.code(), StatusCode::kUnavailable) << got.error.ToString();
+    if (wait_s > 0) {
+      EXPECT_EQ(decode->metrics().waited(), 1u);
+      EXPECT_NE(got.error.message().find("no prefill instance became available within 0.3 s"),
+                std::string::npos)
+          << got.error.ToString();
+    } else {
+      EXPECT_EQ(decode->metrics().waited(), 0u);
+    }
+    EXPECT_TRUE(AllPagesFree(*decode));
+  }
 }
 
 }  // namespace

@@ -25,6 +25,10 @@ std::string TransferMetrics::PrometheusText(const std::string& role) const {
   counter("kv_transfer_failures_total", "KV transfers that failed.", failed());
   counter("kv_transfer_retries_total", "KV transfers retried on another prefill instance.",
           retried());
+  counter("kv_transfer_waits_total",
+          "Requests that found no prefill instance to go to and waited for one "
+          "(--kv-prefill-wait-s).",
+          waited());
   counter("kv_transfer_bytes_total", "Bytes of KV and metadata written.", bytes());
   counter("kv_transfer_writes_total", "One-sided writes posted.", writes_.load());
   counter("kv_transfer_kv_bytes_total",

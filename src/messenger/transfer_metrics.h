@@ -19,6 +19,8 @@ class TransferMetrics {
   void Succeeded(double seconds, uint64_t bytes, uint64_t writes);
   void Failed() { failed_.fetch_add(1, std::memory_order_relaxed); }
   void Retried() { retried_.fetch_add(1, std::memory_order_relaxed); }
+  // Decode side: a request that found no prefill instance to go to and waited for one.
+  void Waited() { waited_.fetch_add(1, std::memory_order_relaxed); }
   // A control message refused before it could act: bad frame, MAC, replay or unknown sender.
   void Rejected() { rejected_.fetch_add(1, std::memory_order_relaxed); }
   // A control message refused as a replay: meant for another instance or an earlier session, a
@@ -90,6 +92,7 @@ class TransferMetrics {
   uint64_t succeeded() const { return succeeded_.load(); }
   uint64_t failed() const { return failed_.load(); }
   uint64_t retried() const { return retried_.load(); }
+  uint64_t waited() const { return waited_.load(); }
   uint64_t rejected() const { return rejected_.load(); }
   uint64_t replayed() const { return replayed_.load(); }
   uint64_t queue_full() const { return queue_full_.load(); }
@@ -117,6 +120,7 @@ class TransferMetrics {
 
  private:
   std::atomic<uint64_t> started_{0}, succeeded_{0}, failed_{0}, retried_{0}, rejected_{0};
+  std::atomic<uint64_t> waited_{0};
   std::atomic<uint64_t> dropped_silent_{0}, replayed_{0}, queue_full_{0}, set_aside_{0};
   std::atomic<uint64_t> metadata_missing_{0}, metadata_bad_{0};
   std::atomic<uint64_t> checksum_mismatch_{0};
