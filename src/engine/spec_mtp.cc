@@ -68,8 +68,8 @@ bool MtpDrafter::AddCatchUp(const ScheduledSeq& s, const SeqUpdate* update,
   step.page_table = seq.page_table;
   step.input_hidden = std::span<const float>(target_hidden).first(static_cast<size_t>(valid) * hd);
   // The last position's logits are draft 1 of the sequence's next step.
-  step.compute_logits = update != nullptr && s.samples && t.back() == update->new_token_id &&
-                        s.start_pos + valid == num_tokens + accepted;
+  step.compute_logits =
+      update != nullptr && s.samples && s.start_pos + valid == num_tokens + accepted;
   batch_.seqs.push_back(step);
   return true;
 }
