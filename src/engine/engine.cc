@@ -424,6 +424,7 @@ Status EngineImpl::SetPrefilledHidden(int64_t request_id, std::vector<float> hid
                            " floats, expected hidden_size " + std::to_string(hidden_size));
   }
   it->second->prefilled_hidden = std::move(hidden);
+  if (draft_ != nullptr) draft_->SetPrefilledHidden(request_id, it->second->prefilled_hidden);
   return OkStatus();
 }
 

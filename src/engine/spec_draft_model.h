@@ -83,6 +83,11 @@ class DraftModel final : public Drafter {
   void Forget(int64_t seq_id) override { seqs_.erase(seq_id); }
   // The sequence was preempted: its pages, and so its draft KV, are gone.
   void Reset(int64_t seq_id) override;
+  // The draft KV of the sequence's first num_tokens tokens is in its pages already (a prefill
+  // instance computed and sent it).
+  void MarkComputed(int64_t seq_id, int num_tokens) override {
+    seqs_[seq_id].num_computed = num_tokens;
+  }
   ModelRunner& runner() override { return *runner_; }
 
  private:

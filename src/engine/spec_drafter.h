@@ -45,6 +45,15 @@ class Drafter {
   virtual void Forget(int64_t seq_id) = 0;
   // The sequence was preempted: its pages, and so the drafter's KV, are gone.
   virtual void Reset(int64_t seq_id) = 0;
+  // A remote-KV sequence: the prefill instance computed the drafter's KV over its first
+  // num_tokens tokens (the prompt less its last token) and sent it with the target's.
+  virtual void MarkComputed(int64_t seq_id, int num_tokens) = 0;
+  // A remote-KV sequence's prefilled hidden state (DisaggHooks::SetPrefilledHidden: the target's
+  // at its last prefilled position, after the final norm), for a drafter that reads it.
+  virtual void SetPrefilledHidden(int64_t seq_id, std::span<const float> hidden) {
+    (void)seq_id;
+    (void)hidden;
+  }
   // The drafter's runner, whose region has the target's number of pages.
   virtual ModelRunner& runner() = 0;
 };

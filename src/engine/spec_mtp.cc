@@ -20,6 +20,7 @@ void MtpDrafter::Reset(int64_t seq_id) {
   if (it == seqs_.end()) return;
   it->second.num_computed = -1;
   it->second.next_logits.clear();
+  it->second.prefilled_hidden.clear();
   it->second.q.clear();
 }
 
@@ -29,25 +30,39 @@ std::span<const double> MtpDrafter::DraftProbs(int64_t seq_id, int j) const {
   return it->second.q[j];
 }
 
+void MtpDrafter::MarkComputed(int64_t seq_id, int num_tokens) {
+  SeqState& st = seqs_[seq_id];
+  st.num_computed = std::max(0, num_tokens - 1);
+}
+
+void MtpDrafter::SetPrefilledHidden(int64_t seq_id, std::span<const float> hidden) {
+  seqs_[seq_id].prefilled_hidden.assign(hidden.begin(), hidden.end());
+}
+
 bool MtpDrafter::AddCatchUp(const ScheduledSeq& s, const SeqUpdate* update,
                             const std::vector<float>& target_hidden, SeqState& st) {
   const Sequence& seq = *s.seq;
-  if (st.num_computed < 0 && seq.remote_kv && s.start_pos > 0) {
+  const size_t hd = static_cast<size_t>(runner_->config().hidden_size);
+  // A remote-KV sequence whose MTP KV stops one position short of its first step (MarkComputed)
+  // runs that position from its prefilled hidden state; without either it cannot draft.
+  const bool prefilled = seq.remote_kv && st.num_computed >= 0 &&
+                         st.num_computed == s.start_pos - 1 && st.prefilled_hidden.size() == hd;
+  if (seq.remote_kv && s.start_pos > 0 && !prefilled && st.num_computed != s.start_pos) {
     st.broken = true;  // its prompt's MTP KV was never computed here
     return false;
   }
   // The target computed [start_pos, start_pos + valid) and kept it: position t needs h_t (row
   // t - start_pos of target_hidden) and token t + 1: the sequence's, then the kept drafts, then
-  // the token this step sampled.
+  // the token this step sampled (a prefill-only sequence's stop at its own last token).
   const int accepted =
       update != nullptr ? std::clamp(update->num_accepted_drafts, 0, s.num_draft_tokens) : 0;
-  int valid = s.num_tokens - s.num_draft_tokens + accepted;
-  const int hd = runner_->config().hidden_size;
+  const int valid = s.num_tokens - s.num_draft_tokens + accepted;
   if (target_hidden.size() < static_cast<size_t>(valid) * hd) return false;
+  const int first = prefilled ? s.start_pos - 1 : s.start_pos;
   std::vector<int32_t>& t = tokens_[batch_.seqs.size()];
   t.clear();
   const int num_tokens = seq.num_tokens();
-  for (int k = s.start_pos + 1; k <= s.start_pos + valid; ++k) {
+  for (int k = first + 1; k <= s.start_pos + valid; ++k) {
     if (k < num_tokens) {
       t.push_back(seq.token_ids[k]);
     } else if (k - num_tokens < accepted) {
@@ -58,18 +73,25 @@ bool MtpDrafter::AddCatchUp(const ScheduledSeq& s, const SeqUpdate* update,
       break;  // not known yet
     }
   }
-  valid = static_cast<int>(t.size());
-  st.num_computed = s.start_pos;
-  if (valid == 0) return false;
+  st.num_computed = first;
+  if (t.empty()) return false;
+  std::vector<float>& in = inputs_[batch_.seqs.size()];
+  in.clear();
+  if (prefilled) in = st.prefilled_hidden;
+  in.insert(in.end(), target_hidden.begin(),
+            target_hidden.begin() + (t.size() - (prefilled ? 1 : 0)) * hd);
+  st.prefilled_hidden.clear();
   SeqStep step;
   step.seq_id = s.seq_id;
-  step.start_pos = s.start_pos;
+  step.start_pos = first;
   step.token_ids = t;
   step.page_table = seq.page_table;
-  step.input_hidden = std::span<const float>(target_hidden).first(static_cast<size_t>(valid) * hd);
+  step.input_hidden = in;
   // The last position's logits are draft 1 of the sequence's next step.
   step.compute_logits =
-      update != nullptr && s.samples && s.start_pos + valid == num_tokens + accepted;
+      update != nullptr && s.samples && first + static_cast<int>(t.size()) == num_tokens + accepted;
+  const int end = first + static_cast<int>(t.size());
+  num_prompt_tokens_ += std::max(0, std::min(end, seq.num_prompt_tokens) - first);
   batch_.seqs.push_back(step);
   return true;
 }
@@ -79,6 +101,7 @@ Status MtpDrafter::CatchUp(const ScheduledBatch& batch, std::span<const SeqUpdat
   batch_.seqs.clear();
   batch_.all_hidden = true;
   tokens_.resize(std::max(tokens_.size(), batch.seqs.size()));
+  inputs_.resize(std::max(inputs_.size(), batch.seqs.size()));
   if (target.hidden.size() != batch.seqs.size())
     return Internal("the target returned hidden states of " + std::to_string(target.hidden.size()) +
                     " sequences for " + std::to_string(batch.seqs.size()));
@@ -92,7 +115,12 @@ Status MtpDrafter::CatchUp(const ScheduledBatch& batch, std::span<const SeqUpdat
     SeqState& st = seqs_[s.seq_id];
     st.next_logits.clear();
     st.q.clear();
-    if (st.broken || s.seq->prefill_only || (update != nullptr && update->finished)) continue;
+    if (st.broken) continue;
+    if (s.seq->prefill_only) {  // the prompt's MTP KV for the decode instance; never drafts
+      if (AddCatchUp(s, nullptr, target.hidden[i], st)) ran.push_back(&st);
+      continue;
+    }
+    if (update != nullptr && update->finished) continue;
     if (AddCatchUp(s, update, target.hidden[i], st)) ran.push_back(&st);
   }
   if (batch_.seqs.empty()) return OkStatus();

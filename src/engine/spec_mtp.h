@@ -14,13 +14,20 @@
 // Those chained positions' KV is scratch: the next CatchUp overwrites it with the target's hidden
 // states of the tokens kept.
 //
+// Across the split. A prefill instance computes the prompt less its last token, P - 1 tokens:
+// its MTP layer runs positions 0 .. P - 3 with them (a prefill-only sequence never samples), and
+// the messenger sends that KV with the target's. Position P - 2 needs token P - 1, which only
+// decode has: MarkComputed(P - 1) counts P - 2 positions, and the first decode step (the target at
+// P - 1) runs position P - 2 from the prefilled hidden state (SetPrefilledHidden) and P - 1 from
+// its own, so it drafts at once. Without the prefilled hidden state, or with no MTP KV from the
+// prefill instance, a remote-KV sequence does not draft.
+//
 // KV pages. As a draft model's (spec_draft_model.h): the MTP layer's one-layer latent region has
 // the target's page count, and page p of it belongs to whoever owns target page p. A page of the
 // budget is a target page plus an MTP page. A sequence admitted with a cached prefix uses the MTP
 // KV the cached pages hold: exact, except at the prefix's last position, which was computed with
 // the token that followed it in the sequence that wrote it (drafts may then differ, outputs never
-// do). A remote-KV sequence (its prompt's KV from a prefill instance, which sends no MTP KV) does
-// not draft.
+// do).
 //
 // The MTP layer runs unsharded on one rank whatever the target's TP: the target's hidden state is
 // replicated after its final all-reduce.
@@ -53,6 +60,12 @@ class MtpDrafter final : public Drafter {
   std::span<const double> DraftProbs(int64_t seq_id, int j) const override;
   void Forget(int64_t seq_id) override { seqs_.erase(seq_id); }
   void Reset(int64_t seq_id) override;
+  // The prefill instance computed the MTP layer's KV at the first num_tokens - 1 positions (the
+  // sequence's first num_tokens tokens are the prompt less its last token).
+  void MarkComputed(int64_t seq_id, int num_tokens) override;
+  void SetPrefilledHidden(int64_t seq_id, std::span<const float> hidden) override;
+  // Prompt positions the MTP layer has computed so far, over all sequences.
+  int64_t num_prompt_tokens() const { return num_prompt_tokens_; }
   ModelRunner& runner() override { return *runner_; }
 
  private:
@@ -60,10 +73,13 @@ class MtpDrafter final : public Drafter {
     // Leading positions whose MTP KV was computed from the target's hidden state; -1: set at the
     // sequence's next scheduled step.
     int num_computed = -1;
-    bool broken = false;                 // a pass failed, or no MTP KV for its prompt: no drafts
-    std::vector<float> next_logits;      // (vocab) at position num_computed - 1: draft 1; or empty
-    std::vector<float> next_hidden;      // (hidden) the MTP layer's output there
-    std::vector<std::vector<double>> q;  // (num drafts, vocab); empty rows: greedy
+    bool broken = false;             // a pass failed, or no MTP KV for its prompt: no drafts
+    std::vector<float> next_logits;  // (vocab) at position num_computed - 1: draft 1; or empty
+    std::vector<float> next_hidden;  // (hidden) the MTP layer's output there
+    // (hidden) a remote-KV sequence's prefilled hidden state: h at position num_computed, which
+    // its first catch-up runs before the target's positions.
+    std::vector<float> prefilled_hidden;
+    std::vector<std::vector<double>> q;       // (num drafts, vocab); empty rows: greedy
     std::unique_ptr<RequestSampler> sampler;  // sampled requests: the drafter's random stream
   };
   explicit MtpDrafter(std::unique_ptr<ModelRunner> runner) : runner_(std::move(runner)) {}
@@ -76,6 +92,8 @@ class MtpDrafter final : public Drafter {
   ForwardBatch batch_;  // reused per pass
   ForwardOutput out_;
   std::vector<std::vector<int32_t>> tokens_;  // per batch row: the tokens it runs
+  std::vector<std::vector<float>> inputs_;    // per batch row: the prefilled then target rows
+  int64_t num_prompt_tokens_ = 0;
 };
 
 // Engine::Create for method "mtp": checks the checkpoint has its MTP layer (naming

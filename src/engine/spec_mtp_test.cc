@@ -159,6 +159,44 @@ std::vector<int32_t> FreshMtpDrafts(const std::vector<int32_t>& tokens, int k) {
   return out;
 }
 
+// The MTP layer's logits from scratch for drafts 1..K after `tokens`, draft j (j >= 2) chained
+// on the given drafts[j - 2]: row j - 1 is what draft j was drawn from.
+std::vector<std::vector<float>> FreshMtpLogits(const std::vector<int32_t>& tokens,
+                                               const std::vector<int32_t>& drafts) {
+  const model::ModelWeights& w = Deepseek();
+  ModelRunnerOptions ro;
+  ro.kv.page_size = 3;
+  ro.num_pages = 32;
+  ro.num_threads = 1;
+  ro.kernels = KernelKind::kReference;
+  auto target = ModelRunner::Create(w, ro);
+  auto mtp = CreateMtpRunner(w, 0, ro);
+  EXPECT_TRUE(target.ok() && mtp.ok());
+  std::vector<int32_t> pages(32);
+  for (int i = 0; i < 32; ++i) pages[i] = 31 - i;
+  ForwardBatch tb;
+  tb.all_hidden = true;
+  tb.seqs = {{1, 0, tokens, pages, false}};
+  ForwardOutput to;
+  EXPECT_TRUE((*target)->Forward(tb, &to).ok());
+  const int n = static_cast<int>(tokens.size()), hd = w.config.hidden_size;
+  std::vector<int32_t> run(tokens.begin() + 1, tokens.end());
+  std::vector<float> hidden(to.hidden[0].begin(), to.hidden[0].end() - hd);
+  std::vector<std::vector<float>> rows;
+  for (size_t j = 0; j < drafts.size(); ++j) {
+    ForwardBatch mb;
+    mb.all_hidden = true;
+    mb.seqs = {{1, j == 0 ? 0 : n - 2 + static_cast<int>(j), run, pages, true}};
+    mb.seqs[0].input_hidden = hidden;
+    ForwardOutput mo;
+    EXPECT_TRUE((*mtp)->Forward(mb, &mo).ok());
+    rows.push_back(mo.logits[0]);
+    run = {drafts[j]};
+    hidden.assign(mo.hidden[0].end() - hd, mo.hidden[0].end());
+  }
+  return rows;
+}
+
 // The MTP layer's KV bookkeeping against a recomputation from scratch: a chunked prompt, then
 // rounds of proposals whose verification keeps 0..K drafts: every proposal is the MTP chain of
 // the sequence as it stands (the rejected drafts' and the chained positions' KV overwritten).
@@ -225,6 +263,95 @@ TEST(MtpDrafterTest, ProposalsAreAFreshMtpChain) {
     seq.token_ids.insert(seq.token_ids.end(), drafts[0].begin(), drafts[0].begin() + accepted);
     seq.token_ids.push_back(bonus);
     seq.draft_token_ids.clear();
+  }
+}
+
+// Across the split, in one process: a prefill-only sequence (the prompt less its last token)
+// computes the MTP KV of its positions 0 .. P-3; a remote-KV sequence over the same pages, marked
+// computed (MarkComputed) and given the prefilled hidden state, drafts at its first decode step
+// from exactly the from-scratch MTP chain's distributions (sampled: q compared per draft); without
+// the prefilled hidden state it does not draft.
+TEST(MtpDrafterTest, RemoteKvSequenceDraftsFromThePrefilledHiddenState) {
+  const model::ModelWeights& w = Deepseek();
+  const int vocab = w.config.vocab_size, hd = w.config.hidden_size;
+  ModelRunnerOptions ro;
+  ro.kv.page_size = 3;
+  ro.num_pages = 16;
+  ro.num_threads = 1;
+  ro.kernels = KernelKind::kReference;
+  auto target = ModelRunner::Create(w, ro);
+  ASSERT_TRUE(target.ok());
+  auto mtp_runner = CreateMtpRunner(w, 0, ro);
+  ASSERT_TRUE(mtp_runner.ok());
+  auto drafter = MtpDrafter::Create(std::move(mtp_runner).value());
+  ASSERT_TRUE(drafter.ok());
+  const std::vector<int32_t> prompt = Tokens(9, 5, vocab);
+  const std::vector<int32_t> pages = {6, 2, 11, 4, 9, 0};
+  // One target step of `seq` over [start, start + n) and the drafter's catch-up.
+  auto step = [&](Sequence& seq, int start, int n, const SeqUpdate& update,
+                  std::vector<float>* hidden) {
+    ForwardBatch tb;
+    tb.all_hidden = true;
+    tb.seqs = {{seq.id, start, std::span<const int32_t>(seq.token_ids).subspan(start, n),
+                seq.page_table, false}};
+    ForwardOutput to;
+    ASSERT_TRUE((*target)->Forward(tb, &to).ok());
+    if (hidden != nullptr) *hidden = to.hidden[0];
+    ScheduledSeq s;
+    s.seq = &seq;
+    s.seq_id = seq.id;
+    s.start_pos = start;
+    s.num_tokens = n;
+    s.samples = start + n == seq.num_tokens();
+    ScheduledBatch batch;
+    batch.seqs = {s};
+    ASSERT_TRUE((*drafter)->CatchUp(batch, {&update, 1}, to).ok());
+  };
+  Sequence prefill;
+  prefill.id = 1;
+  prefill.prefill_only = true;
+  prefill.token_ids.assign(prompt.begin(), prompt.end() - 1);
+  prefill.num_prompt_tokens = prefill.num_tokens();
+  prefill.page_table = pages;
+  std::vector<float> chunk;
+  step(prefill, 0, 5, {1, 0, false}, nullptr);
+  step(prefill, 5, 3, {1, 0, true}, &chunk);  // finishes: its output carries the hidden state
+  const std::vector<float> prefilled(chunk.end() - hd, chunk.end());
+  (*drafter)->Forget(1);
+  SamplingParams sampled;
+  sampled.temperature = 1.0f;
+  for (bool with_hidden : {true, false}) {
+    SCOPED_TRACE(with_hidden ? "with the prefilled hidden state" : "without it");
+    Sequence decode;
+    decode.id = with_hidden ? 2 : 3;
+    decode.remote_kv = true;
+    decode.token_ids = prompt;
+    decode.num_prompt_tokens = decode.num_tokens();
+    decode.page_table = pages;
+    (*drafter)->MarkComputed(decode.id, decode.num_tokens() - 1);
+    if (with_hidden) (*drafter)->SetPrefilledHidden(decode.id, prefilled);
+    step(decode, decode.num_tokens() - 1, 1, {decode.id, 17, false}, nullptr);
+    decode.token_ids.push_back(17);
+    const DraftRequest request{&decode, 3, &sampled, 99};
+    std::vector<std::vector<int32_t>> drafts;
+    ASSERT_TRUE((*drafter)->Propose({&request, 1}, &drafts).ok());
+    if (!with_hidden) {
+      EXPECT_TRUE(drafts[0].empty());
+      continue;
+    }
+    ASSERT_EQ(drafts[0].size(), 3u);
+    const std::vector<std::vector<float>> rows = FreshMtpLogits(decode.token_ids, drafts[0]);
+    RequestSampler reference(sampled, 0);
+    for (int j = 0; j < 3; ++j) {
+      std::vector<double> want;
+      reference.Distribution(rows[j], &want);
+      const std::span<const double> got = (*drafter)->DraftProbs(decode.id, j);
+      ASSERT_EQ(got.size(), want.size());
+      double err = 0.0;
+      for (size_t v = 0; v < want.size(); ++v) err = std::max(err, std::abs(got[v] - want[v]));
+      EXPECT_LT(err, 1e-6) << "draft " << j;
+    }
+    (*drafter)->Forget(decode.id);
   }
 }
 
