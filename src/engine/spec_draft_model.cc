@@ -113,6 +113,7 @@ Status DraftModel::CatchUp(const ScheduledBatch& batch, std::span<const SeqUpdat
     step.page_table = seq.page_table;
     batch_.seqs.push_back(step);
     ran.push_back({&st, end});
+    num_prompt_tokens_ += std::max(0, std::min(end, seq.num_prompt_tokens) - st.num_computed);
   }
   if (batch_.seqs.empty()) return OkStatus();
   const Status status = runner_->Forward(batch_, &out_);

@@ -88,6 +88,8 @@ class DraftModel final : public Drafter {
   void MarkComputed(int64_t seq_id, int num_tokens) override {
     seqs_[seq_id].num_computed = num_tokens;
   }
+  // Prompt tokens the draft has computed so far, over all sequences (SpecDecodeCounters).
+  int64_t num_prompt_tokens() const override { return num_prompt_tokens_; }
   ModelRunner& runner() override { return *runner_; }
 
  private:
@@ -105,6 +107,7 @@ class DraftModel final : public Drafter {
   ForwardBatch batch_;  // reused per pass
   ForwardOutput out_;
   std::vector<std::vector<int32_t>> tokens_;  // per batch row: the tokens it runs
+  int64_t num_prompt_tokens_ = 0;
 };
 
 // Engine::Create for method "draft_model": loads speculative.model (unless draft_weights is

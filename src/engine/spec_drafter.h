@@ -54,6 +54,8 @@ class Drafter {
     (void)seq_id;
     (void)hidden;
   }
+  // Prompt tokens (positions) the drafter has computed so far, over all sequences.
+  virtual int64_t num_prompt_tokens() const = 0;
   // The drafter's runner, whose region has the target's number of pages.
   virtual ModelRunner& runner() = 0;
 };

@@ -65,7 +65,7 @@ class MtpDrafter final : public Drafter {
   void MarkComputed(int64_t seq_id, int num_tokens) override;
   void SetPrefilledHidden(int64_t seq_id, std::span<const float> hidden) override;
   // Prompt positions the MTP layer has computed so far, over all sequences.
-  int64_t num_prompt_tokens() const { return num_prompt_tokens_; }
+  int64_t num_prompt_tokens() const override { return num_prompt_tokens_; }
   ModelRunner& runner() override { return *runner_; }
 
  private:

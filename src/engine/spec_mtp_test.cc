@@ -318,6 +318,7 @@ TEST(MtpDrafterTest, RemoteKvSequenceDraftsFromThePrefilledHiddenState) {
   step(prefill, 5, 3, {1, 0, true}, &chunk);  // finishes: its output carries the hidden state
   const std::vector<float> prefilled(chunk.end() - hd, chunk.end());
   (*drafter)->Forget(1);
+  EXPECT_EQ((*drafter)->num_prompt_tokens(), 7);  // positions 0 .. P-3 of P = 9
   SamplingParams sampled;
   sampled.temperature = 1.0f;
   for (bool with_hidden : {true, false}) {
@@ -353,6 +354,7 @@ TEST(MtpDrafterTest, RemoteKvSequenceDraftsFromThePrefilledHiddenState) {
     }
     (*drafter)->Forget(decode.id);
   }
+  EXPECT_EQ((*drafter)->num_prompt_tokens(), 9);  // and P-2, P-1 on decode (with the state)
 }
 
 // The distributions of the second generated token after `prompt` under `params`, each averaged
