@@ -1,6 +1,6 @@
 // deepseek_v3's multi-token-prediction layer against the float64 NumPy reference
 // (tests/reference/ref_model.py, mtp_forward) on the very same "tiny" checkpoint (one MTP layer),
-// with f32 and bf16 weights.
+// with f32 and bf16 weights, at TP 1 and 2.
 //
 // The target runs two sequences (9 and 20 tokens) together in 5-token chunks with every hidden
 // state returned (ForwardBatch::all_hidden); after each chunk the MTP runner runs the positions it
@@ -66,39 +66,20 @@ Result<std::vector<std::vector<std::vector<double>>>> RunMtpReference(
   return ref;
 }
 
-class MtpReferenceTest : public ::testing::TestWithParam<DType> {};
-
-TEST_P(MtpReferenceTest, MtpLogitsMatchTheReference) {
-  if (!PythonSkipReason().empty()) GTEST_SKIP() << PythonSkipReason();
-  TempDir dir;
-  model::SyntheticModelOptions opts;
-  opts.arch = model::Arch::kDeepseekV3;
-  opts.preset = "tiny";
-  opts.dtype = GetParam();
-  opts.seed = 5;
-  opts.num_nextn_predict_layers = 1;
-  opts.out_dir = dir.path();
-  ASSERT_TRUE(model::WriteSyntheticModel(opts).ok());
-  Result<model::ModelWeights> weights = model::LoadModelWeights(dir.path());
-  ASSERT_TRUE(weights.ok()) << weights.status().ToString();
-  ASSERT_EQ(weights->mtp.size(), 1u);
-  const int vocab = weights->config.vocab_size, hd = weights->config.hidden_size;
-  std::mt19937 rng(99);
-  std::vector<std::vector<int32_t>> seqs;
-  for (int len : kLengths) {
-    std::vector<int32_t>& s = seqs.emplace_back(len);
-    for (int32_t& t : s) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
-  }
-  auto ref = RunMtpReference(dir.path(), seqs, vocab);
-  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
-
+// Runs the target (TP tp) over the sequences in chunks and the MTP layer (TP tp) after each,
+// comparing every MTP row with ref.
+void CheckMtpRows(const model::ModelWeights& weights, int tp,
+                  const std::vector<std::vector<int32_t>>& seqs,
+                  const std::vector<std::vector<std::vector<double>>>& ref) {
+  const int vocab = weights.config.vocab_size, hd = weights.config.hidden_size;
   engine::ModelRunnerOptions ro;
   ro.kv.page_size = kPageSize;
   ro.num_pages = 16;
-  ro.num_threads = 2;
-  auto target = engine::ModelRunner::Create(*weights, ro);
+  ro.num_threads = 1;
+  ro.tensor_parallel_size = tp;
+  auto target = engine::ModelRunner::Create(weights, ro);
   ASSERT_TRUE(target.ok()) << target.status().ToString();
-  auto mtp = engine::CreateMtpRunner(*weights, 0, ro);
+  auto mtp = engine::CreateMtpRunner(weights, 0, ro);
   ASSERT_TRUE(mtp.ok()) << mtp.status().ToString();
   const std::vector<std::vector<int32_t>> tables = {{0, 1, 2}, {8, 3, 9, 4, 10}};
   std::vector<std::vector<float>> hidden(seqs.size());  // (length, hidden) gathered
@@ -146,13 +127,45 @@ TEST_P(MtpReferenceTest, MtpLogitsMatchTheReference) {
         const int p = mb.seqs[i].start_pos + r;
         const std::vector<float> row(mout.logits[i].begin() + size_t(r) * vocab,
                                      mout.logits[i].begin() + size_t(r + 1) * vocab);
-        EXPECT_LE(RowError(row, (*ref)[s][p]), kTolF32Kv) << "seq " << s << " position " << p;
+        EXPECT_LE(RowError(row, ref[s][p]), kTolF32Kv) << "seq " << s << " position " << p;
         ++rows_checked;
       }
       mtp_done[s] = mb.seqs[i].start_pos + mb.seqs[i].num_logits;
     }
   }
   EXPECT_EQ(rows_checked, kLengths[0] - 1 + kLengths[1] - 1);
+}
+
+class MtpReferenceTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(MtpReferenceTest, MtpLogitsMatchTheReference) {
+  if (!PythonSkipReason().empty()) GTEST_SKIP() << PythonSkipReason();
+  TempDir dir;
+  model::SyntheticModelOptions opts;
+  opts.arch = model::Arch::kDeepseekV3;
+  opts.preset = "tiny";
+  opts.dtype = GetParam();
+  opts.seed = 5;
+  opts.num_nextn_predict_layers = 1;
+  opts.out_dir = dir.path();
+  ASSERT_TRUE(model::WriteSyntheticModel(opts).ok());
+  Result<model::ModelWeights> weights = model::LoadModelWeights(dir.path());
+  ASSERT_TRUE(weights.ok()) << weights.status().ToString();
+  ASSERT_EQ(weights->mtp.size(), 1u);
+  const int vocab = weights->config.vocab_size;
+  std::mt19937 rng(99);
+  std::vector<std::vector<int32_t>> seqs;
+  for (int len : kLengths) {
+    std::vector<int32_t>& s = seqs.emplace_back(len);
+    for (int32_t& t : s) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+  }
+  auto ref = RunMtpReference(dir.path(), seqs, vocab);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+
+  for (int tp : {1, 2}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    CheckMtpRows(*weights, tp, seqs, *ref);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, MtpReferenceTest, ::testing::Values(DType::kF32, DType::kBF16),

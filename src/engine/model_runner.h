@@ -101,8 +101,8 @@ class ModelRunner {
 // prediction module, spec_mtp.h): one decoder layer with its own latent KV region of
 // options.num_pages (which must be set: the target's), its embedding, shared_head.norm and
 // shared_head.head. Each SeqStep carries input_hidden; the layer's input is
-// eh_proj([enorm(embed(token)); hnorm(h)]). It runs unsharded on one rank whatever
-// options.tensor_parallel_size (with options.num_threads threads, 0: all cores).
+// eh_proj([enorm(embed(token)); hnorm(h)]). With options.tensor_parallel_size > 1 it is sharded
+// like the target (heads, experts, head rows) over as many ranks; eh_proj is replicated.
 // InvalidArgument, naming num_nextn_predict_layers, when the checkpoint has no such MTP layer.
 Result<std::unique_ptr<ModelRunner>> CreateMtpRunner(const model::ModelWeights& weights, int index,
                                                      const ModelRunnerOptions& options);

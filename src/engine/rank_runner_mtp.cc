@@ -12,6 +12,7 @@
 
 #include "engine/rank_runner.h"
 #include "engine/rank_runner_impl.h"
+#include "engine/tp_model_runner.h"
 
 namespace pd::engine {
 
@@ -92,10 +93,10 @@ Result<std::unique_ptr<ModelRunner>> CreateMtpRunner(const model::ModelWeights& 
   RETURN_IF_ERROR(MakeLinear(m.eh_proj, c.hidden_size, 2 * int64_t{c.hidden_size}, weights.dtype,
                              p + "eh_proj.weight", &input->eh_proj));
   rw->mtp_input = std::move(input);
-  ModelRunnerOptions one_rank = options;
-  one_rank.tensor_parallel_size = 1;
-  one_rank.tracer = nullptr;  // the target's layers stand for the step
-  return CreateRankRunner(std::move(rw), one_rank, options.num_pages, RankContext{});
+  ModelRunnerOptions mtp_options = options;
+  mtp_options.tracer = nullptr;  // the target's layers stand for the step
+  if (options.tensor_parallel_size > 1) return CreateTpModelRunner(std::move(rw), mtp_options);
+  return CreateRankRunner(std::move(rw), mtp_options, options.num_pages, RankContext{});
 }
 
 }  // namespace pd::engine

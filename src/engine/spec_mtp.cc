@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "engine/engine_stepped.h"
-#include "engine/rank_runner.h"
 #include "engine/spec_draft_model.h"
 
 namespace pd::engine {
@@ -218,7 +217,9 @@ Result<std::unique_ptr<Engine>> CreateMtpEngine(const model::ModelWeights& weigh
   ModelRunnerOptions target_options = options.runner;
   if (target_options.num_pages == 0) {  // one page of the budget: a target and an MTP page
     ASSIGN_OR_RETURN(size_t target_bytes, KvPageBytesAllRanks(weights.config, options.runner));
-    const size_t mtp_bytes = RankKvSpec(options.runner.kv, weights.config, 1).page_bytes();
+    model::ModelConfig mtp_config = weights.config;  // one layer, on the target's ranks
+    mtp_config.num_layers = 1;
+    ASSIGN_OR_RETURN(size_t mtp_bytes, KvPageBytesAllRanks(mtp_config, options.runner));
     const size_t num_pages = options.runner.kv_cache_bytes / (target_bytes + mtp_bytes);
     if (num_pages < 1) {
       return InvalidArgument("kv_cache_bytes " + std::to_string(options.runner.kv_cache_bytes) +

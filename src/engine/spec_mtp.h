@@ -29,8 +29,9 @@
 // the token that followed it in the sequence that wrote it (drafts may then differ, outputs never
 // do).
 //
-// The MTP layer runs unsharded on one rank whatever the target's TP: the target's hidden state is
-// replicated after its final all-reduce.
+// The MTP layer runs on the target's tensor-parallel ranks (its own region per rank, as the
+// target's, so a transfer moves it rank by rank); the target's hidden state, and so the MTP
+// layer's input, is replicated after the final all-reduce.
 #pragma once
 
 #include <cstdint>
