@@ -4,7 +4,8 @@
 //   2. TPOT at batch 1, greedy, on a prompt-copying workload (a block of tokens repeated), with
 //      n-gram drafts beside no speculation, and the mean acceptance length measured; with a
 //      draft model (--draft-model DIR, or --draft-layers N: the target's own first N layers)
-//      also a draft_model row, with its acceptance rate.
+//      also a draft_model row, with its acceptance rate; for a deepseek_v3 checkpoint with its
+//      MTP layer an mtp row (K = draft_k), with its acceptance rate.
 #pragma once
 
 #include <string>
@@ -24,7 +25,7 @@ struct SpecBenchOptions {
   bool json = false;
   std::string draft_model_dir;  // draft_model row: a checkpoint ("": none) ...
   int draft_layers = 0;         // ... or the target's first N layers (0: none)
-  int draft_k = 3;              // its num_speculative_tokens
+  int draft_k = 3;              // its (and the mtp row's) num_speculative_tokens
 };
 
 Status RunSpecBench(const std::string& name, const model::ModelWeights& weights,

@@ -142,6 +142,16 @@ Status RunSpecBench(const std::string& name, const model::ModelWeights& w,
   if (with_draft) {
     ASSIGN_OR_RETURN(draft, MeasureDraftTpot(w, o, &draft_label));
   }
+  // The mtp row: a deepseek_v3 checkpoint's own MTP layer drafting (spec_mtp.h).
+  const bool with_mtp = !w.mtp.empty();
+  const std::string mtp_label = "mtp K=" + std::to_string(o.draft_k);
+  TpotRow mtp;
+  if (with_mtp) {
+    engine::SpeculativeConfig mtp_spec;
+    mtp_spec.method = engine::SpecMethod::kMtp;
+    mtp_spec.num_speculative_tokens = o.draft_k;
+    ASSIGN_OR_RETURN(mtp, MeasureTpot(w, o, mtp_spec));
+  }
   if (o.json) {
     std::printf("{\"model\": \"%s\", \"context\": %d, \"verify_ms\": [", name.c_str(), o.context);
     for (size_t k = 0; k < step_s.size(); ++k)
@@ -156,6 +166,12 @@ Status RunSpecBench(const std::string& name, const model::ModelWeights& w,
           "%.3f, \"draft_acceptance_rate\": %.3f",
           draft_label.c_str(), draft.tpot_s * 1e3, draft.mean_acceptance_length,
           draft.acceptance_rate);
+    }
+    if (with_mtp) {
+      std::printf(
+          ", \"mtp\": \"%s\", \"tpot_mtp_ms\": %.4f, \"mtp_mean_acceptance_length\": %.3f, "
+          "\"mtp_acceptance_rate\": %.3f",
+          mtp_label.c_str(), mtp.tpot_s * 1e3, mtp.mean_acceptance_length, mtp.acceptance_rate);
     }
     std::printf("}\n");
     return OkStatus();
@@ -173,6 +189,10 @@ Status RunSpecBench(const std::string& name, const model::ModelWeights& w,
   if (with_draft) {
     std::printf("%-14s %-26s %10.3f %16.2f %12.2f\n", name.c_str(), draft_label.c_str(),
                 draft.tpot_s * 1e3, draft.mean_acceptance_length, draft.acceptance_rate);
+  }
+  if (with_mtp) {
+    std::printf("%-14s %-26s %10.3f %16.2f %12.2f\n", name.c_str(), mtp_label.c_str(),
+                mtp.tpot_s * 1e3, mtp.mean_acceptance_length, mtp.acceptance_rate);
   }
   return OkStatus();
 }

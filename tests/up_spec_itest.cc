@@ -12,7 +12,9 @@
 // few).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -84,10 +86,15 @@ std::vector<json> Requests(int port) {
     const Answer a = Complete(port, out.back());
     EXPECT_EQ(a.status, 200) << Describe(a);
     for (int quarter = 1; quarter <= 3; ++quarter) {
-      const size_t at = a.text.size() * quarter / 4;
-      if (a.text.size() < 8 || at + 3 > a.text.size()) continue;
+      // Three whole UTF-8 characters (a random model's text has multi-byte ones).
+      auto continuation = [&](size_t i) { return (a.text[i] & 0xC0) == 0x80; };
+      size_t at = a.text.size() * quarter / 4, end = at;
+      while (at < a.text.size() && continuation(at)) ++at;
+      for (int chars = 0; chars < 3 && end < a.text.size(); ++chars)
+        for (end = std::max(end, at) + 1; end < a.text.size() && continuation(end);) ++end;
+      if (a.text.size() < 8 || end > a.text.size() || end - at < 3) continue;
       json b = Body(p, kMaxTokens);
-      b["stop"] = json::array({a.text.substr(at, 3)});
+      b["stop"] = json::array({a.text.substr(at, end - at)});
       out.push_back(b);
     }
     for (int m : {1, 2, 5, 11}) out.push_back(Body(p, m));
@@ -195,6 +202,66 @@ INSTANTIATE_TEST_SUITE_P(Shapes, UpSpecTest,
                                   std::to_string(info.param.decode_tp) +
                                   (info.param.draft_model ? "DraftModel" : "Ngram");
                          });
+
+// The answers of a colocated TP 1 instance of `model` with `extra` flags, and its decode counters.
+Expected ColocatedAnswers(const std::string& model, const std::vector<std::string>& extra,
+                          const std::vector<json>* requests, double* drafts) {
+  Expected x;
+  std::mt19937 rng(static_cast<unsigned>(::getpid()) * 7919u + extra.size());
+  const int port = testing::PickPortBlock(rng, 26000);
+  testing::Process serve;
+  const bool started =
+      testing::StartAndWaitFor(serve, testing::ServeArgv(kBinary, model, port, 2048, extra),
+                               "serving m on", std::chrono::seconds(60));
+  EXPECT_TRUE(started) << serve.output();
+  if (!started) return x;
+  x.requests = requests != nullptr ? *requests : Requests(port);
+  for (const json& r : x.requests) x.answers.push_back(Complete(port, r));
+  if (drafts != nullptr)
+    *drafts = testing::MetricSum(testing::kUpHost, port, "pdserve:spec_decode_num_drafts_total");
+  return x;
+}
+
+// method "mtp" with a deepseek_v3 checkpoint (make-model's tiny preset: one MTP layer): colocated
+// (the MTP layer drafts) and through `pdserve up` at prefill TP 1 -> decode TP 1 and 1 -> 2, every
+// greedy answer equals a colocated instance's without speculation. Across the split a remote-KV
+// request does not draft yet (the prefill instance sends no MTP KV: spec_mtp.h); the answers and
+// the pages must still be right on both sides.
+TEST(UpSpecMtpTest, GreedyOutputsEqualNoSpeculation) {
+  const std::string dir =
+      ::testing::TempDir() + "pd_up_mtp_" + std::to_string(static_cast<int>(::getpid()));
+  testing::MakeModel(kBinary, "tiny", 5, dir, "deepseek_v3");
+  const std::string mtp = R"({"method":"mtp","num_speculative_tokens":3})";
+  const Expected want = ColocatedAnswers(dir, {}, nullptr, nullptr);
+  ASSERT_FALSE(want.requests.empty());
+  double drafts = 0;
+  const Expected colocated =
+      ColocatedAnswers(dir, {"--speculative-config", mtp}, &want.requests, &drafts);
+  EXPECT_GT(drafts, 0);
+  int stopped = 0;
+  for (const Answer& a : want.answers) stopped += a.finish_reason == "stop" ? 1 : 0;
+  EXPECT_GE(stopped, 3) << "the stop strings should end some requests";
+  std::printf("[ measured ] %zu requests (%d stopped), colocated mtp: %.0f drafts\n",
+              want.requests.size(), stopped, drafts);
+  for (size_t i = 0; i < want.requests.size(); ++i)
+    EXPECT_EQ(colocated.answers[i], want.answers[i]) << "colocated: " << want.requests[i].dump();
+  for (int decode_tp : {1, 2}) {
+    SCOPED_TRACE("prefill TP 1 -> decode TP " + std::to_string(decode_tp));
+    UpDeployment up(kBinary, dir, 1, 1,
+                    {"--speculative-config", mtp, "--prefill-tp", "1", "--decode-tp",
+                     std::to_string(decode_tp)});
+    ASSERT_TRUE(up.started());
+    for (size_t i = 0; i < want.requests.size(); ++i) {
+      const Answer got = Complete(up.router_port(), want.requests[i]);
+      EXPECT_EQ(got, want.answers[i]) << "request " << want.requests[i].dump() << "\n  got  "
+                                      << Describe(got) << "\n  want " << Describe(want.answers[i]);
+    }
+    up.ExpectPagesFree();
+    if (HasFailure()) ADD_FAILURE() << up.up().output();
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
 
 }  // namespace
 }  // namespace pd

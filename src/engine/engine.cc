@@ -14,6 +14,7 @@
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "engine/spec_draft_model.h"
+#include "engine/spec_mtp.h"
 
 namespace pd::engine {
 namespace {
@@ -44,7 +45,7 @@ SchedulerOptions SchedulerOptionsOf(const EngineOptions& options, const KvCacheS
 class EngineImpl final : public SteppedEngine, public DisaggHooks {
  public:
   EngineImpl(std::unique_ptr<ModelRunner> runner, const EngineOptions& options,
-             std::unique_ptr<DraftModel> draft)
+             std::unique_ptr<Drafter> draft)
       : runner_(std::move(runner)),
         draft_(std::move(draft)),
         options_(options),
@@ -113,12 +114,12 @@ class EngineImpl final : public SteppedEngine, public DisaggHooks {
   void FailBatch(const ScheduledBatch& batch, const Status& status,
                  std::vector<RequestOutput>* outputs);
 
-  // The drafts of the sequences in `updates` that go on decoding, from the draft model.
+  // The drafts of the sequences in `updates` that go on decoding, from the drafter.
   void ProposeDraftModel(std::span<const SeqUpdate> updates);
   int MaxDrafts(const Sequence& seq, const RequestState& state) const;
 
   std::unique_ptr<ModelRunner> runner_;
-  std::unique_ptr<DraftModel> draft_;  // method draft_model; null otherwise
+  std::unique_ptr<Drafter> draft_;  // methods draft_model and mtp; null otherwise
   const EngineOptions options_;
   const Clock* const clock_;
   PagePool pool_;
@@ -293,6 +294,7 @@ void EngineImpl::Abort(int64_t request_id) {
 
 void EngineImpl::BuildForwardBatch(const ScheduledBatch& batch) {
   forward_batch_.seqs.resize(batch.seqs.size());
+  forward_batch_.all_hidden = draft_ != nullptr && draft_->needs_target_hidden();
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
     const ScheduledSeq& s = batch.seqs[i];
     SeqStep& step = forward_batch_.seqs[i];
@@ -398,7 +400,8 @@ void EngineImpl::ProposeDraftModel(std::span<const SeqUpdate> updates) {
     if (seq == nullptr || it == requests_.end() || seq->prefill_only) continue;
     int k = MaxDrafts(*seq, *it->second);
     if (k <= 0) continue;
-    // The draft writes the KV of the token just sampled and of drafts 1..k-1.
+    // A draft model writes the KV of the token just sampled and of drafts 1..k-1 (an MTP layer
+    // one position less).
     const int covered = scheduler_.ReserveDraftPages(u.seq_id, seq->num_tokens() + k - 1);
     k = std::min(k, covered - seq->num_tokens() + 1);
     if (k <= 0) continue;
@@ -436,6 +439,7 @@ Status EngineImpl::SetPrefilledHidden(int64_t request_id, std::vector<float> hid
                            " floats, expected hidden_size " + std::to_string(hidden_size));
   }
   it->second->prefilled_hidden = std::move(hidden);
+  if (draft_ != nullptr) draft_->SetPrefilledHidden(request_id, it->second->prefilled_hidden);
   return OkStatus();
 }
 
@@ -515,7 +519,7 @@ void EngineImpl::EndStep(const Status& forward, std::vector<RequestOutput>* outp
   }
   if (draft_ != nullptr) {
     // Before Update: the finished sequences' pages still hold what the target computed.
-    const Status caught_up = draft_->CatchUp(batch, updates);
+    const Status caught_up = draft_->CatchUp(batch, updates, forward_output_);
     if (!caught_up.ok())
       PD_LOG_ERROR("speculative decoding stops for the batch: {}", caught_up.ToString());
   }
@@ -569,7 +573,7 @@ Status CheckOptions(const SchedulerOptions& o) {
 
 Result<std::unique_ptr<SteppedEngine>> CreateSteppedEngine(std::unique_ptr<ModelRunner> runner,
                                                            const EngineOptions& options,
-                                                           std::unique_ptr<DraftModel> draft) {
+                                                           std::unique_ptr<Drafter> draft) {
   if (runner == nullptr) return InvalidArgument("Engine needs a ModelRunner");
   EngineOptions opts = options;
   const int max_pos = runner->config().max_position_embeddings;
@@ -578,15 +582,11 @@ Result<std::unique_ptr<SteppedEngine>> CreateSteppedEngine(std::unique_ptr<Model
   }
   RETURN_IF_ERROR(CheckOptions(opts.scheduler));
   RETURN_IF_ERROR(ValidateSpeculativeConfig(opts.speculative));
-  if (opts.speculative.method == SpecMethod::kMtp) {
-    return Unimplemented(
-        "--speculative-config: method \"mtp\" is not supported yet (\"ngram\" and "
-        "\"draft_model\" are)");
-  }
-  if (opts.speculative.method == SpecMethod::kDraftModel && draft == nullptr) {
-    return Unimplemented(
-        "--speculative-config: method \"draft_model\" runs in an engine made by Engine::Create "
-        "(which loads the draft checkpoint), not on a given runner or data-parallel ranks");
+  const SpecMethod method = opts.speculative.method;
+  if ((method == SpecMethod::kDraftModel || method == SpecMethod::kMtp) && draft == nullptr) {
+    return Unimplemented("--speculative-config: method \"" + std::string(SpecMethodName(method)) +
+                         "\" runs in an engine made by Engine::Create (which makes its drafter), "
+                         "not on a given runner or data-parallel ranks");
   }
   if (draft != nullptr && draft->runner().region().num_pages() != runner->region().num_pages()) {
     return InvalidArgument("the draft model's KV region has " +
@@ -613,6 +613,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const model::ModelWeights& weight
                                                const EngineOptions& options) {
   if (options.speculative.method == SpecMethod::kDraftModel)
     return CreateDraftModelEngine(weights, options);
+  if (options.speculative.method == SpecMethod::kMtp) return CreateMtpEngine(weights, options);
   ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
                    ModelRunner::Create(weights, options.runner));
   return CreateWithRunner(std::move(runner), options);

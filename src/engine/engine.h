@@ -45,8 +45,9 @@ struct EngineOptions {
   // Borrowed, may be null: the prefix cache's keys as they are stored and evicted, for KV-aware
   // routing (kv_events.h). Must outlive the engine.
   KvEventLog* kv_events = nullptr;
-  // Speculative decoding (spec_decode.h); method kNone: off. "ngram" and "draft_model"
-  // (spec_draft_model.h: Engine::Create only) run; "mtp" is refused by Create (not built yet).
+  // Speculative decoding (spec_decode.h); method kNone: off. "ngram", "draft_model"
+  // (spec_draft_model.h) and "mtp" (spec_mtp.h: a deepseek_v3 checkpoint's MTP layer) run;
+  // the last two in an engine made by Engine::Create only.
   SpeculativeConfig speculative;
   // draft_model: the draft's weights, borrowed (must outlive the engine); null: Create loads
   // speculative.model (which otherwise only names it). KV: runner.num_pages pages for each model,

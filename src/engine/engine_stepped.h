@@ -27,14 +27,15 @@ class SteppedEngine : public Engine {
   virtual void EndStep(const Status& forward, std::vector<RequestOutput>* outputs) = 0;
 };
 
-class DraftModel;  // spec_draft_model.h
+class Drafter;  // spec_drafter.h
 
 // Engine::CreateWithRunner, as a SteppedEngine.
 Result<std::unique_ptr<SteppedEngine>> CreateSteppedEngine(std::unique_ptr<ModelRunner> runner,
                                                            const EngineOptions& options);
-// The same with the draft model of method "draft_model" (required then, null otherwise).
+// The same with the drafter of method "draft_model" (a DraftModel) or "mtp" (an MtpDrafter):
+// required then, null otherwise.
 Result<std::unique_ptr<SteppedEngine>> CreateSteppedEngine(std::unique_ptr<ModelRunner> runner,
                                                            const EngineOptions& options,
-                                                           std::unique_ptr<DraftModel> draft);
+                                                           std::unique_ptr<Drafter> draft);
 
 }  // namespace pd::engine

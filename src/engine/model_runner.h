@@ -31,10 +31,15 @@ struct SeqStep {
   // With compute_logits: logits of the last num_logits tokens of this step (speculative
   // verification: the last accepted token and the drafts), in 1..token_ids.size().
   int num_logits = 1;
+  // An MTP runner (CreateMtpRunner) only: the target's hidden state h_t of each position, whose
+  // token_ids are token_{t+1} (token_ids.size(), hidden); empty otherwise.
+  std::span<const float> input_hidden = {};
 };
 
 struct ForwardBatch {
   std::vector<SeqStep> seqs;
+  // Also return the hidden state of every token of the batch (ForwardOutput::hidden).
+  bool all_hidden = false;
 };
 
 struct ForwardOutput {
@@ -43,6 +48,10 @@ struct ForwardOutput {
   std::vector<std::vector<float>> logits;
   // (hidden) final-norm hidden state of each seq's last token (the messenger's metadata).
   std::vector<std::vector<float>> last_hidden;
+  // With ForwardBatch::all_hidden: (token_ids.size(), hidden) per seq in batch order, the hidden
+  // state an MTP layer reads: a model's after its final norm (what the target hands its MTP layer),
+  // an MTP runner's before shared_head.norm (what its next draft step reads). TP: replicated.
+  std::vector<std::vector<float>> hidden;
 };
 
 struct ModelRunnerOptions {
@@ -87,5 +96,15 @@ class ModelRunner {
     return region();
   }
 };
+
+// A runner over MTP layer `index` of a deepseek_v3 checkpoint (DeepSeek-V3's multi-token
+// prediction module, spec_mtp.h): one decoder layer with its own latent KV region of
+// options.num_pages (which must be set: the target's), its embedding, shared_head.norm and
+// shared_head.head. Each SeqStep carries input_hidden; the layer's input is
+// eh_proj([enorm(embed(token)); hnorm(h)]). With options.tensor_parallel_size > 1 it is sharded
+// like the target (heads, experts, head rows) over as many ranks; eh_proj is replicated.
+// InvalidArgument, naming num_nextn_predict_layers, when the checkpoint has no such MTP layer.
+Result<std::unique_ptr<ModelRunner>> CreateMtpRunner(const model::ModelWeights& weights, int index,
+                                                     const ModelRunnerOptions& options);
 
 }  // namespace pd::engine

@@ -94,14 +94,21 @@ class HugePageBuffer {
   size_t size_;
 };
 
+// The input of a DeepSeek MTP layer (rank_runner_mtp.cc): x = eh_proj([enorm(e); hnorm(h)]).
+struct RunnerMtpInput {
+  std::vector<float> enorm, hnorm;  // (hidden)
+  LinearWeight eh_proj;             // (hidden, 2*hidden), row-major
+};
+
 struct RunnerWeights {
   model::ModelConfig config;
   std::vector<RunnerLayerWeights> layers;
-  std::vector<float> final_norm;           // (hidden)
-  LinearWeight embed;                      // (vocab, hidden): row lookups
-  LinearWeight lm_head;                    // (vocab, hidden)
-  std::unique_ptr<HugePageBuffer> packed;  // every kPanel32 matrix, after PackRunnerWeights
-  std::vector<model::KvScales> kv_scales;  // (num_layers) or empty: FP8 KV scales (kv_scales.h)
+  std::vector<float> final_norm;              // (hidden)
+  LinearWeight embed;                         // (vocab, hidden): row lookups
+  LinearWeight lm_head;                       // (vocab, hidden)
+  std::unique_ptr<HugePageBuffer> packed;     // every kPanel32 matrix, after PackRunnerWeights
+  std::vector<model::KvScales> kv_scales;     // (num_layers) or empty: FP8 KV scales (kv_scales.h)
+  std::unique_ptr<RunnerMtpInput> mtp_input;  // an MTP runner's; null for a model
 };
 
 // For the per-feature weight files (mla_weights.cc): InvalidArgument naming `name` when t is

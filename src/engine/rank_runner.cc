@@ -64,7 +64,7 @@ Status RankRunner::Validate(const ForwardBatch& batch) const {
         return InvalidArgument(who + "token id " + std::to_string(t) + " outside vocab of " +
                                std::to_string(c_.vocab_size));
   }
-  return OkStatus();
+  return w_->mtp_input != nullptr ? ValidateMtpInput(batch) : OkStatus();
 }
 
 void RankRunner::Prepare(const ForwardBatch& batch) {
@@ -114,6 +114,7 @@ void RankRunner::Prepare(const ForwardBatch& batch) {
     for (int64_t r = b; r < e; ++r)
       LoadWeightRow(w_->embed.w, s_.tokens[r], s_.x.data() + r * c_.hidden_size);
   });
+  if (w_->mtp_input != nullptr) MtpInput(batch);
 }
 
 void RankRunner::AppendWarmRanges(std::span<const int32_t> pages, std::vector<MemRange>* out) {
@@ -154,12 +155,14 @@ Status RankRunner::Forward(const ForwardBatch& batch, ForwardOutput* out) {
     ServeExpertsOnly();  // the other data-parallel ranks' tokens still need this rank's experts
     out->logits.clear();
     out->last_hidden.clear();
+    out->hidden.clear();
     return valid;
   }
   RETURN_IF_ERROR(valid);
   if (rank_.reduce == nullptr) {  // with TP the caller sizes out: the ranks write parts of it
     out->logits.resize(batch.seqs.size());
     out->last_hidden.resize(batch.seqs.size());
+    out->hidden.resize(batch.all_hidden ? batch.seqs.size() : 0);
   }
   if (batch.seqs.empty()) return OkStatus();
   Prepare(batch);
@@ -174,6 +177,7 @@ Status RankRunner::Forward(const ForwardBatch& batch, ForwardOutput* out) {
     }
   }
   Finish(batch, out);
+  if (batch.all_hidden) AllHidden(batch, out);
   ++steps_done_;
   return OkStatus();
 }
@@ -380,6 +384,22 @@ void RankRunner::Finish(const ForwardBatch& batch, ForwardOutput* out) {
       out->logits[i].assign(lrows, lrows + n * vocab);
     } else {
       out->logits[i].clear();
+    }
+  }
+}
+
+void RankRunner::AllHidden(const ForwardBatch& batch, ForwardOutput* out) {
+  if (rank_.reduce != nullptr && rank_.rank != 0) return;  // replicated: rank 0 writes
+  const int64_t hd = c_.hidden_size;
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const AttnSeq& seq = s_.seqs[i];
+    const float* x = s_.x.data() + static_cast<int64_t>(seq.token_begin) * hd;
+    std::vector<float>& dst = out->hidden[i];
+    dst.resize(static_cast<size_t>(seq.num_tokens) * hd);
+    if (w_->mtp_input != nullptr) {  // before shared_head.norm: the next draft step's input
+      std::copy(x, x + dst.size(), dst.begin());
+    } else {
+      RmsNorm(x, seq.num_tokens, hd, hd, w_->final_norm.data(), dst.data(), hd);
     }
   }
 }

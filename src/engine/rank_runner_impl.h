@@ -56,6 +56,7 @@ struct Scratch {
   std::vector<float> mla_qabs;  // (T, H, L) absorbed queries
   std::vector<float> mla_olat;  // (T, H, R) attention output in the latent space
   std::vector<float> mla_out;   // (T, H, dv) per-head outputs
+  std::vector<float> mtp_cat;   // (T, 2*hidden) an MTP runner's [enorm(e); hnorm(h)]
 };
 
 template <typename T>
@@ -107,6 +108,12 @@ class RankRunner final : public ModelRunner {
   void ServeExpertsOnly();
   MoeExec MakeMoeExec();
   void Finish(const ForwardBatch& batch, ForwardOutput* out);
+  // With batch.all_hidden: every token's hidden state into out->hidden (model_runner.h).
+  void AllHidden(const ForwardBatch& batch, ForwardOutput* out);
+  // An MTP runner (rank_runner_mtp.cc): checks each seq's input_hidden, and replaces the
+  // embedded tokens in x by eh_proj([enorm(embed(token_{t+1})); hnorm(h_t)]).
+  Status ValidateMtpInput(const ForwardBatch& batch) const;
+  void MtpInput(const ForwardBatch& batch);
   // x (n) += tmp, or with TP the sum of every rank's tmp in rank order. `attention`: tmp is the
   // attention output, so this layer's KV is final (on every rank) and progress_ is bumped.
   void AddResidual(float* x, const float* tmp, int64_t n, bool attention);

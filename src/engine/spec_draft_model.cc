@@ -128,21 +128,23 @@ Status DraftModel::CatchUp(const ScheduledBatch& batch, std::span<const SeqUpdat
   return OkStatus();
 }
 
-int32_t DraftModel::Choose(const DraftRequest& r, SeqState& st, std::span<const float> logits) {
+int32_t ChooseDraft(const DraftRequest& r, std::span<const float> logits,
+                    std::unique_ptr<RequestSampler>* sampler,
+                    std::vector<std::vector<double>>* qs) {
   const SamplingParams& p = *r.sampling;
   if (p.temperature == 0.0f || p.constraint != nullptr) {
-    st.q.emplace_back();  // a point mass: verified by equality
+    qs->emplace_back();  // a point mass: verified by equality
     return ArgMax(logits);
   }
-  if (st.sampler == nullptr) {
+  if (*sampler == nullptr) {
     SamplingParams free = p;
     free.constraint = nullptr;
     free.seed = r.seed;  // a stream of its own: the draws must be independent of the target's
-    st.sampler = std::make_unique<RequestSampler>(free, r.seed);
+    *sampler = std::make_unique<RequestSampler>(free, r.seed);
   }
-  std::vector<double>& q = st.q.emplace_back();
-  st.sampler->Distribution(logits, &q);
-  const double u = st.sampler->Uniform();
+  std::vector<double>& q = qs->emplace_back();
+  (*sampler)->Distribution(logits, &q);
+  const double u = (*sampler)->Uniform();
   double cum = 0.0;
   int32_t last = -1;
   for (size_t i = 0; i < q.size(); ++i) {
@@ -208,7 +210,7 @@ Status DraftModel::Propose(std::span<const DraftRequest> requests,
       auto [i, st] = active[a];
       const DraftRequest& r = requests[i];
       st->num_computed += static_cast<int>(batch_.seqs[a].token_ids.size());
-      (*drafts)[i].push_back(Choose(r, *st, out_.logits[a]));
+      (*drafts)[i].push_back(ChooseDraft(r, out_.logits[a], &st->sampler, &st->q));
       if (static_cast<int>((*drafts)[i].size()) < r.num_drafts) next.push_back({i, st});
     }
     active = std::move(next);

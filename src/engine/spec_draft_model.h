@@ -16,13 +16,10 @@
 // target's chunked prefill, and after a verification the last accepted draft when all were kept.
 // Every page the target registers in the prefix cache thus holds the draft's KV too, and a
 // sequence admitted with a cached prefix needs no draft prefill for it. A remote-KV sequence
-// (its prompt's KV came from a prefill instance) has the draft's KV too when the prefill instance
-// sent it with the target's (DisaggHooks::DraftKvRunner, SetRemoteDraftKv; MarkComputed): only
-// its last prompt token is left, which the draft catches up on after the first decode step.
-// Otherwise it has none and the draft computes its whole prompt at its first decode step. Then
-// Propose runs the token just sampled and K - 1 drafts (each a batched one-token step over the
-// drafting sequences) into pages the scheduler reserved for them; after verification only the
-// accepted ones stay counted (the rest is overwritten).
+// (its prompt's KV came from a prefill instance) has no draft KV: the draft computes its whole
+// prompt at its first decode step. Then Propose runs the token just sampled and K - 1 drafts
+// (each a batched one-token step over the drafting sequences) into pages the scheduler reserved
+// for them; after verification only the accepted ones stay counted (the rest is overwritten).
 //
 // Draft tokens. A greedy or constrained request drafts the draft's argmax and is verified by
 // equality (spec_decode.h: the target's own token is kept). A sampled request draws draft j from
@@ -43,6 +40,7 @@
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/spec_drafter.h"
 
 namespace pd::engine {
 
@@ -59,16 +57,8 @@ Status CheckDraftVocab(const model::ModelConfig& target, const model::ModelConfi
 // must outlive the view). InvalidArgument unless 1 <= num_layers <= the model's layers.
 Result<model::ModelWeights> FirstLayersOf(const model::ModelWeights& weights, int num_layers);
 
-// One sequence that drafts in Propose.
-struct DraftRequest {
-  const Sequence* seq = nullptr;  // running, its next step a decode
-  int num_drafts = 0;             // its page table covers seq->num_tokens() + num_drafts - 1
-  const SamplingParams* sampling = nullptr;
-  uint64_t seed = 0;  // the draft's own random stream (sampled requests)
-};
-
 // Thread safety: not thread-safe; the engine loop calls every method.
-class DraftModel {
+class DraftModel final : public Drafter {
  public:
   // `runner`'s region must have the target's number of pages. `weights` (may be null) is kept
   // alive for the runner when the draft was loaded by the engine.
@@ -79,20 +69,28 @@ class DraftModel {
   // computed (the accepted drafts included) that the draft has not. An error (a bug: bad pages)
   // stops drafting for the sequences of the batch; their outputs are unaffected.
   Status CatchUp(const ScheduledBatch& batch, std::span<const SeqUpdate> updates);
+  Status CatchUp(const ScheduledBatch& batch, std::span<const SeqUpdate> updates,
+                 const ForwardOutput& target) override {
+    (void)target;  // the draft model runs the tokens themselves
+    return CatchUp(batch, updates);
+  }
   // Proposes request i's drafts into (*drafts)[i] (fewer when the draft's pass fails for it).
-  Status Propose(std::span<const DraftRequest> requests, std::vector<std::vector<int32_t>>* drafts);
+  Status Propose(std::span<const DraftRequest> requests,
+                 std::vector<std::vector<int32_t>>* drafts) override;
   // q of draft j of the sequence's pending drafts; empty when it was drafted greedily.
-  std::span<const double> DraftProbs(int64_t seq_id, int j) const;
+  std::span<const double> DraftProbs(int64_t seq_id, int j) const override;
   // The sequence finished or was aborted: its state goes.
-  void Forget(int64_t seq_id) { seqs_.erase(seq_id); }
+  void Forget(int64_t seq_id) override { seqs_.erase(seq_id); }
   // The sequence was preempted: its pages, and so its draft KV, are gone.
-  void Reset(int64_t seq_id);
+  void Reset(int64_t seq_id) override;
   // The draft KV of the sequence's first num_tokens tokens is in its pages already (a prefill
   // instance computed and sent it).
-  void MarkComputed(int64_t seq_id, int num_tokens) { seqs_[seq_id].num_computed = num_tokens; }
+  void MarkComputed(int64_t seq_id, int num_tokens) override {
+    seqs_[seq_id].num_computed = num_tokens;
+  }
   // Prompt tokens the draft has computed so far, over all sequences (SpecDecodeCounters).
-  int64_t num_prompt_tokens() const { return num_prompt_tokens_; }
-  ModelRunner& runner() { return *runner_; }
+  int64_t num_prompt_tokens() const override { return num_prompt_tokens_; }
+  ModelRunner& runner() override { return *runner_; }
 
  private:
   struct SeqState {
@@ -103,9 +101,6 @@ class DraftModel {
   };
   DraftModel(std::unique_ptr<ModelRunner> runner, std::unique_ptr<model::ModelWeights> weights)
       : weights_(std::move(weights)), runner_(std::move(runner)) {}
-  // Picks draft j of request r from its logits (and records q).
-  int32_t Choose(const DraftRequest& r, SeqState& st, std::span<const float> logits);
-
   std::unique_ptr<model::ModelWeights> weights_;  // before runner_: outlives it
   std::unique_ptr<ModelRunner> runner_;
   std::unordered_map<int64_t, SeqState> seqs_;

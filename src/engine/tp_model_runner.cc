@@ -105,6 +105,7 @@ Status TpRunner::Forward(const ForwardBatch& batch, ForwardOutput* out) {
     }
     out->last_hidden[i].resize(full_->config.hidden_size);
   }
+  out->hidden.resize(batch.all_hidden ? n : 0);  // rank 0 sizes and writes each seq's rows
   {
     MutexLock lock(&mu_);
     batch_ = &batch;
@@ -128,8 +129,13 @@ Status TpRunner::Forward(const ForwardBatch& batch, ForwardOutput* out) {
 
 Result<std::unique_ptr<ModelRunner>> CreateTpModelRunner(const model::ModelWeights& weights,
                                                          const ModelRunnerOptions& options) {
-  const int tp = options.tensor_parallel_size;
   ASSIGN_OR_RETURN(std::unique_ptr<RunnerWeights> full, PrepareRunnerWeights(weights));
+  return CreateTpModelRunner(std::move(full), options);
+}
+
+Result<std::unique_ptr<ModelRunner>> CreateTpModelRunner(std::unique_ptr<RunnerWeights> full,
+                                                         const ModelRunnerOptions& options) {
+  const int tp = options.tensor_parallel_size;
   const model::ModelConfig& c = full->config;
   RETURN_IF_ERROR(ValidateTensorParallel(c, tp));
   size_t page_bytes_all = 0;
@@ -143,6 +149,12 @@ Result<std::unique_ptr<ModelRunner>> CreateTpModelRunner(const model::ModelWeigh
   for (int r = 0; r < tp; ++r) {
     const TpShard shard = ComputeTpShard(c, tp, r);
     ASSIGN_OR_RETURN(std::unique_ptr<RunnerWeights> w, ShardRunnerWeights(*full, shard));
+    if (full->mtp_input != nullptr) {  // replicated; eh_proj read in place from `full`
+      w->mtp_input = std::make_unique<RunnerMtpInput>();
+      w->mtp_input->enorm = full->mtp_input->enorm;
+      w->mtp_input->hnorm = full->mtp_input->hnorm;
+      w->mtp_input->eh_proj.w = full->mtp_input->eh_proj.w;
+    }
     RankContext ctx;
     ctx.reduce = reduce.get();
     ctx.rank = r;

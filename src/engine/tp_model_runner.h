@@ -8,11 +8,16 @@
 
 #include "common/status.h"
 #include "engine/model_runner.h"
+#include "engine/model_runner_weights.h"
 #include "model/weights.h"
 
 namespace pd::engine {
 
 Result<std::unique_ptr<ModelRunner>> CreateTpModelRunner(const model::ModelWeights& weights,
+                                                         const ModelRunnerOptions& options);
+// The same over weights already prepared (an MTP layer's, with its input projection, which
+// every rank shares: the residual stream is replicated).
+Result<std::unique_ptr<ModelRunner>> CreateTpModelRunner(std::unique_ptr<RunnerWeights> full,
                                                          const ModelRunnerOptions& options);
 
 }  // namespace pd::engine

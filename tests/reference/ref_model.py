@@ -37,7 +37,8 @@ yarn (rope_scaling type "yarn"): rope_parameters(); cos/sin are multiplied by at
 
 Every bias tensor present in the checkpoint is applied (qwen2's q/k/v biases; llama's and qwen3's
 attention_bias, which also puts a bias on o_proj). Everything is computed in float64. The
-multi-token-prediction layers of deepseek_v3 (model.layers.{num_hidden_layers}.*) are not run.
+multi-token-prediction layer of deepseek_v3 (model.layers.{num_hidden_layers}.*) runs only for a
+request with "mtp" (mtp_forward).
 
 CLI:
   ref_model.py --model DIR --requests REQ.json --out OUT.bin
@@ -49,6 +50,9 @@ REQ.json:  {"requests": [{"tokens": [int, ...], "positions": [int, ...], "greedy
   "greedy" (optional, default 0): first extend tokens N times by the argmax of the last
   position's logits (lowest id on a tie); positions then index the extended sequence, so
   positions len(tokens)-1 .. len(tokens)+N-2 give the rows the greedy tokens were taken from.
+  "mtp" (optional, default false): the rows are deepseek_v3's first MTP layer's logits instead
+  (mtp_forward): position p (< len(tokens)-1) reads the target's hidden state at p and
+  tokens[p+1], and predicts the token after tokens[p+1].
 
 OUT.bin (little-endian):
   bytes 0..7    magic b"PDREFLG1"
@@ -497,30 +501,73 @@ def moe(cfg, t, p, h):
     return out
 
 
-def forward(cfg, t, tokens, positions_out):
-    """tokens (T,) ids of one sequence from position 0 -> (len(positions_out), vocab) logits.
-    Layers num_hidden_layers.. (deepseek_v3's multi-token-prediction layers) are not run, as in
-    HF's forward."""
+def decoder_layer(cfg, t, i, x, positions):
+    """Decoder layer i (an MTP layer's: i = num_hidden_layers + k) on the residual stream x."""
+    p = "model.layers.%d." % i
+    attend = mla_attention if cfg.is_mla else attention
+    h = rms_norm(x, t[p + "input_layernorm.weight"], cfg.eps)
+    x = x + attend(cfg, t, p, h, positions)
+    h = rms_norm(x, t[p + "post_attention_layernorm.weight"], cfg.eps)
+    return x + (moe(cfg, t, p, h) if cfg.is_moe_layer(i) else mlp(t, p + "mlp.", h))
+
+
+def check_tokens(cfg, tokens):
     tokens = np.asarray(tokens, dtype=np.int64)
     if tokens.size == 0 or tokens.min() < 0 or tokens.max() >= cfg.vocab:
         raise RefError("token ids must be non-empty and within the vocab")
+    return tokens
+
+
+def final_hidden(cfg, t, tokens):
+    """tokens (T,) of one sequence from position 0 -> (T, hidden) after the final norm."""
     x = t["model.embed_tokens.weight"][tokens]  # (T, hidden)
     positions = np.arange(tokens.size)
-    attend = mla_attention if cfg.is_mla else attention
     for i in range(cfg.num_layers):
-        p = "model.layers.%d." % i
-        h = rms_norm(x, t[p + "input_layernorm.weight"], cfg.eps)
-        x = x + attend(cfg, t, p, h, positions)
-        h = rms_norm(x, t[p + "post_attention_layernorm.weight"], cfg.eps)
-        x = x + (moe(cfg, t, p, h) if cfg.is_moe_layer(i) else mlp(t, p + "mlp.", h))
+        x = decoder_layer(cfg, t, i, x, positions)
+    return rms_norm(x, t["model.norm.weight"], cfg.eps)
+
+
+def select(positions_out, n):
     sel = np.asarray(positions_out, dtype=np.int64)
-    if sel.size and (sel.min() < 0 or sel.max() >= tokens.size):
+    if sel.size and (sel.min() < 0 or sel.max() >= n):
         raise RefError("requested position outside the sequence")
-    h = rms_norm(x[sel], t["model.norm.weight"], cfg.eps)
+    return sel
+
+
+def forward(cfg, t, tokens, positions_out):
+    """tokens (T,) ids of one sequence from position 0 -> (len(positions_out), vocab) logits.
+    Layers num_hidden_layers.. (deepseek_v3's multi-token-prediction layers) are not run, as in
+    HF's forward (mtp_forward runs them)."""
+    tokens = check_tokens(cfg, tokens)
+    h = final_hidden(cfg, t, tokens)[select(positions_out, tokens.size)]
     head = t["model.embed_tokens.weight"] if cfg.tie else t.get("lm_head.weight")
     if head is None:
         raise RefError("lm_head.weight missing and tie_word_embeddings is false")
     return h @ head.T
+
+
+def mtp_forward(cfg, t, tokens, positions_out, k=0):
+    """deepseek_v3's MTP layer k over one sequence (T tokens) -> (len(positions_out), vocab).
+    Position p (0 <= p < T-1) reads h_p, the target's hidden state after its final norm, and
+    token_{p+1}; the row is the MTP layer's logits of token_{p+2}:
+        x_p = eh_proj([enorm(embed(token_{p+1})); hnorm(h_p)])   (the MTP layer's embed_tokens)
+        x = decoder layer num_hidden_layers + k on x (its own attention over positions 0..p)
+        logits = shared_head.norm(x) @ shared_head.head^T"""
+    tokens = check_tokens(cfg, tokens)
+    if tokens.size < 2:
+        raise RefError("the MTP layer needs at least two tokens")
+    i = cfg.num_layers + k
+    p = "model.layers.%d." % i
+    if p + "eh_proj.weight" not in t:
+        raise RefError("the checkpoint has no MTP layer %d" % k)
+    h = final_hidden(cfg, t, tokens)[:-1]
+    e = t[p + "embed_tokens.weight"][tokens[1:]]
+    cat = np.concatenate([rms_norm(e, t[p + "enorm.weight"], cfg.eps),
+                          rms_norm(h, t[p + "hnorm.weight"], cfg.eps)], axis=1)
+    x = decoder_layer(cfg, t, i, cat @ t[p + "eh_proj.weight"].T, np.arange(tokens.size - 1))
+    x = rms_norm(x[select(positions_out, tokens.size - 1)], t[p + "shared_head.norm.weight"],
+                 cfg.eps)
+    return x @ t[p + "shared_head.head.weight"].T
 
 
 # ---------------------------------------------------------------------------------------------
@@ -559,7 +606,8 @@ def main(argv):
             for _ in range(int(req.get("greedy", 0))):
                 last = forward(cfg, tensors, tokens, [len(tokens) - 1])[0]
                 tokens.append(int(np.argmax(last)))
-            rows.extend(forward(cfg, tensors, tokens, req["positions"]))
+            run = mtp_forward if req.get("mtp", False) else forward
+            rows.extend(run(cfg, tensors, tokens, req["positions"]))
         write_logits(args.out, rows, cfg.vocab)
     except (RefError, OSError, KeyError, ValueError) as e:
         print("ref_model.py: error: %s: %s" % (type(e).__name__, e), file=sys.stderr)

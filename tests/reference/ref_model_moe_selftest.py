@@ -91,8 +91,8 @@ def make_weights(cfg, seed, mtp=False):
          "model.norm.weight": 1 + r(hid, scale=0.1), "lm_head.weight": r(V, hid)}
     sparse = expected_moe_layers(cfg)
     E = cfg.get("num_experts") or cfg.get("n_routed_experts")
-    for i in range(cfg["num_hidden_layers"]):
-        p = "model.layers.%d." % i
+
+    def layer(p, is_sparse):
         t[p + "input_layernorm.weight"] = 1 + r(hid, scale=0.1)
         t[p + "post_attention_layernorm.weight"] = 1 + r(hid, scale=0.1)
         a = p + "self_attn."
@@ -117,9 +117,9 @@ def make_weights(cfg, seed, mtp=False):
             t[a + "kv_a_layernorm.weight"] = 1 + r(R, scale=0.1)
             t[a + "kv_b_proj.weight"] = r(H * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"]), R)
             t[a + "o_proj.weight"] = r(hid, H * cfg["v_head_dim"])
-        if not sparse[i]:
+        if not is_sparse:
             swiglu(t, p + "mlp.", inter)
-            continue
+            return
         t[p + "mlp.gate.weight"] = r(E, hid, scale=1.0)
         for e in range(E):
             swiglu(t, p + "mlp.experts.%d." % e, cfg["moe_intermediate_size"])
@@ -128,6 +128,18 @@ def make_weights(cfg, seed, mtp=False):
             if cfg["n_shared_experts"]:
                 swiglu(t, p + "mlp.shared_experts.",
                        cfg["n_shared_experts"] * cfg["moe_intermediate_size"])
+
+    for i in range(cfg["num_hidden_layers"]):
+        layer("model.layers.%d." % i, sparse[i])
+    if mtp == "full":  # a whole MTP layer (sparse: past first_k_dense_replace), its own head
+        p = "model.layers.%d." % cfg["num_hidden_layers"]
+        layer(p, True)
+        t[p + "embed_tokens.weight"] = r(V, hid, scale=1.0)
+        for name in ("enorm.weight", "hnorm.weight", "shared_head.norm.weight"):
+            t[p + name] = 1 + r(hid, scale=0.1)
+        t[p + "eh_proj.weight"] = r(hid, 2 * hid)
+        t[p + "shared_head.head.weight"] = r(V, hid)
+        return t
     if mtp:
         p = "model.layers.%d." % cfg["num_hidden_layers"]
         for name in ("enorm.weight", "hnorm.weight", "shared_head.norm.weight"):
@@ -220,7 +232,7 @@ class Naive:
         d = cfg["qk_rope_head_dim"] if mla else cfg["head_dim"]
         self.inv_freq, self.att = naive_inv_freq(d, cfg["rope_theta"], cfg.get("rope_scaling"),
                                                  cfg.get("max_position_embeddings", 64))
-        self.cache = [[] for _ in range(cfg["num_hidden_layers"])]
+        self.cache = [[] for _ in range(cfg["num_hidden_layers"] + 1)]  # + the MTP layer
 
     def norm(self, x, name, eps=None):
         eps = self.cfg["rms_norm_eps"] if eps is None else eps
@@ -297,22 +309,45 @@ class Naive:
             out += self.swiglu(p + "shared_experts.", h)
         return out
 
-    def step(self, tok, pos):
+    def layer(self, li, x, pos, is_sparse):
+        p = "model.layers.%d." % li
+        h = self.norm(x, p + "input_layernorm.weight")
+        attend = self.mla if self.cfg["model_type"] == "deepseek_v3" else self.gqa
+        x = x + attend(li, p + "self_attn.", h, pos)
+        h = self.norm(x, p + "post_attention_layernorm.weight")
+        return x + (self.moe(p + "mlp.", h) if is_sparse else self.swiglu(p + "mlp.", h))
+
+    def hidden(self, tok, pos):
+        """The final-norm hidden state at pos."""
         x = self.t["model.embed_tokens.weight"][tok].copy()
         sparse = expected_moe_layers(self.cfg)
         for li in range(self.cfg["num_hidden_layers"]):
-            p = "model.layers.%d." % li
-            h = self.norm(x, p + "input_layernorm.weight")
-            attend = self.mla if self.cfg["model_type"] == "deepseek_v3" else self.gqa
-            x = x + attend(li, p + "self_attn.", h, pos)
-            h = self.norm(x, p + "post_attention_layernorm.weight")
-            x = x + (self.moe(p + "mlp.", h) if sparse[li] else self.swiglu(p + "mlp.", h))
-        return self.t["lm_head.weight"] @ self.norm(x, "model.norm.weight")
+            x = self.layer(li, x, pos, sparse[li])
+        return self.norm(x, "model.norm.weight")
+
+    def step(self, tok, pos):
+        return self.t["lm_head.weight"] @ self.hidden(tok, pos)
+
+    def mtp_step(self, h, next_tok, pos):
+        """The MTP layer at pos: h_pos and token pos+1 -> logits of token pos+2."""
+        li = self.cfg["num_hidden_layers"]
+        p = "model.layers.%d." % li
+        e = self.t[p + "embed_tokens.weight"][next_tok]
+        x = self.t[p + "eh_proj.weight"] @ np.concatenate(
+            [self.norm(e, p + "enorm.weight"), self.norm(h, p + "hnorm.weight")])
+        x = self.layer(li, x, pos, True)
+        return self.t[p + "shared_head.head.weight"] @ self.norm(x, p + "shared_head.norm.weight")
 
 
 def naive_logits(cfg, t, tokens):
     n = Naive(cfg, t)
     return np.array([n.step(tok, pos) for pos, tok in enumerate(tokens)])
+
+
+def naive_mtp_logits(cfg, t, tokens):
+    n = Naive(cfg, t)
+    hs = [n.hidden(tok, pos) for pos, tok in enumerate(tokens)]
+    return np.array([n.mtp_step(hs[pos], tokens[pos + 1], pos) for pos in range(len(tokens) - 1)])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -406,6 +441,25 @@ class MoeMlaTest(unittest.TestCase):
         cfg, t1 = self.model("mtp", cfg_json, with_mtp)
         _, t2 = self.model("nomtp", cfg_json, without)
         np.testing.assert_array_equal(self.run_ref(cfg, t1, TOKENS), self.run_ref(cfg, t2, TOKENS))
+
+    def test_mtp_layer_matches_naive(self):
+        cfg_json = make_deepseek_config()
+        tensors = make_weights(cfg_json, 5, mtp="full")
+        cfg, t = self.model("mtp_full", cfg_json, tensors)
+        got = ref_model.mtp_forward(cfg, t, TOKENS, list(range(len(TOKENS) - 1)))
+        want = naive_mtp_logits(cfg_json, tensors, TOKENS)
+        self.assertLess(rel_err(got, want), 1e-10)
+        self.assertGreater(np.ptp(got[-1]), 0.5)
+        # The order of the concatenation matters: swapped, the rows differ.
+        p = "model.layers.%d." % cfg_json["num_hidden_layers"]
+        swapped = dict(tensors)
+        hid = cfg_json["hidden_size"]
+        swapped[p + "eh_proj.weight"] = np.concatenate(
+            [tensors[p + "eh_proj.weight"][:, hid:], tensors[p + "eh_proj.weight"][:, :hid]], 1)
+        self.assertGreater(rel_err(naive_mtp_logits(cfg_json, swapped, TOKENS), want), 1e-3)
+        with self.assertRaises(ref_model.RefError):  # no MTP layer in the checkpoint
+            _, bare = self.model("mtp_none", cfg_json, make_weights(cfg_json, 5))
+            ref_model.mtp_forward(cfg, bare, TOKENS, [0])
 
     def test_bf16_checkpoint_with_f32_router_bias(self):
         cfg_json = make_deepseek_config()
