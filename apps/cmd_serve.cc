@@ -371,7 +371,7 @@ PD_REGISTER_COMMAND(serve, "Serve a model with the OpenAI-compatible HTTP API", 
       "speculative decoding, as a JSON object in vLLM's shape: {\"method\": "
       "\"ngram\", \"num_speculative_tokens\": K, \"prompt_lookup_min\": a, "
       "\"prompt_lookup_max\": b}; \"draft_model\" with \"model\": DIR (a checkpoint with the "
-      "target's tokenizer); mtp: not yet");
+      "target's tokenizer); \"mtp\" for a deepseek_v3 checkpoint with its MTP layer");
   AddKvCacheDTypeFlag(app, &f->kv_cache_dtype, kKvCacheDTypeFlagHelp);
   AddMatmulFlag(app, &f->matmul, kMatmulFlagHelp);
   app->add_option("--kv-cache-bytes", f->kv_cache_bytes, "KV cache size in bytes")

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -203,10 +204,11 @@ inline double MetricSum(const std::string& host, int port, const std::string& na
   return found ? sum : -1;
 }
 
-// A greedy completion of a token-id prompt; (HTTP status or -1 without an answer, body JSON).
+// A greedy completion of a token-id prompt, with each token's logprob when `logprobs`; (HTTP
+// status or -1 without an answer, body JSON).
 inline std::pair<int, nlohmann::json> CompleteAt(const std::string& host, int port,
                                                  const std::vector<int>& prompt, int max_tokens,
-                                                 int read_timeout_s = 120) {
+                                                 int read_timeout_s = 120, bool logprobs = false) {
   httplib::Client c(host, port);
   c.set_read_timeout(read_timeout_s, 0);
   nlohmann::json req = {{"model", "m"},
@@ -214,9 +216,36 @@ inline std::pair<int, nlohmann::json> CompleteAt(const std::string& host, int po
                         {"max_tokens", max_tokens},
                         {"temperature", 0.0},
                         {"ignore_eos", true}};
+  if (logprobs) req["logprobs"] = 0;
   auto r = c.Post("/v1/completions", req.dump(), "application/json");
   if (!r) return {-1, nlohmann::json()};
   return {r->status, nlohmann::json::parse(r->body, nullptr, false)};
+}
+
+// A TP 1 instance's logprobs against a TP, data-parallel or disaggregated one's: the sums run in
+// another order, so they agree to float rounding, not bit for bit.
+constexpr double kLogprobTolerance = 1e-4;
+
+// Expects a greedy completion's first choice (`got`, asked with logprobs) to equal `want`'s:
+// the text and the tokens exactly, each token's logprob within kLogprobTolerance. Returns the
+// largest logprob difference.
+inline double ExpectSameGreedyChoice(const nlohmann::json& got, const nlohmann::json& want) {
+  const nlohmann::json& g = got["choices"][0];
+  const nlohmann::json& w = want["choices"][0];
+  EXPECT_EQ(g["text"], w["text"]);
+  EXPECT_EQ(g["logprobs"]["tokens"], w["logprobs"]["tokens"]);
+  const nlohmann::json& gl = g["logprobs"]["token_logprobs"];
+  const nlohmann::json& wl = w["logprobs"]["token_logprobs"];
+  EXPECT_TRUE(gl.is_array() && wl.is_array() && gl.size() == wl.size() && !gl.empty())
+      << "logprobs: got " << gl.dump() << ", want " << wl.dump();
+  double max_diff = 0;
+  if (!gl.is_array() || !wl.is_array()) return max_diff;
+  for (size_t k = 0; k < std::min(gl.size(), wl.size()); ++k) {
+    const double diff = std::abs(gl[k].get<double>() - wl[k].get<double>());
+    EXPECT_LE(diff, kLogprobTolerance) << "token " << k << ": " << gl[k] << " vs " << wl[k];
+    max_diff = std::max(max_diff, diff);
+  }
+  return max_diff;
 }
 
 // One streaming greedy completion that the client abandons: after `chunks` SSE chunks, or

@@ -223,10 +223,10 @@ Expected ColocatedAnswers(const std::string& model, const std::vector<std::strin
 }
 
 // method "mtp" with a deepseek_v3 checkpoint (make-model's tiny preset: one MTP layer): colocated
-// (the MTP layer drafts) and through `pdserve up` at prefill TP 1 -> decode TP 1 and 1 -> 2, every
-// greedy answer equals a colocated instance's without speculation. Across the split a remote-KV
-// request does not draft yet (the prefill instance sends no MTP KV: spec_mtp.h); the answers and
-// the pages must still be right on both sides.
+// (the MTP layer drafts) and through `pdserve up` at prefill TP 1 -> decode TP 1, 1 -> 2 and
+// 2 -> 1, every greedy answer equals a colocated instance's without speculation. Across the split
+// the prefill instance computes the MTP layer's KV of each prompt and sends it with the target's
+// (spec_mtp.h), and the decode instance drafts from the first step; pages free on both sides.
 TEST(UpSpecMtpTest, GreedyOutputsEqualNoSpeculation) {
   const std::string dir =
       ::testing::TempDir() + "pd_up_mtp_" + std::to_string(static_cast<int>(::getpid()));
@@ -245,17 +245,32 @@ TEST(UpSpecMtpTest, GreedyOutputsEqualNoSpeculation) {
               want.requests.size(), stopped, drafts);
   for (size_t i = 0; i < want.requests.size(); ++i)
     EXPECT_EQ(colocated.answers[i], want.answers[i]) << "colocated: " << want.requests[i].dump();
-  for (int decode_tp : {1, 2}) {
-    SCOPED_TRACE("prefill TP 1 -> decode TP " + std::to_string(decode_tp));
+  for (auto [prefill_tp, decode_tp] : {std::pair{1, 1}, {1, 2}, {2, 1}}) {
+    SCOPED_TRACE("prefill TP " + std::to_string(prefill_tp) + " -> decode TP " +
+                 std::to_string(decode_tp));
+    // Every prompt's KV (and its MTP KV) crosses from the prefill instance.
     UpDeployment up(kBinary, dir, 1, 1,
-                    {"--speculative-config", mtp, "--prefill-tp", "1", "--decode-tp",
-                     std::to_string(decode_tp)});
+                    {"--speculative-config", mtp, "--prefill-tp", std::to_string(prefill_tp),
+                     "--decode-tp", std::to_string(decode_tp), "--local-prefill-max-tokens", "0"});
     ASSERT_TRUE(up.started());
     for (size_t i = 0; i < want.requests.size(); ++i) {
       const Answer got = Complete(up.router_port(), want.requests[i]);
       EXPECT_EQ(got, want.answers[i]) << "request " << want.requests[i].dump() << "\n  got  "
                                       << Describe(got) << "\n  want " << Describe(want.answers[i]);
     }
+    const int decode = up.port("decode 0"), prefill = up.port("prefill 0");
+    const std::string p = "pdserve:spec_decode_";
+    EXPECT_GT(testing::MetricSum(testing::kUpHost, decode, p + "num_drafts_total"), 0)
+        << "the decode instance should draft with the MTP KV it received";
+    EXPECT_GT(testing::MetricSum(testing::kUpHost, prefill, p + "draft_prompt_tokens_total"), 0)
+        << "the prefill instance should compute the MTP layer's KV";
+    EXPECT_GT(testing::MetricSum(testing::kUpHost, decode, "pdserve:kv_transfer_pages_total"), 0);
+    std::printf(
+        "[ measured ] up mtp: decode %.0f drafts; MTP prompt tokens prefill %.0f, "
+        "decode %.0f\n",
+        testing::MetricSum(testing::kUpHost, decode, p + "num_drafts_total"),
+        testing::MetricSum(testing::kUpHost, prefill, p + "draft_prompt_tokens_total"),
+        testing::MetricSum(testing::kUpHost, decode, p + "draft_prompt_tokens_total"));
     up.ExpectPagesFree();
     if (HasFailure()) ADD_FAILURE() << up.up().output();
   }

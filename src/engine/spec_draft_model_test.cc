@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "engine/constraint_test_util.h"
 #include "engine/disagg_hooks.h"
 #include "engine/engine.h"
 #include "engine/engine_model_test_util.h"
@@ -261,6 +262,44 @@ TEST(DraftModelEngineTest, GreedyOutputsEqualNoSpeculation) {
         EXPECT_EQ(s.num_accepted_tokens, s.num_draft_tokens);
       }
     }
+  }
+}
+
+// Constrained requests (one JSON object over the tiny vocabulary: constraint_test_util.h): the
+// draft proposes its own unmasked argmax, the target's masked verification keeps only what the
+// constraint allows. Greedy outputs equal those without speculation token for token; sampled
+// ones (rejection sampling against the masked target) are whole objects too.
+TEST(DraftModelEngineTest, ConstrainedOutputsEqualNoSpeculation) {
+  const model::ModelWeights& target = testing::SyntheticTinyModel(model::Arch::kDeepseekV3);
+  const int vocab = target.config.vocab_size;
+  const testing::ObjectOverVocab object(vocab, target.config.eos_token_id);
+  std::vector<Request> requests = GreedyRequests(vocab);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Request& r = requests[i];
+    r.sampling.constraint = object.constraint;
+    r.sampling.ignore_eos = false;
+    r.sampling.max_tokens = 24;
+    if (i % 2 == 1) {
+      r.sampling.temperature = 0.8f;
+      r.sampling.seed = 5 + i;
+    }
+  }
+  const EngineOptions eo = BaseOptions(1, 96);
+  const Outcome want = RunAll(target, nullptr, eo, requests);
+  auto first = FirstLayersOf(target, 1);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  for (const model::ModelWeights* draft :
+       {static_cast<const model::ModelWeights*>(&*first), &target}) {
+    SCOPED_TRACE(draft == &target ? "draft = target" : "draft = first layer");
+    const Outcome got = RunAll(target, draft, eo, requests);
+    for (int i = 0; i < 4; ++i) {
+      if (i % 2 == 0) {
+        EXPECT_EQ(got.tokens.at(i), want.tokens.at(i)) << "request " << i;
+      }
+      EXPECT_TRUE(object.Whole(got.tokens.at(i))) << "request " << i << " is not one object";
+      EXPECT_TRUE(object.Whole(want.tokens.at(i))) << "request " << i << " without speculation";
+    }
+    EXPECT_GT(got.stats.spec_decode.num_drafts, 0);
   }
 }
 

@@ -11,6 +11,7 @@
 #include <map>
 #include <vector>
 
+#include "engine/constraint_test_util.h"
 #include "engine/engine.h"
 #include "engine/engine_model_test_util.h"
 #include "engine/model_runner_test_util.h"
@@ -119,6 +120,38 @@ TEST(MtpEngineTest, GreedyOutputsEqualNoSpeculation) {
     EXPECT_GT(s.num_drafts, 0);
     EXPECT_GT(s.num_draft_tokens, s.num_drafts);  // K > 1: the MTP layer chains on itself
   }
+}
+
+// Constrained requests (one JSON object over the tiny vocabulary: constraint_test_util.h): the
+// MTP layer proposes its unmasked argmax chain, the target's masked verification keeps only what
+// the constraint allows. Greedy outputs equal those without speculation; sampled ones are whole
+// objects too.
+TEST(MtpEngineTest, ConstrainedOutputsEqualNoSpeculation) {
+  const int vocab = Deepseek().config.vocab_size;
+  const testing::ObjectOverVocab object(vocab, Deepseek().config.eos_token_id);
+  std::vector<Request> requests = GreedyRequests(vocab);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Request& r = requests[i];
+    r.sampling.constraint = object.constraint;
+    r.sampling.ignore_eos = false;
+    r.sampling.max_tokens = 24;
+    if (i % 2 == 1) {
+      r.sampling.temperature = 0.8f;
+      r.sampling.seed = 5 + i;
+    }
+  }
+  EngineOptions eo = BaseOptions(1, 96);
+  const Outcome want = RunAll(eo, requests);
+  eo.speculative = MtpConfig(3);
+  const Outcome got = RunAll(eo, requests);
+  for (int i = 0; i < 4; ++i) {
+    if (i % 2 == 0) {
+      EXPECT_EQ(got.tokens.at(i), want.tokens.at(i)) << "request " << i;
+    }
+    EXPECT_TRUE(object.Whole(got.tokens.at(i))) << "request " << i << " is not one object";
+    EXPECT_TRUE(object.Whole(want.tokens.at(i))) << "request " << i << " without speculation";
+  }
+  EXPECT_GT(got.stats.spec_decode.num_drafts, 0);
 }
 
 // The K greedy drafts of a from-scratch MTP chain after `tokens`: a fresh target over all tokens,
