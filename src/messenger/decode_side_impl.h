@@ -209,7 +209,8 @@ class DecodeMessenger::Impl {
   void StartWaiting();
   // peers_[peer] restarted: the requests that tried its old process may try the new one.
   void ForgetTried(int peer);
-  // Whether a peer that accepted us once may serve again (not removed, not refused).
+  // Whether a peer that accepted us once and is down or draining may serve again (not removed,
+  // not refused).
   bool MayComeBack() const;
   // Ends the current attempt; with `fence` its pages and metadata slot wait in fences_ for the
   // prefill instance to stop writing, else the slot is free at once.

@@ -549,9 +549,13 @@ void DecodeMessenger::Impl::ForgetTried(int peer) {
   for (auto& [id, r] : reqs_) std::erase(r->tried, peer);
 }
 
+// A peer that accepted us once and is now down or draining may come back (ForgetTried then lets
+// every request try it afresh). One serving now does not count: a request that already tried
+// it and failed would wait for nothing, so it fails at once as without a wait.
 bool DecodeMessenger::Impl::MayComeBack() const {
   return std::any_of(peers_.begin(), peers_.end(), [](const Peer& p) {
-    return !p.removed && p.was_accepted && p.state != PeerStatus::State::kRefused;
+    return !p.removed && p.was_accepted && p.state != PeerStatus::State::kRefused &&
+           p.state != PeerStatus::State::kAccepted;
   });
 }
 
