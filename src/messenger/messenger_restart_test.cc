@@ -10,6 +10,7 @@
 #include "common/mutex.h"
 #include "messenger/decode_side.h"
 #include "messenger/messenger_test_util.h"
+#include "transfer/fault_injection.h"
 #include "transfer/test_util.h"
 
 namespace pd::messenger {
@@ -184,6 +185,44 @@ TEST(MessengerRestartTest, AWaitingRequestFailsWhenNoInstanceComesBackInTime) {
     }
     EXPECT_TRUE(AllPagesFree(*decode));
   }
+}
+
+// The only prefill instance is up but drops the request (it finds the decode side silent: no
+// heartbeats, a 50 ms silence limit, a KV write held 500 ms): nothing will come back that the
+// request has not tried, so it fails at once, naming the instance's error, instead of waiting
+// prefill_wait_s for nothing; its pages are free on both sides.
+TEST(MessengerRestartTest, ARequestFailedByTheOnlyServingInstanceDoesNotWait) {
+  const Shape s;
+  PrefillMessengerOptions po = testing::BasePrefillOptions();
+  po.peer_silence_s = 0.05;
+  po.domain.faults = std::make_shared<transfer::FaultInjector>();
+  transfer::FaultRule hold;
+  hold.site = transfer::FaultSite::kWrite;
+  hold.kind = transfer::FaultKind::kDelay;
+  hold.nth = 1;
+  hold.delay_ms = 500;
+  po.domain.faults->Arm(hold);
+  auto prefill = testing::LaunchPrefill(MakeEngine(s), po);
+  if (prefill == nullptr) GTEST_SKIP() << "libfabric tcp;ofi_rxm unavailable";
+  auto e = MakeEngine(s);
+  engine::ModelRunner& runner = e->runner();
+  DecodeMessengerOptions o =
+      testing::BaseDecodeOptions({{"p0", prefill->messenger->fabric_address()}});
+  o.heartbeat_s = 0;
+  o.prefill_wait_s = 60;
+  auto decode = DecodeMessenger::Create(o, runner, Async(std::move(e)));
+  ASSERT_TRUE(decode.ok()) << decode.status().ToString();
+  ASSERT_TRUE((*decode)->WaitForPeers(kDeadlineS).ok());
+
+  const Outcome got = Generate(**decode, PromptOf(9, 2), 4);
+  EXPECT_EQ(got.finish, engine::FinishReason::kError);
+  EXPECT_EQ(got.error.code(), StatusCode::kUnavailable) << got.error.ToString();
+  EXPECT_NE(got.error.message().find("has sent nothing"), std::string::npos)
+      << got.error.ToString();
+  EXPECT_EQ((*decode)->metrics().waited(), 0u);
+  EXPECT_GE(prefill->messenger->metrics().dropped_silent(), 1u);
+  EXPECT_TRUE(AllPagesFree(**decode));
+  EXPECT_TRUE(AllPagesFree(*prefill->engine));
 }
 
 }  // namespace
