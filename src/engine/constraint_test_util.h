@@ -4,11 +4,15 @@
 // pieces; the model's end-of-sequence id writes nothing. The constraint is one JSON object.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/output_constraint.h"
+#include "engine/request.h"
 
 namespace pd::engine::testing {
 
@@ -26,6 +30,36 @@ struct ObjectOverVocab {
     }
     constraint =
         std::make_shared<JsonCallConstraint>(texts, std::vector<std::string>{""}, std::string());
+  }
+
+  // Constrains each request to one object, ending at end-of-sequence within 24 tokens; the odd
+  // ones sampled (temperature 0.8, seeded), the even ones greedy.
+  void Constrain(std::vector<Request>* requests) const {
+    for (size_t i = 0; i < requests->size(); ++i) {
+      SamplingParams& p = (*requests)[i].sampling;
+      p.constraint = constraint;
+      p.ignore_eos = false;
+      p.max_tokens = 24;
+      if (i % 2 == 1) {
+        p.temperature = 0.8f;
+        p.seed = 5 + i;
+      }
+    }
+  }
+
+  // Expects the greedy requests' outputs (by request id, as Constrain numbered them) to equal
+  // `want`'s token for token, and every output of both to be one whole object.
+  void ExpectOutputs(const std::map<int64_t, std::vector<int32_t>>& got,
+                     const std::map<int64_t, std::vector<int32_t>>& want) const {
+    EXPECT_EQ(got.size(), want.size());
+    for (const auto& [id, tokens] : got) {
+      if (id % 2 == 0 && want.count(id) != 0) {
+        EXPECT_EQ(tokens, want.at(id)) << "request " << id;
+      }
+      EXPECT_TRUE(Whole(tokens)) << "request " << id << " is not one object";
+    }
+    for (const auto& [id, tokens] : want)
+      EXPECT_TRUE(Whole(tokens)) << "request " << id << " without speculation";
   }
 
   // Whether `tokens` (an output, its end-of-sequence token included) write one whole object.
