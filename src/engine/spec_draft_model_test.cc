@@ -18,6 +18,7 @@
 #include "engine/model_runner_test_util.h"
 #include "engine/sampler.h"
 #include "engine/spec_draft_model.h"
+#include "engine/spec_test_util.h"
 
 namespace pd::engine {
 namespace {
@@ -27,23 +28,9 @@ using testing::MakeTinyModel;
 using testing::TinyModelOptions;
 using testing::Tokens;
 
-struct Outcome {
-  std::map<int64_t, std::vector<int32_t>> tokens;
-  std::map<int64_t, FinishReason> finish;
-  EngineStats stats;
-};
+using Outcome = testing::SpecOutcome;
 
-EngineOptions BaseOptions(int tp, int num_pages) {
-  EngineOptions eo;
-  eo.runner.kv.page_size = 3;
-  eo.runner.num_pages = num_pages;
-  eo.runner.num_threads = 1;
-  eo.runner.tensor_parallel_size = tp;
-  eo.scheduler.max_num_batched_tokens = 24;
-  eo.scheduler.max_num_seqs = 4;
-  eo.scheduler.max_model_len = 96;
-  return eo;
-}
+EngineOptions BaseOptions(int tp, int num_pages) { return testing::SpecBaseOptions(tp, num_pages); }
 
 SpeculativeConfig DraftModelConfig(int k) {
   SpeculativeConfig c;
@@ -64,41 +51,11 @@ Outcome RunAll(const model::ModelWeights& target, const model::ModelWeights* dra
   }
   auto engine = Engine::Create(target, eo);
   EXPECT_TRUE(engine.ok()) << engine.status().ToString();
-  Outcome out;
-  if (!engine.ok()) return out;
-  for (const Request& r : requests) EXPECT_TRUE((*engine)->AddRequest(r).ok());
-  for (int step = 0; (*engine)->HasWork() && step < 5000; ++step) {
-    auto a = aborts.find(step);
-    if (a != aborts.end()) (*engine)->Abort(a->second);
-    auto outputs = (*engine)->Step();
-    EXPECT_TRUE(outputs.ok()) << outputs.status().ToString();
-    if (!outputs.ok()) break;
-    for (const RequestOutput& o : *outputs) {
-      auto& t = out.tokens[o.request_id];
-      t.insert(t.end(), o.new_token_ids.begin(), o.new_token_ids.end());
-      if (o.finished()) out.finish[o.request_id] = o.finish_reason;
-    }
-  }
-  out.stats = (*engine)->stats();
-  EXPECT_EQ(out.stats.num_free_pages, out.stats.num_total_pages);
-  const Status pages = (*engine)->CheckPages();
-  EXPECT_TRUE(pages.ok()) << pages.ToString();
-  return out;
+  if (!engine.ok()) return Outcome();
+  return testing::RunToEnd(**engine, requests, aborts);
 }
 
-std::vector<Request> GreedyRequests(int vocab) {
-  std::vector<Request> requests;
-  for (int i = 0; i < 4; ++i) {
-    Request r;
-    r.id = i;
-    r.prompt_ids = Tokens(5 + 3 * i, 30 + i, vocab);
-    r.sampling.temperature = 0.0f;
-    r.sampling.max_tokens = 10 + 3 * i;  // 10, 13, 16, 19: K = 3 drafts land mid-draft
-    r.sampling.ignore_eos = true;
-    requests.push_back(r);
-  }
-  return requests;
-}
+std::vector<Request> GreedyRequests(int vocab) { return testing::SpecGreedyRequests(vocab); }
 
 // Pages reserved for a sequence's drafts go back, drafts and all, when another running sequence
 // needs one: drafts never cause a preemption.

@@ -18,6 +18,7 @@
 #include "engine/sampler.h"
 #include "engine/spec_draft_model.h"
 #include "engine/spec_mtp.h"
+#include "engine/spec_test_util.h"
 
 namespace pd::engine {
 namespace {
@@ -29,23 +30,9 @@ const model::ModelWeights& Deepseek() {
   return testing::SyntheticTinyModel(model::Arch::kDeepseekV3);
 }
 
-struct Outcome {
-  std::map<int64_t, std::vector<int32_t>> tokens;
-  std::map<int64_t, FinishReason> finish;
-  EngineStats stats;
-};
+using Outcome = testing::SpecOutcome;
 
-EngineOptions BaseOptions(int tp, int num_pages) {
-  EngineOptions eo;
-  eo.runner.kv.page_size = 3;
-  eo.runner.num_pages = num_pages;
-  eo.runner.num_threads = 1;
-  eo.runner.tensor_parallel_size = tp;
-  eo.scheduler.max_num_batched_tokens = 24;
-  eo.scheduler.max_num_seqs = 4;
-  eo.scheduler.max_model_len = 96;
-  return eo;
-}
+EngineOptions BaseOptions(int tp, int num_pages) { return testing::SpecBaseOptions(tp, num_pages); }
 
 SpeculativeConfig MtpConfig(int k) {
   SpeculativeConfig c;
@@ -59,41 +46,11 @@ Outcome RunAll(const EngineOptions& eo, const std::vector<Request>& requests,
                const std::map<int, int64_t>& aborts = {}) {
   auto engine = Engine::Create(Deepseek(), eo);
   EXPECT_TRUE(engine.ok()) << engine.status().ToString();
-  Outcome out;
-  if (!engine.ok()) return out;
-  for (const Request& r : requests) EXPECT_TRUE((*engine)->AddRequest(r).ok());
-  for (int step = 0; (*engine)->HasWork() && step < 5000; ++step) {
-    auto a = aborts.find(step);
-    if (a != aborts.end()) (*engine)->Abort(a->second);
-    auto outputs = (*engine)->Step();
-    EXPECT_TRUE(outputs.ok()) << outputs.status().ToString();
-    if (!outputs.ok()) break;
-    for (const RequestOutput& o : *outputs) {
-      auto& t = out.tokens[o.request_id];
-      t.insert(t.end(), o.new_token_ids.begin(), o.new_token_ids.end());
-      if (o.finished()) out.finish[o.request_id] = o.finish_reason;
-    }
-  }
-  out.stats = (*engine)->stats();
-  EXPECT_EQ(out.stats.num_free_pages, out.stats.num_total_pages);
-  const Status pages = (*engine)->CheckPages();
-  EXPECT_TRUE(pages.ok()) << pages.ToString();
-  return out;
+  if (!engine.ok()) return Outcome();
+  return testing::RunToEnd(**engine, requests, aborts);
 }
 
-std::vector<Request> GreedyRequests(int vocab) {
-  std::vector<Request> requests;
-  for (int i = 0; i < 4; ++i) {
-    Request r;
-    r.id = i;
-    r.prompt_ids = Tokens(5 + 3 * i, 30 + i, vocab);
-    r.sampling.temperature = 0.0f;
-    r.sampling.max_tokens = 10 + 3 * i;  // 10, 13, 16, 19: K = 3 drafts land mid-draft
-    r.sampling.ignore_eos = true;
-    requests.push_back(r);
-  }
-  return requests;
-}
+std::vector<Request> GreedyRequests(int vocab) { return testing::SpecGreedyRequests(vocab); }
 
 TEST(MtpEngineTest, GreedyOutputsEqualNoSpeculation) {
   const int vocab = Deepseek().config.vocab_size;
@@ -139,48 +96,12 @@ TEST(MtpEngineTest, ConstrainedOutputsEqualNoSpeculation) {
   EXPECT_GT(got.stats.spec_decode.num_drafts, 0);
 }
 
-// The K greedy drafts of a from-scratch MTP chain after `tokens`: a fresh target over all tokens,
-// a fresh MTP layer over positions 0 .. N-2 (token t+1, h_t), then K - 1 chained positions.
-std::vector<int32_t> FreshMtpDrafts(const std::vector<int32_t>& tokens, int k) {
-  const model::ModelWeights& w = Deepseek();
-  ModelRunnerOptions ro;
-  ro.kv.page_size = 3;
-  ro.num_pages = 32;
-  ro.num_threads = 1;
-  ro.kernels = KernelKind::kReference;
-  auto target = ModelRunner::Create(w, ro);
-  auto mtp = CreateMtpRunner(w, 0, ro);
-  EXPECT_TRUE(target.ok() && mtp.ok());
-  std::vector<int32_t> pages(32);
-  for (int i = 0; i < 32; ++i) pages[i] = 31 - i;
-  ForwardBatch tb;
-  tb.all_hidden = true;
-  tb.seqs = {{1, 0, tokens, pages, false}};
-  ForwardOutput to;
-  EXPECT_TRUE((*target)->Forward(tb, &to).ok());
-  const int n = static_cast<int>(tokens.size()), hd = w.config.hidden_size;
-  std::vector<int32_t> run(tokens.begin() + 1, tokens.end());
-  std::vector<float> hidden(to.hidden[0].begin(), to.hidden[0].end() - hd);
-  std::vector<int32_t> out;
-  for (int start = 0; static_cast<int>(out.size()) < k;) {
-    ForwardBatch mb;
-    mb.all_hidden = true;
-    mb.seqs = {{1, start, run, pages, true}};
-    mb.seqs[0].input_hidden = hidden;
-    ForwardOutput mo;
-    EXPECT_TRUE((*mtp)->Forward(mb, &mo).ok());
-    out.push_back(ArgMax(mo.logits[0]));
-    start = n - 1 + static_cast<int>(out.size()) - 1;
-    run = {out.back()};
-    hidden.assign(mo.hidden[0].end() - hd, mo.hidden[0].end());
-  }
-  return out;
-}
-
-// The MTP layer's logits from scratch for drafts 1..K after `tokens`, draft j (j >= 2) chained
-// on the given drafts[j - 2]: row j - 1 is what draft j was drawn from.
-std::vector<std::vector<float>> FreshMtpLogits(const std::vector<int32_t>& tokens,
-                                               const std::vector<int32_t>& drafts) {
+// The MTP layer's logits from scratch for drafts 1..k after `tokens` (a fresh target over all
+// tokens, a fresh MTP layer over positions 0 .. N-2 (token t+1, h_t), then k - 1 chained
+// positions): draft j >= 2 is chained on given[j - 2], or on row j - 2's argmax where `given` is
+// shorter (the greedy chain). Row j - 1 is what draft j was drawn from.
+std::vector<std::vector<float>> FreshMtpLogits(const std::vector<int32_t>& tokens, int k,
+                                               const std::vector<int32_t>& given = {}) {
   const model::ModelWeights& w = Deepseek();
   ModelRunnerOptions ro;
   ro.kv.page_size = 3;
@@ -201,18 +122,25 @@ std::vector<std::vector<float>> FreshMtpLogits(const std::vector<int32_t>& token
   std::vector<int32_t> run(tokens.begin() + 1, tokens.end());
   std::vector<float> hidden(to.hidden[0].begin(), to.hidden[0].end() - hd);
   std::vector<std::vector<float>> rows;
-  for (size_t j = 0; j < drafts.size(); ++j) {
+  for (int j = 0; j < k; ++j) {
     ForwardBatch mb;
     mb.all_hidden = true;
-    mb.seqs = {{1, j == 0 ? 0 : n - 2 + static_cast<int>(j), run, pages, true}};
+    mb.seqs = {{1, j == 0 ? 0 : n - 2 + j, run, pages, true}};
     mb.seqs[0].input_hidden = hidden;
     ForwardOutput mo;
     EXPECT_TRUE((*mtp)->Forward(mb, &mo).ok());
     rows.push_back(mo.logits[0]);
-    run = {drafts[j]};
+    run = {j < static_cast<int>(given.size()) ? given[j] : ArgMax(rows.back())};
     hidden.assign(mo.hidden[0].end() - hd, mo.hidden[0].end());
   }
   return rows;
+}
+
+// The K greedy drafts of a from-scratch MTP chain after `tokens`.
+std::vector<int32_t> FreshMtpDrafts(const std::vector<int32_t>& tokens, int k) {
+  std::vector<int32_t> out;
+  for (const std::vector<float>& row : FreshMtpLogits(tokens, k)) out.push_back(ArgMax(row));
+  return out;
 }
 
 // The MTP layer's KV bookkeeping against a recomputation from scratch: a chunked prompt, then
@@ -359,7 +287,8 @@ TEST(MtpDrafterTest, RemoteKvSequenceDraftsFromThePrefilledHiddenState) {
       continue;
     }
     ASSERT_EQ(drafts[0].size(), 3u);
-    const std::vector<std::vector<float>> rows = FreshMtpLogits(decode.token_ids, drafts[0]);
+    const std::vector<std::vector<float>> rows =
+        FreshMtpLogits(decode.token_ids, static_cast<int>(drafts[0].size()), drafts[0]);
     RequestSampler reference(sampled, 0);
     for (int j = 0; j < 3; ++j) {
       std::vector<double> want;
