@@ -260,16 +260,16 @@ TEST(UpSpecMtpTest, GreedyOutputsEqualNoSpeculation) {
     }
     const int decode = up.port("decode 0"), prefill = up.port("prefill 0");
     const std::string p = "pdserve:spec_decode_";
-    EXPECT_GT(testing::MetricSum(testing::kUpHost, decode, p + "num_drafts_total"), 0)
-        << "the decode instance should draft with the MTP KV it received";
-    EXPECT_GT(testing::MetricSum(testing::kUpHost, prefill, p + "draft_prompt_tokens_total"), 0)
-        << "the prefill instance should compute the MTP layer's KV";
+    const double drafts_up = testing::MetricSum(testing::kUpHost, decode, p + "num_drafts_total");
+    const double prefill_prompt =
+        testing::MetricSum(testing::kUpHost, prefill, p + "draft_prompt_tokens_total");
+    EXPECT_GT(drafts_up, 0) << "the decode instance should draft with the MTP KV it received";
+    EXPECT_GT(prefill_prompt, 0) << "the prefill instance should compute the MTP layer's KV";
     EXPECT_GT(testing::MetricSum(testing::kUpHost, decode, "pdserve:kv_transfer_pages_total"), 0);
     std::printf(
         "[ measured ] up mtp: decode %.0f drafts; MTP prompt tokens prefill %.0f, "
         "decode %.0f\n",
-        testing::MetricSum(testing::kUpHost, decode, p + "num_drafts_total"),
-        testing::MetricSum(testing::kUpHost, prefill, p + "draft_prompt_tokens_total"),
+        drafts_up, prefill_prompt,
         testing::MetricSum(testing::kUpHost, decode, p + "draft_prompt_tokens_total"));
     up.ExpectPagesFree();
     if (HasFailure()) ADD_FAILURE() << up.up().output();

@@ -29,8 +29,8 @@ using testing::TinyModelOptions;
 using testing::Tokens;
 
 using Outcome = testing::SpecOutcome;
-
-EngineOptions BaseOptions(int tp, int num_pages) { return testing::SpecBaseOptions(tp, num_pages); }
+using testing::SpecBaseOptions;
+using testing::SpecGreedyRequests;
 
 SpeculativeConfig DraftModelConfig(int k) {
   SpeculativeConfig c;
@@ -54,8 +54,6 @@ Outcome RunAll(const model::ModelWeights& target, const model::ModelWeights* dra
   if (!engine.ok()) return Outcome();
   return testing::RunToEnd(**engine, requests, aborts);
 }
-
-std::vector<Request> GreedyRequests(int vocab) { return testing::SpecGreedyRequests(vocab); }
 
 // Pages reserved for a sequence's drafts go back, drafts and all, when another running sequence
 // needs one: drafts never cause a preemption.
@@ -194,8 +192,8 @@ TEST(DraftModelEngineTest, GreedyOutputsEqualNoSpeculation) {
     const int vocab = c.weights->config.vocab_size;
     auto first = FirstLayersOf(*c.weights, 1);
     ASSERT_TRUE(first.ok()) << first.status().ToString();
-    const EngineOptions eo = BaseOptions(c.tp, 96);
-    std::vector<Request> requests = GreedyRequests(vocab);
+    const EngineOptions eo = SpecBaseOptions(c.tp, 96);
+    std::vector<Request> requests = SpecGreedyRequests(vocab);
     const Outcome want = RunAll(*c.weights, nullptr, eo, requests);
     // Request 3 stops at its 8th token (a stop id that did not occur before it).
     const std::vector<int32_t>& w3 = want.tokens.at(3);
@@ -230,9 +228,9 @@ TEST(DraftModelEngineTest, ConstrainedOutputsEqualNoSpeculation) {
   const model::ModelWeights& target = testing::SyntheticTinyModel(model::Arch::kDeepseekV3);
   const int vocab = target.config.vocab_size;
   const testing::ObjectOverVocab object(vocab, target.config.eos_token_id);
-  std::vector<Request> requests = GreedyRequests(vocab);
+  std::vector<Request> requests = SpecGreedyRequests(vocab);
   object.Constrain(&requests);
-  const EngineOptions eo = BaseOptions(1, 96);
+  const EngineOptions eo = SpecBaseOptions(1, 96);
   const Outcome want = RunAll(target, nullptr, eo, requests);
   auto first = FirstLayersOf(target, 1);
   ASSERT_TRUE(first.ok()) << first.status().ToString();
@@ -299,7 +297,7 @@ TEST(DraftModelEngineTest, SampledOutputFollowsTheTargetDistribution) {
   params.max_tokens = 3;
   params.ignore_eos = true;
   const std::vector<int32_t> prompt = Tokens(6, 11, o.vocab);
-  EngineOptions eo = BaseOptions(1, 600);
+  EngineOptions eo = SpecBaseOptions(1, 600);
   eo.scheduler.max_num_seqs = 64;
   eo.scheduler.max_num_batched_tokens = 256;
   eo.speculative = DraftModelConfig(2);
@@ -364,8 +362,8 @@ TEST(DraftModelEngineTest, PreemptionAndAbortsLeaveEveryPageFree) {
   auto model = MakeTinyModel(o);
   auto draft = FirstLayersOf(model->weights, 1);
   ASSERT_TRUE(draft.ok());
-  const EngineOptions eo = BaseOptions(1, 16);
-  std::vector<Request> requests = GreedyRequests(o.vocab);
+  const EngineOptions eo = SpecBaseOptions(1, 16);
+  std::vector<Request> requests = SpecGreedyRequests(o.vocab);
   const Outcome want = RunAll(model->weights, nullptr, eo, requests);
   const Outcome got = RunAll(model->weights, &*draft, eo, requests, {{4, 1}, {9, 2}});
   EXPECT_GT(got.stats.num_preemptions, 0);
@@ -401,9 +399,9 @@ TEST(DraftModelEngineTest, RemoteDraftKvSkipsTheDraftsPromptOnDecode) {
   auto model = MakeTinyModel(o);
   for (int tp : {1, 2}) {
     SCOPED_TRACE("tp " + std::to_string(tp));
-    EngineOptions eo = BaseOptions(tp, 64);
+    EngineOptions eo = SpecBaseOptions(tp, 64);
     eo.scheduler.max_num_batched_tokens = 8;  // chunked prefill on the prefill engine
-    std::vector<Request> requests = GreedyRequests(o.vocab);
+    std::vector<Request> requests = SpecGreedyRequests(o.vocab);
     const Outcome want = RunAll(model->weights, nullptr, eo, requests);
     eo.speculative = DraftModelConfig(3);
     eo.draft_weights = &model->weights;
@@ -460,7 +458,7 @@ TEST(DraftModelEngineTest, RefusesAnotherTokenizerMissingCheckpointAndGivenRunne
   auto target = MakeTinyModel(o);
   o.vocab = 61;
   auto other = MakeTinyModel(o);
-  EngineOptions eo = BaseOptions(1, 32);
+  EngineOptions eo = SpecBaseOptions(1, 32);
   eo.speculative = DraftModelConfig(2);
   eo.draft_weights = &other->weights;
   auto e = Engine::Create(target->weights, eo);
@@ -486,7 +484,7 @@ TEST(DraftModelEngineTest, RefusesAnotherTokenizerMissingCheckpointAndGivenRunne
   ASSERT_FALSE(e.ok());
   EXPECT_THAT(e.status().message(), HasSubstr("max_position_embeddings 64 is below max_model_len"));
   // A given runner (and so the data-parallel engine) has no draft model to run.
-  auto runner = ModelRunner::Create(target->weights, BaseOptions(1, 32).runner);
+  auto runner = ModelRunner::Create(target->weights, SpecBaseOptions(1, 32).runner);
   ASSERT_TRUE(runner.ok());
   e = Engine::CreateWithRunner(std::move(runner).value(), eo);
   ASSERT_FALSE(e.ok());
@@ -501,7 +499,7 @@ TEST(DraftModelEngineTest, PageBudgetCoversBothModels) {
   auto model = MakeTinyModel(o);
   auto draft = FirstLayersOf(model->weights, 1);
   ASSERT_TRUE(draft.ok());
-  EngineOptions eo = BaseOptions(1, 0);
+  EngineOptions eo = SpecBaseOptions(1, 0);
   auto page = KvPageBytesAllRanks(model->weights.config, eo.runner);
   ASSERT_TRUE(page.ok());
   eo.runner.kv_cache_bytes = *page * 30;  // 30 target-only pages

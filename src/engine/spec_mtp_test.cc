@@ -31,8 +31,8 @@ const model::ModelWeights& Deepseek() {
 }
 
 using Outcome = testing::SpecOutcome;
-
-EngineOptions BaseOptions(int tp, int num_pages) { return testing::SpecBaseOptions(tp, num_pages); }
+using testing::SpecBaseOptions;
+using testing::SpecGreedyRequests;
 
 SpeculativeConfig MtpConfig(int k) {
   SpeculativeConfig c;
@@ -50,14 +50,12 @@ Outcome RunAll(const EngineOptions& eo, const std::vector<Request>& requests,
   return testing::RunToEnd(**engine, requests, aborts);
 }
 
-std::vector<Request> GreedyRequests(int vocab) { return testing::SpecGreedyRequests(vocab); }
-
 TEST(MtpEngineTest, GreedyOutputsEqualNoSpeculation) {
   const int vocab = Deepseek().config.vocab_size;
   for (int tp : {1, 2}) {
     SCOPED_TRACE("tp " + std::to_string(tp));
-    EngineOptions eo = BaseOptions(tp, 96);
-    std::vector<Request> requests = GreedyRequests(vocab);
+    EngineOptions eo = SpecBaseOptions(tp, 96);
+    std::vector<Request> requests = SpecGreedyRequests(vocab);
     const Outcome want = RunAll(eo, requests);
     // Request 3 stops at its 8th token (a stop id that did not occur before it).
     const std::vector<int32_t>& w3 = want.tokens.at(3);
@@ -86,9 +84,9 @@ TEST(MtpEngineTest, GreedyOutputsEqualNoSpeculation) {
 TEST(MtpEngineTest, ConstrainedOutputsEqualNoSpeculation) {
   const int vocab = Deepseek().config.vocab_size;
   const testing::ObjectOverVocab object(vocab, Deepseek().config.eos_token_id);
-  std::vector<Request> requests = GreedyRequests(vocab);
+  std::vector<Request> requests = SpecGreedyRequests(vocab);
   object.Constrain(&requests);
-  EngineOptions eo = BaseOptions(1, 96);
+  EngineOptions eo = SpecBaseOptions(1, 96);
   const Outcome want = RunAll(eo, requests);
   eo.speculative = MtpConfig(3);
   const Outcome got = RunAll(eo, requests);
@@ -391,7 +389,7 @@ TEST(MtpEngineTest, SampledOutputFollowsTheTargetDistribution) {
   params.max_tokens = 3;
   params.ignore_eos = true;
   const std::vector<int32_t> prompt = Tokens(6, 11, vocab);
-  EngineOptions eo = BaseOptions(1, 600);
+  EngineOptions eo = SpecBaseOptions(1, 600);
   eo.scheduler.max_num_seqs = 64;
   eo.scheduler.max_num_batched_tokens = 256;
   eo.speculative = MtpConfig(2);
@@ -438,8 +436,8 @@ TEST(MtpEngineTest, SampledOutputFollowsTheTargetDistribution) {
 // A pool too small for all four: sequences with MTP KV are preempted and recomputed, two are
 // aborted mid-run; the others' outputs stay those without speculation and every page comes back.
 TEST(MtpEngineTest, PreemptionAndAbortsLeaveEveryPageFree) {
-  EngineOptions eo = BaseOptions(1, 16);
-  std::vector<Request> requests = GreedyRequests(Deepseek().config.vocab_size);
+  EngineOptions eo = SpecBaseOptions(1, 16);
+  std::vector<Request> requests = SpecGreedyRequests(Deepseek().config.vocab_size);
   const Outcome want = RunAll(eo, requests);
   eo.speculative = MtpConfig(3);
   const Outcome got = RunAll(eo, requests, {{4, 1}, {9, 2}});
@@ -454,7 +452,7 @@ TEST(MtpEngineTest, PreemptionAndAbortsLeaveEveryPageFree) {
 TEST(MtpEngineTest, RefusalsAndPageBudget) {
   auto no_mtp = FirstLayersOf(Deepseek(), Deepseek().config.num_layers);  // drops the MTP layer
   ASSERT_TRUE(no_mtp.ok());
-  EngineOptions eo = BaseOptions(1, 32);
+  EngineOptions eo = SpecBaseOptions(1, 32);
   eo.speculative = MtpConfig(2);
   auto e = Engine::Create(*no_mtp, eo);
   ASSERT_FALSE(e.ok());
