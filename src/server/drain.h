@@ -11,8 +11,9 @@
 
 namespace pd::server {
 
-// On a 503 answered because the instance is draining: the request was not started, so a router may
-// send it to another instance.
+// On a 503 answered because the instance is draining, or by the HTTP transport to a connection it
+// turned away unread (shutting down, too many connections): the request was not started, so a
+// router may send it to another instance.
 inline constexpr char kDrainingHeader[] = "X-Pdserve-Draining";
 
 struct DrainHooks {

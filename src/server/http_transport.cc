@@ -18,6 +18,7 @@
 #include "common/mutex.h"
 #include "common/rate_limited_log.h"
 #include "common/thread_util.h"
+#include "server/drain.h"
 #include "server/idle_connections.h"
 #include "server/openai_protocol.h"
 
@@ -185,13 +186,15 @@ class BudgetedSocketStream final : public httplib::Stream {
 namespace {
 
 thread_local BudgetedSocketStream* tl_stream = nullptr;
-thread_local bool tl_reject = false;
+// Why the connection's task runs on the accepting thread: it is turned away unread.
+enum class Reject : uint8_t { kNone, kQueueFull, kShuttingDown };
+thread_local Reject tl_reject = Reject::kNone;
 
 }  // namespace
 
 // A fixed pool of threads and a bounded queue of accepted connections. When the queue is full
-// the connection's task runs at once on the accepting thread with tl_reject set, which answers
-// 503 without reading the request.
+// (or the pool is shutting down) the connection's task runs at once on the accepting thread with
+// tl_reject set, which answers 503 without reading the request.
 class BoundedThreadPool final : public httplib::TaskQueue {
  public:
   // `after_shutdown` runs once every thread has ended.
@@ -201,6 +204,7 @@ class BoundedThreadPool final : public httplib::TaskQueue {
   }
 
   void enqueue(std::function<void()> fn) override EXCLUDES(mu_) {
+    Reject why = Reject::kQueueFull;
     {
       MutexLock lock(&mu_);
       if (!shutdown_ && jobs_.size() < max_queued_) {
@@ -208,10 +212,11 @@ class BoundedThreadPool final : public httplib::TaskQueue {
         cv_.Signal();
         return;
       }
+      if (shutdown_) why = Reject::kShuttingDown;
     }
-    tl_reject = true;
+    tl_reject = why;
     fn();
-    tl_reject = false;
+    tl_reject = Reject::kNone;
   }
 
   void shutdown() override EXCLUDES(mu_) {
@@ -446,21 +451,30 @@ bool LimitedHttpServer::WaitForRequest(BudgetedSocketStream& stream) {
   return false;
 }
 
-void LimitedHttpServer::RejectOverloaded(socket_t sock) {
+// The request is never read, so it was not started: kDrainingHeader lets a router send it to
+// another instance, as it does for a draining one.
+void LimitedHttpServer::RejectUnread(socket_t sock, bool shutting_down) {
   rejected_.fetch_add(1);
+  // The response fits in the socket buffer of a new connection; never block the accept loop.
+  if (shutting_down) {
+    return WriteErrorAndClose(sock, 503, "the server is shutting down; retry on another instance",
+                              /*not_started=*/true);
+  }
   PD_LOG_WARN_EVERY_N_SEC(10.0, "overloaded",
                           "http: turned a connection away: {} connections wait for {} threads",
                           limits_.max_queued_connections, limits_.num_threads);
-  // The response fits in the socket buffer of a new connection; never block the accept loop.
-  WriteErrorAndClose(sock, 503, "server overloaded: too many connections; retry later");
+  WriteErrorAndClose(sock, 503, "server overloaded: too many connections; retry later",
+                     /*not_started=*/true);
 }
 
-void LimitedHttpServer::WriteErrorAndClose(int sock, int status, const std::string& message) {
+void LimitedHttpServer::WriteErrorAndClose(int sock, int status, const std::string& message,
+                                           bool not_started) {
   const std::string body = ErrorBody(status, message);
   std::string response = "HTTP/1.1 " + std::to_string(status) +
                          (status == 503 ? " Service Unavailable" : " Request Timeout") +
                          "\r\nContent-Type: application/json\r\n";
   if (status == 503) response += "Retry-After: " + std::to_string(limits_.retry_after_s) + "\r\n";
+  if (not_started) response += std::string(kDrainingHeader) + ": 1\r\n";
   response +=
       "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   (void)::send(sock, response.data(), response.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -503,15 +517,16 @@ void LimitedHttpServer::Park(int fd, int requests_left, bool fresh) {
                           "http: {} connections wait idle already (limit): closed one",
                           limits_.max_idle_connections);
   if (fresh) {
-    WriteErrorAndClose(fd, 503, "server overloaded: too many idle connections; retry later");
+    WriteErrorAndClose(fd, 503, "server overloaded: too many idle connections; retry later",
+                       /*not_started=*/true);
   } else {
     ::close(fd);
   }
 }
 
 bool LimitedHttpServer::ServeConnection(int sock, int requests_left, bool fresh) {
-  if (tl_reject) {
-    RejectOverloaded(sock);
+  if (tl_reject != Reject::kNone) {
+    RejectUnread(sock, tl_reject == Reject::kShuttingDown);
     return false;
   }
   BudgetedSocketStream stream(sock, limits_);

@@ -101,9 +101,12 @@ class LimitedHttpServer : public httplib::Server {
   void Park(int fd, int requests_left, bool fresh);
   // From the idle loop: `fd` has its next request (or closed); back to the pool.
   void Resume(int fd, int requests_left) EXCLUDES(pool_mu_);
-  void RejectOverloaded(socket_t sock);
-  // Writes a small error response without blocking and closes `sock` (408, 503).
-  void WriteErrorAndClose(int sock, int status, const std::string& message);
+  // Answers 503 without reading the request (the queue is full, or the pool is shutting down).
+  void RejectUnread(socket_t sock, bool shutting_down);
+  // Writes a small error response without blocking and closes `sock` (408, 503); `not_started`:
+  // the request was never read, so kDrainingHeader tells a router it may go elsewhere.
+  void WriteErrorAndClose(int sock, int status, const std::string& message,
+                          bool not_started = false);
   // Counts and logs (rate-limited, per client address) a request that ran into a limit.
   void CountLimitHit(LimitHit hit, const std::string& client, const std::string& message);
   bool WaitForRequest(class BudgetedSocketStream& stream);

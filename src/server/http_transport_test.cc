@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 
+#include "server/drain.h"
 #include "server/test_http.h"
 
 namespace pd::server {
@@ -59,6 +60,8 @@ TEST(HttpTransportTest, FullConnectionQueueIs503) {
   std::string resp = rejected.ReadUntil("}}", 5s);
   EXPECT_THAT(resp, StartsWith("HTTP/1.1 503"));
   EXPECT_THAT(resp, HasSubstr("Retry-After: 1"));
+  // Unread, so not started: a router may send it to another instance.
+  EXPECT_THAT(resp, HasSubstr(std::string(kDrainingHeader) + ": 1"));
   EXPECT_EQ(s.http().num_rejected_connections(), 1);
   ASSERT_TRUE(busy.Send("Host: x\r\n\r\n"));  // finished: served, then parked
   EXPECT_THAT(busy.ReadUntil("OK", 5s), StartsWith("HTTP/1.1 200"));
@@ -122,6 +125,7 @@ TEST(HttpTransportTest, IdleConnectionsBeyondTheLimitAreRefused) {
   std::string resp = refused.ReadUntil("}}", 5s);
   EXPECT_THAT(resp, StartsWith("HTTP/1.1 503"));
   EXPECT_THAT(resp, HasSubstr("too many idle connections"));
+  EXPECT_THAT(resp, HasSubstr(std::string(kDrainingHeader) + ": 1"));
   EXPECT_EQ(s.http().num_parked_connections(), 3);
   EXPECT_EQ(s.http().num_rejected_connections(), 1);
   EXPECT_THAT(s.http().RefusedMetricsText(),

@@ -203,7 +203,8 @@ class UpstreamRelay::Exchange {
   void Deliver(std::vector<std::string>& pieces) {
     if (parser_.head_done() && !status_seen_ && parser_.status() == 503 &&
         !parser_.Header(kDrainingHeader).empty()) {
-      return Reroute("it is draining (shutting down)");  // it did not start the request
+      // It did not start the request: draining, shutting down or too many connections.
+      return Reroute("it turned the request away unstarted (draining or overloaded)");
     }
     if (parser_.head_done() && !status_seen_) {
       status_seen_ = true;

@@ -11,7 +11,7 @@
 // can reuse it. A client that goes away closes the decode connection (the decode instance aborts
 // the request); a decode instance that refuses the connection (dead, restarting) has the request
 // sent to another one (options.reroute), and so does one that answers 503 with kDrainingHeader
-// (server/drain.h: it is shutting down and did not start the request); a decode instance that
+// (server/drain.h: it did not start the request: draining, shutting down or overloaded); one that
 // fails before answering gets the client a 502 in OpenAI's error shape, and one that dies
 // mid-stream an SSE error event and a clean end of the stream.
 // A client that reads nothing for write_timeout_ms, or a decode instance silent for
